@@ -1,0 +1,5 @@
+"""`python -m amqpbroker` is the `amqpbroker` command."""
+
+from amqpbroker.cli import main
+
+raise SystemExit(main())

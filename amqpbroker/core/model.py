@@ -1,0 +1,144 @@
+"""The values the core works on: routing types, messages and queue configuration.
+
+A `Message` is what a producer sent, as encoded AMQP sections, plus the handful of fields
+the core reads (durability, priority, expiration, routing annotations). The core never
+decodes a body; the protocol adapter fills these fields by scanning the section headers.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, NewType, Protocol
+
+ConsumerId = NewType("ConsumerId", int)
+DeliveryId = NewType("DeliveryId", int)
+ConnectionId = NewType("ConnectionId", int)
+
+DEFAULT_PRIORITY = 4  # B-013: priority when the header or the field is absent
+
+
+class RoutingType(enum.Enum):
+    """Artemis routing types, spelled as in the config."""
+
+    ANYCAST = "ANYCAST"
+    MULTICAST = "MULTICAST"
+
+
+class SectionReader(Protocol):
+    """Decodes sections of an encoded message on demand (implemented in `protocol/`).
+
+    The core asks only when a filter, a move or management needs the values; the hot path
+    never does. Keys of `properties` are the AMQP field names (`message-id`, `to`,
+    `absolute-expiry-time`, ...); annotation keys are the symbols as `str`.
+    """
+
+    def properties(self, data: bytes) -> dict[str, Any]: ...
+
+    def application_properties(self, data: bytes) -> dict[str, Any]: ...
+
+    def message_annotations(self, data: bytes) -> dict[str, Any]: ...
+
+
+class Message:
+    """One message as the broker stores and forwards it (immutable once routed).
+
+    `data` holds the encoded sections exactly as received, minus delivery annotations
+    (B-017). `header_end` is the offset where the header section ends (0 when there is
+    none): redelivery re-encodes only `data[:header_end]` (B-050).
+    """
+
+    __slots__ = (
+        "address",
+        "annotations",
+        "application_properties",
+        "data",
+        "durable",
+        "expiration_ms",
+        "first_ts",
+        "header",
+        "header_end",
+        "msg_id",
+        "origin_container",
+        "priority",
+        "properties",
+        "reader",
+        "size",
+    )
+
+    def __init__(
+        self,
+        data: bytes,
+        *,
+        msg_id: int = 0,
+        durable: bool = False,
+        priority: int = DEFAULT_PRIORITY,
+        expiration_ms: int = 0,
+        header_end: int = 0,
+        header: dict[str, Any] | None = None,
+        annotations: dict[str, Any] | None = None,
+        properties: dict[str, Any] | None = None,
+        application_properties: dict[str, Any] | None = None,
+        address: str = "",
+        first_ts: int = 0,
+        origin_container: str | None = None,
+        reader: SectionReader | None = None,
+    ) -> None:
+        self.data = data
+        self.size = len(data)
+        self.msg_id = msg_id
+        self.durable = durable
+        self.priority = min(max(priority, 0), 9)
+        self.expiration_ms = expiration_ms
+        self.header_end = header_end
+        self.header = header
+        self.annotations = annotations
+        self.properties = properties
+        self.application_properties = application_properties
+        self.address = address
+        self.first_ts = first_ts
+        self.origin_container = origin_container
+        self.reader = reader
+
+    def get_properties(self) -> dict[str, Any]:
+        """The properties section as a dict (decoded once, on first use)."""
+        if self.properties is None:
+            self.properties = self.reader.properties(self.data) if self.reader else {}
+        return self.properties
+
+    def get_application_properties(self) -> dict[str, Any]:
+        """The application-properties section as a dict (decoded once, on first use)."""
+        if self.application_properties is None:
+            reader = self.reader
+            self.application_properties = reader.application_properties(self.data) if reader else {}
+        return self.application_properties
+
+    def get_annotations(self) -> dict[str, Any]:
+        """The message-annotations section as a dict (decoded once, on first use)."""
+        if self.annotations is None:
+            self.annotations = self.reader.message_annotations(self.data) if self.reader else {}
+        return self.annotations
+
+    def __repr__(self) -> str:
+        return f"Message(id={self.msg_id}, address={self.address!r}, size={self.size})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueConfig:
+    """How to create a queue (from configuration, auto-create or a subscription)."""
+
+    name: str
+    address: str
+    routing_type: RoutingType
+    durable: bool = True
+    filter: str | None = None
+    max_consumers: int = -1
+    purge_on_no_consumers: bool = False
+    exclusive: bool = False
+    last_value_key: str | None = None
+    non_destructive: bool = False
+    ring_size: int = -1
+    temporary: bool = False
+    auto_created: bool = False
+    configured: bool = False  # configuration-managed: never auto-deleted (B-113)
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,87 @@
+"""The broker itself: pure, synchronous, sans-I/O (STYLE.md section 3).
+
+Only the standard library is imported here; adapters call `Broker` and apply its effects.
+"""
+
+from amqpbroker.core.broker import (
+    Broker,
+    ConsumerAttached,
+    ConsumerRequest,
+    MessageCopier,
+    MoveAnnotations,
+    ProducerRequest,
+    ProducerTarget,
+    move_annotation_values,
+)
+from amqpbroker.core.clock import Clock, ManualClock, SystemClock
+from amqpbroker.core.effects import CloseConsumer, Dispatch, Drained, Effect
+from amqpbroker.core.errors import (
+    BrokerError,
+    ClientError,
+    IllegalState,
+    InvalidSelector,
+    MaxConsumersReached,
+    NotAuthorized,
+    NotFound,
+    ResourceLimitExceeded,
+)
+from amqpbroker.core.model import (
+    DEFAULT_PRIORITY,
+    ConnectionId,
+    ConsumerId,
+    DeliveryId,
+    Message,
+    QueueConfig,
+    RoutingType,
+    SectionReader,
+)
+from amqpbroker.core.outcomes import ACCEPTED, RELEASED, Accepted, Modified, Outcome, Rejected, Released
+from amqpbroker.core.queue import Queue
+from amqpbroker.core.settings import AddressSettings, ResolvedSettings, SettingsRepository
+from amqpbroker.core.wildcard import WildcardConfig
+
+__all__ = [
+    "ACCEPTED",
+    "DEFAULT_PRIORITY",
+    "RELEASED",
+    "Accepted",
+    "AddressSettings",
+    "Broker",
+    "BrokerError",
+    "ClientError",
+    "Clock",
+    "CloseConsumer",
+    "ConnectionId",
+    "ConsumerAttached",
+    "ConsumerId",
+    "ConsumerRequest",
+    "DeliveryId",
+    "Dispatch",
+    "Drained",
+    "Effect",
+    "IllegalState",
+    "InvalidSelector",
+    "ManualClock",
+    "MaxConsumersReached",
+    "Message",
+    "MessageCopier",
+    "Modified",
+    "MoveAnnotations",
+    "NotAuthorized",
+    "NotFound",
+    "Outcome",
+    "ProducerRequest",
+    "ProducerTarget",
+    "Queue",
+    "QueueConfig",
+    "Rejected",
+    "Released",
+    "ResolvedSettings",
+    "ResourceLimitExceeded",
+    "RoutingType",
+    "SectionReader",
+    "SettingsRepository",
+    "SystemClock",
+    "WildcardConfig",
+    "move_annotation_values",
+]

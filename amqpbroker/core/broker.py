@@ -1,0 +1,845 @@
+"""The broker's state machine: the only API the protocol adapter calls.
+
+Requests come in as method calls; effects go out as data (`take_effects()`), in the order
+they must happen. Never blocks, sleeps, reads the time except through the injected clock
+(once per call), or touches a socket. Loop thread only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from random import Random
+from typing import Any, Protocol
+
+from amqpbroker.core.clock import Clock
+from amqpbroker.core.effects import CloseConsumer, Effect
+from amqpbroker.core.errors import ClientError, IllegalState, MaxConsumersReached, NotFound
+from amqpbroker.core.model import (
+    ConnectionId,
+    ConsumerId,
+    DeliveryId,
+    Message,
+    QueueConfig,
+    RoutingType,
+)
+from amqpbroker.core.names import parse_address
+from amqpbroker.core.outcomes import Outcome, Rejected
+from amqpbroker.core.postoffice import Address, PostOffice
+from amqpbroker.core.queue import Consumer, Queue, Ref
+from amqpbroker.core.selector import Selector, parse_selector
+from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
+
+log = logging.getLogger(__name__)
+
+ROUTING_TYPE_ANNOTATION_VALUES = {0: RoutingType.MULTICAST, 1: RoutingType.ANYCAST}
+ROUTING_TYPE_BYTE = {RoutingType.MULTICAST: 0, RoutingType.ANYCAST: 1}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoveAnnotations:
+    """What a moved copy must say about where it came from (B-076, B-079, B-090).
+
+    The protocol codec knows the AMQP type of each annotation; the core only the values.
+    """
+
+    orig_address: str
+    orig_queue: str | None
+    orig_message_id: int
+    orig_routing_type: int | None = None  # 0 MULTICAST, 1 ANYCAST
+    actual_expiry: int | None = None
+    dlq_reason: str | None = None
+    dlq_error_condition: str | None = None
+    dlq_error_description: str | None = None
+    dlq_delivery_count: int | None = None
+    routing_type: int | None = None  # x-opt-routing-type on the copy (B-090 exception)
+
+
+class MessageCopier(Protocol):
+    """Makes the copy of a moved message (implemented by the protocol codec)."""
+
+    def copy(self, message: Message, move: MoveAnnotations) -> Message: ...
+
+
+class _BytesCopier:
+    """Fallback for tests without a codec: the copy shares the original bytes."""
+
+    def copy(self, message: Message, move: MoveAnnotations) -> Message:
+        annotations = {k: v for k, v in message.get_annotations().items()
+                       if not k.startswith(("x-opt-ORIG-", "x-opt-DLQ-"))}
+        annotations.update(move_annotation_values(move))
+        return Message(
+            message.data, durable=message.durable, priority=message.priority,
+            header_end=message.header_end, annotations=annotations,
+            properties=message.properties, application_properties=message.application_properties,
+            reader=message.reader,
+        )
+
+
+def move_annotation_values(move: MoveAnnotations) -> dict[str, Any]:
+    """The `x-opt-*` annotation values of a move, absent entries left out (B-090)."""
+    values: dict[str, Any] = {
+        "x-opt-ORIG-QUEUE": move.orig_queue,
+        "x-opt-ORIG-ADDRESS": move.orig_address,
+        "x-opt-ORIG-MESSAGE-ID": move.orig_message_id,
+        "x-opt-ORIG-ROUTING-TYPE": move.orig_routing_type,
+        "x-opt-ACTUAL-EXPIRY": move.actual_expiry,
+        "x-opt-DLQ-REASON": move.dlq_reason,
+        "x-opt-DLQ-ERROR-CONDITION": move.dlq_error_condition,
+        "x-opt-DLQ-ERROR-DESCRIPTION": move.dlq_error_description,
+        "x-opt-DLQ-DELIVERY-COUNT": move.dlq_delivery_count,
+        "x-opt-routing-type": move.routing_type,
+    }
+    return {k: v for k, v in values.items() if v is not None}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProducerRequest:
+    """A producer link attach, translated from the AMQP target (B-022)."""
+
+    connection: ConnectionId
+    address: str | None  # None or "" = anonymous relay (B-009)
+    capabilities: tuple[str, ...] = ()
+    dynamic: bool = False
+    anycast_prefix: str | None = None
+    multicast_prefix: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProducerTarget:
+    """Where a producer link's messages go. address None: anonymous relay."""
+
+    address: str | None
+    routing_type: RoutingType | None = None  # fixed by capability or prefix (B-008 rule 1)
+    queue: str | None = None  # FQQN: only this queue (B-006)
+    link_routing_type: RoutingType | None = None  # anonymous relay: from link capabilities
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumerRequest:
+    """A consumer link attach, translated from the AMQP source (B-024…B-036)."""
+
+    connection: ConnectionId
+    container_id: str
+    link_name: str
+    address: str | None
+    capabilities: tuple[str, ...] = ()
+    dynamic: bool = False
+    durable: bool = False  # source durability unsettled-state or configuration
+    expiry_policy: str = "session-end"  # link-detach | session-end | connection-close | never
+    browse: bool = False  # distribution-mode copy
+    selector: str | None = None
+    no_local: bool = False
+    presettled: bool = False
+    anycast_prefix: str | None = None
+    multicast_prefix: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerAttached:
+    """The answer to a consumer attach: what to echo in the source."""
+
+    consumer: ConsumerId
+    queue: str
+    address: str  # the source address to answer with (the queue name for dynamic nodes)
+    subscription: bool
+    selector: str | None
+
+
+@dataclass(slots=True)
+class _ConsumerInfo:
+    consumer: Consumer
+    request: ConsumerRequest
+    kind: str  # "queue", "durable", "shared-volatile", "volatile", "dynamic"
+
+
+@dataclass(slots=True)
+class BrokerStats:
+    connections: int = 0
+    unrouted: int = 0
+    routed: int = 0
+    killed_no_dla: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class Broker:
+    """The broker: addresses, queues, consumers and every message state change."""
+
+    def __init__(
+        self,
+        *,
+        settings: SettingsRepository,
+        clock: Clock,
+        rng: Random | None = None,
+        copier: MessageCopier | None = None,
+        name: str = "amqpbroker",
+        address_queue_scan_period_ms: int = 30_000,
+    ) -> None:
+        self.name = name
+        self.settings = settings
+        self.clock = clock
+        self.rng = rng or Random()
+        self.copier: MessageCopier = copier or _BytesCopier()
+        self.post_office = PostOffice(settings.wildcards)
+        self.queues: dict[str, Queue] = {}
+        self.stats = BrokerStats()
+        self._effects: list[Effect] = []
+        self._msg_ids = itertools.count(1)
+        self._consumer_ids = itertools.count(1)
+        self._delivery_ids = itertools.count(1)
+        self._consumers: dict[ConsumerId, _ConsumerInfo] = {}
+        self._scan_period_ms = address_queue_scan_period_ms
+        self._next_scan_ms = clock.now_ms() + address_queue_scan_period_ms
+        self._warned_names: set[str] = set()
+
+    # -- effects and time -----------------------------------------------------------
+    def take_effects(self) -> list[Effect]:
+        """Effects since the last call, in the order they must be applied."""
+        effects, self._effects = self._effects, []
+        return effects
+
+    def next_deadline_ms(self) -> int | None:
+        """When `tick()` next has work: a scheduled redelivery or the reaper."""
+        deadline = self._next_scan_ms if self._scan_period_ms > 0 else None
+        for queue in self.queues.values():
+            due = queue.next_deadline_ms()
+            if due is not None and (deadline is None or due < deadline):
+                deadline = due
+        return deadline
+
+    def tick(self) -> None:
+        """Fire due redeliveries and, every address-queue-scan-period, the reaper."""
+        now_ms = self.clock.now_ms()
+        out = self._effects
+        for queue in list(self.queues.values()):
+            queue.tick(now_ms, out)
+        if self._scan_period_ms > 0 and now_ms >= self._next_scan_ms:
+            self._next_scan_ms = now_ms + self._scan_period_ms
+            self.reap(now_ms)
+
+    def next_message_id(self) -> int:
+        return next(self._msg_ids)
+
+    # -- addresses and queues ---------------------------------------------------------
+    def settings_for(self, address: str) -> ResolvedSettings:
+        return self.settings.resolve(address)
+
+    def create_address(
+        self,
+        name: str,
+        routing_types: set[RoutingType],
+        *,
+        auto_created: bool = False,
+        temporary: bool = False,
+        owner: ConnectionId | None = None,
+    ) -> Address:
+        """Create the address, or add routing types to an existing one."""
+        existing = self.post_office.addresses.get(name)
+        if existing is not None:
+            existing.routing_types |= routing_types
+            return existing
+        address = Address(
+            name=name, routing_types=set(routing_types), auto_created=auto_created,
+            temporary=temporary, owner=owner, idle_since_ms=self.clock.now_ms(),
+        )
+        self.post_office.add(address)
+        log.debug("created address %s %s", name, sorted(t.value for t in routing_types))
+        return address
+
+    def create_queue(self, config: QueueConfig, *, owner: ConnectionId | None = None) -> Queue:
+        """Create a queue on its address (the address must allow its routing type, B-001)."""
+        if config.name in self.queues:
+            raise IllegalState(f"queue {config.name} already exists")
+        address = self.post_office.addresses.get(config.address)
+        if address is None:
+            raise NotFound(f"address {config.address} does not exist")
+        if config.routing_type not in address.routing_types:
+            raise IllegalState(
+                f"address {config.address} does not support {config.routing_type.value}"
+            )
+        selector = parse_selector(config.filter) if config.filter else None
+        queue_address = config.address
+        queue = Queue(
+            config,
+            settings=lambda: self.settings.resolve(queue_address),
+            selector=selector,
+            rng=self.rng,
+            delivery_ids=self._delivery_ids,
+            dead_letter=self._dead_letter,
+        )
+        queue.idle_since_ms = self.clock.now_ms()
+        queue.owner = owner
+        self.queues[config.name] = queue
+        address.queues.append(queue)
+        log.debug("created queue %s on %s (%s)", config.name, config.address,
+                  config.routing_type.value)
+        return queue
+
+    def delete_queue(self, name: str, *, reason: str = "deleted") -> None:
+        """Delete a queue with its messages; attached consumers are detached (B-038)."""
+        queue = self.queues.pop(name, None)
+        if queue is None:
+            return
+        address = self.post_office.addresses.get(queue.address)
+        if address is not None and queue in address.queues:
+            address.queues.remove(queue)
+            address.used = True
+            address.idle_since_ms = self.clock.now_ms()
+        for consumer in list(queue.consumers):
+            self._consumers.pop(consumer.id, None)
+            self._effects.append(
+                CloseConsumer(consumer.id, "amqp:resource-deleted", f"queue {name} was {reason}")
+            )
+        queue.consumers.clear()
+        queue.remove_all()
+        log.debug("deleted queue %s (%s)", name, reason)
+
+    def delete_address(self, name: str) -> None:
+        address = self.post_office.addresses.get(name)
+        if address is None:
+            return
+        for queue in list(address.queues):
+            self.delete_queue(queue.name)
+        self.post_office.remove(name)
+
+    def _ensure_address(
+        self, name: str, routing_type: RoutingType, settings: ResolvedSettings
+    ) -> Address:
+        """B-110: auto-create or update the address for `routing_type`, or NotFound."""
+        address = self.post_office.addresses.get(name)
+        if address is not None and routing_type in address.routing_types:
+            return address
+        if not settings.auto_create_addresses:
+            raise NotFound(f"target address {name} does not exist")
+        if address is None:
+            self._warn_advisory(name)
+        return self.create_address(name, {routing_type}, auto_created=address is None)
+
+    def _auto_queue(
+        self, name: str, address: str, routing_type: RoutingType, settings: ResolvedSettings,
+        **overrides: Any,
+    ) -> Queue:
+        """An auto-created queue taking the `default-*` settings of its address (B-110)."""
+        values: dict[str, Any] = {
+            "name": name,
+            "address": address,
+            "routing_type": routing_type,
+            "durable": True,
+            "max_consumers": settings.default_max_consumers,
+            "purge_on_no_consumers": settings.default_purge_on_no_consumers,
+            "exclusive": settings.default_exclusive_queue,
+            "last_value_key": settings.default_last_value_key
+            or ("_AMQ_LVQ_NAME" if settings.default_last_value_queue else None),
+            "non_destructive": settings.default_non_destructive,
+            "ring_size": settings.default_ring_size,
+            "auto_created": True,
+        }
+        values.update(overrides)
+        return self.create_queue(QueueConfig(**values))
+
+    def _warn_advisory(self, name: str) -> None:
+        from amqpbroker.core.names import advisory_characters
+
+        chars = advisory_characters(name)
+        if chars and name not in self._warned_names:
+            self._warned_names.add(name)
+            log.warning("name %r contains %s: accepted, but other protocols may not like it "
+                        "(B-150)", name, " ".join(repr(c) for c in chars))
+
+    # -- producers --------------------------------------------------------------------
+    def attach_producer(self, request: ProducerRequest) -> ProducerTarget:
+        """B-022: resolve a producer target, auto-creating what it needs."""
+        caps_type = _capability_routing_type(request.capabilities)
+        if request.dynamic:
+            return self._dynamic_target(request, caps_type)
+        if not request.address:
+            return ProducerTarget(None, link_routing_type=caps_type)
+        parsed = parse_address(
+            request.address, anycast_prefix=request.anycast_prefix,
+            multicast_prefix=request.multicast_prefix,
+        )
+        if self.settings.wildcards.has_wildcard(parsed.address):
+            raise ClientError(f"cannot send to wildcard address {parsed.address} (B-011)")
+        routing_type = caps_type or parsed.routing_type
+        self._prepare_target(parsed.address, parsed.queue, routing_type)
+        return ProducerTarget(parsed.address, routing_type, parsed.queue)
+
+    def _prepare_target(
+        self, name: str, fqqn_queue: str | None, routing_type: RoutingType | None
+    ) -> Address:
+        settings = self.settings.resolve(name)
+        if fqqn_queue is not None:
+            queue = self.queues.get(fqqn_queue)
+            if queue is not None:
+                if queue.address != name:
+                    raise NotFound(f"queue {fqqn_queue} does not exist for address {name}")
+                return self.post_office.addresses[name]
+            rt = routing_type or settings.default_queue_routing_type
+            address = self._ensure_address(name, rt, settings)
+            if not settings.auto_create_queues:
+                raise NotFound(f"queue {fqqn_queue} does not exist for address {name}")
+            self._auto_queue(fqqn_queue, name, rt, settings)
+            return address
+        implicit = routing_type or self._implicit_routing_type(name, settings)
+        address = self._ensure_address(name, implicit, settings)
+        if implicit is RoutingType.ANYCAST and not any(
+            q.routing_type is RoutingType.ANYCAST for q in address.queues
+        ):
+            if name in self.queues or not settings.auto_create_queues:
+                if name not in self.queues:
+                    raise NotFound(f"target address {name} does not exist")
+            else:
+                self._auto_queue(name, name, RoutingType.ANYCAST, settings)
+        return address
+
+    def _implicit_routing_type(self, name: str, settings: ResolvedSettings) -> RoutingType:
+        """B-008 rule 3 for creating: the address's only type, else the default."""
+        address = self.post_office.addresses.get(name)
+        if address is not None and len(address.routing_types) == 1:
+            return next(iter(address.routing_types))
+        if address is not None:
+            return RoutingType.ANYCAST if RoutingType.ANYCAST in address.routing_types else (
+                RoutingType.MULTICAST)
+        return settings.default_address_routing_type
+
+    def _dynamic_target(
+        self, request: ProducerRequest, caps_type: RoutingType | None
+    ) -> ProducerTarget:
+        """B-030: a temporary queue (temporary-queue) or topic address."""
+        name = self._random_name()
+        settings = self.settings.resolve(name)
+        routing_type = caps_type or settings.default_address_routing_type
+        self.create_address(name, {routing_type}, temporary=True, owner=request.connection)
+        if routing_type is RoutingType.ANYCAST:
+            self.create_queue(
+                QueueConfig(name=name, address=name, routing_type=routing_type, durable=False,
+                            temporary=True),
+                owner=request.connection,
+            )
+        return ProducerTarget(name, routing_type)
+
+    def publish(
+        self,
+        message: Message,
+        target: ProducerTarget,
+        *,
+        to: str | None = None,
+        message_routing_type: RoutingType | None = None,
+    ) -> int:
+        """Route a message; returns how many queues took it (0: unrouted, B-004).
+
+        `to` is `properties.to`, used only on an anonymous relay (B-009/B-010);
+        `message_routing_type` is the message's `x-opt-routing-type` (B-008 rule 2).
+
+        Raises:
+            NotFound: anonymous relay to an address that cannot be auto-created.
+            ClientError: anonymous relay without `to`, or to a wildcard address.
+        """
+        now_ms = self.clock.now_ms()
+        if not message.msg_id:
+            message.msg_id = next(self._msg_ids)
+        if not message.first_ts:
+            message.first_ts = now_ms
+        routing_type = target.routing_type or message_routing_type
+        address_name = target.address
+        fqqn_queue = target.queue
+        if address_name is None:  # anonymous relay (B-009)
+            if not to:
+                raise ClientError("message has no 'to' address on an anonymous relay link")
+            parsed = parse_address(to)
+            if self.settings.wildcards.has_wildcard(parsed.address):
+                raise ClientError(f"cannot send to wildcard address {parsed.address} (B-011)")
+            address_name, fqqn_queue = parsed.address, parsed.queue
+            routing_type = target.link_routing_type or message_routing_type or parsed.routing_type
+            address = self.post_office.addresses.get(address_name)
+            if address is None or (routing_type and routing_type not in address.routing_types):
+                try:
+                    address = self._prepare_target(address_name, fqqn_queue, routing_type)
+                except NotFound as e:
+                    raise NotFound(f"target address {address_name} does not exist") from e
+        else:
+            address = self.post_office.addresses.get(address_name)
+            if address is None:  # deleted since attach: re-create as attach would
+                address = self._prepare_target(address_name, fqqn_queue, routing_type)
+        message.address = address_name
+        if fqqn_queue is not None:
+            queue = self.queues.get(fqqn_queue)
+            queues = [queue] if queue is not None and queue.accepts_message(message) else []
+        else:
+            queues = self.post_office.route(message, address, routing_type)
+        return self._deliver_to(message, address, queues, now_ms)
+
+    def _deliver_to(
+        self, message: Message, address: Address, queues: list[Queue], now_ms: int
+    ) -> int:
+        if not queues:
+            address.unrouted += 1
+            self.stats.unrouted += 1
+            settings = self.settings.resolve(address.name)
+            if settings.send_to_dla_on_no_route and settings.dead_letter_address:
+                move = MoveAnnotations(
+                    orig_address=address.name, orig_queue=None, orig_message_id=message.msg_id,
+                    dlq_reason="no-route",
+                )
+                self._move_to_dla(message, address.name, settings, move)
+            return 0
+        address.routed += 1
+        self.stats.routed += 1
+        out = self._effects
+        for queue in queues:
+            queue.add(message, out)
+        return len(queues)
+
+    # -- consumers --------------------------------------------------------------------
+    def attach_consumer(self, request: ConsumerRequest) -> ConsumerAttached:
+        """B-024…B-031: find or create the queue for a consumer link and attach to it."""
+        if request.dynamic:
+            queue, kind, answer = self._dynamic_source(request), "dynamic", None
+        else:
+            if not request.address:
+                raise ClientError("source has no address and is not dynamic (B-038)")
+            queue, kind = self._consumer_queue(request)
+            answer = request.address
+        selector = None
+        if request.selector and kind == "queue":
+            selector = parse_selector(request.selector)
+        max_consumers = queue.config.max_consumers
+        if max_consumers >= 0 and len(queue.consumers) >= max_consumers and not request.browse:
+            raise MaxConsumersReached(
+                f"queue {queue.name} has reached max-consumers={max_consumers}"
+            )
+        consumer = Consumer(
+            id=ConsumerId(next(self._consumer_ids)), queue=queue,
+            connection=request.connection, link_name=request.link_name, selector=selector,
+            browser=request.browse and kind == "queue", presettled=request.presettled,
+        )
+        queue.add_consumer(consumer)
+        self._consumers[consumer.id] = _ConsumerInfo(consumer, request, kind)
+        return ConsumerAttached(
+            consumer.id, queue.name, answer or queue.name, kind not in ("queue", "dynamic"),
+            request.selector if kind != "dynamic" else None,
+        )
+
+    def _dynamic_source(self, request: ConsumerRequest) -> Queue:
+        """B-030: a temporary ANYCAST queue with a random name, on an address of that name."""
+        name = self._random_name()
+        self.create_address(name, {RoutingType.ANYCAST}, temporary=True,
+                            owner=request.connection)
+        return self.create_queue(
+            QueueConfig(name=name, address=name, routing_type=RoutingType.ANYCAST,
+                        durable=False, temporary=True),
+            owner=request.connection,
+        )
+
+    def _consumer_queue(self, request: ConsumerRequest) -> tuple[Queue, str]:
+        assert request.address is not None
+        parsed = parse_address(
+            request.address, anycast_prefix=request.anycast_prefix,
+            multicast_prefix=request.multicast_prefix, allow_parameters=True,
+        )
+        for key, _ in parsed.parameters:
+            if key != "consumer-priority":
+                log.info("ignoring source-address parameter %r on %s (B-036)", key,
+                         parsed.address)
+        if request.selector:
+            parse_selector(request.selector)  # B-032: refuse a bad selector at attach
+        name = parsed.address
+        settings = self.settings.resolve(name)
+        caps = set(request.capabilities)
+        wanted = parsed.routing_type
+        if "topic" in caps:
+            wanted = RoutingType.MULTICAST
+        elif "queue" in caps:
+            wanted = RoutingType.ANYCAST
+        address = self.post_office.addresses.get(name)
+        if parsed.queue is not None:
+            return self._fqqn_consumer_queue(name, parsed.queue, wanted, settings), "queue"
+        if wanted is not None:  # the client decided (B-024 rule 1)
+            if address is None:
+                if not settings.auto_create_addresses:
+                    raise NotFound(f"source address {name} does not exist")
+                address = self.create_address(name, {wanted}, auto_created=True)
+            elif wanted not in address.routing_types:
+                kind = "topic" if wanted is RoutingType.MULTICAST else "queue"
+                raise IllegalState(f"address {name} is not configured for {kind} support")
+            subscription = wanted is RoutingType.MULTICAST
+        else:  # B-024 rule 2
+            if address is None:
+                if not settings.auto_create_addresses:
+                    raise NotFound(f"source address {name} does not exist")
+                address = self.create_address(
+                    name, {settings.default_address_routing_type}, auto_created=True
+                )
+            subscription = address.routing_types == {RoutingType.MULTICAST}
+        if subscription:
+            return self._subscription_queue(request, address, settings)
+        return self._queue_for_consumer(address, settings), "queue"
+
+    def _fqqn_consumer_queue(
+        self, name: str, queue_name: str, wanted: RoutingType | None, settings: ResolvedSettings
+    ) -> Queue:
+        """B-006: consume from that exact queue; create it when auto-create allows."""
+        queue = self.queues.get(queue_name)
+        if queue is not None:
+            if queue.address != name:
+                raise NotFound(f"queue {queue_name} does not exist for address {name}")
+            return queue
+        if not settings.auto_create_queues:
+            raise NotFound(f"queue {queue_name} does not exist for address {name}")
+        rt = wanted or settings.default_queue_routing_type
+        self._ensure_address(name, rt, settings)
+        return self._auto_queue(queue_name, name, rt, settings)
+
+    def _queue_for_consumer(self, address: Address, settings: ResolvedSettings) -> Queue:
+        """B-025: same-named queue, else first ANYCAST, else any, else auto-create."""
+        queue = self.queues.get(address.name)
+        if queue is not None and queue.address == address.name:
+            return queue
+        for candidate in address.queues:
+            if candidate.routing_type is RoutingType.ANYCAST:
+                return candidate
+        if address.queues:
+            return address.queues[0]
+        if not settings.auto_create_queues:
+            raise NotFound(f"source address {address.name} has no queue")
+        address.routing_types.add(RoutingType.ANYCAST)
+        return self._auto_queue(address.name, address.name, RoutingType.ANYCAST, settings)
+
+    def _subscription_queue(
+        self, request: ConsumerRequest, address: Address, settings: ResolvedSettings
+    ) -> tuple[Queue, str]:
+        """B-026/B-027: durable, shared-volatile or private volatile subscription queues."""
+        caps = set(request.capabilities)
+        shared, is_global = "shared" in caps, "global" in caps
+        link_name = request.link_name
+        if shared and "|" in link_name:
+            link_name = link_name.split("|", 1)[0]
+        container = "" if is_global else request.container_id
+        base = f"{container}.{link_name}" if container else link_name
+        selector = request.selector
+        if request.durable:
+            name = base + (":global" if shared and is_global else "")
+            kind = "durable"
+            durable, temporary = True, False
+        elif shared:
+            name = base + ":shared-volatile" + (":global" if is_global else "")
+            kind, durable, temporary = "shared-volatile", False, False
+        else:
+            name, kind, durable, temporary = self._random_name(), "volatile", False, True
+        existing = self.queues.get(name)
+        if existing is not None:
+            if existing.address == address.name and (existing.config.filter or None) == (
+                selector or None
+            ):
+                return existing, kind
+            if existing.consumers:
+                raise IllegalState("Unable to recreate subscription, consumers already exist")
+            self.delete_queue(name, reason="re-created with a new address or filter")
+        queue = self.create_queue(
+            QueueConfig(
+                name=name, address=address.name, routing_type=RoutingType.MULTICAST,
+                durable=durable, filter=selector, temporary=temporary,
+                max_consumers=1 if kind == "durable" and not shared else -1,
+            ),
+            owner=request.connection if temporary else None,
+        )
+        return queue, kind
+
+    def detach_consumer(self, consumer_id: ConsumerId, *, closed: bool,
+                        abrupt: bool = False) -> None:
+        """A consumer link ended: return its deliveries (B-053/B-054), then B-028/B-030."""
+        info = self._consumers.pop(consumer_id, None)
+        if info is None:
+            return
+        consumer, queue = info.consumer, info.consumer.queue
+        now_ms = self.clock.now_ms()
+        queue.remove_consumer(consumer, now_ms, self._effects, abrupt=abrupt)
+        if queue.name not in self.queues or queue.consumers:
+            return
+        policy = info.request.expiry_policy
+        closing = closed or policy == "link-detach"
+        if (
+            (info.kind == "durable" and closing)
+            or info.kind == "shared-volatile"
+            or (info.kind in ("volatile", "dynamic") and closing
+                and policy in ("link-detach", "session-end"))
+        ):
+            self.delete_queue(queue.name, reason="unsubscribed")
+            if info.kind == "dynamic":
+                self.post_office.remove(queue.address)
+
+    def set_credit(self, consumer_id: ConsumerId, credit: int, *, drain: bool = False) -> None:
+        """The link credit the consumer now has (B-037)."""
+        info = self._consumers.get(consumer_id)
+        if info is not None:
+            info.consumer.queue.set_credit(info.consumer, credit, drain, self._effects)
+
+    def settle(self, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome) -> None:
+        """Apply a consumer's outcome; ignore deliveries no longer held (B-055)."""
+        info = self._consumers.get(consumer_id)
+        if info is None:
+            log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)
+            return
+        queue = info.consumer.queue
+        held = queue.settle(info.consumer, delivery, outcome, self.clock.now_ms(), self._effects)
+        if not held:
+            log.debug("outcome for delivery %s not held by consumer %s ignored (B-055)",
+                      delivery, consumer_id)
+
+    def connection_closed(self, connection: ConnectionId, *, abrupt: bool) -> None:
+        """Return every consumer's deliveries, then drop the connection's temporaries."""
+        for consumer_id in [c for c, i in self._consumers.items()
+                            if i.consumer.connection == connection]:
+            self.detach_consumer(consumer_id, closed=False, abrupt=abrupt)
+        for queue in [q for q in self.queues.values()
+                      if q.config.temporary and q.owner == connection]:
+            self.delete_queue(queue.name, reason="deleted with its connection")
+        for name in [a.name for a in self.post_office.addresses.values()
+                     if a.temporary and a.owner == connection]:
+            self.delete_address(name)
+
+    def consumer_queue(self, consumer_id: ConsumerId) -> Queue | None:
+        info = self._consumers.get(consumer_id)
+        return info.consumer.queue if info else None
+
+    # -- dead letters (B-070…B-076) ---------------------------------------------------
+    def _dead_letter(self, queue: Queue, ref: Ref, reason: str, rejection: Rejected | None) -> None:
+        """B-070…B-076: copy the message to the queue's DLA, or drop it (B-071/B-072)."""
+        settings = self.settings.resolve(queue.address)
+        message = ref.message
+        dla = settings.dead_letter_address
+        if not dla:
+            self.stats.killed_no_dla += 1
+            log.warning(
+                "dropping message %s from queue %s: %s and no dead-letter-address is set",
+                message.msg_id, queue.name,
+                "rejected" if reason == "rejected"
+                else f"max-delivery-attempts={settings.max_delivery_attempts} reached",
+            )
+            return
+        queue.counters.dead_lettered += 1
+        internal_rt = message.get_annotations().get("x-opt-ORIG-ROUTING-TYPE")
+        move = MoveAnnotations(
+            orig_address=queue.address,
+            orig_queue=queue.name,
+            orig_message_id=message.msg_id,
+            orig_routing_type=self._orig_routing_type(message),
+            dlq_reason=reason,
+            dlq_error_condition=rejection.condition if rejection else None,
+            dlq_error_description=(rejection.description or None)[:512]
+            if rejection and rejection.description else None,
+            dlq_delivery_count=ref.delivery_count,
+            routing_type=internal_rt if isinstance(internal_rt, int) else None,
+        )
+        if settings.auto_create_dead_letter_resources and queue.address != dla:
+            self._ensure_move_resources(dla, queue.address, settings.dead_letter_queue_prefix,
+                                        settings.dead_letter_queue_suffix)
+        self._move_to_dla(message, queue.address, settings, move)
+
+    @staticmethod
+    def _orig_routing_type(message: Message) -> int | None:
+        """B-090: only when the original carried a routing-type annotation."""
+        annotations = message.get_annotations()
+        value = annotations.get("x-opt-routing-type")
+        if isinstance(value, int) and value in (0, 1):
+            return value
+        jms = annotations.get("x-opt-jms-dest")
+        if isinstance(jms, int) and jms in (0, 1, 2, 3):
+            return 1 if jms in (0, 2) else 0
+        return None
+
+    def _ensure_move_resources(self, target: str, origin: str, prefix: str, suffix: str) -> None:
+        """B-074/B-086: the target address and a `<prefix><origin><suffix>` queue."""
+        target_settings = self.settings.resolve(target)
+        routing_type = target_settings.default_queue_routing_type
+        self.create_address(target, {routing_type}, auto_created=True)
+        name = f"{prefix}{origin}{suffix}"
+        if name not in self.queues:
+            quoted = origin.replace("'", "''")
+            self._auto_queue(name, target, routing_type, target_settings,
+                             filter=f"_AMQ_ORIG_ADDRESS = '{quoted}'")
+
+    def _move_to_dla(
+        self, message: Message, origin: str, settings: ResolvedSettings, move: MoveAnnotations
+    ) -> None:
+        dla = settings.dead_letter_address
+        address = self.post_office.addresses.get(dla)
+        copy = self.copier.copy(message, move)
+        copy.msg_id = next(self._msg_ids)
+        copy.first_ts = message.first_ts
+        copy.address = dla
+        routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(move.routing_type or -1)
+        queues = self.post_office.route(copy, address, routing_type) if address else []
+        if not queues:
+            self.stats.killed_no_dla += 1
+            log.warning("dropping message %s from %s: dead-letter-address %s has no queue "
+                        "(B-072)", message.msg_id, origin, dla)
+            return
+        assert address is not None
+        self._deliver_to(copy, address, queues, self.clock.now_ms())
+
+    # -- auto-delete (B-111…B-114) ----------------------------------------------------
+    def reap(self, now_ms: int) -> None:
+        """One reaper pass: delete what qualified on this and the previous pass."""
+        for queue in list(self.queues.values()):
+            if self._queue_reapable(queue, now_ms):
+                if queue.swept:
+                    log.info("auto-deleting queue %s", queue.name)
+                    self.delete_queue(queue.name, reason="auto-deleted")
+                else:
+                    queue.swept = True
+            else:
+                queue.swept = False
+        for address in list(self.post_office.addresses.values()):
+            if self._address_reapable(address, now_ms):
+                if address.swept:
+                    log.info("auto-deleting address %s", address.name)
+                    self.post_office.remove(address.name)
+                else:
+                    address.swept = True
+            else:
+                address.swept = False
+
+    def _queue_reapable(self, queue: Queue, now_ms: int) -> bool:
+        config = queue.config
+        if not config.auto_created or config.configured or config.temporary:
+            return False
+        settings = self.settings.resolve(queue.address)
+        if not settings.auto_delete_queues or queue.consumers:
+            return False
+        limit = settings.auto_delete_queues_message_count
+        if limit >= 0 and queue.message_count > limit:
+            return False
+        if not (queue.used or settings.auto_delete_queues_skip_usage_check):
+            return False
+        return now_ms - queue.idle_since_ms >= settings.auto_delete_queues_delay
+
+    def _address_reapable(self, address: Address, now_ms: int) -> bool:
+        if not address.auto_created or address.temporary or address.queues:
+            return False
+        settings = self.settings.resolve(address.name)
+        if not settings.auto_delete_addresses:
+            return False
+        if not (address.used or settings.auto_delete_addresses_skip_usage_check):
+            return False
+        return now_ms - address.idle_since_ms >= settings.auto_delete_addresses_delay
+
+    # -- helpers ------------------------------------------------------------------------
+    def _random_name(self) -> str:
+        return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+
+
+def _capability_routing_type(capabilities: tuple[str, ...]) -> RoutingType | None:
+    """B-008 rule 1: the first recognised capability in array order decides."""
+    for cap in capabilities:
+        if cap in ("topic", "temporary-topic"):
+            return RoutingType.MULTICAST
+        if cap in ("queue", "temporary-queue"):
+            return RoutingType.ANYCAST
+    return None
+
+
+QueueLookup = Callable[[str], Queue | None]

@@ -1,0 +1,53 @@
+"""Effects: what the core asks the shell to do, as data, in the order it must happen."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from amqpbroker.core.model import ConsumerId, DeliveryId, Message
+
+
+class Dispatch:
+    """Send `message` to `consumer` as delivery `delivery`.
+
+    `wire_count` is the header delivery-count the consumer must see (B-050): the number
+    of failed attempts before this one. `settled`: pre-settled transfer (B-037).
+    """
+
+    __slots__ = ("consumer", "delivery", "message", "settled", "wire_count")
+
+    def __init__(
+        self,
+        consumer: ConsumerId,
+        delivery: DeliveryId,
+        message: Message,
+        wire_count: int,
+        settled: bool,
+    ) -> None:
+        self.consumer = consumer
+        self.delivery = delivery
+        self.message = message
+        self.wire_count = wire_count
+        self.settled = settled
+
+    def __repr__(self) -> str:
+        return f"Dispatch(c={self.consumer}, d={self.delivery}, {self.message!r}, n={self.wire_count})"
+
+
+@dataclass(frozen=True, slots=True)
+class Drained:
+    """The consumer asked to drain and nothing is left to send: its credit is used up."""
+
+    consumer: ConsumerId
+
+
+@dataclass(frozen=True, slots=True)
+class CloseConsumer:
+    """Detach a consumer link from the broker side (queue deleted: B-038)."""
+
+    consumer: ConsumerId
+    condition: str
+    description: str
+
+
+Effect = Dispatch | Drained | CloseConsumer

@@ -1,0 +1,38 @@
+"""Delivery outcomes a consumer can send, as the core sees them (B-041…B-048)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted:
+    """B-041: acknowledge and remove."""
+
+
+@dataclass(frozen=True, slots=True)
+class Released:
+    """B-042: return, undoing the delivery-count increment."""
+
+
+@dataclass(frozen=True, slots=True)
+class Modified:
+    """B-043…B-045: return; count the attempt if `delivery_failed`; block the link if
+    `undeliverable_here`."""
+
+    delivery_failed: bool = False
+    undeliverable_here: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """B-046: dead-letter at once (or drop without a DLA). The error is recorded only."""
+
+    condition: str | None = None
+    description: str | None = None
+
+
+Outcome = Accepted | Released | Modified | Rejected
+
+ACCEPTED = Accepted()
+RELEASED = Released()

@@ -1,0 +1,112 @@
+"""Addresses, bindings and routing (B-001…B-005, B-011).
+
+An address has one or two routing types and the queues bound to it. Routing a message to
+address A with effective routing type R (B-002): every filter-matching MULTICAST queue
+gets a reference when R is MULTICAST or none; exactly one filter-matching ANYCAST queue
+when R is ANYCAST or none, chosen round-robin with a preference for queues that have a
+consumer able to take the message (B-003). Queues bound to a wildcard address (`news.#`)
+also receive messages sent to every concrete address it matches (B-011).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from amqpbroker.core.model import ConnectionId, Message, RoutingType
+from amqpbroker.core.queue import Queue
+from amqpbroker.core.wildcard import WildcardConfig
+
+
+@dataclass(eq=False, slots=True, kw_only=True)
+class Address:
+    """An address and its bindings (queues), in binding order."""
+
+    name: str
+    routing_types: set[RoutingType]
+    auto_created: bool = False
+    temporary: bool = False
+    owner: ConnectionId | None = None  # temporary addresses die with their connection
+    queues: list[Queue] = field(default_factory=list)
+    wildcard: bool = False
+    used: bool = False  # a binding was removed (B-114)
+    swept: bool = False
+    idle_since_ms: int = 0
+    anycast_start: int = 0  # rotating start position (B-003)
+    routed: int = 0
+    unrouted: int = 0
+
+
+class PostOffice:
+    """Addresses by name and the routing of messages to their queues. Loop thread only."""
+
+    def __init__(self, wildcards: WildcardConfig) -> None:
+        self.wildcards = wildcards
+        self.addresses: dict[str, Address] = {}
+        self._wildcard_addresses: dict[str, Address] = {}
+        self._matches_cache: dict[str, list[Address]] = {}
+
+    def add(self, address: Address) -> None:
+        self.addresses[address.name] = address
+        if self.wildcards.has_wildcard(address.name):
+            address.wildcard = True
+            self._wildcard_addresses[address.name] = address
+            self._matches_cache.clear()
+
+    def remove(self, name: str) -> Address | None:
+        address = self.addresses.pop(name, None)
+        if address is not None and address.wildcard:
+            del self._wildcard_addresses[name]
+            self._matches_cache.clear()
+        return address
+
+    def _wildcard_matches(self, name: str) -> list[Address]:
+        if not self._wildcard_addresses:
+            return []
+        hits = self._matches_cache.get(name)
+        if hits is None:
+            hits = [
+                a
+                for pattern, a in self._wildcard_addresses.items()
+                if pattern != name and self.wildcards.matches(pattern, name)
+            ]
+            self._matches_cache[name] = hits
+        return hits
+
+    def route(
+        self, message: Message, address: Address, routing_type: RoutingType | None
+    ) -> list[Queue]:
+        """The queues that get a reference (B-002); the caller adds the message to them."""
+        targets: list[Queue] = []
+        anycast: list[Queue] = []
+        sources = [address, *self._wildcard_matches(address.name)]
+        for source in sources:
+            for queue in source.queues:
+                if queue.routing_type is RoutingType.MULTICAST:
+                    if routing_type is not RoutingType.ANYCAST and queue.accepts_message(message):
+                        targets.append(queue)
+                elif routing_type is not RoutingType.MULTICAST and queue.accepts_message(
+                    message
+                ):
+                    anycast.append(queue)
+        if anycast:
+            targets.append(self._pick_anycast(address, anycast, message))
+        return targets
+
+    @staticmethod
+    def _pick_anycast(address: Address, queues: list[Queue], message: Message) -> Queue:
+        """B-003: from the rotating start, first queue with a consumer able to take it."""
+        if len(queues) == 1:
+            return queues[0]
+        count = len(queues)
+        start = address.anycast_start % count
+        chosen = start
+        for i in range(count):
+            queue = queues[(start + i) % count]
+            if any(
+                not c.browser and (c.selector is None or c.selector.matches(message))
+                for c in queue.consumers
+            ):
+                chosen = (start + i) % count
+                break
+        address.anycast_start = chosen + 1
+        return queues[chosen]

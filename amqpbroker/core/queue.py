@@ -1,0 +1,380 @@
+"""Queues: ordered message references, consumers with credit, and the return paths.
+
+Theory of operation
+-------------------
+A queue holds *references* (`Ref`) to messages; a multicast route gives each queue its own
+reference, so delivery counts are per (message, queue). A reference is in exactly one of:
+
+* **ready**: waiting for a consumer. Kept per priority level (B-013), highest first; within
+  a level in arrival order (`seq`). Fresh arrivals are appended to a deque; references that
+  come back (release, modify, link close, expired delay) go into a per-level heap keyed by
+  `seq`, so a returned message is delivered before everything that arrived after it
+  (B-014). The next reference is the smaller `seq` of the deque head and the heap top.
+* **scheduled**: returned with a redelivery delay (B-065); in a heap by due time, moved
+  back to ready by `tick()`. Counts as scheduled, not delivering.
+* **delivering**: sent to a consumer and not yet settled, in that consumer's `unsettled`.
+
+Dispatch is credit based: a consumer gets at most `credit` messages; competing consumers
+are served round-robin (the rotation start moves past the consumer served). A consumer
+with a selector, or a reference blocked for a consumer (B-045), makes dispatch scan past
+references that consumer cannot take; those keep their place.
+
+Delivery counting follows B-040…B-054: the broker count `n` is incremented when a
+reference is handed to a non-browsing consumer; returns that do not signal failure undo
+it. The redelivery decision (dead-letter or delay) is `redelivery.decide_redelivery`;
+what happens to a dead letter is the broker's business (`Queue.dead_letter` callback).
+
+Loop thread only.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from random import Random
+from typing import TYPE_CHECKING
+
+from amqpbroker.core.effects import Dispatch, Drained, Effect
+from amqpbroker.core.model import (
+    ConnectionId,
+    ConsumerId,
+    DeliveryId,
+    Message,
+    QueueConfig,
+    RoutingType,
+)
+from amqpbroker.core.outcomes import Accepted, Modified, Outcome, Rejected, Released
+from amqpbroker.core.redelivery import DeadLetter, decide_redelivery
+from amqpbroker.core.settings import ResolvedSettings
+
+if TYPE_CHECKING:
+    from amqpbroker.core.selector import Selector
+
+_LEVELS = 10
+
+
+class Ref:
+    """A message's place in one queue, with its per-queue broker delivery count `n`."""
+
+    __slots__ = ("blocked", "delivery_count", "message", "seq")
+
+    def __init__(self, message: Message, seq: int, delivery_count: int = 0) -> None:
+        self.message = message
+        self.seq = seq
+        self.delivery_count = delivery_count
+        self.blocked: set[ConsumerId] | None = None  # undeliverable-here links (B-045)
+
+    def __lt__(self, other: Ref) -> bool:
+        return self.seq < other.seq
+
+
+@dataclass(eq=False, slots=True, kw_only=True)
+class Consumer:
+    """A consumer link as the core sees it."""
+
+    id: ConsumerId
+    queue: Queue
+    connection: ConnectionId
+    link_name: str = ""
+    selector: Selector | None = None
+    browser: bool = False  # distribution-mode copy (B-031)
+    presettled: bool = False  # snd-settle-mode settled (B-037)
+    credit: int = 0
+    drain: bool = False
+    unsettled: dict[DeliveryId, Ref] = field(default_factory=dict)
+    browsed_seq: int = -1  # a browser has seen every reference up to this seq
+
+    def accepts(self, ref: Ref) -> bool:
+        if ref.blocked is not None and self.id in ref.blocked:
+            return False
+        return self.selector is None or self.selector.matches(ref.message)
+
+
+@dataclass(slots=True)
+class QueueCounters:
+    """Artemis queue counters (B-161 semantics); monotonic except where noted."""
+
+    added: int = 0
+    acknowledged: int = 0
+    killed: int = 0  # dead-lettered, dropped and purged
+    dead_lettered: int = 0
+    expired: int = 0
+    returned: int = 0
+
+
+class Queue:
+    """One queue bound to one address (B-001). Loop thread only."""
+
+    def __init__(
+        self,
+        config: QueueConfig,
+        *,
+        settings: Callable[[], ResolvedSettings],
+        selector: Selector | None,
+        rng: Random,
+        delivery_ids: Iterator[int],
+        dead_letter: Callable[[Queue, Ref, str, Rejected | None], None],
+    ) -> None:
+        self.config = config
+        self.name = config.name
+        self.address = config.address
+        self.routing_type: RoutingType = config.routing_type
+        self.durable = config.durable
+        self.selector = selector  # the queue filter: what may enter
+        self.settings = settings
+        self.counters = QueueCounters()
+        self.consumers: list[Consumer] = []
+        self.consumers_seen = 0  # for auto-delete "was used" (B-113)
+        self.used = False
+        self.swept = False  # first reaper pass passed (B-111)
+        self.idle_since_ms = 0
+        self.owner: ConnectionId | None = None  # temporary queues die with their connection
+        self._rng = rng
+        self._delivery_ids = delivery_ids
+        self._dead_letter = dead_letter
+        self._seq = itertools.count()
+        self._fresh: list[deque[Ref]] = [deque() for _ in range(_LEVELS)]
+        self._returned: list[list[Ref]] = [[] for _ in range(_LEVELS)]
+        self._ready = 0
+        self._scheduled: list[tuple[int, int, Ref]] = []
+        self._rr = 0
+        self.delivering = 0
+
+    # -- state ------------------------------------------------------------------------
+    @property
+    def message_count(self) -> int:
+        """Ready + scheduled + delivering, as Artemis messageCount (B-161)."""
+        return self._ready + len(self._scheduled) + self.delivering
+
+    @property
+    def ready_count(self) -> int:
+        return self._ready
+
+    @property
+    def scheduled_count(self) -> int:
+        return len(self._scheduled)
+
+    def next_deadline_ms(self) -> int | None:
+        return self._scheduled[0][0] if self._scheduled else None
+
+    def refs(self) -> list[Ref]:
+        """Every reference held (ready, scheduled, delivering), in arrival order."""
+        held: list[Ref] = []
+        for level in range(_LEVELS):
+            held.extend(self._fresh[level])
+            held.extend(self._returned[level])
+        held.extend(entry[2] for entry in self._scheduled)
+        for consumer in self.consumers:
+            held.extend(consumer.unsettled.values())
+        held.sort()
+        return held
+
+    # -- arrival ----------------------------------------------------------------------
+    def accepts_message(self, message: Message) -> bool:
+        """Whether the queue filter lets the message in (B-002)."""
+        return self.selector is None or self.selector.matches(message)
+
+    def add(self, message: Message, out: list[Effect], *, delivery_count: int = 0) -> Ref:
+        ref = Ref(message, next(self._seq), delivery_count)
+        self._fresh[message.priority].append(ref)
+        self._ready += 1
+        self.counters.added += 1
+        if self.consumers:
+            self.dispatch(out)
+        return ref
+
+    # -- dispatch ---------------------------------------------------------------------
+    def _pop_next(self) -> Ref | None:
+        for level in range(_LEVELS - 1, -1, -1):
+            fresh, returned = self._fresh[level], self._returned[level]
+            if returned:
+                if fresh and fresh[0].seq < returned[0].seq:
+                    ref = fresh.popleft()
+                else:
+                    ref = heapq.heappop(returned)
+            elif fresh:
+                ref = fresh.popleft()
+            else:
+                continue
+            self._ready -= 1
+            return ref
+        return None
+
+    def _put_back(self, ref: Ref) -> None:
+        heapq.heappush(self._returned[ref.message.priority], ref)
+        self._ready += 1
+
+    def dispatch(self, out: list[Effect]) -> None:
+        """Hand ready references to consumers with credit, round-robin."""
+        consumers = self.consumers
+        browsers = [c for c in consumers if c.browser and c.credit > 0]
+        if browsers:
+            self._browse(browsers, out)
+        active = [c for c in consumers if c.credit > 0 and not c.browser]
+        if active and self._ready:
+            self._deliver(active, out)
+        for consumer in consumers:
+            if consumer.drain and consumer.credit > 0:
+                consumer.credit = 0
+                consumer.drain = False
+                out.append(Drained(consumer.id))
+
+    def _deliver(self, active: list[Consumer], out: list[Effect]) -> None:
+        skipped: list[Ref] = []
+        picky = any(c.selector is not None for c in active)
+        while active:
+            ref = self._pop_next()
+            if ref is None:
+                break
+            count = len(active)
+            index = self._rr % count
+            chosen = None
+            if not picky and ref.blocked is None:
+                chosen = active[index]
+            else:
+                for i in range(count):
+                    candidate = active[(index + i) % count]
+                    if candidate.accepts(ref):
+                        chosen, index = candidate, (index + i) % count
+                        break
+            if chosen is None:
+                skipped.append(ref)
+                continue
+            self._rr = index + 1
+            self._send(chosen, ref, out)
+            if chosen.credit == 0:
+                active.remove(chosen)
+        for ref in skipped:
+            self._put_back(ref)
+
+    def _send(self, consumer: Consumer, ref: Ref, out: list[Effect]) -> None:
+        consumer.credit -= 1
+        ref.delivery_count += 1  # B-040: before the transfer is written
+        delivery = DeliveryId(next(self._delivery_ids))
+        out.append(Dispatch(consumer.id, delivery, ref.message, ref.delivery_count - 1,
+                            consumer.presettled))
+        if consumer.presettled:
+            self._acknowledge(ref)  # B-037: at-most-once, acknowledged as written
+        else:
+            consumer.unsettled[delivery] = ref
+            self.delivering += 1
+
+    def _browse(self, browsers: list[Consumer], out: list[Effect]) -> None:
+        """B-031: browsers see messages without acquiring them or changing counts."""
+        refs = None
+        for browser in browsers:
+            if refs is None:
+                refs = self.refs()
+            for ref in refs:
+                if browser.credit <= 0:
+                    break
+                if ref.seq <= browser.browsed_seq or not browser.accepts(ref):
+                    continue
+                browser.browsed_seq = ref.seq
+                browser.credit -= 1
+                delivery = DeliveryId(next(self._delivery_ids))
+                out.append(Dispatch(browser.id, delivery, ref.message, ref.delivery_count, True))
+
+    # -- settlement -------------------------------------------------------------------
+    def _acknowledge(self, ref: Ref) -> None:
+        self.counters.acknowledged += 1
+        self.used = True
+
+    def settle(
+        self, consumer: Consumer, delivery: DeliveryId, outcome: Outcome, now_ms: int,
+        out: list[Effect],
+    ) -> bool:
+        """Apply a consumer's outcome (B-041…B-046). False if the delivery is not held
+        (B-055: ignored)."""
+        if consumer.browser:
+            return True
+        ref = consumer.unsettled.pop(delivery, None)
+        if ref is None:
+            return False
+        self.delivering -= 1
+        if isinstance(outcome, Accepted):
+            self._acknowledge(ref)
+        elif isinstance(outcome, Rejected):
+            self._kill_to_dla(ref, "rejected", outcome)
+        elif isinstance(outcome, Released):
+            ref.delivery_count -= 1
+            self._return(ref, now_ms, delay=True)
+        elif isinstance(outcome, Modified):
+            if not outcome.delivery_failed:
+                ref.delivery_count -= 1
+            if outcome.undeliverable_here:
+                if ref.blocked is None:
+                    ref.blocked = set()
+                ref.blocked.add(consumer.id)
+            self._return(ref, now_ms, delay=True)
+        self.dispatch(out)
+        return True
+
+    def _return(self, ref: Ref, now_ms: int, *, delay: bool) -> None:
+        self.counters.returned += 1
+        decision = decide_redelivery(
+            self.settings(), delivery_count=ref.delivery_count, now_ms=now_ms, rng=self._rng,
+            delay=delay,
+        )
+        if isinstance(decision, DeadLetter):
+            self._kill_to_dla(ref, decision.reason, None)
+        elif decision.at_ms > now_ms:
+            heapq.heappush(self._scheduled, (decision.at_ms, ref.seq, ref))
+        else:
+            self._put_back(ref)
+
+    def _kill_to_dla(self, ref: Ref, reason: str, rejection: Rejected | None) -> None:
+        self.counters.killed += 1
+        self.used = True
+        self._dead_letter(self, ref, reason, rejection)
+
+    def tick(self, now_ms: int, out: list[Effect]) -> None:
+        """Move due scheduled references back to ready (B-065: at their old place)."""
+        scheduled = self._scheduled
+        moved = False
+        while scheduled and scheduled[0][0] <= now_ms:
+            self._put_back(heapq.heappop(scheduled)[2])
+            moved = True
+        if moved and self.consumers:
+            self.dispatch(out)
+
+    # -- consumers --------------------------------------------------------------------
+    def add_consumer(self, consumer: Consumer) -> None:
+        self.consumers.append(consumer)
+        self.consumers_seen += 1
+
+    def remove_consumer(
+        self, consumer: Consumer, now_ms: int, out: list[Effect], *, abrupt: bool
+    ) -> None:
+        """Return what the consumer held: B-053 (orderly: undo the count) or B-054
+        (abrupt: the loss counts as an attempt). Never delayed."""
+        if consumer in self.consumers:
+            self.consumers.remove(consumer)
+        held = sorted(consumer.unsettled.values())
+        consumer.unsettled.clear()
+        self.delivering -= len(held)
+        for ref in held:
+            if not abrupt:
+                ref.delivery_count -= 1
+            self._return(ref, now_ms, delay=False)
+        self.used = True
+        self.idle_since_ms = now_ms
+        if held and self.consumers:
+            self.dispatch(out)
+
+    def set_credit(self, consumer: Consumer, credit: int, drain: bool, out: list[Effect]) -> None:
+        consumer.credit = credit
+        consumer.drain = drain
+        self.dispatch(out)
+
+    def remove_all(self) -> list[Ref]:
+        """Take every ready and scheduled reference out (purge, delete)."""
+        taken: list[Ref] = []
+        while (ref := self._pop_next()) is not None:
+            taken.append(ref)
+        taken.extend(entry[2] for entry in self._scheduled)
+        self._scheduled.clear()
+        return taken

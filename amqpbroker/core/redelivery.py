@@ -1,0 +1,60 @@
+"""Pure redelivery decisions: dead-letter check first, then the delay (B-060, B-065, B-066).
+
+The order and formula are those of Artemis `QueueImpl.checkRedelivery` and
+`calculateRedeliveryDelay`; nothing here mutates state or reads the clock.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from random import Random
+
+from amqpbroker.core.settings import ResolvedSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Redeliver:
+    """Return the message; it becomes available at `at_ms` (== now when no delay)."""
+
+    at_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """Do not return the message: move it to the dead-letter address (B-070)."""
+
+    reason: str
+
+
+def decide_redelivery(
+    settings: ResolvedSettings,
+    *,
+    delivery_count: int,
+    now_ms: int,
+    rng: Random,
+    delay: bool = True,
+) -> Redeliver | DeadLetter:
+    """Decide the fate of a returned message from its broker count `n` (after any undo).
+
+    `delay=False` for the paths that never wait: link/session/connection close and
+    connection loss (B-053, B-054).
+    """
+    limit = settings.max_delivery_attempts
+    if limit > 0 and delivery_count >= limit:  # B-060: <= 0 means unlimited
+        return DeadLetter(reason="max-attempts")
+    if not delay:
+        return Redeliver(at_ms=now_ms)
+    return Redeliver(at_ms=now_ms + redelivery_delay_ms(settings, delivery_count, rng))
+
+
+def redelivery_delay_ms(settings: ResolvedSettings, delivery_count: int, rng: Random) -> int:
+    """B-066: R x m^(n-1), spread by +/- f x u, then capped by max-redelivery-delay."""
+    if settings.redelivery_delay <= 0:
+        return 0
+    k = max(delivery_count - 1, 0)
+    base = int(settings.redelivery_delay * settings.redelivery_delay_multiplier**k)
+    factor = settings.redelivery_collision_avoidance_factor
+    if factor > 0:
+        sign = 1 if rng.random() < 0.5 else -1
+        base = int(base + base * (sign * factor * rng.random()))
+    return min(base, settings.max_redelivery_delay)

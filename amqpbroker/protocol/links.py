@@ -1,0 +1,115 @@
+"""AMQP terminus -> core attach requests, and the attach answers back (B-020…B-038).
+
+Only translation lives here: which queue a link gets is decided by `core.Broker`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proton import Data, Described, Link, Terminus, symbol
+
+from amqpbroker.core import ConnectionId, ConsumerRequest, ProducerRequest
+
+SELECTOR_FILTER = symbol("apache.org:selector-filter:string")
+SELECTOR_DESCRIPTOR_CODE = 0x0000468C00000004
+NO_LOCAL_FILTER = symbol("apache.org:no-local-filter:list")
+NO_LOCAL_DESCRIPTOR_CODE = 0x0000468C00000003
+
+_EXPIRY_POLICIES = {
+    Terminus.EXPIRE_WITH_LINK: "link-detach",
+    Terminus.EXPIRE_WITH_SESSION: "session-end",
+    Terminus.EXPIRE_WITH_CONNECTION: "connection-close",
+    Terminus.EXPIRE_NEVER: "never",
+}
+
+
+def symbols(data: Data | None) -> tuple[str, ...]:
+    """The symbols of a capabilities field (a single symbol or an array of them)."""
+    if data is None:
+        return ()
+    data.rewind()
+    if not data.next():
+        return ()
+    value = data.get_object()
+    if isinstance(value, str):
+        return (str(value),)
+    try:
+        return tuple(str(v) for v in value)
+    except TypeError:
+        return ()
+
+
+def filter_map(data: Data | None) -> dict[Any, Any]:
+    if data is None:
+        return {}
+    data.rewind()
+    if not data.next():
+        return {}
+    value = data.get_object()
+    return dict(value) if isinstance(value, dict) else {}
+
+
+def _is_filter(value: Any, name: symbol, code: int) -> bool:
+    return isinstance(value, Described) and value.descriptor in (name, code)
+
+
+def selector_of(filters: dict[Any, Any]) -> tuple[Any, Any] | None:
+    """The (key, described value) of the JMS selector filter, if any (B-032)."""
+    for key, value in filters.items():
+        if _is_filter(value, SELECTOR_FILTER, SELECTOR_DESCRIPTOR_CODE):
+            return key, value
+    return None
+
+
+def has_no_local(filters: dict[Any, Any]) -> bool:
+    return any(_is_filter(v, NO_LOCAL_FILTER, NO_LOCAL_DESCRIPTOR_CODE) for v in filters.values())
+
+
+def producer_request(
+    link: Link, connection: ConnectionId, *, anycast_prefix: str | None,
+    multicast_prefix: str | None,
+) -> ProducerRequest:
+    target = link.remote_target
+    return ProducerRequest(
+        connection=connection,
+        address=target.address,
+        capabilities=symbols(target.capabilities),
+        dynamic=bool(target.dynamic),
+        anycast_prefix=anycast_prefix,
+        multicast_prefix=multicast_prefix,
+    )
+
+
+def consumer_request(
+    link: Link, connection: ConnectionId, container_id: str, *, anycast_prefix: str | None,
+    multicast_prefix: str | None,
+) -> ConsumerRequest:
+    source = link.remote_source
+    filters = filter_map(source.filter)
+    selector = selector_of(filters)
+    return ConsumerRequest(
+        connection=connection,
+        container_id=container_id,
+        link_name=link.name,
+        address=source.address,
+        capabilities=symbols(source.capabilities),
+        dynamic=bool(source.dynamic),
+        durable=source.durability in (Terminus.CONFIGURATION, Terminus.DELIVERIES),
+        expiry_policy=_EXPIRY_POLICIES.get(source.expiry_policy, "session-end"),
+        browse=source.distribution_mode == Terminus.DIST_MODE_COPY,
+        selector=str(selector[1].value) if selector else None,
+        no_local=has_no_local(filters),
+        presettled=link.remote_snd_settle_mode == Link.SND_SETTLED,
+        anycast_prefix=anycast_prefix,
+        multicast_prefix=multicast_prefix,
+    )
+
+
+def echo_source_filter(link: Link, selector: str | None) -> None:
+    """Answer only the filters the broker honours (B-032): the selector, if used."""
+    filters = filter_map(link.remote_source.filter)
+    found = selector_of(filters)
+    link.source.filter.clear()
+    if selector is not None and found is not None:
+        link.source.filter.put_object({found[0]: found[1]})

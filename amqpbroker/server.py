@@ -1,0 +1,243 @@
+"""Wiring: config -> Broker + listeners on one asyncio loop; start, serve, stop.
+
+Threading model: one asyncio event loop owns the listening sockets, every connection's
+Proton engine and the core `Broker`. Nothing else touches core state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import time
+from pathlib import Path
+from random import Random
+
+from amqpbroker.config import AcceptorConfig, BrokerConfig
+from amqpbroker.core import (
+    Broker,
+    Clock,
+    QueueConfig,
+    RoutingType,
+    SettingsRepository,
+    SystemClock,
+)
+from amqpbroker.protocol import moves
+from amqpbroker.protocol.handler import AmqpConnection, Shell
+
+log = logging.getLogger(__name__)
+
+WRITE_HIGH_WATER_BYTES = 4 * 1024 * 1024
+ENGINE_TICK_S = 1.0  # heartbeats / idle-timeout checks of the proton engines
+
+
+def build_broker(config: BrokerConfig, *, clock: Clock | None = None,
+                 rng: Random | None = None) -> Broker:
+    """A Broker with the configured address-settings, addresses and queues."""
+    settings = SettingsRepository(dict(config.address_settings),
+                                  wildcards=config.wildcard_addresses)
+    broker = Broker(
+        settings=settings,
+        clock=clock or SystemClock(),
+        rng=rng or Random(),
+        copier=moves.COPIER,
+        name=config.name,
+        address_queue_scan_period_ms=config.address_queue_scan_period,
+    )
+    for address in config.addresses:
+        types = set()
+        if address.anycast or RoutingType.ANYCAST in address.routing_types:
+            types.add(RoutingType.ANYCAST)
+        if address.multicast or RoutingType.MULTICAST in address.routing_types:
+            types.add(RoutingType.MULTICAST)
+        broker.create_address(address.name, types or {RoutingType.MULTICAST})
+        for routing_type, queues in ((RoutingType.ANYCAST, address.anycast),
+                                     (RoutingType.MULTICAST, address.multicast)):
+            for q in queues:
+                broker.create_queue(QueueConfig(
+                    name=q.name, address=address.name, routing_type=routing_type,
+                    durable=q.durable, filter=q.filter, max_consumers=q.max_consumers,
+                    purge_on_no_consumers=q.purge_on_no_consumers, exclusive=q.exclusive,
+                    last_value_key=q.last_value_key or ("_AMQ_LVQ_NAME" if q.last_value else None),
+                    non_destructive=q.non_destructive, ring_size=q.ring_size, configured=True,
+                ))
+    return broker
+
+
+class _AmqpProtocol(asyncio.Protocol):
+    """Bridges one socket to one `AmqpConnection`."""
+
+    def __init__(self, server: BrokerServer, acceptor: AcceptorConfig) -> None:
+        self.server = server
+        self.acceptor = acceptor
+        self.transport: asyncio.Transport | None = None
+        self.amqp: AmqpConnection | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)
+        peer = transport.get_extra_info("peername")
+        self.amqp = AmqpConnection(
+            self.server.shell,
+            peer=f"{peer[0]}:{peer[1]}" if peer else "?",
+            anycast_prefix=self.acceptor.anycast_prefix,
+            multicast_prefix=self.acceptor.multicast_prefix,
+        )
+        self.server.sockets[self.amqp] = self
+
+    def data_received(self, data: bytes) -> None:
+        assert self.amqp is not None
+        self.amqp.feed(data)
+        self.server.flush()
+
+    def eof_received(self) -> bool | None:
+        return None  # close the socket; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.amqp is not None:
+            self.server.sockets.pop(self.amqp, None)
+            self.amqp.socket_closed()
+            self.server.flush()
+
+    def pause_writing(self) -> None:
+        # The peer reads slower than we write: stop reading from it until it catches up,
+        # so neither its transfers nor our dispositions pile up in memory.
+        if self.transport is not None:
+            self.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.transport is not None:
+            self.transport.resume_reading()
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class BrokerServer:
+    """The running broker: listeners, engines, timers. Loop thread only."""
+
+    def __init__(self, config: BrokerConfig, *, data_dir: Path, clock: Clock | None = None,
+                 rng: Random | None = None) -> None:
+        self.config = config
+        self.data_dir = data_dir
+        self.broker = build_broker(config, clock=clock, rng=rng)
+        self.shell = Shell(self.broker)
+        self.sockets: dict[AmqpConnection, _AmqpProtocol] = {}
+        self.ports: dict[str, int] = {}
+        self._servers: list[asyncio.Server] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at_ms: int | None = None
+        self._engine_ticker: asyncio.Task[None] | None = None
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for acceptor in self.config.acceptors:
+            if acceptor.scheme != "amqp":
+                raise RuntimeError(
+                    f"acceptor {acceptor.name}: {acceptor.scheme}:// is not supported yet"
+                )
+            server = await loop.create_server(
+                lambda a=acceptor: _AmqpProtocol(self, a), acceptor.host, acceptor.port,
+                reuse_address=True,
+            )
+            self._servers.append(server)
+            port = server.sockets[0].getsockname()[1]
+            self.ports[acceptor.name] = port
+            log.info("acceptor %s listening on %s://%s:%d", acceptor.name, acceptor.scheme,
+                     acceptor.host, port)
+        self._write_ports()
+        self._engine_ticker = asyncio.create_task(self._tick_engines())
+        self._schedule_tick()
+        log.info("broker %s started", self.broker.name)
+
+    def _write_ports(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        path = self.data_dir / "ports.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.ports) + "\n")
+        os.replace(tmp, path)
+
+    # -- flushing and timers ----------------------------------------------------------
+    def flush(self) -> None:
+        """Write what every touched engine has to say; close finished sockets."""
+        shell = self.shell
+        while shell.dirty:
+            dirty = list(shell.dirty)
+            shell.dirty.clear()
+            for amqp in dirty:
+                sock = self.sockets.get(amqp)
+                out = amqp.output()
+                if sock is None:
+                    continue
+                if out:
+                    sock.write(out)
+                if amqp.closed and amqp.transport.pending() < 0:
+                    sock.close()
+        self._schedule_tick()
+
+    def _schedule_tick(self) -> None:
+        deadline_ms = self.broker.next_deadline_ms()
+        if deadline_ms is None or deadline_ms == self._timer_at_ms:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        delay_s = max(0.0, (deadline_ms - self.broker.clock.now_ms()) / 1000)
+        self._timer_at_ms = deadline_ms
+        self._timer = asyncio.get_running_loop().call_later(delay_s, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._timer_at_ms = None
+        self.run_tick()
+
+    def run_tick(self) -> None:
+        """Fire due redeliveries and the reaper, then flush what they dispatched."""
+        self.broker.tick()
+        self.shell.apply_effects()
+        self.flush()
+
+    async def _tick_engines(self) -> None:
+        while True:
+            await asyncio.sleep(ENGINE_TICK_S)
+            now_s = time.monotonic()
+            for amqp in list(self.sockets):
+                with contextlib.suppress(Exception):
+                    amqp.transport.tick(now_s)
+                    amqp.process()
+            self.flush()
+
+    # -- stopping ---------------------------------------------------------------------
+    async def stop(self) -> None:
+        """Stop accepting, close every connection with an AMQP close, release sockets."""
+        for server in self._servers:
+            server.close()
+        for amqp in list(self.sockets):
+            if not amqp.closed:
+                amqp.connection.close()
+                amqp.process()
+        self.flush()
+        for sock in list(self.sockets.values()):
+            sock.close()
+        for server in self._servers:
+            await server.wait_closed()
+        if self._engine_ticker is not None:
+            self._engine_ticker.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        with contextlib.suppress(FileNotFoundError):
+            (self.data_dir / "ports.json").unlink()
+        self._stopped.set()
+        log.info("broker %s stopped", self.broker.name)
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+

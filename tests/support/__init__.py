@@ -1,0 +1,1 @@
+"""Test support: broker fixtures, wait_until, a thin AMQP test client."""

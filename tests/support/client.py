@@ -1,0 +1,75 @@
+"""A thin AMQP test client over python-qpid-proton's BlockingConnection."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from proton import Data, Delivery, Message, Terminus, symbol
+from proton.reactor import Filter, LinkOption
+from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender
+
+
+class Capabilities(LinkOption):
+    """Set terminus capabilities on the node the link talks to (B-008, B-024)."""
+
+    def __init__(self, *caps: str) -> None:
+        self.caps = caps
+
+    def apply(self, link: Any) -> None:
+        terminus = link.source if link.is_receiver else link.target
+        terminus.capabilities.put_array(False, Data.SYMBOL)
+        terminus.capabilities.enter()
+        for cap in self.caps:
+            terminus.capabilities.put_symbol(cap)
+        terminus.capabilities.exit()
+
+
+class Durable(LinkOption):
+    """A durable subscription source: durability unsettled-state, expiry never (B-026)."""
+
+    def apply(self, link: Any) -> None:
+        link.source.durability = Terminus.DELIVERIES
+        link.source.expiry_policy = Terminus.EXPIRE_NEVER
+
+
+class Browse(LinkOption):
+    """distribution-mode copy: a browser (B-031)."""
+
+    def apply(self, link: Any) -> None:
+        link.source.distribution_mode = Terminus.DIST_MODE_COPY
+
+
+def selector(text: str) -> Filter:
+    from proton import Described
+
+    return Filter({symbol("jms-selector"): Described(
+        symbol("apache.org:selector-filter:string"), text)})
+
+
+def connect(url: str, *, container: str | None = None, timeout: float = 10) -> BlockingConnection:
+    kwargs: dict[str, Any] = {"timeout": timeout}
+    if container is not None:
+        kwargs["container_id"] = container
+    return BlockingConnection(url, **kwargs)
+
+
+def send(conn: BlockingConnection, address: str, *bodies: Any, caps: tuple[str, ...] = (),
+         **message_fields: Any) -> None:
+    sender: BlockingSender = conn.create_sender(
+        address, options=[Capabilities(*caps)] if caps else None)
+    for body in bodies:
+        sender.send(Message(body=body, **message_fields))
+    sender.close()
+
+
+def receive_bodies(receiver: BlockingReceiver, count: int, *, timeout: float = 5) -> list[Any]:
+    bodies = []
+    for _ in range(count):
+        bodies.append(receiver.receive(timeout=timeout).body)
+        receiver.accept()
+    return bodies
+
+
+def modified(failed: bool = True, undeliverable: bool = False) -> Any:
+    """A MODIFIED disposition for BlockingReceiver.settle."""
+    return (Delivery.MODIFIED, failed, undeliverable)

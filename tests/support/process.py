@@ -1,0 +1,94 @@
+"""`broker_process`: the real `amqpbroker run` on port 0, found through ports.json."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+from support.waiting import wait_until
+
+BASE_CONFIG = """\
+name: test-broker
+acceptors:
+  - name: amqp
+    url: amqp://127.0.0.1:0
+http:
+  bind: 127.0.0.1:0
+persistence:
+  enabled: false
+event-log:
+  enabled: false
+"""
+
+
+@dataclass
+class BrokerProcess:
+    """A running broker subprocess; stopped by PID with SIGTERM."""
+
+    proc: subprocess.Popen[bytes]
+    data_dir: Path
+    ports: dict[str, int]
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"amqp://127.0.0.1:{self.ports['amqp']}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self, *, timeout: float = 10) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=timeout)
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+
+
+def write_config(directory: Path, extra: str = "") -> Path:
+    path = directory / "broker.yaml"
+    path.write_text(BASE_CONFIG + textwrap.dedent(extra))
+    return path
+
+
+def start_broker(directory: Path, extra_config: str = "", *, timeout: float = 20) -> BrokerProcess:
+    """Start `amqpbroker run` with BASE_CONFIG + `extra_config`; wait for ports.json."""
+    config = write_config(directory, extra_config)
+    data_dir = directory / "data"
+    log_path = directory / "broker.log"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "amqpbroker", "run", "--config", str(config),
+             "--data-dir", str(data_dir), "--log-level", "debug"],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )
+    ports_file = data_dir / "ports.json"
+
+    def ready() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"broker exited with {proc.returncode}:\n{log_path.read_text()}")
+        return ports_file.exists()
+
+    try:
+        wait_until(ready, timeout=timeout, message="ports.json")
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    ports = json.loads(ports_file.read_text())
+    return BrokerProcess(proc, data_dir, ports, log_path)

@@ -1,0 +1,621 @@
+"""The Broker state machine without sockets, with a ManualClock (B-001…B-054, B-110…B-115)."""
+
+from __future__ import annotations
+
+from random import Random
+from typing import Any
+
+import pytest
+
+from amqpbroker.core import (
+    ACCEPTED,
+    RELEASED,
+    AddressSettings,
+    Broker,
+    ClientError,
+    CloseConsumer,
+    ConnectionId,
+    ConsumerId,
+    ConsumerRequest,
+    DeliveryId,
+    Dispatch,
+    Drained,
+    IllegalState,
+    ManualClock,
+    Message,
+    Modified,
+    NotFound,
+    Outcome,
+    ProducerRequest,
+    ProducerTarget,
+    QueueConfig,
+    Rejected,
+    RoutingType,
+    SettingsRepository,
+)
+
+CONN = ConnectionId(1)
+
+
+class Harness:
+    """Drives a Broker like the protocol adapter would, and records its dispatches."""
+
+    def __init__(self, settings: dict[str, AddressSettings] | None = None, **kw: Any) -> None:
+        self.clock = ManualClock()
+        self.broker = Broker(settings=SettingsRepository(settings or {}), clock=self.clock,
+                             rng=Random(0), **kw)
+        self.inbox: dict[ConsumerId, list[Dispatch]] = {}
+        self.drained: list[ConsumerId] = []
+        self.closed: list[CloseConsumer] = []
+        self._links = 0
+
+    def producer(self, address: str | None, *caps: str, conn: ConnectionId = CONN,
+                 dynamic: bool = False) -> ProducerTarget:
+        return self.broker.attach_producer(ProducerRequest(
+            connection=conn, address=address, capabilities=caps, dynamic=dynamic))
+
+    def send(self, target: ProducerTarget, body: bytes = b"m", *, priority: int = 4,
+             **kw: Any) -> Message:
+        message = Message(body, priority=priority,
+                          application_properties=kw.pop("props", {}), annotations={},
+                          properties={})
+        self.broker.publish(message, target, **kw)
+        self._collect()
+        return message
+
+    def consumer(self, address: str | None, *caps: str, credit: int = 100,
+                 conn: ConnectionId = CONN, container: str = "c1", name: str | None = None,
+                 **kw: Any) -> ConsumerId:
+        self._links += 1
+        attached = self.broker.attach_consumer(ConsumerRequest(
+            connection=conn, container_id=container, link_name=name or f"link{self._links}",
+            address=address, capabilities=caps, **kw))
+        self.inbox.setdefault(attached.consumer, [])
+        if credit:
+            self.broker.set_credit(attached.consumer, credit)
+        self._collect()
+        return attached.consumer
+
+    def _collect(self) -> None:
+        for effect in self.broker.take_effects():
+            if isinstance(effect, Dispatch):
+                self.inbox.setdefault(effect.consumer, []).append(effect)
+            elif isinstance(effect, Drained):
+                self.drained.append(effect.consumer)
+            elif isinstance(effect, CloseConsumer):
+                self.closed.append(effect)
+
+    def take(self, consumer: ConsumerId) -> list[Dispatch]:
+        self._collect()
+        got, self.inbox[consumer] = self.inbox.get(consumer, []), []
+        return got
+
+    def settle(self, consumer: ConsumerId, dispatch: Dispatch, outcome: Outcome) -> None:
+        self.broker.settle(consumer, dispatch.delivery, outcome)
+        self._collect()
+
+    def advance(self, ms: int) -> None:
+        self.clock.advance(ms)
+        self.broker.tick()
+        self._collect()
+
+    def queue(self, name: str):  # type: ignore[no-untyped-def]
+        return self.broker.queues[name]
+
+
+def bodies(dispatches: list[Dispatch]) -> list[bytes]:
+    return [d.message.data for d in dispatches]
+
+
+# -- routing and attach ------------------------------------------------------------------
+
+def test_point_to_point_with_queue_capability() -> None:
+    """B-005/B-008/B-110: `queue` capability auto-creates an ANYCAST address and queue."""
+    h = Harness()
+    target = h.producer("orders", "queue")
+    h.send(target, b"one")
+    assert h.queue("orders").routing_type is RoutingType.ANYCAST
+    c = h.consumer("orders", "queue")
+    [d] = h.take(c)
+    assert (d.message.data, d.wire_count) == (b"one", 0)
+    h.settle(c, d, ACCEPTED)
+    assert h.queue("orders").message_count == 0
+    assert h.queue("orders").counters.acknowledged == 1
+
+
+def test_bare_producer_to_new_address_is_multicast_and_unrouted() -> None:
+    """B-008 rule 3 + B-004: default MULTICAST address with no queues drops the message."""
+    h = Harness()
+    target = h.producer("news")
+    h.send(target)
+    address = h.broker.post_office.addresses["news"]
+    assert address.routing_types == {RoutingType.MULTICAST}
+    assert address.unrouted == 1 and not address.queues
+
+
+def test_default_anycast_settings_give_queue_semantics() -> None:
+    """B-008: default-address-routing-type ANYCAST makes bare producers queue-like."""
+    h = Harness({"#": AddressSettings.of(default_address_routing_type=RoutingType.ANYCAST,
+                                         default_queue_routing_type=RoutingType.ANYCAST)})
+    h.send(h.producer("jobs"), b"j")
+    assert h.queue("jobs").message_count == 1
+
+
+def test_competing_consumers_round_robin() -> None:
+    """Competing consumers on one queue share messages round-robin."""
+    h = Harness()
+    target = h.producer("work", "queue")
+    c1, c2 = h.consumer("work", "queue"), h.consumer("work", "queue")
+    for i in range(6):
+        h.send(target, b"%d" % i)
+    assert bodies(h.take(c1)) == [b"0", b"2", b"4"]
+    assert bodies(h.take(c2)) == [b"1", b"3", b"5"]
+
+
+def test_multicast_fan_out_gives_each_subscription_a_copy() -> None:
+    """B-002/B-026: every subscription queue gets its own reference."""
+    h = Harness()
+    s1 = h.consumer("news", "topic", container="a")
+    s2 = h.consumer("news", "topic", container="b")
+    h.send(h.producer("news", "topic"), b"hello")
+    assert bodies(h.take(s1)) == [b"hello"]
+    assert bodies(h.take(s2)) == [b"hello"]
+
+
+def test_message_without_routing_preference_goes_to_both_kinds() -> None:
+    """B-002: routing type none -> one anycast queue and every multicast queue."""
+    h = Harness()
+    h.broker.create_address("mixed", {RoutingType.ANYCAST, RoutingType.MULTICAST})
+    for name, rt in (("a1", RoutingType.ANYCAST), ("a2", RoutingType.ANYCAST),
+                     ("m1", RoutingType.MULTICAST), ("m2", RoutingType.MULTICAST)):
+        h.broker.create_queue(QueueConfig(name=name, address="mixed", routing_type=rt))
+    target = h.producer("mixed")
+    h.send(target)
+    h.send(target)
+    counts = {n: h.queue(n).message_count for n in ("a1", "a2", "m1", "m2")}
+    assert counts == {"a1": 1, "a2": 1, "m1": 2, "m2": 2}
+
+
+def test_message_routing_type_annotation_decides_when_link_has_none() -> None:
+    """B-008 rule 2: x-opt-routing-type 1 (ANYCAST) on a link without capabilities."""
+    h = Harness()
+    h.broker.create_address("mixed", {RoutingType.ANYCAST, RoutingType.MULTICAST})
+    h.broker.create_queue(QueueConfig(name="a", address="mixed",
+                                      routing_type=RoutingType.ANYCAST))
+    h.broker.create_queue(QueueConfig(name="m", address="mixed",
+                                      routing_type=RoutingType.MULTICAST))
+    h.send(h.producer("mixed"), message_routing_type=RoutingType.ANYCAST)
+    assert (h.queue("a").message_count, h.queue("m").message_count) == (1, 0)
+
+
+def test_fqqn_producer_targets_only_that_queue() -> None:
+    """B-006: a producer to `address::queue` delivers only to that queue."""
+    h = Harness()
+    h.broker.create_address("news", {RoutingType.MULTICAST})
+    for name in ("q1", "q2"):
+        h.broker.create_queue(QueueConfig(name=name, address="news",
+                                          routing_type=RoutingType.MULTICAST))
+    h.send(h.producer("news::q2"))
+    assert (h.queue("q1").message_count, h.queue("q2").message_count) == (0, 1)
+
+
+def test_fqqn_consumers_compete_on_a_multicast_queue() -> None:
+    """B-006: FQQN consumers on a MULTICAST queue compete rather than each get a copy."""
+    h = Harness()
+    h.broker.create_address("news", {RoutingType.MULTICAST})
+    h.broker.create_queue(QueueConfig(name="sub", address="news",
+                                      routing_type=RoutingType.MULTICAST))
+    c1, c2 = h.consumer("news::sub"), h.consumer("news::sub")
+    target = h.producer("news")
+    h.send(target, b"1")
+    h.send(target, b"2")
+    assert len(h.take(c1)) + len(h.take(c2)) == 2
+
+
+def test_fqqn_queue_on_another_address_is_not_found() -> None:
+    """B-006: queue exists on another address -> amqp:not-found."""
+    h = Harness()
+    h.producer("a", "queue")
+    with pytest.raises(NotFound, match="does not exist for address b"):
+        h.consumer("b::a")
+
+
+@pytest.mark.parametrize("address", ["a::b::c", "bad\x01name", ""])
+def test_invalid_names_are_refused(address: str) -> None:
+    """B-150: more than one '::', control characters, empty names."""
+    h = Harness()
+    with pytest.raises(ClientError):
+        h.consumer(address)
+
+
+def test_producer_to_wildcard_address_is_refused() -> None:
+    """B-011 decision: sending to a wildcard address is amqp:invalid-field."""
+    h = Harness()
+    with pytest.raises(ClientError, match="wildcard"):
+        h.producer("news.#")
+
+
+def test_wildcard_subscription_receives_matching_addresses() -> None:
+    """B-011: a queue on `news.#` gets messages sent to `news.eu.sport`."""
+    h = Harness()
+    c = h.consumer("news.#", "topic")
+    h.send(h.producer("news.eu.sport", "topic"), b"goal")
+    h.send(h.producer("weather", "topic"), b"rain")
+    assert bodies(h.take(c)) == [b"goal"]
+
+
+def test_auto_create_disabled_refuses_attach() -> None:
+    """B-110: a missing address that may not be created -> amqp:not-found."""
+    h = Harness({"#": AddressSettings.of(auto_create_addresses=False,
+                                         auto_create_queues=False)})
+    with pytest.raises(NotFound):
+        h.producer("nope", "queue")
+    with pytest.raises(NotFound):
+        h.consumer("nope", "queue")
+
+
+def test_capability_conflicting_with_address_is_illegal_state() -> None:
+    """B-024: address exists without the requested type -> amqp:illegal-state."""
+    h = Harness()
+    h.producer("orders", "queue")
+    with pytest.raises(IllegalState, match="topic support"):
+        h.consumer("orders", "topic")
+
+
+def test_queue_consumer_on_anycast_only_address_without_capability() -> None:
+    """B-024 rule 2 / B-025: an ANYCAST address means a queue consumer."""
+    h = Harness()
+    h.send(h.producer("orders", "queue"), b"x")
+    c = h.consumer("orders")
+    assert bodies(h.take(c)) == [b"x"]
+
+
+def test_anonymous_relay_routes_by_to() -> None:
+    """B-009: address None -> properties.to per message; missing `to` is refused."""
+    h = Harness()
+    h.producer("orders", "queue")
+    relay = h.producer(None)
+    h.send(relay, b"x", to="orders")
+    assert h.queue("orders").message_count == 1
+    with pytest.raises(ClientError, match="no 'to'"):
+        h.send(relay, b"y")
+
+
+def test_anonymous_relay_to_missing_address_without_auto_create() -> None:
+    """B-009: 'target address X does not exist' (the adapter answers `failed`)."""
+    h = Harness({"#": AddressSettings.of(auto_create_addresses=False)})
+    with pytest.raises(NotFound, match="target address ghost does not exist"):
+        h.send(h.producer(None), to="ghost")
+
+
+# -- credit, order, browsing -------------------------------------------------------------
+
+def test_no_dispatch_without_credit_then_drain() -> None:
+    """B-037: send only with credit; drain with nothing to send answers drained."""
+    h = Harness()
+    c = h.consumer("q", "queue", credit=0)
+    h.send(h.producer("q", "queue"))
+    assert h.take(c) == []
+    h.broker.set_credit(c, 5, drain=True)
+    assert len(h.take(c)) == 1
+    assert h.drained == [c]
+
+
+def test_priority_then_fifo() -> None:
+    """B-013: higher priority first, FIFO within a priority."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    for body, prio in ((b"l1", 1), (b"h1", 9), (b"n1", 4), (b"h2", 9)):
+        h.send(target, body, priority=prio)
+    c = h.consumer("q", "queue")
+    assert bodies(h.take(c)) == [b"h1", b"h2", b"n1", b"l1"]
+
+
+def test_returned_message_keeps_its_place() -> None:
+    """B-014: a released message is delivered before later arrivals."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    c = h.consumer("q", "queue", credit=1)
+    h.send(target, b"first")
+    h.send(target, b"second")
+    [d] = h.take(c)
+    h.settle(c, d, RELEASED)
+    h.broker.set_credit(c, 0)
+    h.broker.set_credit(c, 2)
+    assert bodies(h.take(c)) == [b"first", b"second"]
+
+
+def test_browser_does_not_acquire() -> None:
+    """B-031: a browser sees messages; others still get them; counts unchanged."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    h.send(target, b"a")
+    h.send(target, b"b")
+    browser = h.consumer("q", "queue", browse=True)
+    assert bodies(h.take(browser)) == [b"a", b"b"]
+    assert all(d.settled for d in h.inbox[browser] or [])
+    c = h.consumer("q", "queue")
+    got = h.take(c)
+    assert [(d.message.data, d.wire_count) for d in got] == [(b"a", 0), (b"b", 0)]
+
+
+def test_presettled_consumer_acknowledges_on_send() -> None:
+    """B-037: snd-settle-mode settled is at-most-once."""
+    h = Harness()
+    h.send(h.producer("q", "queue"))
+    c = h.consumer("q", "queue", presettled=True)
+    [d] = h.take(c)
+    assert d.settled
+    assert h.queue("q").message_count == 0
+
+
+# -- the disposition table (B-051) --------------------------------------------------------
+
+def _one(h: Harness, **kw: Any) -> tuple[ConsumerId, Dispatch]:
+    h.send(h.producer("q", "queue"))
+    c = h.consumer("q", "queue", **kw)
+    [d] = h.take(c)
+    return c, d
+
+
+@pytest.mark.parametrize(
+    ("outcome", "next_wire_count"),
+    [
+        (RELEASED, 0),  # B-042
+        (Modified(), 0),  # B-043
+        (Modified(delivery_failed=True), 1),  # B-044
+    ],
+)
+def test_return_outcomes_and_next_delivery_count(outcome: Outcome, next_wire_count: int) -> None:
+    """B-051: released / modified keep or bump the wire delivery-count."""
+    h = Harness()
+    c, d = _one(h)
+    h.settle(c, d, outcome)
+    [again] = h.take(c)
+    assert again.wire_count == next_wire_count
+
+
+@pytest.mark.parametrize("failed", [False, True])
+def test_undeliverable_here_blocks_only_that_link(failed: bool) -> None:
+    """B-045: never offered to that link again; another link gets it; not dead-lettered."""
+    h = Harness()
+    c, d = _one(h)
+    h.settle(c, d, Modified(delivery_failed=failed, undeliverable_here=True))
+    assert h.take(c) == []
+    assert h.queue("q").message_count == 1
+    other = h.consumer("q", "queue")
+    [again] = h.take(other)
+    assert again.wire_count == (1 if failed else 0)
+
+
+def test_released_forever_never_dead_letters() -> None:
+    """B-042: releases alone can never reach max-delivery-attempts."""
+    h = Harness({"#": AddressSettings.of(max_delivery_attempts=2, dead_letter_address="DLA")})
+    c, d = _one(h)
+    for _ in range(10):
+        h.settle(c, d, RELEASED)
+        [d] = h.take(c)
+    assert d.wire_count == 0
+
+
+def test_delivery_failed_dead_letters_after_max_attempts() -> None:
+    """B-060: wire counts 0..M-1, the M-th failure moves it to the DLA."""
+    h = Harness({"#": AddressSettings.of(max_delivery_attempts=3, dead_letter_address="DLA")})
+    h.broker.create_address("DLA", {RoutingType.ANYCAST})
+    h.broker.create_queue(QueueConfig(name="DLA", address="DLA",
+                                      routing_type=RoutingType.ANYCAST))
+    c, d = _one(h)
+    seen = [d.wire_count]
+    for _ in range(2):
+        h.settle(c, d, Modified(delivery_failed=True))
+        [d] = h.take(c)
+        seen.append(d.wire_count)
+    h.settle(c, d, Modified(delivery_failed=True))
+    assert seen == [0, 1, 2]
+    assert h.take(c) == []
+    assert h.queue("q").message_count == 0
+    assert h.queue("DLA").message_count == 1
+    copy = h.queue("DLA").refs()[0].message
+    assert copy.get_annotations()["x-opt-ORIG-QUEUE"] == "q"
+    assert copy.get_annotations()["x-opt-DLQ-REASON"] == "max-attempts"
+
+
+def test_rejected_dead_letters_at_once_even_with_unlimited_attempts() -> None:
+    """B-046: rejected moves to the DLA immediately, whatever max-delivery-attempts."""
+    h = Harness({"#": AddressSettings.of(max_delivery_attempts=-1, dead_letter_address="DLA",
+                                         auto_create_dead_letter_resources=True)})
+    c, d = _one(h)
+    h.settle(c, d, Rejected(condition="app:bad", description="nope"))
+    dlq = h.queue("DLQ.q")
+    assert dlq.address == "DLA" and dlq.routing_type is RoutingType.MULTICAST
+    annotations = dlq.refs()[0].message.get_annotations()
+    assert annotations["x-opt-DLQ-ERROR-CONDITION"] == "app:bad"
+    assert annotations["x-opt-ORIG-ADDRESS"] == "q"
+    assert h.queue("q").counters.killed == 1
+
+
+def test_rejected_without_dla_drops() -> None:
+    """B-046/B-071: no DLA -> the message is dropped and counted killed."""
+    h = Harness()
+    c, d = _one(h)
+    h.settle(c, d, Rejected())
+    assert h.queue("q").message_count == 0
+    assert h.queue("q").counters.killed == 1
+    assert h.take(c) == []
+
+
+def test_link_close_returns_uncounted_without_delay() -> None:
+    """B-053: orderly detach undoes the count and never delays."""
+    h = Harness({"#": AddressSettings.of(redelivery_delay=10_000)})
+    c, _ = _one(h)
+    h.broker.detach_consumer(c, closed=True)
+    c2 = h.consumer("q", "queue")
+    [d] = h.take(c2)
+    assert d.wire_count == 0
+
+
+def test_abrupt_connection_loss_counts_the_attempt_without_delay() -> None:
+    """B-054: the loss counts as a failed attempt; no delay."""
+    h = Harness({"#": AddressSettings.of(redelivery_delay=10_000)})
+    conn2 = ConnectionId(2)
+    h.send(h.producer("q", "queue"))
+    h.consumer("q", "queue", conn=conn2)
+    h.broker.connection_closed(conn2, abrupt=True)
+    c = h.consumer("q", "queue")
+    [d] = h.take(c)
+    assert d.wire_count == 1
+
+
+def test_outcome_for_a_delivery_no_longer_held_is_ignored() -> None:
+    """B-055: ignored, never an error."""
+    h = Harness()
+    c, d = _one(h)
+    h.settle(c, d, ACCEPTED)
+    h.broker.settle(c, DeliveryId(d.delivery), ACCEPTED)
+    h.broker.settle(ConsumerId(999), DeliveryId(1), ACCEPTED)
+    assert h.queue("q").counters.acknowledged == 1
+
+
+# -- redelivery delay (B-065) ------------------------------------------------------------
+
+def test_only_the_failed_message_waits() -> None:
+    """B-065: the failed message is scheduled; other messages keep flowing."""
+    h = Harness({"#": AddressSettings.of(redelivery_delay=1000)})
+    target = h.producer("q", "queue")
+    c = h.consumer("q", "queue", credit=1)
+    h.send(target, b"bad")
+    h.send(target, b"good")
+    [bad] = h.take(c)
+    h.settle(c, bad, Modified(delivery_failed=True))
+    assert h.queue("q").scheduled_count == 1
+    h.broker.set_credit(c, 10)
+    assert bodies(h.take(c)) == [b"good"]
+    h.advance(999)
+    assert h.take(c) == []
+    h.advance(1)
+    [again] = h.take(c)
+    assert (again.message.data, again.wire_count) == (b"bad", 1)
+
+
+def test_release_is_delayed_too() -> None:
+    """B-065: released messages are delayed, computed with the decremented count."""
+    h = Harness({"#": AddressSettings.of(redelivery_delay=500)})
+    c, d = _one(h)
+    h.settle(c, d, RELEASED)
+    assert h.broker.next_deadline_ms() == h.clock.now_ms() + 500
+    h.advance(500)
+    assert len(h.take(c)) == 1
+
+
+# -- subscriptions and temporaries -------------------------------------------------------
+
+def test_durable_subscription_keeps_messages_across_detach() -> None:
+    """B-026/B-027/B-028: `container.link`; detach keeps it; close unsubscribes."""
+    h = Harness()
+    sub = h.consumer("news", "topic", container="app", name="sub1", durable=True,
+                     expiry_policy="never")
+    assert "app.sub1" in h.broker.queues
+    h.broker.detach_consumer(sub, closed=False)
+    h.send(h.producer("news", "topic"), b"while-away")
+    again = h.consumer("news", "topic", container="app", name="sub1", durable=True,
+                       expiry_policy="never")
+    assert bodies(h.take(again)) == [b"while-away"]
+    h.broker.detach_consumer(again, closed=True)
+    assert "app.sub1" not in h.broker.queues
+
+
+def test_durable_subscription_with_new_filter_is_recreated_when_idle() -> None:
+    """B-027: a different filter and no consumers -> re-created empty."""
+    h = Harness()
+    sub = h.consumer("news", "topic", container="app", name="s", durable=True)
+    h.broker.detach_consumer(sub, closed=False)
+    h.send(h.producer("news", "topic"), b"old")
+    h.consumer("news", "topic", container="app", name="s", durable=True,
+               selector="x = 1")
+    assert h.queue("app.s").message_count == 0
+
+
+def test_durable_subscription_in_use_cannot_change() -> None:
+    """B-027: with consumers attached -> amqp:illegal-state."""
+    h = Harness()
+    h.consumer("news", "topic", "shared", container="app", name="s", durable=True)
+    with pytest.raises(IllegalState, match="consumers already exist"):
+        h.consumer("news", "topic", "shared", container="app", name="s", durable=True,
+                   selector="x = 2")
+
+
+def test_private_volatile_subscription_dies_with_connection() -> None:
+    """B-026/B-028/B-115: a temporary queue deleted when its connection closes."""
+    h = Harness()
+    conn2 = ConnectionId(2)
+    h.consumer("news", "topic", conn=conn2, expiry_policy="never")
+    temporary = [q for q in h.broker.queues.values() if q.config.temporary]
+    assert len(temporary) == 1
+    h.broker.connection_closed(conn2, abrupt=False)
+    assert temporary[0].name not in h.broker.queues
+
+
+def test_dynamic_source_is_a_temporary_anycast_queue() -> None:
+    """B-030: random name returned as the address; gone with the connection."""
+    h = Harness()
+    conn2 = ConnectionId(2)
+    attached = h.broker.attach_consumer(ConsumerRequest(
+        connection=conn2, container_id="c", link_name="r", address=None, dynamic=True))
+    queue = h.queue(attached.queue)
+    assert attached.address == attached.queue
+    assert queue.routing_type is RoutingType.ANYCAST and not queue.durable
+    h.broker.connection_closed(conn2, abrupt=False)
+    assert attached.queue not in h.broker.queues
+    assert attached.queue not in h.broker.post_office.addresses
+
+
+def test_source_without_address_is_invalid() -> None:
+    """B-038: no address and not dynamic -> amqp:invalid-field."""
+    h = Harness()
+    with pytest.raises(ClientError, match="no address"):
+        h.consumer(None)
+
+
+def test_deleting_a_queue_detaches_its_consumers() -> None:
+    """B-038: amqp:resource-deleted to attached consumers."""
+    h = Harness()
+    c = h.consumer("q", "queue")
+    h.broker.delete_queue("q")
+    h._collect()
+    assert [(e.consumer, e.condition) for e in h.closed] == [(c, "amqp:resource-deleted")]
+
+
+# -- auto-delete (B-111…B-114) -----------------------------------------------------------
+
+def test_used_auto_created_queue_is_reaped_after_two_scans() -> None:
+    """B-111/B-113: qualifies on two consecutive scans, then deleted."""
+    h = Harness(address_queue_scan_period_ms=1000)
+    c = h.consumer("q", "queue")
+    h.broker.detach_consumer(c, closed=True)
+    h.advance(1000)
+    assert "q" in h.broker.queues  # first scan only marks it
+    h.advance(1000)
+    assert "q" not in h.broker.queues
+    h.advance(1000)
+    h.advance(1000)
+    assert "q" not in h.broker.post_office.addresses  # B-114: binding removed -> used
+
+
+def test_unused_auto_created_queue_is_kept() -> None:
+    """B-113: a queue nobody consumed from is kept."""
+    h = Harness(address_queue_scan_period_ms=1000)
+    h.producer("q", "queue")
+    for _ in range(3):
+        h.advance(1000)
+    assert "q" in h.broker.queues
+
+
+def test_queue_with_messages_is_kept() -> None:
+    """B-113: message count above auto-delete-queues-message-count (0)."""
+    h = Harness(address_queue_scan_period_ms=1000)
+    h.send(h.producer("q", "queue"))
+    c = h.consumer("q", "queue", credit=0)
+    h.broker.detach_consumer(c, closed=True)
+    for _ in range(3):
+        h.advance(1000)
+    assert "q" in h.broker.queues

@@ -1,0 +1,262 @@
+"""The protocol adapter over two in-memory Proton engines: no sockets, no threads.
+
+A client `proton.Transport` is pumped against `AmqpConnection` so the wire behaviour
+(attach answers, outcomes, header rewrite, capabilities) is checked frame for frame.
+"""
+
+from __future__ import annotations
+
+from random import Random
+from typing import Any
+
+import pytest
+from proton import (
+    Collector,
+    Condition,
+    Connection,
+    Data,
+    Delivery,
+    Endpoint,
+    Event,
+    Link,
+    Message,
+    Terminus,
+    Transport,
+)
+
+from amqpbroker.core import Broker, ManualClock, SettingsRepository
+from amqpbroker.protocol import moves
+from amqpbroker.protocol.handler import AmqpConnection, Shell
+
+
+class Client:
+    """A client engine wired to one broker-side `AmqpConnection`."""
+
+    def __init__(self, shell: Shell, container: str = "client") -> None:
+        self.server = AmqpConnection(shell, peer="memory")
+        self.transport = Transport()
+        self.connection = Connection()
+        self.collector = Collector()
+        self.connection.collect(self.collector)
+        self.transport.bind(self.connection)
+        self.transport.sasl().allowed_mechs("ANONYMOUS")
+        self.connection.container = container
+        self.connection.open()
+        self.session = self.connection.session()
+        self.session.open()
+        self.received: list[tuple[Message, Any]] = []
+        self.outcomes: list[Any] = []
+        self.pump()
+
+    def pump(self) -> None:
+        for _ in range(100):
+            moved = False
+            pending = self.transport.pending()
+            if pending > 0:
+                data = bytes(self.transport.peek(pending))
+                self.transport.pop(pending)
+                self.server.feed(data)
+                moved = True
+            for amqp in list(self.server.shell.dirty):
+                self.server.shell.dirty.discard(amqp)
+            out = self.server.output()
+            if out:
+                self.transport.push(out)
+                moved = True
+            if not moved:
+                break
+        self._collect()
+
+    def _collect(self) -> None:
+        while (event := self.collector.peek()) is not None:
+            if event.type == Event.DELIVERY:
+                delivery = event.delivery
+                link = delivery.link
+                if link.is_receiver and delivery.readable and not delivery.partial:
+                    message = Message()
+                    message.decode(link.recv(delivery.pending))
+                    link.advance()
+                    self.received.append((message, delivery))
+                elif link.is_sender and delivery.remote_state:
+                    self.outcomes.append(delivery.remote_state)
+                    delivery.settle()
+            self.collector.pop()
+
+    def sender(self, address: str | None, *caps: str) -> Link:
+        link = self.session.sender(f"s-{address}-{len(caps)}")
+        link.target.address = address
+        _put_caps(link.target, caps)
+        link.open()
+        self.pump()
+        return link
+
+    def receiver(
+        self,
+        address: str | None,
+        *caps: str,
+        credit: int = 10,
+        name: str | None = None,
+        dynamic: bool = False,
+    ) -> Link:
+        link = self.session.receiver(name or f"r-{address}")
+        if dynamic:
+            link.source.dynamic = True
+        else:
+            link.source.address = address
+        _put_caps(link.source, caps)
+        link.open()
+        link.flow(credit)
+        self.pump()
+        return link
+
+    def send(self, link: Link, message: Message) -> None:
+        link.delivery(b"%d" % len(self.outcomes))
+        link.send(message.encode())
+        link.advance()
+        self.pump()
+
+    def settle(self, index: int, state: Any, **fields: Any) -> None:
+        delivery = self.received[index][1]
+        for key, value in fields.items():
+            setattr(delivery.local, key, value)
+        delivery.update(state)
+        delivery.settle()
+        self.pump()
+
+
+def _put_caps(terminus: Terminus, caps: tuple[str, ...]) -> None:
+    if caps:
+        terminus.capabilities.put_array(False, Data.SYMBOL)
+        terminus.capabilities.enter()
+        for cap in caps:
+            terminus.capabilities.put_symbol(cap)
+        terminus.capabilities.exit()
+
+
+@pytest.fixture
+def shell() -> Shell:
+    broker = Broker(
+        settings=SettingsRepository(), clock=ManualClock(), rng=Random(0), copier=moves.COPIER
+    )
+    return Shell(broker)
+
+
+def test_send_receive_accept(shell: Shell) -> None:
+    """B-023/B-041: the producer gets `accepted`; the consumer gets the bytes; accept acks."""
+    client = Client(shell)
+    receiver = client.receiver("q", "queue")
+    sender = client.sender("q", "queue")
+    client.send(sender, Message(body="hi", durable=True, properties={"k": 1}))
+    assert client.outcomes == [Delivery.ACCEPTED]
+    [(message, _)] = client.received
+    assert (message.body, message.durable, message.properties) == ("hi", True, {"k": 1})
+    client.settle(0, Delivery.ACCEPTED)
+    assert shell.broker.queues["q"].message_count == 0
+    assert receiver.remote_condition is None
+
+
+def test_connection_offers_artemis_capabilities(shell: Shell) -> None:
+    """B-020: the broker's open offers ANONYMOUS-RELAY and friends."""
+    client = Client(shell)
+    offered = {str(c) for c in client.connection.remote_offered_capabilities}
+    assert {
+        "ANONYMOUS-RELAY",
+        "DELAYED_DELIVERY",
+        "SHARED-SUBS",
+        "sole-connection-for-container",
+    } <= offered
+
+
+def test_modified_failed_redelivery_rewrites_only_the_header(shell: Shell) -> None:
+    """B-044/B-050: the next delivery shows delivery-count 1, all else unchanged."""
+    client = Client(shell)
+    client.receiver("q", "queue")
+    sender = client.sender("q", "queue")
+    sent = Message(
+        body=b"payload",
+        subject="s",
+        priority=6,
+        ttl=60,
+        properties={"a": "b"},
+        annotations={"x-opt-z": 1},
+    )
+    client.send(sender, sent)
+    client.settle(0, Delivery.MODIFIED, failed=True)
+    again = client.received[1][0]
+    assert again.delivery_count == 1
+    assert (bytes(again.body), again.subject, again.priority, again.ttl) == (b"payload", "s", 6, 60.0)
+    assert again.properties == {"a": "b"} and again.annotations == {"x-opt-z": 1}
+
+
+def test_refused_attach_carries_the_condition(shell: Shell) -> None:
+    """B-006: FQQN queue on another address -> detach with amqp:not-found."""
+    client = Client(shell)
+    client.sender("home", "queue")
+    receiver = client.receiver("elsewhere::home")
+    assert receiver.state & Endpoint.REMOTE_CLOSED
+    assert receiver.remote_condition.name == "amqp:not-found"
+
+
+def test_anonymous_relay_missing_to_is_rejected_failed(shell: Shell) -> None:
+    """B-009: no `to` -> rejected with condition `failed`."""
+    client = Client(shell)
+    relay = client.sender(None)
+    client.send(relay, Message(body="x"))
+    assert client.outcomes == [Delivery.REJECTED]
+
+
+def test_dynamic_receiver_gets_a_generated_address(shell: Shell) -> None:
+    """B-030: the answered source address names the temporary queue."""
+    client = Client(shell)
+    receiver = client.receiver(None, dynamic=True)
+    address = receiver.remote_source.address
+    assert address in shell.broker.queues
+    assert shell.broker.queues[address].config.temporary
+
+
+def test_malformed_transfer_is_rejected_not_fatal(shell: Shell) -> None:
+    """B-153: an undecodable message is rejected; the connection stays up."""
+    client = Client(shell)
+    sender = client.sender("q", "queue")
+    sender.delivery(b"bad")
+    sender.send(b"\x00\x53\x70\xc0\xff")  # a header list that runs past the end
+    sender.advance()
+    client.pump()
+    assert client.outcomes == [Delivery.REJECTED]
+    assert not client.connection.state & Endpoint.REMOTE_CLOSED
+
+
+def test_closing_connection_returns_unsettled_uncounted(shell: Shell) -> None:
+    """B-053: an AMQP close returns the message without counting the attempt."""
+    leaver = Client(shell, container="leaver")
+    leaver.receiver("q", "queue")
+    producer = Client(shell, container="producer")
+    producer.send(producer.sender("q", "queue"), Message(body="m"))
+    leaver.pump()  # the dispatch went out on the leaver's connection
+    assert len(leaver.received) == 1
+    leaver.connection.close()
+    leaver.pump()
+    other = Client(shell, container="other")
+    other.receiver("q", "queue")
+    assert other.received[0][0].delivery_count == 0
+
+
+def test_rejected_outcome_error_reaches_the_dead_letter_copy(shell: Shell) -> None:
+    """B-046/B-079: the copy carries the rejection's condition and description."""
+    from amqpbroker.core import AddressSettings
+
+    shell.broker.settings.add(
+        "#", AddressSettings.of(dead_letter_address="DLA", auto_create_dead_letter_resources=True)
+    )
+    client = Client(shell)
+    client.receiver("q", "queue")
+    client.send(client.sender("q", "queue"), Message(body="bad"))
+    client.settle(0, Delivery.REJECTED, condition=Condition("app:invalid", "missing field"))
+    dlq = client.receiver("DLA::DLQ.q", name="dlq")
+    assert dlq.remote_condition is None
+    copy = client.received[1][0]
+    assert copy.annotations["x-opt-DLQ-ERROR-CONDITION"] == "app:invalid"
+    assert copy.annotations["x-opt-DLQ-ERROR-DESCRIPTION"] == "missing field"
+    assert copy.annotations["x-opt-DLQ-REASON"] == "rejected"
+    assert copy.annotations["x-opt-ORIG-QUEUE"] == "q"
+    assert copy.delivery_count == 0

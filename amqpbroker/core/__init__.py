@@ -25,6 +25,7 @@ from amqpbroker.core.errors import (
     NotFound,
     ResourceLimitExceeded,
 )
+from amqpbroker.core.lifecycle import EVENT_TYPES, FAILURE_EVENTS, EventLevel, LifecycleEvent
 from amqpbroker.core.model import (
     DEFAULT_PRIORITY,
     ConnectionId,
@@ -43,6 +44,8 @@ from amqpbroker.core.wildcard import WildcardConfig
 __all__ = [
     "ACCEPTED",
     "DEFAULT_PRIORITY",
+    "EVENT_TYPES",
+    "FAILURE_EVENTS",
     "RELEASED",
     "Accepted",
     "AddressSettings",
@@ -59,8 +62,10 @@ __all__ = [
     "Dispatch",
     "Drained",
     "Effect",
+    "EventLevel",
     "IllegalState",
     "InvalidSelector",
+    "LifecycleEvent",
     "ManualClock",
     "MaxConsumersReached",
     "Message",

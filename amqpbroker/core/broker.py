@@ -7,6 +7,7 @@ they must happen. Never blocks, sleeps, reads the time except through the inject
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import logging
 import uuid
@@ -18,6 +19,7 @@ from typing import Any, Protocol
 from amqpbroker.core.clock import Clock
 from amqpbroker.core.effects import CloseConsumer, Effect
 from amqpbroker.core.errors import ClientError, IllegalState, MaxConsumersReached, NotFound
+from amqpbroker.core.lifecycle import Emitter, EventLevel, LifecycleEvent
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -177,8 +179,10 @@ class Broker:
         copier: MessageCopier | None = None,
         name: str = "amqpbroker",
         address_queue_scan_period_ms: int = 30_000,
+        event_level: EventLevel = EventLevel.LIFECYCLE,
     ) -> None:
         self.name = name
+        self.emitter = Emitter(event_level)
         self.settings = settings
         self.clock = clock
         self.rng = rng or Random()
@@ -194,6 +198,7 @@ class Broker:
         self._scan_period_ms = address_queue_scan_period_ms
         self._next_scan_ms = clock.now_ms() + address_queue_scan_period_ms
         self._warned_names: set[str] = set()
+        self._deadlines: list[int] = []  # may hold stale entries; tick() drops them
 
     # -- effects and time -----------------------------------------------------------
     def take_effects(self) -> list[Effect]:
@@ -201,21 +206,27 @@ class Broker:
         effects, self._effects = self._effects, []
         return effects
 
+    def _add_deadline(self, at_ms: int) -> None:
+        heapq.heappush(self._deadlines, at_ms)
+
     def next_deadline_ms(self) -> int | None:
-        """When `tick()` next has work: a scheduled redelivery or the reaper."""
+        """When `tick()` next has work: a scheduled redelivery or the reaper. O(1)."""
         deadline = self._next_scan_ms if self._scan_period_ms > 0 else None
-        for queue in self.queues.values():
-            due = queue.next_deadline_ms()
-            if due is not None and (deadline is None or due < deadline):
-                deadline = due
+        if self._deadlines and (deadline is None or self._deadlines[0] < deadline):
+            deadline = self._deadlines[0]
         return deadline
 
     def tick(self) -> None:
         """Fire due redeliveries and, every address-queue-scan-period, the reaper."""
         now_ms = self.clock.now_ms()
         out = self._effects
-        for queue in list(self.queues.values()):
-            queue.tick(now_ms, out)
+        deadlines = self._deadlines
+        if deadlines and deadlines[0] <= now_ms:
+            while deadlines and deadlines[0] <= now_ms:
+                heapq.heappop(deadlines)
+            for queue in list(self.queues.values()):
+                if (due := queue.next_deadline_ms()) is not None and due <= now_ms:
+                    queue.tick(now_ms, out)
         if self._scan_period_ms > 0 and now_ms >= self._next_scan_ms:
             self._next_scan_ms = now_ms + self._scan_period_ms
             self.reap(now_ms)
@@ -269,6 +280,9 @@ class Broker:
             rng=self.rng,
             delivery_ids=self._delivery_ids,
             dead_letter=self._dead_letter,
+            on_schedule=self._add_deadline,
+            emitter=self.emitter,
+            clock_ms=self.clock.now_ms,
         )
         queue.idle_since_ms = self.clock.now_ms()
         queue.owner = owner
@@ -472,12 +486,26 @@ class Broker:
             queues = self.post_office.route(message, address, routing_type)
         return self._deliver_to(message, address, queues, now_ms)
 
+    def _message_event(self, kind: str, message: Message, now_ms: int, **fields: Any) -> None:
+        self.emitter.events.append(LifecycleEvent(
+            ts=now_ms, event=kind, msg_id=message.msg_id, address=message.address,
+            durable=message.durable, size=message.size, first_ts=message.first_ts,
+            connection=message.origin_container, **fields,
+        ))
+
     def _deliver_to(
-        self, message: Message, address: Address, queues: list[Queue], now_ms: int
+        self, message: Message, address: Address, queues: list[Queue], now_ms: int,
+        *, reason: str = "route",
     ) -> int:
+        emitter = self.emitter
+        if emitter.all and reason == "route":
+            self._message_event("sent", message, now_ms,
+                                target_queues=tuple(q.name for q in queues))
         if not queues:
             address.unrouted += 1
             self.stats.unrouted += 1
+            if emitter.failures:
+                self._message_event("unrouted", message, now_ms, reason="no-bindings")
             settings = self.settings.resolve(address.name)
             if settings.send_to_dla_on_no_route and settings.dead_letter_address:
                 move = MoveAnnotations(
@@ -490,7 +518,7 @@ class Broker:
         self.stats.routed += 1
         out = self._effects
         for queue in queues:
-            queue.add(message, out)
+            queue.add(message, out, reason=reason)
         return len(queues)
 
     # -- consumers --------------------------------------------------------------------
@@ -513,7 +541,8 @@ class Broker:
             )
         consumer = Consumer(
             id=ConsumerId(next(self._consumer_ids)), queue=queue,
-            connection=request.connection, link_name=request.link_name, selector=selector,
+            connection=request.connection, link_name=request.link_name,
+            container=request.container_id, selector=selector,
             browser=request.browse and kind == "queue", presettled=request.presettled,
         )
         queue.add_consumer(consumer)
@@ -713,6 +742,8 @@ class Broker:
         dla = settings.dead_letter_address
         if not dla:
             self.stats.killed_no_dla += 1
+            if self.emitter.failures:
+                queue.event("killed", ref, reason="no-dla")
             log.warning(
                 "dropping message %s from queue %s: %s and no dead-letter-address is set",
                 message.msg_id, queue.name,
@@ -737,7 +768,9 @@ class Broker:
         if settings.auto_create_dead_letter_resources and queue.address != dla:
             self._ensure_move_resources(dla, queue.address, settings.dead_letter_queue_prefix,
                                         settings.dead_letter_queue_suffix)
-        self._move_to_dla(message, queue.address, settings, move)
+        copy = self._move_to_dla(message, queue.address, settings, move, queue=queue, ref=ref)
+        if copy is None and self.emitter.failures:
+            queue.event("killed", ref, reason="dla-no-bindings")
 
     @staticmethod
     def _orig_routing_type(message: Message) -> int | None:
@@ -763,23 +796,34 @@ class Broker:
                              filter=f"_AMQ_ORIG_ADDRESS = '{quoted}'")
 
     def _move_to_dla(
-        self, message: Message, origin: str, settings: ResolvedSettings, move: MoveAnnotations
-    ) -> None:
+        self, message: Message, origin: str, settings: ResolvedSettings, move: MoveAnnotations,
+        *, queue: Queue | None = None, ref: Ref | None = None,
+    ) -> Message | None:
+        """Route a copy to the DLA (B-073); None when it has no queue (dropped, B-072)."""
         dla = settings.dead_letter_address
         address = self.post_office.addresses.get(dla)
         copy = self.copier.copy(message, move)
         copy.msg_id = next(self._msg_ids)
         copy.first_ts = message.first_ts
         copy.address = dla
-        routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(move.routing_type or -1)
+        routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(
+            move.routing_type if move.routing_type is not None else -1)
         queues = self.post_office.route(copy, address, routing_type) if address else []
         if not queues:
             self.stats.killed_no_dla += 1
             log.warning("dropping message %s from %s: dead-letter-address %s has no queue "
                         "(B-072)", message.msg_id, origin, dla)
-            return
+            return None
         assert address is not None
-        self._deliver_to(copy, address, queues, self.clock.now_ms())
+        if queue is not None and ref is not None and self.emitter.failures:
+            queue.event(
+                "dead-lettered", ref, reason=move.dlq_reason, target_address=dla,
+                target_queues=tuple(q.name for q in queues), copy_msg_id=copy.msg_id,
+                error_condition=move.dlq_error_condition,
+                error_description=move.dlq_error_description,
+            )
+        self._deliver_to(copy, address, queues, self.clock.now_ms(), reason="move")
+        return copy
 
     # -- auto-delete (B-111…B-114) ----------------------------------------------------
     def reap(self, now_ms: int) -> None:

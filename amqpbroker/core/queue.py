@@ -38,6 +38,7 @@ from random import Random
 from typing import TYPE_CHECKING
 
 from amqpbroker.core.effects import Dispatch, Drained, Effect
+from amqpbroker.core.lifecycle import Emitter, LifecycleEvent
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -79,6 +80,7 @@ class Consumer:
     queue: Queue
     connection: ConnectionId
     link_name: str = ""
+    container: str = ""  # the client's container-id, for lifecycle events
     selector: Selector | None = None
     browser: bool = False  # distribution-mode copy (B-031)
     presettled: bool = False  # snd-settle-mode settled (B-037)
@@ -117,6 +119,9 @@ class Queue:
         rng: Random,
         delivery_ids: Iterator[int],
         dead_letter: Callable[[Queue, Ref, str, Rejected | None], None],
+        on_schedule: Callable[[int], None] = lambda at_ms: None,
+        emitter: Emitter | None = None,
+        clock_ms: Callable[[], int] = lambda: 0,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -135,6 +140,9 @@ class Queue:
         self._rng = rng
         self._delivery_ids = delivery_ids
         self._dead_letter = dead_letter
+        self._on_schedule = on_schedule  # tells the broker when tick() has work
+        self.emitter = emitter or Emitter()
+        self._clock_ms = clock_ms
         self._seq = itertools.count()
         self._fresh: list[deque[Ref]] = [deque() for _ in range(_LEVELS)]
         self._returned: list[list[Ref]] = [[] for _ in range(_LEVELS)]
@@ -177,11 +185,27 @@ class Queue:
         """Whether the queue filter lets the message in (B-002)."""
         return self.selector is None or self.selector.matches(message)
 
-    def add(self, message: Message, out: list[Effect], *, delivery_count: int = 0) -> Ref:
+    def event(self, kind: str, ref: Ref, consumer: Consumer | None = None,
+              **fields: object) -> None:
+        """Record a lifecycle event (B-171) about `ref` in this queue."""
+        message = ref.message
+        self.emitter.events.append(LifecycleEvent(
+            ts=self._clock_ms(), event=kind, msg_id=message.msg_id, address=self.address,
+            queue=self.name, routing_type=self.routing_type.value, durable=message.durable,
+            size=message.size, delivery_count=ref.delivery_count,
+            connection=consumer.container if consumer else None,
+            link=consumer.link_name if consumer else None, first_ts=message.first_ts,
+            **fields,  # type: ignore[arg-type]
+        ))
+
+    def add(self, message: Message, out: list[Effect], *, delivery_count: int = 0,
+            reason: str = "route") -> Ref:
         ref = Ref(message, next(self._seq), delivery_count)
         self._fresh[message.priority].append(ref)
         self._ready += 1
         self.counters.added += 1
+        if self.emitter.all:
+            self.event("enqueued", ref, reason=reason)
         if self.consumers:
             self.dispatch(out)
         return ref
@@ -256,8 +280,11 @@ class Queue:
         delivery = DeliveryId(next(self._delivery_ids))
         out.append(Dispatch(consumer.id, delivery, ref.message, ref.delivery_count - 1,
                             consumer.presettled))
+        if self.emitter.all:
+            self.event("dispatched", ref, consumer,
+                       reason="presettled" if consumer.presettled else None)
         if consumer.presettled:
-            self._acknowledge(ref)  # B-037: at-most-once, acknowledged as written
+            self._acknowledge(ref, consumer)  # B-037: at-most-once, acknowledged as written
         else:
             consumer.unsettled[delivery] = ref
             self.delivering += 1
@@ -279,9 +306,11 @@ class Queue:
                 out.append(Dispatch(browser.id, delivery, ref.message, ref.delivery_count, True))
 
     # -- settlement -------------------------------------------------------------------
-    def _acknowledge(self, ref: Ref) -> None:
+    def _acknowledge(self, ref: Ref, consumer: Consumer | None) -> None:
         self.counters.acknowledged += 1
         self.used = True
+        if self.emitter.all:
+            self.event("acked", ref, consumer, reason="accepted")
 
     def settle(
         self, consumer: Consumer, delivery: DeliveryId, outcome: Outcome, now_ms: int,
@@ -296,12 +325,12 @@ class Queue:
             return False
         self.delivering -= 1
         if isinstance(outcome, Accepted):
-            self._acknowledge(ref)
+            self._acknowledge(ref, consumer)
         elif isinstance(outcome, Rejected):
             self._kill_to_dla(ref, "rejected", outcome)
         elif isinstance(outcome, Released):
             ref.delivery_count -= 1
-            self._return(ref, now_ms, delay=True)
+            self._return(ref, now_ms, delay=True, reason="released", consumer=consumer)
         elif isinstance(outcome, Modified):
             if not outcome.delivery_failed:
                 ref.delivery_count -= 1
@@ -309,11 +338,13 @@ class Queue:
                 if ref.blocked is None:
                     ref.blocked = set()
                 ref.blocked.add(consumer.id)
-            self._return(ref, now_ms, delay=True)
+            reason = "modified-failed" if outcome.delivery_failed else "modified"
+            self._return(ref, now_ms, delay=True, reason=reason, consumer=consumer)
         self.dispatch(out)
         return True
 
-    def _return(self, ref: Ref, now_ms: int, *, delay: bool) -> None:
+    def _return(self, ref: Ref, now_ms: int, *, delay: bool, reason: str,
+                consumer: Consumer | None) -> None:
         self.counters.returned += 1
         decision = decide_redelivery(
             self.settings(), delivery_count=ref.delivery_count, now_ms=now_ms, rng=self._rng,
@@ -321,8 +352,13 @@ class Queue:
         )
         if isinstance(decision, DeadLetter):
             self._kill_to_dla(ref, decision.reason, None)
-        elif decision.at_ms > now_ms:
+            return
+        if self.emitter.failures:
+            self.event("returned", ref, consumer, reason=reason,
+                       delay_ms=decision.at_ms - now_ms)
+        if decision.at_ms > now_ms:
             heapq.heappush(self._scheduled, (decision.at_ms, ref.seq, ref))
+            self._on_schedule(decision.at_ms)
         else:
             self._put_back(ref)
 
@@ -356,10 +392,11 @@ class Queue:
         held = sorted(consumer.unsettled.values())
         consumer.unsettled.clear()
         self.delivering -= len(held)
+        reason = "connection-lost" if abrupt else "link-closed"
         for ref in held:
             if not abrupt:
                 ref.delivery_count -= 1
-            self._return(ref, now_ms, delay=False)
+            self._return(ref, now_ms, delay=False, reason=reason, consumer=consumer)
         self.used = True
         self.idle_since_ms = now_ms
         if held and self.consumers:

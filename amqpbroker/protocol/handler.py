@@ -33,6 +33,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from cproton_ffi import ffi, lib
 from proton import (
     SASL,
     Collector,
@@ -48,6 +49,8 @@ from proton import (
 )
 
 from amqpbroker.core import (
+    ACCEPTED,
+    RELEASED,
     Broker,
     BrokerError,
     ClientError,
@@ -57,7 +60,10 @@ from amqpbroker.core import (
     DeliveryId,
     Dispatch,
     Drained,
+    LifecycleEvent,
     Message,
+    Modified,
+    Outcome,
     ProducerTarget,
     RoutingType,
 )
@@ -77,6 +83,12 @@ PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
 MAX_FRAME_SIZE = 131072  # B-021
 
+_PN_DELIVERY = lib.PN_DELIVERY
+_PN_LINK_FLOW = lib.PN_LINK_FLOW
+_PN_ACCEPTED = lib.PN_ACCEPTED
+_PN_RELEASED = lib.PN_RELEASED
+_PN_MODIFIED = lib.PN_MODIFIED
+_PN_REJECTED = lib.PN_REJECTED
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
 _ROUTING_TYPE_BYTES = {0: RoutingType.MULTICAST, 1: RoutingType.ANYCAST}
 _JMS_DEST = {0: RoutingType.ANYCAST, 2: RoutingType.ANYCAST, 1: RoutingType.MULTICAST,
@@ -86,11 +98,12 @@ _JMS_DEST = {0: RoutingType.ANYCAST, 2: RoutingType.ANYCAST, 1: RoutingType.MULT
 class ConsumerLink:
     """A consumer, as the broker sees it: wraps the proton `Sender` the broker sends on."""
 
-    __slots__ = ("connection", "id", "link")
+    __slots__ = ("connection", "id", "impl", "link")
 
     def __init__(self, consumer: ConsumerId, link: Link, connection: AmqpConnection) -> None:
         self.id = consumer
         self.link = link
+        self.impl = link._impl  # the pn_link_t: the hot path calls the C API directly
         self.connection = connection
 
     def send(self, dispatch: Dispatch) -> None:
@@ -99,12 +112,13 @@ class ConsumerLink:
         if dispatch.wire_count or message.header is not None:
             # B-050: re-encode only the header; also when the producer sent a count.
             data = sections.with_delivery_count(data, message.header_end, dispatch.wire_count)
-        link = self.link
-        delivery = link.delivery(b"%d" % dispatch.delivery)
-        link.send(data)
-        link.advance()
+        impl = self.impl
+        tag = b"%d" % dispatch.delivery
+        delivery = lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
+        lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
+        lib.pn_link_advance(impl)
         if dispatch.settled:
-            delivery.settle()
+            lib.pn_delivery_settle(delivery)
 
 
 class ProducerLink:
@@ -127,6 +141,8 @@ class Shell:
         self._next_connection_id = 0
         self.connections: dict[ConnectionId, AmqpConnection] = {}
         self.opened_total = 0
+        # Where lifecycle events go (the event-log writer); None drops them.
+        self.event_sink: Callable[[list[LifecycleEvent]], None] | None = None
 
     def new_connection_id(self) -> ConnectionId:
         self._next_connection_id += 1
@@ -134,6 +150,10 @@ class Shell:
 
     def apply_effects(self) -> None:
         broker = self.broker
+        if broker.emitter.events:
+            events = broker.emitter.take()
+            if self.event_sink is not None:
+                self.event_sink(events)
         effects = broker.take_effects()
         while effects:
             consumers = self.consumers
@@ -184,22 +204,22 @@ class AmqpConnection:
         self.transport.bind(self.connection)
         self._setup_sasl()
         self.container_id = ""
-        self.producers: dict[Link, ProducerLink] = {}
-        self.consumers: dict[Link, ConsumerLink] = {}
+        # Keyed by the pn_link_t pointer, which the hot path reads from events directly.
+        self.producers: dict[Any, ProducerLink] = {}
+        self.consumers: dict[Any, ConsumerLink] = {}
+        self._collector_impl = self.collector._impl
         self.closed = False  # the broker side is done with this connection
         self._orderly = False
-        self._handlers: dict[Any, Callable[[Event], None]] = {
-            Event.CONNECTION_REMOTE_OPEN: self._on_connection_open,
-            Event.CONNECTION_REMOTE_CLOSE: self._on_connection_close,
-            Event.SESSION_REMOTE_OPEN: self._on_session_open,
-            Event.SESSION_REMOTE_CLOSE: self._on_session_close,
-            Event.LINK_REMOTE_OPEN: self._on_link_open,
-            Event.LINK_REMOTE_DETACH: self._on_link_detach,
-            Event.LINK_REMOTE_CLOSE: self._on_link_close,
-            Event.LINK_FLOW: self._on_link_flow,
-            Event.DELIVERY: self._on_delivery,
-            Event.TRANSPORT_ERROR: self._on_transport_error,
-            Event.TRANSPORT_CLOSED: self._on_transport_closed,
+        self._handlers: dict[int, Callable[[Event], None]] = {
+            lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_open,
+            lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_close,
+            lib.PN_SESSION_REMOTE_OPEN: self._on_session_open,
+            lib.PN_SESSION_REMOTE_CLOSE: self._on_session_close,
+            lib.PN_LINK_REMOTE_OPEN: self._on_link_open,
+            lib.PN_LINK_REMOTE_DETACH: self._on_link_detach,
+            lib.PN_LINK_REMOTE_CLOSE: self._on_link_close,
+            lib.PN_TRANSPORT_ERROR: self._on_transport_error,
+            lib.PN_TRANSPORT_CLOSED: self._on_transport_closed,
         }
         shell.connections[self.id] = self
         shell.opened_total += 1
@@ -242,20 +262,38 @@ class AmqpConnection:
 
     # -- events -------------------------------------------------------------------------
     def process(self) -> None:
-        collector = self.collector
+        """Handle every pending engine event, then apply the broker's effects.
+
+        Transfers, dispositions and flow are read with the C API (no wrapper objects per
+        message); the rare events go through proton's wrappers.
+        """
+        collector = self._collector_impl
         handlers = self._handlers
-        while (event := collector.peek()) is not None:
-            handler = handlers.get(event.type)
-            if handler is not None:
-                try:
-                    handler(event)
-                except Exception:
-                    log.exception(
-                        "internal error on connection %s (%s) at %s: closing it",
-                        self.id, self.container_id or self.peer, event.type,
-                    )
-                    self._fail("amqp:internal-error", "internal error")
-            collector.pop()
+        peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        null = ffi.NULL
+        while (event := peek(collector)) != null:
+            kind = event_type(event)
+            try:
+                if kind == _PN_DELIVERY:
+                    delivery = lib.pn_event_delivery(event)
+                    link = lib.pn_delivery_link(delivery)
+                    if lib.pn_link_is_receiver(link):
+                        self._on_transfer(delivery, link)
+                    else:
+                        self._on_disposition(delivery, link)
+                elif kind == _PN_LINK_FLOW:
+                    self._on_link_flow(lib.pn_event_link(event))
+                else:
+                    handler = handlers.get(kind)
+                    if handler is not None:
+                        handler(Event.wrap(event))
+            except Exception:
+                log.exception(
+                    "internal error on connection %s (%s) at event %s: closing it",
+                    self.id, self.container_id or self.peer, kind,
+                )
+                self._fail("amqp:internal-error", "internal error")
+            pop(collector)
         self.shell.apply_effects()
         self.shell.dirty.add(self)
 
@@ -304,11 +342,11 @@ class AmqpConnection:
 
     def _on_session_close(self, event: Event) -> None:
         session: Session = event.session
-        for link, consumer in list(self.consumers.items()):
-            if link.session == session:
-                self._drop_consumer(link, consumer, closed=False)
-        for link in [lk for lk in self.producers if lk.session == session]:
-            del self.producers[link]
+        for impl, consumer in list(self.consumers.items()):
+            if consumer.link.session == session:
+                self._drop_consumer(impl, consumer, closed=False)
+        for impl in [i for i, p in self.producers.items() if p.link.session == session]:
+            del self.producers[impl]
         session.close()
 
     # -- links --------------------------------------------------------------------------
@@ -338,7 +376,7 @@ class AmqpConnection:
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST  # B-021: `second` is answered with `first`
         link.open()
-        self.producers[link] = ProducerLink(link, target)
+        self.producers[link._impl] = ProducerLink(link, target)
         link.flow(PRODUCER_CREDIT)
 
     def _attach_consumer(self, link: Link) -> None:
@@ -355,7 +393,7 @@ class AmqpConnection:
         link.rcv_settle_mode = Link.RCV_FIRST
         link.open()
         consumer = ConsumerLink(attached.consumer, link, self)
-        self.consumers[link] = consumer
+        self.consumers[link._impl] = consumer
         self.shell.consumers[attached.consumer] = consumer
         if link.credit > 0:
             self.broker.set_credit(attached.consumer, link.credit, drain=link.drain_mode)
@@ -366,11 +404,11 @@ class AmqpConnection:
             link.open()
         link.condition = Condition(condition, description)
         link.close()
-        self.consumers.pop(link, None)
-        self.producers.pop(link, None)
+        self.consumers.pop(link._impl, None)
+        self.producers.pop(link._impl, None)
 
-    def _drop_consumer(self, link: Link, consumer: ConsumerLink, *, closed: bool) -> None:
-        del self.consumers[link]
+    def _drop_consumer(self, impl: Any, consumer: ConsumerLink, *, closed: bool) -> None:
+        del self.consumers[impl]
         self.shell.consumers.pop(consumer.id, None)
         self.broker.detach_consumer(consumer.id, closed=closed)
 
@@ -381,60 +419,58 @@ class AmqpConnection:
         self._link_ended(event.link, closed=True)
 
     def _link_ended(self, link: Link, *, closed: bool) -> None:
-        consumer = self.consumers.get(link)
+        consumer = self.consumers.get(link._impl)
         if consumer is not None:
-            self._drop_consumer(link, consumer, closed=closed)
-        self.producers.pop(link, None)
+            self._drop_consumer(link._impl, consumer, closed=closed)
+        self.producers.pop(link._impl, None)
         if link.state & Endpoint.LOCAL_ACTIVE:
             if closed:
                 link.close()
             else:
                 link.detach()
 
-    def _on_link_flow(self, event: Event) -> None:
-        link: Link = event.link
-        if link.is_sender:
-            consumer = self.consumers.get(link)
-            if consumer is not None:
-                self.broker.set_credit(consumer.id, link.credit, drain=link.drain_mode)
+    def _on_link_flow(self, link: Any) -> None:
+        consumer = self.consumers.get(link)
+        if consumer is not None:  # producer links: flow from the client is informational
+            self.broker.set_credit(consumer.id, lib.pn_link_credit(link),
+                                   drain=bool(lib.pn_link_get_drain(link)))
 
-    # -- deliveries ---------------------------------------------------------------------
-    def _on_delivery(self, event: Event) -> None:
-        delivery: Delivery = event.delivery
-        link: Link = delivery.link
-        if link.is_receiver:
-            self._on_transfer(delivery, link)
-        else:
-            self._on_disposition(delivery, link)
-
-    def _on_transfer(self, delivery: Delivery, link: Link) -> None:
-        if delivery.partial:
+    # -- deliveries (hot path: C API, no wrappers) --------------------------------------
+    def _on_transfer(self, delivery: Any, link: Any) -> None:
+        if lib.pn_delivery_partial(delivery):
             return  # proton buffers the frames until the last one (B-152: no size limit)
+        size = lib.pn_delivery_pending(delivery)
+        buffer = bytearray(size)
+        received = lib.pn_link_recv(link, ffi.from_buffer(buffer), size)
+        lib.pn_link_advance(link)
         producer = self.producers.get(link)
-        data = link.recv(delivery.pending)
-        link.advance()
-        if delivery.aborted or producer is None or data is None:
-            delivery.settle()
+        if lib.pn_delivery_aborted(delivery) or producer is None or received < 0:
+            lib.pn_delivery_settle(delivery)
             return
         try:
-            self._publish(producer, data)
+            self._publish(producer, bytes(buffer[:received]) if received < size
+                          else bytes(buffer))
         except ClientError as e:
             # B-023: security and address-full keep their condition; all else is `failed`
             # (B-009: even a missing address on the anonymous relay, as Artemis does).
             condition = e.condition if e.condition in _PASSED_CONDITIONS else "failed"
-            delivery.local.condition = Condition(condition, str(e))
-            delivery.update(Delivery.REJECTED)
+            self._reject(delivery, condition, str(e))
         except sections.SectionError as e:
             log.info("rejecting malformed message on connection %s link %r: %s", self.id,
-                     link.name, e)
-            delivery.local.condition = Condition("amqp:decode-error", str(e))
-            delivery.update(Delivery.REJECTED)
+                     producer.link.name, e)
+            self._reject(delivery, "amqp:decode-error", str(e))
         else:
-            delivery.update(Delivery.ACCEPTED)
-        delivery.settle()
-        credit = link.credit
+            lib.pn_delivery_update(delivery, _PN_ACCEPTED)
+        lib.pn_delivery_settle(delivery)
+        credit = lib.pn_link_credit(link)
         if credit < PRODUCER_LOW_CREDIT:
-            link.flow(PRODUCER_CREDIT - credit)
+            lib.pn_link_flow(link, PRODUCER_CREDIT - credit)
+
+    @staticmethod
+    def _reject(delivery_impl: Any, condition: str, description: str) -> None:
+        delivery = Delivery.wrap(delivery_impl)
+        delivery.local.condition = Condition(condition, description)
+        delivery.update(Delivery.REJECTED)
 
     def _publish(self, producer: ProducerLink, raw: bytes) -> None:
         scanned = sections.scan(raw)
@@ -464,16 +500,33 @@ class AmqpConnection:
             to = value if isinstance(value, str) else None
         self.broker.publish(message, target, to=to, message_routing_type=message_routing_type)
 
-    def _on_disposition(self, delivery: Delivery, link: Link) -> None:
+    def _on_disposition(self, delivery: Any, link: Any) -> None:
         consumer = self.consumers.get(link)
-        if consumer is None:
-            if delivery.settled:
-                delivery.settle()
-            return
-        outcome = outcome_of(delivery)
+        outcome = _outcome(delivery) if consumer is not None else None
         if outcome is None:
-            if delivery.settled:
-                delivery.settle()  # B-048: settled with no outcome: message stays acquired
+            if lib.pn_delivery_settled(delivery):
+                lib.pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
             return
-        self.broker.settle(consumer.id, DeliveryId(int(delivery.tag)), outcome)
-        delivery.settle()
+        assert consumer is not None
+        tag = lib.pn_delivery_tag(delivery)
+        self.broker.settle(consumer.id, DeliveryId(int(ffi.unpack(tag.start, tag.size))),
+                           outcome)
+        lib.pn_delivery_settle(delivery)
+
+
+def _outcome(delivery: Any) -> Outcome | None:
+    """The consumer's terminal outcome (B-041…B-048); None for none or non-terminal."""
+    state = lib.pn_delivery_remote_state(delivery)
+    if state == _PN_ACCEPTED:
+        return ACCEPTED
+    if state == _PN_RELEASED:
+        return RELEASED
+    if state == _PN_MODIFIED:
+        remote = lib.pn_delivery_remote(delivery)
+        return Modified(
+            delivery_failed=bool(lib.pn_disposition_is_failed(remote)),
+            undeliverable_here=bool(lib.pn_disposition_is_undeliverable(remote)),
+        )
+    if state == _PN_REJECTED:
+        return outcome_of(Delivery.wrap(delivery))  # rare: read the error via the wrapper
+    return None

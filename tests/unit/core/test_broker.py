@@ -619,3 +619,63 @@ def test_queue_with_messages_is_kept() -> None:
     for _ in range(3):
         h.advance(1000)
     assert "q" in h.broker.queues
+
+
+# -- lifecycle events (B-170/B-171) ------------------------------------------------------
+
+def _events(h: Harness) -> list[tuple[str, str | None, str | None]]:
+    return [(e.event, e.queue, e.reason) for e in h.broker.emitter.take()]
+
+
+def test_lifecycle_of_an_accepted_message() -> None:
+    """B-171: sent, enqueued, dispatched, acked, in order, with the container and link."""
+    h = Harness()
+    c = h.consumer("q", "queue", container="app", name="r1")
+    h.broker.emitter.take()
+    h.send(h.producer("q", "queue"))
+    [d] = h.take(c)
+    h.settle(c, d, ACCEPTED)
+    events = h.broker.emitter.take()
+    assert [(e.event, e.reason) for e in events] == [
+        ("sent", None), ("enqueued", "route"), ("dispatched", None), ("acked", "accepted")]
+    assert (events[2].connection, events[2].link, events[2].delivery_count) == ("app", "r1", 1)
+    assert events[0].target_queues == ("q",)
+
+
+def test_lifecycle_of_a_dead_letter() -> None:
+    """B-171: returned (modified-failed), then dead-lettered with the copy's id, then the
+    copy's enqueued on the DLQ (reason move)."""
+    h = Harness({"#": AddressSettings.of(max_delivery_attempts=2, dead_letter_address="DLA",
+                                         auto_create_dead_letter_resources=True)})
+    c, d = _one(h)
+    h.settle(c, d, Modified(delivery_failed=True))
+    [d] = h.take(c)
+    h.broker.emitter.take()
+    h.settle(c, d, Modified(delivery_failed=True))
+    events = h.broker.emitter.take()
+    assert [(e.event, e.queue, e.reason) for e in events] == [
+        ("dead-lettered", "q", "max-attempts"), ("enqueued", "DLQ.q", "move")]
+    assert events[0].copy_msg_id == events[1].msg_id
+    assert events[0].target_address == "DLA"
+
+
+def test_failures_level_builds_only_failure_events() -> None:
+    """B-170: level `failures` -> returned/dead-lettered/killed/unrouted only."""
+    from amqpbroker.core import EventLevel
+
+    h = Harness(event_level=EventLevel.FAILURES)
+    c, d = _one(h)
+    h.settle(c, d, RELEASED)
+    h.send(h.producer("nowhere"))
+    assert [e[0] for e in _events(h)] == ["returned", "unrouted"]
+
+
+def test_connection_loss_event_reason() -> None:
+    """B-171: returned with reason connection-lost on an abrupt loss."""
+    h = Harness()
+    conn2 = ConnectionId(2)
+    h.send(h.producer("q", "queue"))
+    h.consumer("q", "queue", conn=conn2)
+    h.broker.emitter.take()
+    h.broker.connection_closed(conn2, abrupt=True)
+    assert ("returned", "q", "connection-lost") in _events(h)

@@ -60,9 +60,13 @@ class Client:
             for amqp in list(self.server.shell.dirty):
                 self.server.shell.dirty.discard(amqp)
             out = self.server.output()
-            if out:
-                self.transport.push(out)
+            while out:
+                capacity = self.transport.capacity()
+                self.transport.push(out[:capacity])
+                out = out[capacity:]
                 moved = True
+                if out:
+                    self._collect()
             if not moved:
                 break
         self._collect()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ from amqpbroker.config import AcceptorConfig, BrokerConfig
 from amqpbroker.core import (
     Broker,
     Clock,
+    EventLevel,
     QueueConfig,
     RoutingType,
     SettingsRepository,
@@ -45,6 +47,9 @@ def build_broker(config: BrokerConfig, *, clock: Clock | None = None,
         copier=moves.COPIER,
         name=config.name,
         address_queue_scan_period_ms=config.address_queue_scan_period,
+        # Events cost ~20% of the hot path: build none until the event-log writer
+        # (DATA_DIR/events, B-170) is there to consume them.
+        event_level=EventLevel.OFF,
     )
     for address in config.addresses:
         types = set()
@@ -146,7 +151,7 @@ class BrokerServer:
                     f"acceptor {acceptor.name}: {acceptor.scheme}:// is not supported yet"
                 )
             server = await loop.create_server(
-                lambda a=acceptor: _AmqpProtocol(self, a), acceptor.host, acceptor.port,
+                functools.partial(_AmqpProtocol, self, acceptor), acceptor.host, acceptor.port,
                 reuse_address=True,
             )
             self._servers.append(server)

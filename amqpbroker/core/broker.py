@@ -760,7 +760,7 @@ class Broker:
             orig_routing_type=self._orig_routing_type(message),
             dlq_reason=reason,
             dlq_error_condition=rejection.condition if rejection else None,
-            dlq_error_description=(rejection.description or None)[:512]
+            dlq_error_description=rejection.description[:512]
             if rejection and rejection.description else None,
             dlq_delivery_count=ref.delivery_count,
             routing_type=internal_rt if isinstance(internal_rt, int) else None,

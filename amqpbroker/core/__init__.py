@@ -14,7 +14,7 @@ from amqpbroker.core.broker import (
     move_annotation_values,
 )
 from amqpbroker.core.clock import Clock, ManualClock, SystemClock
-from amqpbroker.core.effects import CloseConsumer, Dispatch, Drained, Effect
+from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Dispatch, Drained, Effect
 from amqpbroker.core.errors import (
     BrokerError,
     ClientError,
@@ -48,6 +48,7 @@ __all__ = [
     "FAILURE_EVENTS",
     "RELEASED",
     "Accepted",
+    "AddressUnblocked",
     "AddressSettings",
     "Broker",
     "BrokerError",

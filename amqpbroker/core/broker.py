@@ -17,8 +17,14 @@ from random import Random
 from typing import Any, Protocol
 
 from amqpbroker.core.clock import Clock
-from amqpbroker.core.effects import CloseConsumer, Effect
-from amqpbroker.core.errors import ClientError, IllegalState, MaxConsumersReached, NotFound
+from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Effect
+from amqpbroker.core.errors import (
+    ClientError,
+    IllegalState,
+    MaxConsumersReached,
+    NotFound,
+    ResourceLimitExceeded,
+)
 from amqpbroker.core.lifecycle import Emitter, EventLevel, LifecycleEvent
 from amqpbroker.core.model import (
     ConnectionId,
@@ -273,6 +279,12 @@ class Broker:
             )
         selector = parse_selector(config.filter) if config.filter else None
         queue_address = config.address
+
+        def on_size(delta_bytes: int) -> None:
+            address.size_bytes += delta_bytes
+            if delta_bytes < 0 and address.blocked:
+                self._check_unblocked(address)
+
         queue = Queue(
             config,
             settings=lambda: self.settings.resolve(queue_address),
@@ -283,6 +295,7 @@ class Broker:
             on_schedule=self._add_deadline,
             emitter=self.emitter,
             clock_ms=self.clock.now_ms,
+            on_size=on_size,
         )
         queue.idle_since_ms = self.clock.now_ms()
         queue.owner = owner
@@ -479,12 +492,50 @@ class Broker:
             if address is None:  # deleted since attach: re-create as attach would
                 address = self._prepare_target(address_name, fqqn_queue, routing_type)
         message.address = address_name
+        if not self._has_room(address, message, now_ms):
+            return 0
         if fqqn_queue is not None:
             queue = self.queues.get(fqqn_queue)
             queues = [queue] if queue is not None and queue.accepts_message(message) else []
         else:
             queues = self.post_office.route(message, address, routing_type)
         return self._deliver_to(message, address, queues, now_ms)
+
+    def _has_room(self, address: Address, message: Message, now_ms: int) -> bool:
+        """B-151: enforce max-size-bytes with FAIL (raise) and DROP (False); BLOCK lets
+        this message in and marks the address so producers get no more credit."""
+        settings = self.settings.resolve(address.name)
+        limit = settings.max_size_bytes
+        if limit < 0 or address.size_bytes < limit:
+            return True
+        policy = settings.address_full_policy
+        if policy == "FAIL":
+            raise ResourceLimitExceeded(
+                f"address {address.name} is full: max-size-bytes={limit}"
+            )
+        if policy == "DROP":
+            address.unrouted += 1
+            if self.emitter.failures:
+                self._message_event("unrouted", message, now_ms, reason="dropped-full")
+            return False
+        if policy == "BLOCK" and not address.blocked:
+            address.blocked = True
+            log.info("address %s is full (max-size-bytes=%d): blocking its producers",
+                     address.name, limit)
+        return True
+
+    def _check_unblocked(self, address: Address) -> None:
+        limit = self.settings.resolve(address.name).max_size_bytes
+        if limit < 0 or address.size_bytes < limit:
+            address.blocked = False
+            self._effects.append(AddressUnblocked(address.name))
+
+    def producer_may_send(self, target: ProducerTarget) -> bool:
+        """Whether a producer link to `target` may be given more credit (B-151 BLOCK)."""
+        if target.address is None:
+            return True  # the anonymous relay is paced per message, not per address
+        address = self.post_office.addresses.get(target.address)
+        return address is None or not address.blocked
 
     def _message_event(self, kind: str, message: Message, now_ms: int, **fields: Any) -> None:
         self.emitter.events.append(LifecycleEvent(

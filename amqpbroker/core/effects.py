@@ -50,4 +50,11 @@ class CloseConsumer:
     description: str
 
 
-Effect = Dispatch | Drained | CloseConsumer
+@dataclass(frozen=True, slots=True)
+class AddressUnblocked:
+    """An address full under policy BLOCK has room again: producers may get credit."""
+
+    address: str
+
+
+Effect = Dispatch | Drained | CloseConsumer | AddressUnblocked

@@ -34,6 +34,8 @@ class Address:
     anycast_start: int = 0  # rotating start position (B-003)
     routed: int = 0
     unrouted: int = 0
+    size_bytes: int = 0  # bytes of the references its queues hold (B-151)
+    blocked: bool = False  # full under policy BLOCK: producers get no more credit
 
 
 class PostOffice:

@@ -122,6 +122,7 @@ class Queue:
         on_schedule: Callable[[int], None] = lambda at_ms: None,
         emitter: Emitter | None = None,
         clock_ms: Callable[[], int] = lambda: 0,
+        on_size: Callable[[int], None] = lambda delta_bytes: None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -142,6 +143,8 @@ class Queue:
         self._dead_letter = dead_letter
         self._on_schedule = on_schedule  # tells the broker when tick() has work
         self.emitter = emitter or Emitter()
+        self._on_size = on_size  # the address's size accounting (B-151)
+        self.size_bytes = 0
         self._clock_ms = clock_ms
         self._seq = itertools.count()
         self._fresh: list[deque[Ref]] = [deque() for _ in range(_LEVELS)]
@@ -204,6 +207,8 @@ class Queue:
         self._fresh[message.priority].append(ref)
         self._ready += 1
         self.counters.added += 1
+        self.size_bytes += message.size
+        self._on_size(message.size)
         if self.emitter.all:
             self.event("enqueued", ref, reason=reason)
         if self.consumers:
@@ -306,9 +311,15 @@ class Queue:
                 out.append(Dispatch(browser.id, delivery, ref.message, ref.delivery_count, True))
 
     # -- settlement -------------------------------------------------------------------
+    def _removed(self, ref: Ref) -> None:
+        size = ref.message.size
+        self.size_bytes -= size
+        self._on_size(-size)
+
     def _acknowledge(self, ref: Ref, consumer: Consumer | None) -> None:
         self.counters.acknowledged += 1
         self.used = True
+        self._removed(ref)
         if self.emitter.all:
             self.event("acked", ref, consumer, reason="accepted")
 
@@ -365,6 +376,7 @@ class Queue:
     def _kill_to_dla(self, ref: Ref, reason: str, rejection: Rejected | None) -> None:
         self.counters.killed += 1
         self.used = True
+        self._removed(ref)
         self._dead_letter(self, ref, reason, rejection)
 
     def tick(self, now_ms: int, out: list[Effect]) -> None:
@@ -414,4 +426,6 @@ class Queue:
             taken.append(ref)
         taken.extend(entry[2] for entry in self._scheduled)
         self._scheduled.clear()
+        for ref in taken:
+            self._removed(ref)
         return taken

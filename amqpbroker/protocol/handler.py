@@ -50,6 +50,7 @@ from proton import (
 
 from amqpbroker.core import (
     ACCEPTED,
+    AddressUnblocked,
     RELEASED,
     Broker,
     BrokerError,
@@ -169,6 +170,10 @@ class Shell:
                     if link is not None:
                         link.link.drained()
                         dirty.add(link.connection)
+                elif type(effect) is AddressUnblocked:
+                    for connection in list(self.connections.values()):
+                        if connection.resume_producers(effect.address):
+                            dirty.add(connection)
                 elif type(effect) is CloseConsumer:
                     link = consumers.pop(effect.consumer, None)
                     if link is not None:
@@ -463,8 +468,19 @@ class AmqpConnection:
             lib.pn_delivery_update(delivery, _PN_ACCEPTED)
         lib.pn_delivery_settle(delivery)
         credit = lib.pn_link_credit(link)
-        if credit < PRODUCER_LOW_CREDIT:
+        if credit < PRODUCER_LOW_CREDIT and self.broker.producer_may_send(producer.target):
             lib.pn_link_flow(link, PRODUCER_CREDIT - credit)
+
+    def resume_producers(self, address: str) -> bool:
+        """Top up credit of producer links to an address that has room again (B-151)."""
+        resumed = False
+        for impl, producer in self.producers.items():
+            if producer.target.address == address:
+                credit = lib.pn_link_credit(impl)
+                if credit < PRODUCER_LOW_CREDIT:
+                    lib.pn_link_flow(impl, PRODUCER_CREDIT - credit)
+                    resumed = True
+        return resumed
 
     @staticmethod
     def _reject(delivery_impl: Any, condition: str, description: str) -> None:

@@ -679,3 +679,44 @@ def test_connection_loss_event_reason() -> None:
     h.broker.emitter.take()
     h.broker.connection_closed(conn2, abrupt=True)
     assert ("returned", "q", "connection-lost") in _events(h)
+
+
+# -- address full (B-151) ----------------------------------------------------------------
+
+def test_address_full_fail_refuses_with_resource_limit() -> None:
+    """B-151 FAIL: each new transfer -> amqp:resource-limit-exceeded."""
+    from amqpbroker.core import ResourceLimitExceeded
+
+    h = Harness({"#": AddressSettings.of(max_size_bytes=3, address_full_policy="FAIL")})
+    target = h.producer("q", "queue")
+    h.send(target, b"abcd")
+    with pytest.raises(ResourceLimitExceeded, match="full"):
+        h.send(target, b"x")
+    assert h.queue("q").message_count == 1
+
+
+def test_address_full_drop_discards_silently() -> None:
+    """B-151 DROP: discarded; the producer still gets accepted; counted unrouted."""
+    h = Harness({"#": AddressSettings.of(max_size_bytes=3, address_full_policy="DROP")})
+    target = h.producer("q", "queue")
+    h.send(target, b"abcd")
+    h.send(target, b"x")
+    assert h.queue("q").message_count == 1
+    assert h.broker.post_office.addresses["q"].unrouted == 1
+
+
+def test_address_full_block_withholds_credit_until_it_drains() -> None:
+    """B-151 BLOCK: producers get no credit while full; room again -> AddressUnblocked."""
+    from amqpbroker.core import AddressUnblocked
+
+    h = Harness({"#": AddressSettings.of(max_size_bytes=3, address_full_policy="BLOCK")})
+    target = h.producer("q", "queue")
+    h.send(target, b"abcd")
+    h.send(target, b"e")
+    assert not h.broker.producer_may_send(target)
+    c = h.consumer("q", "queue")
+    dispatched = h.broker.take_effects() or []
+    for d in h.take(c):
+        h.broker.settle(c, d.delivery, ACCEPTED)
+    assert any(isinstance(e, AddressUnblocked) for e in h.broker.take_effects() + dispatched)
+    assert h.broker.producer_may_send(target)

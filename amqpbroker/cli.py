@@ -86,16 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     run = commands.add_parser("run", help="start the broker in the foreground")
-    run.add_argument("--config", metavar="FILE",
-                     help="YAML config (default: the embedded config/broker.yaml)")
-    run.add_argument("--data-dir", metavar="DIR",
-                     help="journal, event log and ports.json (default: data-dir key, ./data)")
-    run.add_argument("--log-level", default="info",
-                     choices=["debug", "info", "warning", "error"])
+    run.add_argument(
+        "--config", metavar="FILE", help="YAML config (default: the embedded config/broker.yaml)"
+    )
+    run.add_argument(
+        "--data-dir",
+        metavar="DIR",
+        help="journal, event log and ports.json (default: data-dir key, ./data)",
+    )
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     run.set_defaults(func=_cmd_run)
 
-    check = commands.add_parser("check-config",
-                                help="validate a config file and print the effective settings")
+    check = commands.add_parser(
+        "check-config", help="validate a config file and print the effective settings"
+    )
     check.add_argument("file", metavar="FILE")
     check.set_defaults(func=_cmd_check_config)
     return parser

@@ -35,11 +35,13 @@ WRITE_HIGH_WATER_BYTES = 4 * 1024 * 1024
 ENGINE_TICK_S = 1.0  # heartbeats / idle-timeout checks of the proton engines
 
 
-def build_broker(config: BrokerConfig, *, clock: Clock | None = None,
-                 rng: Random | None = None) -> Broker:
+def build_broker(
+    config: BrokerConfig, *, clock: Clock | None = None, rng: Random | None = None
+) -> Broker:
     """A Broker with the configured address-settings, addresses and queues."""
-    settings = SettingsRepository(dict(config.address_settings),
-                                  wildcards=config.wildcard_addresses)
+    settings = SettingsRepository(
+        dict(config.address_settings), wildcards=config.wildcard_addresses
+    )
     broker = Broker(
         settings=settings,
         clock=clock or SystemClock(),
@@ -58,16 +60,28 @@ def build_broker(config: BrokerConfig, *, clock: Clock | None = None,
         if address.multicast or RoutingType.MULTICAST in address.routing_types:
             types.add(RoutingType.MULTICAST)
         broker.create_address(address.name, types or {RoutingType.MULTICAST})
-        for routing_type, queues in ((RoutingType.ANYCAST, address.anycast),
-                                     (RoutingType.MULTICAST, address.multicast)):
+        for routing_type, queues in (
+            (RoutingType.ANYCAST, address.anycast),
+            (RoutingType.MULTICAST, address.multicast),
+        ):
             for q in queues:
-                broker.create_queue(QueueConfig(
-                    name=q.name, address=address.name, routing_type=routing_type,
-                    durable=q.durable, filter=q.filter, max_consumers=q.max_consumers,
-                    purge_on_no_consumers=q.purge_on_no_consumers, exclusive=q.exclusive,
-                    last_value_key=q.last_value_key or ("_AMQ_LVQ_NAME" if q.last_value else None),
-                    non_destructive=q.non_destructive, ring_size=q.ring_size, configured=True,
-                ))
+                broker.create_queue(
+                    QueueConfig(
+                        name=q.name,
+                        address=address.name,
+                        routing_type=routing_type,
+                        durable=q.durable,
+                        filter=q.filter,
+                        max_consumers=q.max_consumers,
+                        purge_on_no_consumers=q.purge_on_no_consumers,
+                        exclusive=q.exclusive,
+                        last_value_key=q.last_value_key
+                        or ("_AMQ_LVQ_NAME" if q.last_value else None),
+                        non_destructive=q.non_destructive,
+                        ring_size=q.ring_size,
+                        configured=True,
+                    )
+                )
     return broker
 
 
@@ -129,8 +143,14 @@ class _AmqpProtocol(asyncio.Protocol):
 class BrokerServer:
     """The running broker: listeners, engines, timers. Loop thread only."""
 
-    def __init__(self, config: BrokerConfig, *, data_dir: Path, clock: Clock | None = None,
-                 rng: Random | None = None) -> None:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        data_dir: Path,
+        clock: Clock | None = None,
+        rng: Random | None = None,
+    ) -> None:
         self.config = config
         self.data_dir = data_dir
         self.broker = build_broker(config, clock=clock, rng=rng)
@@ -151,14 +171,21 @@ class BrokerServer:
                     f"acceptor {acceptor.name}: {acceptor.scheme}:// is not supported yet"
                 )
             server = await loop.create_server(
-                functools.partial(_AmqpProtocol, self, acceptor), acceptor.host, acceptor.port,
+                functools.partial(_AmqpProtocol, self, acceptor),
+                acceptor.host,
+                acceptor.port,
                 reuse_address=True,
             )
             self._servers.append(server)
             port = server.sockets[0].getsockname()[1]
             self.ports[acceptor.name] = port
-            log.info("acceptor %s listening on %s://%s:%d", acceptor.name, acceptor.scheme,
-                     acceptor.host, port)
+            log.info(
+                "acceptor %s listening on %s://%s:%d",
+                acceptor.name,
+                acceptor.scheme,
+                acceptor.host,
+                port,
+            )
         self._write_ports()
         self._engine_ticker = asyncio.create_task(self._tick_engines())
         self._schedule_tick()
@@ -245,4 +272,3 @@ class BrokerServer:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
-

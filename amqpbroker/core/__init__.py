@@ -36,7 +36,15 @@ from amqpbroker.core.model import (
     RoutingType,
     SectionReader,
 )
-from amqpbroker.core.outcomes import ACCEPTED, RELEASED, Accepted, Modified, Outcome, Rejected, Released
+from amqpbroker.core.outcomes import (
+    ACCEPTED,
+    RELEASED,
+    Accepted,
+    Modified,
+    Outcome,
+    Rejected,
+    Released,
+)
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.settings import AddressSettings, ResolvedSettings, SettingsRepository
 from amqpbroker.core.wildcard import WildcardConfig
@@ -48,8 +56,8 @@ __all__ = [
     "FAILURE_EVENTS",
     "RELEASED",
     "Accepted",
-    "AddressUnblocked",
     "AddressSettings",
+    "AddressUnblocked",
     "Broker",
     "BrokerError",
     "ClientError",

@@ -38,7 +38,7 @@ from amqpbroker.core.names import parse_address
 from amqpbroker.core.outcomes import Outcome, Rejected
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Consumer, Queue, Ref
-from amqpbroker.core.selector import Selector, parse_selector
+from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
 
 log = logging.getLogger(__name__)
@@ -76,13 +76,20 @@ class _BytesCopier:
     """Fallback for tests without a codec: the copy shares the original bytes."""
 
     def copy(self, message: Message, move: MoveAnnotations) -> Message:
-        annotations = {k: v for k, v in message.get_annotations().items()
-                       if not k.startswith(("x-opt-ORIG-", "x-opt-DLQ-"))}
+        annotations = {
+            k: v
+            for k, v in message.get_annotations().items()
+            if not k.startswith(("x-opt-ORIG-", "x-opt-DLQ-"))
+        }
         annotations.update(move_annotation_values(move))
         return Message(
-            message.data, durable=message.durable, priority=message.priority,
-            header_end=message.header_end, annotations=annotations,
-            properties=message.properties, application_properties=message.application_properties,
+            message.data,
+            durable=message.durable,
+            priority=message.priority,
+            header_end=message.header_end,
+            annotations=annotations,
+            properties=message.properties,
+            application_properties=message.application_properties,
             reader=message.reader,
         )
 
@@ -259,8 +266,12 @@ class Broker:
             existing.routing_types |= routing_types
             return existing
         address = Address(
-            name=name, routing_types=set(routing_types), auto_created=auto_created,
-            temporary=temporary, owner=owner, idle_since_ms=self.clock.now_ms(),
+            name=name,
+            routing_types=set(routing_types),
+            auto_created=auto_created,
+            temporary=temporary,
+            owner=owner,
+            idle_since_ms=self.clock.now_ms(),
         )
         self.post_office.add(address)
         log.debug("created address %s %s", name, sorted(t.value for t in routing_types))
@@ -301,8 +312,9 @@ class Broker:
         queue.owner = owner
         self.queues[config.name] = queue
         address.queues.append(queue)
-        log.debug("created queue %s on %s (%s)", config.name, config.address,
-                  config.routing_type.value)
+        log.debug(
+            "created queue %s on %s (%s)", config.name, config.address, config.routing_type.value
+        )
         return queue
 
     def delete_queue(self, name: str, *, reason: str = "deleted") -> None:
@@ -346,7 +358,11 @@ class Broker:
         return self.create_address(name, {routing_type}, auto_created=address is None)
 
     def _auto_queue(
-        self, name: str, address: str, routing_type: RoutingType, settings: ResolvedSettings,
+        self,
+        name: str,
+        address: str,
+        routing_type: RoutingType,
+        settings: ResolvedSettings,
         **overrides: Any,
     ) -> Queue:
         """An auto-created queue taking the `default-*` settings of its address (B-110)."""
@@ -373,8 +389,11 @@ class Broker:
         chars = advisory_characters(name)
         if chars and name not in self._warned_names:
             self._warned_names.add(name)
-            log.warning("name %r contains %s: accepted, but other protocols may not like it "
-                        "(B-150)", name, " ".join(repr(c) for c in chars))
+            log.warning(
+                "name %r contains %s: accepted, but other protocols may not like it (B-150)",
+                name,
+                " ".join(repr(c) for c in chars),
+            )
 
     # -- producers --------------------------------------------------------------------
     def attach_producer(self, request: ProducerRequest) -> ProducerTarget:
@@ -385,7 +404,8 @@ class Broker:
         if not request.address:
             return ProducerTarget(None, link_routing_type=caps_type)
         parsed = parse_address(
-            request.address, anycast_prefix=request.anycast_prefix,
+            request.address,
+            anycast_prefix=request.anycast_prefix,
             multicast_prefix=request.multicast_prefix,
         )
         if self.settings.wildcards.has_wildcard(parsed.address):
@@ -428,8 +448,11 @@ class Broker:
         if address is not None and len(address.routing_types) == 1:
             return next(iter(address.routing_types))
         if address is not None:
-            return RoutingType.ANYCAST if RoutingType.ANYCAST in address.routing_types else (
-                RoutingType.MULTICAST)
+            return (
+                RoutingType.ANYCAST
+                if RoutingType.ANYCAST in address.routing_types
+                else (RoutingType.MULTICAST)
+            )
         return settings.default_address_routing_type
 
     def _dynamic_target(
@@ -442,8 +465,13 @@ class Broker:
         self.create_address(name, {routing_type}, temporary=True, owner=request.connection)
         if routing_type is RoutingType.ANYCAST:
             self.create_queue(
-                QueueConfig(name=name, address=name, routing_type=routing_type, durable=False,
-                            temporary=True),
+                QueueConfig(
+                    name=name,
+                    address=name,
+                    routing_type=routing_type,
+                    durable=False,
+                    temporary=True,
+                ),
                 owner=request.connection,
             )
         return ProducerTarget(name, routing_type)
@@ -510,9 +538,7 @@ class Broker:
             return True
         policy = settings.address_full_policy
         if policy == "FAIL":
-            raise ResourceLimitExceeded(
-                f"address {address.name} is full: max-size-bytes={limit}"
-            )
+            raise ResourceLimitExceeded(f"address {address.name} is full: max-size-bytes={limit}")
         if policy == "DROP":
             address.unrouted += 1
             if self.emitter.failures:
@@ -520,8 +546,11 @@ class Broker:
             return False
         if policy == "BLOCK" and not address.blocked:
             address.blocked = True
-            log.info("address %s is full (max-size-bytes=%d): blocking its producers",
-                     address.name, limit)
+            log.info(
+                "address %s is full (max-size-bytes=%d): blocking its producers",
+                address.name,
+                limit,
+            )
         return True
 
     def _check_unblocked(self, address: Address) -> None:
@@ -538,20 +567,34 @@ class Broker:
         return address is None or not address.blocked
 
     def _message_event(self, kind: str, message: Message, now_ms: int, **fields: Any) -> None:
-        self.emitter.events.append(LifecycleEvent(
-            ts=now_ms, event=kind, msg_id=message.msg_id, address=message.address,
-            durable=message.durable, size=message.size, first_ts=message.first_ts,
-            connection=message.origin_container, **fields,
-        ))
+        self.emitter.events.append(
+            LifecycleEvent(
+                ts=now_ms,
+                event=kind,
+                msg_id=message.msg_id,
+                address=message.address,
+                durable=message.durable,
+                size=message.size,
+                first_ts=message.first_ts,
+                connection=message.origin_container,
+                **fields,
+            )
+        )
 
     def _deliver_to(
-        self, message: Message, address: Address, queues: list[Queue], now_ms: int,
-        *, reason: str = "route",
+        self,
+        message: Message,
+        address: Address,
+        queues: list[Queue],
+        now_ms: int,
+        *,
+        reason: str = "route",
     ) -> int:
         emitter = self.emitter
         if emitter.all and reason == "route":
-            self._message_event("sent", message, now_ms,
-                                target_queues=tuple(q.name for q in queues))
+            self._message_event(
+                "sent", message, now_ms, target_queues=tuple(q.name for q in queues)
+            )
         if not queues:
             address.unrouted += 1
             self.stats.unrouted += 1
@@ -560,7 +603,9 @@ class Broker:
             settings = self.settings.resolve(address.name)
             if settings.send_to_dla_on_no_route and settings.dead_letter_address:
                 move = MoveAnnotations(
-                    orig_address=address.name, orig_queue=None, orig_message_id=message.msg_id,
+                    orig_address=address.name,
+                    orig_queue=None,
+                    orig_message_id=message.msg_id,
                     dlq_reason="no-route",
                 )
                 self._move_to_dla(message, address.name, settings, move)
@@ -591,39 +636,51 @@ class Broker:
                 f"queue {queue.name} has reached max-consumers={max_consumers}"
             )
         consumer = Consumer(
-            id=ConsumerId(next(self._consumer_ids)), queue=queue,
-            connection=request.connection, link_name=request.link_name,
-            container=request.container_id, selector=selector,
-            browser=request.browse and kind == "queue", presettled=request.presettled,
+            id=ConsumerId(next(self._consumer_ids)),
+            queue=queue,
+            connection=request.connection,
+            link_name=request.link_name,
+            container=request.container_id,
+            selector=selector,
+            browser=request.browse and kind == "queue",
+            presettled=request.presettled,
         )
         queue.add_consumer(consumer)
         self._consumers[consumer.id] = _ConsumerInfo(consumer, request, kind)
         return ConsumerAttached(
-            consumer.id, queue.name, answer or queue.name, kind not in ("queue", "dynamic"),
+            consumer.id,
+            queue.name,
+            answer or queue.name,
+            kind not in ("queue", "dynamic"),
             request.selector if kind != "dynamic" else None,
         )
 
     def _dynamic_source(self, request: ConsumerRequest) -> Queue:
         """B-030: a temporary ANYCAST queue with a random name, on an address of that name."""
         name = self._random_name()
-        self.create_address(name, {RoutingType.ANYCAST}, temporary=True,
-                            owner=request.connection)
+        self.create_address(name, {RoutingType.ANYCAST}, temporary=True, owner=request.connection)
         return self.create_queue(
-            QueueConfig(name=name, address=name, routing_type=RoutingType.ANYCAST,
-                        durable=False, temporary=True),
+            QueueConfig(
+                name=name,
+                address=name,
+                routing_type=RoutingType.ANYCAST,
+                durable=False,
+                temporary=True,
+            ),
             owner=request.connection,
         )
 
     def _consumer_queue(self, request: ConsumerRequest) -> tuple[Queue, str]:
         assert request.address is not None
         parsed = parse_address(
-            request.address, anycast_prefix=request.anycast_prefix,
-            multicast_prefix=request.multicast_prefix, allow_parameters=True,
+            request.address,
+            anycast_prefix=request.anycast_prefix,
+            multicast_prefix=request.multicast_prefix,
+            allow_parameters=True,
         )
         for key, _ in parsed.parameters:
             if key != "consumer-priority":
-                log.info("ignoring source-address parameter %r on %s (B-036)", key,
-                         parsed.address)
+                log.info("ignoring source-address parameter %r on %s (B-036)", key, parsed.address)
         if request.selector:
             parse_selector(request.selector)  # B-032: refuse a bad selector at attach
         name = parsed.address
@@ -720,16 +777,21 @@ class Broker:
             self.delete_queue(name, reason="re-created with a new address or filter")
         queue = self.create_queue(
             QueueConfig(
-                name=name, address=address.name, routing_type=RoutingType.MULTICAST,
-                durable=durable, filter=selector, temporary=temporary,
+                name=name,
+                address=address.name,
+                routing_type=RoutingType.MULTICAST,
+                durable=durable,
+                filter=selector,
+                temporary=temporary,
                 max_consumers=1 if kind == "durable" and not shared else -1,
             ),
             owner=request.connection if temporary else None,
         )
         return queue, kind
 
-    def detach_consumer(self, consumer_id: ConsumerId, *, closed: bool,
-                        abrupt: bool = False) -> None:
+    def detach_consumer(
+        self, consumer_id: ConsumerId, *, closed: bool, abrupt: bool = False
+    ) -> None:
         """A consumer link ended: return its deliveries (B-053/B-054), then B-028/B-030."""
         info = self._consumers.pop(consumer_id, None)
         if info is None:
@@ -744,8 +806,11 @@ class Broker:
         if (
             (info.kind == "durable" and closing)
             or info.kind == "shared-volatile"
-            or (info.kind in ("volatile", "dynamic") and closing
-                and policy in ("link-detach", "session-end"))
+            or (
+                info.kind in ("volatile", "dynamic")
+                and closing
+                and policy in ("link-detach", "session-end")
+            )
         ):
             self.delete_queue(queue.name, reason="unsubscribed")
             if info.kind == "dynamic":
@@ -766,19 +831,27 @@ class Broker:
         queue = info.consumer.queue
         held = queue.settle(info.consumer, delivery, outcome, self.clock.now_ms(), self._effects)
         if not held:
-            log.debug("outcome for delivery %s not held by consumer %s ignored (B-055)",
-                      delivery, consumer_id)
+            log.debug(
+                "outcome for delivery %s not held by consumer %s ignored (B-055)",
+                delivery,
+                consumer_id,
+            )
 
     def connection_closed(self, connection: ConnectionId, *, abrupt: bool) -> None:
         """Return every consumer's deliveries, then drop the connection's temporaries."""
-        for consumer_id in [c for c, i in self._consumers.items()
-                            if i.consumer.connection == connection]:
+        for consumer_id in [
+            c for c, i in self._consumers.items() if i.consumer.connection == connection
+        ]:
             self.detach_consumer(consumer_id, closed=False, abrupt=abrupt)
-        for queue in [q for q in self.queues.values()
-                      if q.config.temporary and q.owner == connection]:
+        for queue in [
+            q for q in self.queues.values() if q.config.temporary and q.owner == connection
+        ]:
             self.delete_queue(queue.name, reason="deleted with its connection")
-        for name in [a.name for a in self.post_office.addresses.values()
-                     if a.temporary and a.owner == connection]:
+        for name in [
+            a.name
+            for a in self.post_office.addresses.values()
+            if a.temporary and a.owner == connection
+        ]:
             self.delete_address(name)
 
     def consumer_queue(self, consumer_id: ConsumerId) -> Queue | None:
@@ -797,8 +870,10 @@ class Broker:
                 queue.event("killed", ref, reason="no-dla")
             log.warning(
                 "dropping message %s from queue %s: %s and no dead-letter-address is set",
-                message.msg_id, queue.name,
-                "rejected" if reason == "rejected"
+                message.msg_id,
+                queue.name,
+                "rejected"
+                if reason == "rejected"
                 else f"max-delivery-attempts={settings.max_delivery_attempts} reached",
             )
             return
@@ -812,13 +887,18 @@ class Broker:
             dlq_reason=reason,
             dlq_error_condition=rejection.condition if rejection else None,
             dlq_error_description=rejection.description[:512]
-            if rejection and rejection.description else None,
+            if rejection and rejection.description
+            else None,
             dlq_delivery_count=ref.delivery_count,
             routing_type=internal_rt if isinstance(internal_rt, int) else None,
         )
         if settings.auto_create_dead_letter_resources and queue.address != dla:
-            self._ensure_move_resources(dla, queue.address, settings.dead_letter_queue_prefix,
-                                        settings.dead_letter_queue_suffix)
+            self._ensure_move_resources(
+                dla,
+                queue.address,
+                settings.dead_letter_queue_prefix,
+                settings.dead_letter_queue_suffix,
+            )
         copy = self._move_to_dla(message, queue.address, settings, move, queue=queue, ref=ref)
         if copy is None and self.emitter.failures:
             queue.event("killed", ref, reason="dla-no-bindings")
@@ -843,12 +923,23 @@ class Broker:
         name = f"{prefix}{origin}{suffix}"
         if name not in self.queues:
             quoted = origin.replace("'", "''")
-            self._auto_queue(name, target, routing_type, target_settings,
-                             filter=f"_AMQ_ORIG_ADDRESS = '{quoted}'")
+            self._auto_queue(
+                name,
+                target,
+                routing_type,
+                target_settings,
+                filter=f"_AMQ_ORIG_ADDRESS = '{quoted}'",
+            )
 
     def _move_to_dla(
-        self, message: Message, origin: str, settings: ResolvedSettings, move: MoveAnnotations,
-        *, queue: Queue | None = None, ref: Ref | None = None,
+        self,
+        message: Message,
+        origin: str,
+        settings: ResolvedSettings,
+        move: MoveAnnotations,
+        *,
+        queue: Queue | None = None,
+        ref: Ref | None = None,
     ) -> Message | None:
         """Route a copy to the DLA (B-073); None when it has no queue (dropped, B-072)."""
         dla = settings.dead_letter_address
@@ -858,18 +949,27 @@ class Broker:
         copy.first_ts = message.first_ts
         copy.address = dla
         routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(
-            move.routing_type if move.routing_type is not None else -1)
+            move.routing_type if move.routing_type is not None else -1
+        )
         queues = self.post_office.route(copy, address, routing_type) if address else []
         if not queues:
             self.stats.killed_no_dla += 1
-            log.warning("dropping message %s from %s: dead-letter-address %s has no queue "
-                        "(B-072)", message.msg_id, origin, dla)
+            log.warning(
+                "dropping message %s from %s: dead-letter-address %s has no queue (B-072)",
+                message.msg_id,
+                origin,
+                dla,
+            )
             return None
         assert address is not None
         if queue is not None and ref is not None and self.emitter.failures:
             queue.event(
-                "dead-lettered", ref, reason=move.dlq_reason, target_address=dla,
-                target_queues=tuple(q.name for q in queues), copy_msg_id=copy.msg_id,
+                "dead-lettered",
+                ref,
+                reason=move.dlq_reason,
+                target_address=dla,
+                target_queues=tuple(q.name for q in queues),
+                copy_msg_id=copy.msg_id,
                 error_condition=move.dlq_error_condition,
                 error_description=move.dlq_error_description,
             )

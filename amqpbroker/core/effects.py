@@ -31,7 +31,9 @@ class Dispatch:
         self.settled = settled
 
     def __repr__(self) -> str:
-        return f"Dispatch(c={self.consumer}, d={self.delivery}, {self.message!r}, n={self.wire_count})"
+        return (
+            f"Dispatch(c={self.consumer}, d={self.delivery}, {self.message!r}, n={self.wire_count})"
+        )
 
 
 @dataclass(frozen=True, slots=True)

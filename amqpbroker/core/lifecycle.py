@@ -26,8 +26,20 @@ FAILURE_EVENTS = frozenset(
 )
 
 EVENT_TYPES = frozenset(
-    {"sent", "unrouted", "enqueued", "dispatched", "acked", "returned", "held",
-     "dead-lettered", "expired", "killed", "replaced", "moved"}
+    {
+        "sent",
+        "unrouted",
+        "enqueued",
+        "dispatched",
+        "acked",
+        "returned",
+        "held",
+        "dead-lettered",
+        "expired",
+        "killed",
+        "replaced",
+        "moved",
+    }
 )
 
 

@@ -86,9 +86,7 @@ class PostOffice:
                 if queue.routing_type is RoutingType.MULTICAST:
                     if routing_type is not RoutingType.ANYCAST and queue.accepts_message(message):
                         targets.append(queue)
-                elif routing_type is not RoutingType.MULTICAST and queue.accepts_message(
-                    message
-                ):
+                elif routing_type is not RoutingType.MULTICAST and queue.accepts_message(message):
                     anycast.append(queue)
         if anycast:
             targets.append(self._pick_anycast(address, anycast, message))

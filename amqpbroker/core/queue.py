@@ -188,21 +188,32 @@ class Queue:
         """Whether the queue filter lets the message in (B-002)."""
         return self.selector is None or self.selector.matches(message)
 
-    def event(self, kind: str, ref: Ref, consumer: Consumer | None = None,
-              **fields: object) -> None:
+    def event(
+        self, kind: str, ref: Ref, consumer: Consumer | None = None, **fields: object
+    ) -> None:
         """Record a lifecycle event (B-171) about `ref` in this queue."""
         message = ref.message
-        self.emitter.events.append(LifecycleEvent(
-            ts=self._clock_ms(), event=kind, msg_id=message.msg_id, address=self.address,
-            queue=self.name, routing_type=self.routing_type.value, durable=message.durable,
-            size=message.size, delivery_count=ref.delivery_count,
-            connection=consumer.container if consumer else None,
-            link=consumer.link_name if consumer else None, first_ts=message.first_ts,
-            **fields,  # type: ignore[arg-type]
-        ))
+        self.emitter.events.append(
+            LifecycleEvent(
+                ts=self._clock_ms(),
+                event=kind,
+                msg_id=message.msg_id,
+                address=self.address,
+                queue=self.name,
+                routing_type=self.routing_type.value,
+                durable=message.durable,
+                size=message.size,
+                delivery_count=ref.delivery_count,
+                connection=consumer.container if consumer else None,
+                link=consumer.link_name if consumer else None,
+                first_ts=message.first_ts,
+                **fields,  # type: ignore[arg-type]
+            )
+        )
 
-    def add(self, message: Message, out: list[Effect], *, delivery_count: int = 0,
-            reason: str = "route") -> Ref:
+    def add(
+        self, message: Message, out: list[Effect], *, delivery_count: int = 0, reason: str = "route"
+    ) -> Ref:
         ref = Ref(message, next(self._seq), delivery_count)
         self._fresh[message.priority].append(ref)
         self._ready += 1
@@ -283,11 +294,15 @@ class Queue:
         consumer.credit -= 1
         ref.delivery_count += 1  # B-040: before the transfer is written
         delivery = DeliveryId(next(self._delivery_ids))
-        out.append(Dispatch(consumer.id, delivery, ref.message, ref.delivery_count - 1,
-                            consumer.presettled))
+        out.append(
+            Dispatch(
+                consumer.id, delivery, ref.message, ref.delivery_count - 1, consumer.presettled
+            )
+        )
         if self.emitter.all:
-            self.event("dispatched", ref, consumer,
-                       reason="presettled" if consumer.presettled else None)
+            self.event(
+                "dispatched", ref, consumer, reason="presettled" if consumer.presettled else None
+            )
         if consumer.presettled:
             self._acknowledge(ref, consumer)  # B-037: at-most-once, acknowledged as written
         else:
@@ -324,7 +339,11 @@ class Queue:
             self.event("acked", ref, consumer, reason="accepted")
 
     def settle(
-        self, consumer: Consumer, delivery: DeliveryId, outcome: Outcome, now_ms: int,
+        self,
+        consumer: Consumer,
+        delivery: DeliveryId,
+        outcome: Outcome,
+        now_ms: int,
         out: list[Effect],
     ) -> bool:
         """Apply a consumer's outcome (B-041…B-046). False if the delivery is not held
@@ -354,19 +373,22 @@ class Queue:
         self.dispatch(out)
         return True
 
-    def _return(self, ref: Ref, now_ms: int, *, delay: bool, reason: str,
-                consumer: Consumer | None) -> None:
+    def _return(
+        self, ref: Ref, now_ms: int, *, delay: bool, reason: str, consumer: Consumer | None
+    ) -> None:
         self.counters.returned += 1
         decision = decide_redelivery(
-            self.settings(), delivery_count=ref.delivery_count, now_ms=now_ms, rng=self._rng,
+            self.settings(),
+            delivery_count=ref.delivery_count,
+            now_ms=now_ms,
+            rng=self._rng,
             delay=delay,
         )
         if isinstance(decision, DeadLetter):
             self._kill_to_dla(ref, decision.reason, None)
             return
         if self.emitter.failures:
-            self.event("returned", ref, consumer, reason=reason,
-                       delay_ms=decision.at_ms - now_ms)
+            self.event("returned", ref, consumer, reason=reason, delay_ms=decision.at_ms - now_ms)
         if decision.at_ms > now_ms:
             heapq.heappush(self._scheduled, (decision.at_ms, ref.seq, ref))
             self._on_schedule(decision.at_ms)

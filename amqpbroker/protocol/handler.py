@@ -50,8 +50,8 @@ from proton import (
 
 from amqpbroker.core import (
     ACCEPTED,
-    AddressUnblocked,
     RELEASED,
+    AddressUnblocked,
     Broker,
     BrokerError,
     ClientError,
@@ -92,8 +92,12 @@ _PN_MODIFIED = lib.PN_MODIFIED
 _PN_REJECTED = lib.PN_REJECTED
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
 _ROUTING_TYPE_BYTES = {0: RoutingType.MULTICAST, 1: RoutingType.ANYCAST}
-_JMS_DEST = {0: RoutingType.ANYCAST, 2: RoutingType.ANYCAST, 1: RoutingType.MULTICAST,
-             3: RoutingType.MULTICAST}
+_JMS_DEST = {
+    0: RoutingType.ANYCAST,
+    2: RoutingType.ANYCAST,
+    1: RoutingType.MULTICAST,
+    3: RoutingType.MULTICAST,
+}
 
 
 class ConsumerLink:
@@ -177,9 +181,7 @@ class Shell:
                 elif type(effect) is CloseConsumer:
                     link = consumers.pop(effect.consumer, None)
                     if link is not None:
-                        link.connection.close_link(
-                            link.link, effect.condition, effect.description
-                        )
+                        link.connection.close_link(link.link, effect.condition, effect.description)
                         dirty.add(link.connection)
             effects = broker.take_effects()
 
@@ -295,7 +297,9 @@ class AmqpConnection:
             except Exception:
                 log.exception(
                     "internal error on connection %s (%s) at event %s: closing it",
-                    self.id, self.container_id or self.peer, kind,
+                    self.id,
+                    self.container_id or self.peer,
+                    kind,
                 )
                 self._fail("amqp:internal-error", "internal error")
             pop(collector)
@@ -317,8 +321,13 @@ class AmqpConnection:
         self.producers.clear()
         self.broker.connection_closed(self.id, abrupt=abrupt)
         self.shell.connections.pop(self.id, None)
-        log.info("connection %s from %s (%s) closed%s", self.id, self.peer,
-                 self.container_id or "-", " abruptly" if abrupt else "")
+        log.info(
+            "connection %s from %s (%s) closed%s",
+            self.id,
+            self.peer,
+            self.container_id or "-",
+            " abruptly" if abrupt else "",
+        )
 
     def _on_connection_open(self, event: Event) -> None:
         connection = self.connection
@@ -326,8 +335,12 @@ class AmqpConnection:
         connection.container = self.broker.name
         connection.offered_capabilities = OFFERED_CAPABILITIES
         connection.open()
-        log.info("connection %s from %s opened (container %s)", self.id, self.peer,
-                 self.container_id or "-")
+        log.info(
+            "connection %s from %s opened (container %s)",
+            self.id,
+            self.peer,
+            self.container_id or "-",
+        )
 
     def _on_connection_close(self, event: Event) -> None:
         self._orderly = True
@@ -336,8 +349,12 @@ class AmqpConnection:
 
     def _on_transport_error(self, event: Event) -> None:
         condition = self.transport.condition
-        log.warning("connection %s from %s: transport error %s", self.id, self.peer,
-                    condition.description if condition else "")
+        log.warning(
+            "connection %s from %s: transport error %s",
+            self.id,
+            self.peer,
+            condition.description if condition else "",
+        )
 
     def _on_transport_closed(self, event: Event) -> None:
         self._finish(abrupt=not self._orderly)
@@ -365,14 +382,24 @@ class AmqpConnection:
             else:
                 self._attach_consumer(link)
         except BrokerError as e:
-            log.info("refusing attach of link %r on connection %s (%s): %s %s", link.name,
-                     self.id, self.container_id or "-", e.condition, e)
+            log.info(
+                "refusing attach of link %r on connection %s (%s): %s %s",
+                link.name,
+                self.id,
+                self.container_id or "-",
+                e.condition,
+                e,
+            )
             self.close_link(link, e.condition, str(e))
 
     def _attach_producer(self, link: Link) -> None:
         target = self.broker.attach_producer(
-            producer_request(link, self.id, anycast_prefix=self.anycast_prefix,
-                             multicast_prefix=self.multicast_prefix)
+            producer_request(
+                link,
+                self.id,
+                anycast_prefix=self.anycast_prefix,
+                multicast_prefix=self.multicast_prefix,
+            )
         )
         link.source.copy(link.remote_source)
         link.target.copy(link.remote_target)
@@ -386,9 +413,13 @@ class AmqpConnection:
 
     def _attach_consumer(self, link: Link) -> None:
         attached = self.broker.attach_consumer(
-            consumer_request(link, self.id, self.container_id,
-                             anycast_prefix=self.anycast_prefix,
-                             multicast_prefix=self.multicast_prefix)
+            consumer_request(
+                link,
+                self.id,
+                self.container_id,
+                anycast_prefix=self.anycast_prefix,
+                multicast_prefix=self.multicast_prefix,
+            )
         )
         link.source.copy(link.remote_source)
         link.source.address = attached.address
@@ -437,8 +468,9 @@ class AmqpConnection:
     def _on_link_flow(self, link: Any) -> None:
         consumer = self.consumers.get(link)
         if consumer is not None:  # producer links: flow from the client is informational
-            self.broker.set_credit(consumer.id, lib.pn_link_credit(link),
-                                   drain=bool(lib.pn_link_get_drain(link)))
+            self.broker.set_credit(
+                consumer.id, lib.pn_link_credit(link), drain=bool(lib.pn_link_get_drain(link))
+            )
 
     # -- deliveries (hot path: C API, no wrappers) --------------------------------------
     def _on_transfer(self, delivery: Any, link: Any) -> None:
@@ -453,16 +485,19 @@ class AmqpConnection:
             lib.pn_delivery_settle(delivery)
             return
         try:
-            self._publish(producer, bytes(buffer[:received]) if received < size
-                          else bytes(buffer))
+            self._publish(producer, bytes(buffer[:received]) if received < size else bytes(buffer))
         except ClientError as e:
             # B-023: security and address-full keep their condition; all else is `failed`
             # (B-009: even a missing address on the anonymous relay, as Artemis does).
             condition = e.condition if e.condition in _PASSED_CONDITIONS else "failed"
             self._reject(delivery, condition, str(e))
         except sections.SectionError as e:
-            log.info("rejecting malformed message on connection %s link %r: %s", self.id,
-                     producer.link.name, e)
+            log.info(
+                "rejecting malformed message on connection %s link %r: %s",
+                self.id,
+                producer.link.name,
+                e,
+            )
             self._reject(delivery, "amqp:decode-error", str(e))
         else:
             lib.pn_delivery_update(delivery, _PN_ACCEPTED)
@@ -496,7 +531,8 @@ class AmqpConnection:
             priority=scanned.priority,
             header_end=scanned.header_end,
             header={"delivery-count": scanned.delivery_count}
-            if scanned.delivery_count or scanned.first_acquirer else None,
+            if scanned.delivery_count or scanned.first_acquirer
+            else None,
             origin_container=self.container_id,
             reader=sections.READER,
         )
@@ -506,8 +542,9 @@ class AmqpConnection:
         if scanned.message_annotations is not None and target.routing_type is None:
             annotations = message.get_annotations()
             value = annotations.get("x-opt-routing-type")
-            message_routing_type = _ROUTING_TYPE_BYTES.get(value) if isinstance(
-                value, int) else None
+            message_routing_type = (
+                _ROUTING_TYPE_BYTES.get(value) if isinstance(value, int) else None
+            )
             if message_routing_type is None and target.address is None:
                 jms = annotations.get("x-opt-jms-dest")
                 message_routing_type = _JMS_DEST.get(jms) if isinstance(jms, int) else None
@@ -525,8 +562,7 @@ class AmqpConnection:
             return
         assert consumer is not None
         tag = lib.pn_delivery_tag(delivery)
-        self.broker.settle(consumer.id, DeliveryId(int(ffi.unpack(tag.start, tag.size))),
-                           outcome)
+        self.broker.settle(consumer.id, DeliveryId(int(ffi.unpack(tag.start, tag.size))), outcome)
         lib.pn_delivery_settle(delivery)
 
 

@@ -67,7 +67,10 @@ def has_no_local(filters: dict[Any, Any]) -> bool:
 
 
 def producer_request(
-    link: Link, connection: ConnectionId, *, anycast_prefix: str | None,
+    link: Link,
+    connection: ConnectionId,
+    *,
+    anycast_prefix: str | None,
     multicast_prefix: str | None,
 ) -> ProducerRequest:
     target = link.remote_target
@@ -82,7 +85,11 @@ def producer_request(
 
 
 def consumer_request(
-    link: Link, connection: ConnectionId, container_id: str, *, anycast_prefix: str | None,
+    link: Link,
+    connection: ConnectionId,
+    container_id: str,
+    *,
+    anycast_prefix: str | None,
     multicast_prefix: str | None,
 ) -> ConsumerRequest:
     source = link.remote_source

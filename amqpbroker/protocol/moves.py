@@ -23,14 +23,17 @@ def _typed(move: MoveAnnotations) -> dict[str, Any]:
         "x-opt-ORIG-QUEUE": move.orig_queue,
         "x-opt-ORIG-ADDRESS": move.orig_address,
         "x-opt-ORIG-MESSAGE-ID": Long(move.orig_message_id),
-        "x-opt-ORIG-ROUTING-TYPE": None if move.orig_routing_type is None
+        "x-opt-ORIG-ROUTING-TYPE": None
+        if move.orig_routing_type is None
         else Byte(move.orig_routing_type),
         "x-opt-ACTUAL-EXPIRY": None if move.actual_expiry is None else Long(move.actual_expiry),
         "x-opt-DLQ-REASON": move.dlq_reason,
-        "x-opt-DLQ-ERROR-CONDITION": None if move.dlq_error_condition is None
+        "x-opt-DLQ-ERROR-CONDITION": None
+        if move.dlq_error_condition is None
         else Symbol(move.dlq_error_condition),
         "x-opt-DLQ-ERROR-DESCRIPTION": move.dlq_error_description,
-        "x-opt-DLQ-DELIVERY-COUNT": None if move.dlq_delivery_count is None
+        "x-opt-DLQ-DELIVERY-COUNT": None
+        if move.dlq_delivery_count is None
         else UInt(move.dlq_delivery_count),
         "x-opt-routing-type": None if move.routing_type is None else Byte(move.routing_type),
     }
@@ -52,11 +55,13 @@ class Copier:
         annotations.update(_typed(move))
         data = sections.rebuild(
             scanned.data,
-            header=None if header is None
+            header=None
+            if header is None
             else header._replace(ttl=None, delivery_count=0, first_acquirer=None),
             message_annotations=annotations,
             properties_update={"absolute-expiry-time": None}
-            if scanned.absolute_expiry_time is not None else None,
+            if scanned.absolute_expiry_time is not None
+            else None,
         )
         rescanned = sections.scan(data)
         return Message(

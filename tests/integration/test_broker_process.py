@@ -69,7 +69,7 @@ def test_point_to_point(conn: BlockingConnection) -> None:
     assert [m.body for m in got] == ["hello", "world"]
     receiver.close()
     again = conn.create_receiver("p2p", options=QUEUE)
-    with pytest.raises(Exception, match="[Tt]imeout"):
+    with pytest.raises(Exception, match=r"[Tt]imeout"):
         again.receive(timeout=0.3)
 
 
@@ -77,14 +77,26 @@ def test_message_bytes_are_forwarded_unchanged(conn: BlockingConnection) -> None
     """B-018: the consumer sees every section as sent (header, properties, app props)."""
     receiver = conn.create_receiver("exact", options=QUEUE)
     sender = conn.create_sender("exact", options=QUEUE)
-    sent = Message(body={"k": [1, 2.5, "x"]}, id="m-1", subject="s", durable=True,
-                   priority=7, properties={"color": "red", "n": 3},
-                   annotations={"x-opt-custom": "v"}, correlation_id="c-1")
+    sent = Message(
+        body={"k": [1, 2.5, "x"]},
+        id="m-1",
+        subject="s",
+        durable=True,
+        priority=7,
+        properties={"color": "red", "n": 3},
+        annotations={"x-opt-custom": "v"},
+        correlation_id="c-1",
+    )
     sender.send(sent)
     got = receiver.receive(timeout=5)
     receiver.accept()
     assert (got.body, got.id, got.subject, got.durable, got.priority) == (
-        sent.body, "m-1", "s", True, 7)
+        sent.body,
+        "m-1",
+        "s",
+        True,
+        7,
+    )
     assert got.properties == {"color": "red", "n": 3}
     assert got.annotations["x-opt-custom"] == "v"
     assert got.correlation_id == "c-1"
@@ -193,7 +205,7 @@ def test_consumer_selector_filters(conn: BlockingConnection) -> None:
     blue = conn.create_receiver("sel", options=[QUEUE, selector("color = 'blue'")])
     assert blue.receive(timeout=5).body == "blue"
     blue.accept()
-    with pytest.raises(Exception, match="[Tt]imeout"):
+    with pytest.raises(Exception, match=r"[Tt]imeout"):
         blue.receive(timeout=0.3)
 
 
@@ -318,15 +330,27 @@ def _client_sockets(conn: BlockingConnection) -> list[socket.socket]:
 def test_bad_config_names_key_and_line_and_does_not_start(tmp_path: Path) -> None:
     """CONTRACT: a bad config names the key and line; the broker does not start."""
     config = tmp_path / "bad.yaml"
-    config.write_text("acceptors:\n  - name: amqp\n    url: amqp://127.0.0.1:0\n"
-                      "address-settings:\n  '#':\n    max-delivery-attempts: ten\n")
+    config.write_text(
+        "acceptors:\n  - name: amqp\n    url: amqp://127.0.0.1:0\n"
+        "address-settings:\n  '#':\n    max-delivery-attempts: ten\n"
+    )
     result = subprocess.run(
-        [sys.executable, "-m", "amqpbroker", "run", "--config", str(config),
-         "--data-dir", str(tmp_path / "data")],
-        capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "amqpbroker",
+            "run",
+            "--config",
+            str(config),
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 1
-    assert f"{config}:6: address-settings.\"#\".max-delivery-attempts" in result.stderr
+    assert f'{config}:6: address-settings."#".max-delivery-attempts' in result.stderr
     assert not (tmp_path / "data" / "ports.json").exists()
 
 

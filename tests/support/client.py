@@ -42,8 +42,9 @@ class Browse(LinkOption):
 def selector(text: str) -> Filter:
     from proton import Described
 
-    return Filter({symbol("jms-selector"): Described(
-        symbol("apache.org:selector-filter:string"), text)})
+    return Filter(
+        {symbol("jms-selector"): Described(symbol("apache.org:selector-filter:string"), text)}
+    )
 
 
 def connect(url: str, *, container: str | None = None, timeout: float = 10) -> BlockingConnection:
@@ -53,10 +54,16 @@ def connect(url: str, *, container: str | None = None, timeout: float = 10) -> B
     return BlockingConnection(url, **kwargs)
 
 
-def send(conn: BlockingConnection, address: str, *bodies: Any, caps: tuple[str, ...] = (),
-         **message_fields: Any) -> None:
+def send(
+    conn: BlockingConnection,
+    address: str,
+    *bodies: Any,
+    caps: tuple[str, ...] = (),
+    **message_fields: Any,
+) -> None:
     sender: BlockingSender = conn.create_sender(
-        address, options=[Capabilities(*caps)] if caps else None)
+        address, options=[Capabilities(*caps)] if caps else None
+    )
     for body in bodies:
         sender.send(Message(body=body, **message_fields))
     sender.close()

@@ -73,9 +73,21 @@ def start_broker(directory: Path, extra_config: str = "", *, timeout: float = 20
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "amqpbroker", "run", "--config", str(config),
-             "--data-dir", str(data_dir), "--log-level", "debug"],
-            stdout=log, stderr=subprocess.STDOUT, env=env,
+            [
+                sys.executable,
+                "-m",
+                "amqpbroker",
+                "run",
+                "--config",
+                str(config),
+                "--data-dir",
+                str(data_dir),
+                "--log-level",
+                "debug",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
     ports_file = data_dir / "ports.json"
 

@@ -9,8 +9,13 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_until(predicate: Callable[[], T], *, timeout: float = 5.0, interval: float = 0.02,
-               message: str = "condition") -> T:
+def wait_until(
+    predicate: Callable[[], T],
+    *,
+    timeout: float = 5.0,
+    interval: float = 0.02,
+    message: str = "condition",
+) -> T:
     """Return the first truthy value of `predicate()`, or fail after `timeout` seconds."""
     deadline = time.monotonic() + timeout
     while True:

@@ -2,112 +2,29 @@
 
 from __future__ import annotations
 
-from random import Random
-from typing import Any
-
 import pytest
+from support.core_harness import Harness, bodies, one_delivery
 
 from amqpbroker.core import (
     ACCEPTED,
     RELEASED,
     AddressSettings,
-    Broker,
     ClientError,
-    CloseConsumer,
     ConnectionId,
     ConsumerId,
     ConsumerRequest,
     DeliveryId,
-    Dispatch,
-    Drained,
     IllegalState,
-    ManualClock,
-    Message,
     Modified,
     NotFound,
     Outcome,
-    ProducerRequest,
-    ProducerTarget,
     QueueConfig,
     Rejected,
     RoutingType,
-    SettingsRepository,
 )
 
-CONN = ConnectionId(1)
-
-
-class Harness:
-    """Drives a Broker like the protocol adapter would, and records its dispatches."""
-
-    def __init__(self, settings: dict[str, AddressSettings] | None = None, **kw: Any) -> None:
-        self.clock = ManualClock()
-        self.broker = Broker(settings=SettingsRepository(settings or {}), clock=self.clock,
-                             rng=Random(0), **kw)
-        self.inbox: dict[ConsumerId, list[Dispatch]] = {}
-        self.drained: list[ConsumerId] = []
-        self.closed: list[CloseConsumer] = []
-        self._links = 0
-
-    def producer(self, address: str | None, *caps: str, conn: ConnectionId = CONN,
-                 dynamic: bool = False) -> ProducerTarget:
-        return self.broker.attach_producer(ProducerRequest(
-            connection=conn, address=address, capabilities=caps, dynamic=dynamic))
-
-    def send(self, target: ProducerTarget, body: bytes = b"m", *, priority: int = 4,
-             **kw: Any) -> Message:
-        message = Message(body, priority=priority,
-                          application_properties=kw.pop("props", {}), annotations={},
-                          properties={})
-        self.broker.publish(message, target, **kw)
-        self._collect()
-        return message
-
-    def consumer(self, address: str | None, *caps: str, credit: int = 100,
-                 conn: ConnectionId = CONN, container: str = "c1", name: str | None = None,
-                 **kw: Any) -> ConsumerId:
-        self._links += 1
-        attached = self.broker.attach_consumer(ConsumerRequest(
-            connection=conn, container_id=container, link_name=name or f"link{self._links}",
-            address=address, capabilities=caps, **kw))
-        self.inbox.setdefault(attached.consumer, [])
-        if credit:
-            self.broker.set_credit(attached.consumer, credit)
-        self._collect()
-        return attached.consumer
-
-    def _collect(self) -> None:
-        for effect in self.broker.take_effects():
-            if isinstance(effect, Dispatch):
-                self.inbox.setdefault(effect.consumer, []).append(effect)
-            elif isinstance(effect, Drained):
-                self.drained.append(effect.consumer)
-            elif isinstance(effect, CloseConsumer):
-                self.closed.append(effect)
-
-    def take(self, consumer: ConsumerId) -> list[Dispatch]:
-        self._collect()
-        got, self.inbox[consumer] = self.inbox.get(consumer, []), []
-        return got
-
-    def settle(self, consumer: ConsumerId, dispatch: Dispatch, outcome: Outcome) -> None:
-        self.broker.settle(consumer, dispatch.delivery, outcome)
-        self._collect()
-
-    def advance(self, ms: int) -> None:
-        self.clock.advance(ms)
-        self.broker.tick()
-        self._collect()
-
-    def queue(self, name: str):  # type: ignore[no-untyped-def]
-        return self.broker.queues[name]
-
-
-def bodies(dispatches: list[Dispatch]) -> list[bytes]:
-    return [d.message.data for d in dispatches]
-
-
 # -- routing and attach ------------------------------------------------------------------
+
 
 def test_point_to_point_with_queue_capability() -> None:
     """B-005/B-008/B-110: `queue` capability auto-creates an ANYCAST address and queue."""
@@ -130,13 +47,20 @@ def test_bare_producer_to_new_address_is_multicast_and_unrouted() -> None:
     h.send(target)
     address = h.broker.post_office.addresses["news"]
     assert address.routing_types == {RoutingType.MULTICAST}
-    assert address.unrouted == 1 and not address.queues
+    assert address.unrouted == 1
+    assert not address.queues
 
 
 def test_default_anycast_settings_give_queue_semantics() -> None:
     """B-008: default-address-routing-type ANYCAST makes bare producers queue-like."""
-    h = Harness({"#": AddressSettings.of(default_address_routing_type=RoutingType.ANYCAST,
-                                         default_queue_routing_type=RoutingType.ANYCAST)})
+    h = Harness(
+        {
+            "#": AddressSettings.of(
+                default_address_routing_type=RoutingType.ANYCAST,
+                default_queue_routing_type=RoutingType.ANYCAST,
+            )
+        }
+    )
     h.send(h.producer("jobs"), b"j")
     assert h.queue("jobs").message_count == 1
 
@@ -166,8 +90,12 @@ def test_message_without_routing_preference_goes_to_both_kinds() -> None:
     """B-002: routing type none -> one anycast queue and every multicast queue."""
     h = Harness()
     h.broker.create_address("mixed", {RoutingType.ANYCAST, RoutingType.MULTICAST})
-    for name, rt in (("a1", RoutingType.ANYCAST), ("a2", RoutingType.ANYCAST),
-                     ("m1", RoutingType.MULTICAST), ("m2", RoutingType.MULTICAST)):
+    for name, rt in (
+        ("a1", RoutingType.ANYCAST),
+        ("a2", RoutingType.ANYCAST),
+        ("m1", RoutingType.MULTICAST),
+        ("m2", RoutingType.MULTICAST),
+    ):
         h.broker.create_queue(QueueConfig(name=name, address="mixed", routing_type=rt))
     target = h.producer("mixed")
     h.send(target)
@@ -180,10 +108,10 @@ def test_message_routing_type_annotation_decides_when_link_has_none() -> None:
     """B-008 rule 2: x-opt-routing-type 1 (ANYCAST) on a link without capabilities."""
     h = Harness()
     h.broker.create_address("mixed", {RoutingType.ANYCAST, RoutingType.MULTICAST})
-    h.broker.create_queue(QueueConfig(name="a", address="mixed",
-                                      routing_type=RoutingType.ANYCAST))
-    h.broker.create_queue(QueueConfig(name="m", address="mixed",
-                                      routing_type=RoutingType.MULTICAST))
+    h.broker.create_queue(QueueConfig(name="a", address="mixed", routing_type=RoutingType.ANYCAST))
+    h.broker.create_queue(
+        QueueConfig(name="m", address="mixed", routing_type=RoutingType.MULTICAST)
+    )
     h.send(h.producer("mixed"), message_routing_type=RoutingType.ANYCAST)
     assert (h.queue("a").message_count, h.queue("m").message_count) == (1, 0)
 
@@ -193,8 +121,9 @@ def test_fqqn_producer_targets_only_that_queue() -> None:
     h = Harness()
     h.broker.create_address("news", {RoutingType.MULTICAST})
     for name in ("q1", "q2"):
-        h.broker.create_queue(QueueConfig(name=name, address="news",
-                                          routing_type=RoutingType.MULTICAST))
+        h.broker.create_queue(
+            QueueConfig(name=name, address="news", routing_type=RoutingType.MULTICAST)
+        )
     h.send(h.producer("news::q2"))
     assert (h.queue("q1").message_count, h.queue("q2").message_count) == (0, 1)
 
@@ -203,8 +132,9 @@ def test_fqqn_consumers_compete_on_a_multicast_queue() -> None:
     """B-006: FQQN consumers on a MULTICAST queue compete rather than each get a copy."""
     h = Harness()
     h.broker.create_address("news", {RoutingType.MULTICAST})
-    h.broker.create_queue(QueueConfig(name="sub", address="news",
-                                      routing_type=RoutingType.MULTICAST))
+    h.broker.create_queue(
+        QueueConfig(name="sub", address="news", routing_type=RoutingType.MULTICAST)
+    )
     c1, c2 = h.consumer("news::sub"), h.consumer("news::sub")
     target = h.producer("news")
     h.send(target, b"1")
@@ -246,8 +176,7 @@ def test_wildcard_subscription_receives_matching_addresses() -> None:
 
 def test_auto_create_disabled_refuses_attach() -> None:
     """B-110: a missing address that may not be created -> amqp:not-found."""
-    h = Harness({"#": AddressSettings.of(auto_create_addresses=False,
-                                         auto_create_queues=False)})
+    h = Harness({"#": AddressSettings.of(auto_create_addresses=False, auto_create_queues=False)})
     with pytest.raises(NotFound):
         h.producer("nope", "queue")
     with pytest.raises(NotFound):
@@ -289,6 +218,7 @@ def test_anonymous_relay_to_missing_address_without_auto_create() -> None:
 
 
 # -- credit, order, browsing -------------------------------------------------------------
+
 
 def test_no_dispatch_without_credit_then_drain() -> None:
     """B-037: send only with credit; drain with nothing to send answers drained."""
@@ -351,12 +281,6 @@ def test_presettled_consumer_acknowledges_on_send() -> None:
 
 # -- the disposition table (B-051) --------------------------------------------------------
 
-def _one(h: Harness, **kw: Any) -> tuple[ConsumerId, Dispatch]:
-    h.send(h.producer("q", "queue"))
-    c = h.consumer("q", "queue", **kw)
-    [d] = h.take(c)
-    return c, d
-
 
 @pytest.mark.parametrize(
     ("outcome", "next_wire_count"),
@@ -369,7 +293,7 @@ def _one(h: Harness, **kw: Any) -> tuple[ConsumerId, Dispatch]:
 def test_return_outcomes_and_next_delivery_count(outcome: Outcome, next_wire_count: int) -> None:
     """B-051: released / modified keep or bump the wire delivery-count."""
     h = Harness()
-    c, d = _one(h)
+    c, d = one_delivery(h)
     h.settle(c, d, outcome)
     [again] = h.take(c)
     assert again.wire_count == next_wire_count
@@ -379,7 +303,7 @@ def test_return_outcomes_and_next_delivery_count(outcome: Outcome, next_wire_cou
 def test_undeliverable_here_blocks_only_that_link(failed: bool) -> None:
     """B-045: never offered to that link again; another link gets it; not dead-lettered."""
     h = Harness()
-    c, d = _one(h)
+    c, d = one_delivery(h)
     h.settle(c, d, Modified(delivery_failed=failed, undeliverable_here=True))
     assert h.take(c) == []
     assert h.queue("q").message_count == 1
@@ -391,7 +315,7 @@ def test_undeliverable_here_blocks_only_that_link(failed: bool) -> None:
 def test_released_forever_never_dead_letters() -> None:
     """B-042: releases alone can never reach max-delivery-attempts."""
     h = Harness({"#": AddressSettings.of(max_delivery_attempts=2, dead_letter_address="DLA")})
-    c, d = _one(h)
+    c, d = one_delivery(h)
     for _ in range(10):
         h.settle(c, d, RELEASED)
         [d] = h.take(c)
@@ -402,9 +326,8 @@ def test_delivery_failed_dead_letters_after_max_attempts() -> None:
     """B-060: wire counts 0..M-1, the M-th failure moves it to the DLA."""
     h = Harness({"#": AddressSettings.of(max_delivery_attempts=3, dead_letter_address="DLA")})
     h.broker.create_address("DLA", {RoutingType.ANYCAST})
-    h.broker.create_queue(QueueConfig(name="DLA", address="DLA",
-                                      routing_type=RoutingType.ANYCAST))
-    c, d = _one(h)
+    h.broker.create_queue(QueueConfig(name="DLA", address="DLA", routing_type=RoutingType.ANYCAST))
+    c, d = one_delivery(h)
     seen = [d.wire_count]
     for _ in range(2):
         h.settle(c, d, Modified(delivery_failed=True))
@@ -422,12 +345,20 @@ def test_delivery_failed_dead_letters_after_max_attempts() -> None:
 
 def test_rejected_dead_letters_at_once_even_with_unlimited_attempts() -> None:
     """B-046: rejected moves to the DLA immediately, whatever max-delivery-attempts."""
-    h = Harness({"#": AddressSettings.of(max_delivery_attempts=-1, dead_letter_address="DLA",
-                                         auto_create_dead_letter_resources=True)})
-    c, d = _one(h)
+    h = Harness(
+        {
+            "#": AddressSettings.of(
+                max_delivery_attempts=-1,
+                dead_letter_address="DLA",
+                auto_create_dead_letter_resources=True,
+            )
+        }
+    )
+    c, d = one_delivery(h)
     h.settle(c, d, Rejected(condition="app:bad", description="nope"))
     dlq = h.queue("DLQ.q")
-    assert dlq.address == "DLA" and dlq.routing_type is RoutingType.MULTICAST
+    assert dlq.address == "DLA"
+    assert dlq.routing_type is RoutingType.MULTICAST
     annotations = dlq.refs()[0].message.get_annotations()
     assert annotations["x-opt-DLQ-ERROR-CONDITION"] == "app:bad"
     assert annotations["x-opt-ORIG-ADDRESS"] == "q"
@@ -437,7 +368,7 @@ def test_rejected_dead_letters_at_once_even_with_unlimited_attempts() -> None:
 def test_rejected_without_dla_drops() -> None:
     """B-046/B-071: no DLA -> the message is dropped and counted killed."""
     h = Harness()
-    c, d = _one(h)
+    c, d = one_delivery(h)
     h.settle(c, d, Rejected())
     assert h.queue("q").message_count == 0
     assert h.queue("q").counters.killed == 1
@@ -447,7 +378,7 @@ def test_rejected_without_dla_drops() -> None:
 def test_link_close_returns_uncounted_without_delay() -> None:
     """B-053: orderly detach undoes the count and never delays."""
     h = Harness({"#": AddressSettings.of(redelivery_delay=10_000)})
-    c, _ = _one(h)
+    c, _ = one_delivery(h)
     h.broker.detach_consumer(c, closed=True)
     c2 = h.consumer("q", "queue")
     [d] = h.take(c2)
@@ -469,7 +400,7 @@ def test_abrupt_connection_loss_counts_the_attempt_without_delay() -> None:
 def test_outcome_for_a_delivery_no_longer_held_is_ignored() -> None:
     """B-055: ignored, never an error."""
     h = Harness()
-    c, d = _one(h)
+    c, d = one_delivery(h)
     h.settle(c, d, ACCEPTED)
     h.broker.settle(c, DeliveryId(d.delivery), ACCEPTED)
     h.broker.settle(ConsumerId(999), DeliveryId(1), ACCEPTED)
@@ -477,6 +408,7 @@ def test_outcome_for_a_delivery_no_longer_held_is_ignored() -> None:
 
 
 # -- redelivery delay (B-065) ------------------------------------------------------------
+
 
 def test_only_the_failed_message_waits() -> None:
     """B-065: the failed message is scheduled; other messages keep flowing."""
@@ -500,7 +432,7 @@ def test_only_the_failed_message_waits() -> None:
 def test_release_is_delayed_too() -> None:
     """B-065: released messages are delayed, computed with the decremented count."""
     h = Harness({"#": AddressSettings.of(redelivery_delay=500)})
-    c, d = _one(h)
+    c, d = one_delivery(h)
     h.settle(c, d, RELEASED)
     assert h.broker.next_deadline_ms() == h.clock.now_ms() + 500
     h.advance(500)
@@ -509,16 +441,19 @@ def test_release_is_delayed_too() -> None:
 
 # -- subscriptions and temporaries -------------------------------------------------------
 
+
 def test_durable_subscription_keeps_messages_across_detach() -> None:
     """B-026/B-027/B-028: `container.link`; detach keeps it; close unsubscribes."""
     h = Harness()
-    sub = h.consumer("news", "topic", container="app", name="sub1", durable=True,
-                     expiry_policy="never")
+    sub = h.consumer(
+        "news", "topic", container="app", name="sub1", durable=True, expiry_policy="never"
+    )
     assert "app.sub1" in h.broker.queues
     h.broker.detach_consumer(sub, closed=False)
     h.send(h.producer("news", "topic"), b"while-away")
-    again = h.consumer("news", "topic", container="app", name="sub1", durable=True,
-                       expiry_policy="never")
+    again = h.consumer(
+        "news", "topic", container="app", name="sub1", durable=True, expiry_policy="never"
+    )
     assert bodies(h.take(again)) == [b"while-away"]
     h.broker.detach_consumer(again, closed=True)
     assert "app.sub1" not in h.broker.queues
@@ -530,8 +465,7 @@ def test_durable_subscription_with_new_filter_is_recreated_when_idle() -> None:
     sub = h.consumer("news", "topic", container="app", name="s", durable=True)
     h.broker.detach_consumer(sub, closed=False)
     h.send(h.producer("news", "topic"), b"old")
-    h.consumer("news", "topic", container="app", name="s", durable=True,
-               selector="x = 1")
+    h.consumer("news", "topic", container="app", name="s", durable=True, selector="x = 1")
     assert h.queue("app.s").message_count == 0
 
 
@@ -540,8 +474,9 @@ def test_durable_subscription_in_use_cannot_change() -> None:
     h = Harness()
     h.consumer("news", "topic", "shared", container="app", name="s", durable=True)
     with pytest.raises(IllegalState, match="consumers already exist"):
-        h.consumer("news", "topic", "shared", container="app", name="s", durable=True,
-                   selector="x = 2")
+        h.consumer(
+            "news", "topic", "shared", container="app", name="s", durable=True, selector="x = 2"
+        )
 
 
 def test_private_volatile_subscription_dies_with_connection() -> None:
@@ -559,11 +494,15 @@ def test_dynamic_source_is_a_temporary_anycast_queue() -> None:
     """B-030: random name returned as the address; gone with the connection."""
     h = Harness()
     conn2 = ConnectionId(2)
-    attached = h.broker.attach_consumer(ConsumerRequest(
-        connection=conn2, container_id="c", link_name="r", address=None, dynamic=True))
+    attached = h.broker.attach_consumer(
+        ConsumerRequest(
+            connection=conn2, container_id="c", link_name="r", address=None, dynamic=True
+        )
+    )
     queue = h.queue(attached.queue)
     assert attached.address == attached.queue
-    assert queue.routing_type is RoutingType.ANYCAST and not queue.durable
+    assert queue.routing_type is RoutingType.ANYCAST
+    assert not queue.durable
     h.broker.connection_closed(conn2, abrupt=False)
     assert attached.queue not in h.broker.queues
     assert attached.queue not in h.broker.post_office.addresses
@@ -586,6 +525,7 @@ def test_deleting_a_queue_detaches_its_consumers() -> None:
 
 
 # -- auto-delete (B-111…B-114) -----------------------------------------------------------
+
 
 def test_used_auto_created_queue_is_reaped_after_two_scans() -> None:
     """B-111/B-113: qualifies on two consecutive scans, then deleted."""
@@ -623,6 +563,7 @@ def test_queue_with_messages_is_kept() -> None:
 
 # -- lifecycle events (B-170/B-171) ------------------------------------------------------
 
+
 def _events(h: Harness) -> list[tuple[str, str | None, str | None]]:
     return [(e.event, e.queue, e.reason) for e in h.broker.emitter.take()]
 
@@ -637,7 +578,11 @@ def test_lifecycle_of_an_accepted_message() -> None:
     h.settle(c, d, ACCEPTED)
     events = h.broker.emitter.take()
     assert [(e.event, e.reason) for e in events] == [
-        ("sent", None), ("enqueued", "route"), ("dispatched", None), ("acked", "accepted")]
+        ("sent", None),
+        ("enqueued", "route"),
+        ("dispatched", None),
+        ("acked", "accepted"),
+    ]
     assert (events[2].connection, events[2].link, events[2].delivery_count) == ("app", "r1", 1)
     assert events[0].target_queues == ("q",)
 
@@ -645,16 +590,25 @@ def test_lifecycle_of_an_accepted_message() -> None:
 def test_lifecycle_of_a_dead_letter() -> None:
     """B-171: returned (modified-failed), then dead-lettered with the copy's id, then the
     copy's enqueued on the DLQ (reason move)."""
-    h = Harness({"#": AddressSettings.of(max_delivery_attempts=2, dead_letter_address="DLA",
-                                         auto_create_dead_letter_resources=True)})
-    c, d = _one(h)
+    h = Harness(
+        {
+            "#": AddressSettings.of(
+                max_delivery_attempts=2,
+                dead_letter_address="DLA",
+                auto_create_dead_letter_resources=True,
+            )
+        }
+    )
+    c, d = one_delivery(h)
     h.settle(c, d, Modified(delivery_failed=True))
     [d] = h.take(c)
     h.broker.emitter.take()
     h.settle(c, d, Modified(delivery_failed=True))
     events = h.broker.emitter.take()
     assert [(e.event, e.queue, e.reason) for e in events] == [
-        ("dead-lettered", "q", "max-attempts"), ("enqueued", "DLQ.q", "move")]
+        ("dead-lettered", "q", "max-attempts"),
+        ("enqueued", "DLQ.q", "move"),
+    ]
     assert events[0].copy_msg_id == events[1].msg_id
     assert events[0].target_address == "DLA"
 
@@ -664,7 +618,7 @@ def test_failures_level_builds_only_failure_events() -> None:
     from amqpbroker.core import EventLevel
 
     h = Harness(event_level=EventLevel.FAILURES)
-    c, d = _one(h)
+    c, d = one_delivery(h)
     h.settle(c, d, RELEASED)
     h.send(h.producer("nowhere"))
     assert [e[0] for e in _events(h)] == ["returned", "unrouted"]
@@ -682,6 +636,7 @@ def test_connection_loss_event_reason() -> None:
 
 
 # -- address full (B-151) ----------------------------------------------------------------
+
 
 def test_address_full_fail_refuses_with_resource_limit() -> None:
     """B-151 FAIL: each new transfer -> amqp:resource-limit-exceeded."""

@@ -9,8 +9,16 @@ from pathlib import Path
 import pytest
 
 CORE = Path(__file__).resolve().parents[3] / "amqpbroker" / "core"
-FORBIDDEN = {"proton", "socket", "threading", "asyncio", "select", "selectors",
-             "multiprocessing", "subprocess"}
+FORBIDDEN = {
+    "proton",
+    "socket",
+    "threading",
+    "asyncio",
+    "select",
+    "selectors",
+    "multiprocessing",
+    "subprocess",
+}
 
 
 def _imports(path: Path) -> list[str]:
@@ -34,7 +42,8 @@ def test_core_module_imports_only_stdlib_and_core(path: Path) -> None:
             assert name.startswith("amqpbroker.core"), f"{path.name} imports {name}"
         else:
             assert top in sys.stdlib_module_names or top == "__future__", (
-                f"{path.name} imports third-party {name}")
+                f"{path.name} imports third-party {name}"
+            )
 
 
 @pytest.mark.parametrize("path", sorted(CORE.glob("*.py")), ids=lambda p: p.name)

@@ -23,8 +23,9 @@ def resolved(**values: object):  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize(("count", "delay"), [(1, 5000), (2, 10000), (3, 15000), (4, 15000)])
 def test_seed_000_worked_example(count: int, delay: int) -> None:
     """B-066: R=5000, m=2, Max=15000: 5000, 10000, then capped at 15000."""
-    settings = resolved(redelivery_delay=5000, redelivery_delay_multiplier=2.0,
-                        max_redelivery_delay=15000)
+    settings = resolved(
+        redelivery_delay=5000, redelivery_delay_multiplier=2.0, max_redelivery_delay=15000
+    )
     assert redelivery_delay_ms(settings, count, Random(0)) == delay
 
 
@@ -38,7 +39,8 @@ def test_zero_delay_means_no_delay_whatever_the_multiplier() -> None:
     """B-065: R = 0 -> no delay."""
     settings = resolved(redelivery_delay=0, redelivery_delay_multiplier=5.0)
     assert decide_redelivery(settings, delivery_count=3, now_ms=100, rng=Random(0)) == (
-        Redeliver(at_ms=100))
+        Redeliver(at_ms=100)
+    )
 
 
 def test_collision_avoidance_spreads_within_factor() -> None:
@@ -46,14 +48,16 @@ def test_collision_avoidance_spreads_within_factor() -> None:
     settings = resolved(redelivery_delay=1000, redelivery_collision_avoidance_factor=0.5)
     rng = Random(42)
     delays = {redelivery_delay_ms(settings, 1, rng) for _ in range(200)}
-    assert min(delays) >= 500 and max(delays) <= 1500
+    assert min(delays) >= 500
+    assert max(delays) <= 1500
     assert min(delays) < 1000 < max(delays)
 
 
 def test_cap_applies_after_the_spread() -> None:
     """B-066 step 4: D = min(base with spread, Max)."""
-    settings = resolved(redelivery_delay=1000, max_redelivery_delay=1000,
-                        redelivery_collision_avoidance_factor=1.0)
+    settings = resolved(
+        redelivery_delay=1000, max_redelivery_delay=1000, redelivery_collision_avoidance_factor=1.0
+    )
     assert all(redelivery_delay_ms(settings, 1, Random(s)) <= 1000 for s in range(50))
 
 
@@ -71,6 +75,5 @@ def test_dead_letter_check_precedes_delay(limit: int, count: int, dead: bool) ->
 def test_no_delay_paths_return_at_once() -> None:
     """B-053/B-054: link close and connection loss never delay."""
     settings = resolved(redelivery_delay=1000)
-    decision = decide_redelivery(settings, delivery_count=1, now_ms=5, rng=Random(0),
-                                 delay=False)
+    decision = decide_redelivery(settings, delivery_count=1, now_ms=5, rng=Random(0), delay=False)
     assert decision == Redeliver(at_ms=5)

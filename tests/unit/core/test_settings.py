@@ -59,14 +59,15 @@ def test_matches_are_ordered_most_specific_first(
 
 def test_fields_overlay_from_most_specific() -> None:
     """B-100: each field comes from the most specific pattern that sets it."""
-    repo = SettingsRepository({
-        "#": AddressSettings.of(dead_letter_address="DLA", max_delivery_attempts=5),
-        "orders.#": AddressSettings.of(max_delivery_attempts=3, redelivery_delay=100),
-        "orders.eu": AddressSettings.of(redelivery_delay=7),
-    })
+    repo = SettingsRepository(
+        {
+            "#": AddressSettings.of(dead_letter_address="DLA", max_delivery_attempts=5),
+            "orders.#": AddressSettings.of(max_delivery_attempts=3, redelivery_delay=100),
+            "orders.eu": AddressSettings.of(redelivery_delay=7),
+        }
+    )
     eu = repo.resolve("orders.eu")
-    assert (eu.dead_letter_address, eu.max_delivery_attempts, eu.redelivery_delay) == (
-        "DLA", 3, 7)
+    assert (eu.dead_letter_address, eu.max_delivery_attempts, eu.redelivery_delay) == ("DLA", 3, 7)
     us = repo.resolve("orders.us")
     assert (us.max_delivery_attempts, us.redelivery_delay) == (3, 100)
     other = repo.resolve("payments")

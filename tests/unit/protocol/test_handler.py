@@ -188,8 +188,14 @@ def test_modified_failed_redelivery_rewrites_only_the_header(shell: Shell) -> No
     client.settle(0, Delivery.MODIFIED, failed=True)
     again = client.received[1][0]
     assert again.delivery_count == 1
-    assert (bytes(again.body), again.subject, again.priority, again.ttl) == (b"payload", "s", 6, 60.0)
-    assert again.properties == {"a": "b"} and again.annotations == {"x-opt-z": 1}
+    assert (bytes(again.body), again.subject, again.priority, again.ttl) == (
+        b"payload",
+        "s",
+        6,
+        60.0,
+    )
+    assert again.properties == {"a": "b"}
+    assert again.annotations == {"x-opt-z": 1}
 
 
 def test_refused_attach_carries_the_condition(shell: Shell) -> None:

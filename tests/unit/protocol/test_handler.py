@@ -270,3 +270,131 @@ def test_rejected_outcome_error_reaches_the_dead_letter_copy(shell: Shell) -> No
     assert copy.annotations["x-opt-DLQ-REASON"] == "rejected"
     assert copy.annotations["x-opt-ORIG-QUEUE"] == "q"
     assert copy.delivery_count == 0
+
+
+def test_settled_without_outcome_keeps_the_message_acquired(shell: Shell) -> None:
+    """B-048: no state -> no action; the message comes back only when the link ends."""
+    client = Client(shell)
+    receiver = client.receiver("q", "queue")
+    client.send(client.sender("q", "queue"), Message(body="m"))
+    client.received[0][1].settle()  # settle with no outcome
+    client.pump()
+    assert shell.broker.queues["q"].delivering == 1
+    receiver.close()
+    client.pump()
+    assert shell.broker.queues["q"].ready_count == 1  # B-053: returned on link close
+
+
+def test_modified_annotations_are_ignored(shell: Shell) -> None:
+    """B-049: the message-annotations field of `modified` is not merged."""
+    client = Client(shell)
+    client.receiver("q", "queue")
+    client.send(client.sender("q", "queue"), Message(body="m", annotations={"x-opt-a": 1}))
+    delivery = client.received[0][1]
+    delivery.local.failed = True
+    delivery.local.annotations = {"x-opt-b": 2}
+    delivery.update(Delivery.MODIFIED)
+    delivery.settle()
+    client.pump()
+    assert client.received[1][0].annotations == {"x-opt-a": 1}
+
+
+def test_producer_sent_delivery_count_is_zero_on_first_delivery(shell: Shell) -> None:
+    """B-050: first delivery shows 0 even if the producer wrote a count; first-acquirer
+    passes through on first delivery and becomes false on a redelivery."""
+    client = Client(shell)
+    client.receiver("q", "queue")
+    sent = Message(body="m", delivery_count=7, first_acquirer=True)
+    client.send(client.sender("q", "queue"), sent)
+    first = client.received[0][0]
+    assert first.delivery_count == 0
+    assert first.first_acquirer is True
+    client.settle(0, Delivery.MODIFIED, failed=True)
+    again = client.received[1][0]
+    assert again.delivery_count == 1
+    assert again.first_acquirer is False
+
+
+def test_message_without_header_gets_one_only_on_redelivery(shell: Shell) -> None:
+    """B-050: first delivery forwards the bytes unchanged; a redelivery adds a header
+    holding only delivery-count."""
+    from amqpbroker.protocol import sections
+
+    client = Client(shell)
+    client.receiver("q", "queue")
+    sender = client.sender("q", "queue")
+    raw = sections.rebuild(Message(body="m").encode(), header=None)  # no header section
+    sender.delivery(b"nh")
+    sender.send(raw)
+    sender.advance()
+    client.pump()
+    assert sections.scan(bytes(shell.broker.queues["q"].refs()[0].message.data)).header_end == 0
+    client.settle(0, Delivery.MODIFIED, failed=True)
+    again = client.received[1][0]
+    assert (again.delivery_count, again.durable) == (1, False)
+
+
+def test_dead_letter_annotations_have_exact_amqp_types(shell: Shell) -> None:
+    """B-090/B-079: symbol keys; string, long, uint, symbol values as specified."""
+    from proton import Data
+
+    from amqpbroker.core import AddressSettings
+    from amqpbroker.protocol import sections
+
+    shell.broker.settings.add(
+        "#", AddressSettings.of(dead_letter_address="DLA", auto_create_dead_letter_resources=True)
+    )
+    client = Client(shell)
+    client.receiver("q", "queue")
+    client.send(client.sender("q", "queue"), Message(body="bad"))
+    client.settle(0, Delivery.REJECTED, condition=Condition("app:e", "why"))
+    [ref] = shell.broker.queues["DLQ.q"].refs()
+    data = ref.message.data
+    start, end = sections.scan(data).message_annotations  # type: ignore[misc]
+    decoded = Data()
+    decoded.decode(data[start + 3 : end])  # skip the section descriptor
+    decoded.rewind()
+    decoded.next()
+    decoded.enter()
+    types: dict[str, int] = {}
+    while decoded.next():
+        assert decoded.type() == Data.SYMBOL
+        key = str(decoded.get_symbol())
+        decoded.next()
+        types[key] = decoded.type()
+    assert types == {
+        "x-opt-ORIG-QUEUE": Data.STRING,
+        "x-opt-ORIG-ADDRESS": Data.STRING,
+        "x-opt-ORIG-MESSAGE-ID": Data.LONG,
+        "x-opt-DLQ-REASON": Data.STRING,
+        "x-opt-DLQ-ERROR-CONDITION": Data.SYMBOL,
+        "x-opt-DLQ-ERROR-DESCRIPTION": Data.STRING,
+        "x-opt-DLQ-DELIVERY-COUNT": Data.UINT,
+    }
+
+
+def test_dead_letter_copy_drops_ttl_and_absolute_expiry(shell: Shell) -> None:
+    """B-076: header ttl and properties absolute-expiry-time removed; the rest kept."""
+    from amqpbroker.core import AddressSettings
+
+    shell.broker.settings.add(
+        "#", AddressSettings.of(dead_letter_address="DLA", auto_create_dead_letter_resources=True)
+    )
+    client = Client(shell)
+    client.receiver("q", "queue")
+    sent = Message(
+        body="x",
+        ttl=600,
+        expiry_time=4_000_000_000,
+        durable=True,
+        id="m-7",
+        properties={"keep": "me"},
+        instructions={"x-opt-da": 1},
+    )
+    client.send(client.sender("q", "queue"), sent)
+    client.settle(0, Delivery.REJECTED)
+    client.receiver("DLA::DLQ.q", name="dlq")
+    copy = client.received[1][0]
+    assert (copy.ttl, copy.expiry_time) == (0, 0)
+    assert (copy.durable, copy.id, copy.properties) == (True, "m-7", {"keep": "me"})
+    assert not copy.instructions  # B-017: delivery annotations never forwarded

@@ -10,9 +10,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proton import Delivery, Message
+from proton import Message
 from proton.utils import BlockingConnection, LinkDetached, SendException
-from support.client import Browse, Capabilities, Durable, connect, selector, send
+from support.client import (
+    Browse,
+    Capabilities,
+    Durable,
+    connect,
+    selector,
+    send,
+    settle_modified,
+)
 from support.process import BrokerProcess, start_broker
 from support.waiting import wait_until
 
@@ -225,7 +233,7 @@ def test_modified_failed_comes_back_counted_then_dead_letters(
     for _ in range(3):
         message = receiver.receive(timeout=5)
         counts.append(message.delivery_count)
-        receiver.settle((Delivery.MODIFIED, True, False))
+        settle_modified(receiver)
     assert counts == [0, 1, 2]
     dlq = conn.create_receiver("DLA::DLQ.flaky")
     dead = dlq.receive(timeout=5)

@@ -77,6 +77,24 @@ def receive_bodies(receiver: BlockingReceiver, count: int, *, timeout: float = 5
     return bodies
 
 
-def modified(failed: bool = True, undeliverable: bool = False) -> Any:
-    """A MODIFIED disposition for BlockingReceiver.settle."""
-    return (Delivery.MODIFIED, failed, undeliverable)
+def settle_modified(
+    receiver: BlockingReceiver, *, failed: bool = True, undeliverable: bool = False
+) -> None:
+    """Settle the oldest received message `modified` with these fields (B-043…B-045).
+
+    `BlockingReceiver.release(delivered=True)` sends `modified` *without*
+    delivery-failed, so the fields are set on the delivery here.
+    """
+    delivery = receiver.fetcher.unsettled[0]
+    delivery.local.failed = failed
+    delivery.local.undeliverable = undeliverable
+    receiver.settle(Delivery.MODIFIED)
+
+
+def reject_with(receiver: BlockingReceiver, condition: str, description: str) -> None:
+    """Settle the oldest received message `rejected` with an error (B-046, B-079)."""
+    from proton import Condition
+
+    delivery = receiver.fetcher.unsettled[0]
+    delivery.local.condition = Condition(condition, description)
+    receiver.settle(Delivery.REJECTED)

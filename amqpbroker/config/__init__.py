@@ -1,0 +1,45 @@
+"""Configuration: YAML with Artemis key names, checked with file and line (CONTRACT.md)."""
+
+from amqpbroker.config.effective import format_effective
+from amqpbroker.config.load import (
+    ConfigError,
+    ConfigProblem,
+    default_config_path,
+    load_config,
+    parse_config,
+)
+from amqpbroker.config.schema import (
+    PERMISSIONS,
+    AcceptorConfig,
+    AddressConfig,
+    BrokerConfig,
+    EventLogConfig,
+    HttpConfig,
+    MetricsConfig,
+    PersistenceConfig,
+    QueueDef,
+    SecurityConfig,
+    TlsConfig,
+    UserConfig,
+)
+
+__all__ = [
+    "PERMISSIONS",
+    "AcceptorConfig",
+    "AddressConfig",
+    "BrokerConfig",
+    "ConfigError",
+    "ConfigProblem",
+    "EventLogConfig",
+    "HttpConfig",
+    "MetricsConfig",
+    "PersistenceConfig",
+    "QueueDef",
+    "SecurityConfig",
+    "TlsConfig",
+    "UserConfig",
+    "default_config_path",
+    "format_effective",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,143 @@
+"""The broker's configuration as frozen values (CONTRACT.md "Config file (YAML)").
+
+Keys mirror Artemis `broker.xml` element names in kebab-case; fields are the snake_case
+of the key, in Artemis units. Building these objects does nothing (no files, logging or
+environment): `server.py` acts on them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from amqpbroker.core import AddressSettings, WildcardConfig
+
+PERMISSIONS = (
+    "send",
+    "consume",
+    "browse",
+    "create-address",
+    "delete-address",
+    "create-durable-queue",
+    "delete-durable-queue",
+    "create-non-durable-queue",
+    "delete-non-durable-queue",
+    "manage",
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TlsConfig:
+    cert_file: str
+    key_file: str
+    ca_file: str | None = None
+    client_auth: str = "none"  # none | optional | required
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AcceptorConfig:
+    name: str
+    url: str
+    scheme: str  # amqp | amqps
+    host: str
+    port: int  # 0: pick a free port, reported in DATA_DIR/ports.json
+    anycast_prefix: str | None = None
+    multicast_prefix: str | None = None
+    tls: TlsConfig | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HttpConfig:
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = 8161
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PersistenceConfig:
+    enabled: bool = True
+    sync: bool = True
+    persist_delivery_count_before_delivery: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventLogConfig:
+    enabled: bool = True
+    level: str = "lifecycle"  # off | failures | lifecycle
+    properties: tuple[str, ...] = ()
+    body_hash: bool = False
+    max_file_bytes: int = 64 * 1024 * 1024
+    max_file_age: int = 300_000  # ms
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsConfig:
+    artemis_names: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UserConfig:
+    password_hash: str
+    roles: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SecurityConfig:
+    enabled: bool = False
+    sasl_mechanisms: tuple[str, ...] = ("PLAIN", "EXTERNAL")
+    allow_plain_without_tls: bool = False
+    users: dict[str, UserConfig] = field(default_factory=dict)
+    # pattern -> permission -> roles
+    security_settings: dict[str, dict[str, tuple[str, ...]]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueDef:
+    """A configured queue: configuration-managed, never auto-deleted (B-113)."""
+
+    name: str
+    durable: bool = True
+    filter: str | None = None
+    max_consumers: int = -1
+    purge_on_no_consumers: bool = False
+    exclusive: bool = False
+    last_value_key: str | None = None
+    last_value: bool = False
+    non_destructive: bool = False
+    ring_size: int = -1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AddressConfig:
+    """A configured address; a routing type is present when its key is (even if empty)."""
+
+    name: str
+    anycast: tuple[QueueDef, ...] = ()
+    multicast: tuple[QueueDef, ...] = ()
+    routing_types: frozenset[str] = frozenset()  # "ANYCAST" / "MULTICAST" keys present
+
+
+DEFAULT_ACCEPTOR = AcceptorConfig(
+    name="amqp", url="amqp://127.0.0.1:5672", scheme="amqp", host="127.0.0.1", port=5672
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BrokerConfig:
+    """The whole file. `source` is where it came from (for messages only)."""
+
+    name: str = "amqpbroker"
+    data_dir: str | None = None
+    acceptors: tuple[AcceptorConfig, ...] = (DEFAULT_ACCEPTOR,)
+    http: HttpConfig = HttpConfig()
+    persistence: PersistenceConfig = PersistenceConfig()
+    message_expiry_scan_period: int = 30_000  # ms; -1 disables the scanner (B-084)
+    address_queue_scan_period: int = 30_000  # ms (B-111)
+    max_redelivery_records: int = 10  # B-096
+    id_cache_size: int = 20_000  # B-012
+    event_log: EventLogConfig = EventLogConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    wildcard_addresses: WildcardConfig = WildcardConfig()
+    security: SecurityConfig = SecurityConfig()
+    address_settings: dict[str, AddressSettings] = field(default_factory=dict)
+    addresses: tuple[AddressConfig, ...] = ()
+    source: str = "<defaults>"

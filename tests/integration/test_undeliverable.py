@@ -1,0 +1,157 @@
+"""Undeliverable messages end to end: redelivery delay, DLQs per address, killed consumers.
+
+The real broker process on port 0 and python-qpid-proton clients over loopback.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+
+import pytest
+from proton.utils import BlockingConnection
+from support.client import Capabilities, connect, reject_with, send, settle_modified
+from support.process import BrokerProcess, start_broker
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+QUEUE = Capabilities("queue")
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    running = start_broker(
+        tmp_path_factory.mktemp("undeliverable"),
+        """
+        address-settings:
+          "#":
+            dead-letter-address: DLA
+            auto-create-dead-letter-resources: true
+            max-delivery-attempts: 2
+          "slow.#":
+            redelivery-delay: 600
+        """,
+    )
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+@pytest.fixture
+def conn(broker: BrokerProcess) -> Iterator[BlockingConnection]:
+    connection = connect(broker.url)
+    yield connection
+    connection.close()
+
+
+def test_redelivery_delay_holds_only_the_failed_message(conn: BlockingConnection) -> None:
+    """B-065: the failed message waits ~redelivery-delay; the next one flows at once."""
+    send(conn, "slow.jobs", "bad", "good", caps=("queue",))
+    receiver = conn.create_receiver("slow.jobs", credit=10, options=QUEUE)
+    first = receiver.receive(timeout=5)
+    assert first.body == "bad"
+    failed_at = time.monotonic()
+    settle_modified(receiver)
+    second = receiver.receive(timeout=5)
+    receiver.accept()
+    assert second.body == "good"
+    assert time.monotonic() - failed_at < 0.5  # did not wait behind the failed one
+    again = receiver.receive(timeout=5)
+    waited = time.monotonic() - failed_at
+    receiver.accept()
+    assert again.body == "bad"
+    assert again.delivery_count == 1
+    assert 0.55 <= waited < 3.0  # 600 ms, within scheduling tolerance
+
+
+def test_two_source_addresses_get_two_dlqs(conn: BlockingConnection) -> None:
+    """B-074: DLQ.<address> per source address, each with only its own dead letters."""
+    for address in ("two.a", "two.b"):
+        send(conn, address, f"dead-{address}", caps=("queue",))
+        receiver = conn.create_receiver(address, options=QUEUE)
+        receiver.receive(timeout=5)
+        receiver.reject()
+        receiver.close()
+    for address in ("two.a", "two.b"):
+        dlq = conn.create_receiver(f"DLA::DLQ.{address}")
+        assert dlq.receive(timeout=5).body == f"dead-{address}"
+        dlq.accept()
+        with pytest.raises(Exception, match=r"[Tt]imeout"):
+            dlq.receive(timeout=0.3)
+        dlq.close()
+
+
+def test_rejected_error_condition_is_in_the_dlq_copy(conn: BlockingConnection) -> None:
+    """B-079: x-opt-DLQ-REASON / -ERROR-CONDITION / -ERROR-DESCRIPTION on the copy."""
+    send(conn, "reasons", "r", caps=("queue",))
+    receiver = conn.create_receiver("reasons", options=QUEUE)
+    receiver.receive(timeout=5)
+    reject_with(receiver, "app:schema", "field 'id' missing")
+    dlq = conn.create_receiver("DLA::DLQ.reasons")
+    dead = dlq.receive(timeout=5)
+    dlq.accept()
+    assert dead.annotations["x-opt-DLQ-REASON"] == "rejected"
+    assert dead.annotations["x-opt-DLQ-ERROR-CONDITION"] == "app:schema"
+    assert dead.annotations["x-opt-DLQ-ERROR-DESCRIPTION"] == "field 'id' missing"
+
+
+CONSUMER = textwrap.dedent(
+    """
+    import sys
+    from proton.reactor import LinkOption
+    from proton.utils import BlockingConnection
+    from proton import Data
+
+    class Queue(LinkOption):
+        def apply(self, link):
+            link.source.capabilities.put_array(False, Data.SYMBOL)
+            link.source.capabilities.enter()
+            link.source.capabilities.put_symbol("queue")
+            link.source.capabilities.exit()
+
+    conn = BlockingConnection(sys.argv[1], timeout=10)
+    receiver = conn.create_receiver(sys.argv[2], options=Queue())
+    message = receiver.receive(timeout=10)
+    print("GOT", message.delivery_count, flush=True)
+    sys.stdin.read()  # hold the delivery unsettled until killed
+    """
+)
+
+
+def test_killed_consumer_process_counts_the_attempt(broker: BrokerProcess) -> None:
+    """B-054: kill -9 of a consumer with an unsettled delivery counts the attempt."""
+    producer = connect(broker.url)
+    send(producer, "killed", "k", caps=("queue",))
+    child = subprocess.Popen(
+        [sys.executable, "-c", CONSUMER, broker.url, "killed"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "GOT 0"
+    finally:
+        child.kill()
+        child.wait(timeout=10)
+    receiver = producer.create_receiver("killed", options=QUEUE)
+    again = receiver.receive(timeout=5)
+    receiver.accept()
+    assert again.delivery_count == 1
+    producer.close()
+
+
+def test_closed_link_returns_uncounted(conn: BlockingConnection) -> None:
+    """B-053: a consumer link closed with an unsettled delivery: not counted, no delay."""
+    send(conn, "slow.closed", "c", caps=("queue",))  # slow.# has a redelivery delay
+    receiver = conn.create_receiver("slow.closed", options=QUEUE)
+    assert receiver.receive(timeout=5).delivery_count == 0
+    receiver.close()
+    started = time.monotonic()
+    again = conn.create_receiver("slow.closed", options=QUEUE)
+    message = again.receive(timeout=5)
+    again.accept()
+    assert message.delivery_count == 0
+    assert time.monotonic() - started < 0.5  # B-053: no redelivery delay

@@ -128,16 +128,16 @@ class BrokerConfig:
     name: str = "amqpbroker"
     data_dir: str | None = None
     acceptors: tuple[AcceptorConfig, ...] = (DEFAULT_ACCEPTOR,)
-    http: HttpConfig = HttpConfig()
-    persistence: PersistenceConfig = PersistenceConfig()
+    http: HttpConfig = field(default_factory=HttpConfig)
+    persistence: PersistenceConfig = field(default_factory=PersistenceConfig)
     message_expiry_scan_period: int = 30_000  # ms; -1 disables the scanner (B-084)
     address_queue_scan_period: int = 30_000  # ms (B-111)
     max_redelivery_records: int = 10  # B-096
     id_cache_size: int = 20_000  # B-012
-    event_log: EventLogConfig = EventLogConfig()
-    metrics: MetricsConfig = MetricsConfig()
-    wildcard_addresses: WildcardConfig = WildcardConfig()
-    security: SecurityConfig = SecurityConfig()
+    event_log: EventLogConfig = field(default_factory=EventLogConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    wildcard_addresses: WildcardConfig = field(default_factory=WildcardConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     address_settings: dict[str, AddressSettings] = field(default_factory=dict)
     addresses: tuple[AddressConfig, ...] = ()
     source: str = "<defaults>"

@@ -124,7 +124,8 @@ def test_each_problem_names_file_line_and_key(text: str, expected: str | None) -
     """Every unknown key, wrong type and bad value names file, line and key path."""
     found = problems(text)
     if expected is None:
-        assert found[0].startswith("b.yaml:") and "not valid YAML" in found[0]
+        assert found[0].startswith("b.yaml:")
+        assert "not valid YAML" in found[0]
     else:
         assert expected in found
 

@@ -55,9 +55,9 @@ def build_broker(
     )
     for address in config.addresses:
         types = set()
-        if address.anycast or RoutingType.ANYCAST in address.routing_types:
+        if address.anycast or "ANYCAST" in address.routing_types:
             types.add(RoutingType.ANYCAST)
-        if address.multicast or RoutingType.MULTICAST in address.routing_types:
+        if address.multicast or "MULTICAST" in address.routing_types:
             types.add(RoutingType.MULTICAST)
         broker.create_address(address.name, types or {RoutingType.MULTICAST})
         for routing_type, queues in (

@@ -17,7 +17,7 @@ import difflib
 import re
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -140,7 +140,7 @@ class _Checker:
         self,
         node: yaml.Node,
         path: str,
-        handlers: dict[str, Callable[[yaml.Node, str], Any]],
+        handlers: Mapping[str, Callable[[yaml.Node, str], Any]],
         *,
         required: tuple[str, ...] = (),
     ) -> dict[str, Any]:

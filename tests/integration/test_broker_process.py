@@ -10,13 +10,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from proton import Message
+from proton import Message, Timeout
 from proton.utils import BlockingConnection, LinkDetached, SendException
 from support.client import (
     Browse,
     Capabilities,
     Durable,
     connect,
+    receive_bodies,
     selector,
     send,
     settle_modified,
@@ -72,12 +73,10 @@ def test_point_to_point(conn: BlockingConnection) -> None:
     """B-005: send to a queue, receive it, accept it; the queue is then empty."""
     receiver = conn.create_receiver("p2p", options=QUEUE)
     send(conn, "p2p", "hello", "world", caps=("queue",))
-    got = [receiver.receive(timeout=5) for _ in range(2)]
-    receiver.accept()
-    assert [m.body for m in got] == ["hello", "world"]
+    assert receive_bodies(receiver, 2) == ["hello", "world"]
     receiver.close()
     again = conn.create_receiver("p2p", options=QUEUE)
-    with pytest.raises(Exception, match=r"[Tt]imeout"):
+    with pytest.raises(Timeout):
         again.receive(timeout=0.3)
 
 
@@ -138,8 +137,7 @@ def test_multicast_fan_out(broker: BrokerProcess) -> None:
     producer = connect(broker.url)
     send(producer, "prices", "p1", "p2", caps=("topic",))
     for receiver in receivers:
-        assert [receiver.receive(timeout=5).body for _ in range(2)] == ["p1", "p2"]
-        receiver.accept()
+        assert receive_bodies(receiver, 2) == ["p1", "p2"]
     for c in [*subscribers, producer]:
         c.close()
 
@@ -188,8 +186,7 @@ def test_durable_subscription_survives_reattach(broker: BrokerProcess) -> None:
     producer.close()
     sub_conn = connect(broker.url, container="sub-app")
     sub = sub_conn.create_receiver("events", name="audit", options=[TOPIC, Durable()])
-    assert [sub.receive(timeout=5).body for _ in range(2)] == ["e1", "e2"]
-    sub.accept()
+    assert receive_bodies(sub, 2) == ["e1", "e2"]
     sub.close()
     sub_conn.close()
 
@@ -201,8 +198,7 @@ def test_browse_does_not_consume(conn: BlockingConnection) -> None:
     assert [browser.receive(timeout=5).body for _ in range(2)] == ["b1", "b2"]
     browser.close()
     receiver = conn.create_receiver("browsed", options=QUEUE)
-    assert [receiver.receive(timeout=5).body for _ in range(2)] == ["b1", "b2"]
-    receiver.accept()
+    assert receive_bodies(receiver, 2) == ["b1", "b2"]
 
 
 def test_consumer_selector_filters(conn: BlockingConnection) -> None:
@@ -213,7 +209,7 @@ def test_consumer_selector_filters(conn: BlockingConnection) -> None:
     blue = conn.create_receiver("sel", options=[QUEUE, selector("color = 'blue'")])
     assert blue.receive(timeout=5).body == "blue"
     blue.accept()
-    with pytest.raises(Exception, match=r"[Tt]imeout"):
+    with pytest.raises(Timeout):
         blue.receive(timeout=0.3)
 
 
@@ -267,23 +263,6 @@ def test_released_keeps_delivery_count(conn: BlockingConnection) -> None:
     assert (first.delivery_count, second.delivery_count) == (0, 0)
 
 
-def test_abrupt_connection_loss_counts_the_attempt(broker: BrokerProcess) -> None:
-    """B-054: a killed socket returns the message with the attempt counted."""
-    producer = connect(broker.url)
-    send(producer, "lossy", "x", caps=("queue",))
-    victim = connect(broker.url)
-    receiver = victim.create_receiver("lossy", options=QUEUE)
-    assert receiver.receive(timeout=5).delivery_count == 0
-    # Kill the socket under the client: no AMQP close frame.
-    for sock in _client_sockets(victim):
-        sock.shutdown(socket.SHUT_RDWR)
-    survivor = producer.create_receiver("lossy", options=QUEUE)
-    again = survivor.receive(timeout=5)
-    survivor.accept()
-    assert again.delivery_count == 1
-    producer.close()
-
-
 def test_orderly_close_returns_uncounted(broker: BrokerProcess) -> None:
     """B-053: closing the connection with a close frame does not count the attempt."""
     producer = connect(broker.url)
@@ -322,17 +301,6 @@ def test_garbage_bytes_close_only_that_connection(broker: BrokerProcess) -> None
     send(healthy, "still-up", "y", caps=("queue",))
     healthy.close()
     assert broker.proc.poll() is None
-
-
-def _client_sockets(conn: BlockingConnection) -> list[socket.socket]:
-    """The raw sockets under a BlockingConnection (to simulate a network failure)."""
-    found = []
-    for selectable in conn.container._selectables:  # type: ignore[attr-defined]
-        sock = getattr(selectable, "_delegate", None)
-        if isinstance(sock, socket.socket):
-            found.append(sock)
-    assert found, "no socket found under the connection"
-    return found
 
 
 def test_bad_config_names_key_and_line_and_does_not_start(tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ def _setup_logging(level: str) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from amqpbroker.config import ConfigError, default_config_path, load_config
-    from amqpbroker.server import BrokerServer
+    from amqpbroker.server import BrokerServer, StartupError
 
     _setup_logging(args.log_level)
     path = Path(args.config) if args.config else default_config_path()
@@ -56,7 +56,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(serve())
-    except OSError as e:
+    except (OSError, StartupError) as e:
         log.error("cannot start: %s", e)
         return 1
     return 0

@@ -85,6 +85,10 @@ def build_broker(
     return broker
 
 
+class StartupError(Exception):
+    """The broker cannot start with this (valid) configuration; the message says why."""
+
+
 class _AmqpProtocol(asyncio.Protocol):
     """Bridges one socket to one `AmqpConnection`."""
 
@@ -167,9 +171,16 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         for acceptor in self.config.acceptors:
             if acceptor.scheme != "amqp":
-                raise RuntimeError(
-                    f"acceptor {acceptor.name}: {acceptor.scheme}:// is not supported yet"
+                raise StartupError(
+                    f"acceptor {acceptor.name}: {acceptor.scheme}:// (TLS) is not supported "
+                    "by this version; use amqp://"
                 )
+        if self.config.persistence.enabled:
+            log.warning(
+                "persistence is not implemented in this version: messages are kept "
+                "in memory only and do not survive a restart"
+            )
+        for acceptor in self.config.acceptors:
             server = await loop.create_server(
                 functools.partial(_AmqpProtocol, self, acceptor),
                 acceptor.host,

@@ -11,6 +11,7 @@ from amqpbroker.core.broker import (
     MoveAnnotations,
     ProducerRequest,
     ProducerTarget,
+    kept_annotations,
     move_annotation_values,
 )
 from amqpbroker.core.clock import Clock, ManualClock, SystemClock
@@ -97,5 +98,6 @@ __all__ = [
     "SettingsRepository",
     "SystemClock",
     "WildcardConfig",
+    "kept_annotations",
     "move_annotation_values",
 ]

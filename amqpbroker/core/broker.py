@@ -76,11 +76,7 @@ class _BytesCopier:
     """Fallback for tests without a codec: the copy shares the original bytes."""
 
     def copy(self, message: Message, move: MoveAnnotations) -> Message:
-        annotations = {
-            k: v
-            for k, v in message.get_annotations().items()
-            if not k.startswith(("x-opt-ORIG-", "x-opt-DLQ-"))
-        }
+        annotations = kept_annotations(message.get_annotations())
         annotations.update(move_annotation_values(move))
         return Message(
             message.data,
@@ -92,6 +88,17 @@ class _BytesCopier:
             application_properties=message.application_properties,
             reader=message.reader,
         )
+
+
+def kept_annotations(annotations: dict[Any, Any]) -> dict[Any, Any]:
+    """The annotations a moved copy keeps: all but earlier hops' `x-opt-ORIG-*` /
+    `x-opt-DLQ-*` entries and `x-opt-routing-type` (B-076, B-079, B-090)."""
+    return {
+        key: value
+        for key, value in annotations.items()
+        if not (isinstance(key, str) and key.startswith(("x-opt-ORIG-", "x-opt-DLQ-")))
+        and key != "x-opt-routing-type"
+    }
 
 
 def move_annotation_values(move: MoveAnnotations) -> dict[str, Any]:
@@ -694,6 +701,14 @@ class Broker:
         address = self.post_office.addresses.get(name)
         if parsed.queue is not None:
             return self._fqqn_consumer_queue(name, parsed.queue, wanted, settings), "queue"
+        elsewhere = self.queues.get(name)
+        if address is None and elsewhere is not None:
+            # B-075 decision: queue names are broker-wide (B-001), so `DLQ.orders` cannot
+            # be auto-created again; say which FQQN reaches the existing one.
+            raise NotFound(
+                f"address {name} does not exist; queue {name} is on address "
+                f"{elsewhere.address}: attach to {elsewhere.address}::{name}"
+            )
         if wanted is not None:  # the client decided (B-024 rule 1)
             if address is None:
                 if not settings.auto_create_addresses:

@@ -9,12 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from amqpbroker.core import Message, MoveAnnotations
+from amqpbroker.core import Message, MoveAnnotations, kept_annotations
 from amqpbroker.protocol import sections
 from amqpbroker.protocol.sections import Byte, Long, Symbol, UInt
-
-# Annotations a new move replaces: earlier hops' ORIG/DLQ entries and the routing type.
-_REPLACED_PREFIXES = ("x-opt-ORIG-", "x-opt-DLQ-")
 
 
 def _typed(move: MoveAnnotations) -> dict[str, Any]:
@@ -46,12 +43,7 @@ class Copier:
     def copy(self, message: Message, move: MoveAnnotations) -> Message:
         scanned = sections.scan(message.data)
         header = scanned.header()
-        annotations = {
-            key: value
-            for key, value in message.get_annotations().items()
-            if not (isinstance(key, str) and key.startswith(_REPLACED_PREFIXES))
-            and key != "x-opt-routing-type"
-        }
+        annotations = kept_annotations(message.get_annotations())
         annotations.update(_typed(move))
         data = sections.rebuild(
             scanned.data,

@@ -7,6 +7,7 @@ from support.core_harness import Harness, one_delivery
 
 from amqpbroker.core import (
     AddressSettings,
+    NotFound,
     Modified,
     QueueConfig,
     Rejected,
@@ -191,3 +192,73 @@ def test_delivery_count_incremented_before_the_transfer() -> None:
     assert d.wire_count == 0
     [ref] = h.queue("q").refs()
     assert ref.delivery_count == 1
+
+
+def test_delivery_count_counts_only_failed_attempts() -> None:
+    """B-052: release, modified without failure and orderly close undo the increment;
+    only modified{delivery-failed} and connection loss count."""
+    from amqpbroker.core import RELEASED, ConnectionId
+
+    h = Harness()
+    h.send(h.producer("q", "queue"))
+    c = h.consumer("q", "queue")
+    [d] = h.take(c)
+    h.settle(c, d, RELEASED)
+    [d] = h.take(c)
+    h.settle(c, d, Modified(delivery_failed=True))  # counted: 1
+    [d] = h.take(c)
+    h.settle(c, d, Modified())
+    [d] = h.take(c)
+    h.broker.detach_consumer(c, closed=True)
+    lost = ConnectionId(9)
+    h.consumer("q", "queue", conn=lost)
+    h.broker.connection_closed(lost, abrupt=True)  # counted: 2
+    last = h.consumer("q", "queue")
+    [d] = h.take(last)
+    assert d.wire_count == 2
+
+
+def test_dlq_is_reached_by_fqqn_not_by_its_bare_name() -> None:
+    """B-075: `DLA::DLQ.orders` reads the dead letters; a bare `DLQ.orders` is refused
+    with amqp:not-found naming the FQQN (decision: queue names are broker-wide)."""
+    h = Harness(DLA_AUTO)
+    h.send(h.producer("orders", "queue"), b"dead")
+    c = h.consumer("orders", "queue")
+    [d] = h.take(c)
+    h.settle(c, d, Rejected())
+    fqqn = h.consumer("DLA::DLQ.orders")
+    assert [x.message.data for x in h.take(fqqn)] == [b"dead"]
+    with pytest.raises(NotFound, match=r"attach to DLA::DLQ\.orders"):
+        h.consumer("DLQ.orders", "queue")
+    assert "DLQ.orders" not in h.broker.post_office.addresses
+
+
+def test_second_hop_annotations_describe_the_last_hop_and_keep_routing_type() -> None:
+    """B-090: earlier x-opt-ORIG-* are replaced; a message moved before carries its
+    original routing type forward as x-opt-routing-type."""
+    h = Harness(
+        {
+            "#": AddressSettings.of(dead_letter_address="DLA", max_delivery_attempts=1),
+            "DLA": AddressSettings.of(dead_letter_address="DLA2"),
+        }
+    )
+    for name in ("DLA", "DLA2"):
+        h.broker.create_address(name, {RoutingType.ANYCAST})
+        h.broker.create_queue(
+            QueueConfig(name=name, address=name, routing_type=RoutingType.ANYCAST)
+        )
+    h.send(h.producer("q", "queue"), message_routing_type=RoutingType.ANYCAST)
+    h.queue("q").refs()[0].message.annotations = {"x-opt-routing-type": 1}
+    c = h.consumer("q", "queue")
+    [d] = h.take(c)
+    h.settle(c, d, Modified(delivery_failed=True))  # hop 1: q -> DLA
+    first = h.queue("DLA").refs()[0].message.get_annotations()
+    assert first["x-opt-ORIG-ROUTING-TYPE"] == 1
+    assert "x-opt-routing-type" not in first
+    dla = h.consumer("DLA", "queue")
+    [d] = h.take(dla)
+    h.settle(dla, d, Rejected())  # hop 2: DLA -> DLA2
+    second = h.queue("DLA2").refs()[0].message.get_annotations()
+    assert second["x-opt-ORIG-ADDRESS"] == "DLA"
+    assert second["x-opt-ORIG-QUEUE"] == "DLA"
+    assert second["x-opt-routing-type"] == 1  # B-090 exception: the original type returns

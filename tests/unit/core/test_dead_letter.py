@@ -7,8 +7,8 @@ from support.core_harness import Harness, one_delivery
 
 from amqpbroker.core import (
     AddressSettings,
-    NotFound,
     Modified,
+    NotFound,
     QueueConfig,
     Rejected,
     RoutingType,

@@ -49,6 +49,7 @@ def build_broker(
         copier=moves.COPIER,
         name=config.name,
         address_queue_scan_period_ms=config.address_queue_scan_period,
+        message_expiry_scan_period_ms=config.message_expiry_scan_period,
         # Events cost ~20% of the hot path: build none until the event-log writer
         # (DATA_DIR/events, B-170) is there to consume them.
         event_level=EventLevel.OFF,

@@ -25,6 +25,7 @@ from amqpbroker.core.errors import (
     NotFound,
     ResourceLimitExceeded,
 )
+from amqpbroker.core.expiry import apply_expiry_overrides, initial_expiration
 from amqpbroker.core.lifecycle import Emitter, EventLevel, LifecycleEvent
 from amqpbroker.core.model import (
     ConnectionId,
@@ -67,9 +68,15 @@ class MoveAnnotations:
 
 
 class MessageCopier(Protocol):
-    """Makes the copy of a moved message (implemented by the protocol codec)."""
+    """Rewrites encoded messages (implemented by the protocol codec)."""
 
-    def copy(self, message: Message, move: MoveAnnotations) -> Message: ...
+    def copy(self, message: Message, move: MoveAnnotations) -> Message:
+        """The copy a dead-letter, expiry or management move routes (B-076)."""
+        ...
+
+    def set_expiration(self, message: Message, expiration_ms: int) -> None:
+        """B-083: write absolute-expiry-time (or remove it for 0) and drop header.ttl."""
+        ...
 
 
 class _BytesCopier:
@@ -88,6 +95,9 @@ class _BytesCopier:
             application_properties=message.application_properties,
             reader=message.reader,
         )
+
+    def set_expiration(self, message: Message, expiration_ms: int) -> None:
+        message.expiration_ms = expiration_ms
 
 
 def kept_annotations(annotations: dict[Any, Any]) -> dict[Any, Any]:
@@ -199,6 +209,7 @@ class Broker:
         copier: MessageCopier | None = None,
         name: str = "amqpbroker",
         address_queue_scan_period_ms: int = 30_000,
+        message_expiry_scan_period_ms: int = 30_000,
         event_level: EventLevel = EventLevel.LIFECYCLE,
     ) -> None:
         self.name = name
@@ -219,6 +230,13 @@ class Broker:
         self._next_scan_ms = clock.now_ms() + address_queue_scan_period_ms
         self._warned_names: set[str] = set()
         self._deadlines: list[int] = []  # may hold stale entries; tick() drops them
+        # Expiry index (B-084): (expiration, n, queue, ref) for references that can expire,
+        # so a scan pops only what is due instead of walking every message.
+        self._expiries: list[tuple[int, int, Queue, Ref]] = []
+        self._expiry_seq = itertools.count()
+        self._expiry_scan_period_ms = message_expiry_scan_period_ms
+        self._next_expiry_scan_ms = clock.now_ms() + max(message_expiry_scan_period_ms, 0)
+        self._expiry_drop_warned: set[str] = set()
 
     # -- effects and time -----------------------------------------------------------
     def take_effects(self) -> list[Effect]:
@@ -230,11 +248,15 @@ class Broker:
         heapq.heappush(self._deadlines, at_ms)
 
     def next_deadline_ms(self) -> int | None:
-        """When `tick()` next has work: a scheduled redelivery or the reaper. O(1)."""
-        deadline = self._next_scan_ms if self._scan_period_ms > 0 else None
-        if self._deadlines and (deadline is None or self._deadlines[0] < deadline):
-            deadline = self._deadlines[0]
-        return deadline
+        """When `tick()` next has work: a redelivery, the reaper or the expiry scan. O(1)."""
+        candidates = []
+        if self._scan_period_ms > 0:
+            candidates.append(self._next_scan_ms)
+        if self._deadlines:
+            candidates.append(self._deadlines[0])
+        if self._expiries and self._expiry_scan_period_ms > 0:
+            candidates.append(max(self._next_expiry_scan_ms, self._expiries[0][0]))
+        return min(candidates) if candidates else None
 
     def tick(self) -> None:
         """Fire due redeliveries and, every address-queue-scan-period, the reaper."""
@@ -250,6 +272,9 @@ class Broker:
         if self._scan_period_ms > 0 and now_ms >= self._next_scan_ms:
             self._next_scan_ms = now_ms + self._scan_period_ms
             self.reap(now_ms)
+        if self._expiry_scan_period_ms > 0 and now_ms >= self._next_expiry_scan_ms:
+            self._next_expiry_scan_ms = now_ms + self._expiry_scan_period_ms
+            self.expire_due(now_ms)
 
     def next_message_id(self) -> int:
         return next(self._msg_ids)
@@ -314,6 +339,8 @@ class Broker:
             emitter=self.emitter,
             clock_ms=self.clock.now_ms,
             on_size=on_size,
+            on_expiring=self._track_expiry,
+            expired=self._on_expired,
         )
         queue.idle_since_ms = self.clock.now_ms()
         queue.owner = owner
@@ -527,6 +554,7 @@ class Broker:
             if address is None:  # deleted since attach: re-create as attach would
                 address = self._prepare_target(address_name, fqqn_queue, routing_type)
         message.address = address_name
+        self._set_expiration(message, address_name, now_ms)
         if not self._has_room(address, message, now_ms):
             return 0
         if fqqn_queue is not None:
@@ -535,6 +563,21 @@ class Broker:
         else:
             queues = self.post_office.route(message, address, routing_type)
         return self._deliver_to(message, address, queues, now_ms)
+
+    def _set_expiration(self, message: Message, address: str, now_ms: int) -> None:
+        """B-080 once, then the B-081 overrides of the routing address (also for copies,
+        B-082); a changed expiration is written into the message (B-083)."""
+        expiration = initial_expiration(
+            ttl_ms=message.ttl_ms, absolute_expiry_ms=message.expiration_ms, now_ms=now_ms
+        )
+        message.expiration_ms = expiration
+        overridden = apply_expiry_overrides(
+            expiration, self.settings.resolve(address), now_ms=now_ms
+        )
+        if overridden != expiration:
+            self.copier.set_expiration(message, overridden)
+            message.expiration_ms = overridden
+            message.ttl_ms = None
 
     def _has_room(self, address: Address, message: Message, now_ms: int) -> bool:
         """B-151: enforce max-size-bytes with FAIL (raise) and DROP (False); BLOCK lets
@@ -963,6 +1006,7 @@ class Broker:
         copy.msg_id = next(self._msg_ids)
         copy.first_ts = message.first_ts
         copy.address = dla
+        self._set_expiration(copy, dla, self.clock.now_ms())
         routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(
             move.routing_type if move.routing_type is not None else -1
         )
@@ -990,6 +1034,85 @@ class Broker:
             )
         self._deliver_to(copy, address, queues, self.clock.now_ms(), reason="move")
         return copy
+
+    # -- expiry (B-084…B-087) ----------------------------------------------------------
+    def _track_expiry(self, queue: Queue, ref: Ref) -> None:
+        heapq.heappush(
+            self._expiries, (ref.message.expiration_ms, next(self._expiry_seq), queue, ref)
+        )
+
+    def expire_due(self, now_ms: int) -> int:
+        """The periodic scan (B-084): expire every waiting reference whose time is up.
+
+        Pops only due entries of the expiry index: O(expired x log n), not O(messages).
+        References being delivered are skipped; they are indexed again if they return.
+        """
+        expired = 0
+        index = self._expiries
+        while index and index[0][0] <= now_ms:
+            _, _, queue, ref = heapq.heappop(index)
+            if queue.name in self.queues and queue.expire(ref):
+                expired += 1
+        if expired:
+            for queue in list(self.queues.values()):
+                if queue.consumers:
+                    queue.dispatch(self._effects)
+        return expired
+
+    def _on_expired(self, queue: Queue, ref: Ref) -> None:
+        """B-085: move a copy to the expiry address (with x-opt-ACTUAL-EXPIRY), or drop."""
+        message = ref.message
+        now_ms = self.clock.now_ms()
+        settings = self.settings.resolve(message.address or queue.address)
+        target = settings.expiry_address
+        if target and settings.auto_create_expiry_resources and message.address != target:
+            self._ensure_move_resources(
+                target,
+                message.address or queue.address,
+                settings.expiry_queue_prefix,
+                settings.expiry_queue_suffix,
+            )
+        address = self.post_office.addresses.get(target) if target else None
+        if address is not None:
+            internal_rt = message.get_annotations().get("x-opt-ORIG-ROUTING-TYPE")
+            move = MoveAnnotations(
+                orig_address=queue.address,
+                orig_queue=queue.name,
+                orig_message_id=message.msg_id,
+                orig_routing_type=self._orig_routing_type(message),
+                actual_expiry=now_ms,
+                routing_type=internal_rt if isinstance(internal_rt, int) else None,
+            )
+            copy = self.copier.copy(message, move)
+            copy.msg_id = next(self._msg_ids)
+            copy.first_ts = message.first_ts
+            copy.address = target
+            self._set_expiration(copy, target, now_ms)
+            routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(
+                move.routing_type if move.routing_type is not None else -1
+            )
+            queues = self.post_office.route(copy, address, routing_type)
+            if queues:
+                if self.emitter.failures:
+                    queue.event(
+                        "expired",
+                        ref,
+                        reason="moved",
+                        target_address=target,
+                        target_queues=tuple(q.name for q in queues),
+                        copy_msg_id=copy.msg_id,
+                    )
+                self._deliver_to(copy, address, queues, now_ms, reason="move")
+                return
+        if self.emitter.failures:
+            queue.event("expired", ref, reason="dropped")
+        if queue.name not in self._expiry_drop_warned:
+            self._expiry_drop_warned.add(queue.name)
+            log.warning(
+                "dropping expired messages from queue %s: %s (warned once per queue)",
+                queue.name,
+                f"expiry-address {target} has no queue" if target else "no expiry-address is set",
+            )
 
     # -- auto-delete (B-111…B-114) ----------------------------------------------------
     def reap(self, now_ms: int) -> None:

@@ -64,6 +64,7 @@ class Message:
         "properties",
         "reader",
         "size",
+        "ttl_ms",
     )
 
     def __init__(
@@ -83,6 +84,7 @@ class Message:
         first_ts: int = 0,
         origin_container: str | None = None,
         reader: SectionReader | None = None,
+        ttl_ms: int | None = None,
     ) -> None:
         self.data = data
         self.size = len(data)
@@ -99,6 +101,7 @@ class Message:
         self.first_ts = first_ts
         self.origin_container = origin_container
         self.reader = reader
+        self.ttl_ms = ttl_ms  # header.ttl as sent; expiration_ms holds the computed value
 
     def get_properties(self) -> dict[str, Any]:
         """The properties section as a dict (decoded once, on first use)."""

@@ -57,15 +57,24 @@ if TYPE_CHECKING:
 _LEVELS = 10
 
 
-class Ref:
-    """A message's place in one queue, with its per-queue broker delivery count `n`."""
+READY, SCHEDULED, DELIVERING, GONE = range(4)
 
-    __slots__ = ("blocked", "delivery_count", "message", "seq")
+
+class Ref:
+    """A message's place in one queue, with its per-queue broker delivery count `n`.
+
+    `state` is READY, SCHEDULED, DELIVERING or GONE. A reference removed from the middle
+    of the queue (expired by the scanner) is only marked GONE; `_pop_next` and `tick`
+    drop such references when they reach them (lazy removal keeps removal O(1)).
+    """
+
+    __slots__ = ("blocked", "delivery_count", "message", "seq", "state")
 
     def __init__(self, message: Message, seq: int, delivery_count: int = 0) -> None:
         self.message = message
         self.seq = seq
         self.delivery_count = delivery_count
+        self.state = READY
         self.blocked: set[ConsumerId] | None = None  # undeliverable-here links (B-045)
 
     def __lt__(self, other: Ref) -> bool:
@@ -123,6 +132,8 @@ class Queue:
         emitter: Emitter | None = None,
         clock_ms: Callable[[], int] = lambda: 0,
         on_size: Callable[[int], None] = lambda delta_bytes: None,
+        on_expiring: Callable[[Queue, Ref], None] = lambda queue, ref: None,
+        expired: Callable[[Queue, Ref], None] = lambda queue, ref: None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -144,6 +155,9 @@ class Queue:
         self._on_schedule = on_schedule  # tells the broker when tick() has work
         self.emitter = emitter or Emitter()
         self._on_size = on_size  # the address's size accounting (B-151)
+        self._on_expiring = on_expiring  # the broker's expiry index (B-084 scan)
+        self._expired = expired  # the broker's expiry action (B-085)
+        self._scheduled_live = 0
         self.size_bytes = 0
         self._clock_ms = clock_ms
         self._seq = itertools.count()
@@ -158,7 +172,7 @@ class Queue:
     @property
     def message_count(self) -> int:
         """Ready + scheduled + delivering, as Artemis messageCount (B-161)."""
-        return self._ready + len(self._scheduled) + self.delivering
+        return self._ready + self._scheduled_live + self.delivering
 
     @property
     def ready_count(self) -> int:
@@ -166,9 +180,11 @@ class Queue:
 
     @property
     def scheduled_count(self) -> int:
-        return len(self._scheduled)
+        return self._scheduled_live
 
     def next_deadline_ms(self) -> int | None:
+        while self._scheduled and self._scheduled[0][2].state != SCHEDULED:
+            heapq.heappop(self._scheduled)  # expired while waiting
         return self._scheduled[0][0] if self._scheduled else None
 
     def refs(self) -> list[Ref]:
@@ -180,6 +196,7 @@ class Queue:
         held.extend(entry[2] for entry in self._scheduled)
         for consumer in self.consumers:
             held.extend(consumer.unsettled.values())
+        held = [ref for ref in held if ref.state != GONE]
         held.sort()
         return held
 
@@ -220,6 +237,8 @@ class Queue:
         self.counters.added += 1
         self.size_bytes += message.size
         self._on_size(message.size)
+        if message.expiration_ms:
+            self._on_expiring(self, ref)
         if self.emitter.all:
             self.event("enqueued", ref, reason=reason)
         if self.consumers:
@@ -228,24 +247,27 @@ class Queue:
 
     # -- dispatch ---------------------------------------------------------------------
     def _pop_next(self) -> Ref | None:
+        if not self._ready:
+            return None
         for level in range(_LEVELS - 1, -1, -1):
             fresh, returned = self._fresh[level], self._returned[level]
-            if returned:
-                if fresh and fresh[0].seq < returned[0].seq:
-                    ref = fresh.popleft()
-                else:
+            while fresh or returned:
+                if returned and not (fresh and fresh[0].seq < returned[0].seq):
                     ref = heapq.heappop(returned)
-            elif fresh:
-                ref = fresh.popleft()
-            else:
-                continue
-            self._ready -= 1
-            return ref
+                else:
+                    ref = fresh.popleft()
+                if ref.state == GONE:
+                    continue  # removed while waiting (expired by the scanner)
+                self._ready -= 1
+                return ref
         return None
 
     def _put_back(self, ref: Ref) -> None:
         heapq.heappush(self._returned[ref.message.priority], ref)
+        ref.state = READY
         self._ready += 1
+        if ref.message.expiration_ms:
+            self._on_expiring(self, ref)  # B-084: returned, it can expire again
 
     def dispatch(self, out: list[Effect]) -> None:
         """Hand ready references to consumers with credit, round-robin."""
@@ -269,6 +291,9 @@ class Queue:
             ref = self._pop_next()
             if ref is None:
                 break
+            expiration = ref.message.expiration_ms
+            if expiration and self._clock_ms() >= expiration and self.expire(ref, popped=True):
+                continue  # B-084: an expired message is never sent to a consumer
             count = len(active)
             index = self._rr % count
             chosen = None
@@ -292,6 +317,7 @@ class Queue:
 
     def _send(self, consumer: Consumer, ref: Ref, out: list[Effect]) -> None:
         consumer.credit -= 1
+        ref.state = DELIVERING
         ref.delivery_count += 1  # B-040: before the transfer is written
         delivery = DeliveryId(next(self._delivery_ids))
         out.append(
@@ -320,6 +346,9 @@ class Queue:
                     break
                 if ref.seq <= browser.browsed_seq or not browser.accepts(ref):
                     continue
+                expiration = ref.message.expiration_ms
+                if expiration and self._clock_ms() >= expiration:
+                    continue  # B-084: never sent, not even to a browser
                 browser.browsed_seq = ref.seq
                 browser.credit -= 1
                 delivery = DeliveryId(next(self._delivery_ids))
@@ -327,6 +356,7 @@ class Queue:
 
     # -- settlement -------------------------------------------------------------------
     def _removed(self, ref: Ref) -> None:
+        ref.state = GONE
         size = ref.message.size
         self.size_bytes -= size
         self._on_size(-size)
@@ -391,7 +421,11 @@ class Queue:
             self.event("returned", ref, consumer, reason=reason, delay_ms=decision.at_ms - now_ms)
         if decision.at_ms > now_ms:
             heapq.heappush(self._scheduled, (decision.at_ms, ref.seq, ref))
+            ref.state = SCHEDULED
+            self._scheduled_live += 1
             self._on_schedule(decision.at_ms)
+            if ref.message.expiration_ms:
+                self._on_expiring(self, ref)  # it may expire while it waits
         else:
             self._put_back(ref)
 
@@ -406,8 +440,11 @@ class Queue:
         scheduled = self._scheduled
         moved = False
         while scheduled and scheduled[0][0] <= now_ms:
-            self._put_back(heapq.heappop(scheduled)[2])
-            moved = True
+            ref = heapq.heappop(scheduled)[2]
+            if ref.state == SCHEDULED:
+                self._scheduled_live -= 1
+                self._put_back(ref)
+                moved = True
         if moved and self.consumers:
             self.dispatch(out)
 
@@ -446,8 +483,28 @@ class Queue:
         taken: list[Ref] = []
         while (ref := self._pop_next()) is not None:
             taken.append(ref)
-        taken.extend(entry[2] for entry in self._scheduled)
+        taken.extend(entry[2] for entry in self._scheduled if entry[2].state == SCHEDULED)
         self._scheduled.clear()
+        self._scheduled_live = 0
         for ref in taken:
             self._removed(ref)
         return taken
+
+    def expire(self, ref: Ref, *, popped: bool = False) -> bool:
+        """Expire a ready or scheduled reference (B-084/B-085). False when it is being
+        delivered, already gone, or expiry is disabled for this queue (B-087).
+        `popped`: dispatch already took it out of the ready count."""
+        if ref.state == DELIVERING or ref.state == GONE:
+            return False
+        if self.settings().expiry_address == self.address:
+            return False  # B-087: expiry address equal to the queue's own address
+        if not popped:
+            if ref.state == READY:
+                self._ready -= 1
+            else:
+                self._scheduled_live -= 1
+        self.counters.expired += 1
+        self.used = True
+        self._removed(ref)
+        self._expired(self, ref)
+        return True

@@ -529,6 +529,8 @@ class AmqpConnection:
             scanned.data,
             durable=scanned.durable,
             priority=scanned.priority,
+            ttl_ms=scanned.ttl,
+            expiration_ms=scanned.absolute_expiry_time or 0,
             header_end=scanned.header_end,
             header={"delivery-count": scanned.delivery_count}
             if scanned.delivery_count or scanned.first_acquirer

@@ -65,5 +65,21 @@ class Copier:
             reader=sections.READER,
         )
 
+    def set_expiration(self, message: Message, expiration_ms: int) -> None:
+        """B-083: absolute-expiry-time = the new value (removed for 0); header.ttl removed."""
+        scanned = sections.scan(message.data)
+        header = scanned.header()
+        data = sections.rebuild(
+            scanned.data,
+            header=sections.KEEP
+            if header is None or header.ttl is None
+            else header._replace(ttl=None),
+            properties_update={"absolute-expiry-time": expiration_ms or None},
+        )
+        message.data = data
+        message.size = len(data)
+        message.header_end = sections.scan(data).header_end
+        message.expiration_ms = expiration_ms
+
 
 COPIER = Copier()

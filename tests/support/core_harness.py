@@ -52,6 +52,8 @@ class Harness:
             body,
             priority=priority,
             application_properties=kw.pop("props", {}),
+            ttl_ms=kw.pop("ttl_ms", None),
+            expiration_ms=kw.pop("expiration_ms", 0),
             annotations={},
             properties={},
         )

@@ -398,3 +398,18 @@ def test_dead_letter_copy_drops_ttl_and_absolute_expiry(shell: Shell) -> None:
     assert (copy.ttl, copy.expiry_time) == (0, 0)
     assert (copy.durable, copy.id, copy.properties) == (True, "m-7", {"keep": "me"})
     assert not copy.instructions  # B-017: delivery annotations never forwarded
+
+
+def test_changed_expiration_is_written_as_absolute_expiry_time(shell: Shell) -> None:
+    """B-083: an expiry override writes properties.absolute-expiry-time and drops ttl."""
+    from amqpbroker.core import AddressSettings
+
+    shell.broker.settings.add("#", AddressSettings.of(max_expiry_delay=60_000))
+    client = Client(shell)
+    client.receiver("q", "queue")
+    client.send(client.sender("q", "queue"), Message(body="x", ttl=3600, durable=True))
+    got = client.received[0][0]
+    now_ms = shell.broker.clock.now_ms()
+    assert got.ttl == 0
+    assert got.durable is True
+    assert round(got.expiry_time * 1000) == now_ms + 60_000

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 from amqpbroker import __version__
@@ -77,6 +82,185 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_URL = "http://127.0.0.1:8161"
+
+
+class CommandError(Exception):
+    """A user-facing failure: one line on stderr, exit 1."""
+
+
+def _api(url: str, path: str, body: dict[str, object] | None = None) -> object:
+    """Call the broker's HTTP API; errors become one-line CommandErrors."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        url.rstrip("/") + path,
+        data=data,
+        method="POST" if data is not None else "GET",
+        headers={"Content-Type": "application/json"} if data is not None else {},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        try:
+            message = json.loads(e.read()).get("error", e.reason)
+        except ValueError:
+            message = e.reason
+        raise CommandError(f"{message} (HTTP {e.code})") from None
+    except (urllib.error.URLError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise CommandError(f"cannot reach the broker at {url}: {reason}") from None
+
+
+def _table(rows: list[dict[str, object]], columns: list[str]) -> str:
+    widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
+    lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
+    for r in rows:
+        lines.append("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
+    return "\n".join(lines)
+
+
+def _out(args: argparse.Namespace, value: object, human: str) -> None:
+    print(json.dumps(value, indent=2) if args.json else human)  # noqa: T201
+
+
+def _quoted(name: str) -> str:
+    return urllib.parse.quote(name, safe="")
+
+
+def _cmd_queues(args: argparse.Namespace) -> int:
+    rows = _api(args.url, "/api/v1/queues")
+    assert isinstance(rows, list)
+    columns = [
+        "address",
+        "name",
+        "routing_type",
+        "messages",
+        "delivering",
+        "scheduled",
+        "consumers",
+        "added",
+        "acknowledged",
+        "dead_lettered",
+        "expired",
+    ]
+    _out(args, rows, _table(sorted(rows, key=lambda r: (r["address"], r["name"])), columns))
+    return 0
+
+
+def _cmd_messages(args: argparse.Namespace) -> int:
+    query = f"?limit={args.limit}" + (
+        f"&filter={urllib.parse.quote(args.filter)}" if args.filter else ""
+    )
+    rows = _api(args.url, f"/api/v1/queues/{_quoted(args.queue)}/messages{query}")
+    assert isinstance(rows, list)
+    human = []
+    for m in rows:
+        reason = m["message_annotations"].get("x-opt-DLQ-REASON")
+        origin = m["message_annotations"].get("x-opt-ORIG-ADDRESS")
+        human.append(
+            {
+                "msg_id": m["msg_id"],
+                "count": m["delivery_count"],
+                "origin": origin or "",
+                "reason": reason or "",
+                "properties": json.dumps(m["application_properties"])[:40],
+                "body": m["body_preview"][:40],
+            }
+        )
+    _out(
+        args,
+        rows,
+        _table(human, ["msg_id", "count", "origin", "reason", "properties", "body"])
+        if human
+        else "(no messages)",
+    )
+    return 0
+
+
+def _read_ids(path: str) -> list[int]:
+    """A redrive list: JSON lines with `msg_id`, or one id per line (CONTRACT)."""
+    ids = []
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise CommandError(f"cannot read {path}: {e.strerror}") from None
+    for number, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            value = json.loads(line)
+            ids.append(int(value["msg_id"] if isinstance(value, dict) else value))
+        except (ValueError, KeyError, TypeError):
+            raise CommandError(f"{path}:{number}: expected a msg_id: {line[:60]!r}") from None
+    return ids
+
+
+def _progress(done: int, total: int) -> None:
+    if sys.stderr.isatty() and total:
+        width = 30
+        filled = width * done // total
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
+        sys.stderr.flush()
+
+
+def _cmd_retry(args: argparse.Namespace) -> int:
+    path = f"/api/v1/queues/{_quoted(args.queue)}/retry"
+    ids = _read_ids(args.ids) if args.ids else None
+    if args.rate is None:
+        body: dict[str, object] = {"filter": args.filter}
+        if ids is not None:
+            body["ids"] = ids
+        result = _api(args.url, path, body)
+        assert isinstance(result, dict)
+        _out(args, result, f"retried {result['retried']} message(s) from {args.queue}")
+        return 0
+    # Throttled: resolve the ids, then send paced chunks with a progress bar.
+    if ids is None:
+        rows = _api(
+            args.url,
+            f"/api/v1/queues/{_quoted(args.queue)}/messages?limit=1000000"
+            + (f"&filter={urllib.parse.quote(args.filter)}" if args.filter else ""),
+        )
+        assert isinstance(rows, list)
+        ids = [r["msg_id"] for r in rows]
+    retried = 0
+    chunk = max(1, min(100, int(args.rate)))
+    started = time.monotonic()
+    for i in range(0, len(ids), chunk):
+        part = ids[i : i + chunk]
+        result = _api(args.url, path, {"ids": part})
+        assert isinstance(result, dict)
+        retried += int(result["retried"])
+        _progress(i + len(part), len(ids))
+        pause = started + (i + len(part)) / args.rate - time.monotonic()
+        if pause > 0:
+            time.sleep(pause)
+    if sys.stderr.isatty() and ids:
+        sys.stderr.write("\n")
+    _out(args, {"retried": retried}, f"retried {retried} message(s) from {args.queue}")
+    return 0
+
+
+def _cmd_move(args: argparse.Namespace) -> int:
+    result = _api(
+        args.url,
+        f"/api/v1/queues/{_quoted(args.queue)}/move",
+        {"to-queue": args.to_queue, "filter": args.filter},
+    )
+    assert isinstance(result, dict)
+    _out(args, result, f"moved {result['moved']} message(s) from {args.queue} to {args.to_queue}")
+    return 0
+
+
+def _cmd_purge(args: argparse.Namespace) -> int:
+    result = _api(args.url, f"/api/v1/queues/{_quoted(args.queue)}/purge", {"filter": args.filter})
+    assert isinstance(result, dict)
+    _out(args, result, f"removed {result['removed']} message(s) from {args.queue}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amqpbroker",
@@ -102,10 +286,47 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument("file", metavar="FILE")
     check.set_defaults(func=_cmd_check_config)
+
+    def management(name: str, help_text: str) -> argparse.ArgumentParser:
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument(
+            "--url", default=DEFAULT_URL, help=f"the broker's HTTP API (default {DEFAULT_URL})"
+        )
+        sub.add_argument("--json", action="store_true", help="JSON output for scripts")
+        return sub
+
+    queues = management("queues", "table of queues and their counters")
+    queues.set_defaults(func=_cmd_queues)
+    messages = management("messages", "browse messages of a queue (not consumed)")
+    messages.add_argument("queue", metavar="QUEUE")
+    messages.add_argument("--limit", type=int, default=20)
+    messages.add_argument("--filter", metavar="SELECTOR")
+    messages.set_defaults(func=_cmd_messages)
+    retry = management("retry", "send dead-lettered/expired messages back to their address")
+    retry.add_argument("queue", metavar="QUEUE")
+    retry.add_argument("--filter", metavar="SELECTOR")
+    retry.add_argument(
+        "--ids", metavar="FILE", help="redrive list: JSON lines with msg_id, or one id per line"
+    )
+    retry.add_argument("--rate", type=float, metavar="N", help="at most N messages/s")
+    retry.set_defaults(func=_cmd_retry)
+    move = management("move", "move messages to another queue")
+    move.add_argument("queue", metavar="QUEUE")
+    move.add_argument("--to-queue", required=True, metavar="NAME")
+    move.add_argument("--filter", metavar="SELECTOR")
+    move.set_defaults(func=_cmd_move)
+    purge = management("purge", "delete messages")
+    purge.add_argument("queue", metavar="QUEUE")
+    purge.add_argument("--filter", metavar="SELECTOR")
+    purge.set_defaults(func=_cmd_purge)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except CommandError as e:
+        print(f"amqpbroker: {e}", file=sys.stderr)  # noqa: T201
+        return 1
     return code

@@ -26,6 +26,8 @@ from amqpbroker.core import (
     SettingsRepository,
     SystemClock,
 )
+from amqpbroker.management import HttpServer, LoopBridge, ManagementApi
+from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.protocol import moves
 from amqpbroker.protocol.handler import AmqpConnection, Shell
 
@@ -166,6 +168,8 @@ class BrokerServer:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_ms: int | None = None
         self._engine_ticker: asyncio.Task[None] | None = None
+        self.http: HttpServer | None = None
+        self._accepting = False
         self._stopped = asyncio.Event()
 
     async def start(self) -> None:
@@ -198,10 +202,42 @@ class BrokerServer:
                 acceptor.host,
                 port,
             )
+        if self.config.http.enabled:
+            await self._start_http(loop)
+        self._accepting = True
         self._write_ports()
         self._engine_ticker = asyncio.create_task(self._tick_engines())
         self._schedule_tick()
         log.info("broker %s started", self.broker.name)
+
+    async def _start_http(self, loop: asyncio.AbstractEventLoop) -> None:
+        bridge = LoopBridge(loop, after=self._after_command)
+        collector = BrokerCollector(
+            lambda: bridge.call(self.snapshot), artemis_names=self.config.metrics.artemis_names
+        )
+        api = ManagementApi(
+            bridge, metrics=lambda: render(collector), healthy=lambda: self._accepting
+        )
+        api.bridge_broker = self.broker
+        http = self.config.http
+        self.http = await loop.run_in_executor(None, HttpServer, http.host, http.port, api)
+        self.http.start()
+        self.ports["http"] = self.http.port
+        log.info(
+            "HTTP (metrics, health, management API) on http://%s:%d", http.host, self.http.port
+        )
+
+    def snapshot(self) -> BrokerSnapshot:
+        """Metrics snapshot; loop thread only."""
+        return BrokerSnapshot.take(
+            self.broker,
+            connections=len(self.shell.connections),
+            connections_opened=self.shell.opened_total,
+        )
+
+    def _after_command(self) -> None:
+        self.shell.apply_effects()
+        self.flush()
 
     def _write_ports(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -262,8 +298,11 @@ class BrokerServer:
     # -- stopping ---------------------------------------------------------------------
     async def stop(self) -> None:
         """Stop accepting, close every connection with an AMQP close, release sockets."""
+        self._accepting = False
         for server in self._servers:
             server.close()
+        if self.http is not None:
+            await asyncio.get_running_loop().run_in_executor(None, self.http.stop)
         for amqp in list(self.sockets):
             if not amqp.closed:
                 amqp.connection.close()

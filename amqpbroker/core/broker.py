@@ -924,6 +924,7 @@ class Broker:
         dla = settings.dead_letter_address
         if not dla:
             self.stats.killed_no_dla += 1
+            queue.counters.count(queue.counters.killed_by_reason, "no-dla")
             if self.emitter.failures:
                 queue.event("killed", ref, reason="no-dla")
             log.warning(
@@ -936,6 +937,7 @@ class Broker:
             )
             return
         queue.counters.dead_lettered += 1
+        queue.counters.count(queue.counters.dead_lettered_by_reason, reason)
         internal_rt = message.get_annotations().get("x-opt-ORIG-ROUTING-TYPE")
         move = MoveAnnotations(
             orig_address=queue.address,
@@ -958,8 +960,31 @@ class Broker:
                 settings.dead_letter_queue_suffix,
             )
         copy = self._move_to_dla(message, queue.address, settings, move, queue=queue, ref=ref)
-        if copy is None and self.emitter.failures:
-            queue.event("killed", ref, reason="dla-no-bindings")
+        if copy is None:
+            queue.counters.count(queue.counters.killed_by_reason, "dla-no-bindings")
+            if self.emitter.failures:
+                queue.event("killed", ref, reason="dla-no-bindings")
+
+    def copy_for_move(self, message: Message, queue: Queue, move: MoveAnnotations) -> Message:
+        """A copy with a new id carrying `move` (B-076/B-090), not yet routed."""
+        copy = self.copier.copy(message, move)
+        copy.msg_id = next(self._msg_ids)
+        copy.first_ts = message.first_ts
+        return copy
+
+    def deliver_copy(
+        self, copy: Message, address: str, queues: list[Queue], *, reason: str
+    ) -> None:
+        """Route a prepared copy to `queues` of `address` (overrides apply, B-082)."""
+        copy.address = address
+        now_ms = self.clock.now_ms()
+        self._set_expiration(copy, address, now_ms)
+        target = self.post_office.addresses.get(address)
+        if target is not None:
+            self._deliver_to(copy, target, queues, now_ms, reason=reason)
+
+    def orig_routing_type(self, message: Message) -> int | None:
+        return self._orig_routing_type(message)
 
     @staticmethod
     def _orig_routing_type(message: Message) -> int | None:

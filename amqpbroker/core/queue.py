@@ -114,6 +114,13 @@ class QueueCounters:
     dead_lettered: int = 0
     expired: int = 0
     returned: int = 0
+    # by B-171 reason, for the labelled metrics (CONTRACT "Metrics")
+    dead_lettered_by_reason: dict[str, int] = field(default_factory=dict)
+    killed_by_reason: dict[str, int] = field(default_factory=dict)
+    returned_by_reason: dict[str, int] = field(default_factory=dict)
+
+    def count(self, table: dict[str, int], reason: str) -> None:
+        table[reason] = table.get(reason, 0) + 1
 
 
 class Queue:
@@ -407,6 +414,7 @@ class Queue:
         self, ref: Ref, now_ms: int, *, delay: bool, reason: str, consumer: Consumer | None
     ) -> None:
         self.counters.returned += 1
+        self.counters.count(self.counters.returned_by_reason, reason)
         decision = decide_redelivery(
             self.settings(),
             delivery_count=ref.delivery_count,
@@ -489,6 +497,17 @@ class Queue:
         for ref in taken:
             self._removed(ref)
         return taken
+
+    def take(self, ref: Ref) -> None:
+        """Remove a waiting (ready or scheduled) reference, for management (B-161)."""
+        if ref.state == READY:
+            self._ready -= 1
+        elif ref.state == SCHEDULED:
+            self._scheduled_live -= 1
+        else:
+            raise ValueError(f"reference {ref.message.msg_id} is not waiting")
+        self.used = True
+        self._removed(ref)
 
     def expire(self, ref: Ref, *, popped: bool = False) -> bool:
         """Expire a ready or scheduled reference (B-084/B-085). False when it is being

@@ -13,7 +13,9 @@ const timer = setTimeout(() => { console.log(JSON.stringify({ error: 'timeout', 
 container.on('connection_open', (context) => {
   const conn = context.connection;
   const queue = { address, capabilities: ['queue'] };
-  conn.open_receiver({ source: queue, autoaccept: false, credit_window: 10 });
+  // credit_window 1: one delivery in flight at a time. rhea 3.0.5 merges two dispositions
+  // issued in the same tick into one range with the FIRST outcome (see ../README.md).
+  conn.open_receiver({ source: queue, autoaccept: false, credit_window: 1 });
   const sender = conn.open_sender({ target: queue });
   sender.on('sendable', () => {
     if (sender.sent) return;

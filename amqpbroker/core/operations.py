@@ -1,0 +1,215 @@
+"""Management operations on queues (B-161): browse, purge, move, retry, and a snapshot.
+
+They act only on messages waiting in the queue (ready or scheduled): a message being
+delivered to a consumer belongs to that consumer until it settles. Moves and retries make
+a copy with the B-090 annotations of the latest hop (`x-opt-DLQ-*` are dropped, B-079),
+route it, then remove the original, in one step of the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from amqpbroker.core.broker import (
+    ROUTING_TYPE_ANNOTATION_VALUES,
+    Broker,
+    MoveAnnotations,
+)
+from amqpbroker.core.errors import ClientError, NotFound
+from amqpbroker.core.queue import DELIVERING, GONE, Queue, Ref
+from amqpbroker.core.selector import parse_selector
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """One row of `GET /api/v1/queues` and of the queue metrics (B-161 counters)."""
+
+    name: str
+    address: str
+    routing_type: str
+    durable: bool
+    filter: str | None
+    messages: int
+    delivering: int
+    scheduled: int
+    consumers: int
+    added: int
+    acknowledged: int
+    dead_lettered: int
+    expired: int
+    killed: int
+    returned: int
+    dead_lettered_by_reason: tuple[tuple[str, int], ...] = ()
+    killed_by_reason: tuple[tuple[str, int], ...] = ()
+    returned_by_reason: tuple[tuple[str, int], ...] = ()
+
+
+def queue_stats(broker: Broker) -> list[QueueStats]:
+    """A consistent snapshot of every queue (taken on the loop thread)."""
+    rows = []
+    for queue in broker.queues.values():
+        c = queue.counters
+        rows.append(
+            QueueStats(
+                name=queue.name,
+                address=queue.address,
+                routing_type=queue.routing_type.value,
+                durable=queue.durable,
+                filter=queue.config.filter,
+                messages=queue.message_count,
+                delivering=queue.delivering,
+                scheduled=queue.scheduled_count,
+                consumers=len(queue.consumers),
+                added=c.added,
+                acknowledged=c.acknowledged,
+                dead_lettered=c.dead_lettered,
+                expired=c.expired,
+                killed=c.killed,
+                returned=c.returned,
+                dead_lettered_by_reason=tuple(c.dead_lettered_by_reason.items()),
+                killed_by_reason=tuple(c.killed_by_reason.items()),
+                returned_by_reason=tuple(c.returned_by_reason.items()),
+            )
+        )
+    return rows
+
+
+def _queue(broker: Broker, name: str) -> Queue:
+    queue = broker.queues.get(name)
+    if queue is None:
+        raise NotFound(f"queue {name} does not exist")
+    return queue
+
+
+def _waiting(queue: Queue, selector: str | None, ids: Iterable[int] | None = None) -> list[Ref]:
+    """Waiting references matching the filter (B-130) and, if given, the message ids."""
+    match = parse_selector(selector).matches if selector else None
+    wanted = set(ids) if ids is not None else None
+    refs = []
+    for ref in queue.refs():
+        if ref.state == DELIVERING or ref.state == GONE:
+            continue
+        if wanted is not None and ref.message.msg_id not in wanted:
+            continue
+        if match is not None and not match(ref.message):
+            continue
+        refs.append(ref)
+    return refs
+
+
+def browse(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> list[Ref]:
+    """Messages of a queue in order, without acquiring them (delivering ones included)."""
+    queue = _queue(broker, queue_name)
+    match = parse_selector(selector).matches if selector else None
+    refs = [r for r in queue.refs() if match is None or match(r.message)]
+    return refs[offset : offset + limit]
+
+
+def purge(broker: Broker, queue_name: str, *, selector: str | None = None) -> int:
+    """Delete waiting messages; counted as killed (B-161), event `killed`/`purge`."""
+    queue = _queue(broker, queue_name)
+    refs = _waiting(queue, selector)
+    for ref in refs:
+        queue.take(ref)
+        queue.counters.killed += 1
+        queue.counters.count(queue.counters.killed_by_reason, "purge")
+        if broker.emitter.failures:
+            queue.event("killed", ref, reason="purge")
+    return len(refs)
+
+
+def move(
+    broker: Broker,
+    queue_name: str,
+    *,
+    to_queue: str,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> int:
+    """B-161 moveMessages: copies into `to_queue` with B-090 annotations."""
+    queue = _queue(broker, queue_name)
+    target = _queue(broker, to_queue)
+    if target is queue:
+        raise ClientError("cannot move messages to the same queue")
+    moved = 0
+    for ref in _waiting(queue, selector, ids):
+        copy = broker.copy_for_move(ref.message, queue, _hop(broker, queue, ref))
+        queue.take(ref)
+        if broker.emitter.failures:
+            queue.event(
+                "moved",
+                ref,
+                reason="move",
+                target_address=target.address,
+                target_queues=(target.name,),
+                copy_msg_id=copy.msg_id,
+            )
+        broker.deliver_copy(copy, target.address, [target], reason="move")
+        moved += 1
+    return moved
+
+
+def retry(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> int:
+    """B-161 retryMessages: back to `x-opt-ORIG-ADDRESS`, with the original routing type,
+    to the original queue only when its name differs from the address. Messages whose
+    original queue no longer exists stay where they are."""
+    queue = _queue(broker, queue_name)
+    retried = 0
+    for ref in _waiting(queue, selector, ids):
+        annotations = ref.message.get_annotations()
+        address_name = annotations.get("x-opt-ORIG-ADDRESS")
+        queue_name_orig = annotations.get("x-opt-ORIG-QUEUE")
+        if not isinstance(address_name, str) or not isinstance(queue_name_orig, str):
+            continue
+        original = broker.queues.get(queue_name_orig)
+        address = broker.post_office.addresses.get(address_name)
+        if original is None or address is None:
+            continue
+        copy = broker.copy_for_move(ref.message, queue, _hop(broker, queue, ref))
+        routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(
+            copy.get_annotations().get("x-opt-routing-type", -1)
+        )
+        if original.name != address.name:
+            targets = [original] if original.accepts_message(copy) else []
+        else:
+            targets = broker.post_office.route(copy, address, routing_type)
+        queue.take(ref)
+        if broker.emitter.failures:
+            queue.event(
+                "moved",
+                ref,
+                reason="retry",
+                target_address=address.name,
+                target_queues=tuple(t.name for t in targets),
+                copy_msg_id=copy.msg_id,
+            )
+        broker.deliver_copy(copy, address.name, targets, reason="move")
+        retried += 1
+    return retried
+
+
+def _hop(broker: Broker, queue: Queue, ref: Ref) -> MoveAnnotations:
+    """The B-090 annotations describing this hop (no x-opt-DLQ-*: B-079)."""
+    message = ref.message
+    internal = message.get_annotations().get("x-opt-ORIG-ROUTING-TYPE")
+    return MoveAnnotations(
+        orig_address=queue.address,
+        orig_queue=queue.name,
+        orig_message_id=message.msg_id,
+        orig_routing_type=broker.orig_routing_type(message),
+        routing_type=internal if isinstance(internal, int) else None,
+    )

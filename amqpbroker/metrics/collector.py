@@ -1,0 +1,199 @@
+"""A Prometheus collector over an immutable snapshot of the broker.
+
+The snapshot is taken on the event-loop thread (`BrokerSnapshot.take`), so a scrape never
+reads core state from the HTTP thread and never locks anything per message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from amqpbroker import __version__
+from amqpbroker.core import Broker
+from amqpbroker.core.operations import QueueStats, queue_stats
+from amqpbroker.metrics import names
+
+
+@dataclass(frozen=True, slots=True)
+class AddressStats:
+    name: str
+    routed: int
+    unrouted: int
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerSnapshot:
+    """Everything a scrape reports, copied at one instant on the loop thread."""
+
+    broker: str
+    queues: tuple[QueueStats, ...]
+    addresses: tuple[AddressStats, ...]
+    connections: int
+    connections_opened: int
+    event_log_dropped: int
+
+    @classmethod
+    def take(
+        cls,
+        broker: Broker,
+        *,
+        connections: int,
+        connections_opened: int,
+        event_log_dropped: int = 0,
+    ) -> BrokerSnapshot:
+        return cls(
+            broker=broker.name,
+            queues=tuple(queue_stats(broker)),
+            addresses=tuple(
+                AddressStats(a.name, a.routed, a.unrouted)
+                for a in broker.post_office.addresses.values()
+            ),
+            connections=connections,
+            connections_opened=connections_opened,
+            event_log_dropped=event_log_dropped,
+        )
+
+
+class BrokerCollector:
+    """Yields the CONTRACT metrics (and the Artemis names when asked) from a snapshot."""
+
+    def __init__(self, snapshot: Callable[[], BrokerSnapshot], *, artemis_names: bool) -> None:
+        self._snapshot = snapshot
+        self._artemis = artemis_names
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._snapshot()
+        ql = ["address", "queue"]
+
+        def queue_gauge(
+            name: str, doc: str, value: Callable[[QueueStats], int], *, with_type: bool = False
+        ) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, doc, labels=[*ql, "routing_type"] if with_type else ql)
+            for q in s.queues:
+                labels = [q.address, q.name] + ([q.routing_type] if with_type else [])
+                family.add_metric(labels, value(q))
+            return family
+
+        def queue_counter(
+            name: str, doc: str, value: Callable[[QueueStats], int]
+        ) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=ql)
+            for q in s.queues:
+                family.add_metric([q.address, q.name], value(q))
+            return family
+
+        def by_reason(
+            name: str,
+            doc: str,
+            label: str,
+            value: Callable[[QueueStats], tuple[tuple[str, int], ...]],
+        ) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, doc, labels=[*ql, label])
+            for q in s.queues:
+                for reason, count in value(q):
+                    family.add_metric([q.address, q.name, reason], count)
+            return family
+
+        yield queue_gauge(
+            names.QUEUE_MESSAGES,
+            "Messages in the queue: ready + scheduled + delivering.",
+            lambda q: q.messages,
+            with_type=True,
+        )
+        yield queue_gauge(
+            names.QUEUE_DELIVERING, "Messages sent to consumers, unsettled.", lambda q: q.delivering
+        )
+        yield queue_gauge(
+            names.QUEUE_SCHEDULED, "Messages waiting for a redelivery delay.", lambda q: q.scheduled
+        )
+        yield queue_gauge(names.QUEUE_CONSUMERS, "Consumers attached.", lambda q: q.consumers)
+        yield queue_counter(names.QUEUE_ADDED, "Messages added to the queue.", lambda q: q.added)
+        yield queue_counter(
+            names.QUEUE_ACKNOWLEDGED, "Messages acknowledged (accepted).", lambda q: q.acknowledged
+        )
+        yield queue_counter(names.QUEUE_EXPIRED, "Messages expired.", lambda q: q.expired)
+        yield by_reason(
+            names.QUEUE_DEAD_LETTERED,
+            "Messages moved to the dead-letter address, by reason.",
+            "reason",
+            lambda q: q.dead_lettered_by_reason,
+        )
+        yield by_reason(
+            names.QUEUE_KILLED,
+            "Messages removed without a copy, by reason.",
+            "reason",
+            lambda q: q.killed_by_reason,
+        )
+        yield by_reason(
+            names.QUEUE_RETURNED,
+            "Deliveries returned to the queue, by outcome.",
+            "outcome",
+            lambda q: q.returned_by_reason,
+        )
+        routed = CounterMetricFamily(
+            names.ADDRESS_ROUTED, "Messages routed to at least one queue.", labels=["address"]
+        )
+        unrouted = CounterMetricFamily(
+            names.ADDRESS_UNROUTED, "Messages no queue took.", labels=["address"]
+        )
+        for a in s.addresses:
+            routed.add_metric([a.name], a.routed)
+            unrouted.add_metric([a.name], a.unrouted)
+        yield routed
+        yield unrouted
+        yield GaugeMetricFamily(names.CONNECTIONS, "Open AMQP connections.", value=s.connections)
+        yield CounterMetricFamily(
+            names.CONNECTIONS_OPENED, "AMQP connections opened.", value=s.connections_opened
+        )
+        yield CounterMetricFamily(
+            names.EVENT_LOG_DROPPED, "Lifecycle events dropped.", value=s.event_log_dropped
+        )
+        info = GaugeMetricFamily(names.BUILD_INFO, "Build information.", labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
+        if self._artemis:
+            yield from self._artemis_metrics(s)
+
+    @staticmethod
+    def _artemis_metrics(s: BrokerSnapshot) -> Iterator[Metric]:
+        """The Artemis Prometheus plugin names, so existing dashboards work unchanged."""
+        a = names.ARTEMIS
+        labels = ["broker", "address", "queue"]
+        fields = (
+            ("messages", "messages"),
+            ("added", "added"),
+            ("killed", "killed"),
+            ("expired", "expired"),
+            ("acknowledged", "acknowledged"),
+            ("delivering", "delivering"),
+            ("scheduled", "scheduled"),
+            ("consumers", "consumers"),
+        )
+        for key, attr in fields:
+            family = GaugeMetricFamily(a[key], f"Artemis {a[key]}", labels=labels)
+            for q in s.queues:
+                family.add_metric([s.broker, q.address, q.name], getattr(q, attr))
+            yield family
+        for key, attr in (("routed", "routed"), ("unrouted", "unrouted")):
+            family = GaugeMetricFamily(a[key], f"Artemis {a[key]}", labels=["broker", "address"])
+            for addr in s.addresses:
+                family.add_metric([s.broker, addr.name], getattr(addr, attr))
+            yield family
+        yield _single(a["connections"], s.broker, s.connections)
+
+
+def _single(name: str, broker: str, value: int) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(name, f"Artemis {name}", labels=["broker"])
+    family.add_metric([broker], value)
+    return family
+
+
+def render(collector: BrokerCollector) -> bytes:
+    """The Prometheus text exposition of one scrape."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    return bytes(generate_latest(registry))

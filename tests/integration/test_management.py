@@ -1,0 +1,198 @@
+"""The HTTP API, /metrics and the management CLI against the real broker (B-161, CONTRACT)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proton import Message
+from support.client import Capabilities, connect, receive_bodies
+from support.process import BrokerProcess, start_broker
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+QUEUE = Capabilities("queue")
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    running = start_broker(
+        tmp_path_factory.mktemp("mgmt"),
+        """
+        metrics: {artemis-names: true}
+        address-settings:
+          "#": {dead-letter-address: DLA, auto-create-dead-letter-resources: true}
+        """,
+    )
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def http(broker: BrokerProcess, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{broker.ports['http']}{path}",
+        data=data,
+        method="POST" if data else "GET",
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            raw = response.read()
+            kind = response.headers["Content-Type"]
+            return response.status, json.loads(raw) if "json" in kind else raw.decode()
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def cli(broker: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "amqpbroker",
+            *args,
+            "--url",
+            f"http://127.0.0.1:{broker.ports['http']}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def dead_letter(broker: BrokerProcess, address: str, *colors: str) -> None:
+    conn = connect(broker.url)
+    sender = conn.create_sender(address, options=QUEUE)
+    for color in colors:
+        sender.send(Message(body=f"{color}-body", properties={"color": color}))
+    receiver = conn.create_receiver(address, options=QUEUE)
+    for _ in colors:
+        receiver.receive(timeout=5)
+        receiver.reject()
+    conn.close()
+
+
+def test_ports_json_has_http_and_healthz(broker: BrokerProcess) -> None:
+    """CONTRACT: ports.json names the http port; /healthz answers 200."""
+    assert http(broker, "/healthz") == (200, {"status": "ok"})
+
+
+def test_queues_and_browse_show_why_messages_died(broker: BrokerProcess) -> None:
+    """B-161/B-079: the DLQ is listed with counters; browsing shows the reasons."""
+    dead_letter(broker, "shop", "red", "blue")
+    status, queues = http(broker, "/api/v1/queues")
+    assert status == 200
+    rows = {q["name"]: q for q in queues}
+    assert rows["DLQ.shop"]["messages"] == 2
+    assert rows["DLQ.shop"]["address"] == "DLA"
+    assert rows["shop"]["dead_lettered"] == 2
+    assert set(rows["shop"]) == {
+        "name",
+        "address",
+        "routing_type",
+        "durable",
+        "messages",
+        "delivering",
+        "scheduled",
+        "consumers",
+        "added",
+        "acknowledged",
+        "dead_lettered",
+        "expired",
+        "killed",
+    }
+    status, messages = http(broker, "/api/v1/queues/DLQ.shop/messages?filter=color%3D'red'")
+    assert status == 200
+    [red] = messages
+    assert red["message_annotations"]["x-opt-DLQ-REASON"] == "rejected"
+    assert red["application_properties"] == {"color": "red"}
+    assert red["body_preview"] == "red-body"
+    status, one = http(broker, "/api/v1/queues/DLQ.shop")
+    assert one["filter"] == "_AMQ_ORIG_ADDRESS = 'shop'"
+    assert one["settings"]["dead-letter-address"] == "DLA"
+
+
+def test_retry_sends_dead_letters_back(broker: BrokerProcess) -> None:
+    """B-161 retry: back to the original queue; a consumer gets them again."""
+    dead_letter(broker, "retryme", "a", "b")
+    assert http(broker, "/api/v1/queues/DLQ.retryme/retry", {"filter": "color = 'a'"}) == (
+        200,
+        {"retried": 1},
+    )
+    conn = connect(broker.url)
+    assert receive_bodies(conn.create_receiver("retryme", options=QUEUE), 1) == ["a-body"]
+    conn.close()
+
+
+def test_errors_are_json_with_status_codes(broker: BrokerProcess) -> None:
+    """CONTRACT: JSON errors, 404 unknown queue, 400 bad input."""
+    status, body = http(broker, "/api/v1/queues/ghost/purge", {})
+    assert (status, body) == (404, {"error": "queue ghost does not exist"})
+    status, body = http(broker, "/api/v1/queues/DLQ.shop/messages?filter=color%20%3D")
+    assert status == 400
+    assert "Invalid filter" in body["error"]
+    status, body = http(broker, "/api/v1/queues/DLQ.shop/move", {"filter": None})
+    assert status == 400
+
+
+def test_metrics_expose_contract_and_artemis_names(broker: BrokerProcess) -> None:
+    """CONTRACT "Metrics": queue gauges and counters by reason; Artemis names too."""
+    dead_letter(broker, "metered", "x")
+    status, text = http(broker, "/metrics")
+    assert status == 200
+    assert (
+        'amqpbroker_queue_messages{address="DLA",queue="DLQ.metered",routing_type="MULTICAST"} 1.0'
+    ) in text
+    assert (
+        'amqpbroker_queue_messages_dead_lettered_total{address="metered",'
+        'queue="metered",reason="rejected"} 1.0'
+    ) in text
+    assert "amqpbroker_connections " in text
+    assert 'amqpbroker_build_info{version="' in text
+    assert 'artemis_message_count{address="DLA",broker="test-broker",queue="DLQ.metered"}' in text
+
+
+def test_cli_queues_messages_move_purge(broker: BrokerProcess, tmp_path: Path) -> None:
+    """CONTRACT "Command line": tables by default, --json, exit codes, one-line errors."""
+    dead_letter(broker, "clishop", "red", "green", "blue")
+    table = cli(broker, "queues")
+    assert table.returncode == 0
+    assert "DLQ.clishop" in table.stdout
+    browse = cli(broker, "messages", "DLQ.clishop", "--json")
+    ids = [m["msg_id"] for m in json.loads(browse.stdout)]
+    assert len(ids) == 3
+    redrive = tmp_path / "redrive.jsonl"
+    redrive.write_text(json.dumps({"msg_id": ids[0], "reason": "rejected"}) + "\n")
+    retried = cli(broker, "retry", "DLQ.clishop", "--ids", str(redrive))
+    assert retried.returncode == 0
+    assert retried.stdout.strip() == "retried 1 message(s) from DLQ.clishop"
+    paced = cli(broker, "retry", "DLQ.clishop", "--filter", "color = 'green'", "--rate", "50")
+    assert "retried 1 message(s)" in paced.stdout
+    moved = cli(broker, "move", "DLQ.clishop", "--to-queue", "DLQ.shop", "--json")
+    assert json.loads(moved.stdout) == {"moved": 1}
+    purged = cli(broker, "purge", "DLQ.shop", "--filter", "color = 'blue'")
+    assert purged.returncode == 0
+    missing = cli(broker, "purge", "no-such-queue")
+    assert missing.returncode == 1
+    assert missing.stderr.strip() == "amqpbroker: queue no-such-queue does not exist (HTTP 404)"
+    assert "Traceback" not in missing.stderr
+
+
+def test_cli_reports_an_unreachable_broker_in_one_line() -> None:
+    """CONTRACT: exit 1 with a one-line message, never a traceback."""
+    result = subprocess.run(
+        [sys.executable, "-m", "amqpbroker", "queues", "--url", "http://127.0.0.1:9"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 1
+    assert result.stderr.startswith("amqpbroker: cannot reach the broker at")
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -413,8 +413,6 @@ class Queue:
     def _return(
         self, ref: Ref, now_ms: int, *, delay: bool, reason: str, consumer: Consumer | None
     ) -> None:
-        self.counters.returned += 1
-        self.counters.count(self.counters.returned_by_reason, reason)
         decision = decide_redelivery(
             self.settings(),
             delivery_count=ref.delivery_count,
@@ -425,6 +423,8 @@ class Queue:
         if isinstance(decision, DeadLetter):
             self._kill_to_dla(ref, decision.reason, None)
             return
+        self.counters.returned += 1  # B-171: it went back to its queue
+        self.counters.count(self.counters.returned_by_reason, reason)
         if self.emitter.failures:
             self.event("returned", ref, consumer, reason=reason, delay_ms=decision.at_ms - now_ms)
         if decision.at_ms > now_ms:

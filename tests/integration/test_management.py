@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from proton import Message
-from support.client import Capabilities, connect, receive_bodies
+from support.client import Capabilities, connect, receive_bodies, settle_modified
 from support.process import BrokerProcess, start_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -65,6 +65,24 @@ def cli(broker: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=30,
     )
+
+
+Labels = frozenset[tuple[str, str]]
+
+
+def labels(base: dict[str, str], **more: str) -> Labels:
+    return frozenset({**base, **more}.items())
+
+
+def parse_metrics(text: str) -> dict[tuple[str, Labels], float]:
+    """Prometheus text -> {(name, labels): value}, label order ignored."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[tuple[str, Labels], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out[sample.name, frozenset(sample.labels.items())] = sample.value
+    return out
 
 
 def dead_letter(broker: BrokerProcess, address: str, *colors: str) -> None:
@@ -196,3 +214,72 @@ def test_cli_reports_an_unreachable_broker_in_one_line() -> None:
     assert result.returncode == 1
     assert result.stderr.startswith("amqpbroker: cannot reach the broker at")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_metrics_after_a_scripted_scenario(tmp_path: Path) -> None:
+    """CONTRACT "Metrics": exact counters after send, fail, dead-letter, expire."""
+    running = start_broker(
+        tmp_path,
+        """
+        message-expiry-scan-period: 50
+        address-settings:
+          "#": {dead-letter-address: DLA, auto-create-dead-letter-resources: true,
+                max-delivery-attempts: 2}
+        """,
+    )
+    try:
+        conn = connect(running.url)
+        sender = conn.create_sender("scen", options=QUEUE)
+        for body in ("ok", "poison"):
+            sender.send(Message(body=body))
+        sender.send(Message(body="stale", expiry_time=1.0))  # long expired
+        receiver = conn.create_receiver("scen", credit=1, options=QUEUE)
+        assert receiver.receive(timeout=5).body == "ok"
+        receiver.accept()
+        for _ in range(2):  # the second failure dead-letters (max-delivery-attempts 2)
+            assert receiver.receive(timeout=5).body == "poison"
+            settle_modified(receiver)
+        conn.close()
+        _, text = http(running, "/metrics")
+        values = parse_metrics(text)
+        q = {"address": "scen", "queue": "scen"}
+        assert values["amqpbroker_queue_messages_added_total", labels(q)] == 3
+        assert values["amqpbroker_queue_messages_acknowledged_total", labels(q)] == 1
+        assert values["amqpbroker_queue_messages_expired_total", labels(q)] == 1
+        assert (
+            values[
+                "amqpbroker_queue_messages_dead_lettered_total", labels(q, reason="max-attempts")
+            ]
+            == 1
+        )
+        assert (
+            values[
+                "amqpbroker_queue_deliveries_returned_total", labels(q, outcome="modified-failed")
+            ]
+            == 1
+        )
+        assert values["amqpbroker_queue_messages", labels(q, routing_type="ANYCAST")] == 0
+        dlq = {"address": "DLA", "queue": "DLQ.scen", "routing_type": "MULTICAST"}
+        assert values["amqpbroker_queue_messages", labels(dlq)] == 1
+        assert values["amqpbroker_address_routed_messages_total", labels({"address": "scen"})] == 3
+        assert values["amqpbroker_connections_opened_total", labels({})] >= 1
+    finally:
+        assert running.stop() == 0
+
+
+def test_bad_json_is_400(broker: BrokerProcess) -> None:
+    """CONTRACT: a body that is not JSON -> 400 with a JSON error."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{broker.ports['http']}/api/v1/queues/DLQ.shop/purge",
+        data=b"{not json",
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(request, timeout=10)
+    assert info.value.code == 400
+    assert "invalid JSON" in json.loads(info.value.read())["error"]
+    info.value.close()
+
+
+def test_unknown_route_is_404(broker: BrokerProcess) -> None:
+    assert http(broker, "/api/v1/nothing-here")[0] == 404

@@ -261,6 +261,24 @@ def _cmd_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_certs_create(args: argparse.Namespace) -> int:
+    from amqpbroker.security import create_certificates
+
+    try:
+        files = create_certificates(Path(args.out), args.host or ["localhost"], client=args.client)
+    except OSError as e:
+        raise CommandError(f"cannot write certificates to {args.out}: {e.strerror}") from None
+    print(f"CA certificate:     {files.ca_cert}")  # noqa: T201
+    print(f"server certificate: {files.server_cert}")  # noqa: T201
+    print(f"server key:         {files.server_key}")  # noqa: T201
+    config = (
+        f"tls: {{cert-file: {files.server_cert}, key-file: {files.server_key}, "
+        f"ca-file: {files.ca_cert}}}"
+    )
+    print(f"acceptor config:    {config}")  # noqa: T201
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amqpbroker",
@@ -319,6 +337,23 @@ def build_parser() -> argparse.ArgumentParser:
     purge.add_argument("queue", metavar="QUEUE")
     purge.add_argument("--filter", metavar="SELECTOR")
     purge.set_defaults(func=_cmd_purge)
+
+    certs = commands.add_parser("certs", help="development TLS certificates")
+    certs_commands = certs.add_subparsers(dest="certs_command", required=True, metavar="COMMAND")
+    create = certs_commands.add_parser(
+        "create", help="create a CA and a server certificate/key (development use)"
+    )
+    create.add_argument("--out", required=True, metavar="DIR")
+    create.add_argument(
+        "--host",
+        action="append",
+        metavar="NAME",
+        help="DNS name or IP for the server certificate (repeatable; default localhost)",
+    )
+    create.add_argument(
+        "--client", metavar="CN", help="also create client.pem/client.key with this common name"
+    )
+    create.set_defaults(func=_cmd_certs_create)
     return parser
 
 

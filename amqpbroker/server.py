@@ -12,6 +12,7 @@ import functools
 import json
 import logging
 import os
+import ssl
 import time
 from pathlib import Path
 from random import Random
@@ -30,6 +31,7 @@ from amqpbroker.management import HttpServer, LoopBridge, ManagementApi
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.protocol import moves
 from amqpbroker.protocol.handler import AmqpConnection, Shell
+from amqpbroker.security import server_context
 
 log = logging.getLogger(__name__)
 
@@ -174,23 +176,26 @@ class BrokerServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
-        for acceptor in self.config.acceptors:
-            if acceptor.scheme != "amqp":
-                raise StartupError(
-                    f"acceptor {acceptor.name}: {acceptor.scheme}:// (TLS) is not supported "
-                    "by this version; use amqp://"
-                )
         if self.config.persistence.enabled:
             log.warning(
                 "persistence is not implemented in this version: messages are kept "
                 "in memory only and do not survive a restart"
             )
         for acceptor in self.config.acceptors:
+            context = None
+            if acceptor.tls is not None:
+                try:
+                    context = server_context(acceptor.tls)
+                except (OSError, ssl.SSLError) as e:
+                    raise StartupError(
+                        f"acceptor {acceptor.name}: cannot load TLS certificate/key: {e}"
+                    ) from e
             server = await loop.create_server(
                 functools.partial(_AmqpProtocol, self, acceptor),
                 acceptor.host,
                 acceptor.port,
                 reuse_address=True,
+                ssl=context,
             )
             self._servers.append(server)
             port = server.sockets[0].getsockname()[1]

@@ -13,11 +13,13 @@ from pathlib import Path
 
 from support.waiting import wait_until
 
-BASE_CONFIG = """\
-name: test-broker
+BASE_ACCEPTORS = """\
 acceptors:
   - name: amqp
     url: amqp://127.0.0.1:0
+"""
+BASE_CONFIG = """\
+name: test-broker
 http:
   bind: 127.0.0.1:0
 persistence:
@@ -61,7 +63,9 @@ class BrokerProcess:
 
 def write_config(directory: Path, extra: str = "") -> Path:
     path = directory / "broker.yaml"
-    path.write_text(BASE_CONFIG + textwrap.dedent(extra))
+    extra = textwrap.dedent(extra)
+    own_acceptors = any(line.startswith("acceptors:") for line in extra.splitlines())
+    path.write_text(BASE_CONFIG + ("" if own_acceptors else BASE_ACCEPTORS) + extra)
     return path
 
 

@@ -938,19 +938,15 @@ class Broker:
             return
         queue.counters.dead_lettered += 1
         queue.counters.count(queue.counters.dead_lettered_by_reason, reason)
-        internal_rt = message.get_annotations().get("x-opt-ORIG-ROUTING-TYPE")
-        move = MoveAnnotations(
-            orig_address=queue.address,
-            orig_queue=queue.name,
-            orig_message_id=message.msg_id,
-            orig_routing_type=self._orig_routing_type(message),
+        move = self.hop(
+            queue,
+            message,
             dlq_reason=reason,
             dlq_error_condition=rejection.condition if rejection else None,
             dlq_error_description=rejection.description[:512]
             if rejection and rejection.description
             else None,
             dlq_delivery_count=ref.delivery_count,
-            routing_type=internal_rt if isinstance(internal_rt, int) else None,
         )
         if settings.auto_create_dead_letter_resources and queue.address != dla:
             self._ensure_move_resources(
@@ -983,8 +979,18 @@ class Broker:
         if target is not None:
             self._deliver_to(copy, target, queues, now_ms, reason=reason)
 
-    def orig_routing_type(self, message: Message) -> int | None:
-        return self._orig_routing_type(message)
+    def hop(self, queue: Queue, message: Message, **extra: Any) -> MoveAnnotations:
+        """The B-090 annotations of a move out of `queue`: where it came from, and the
+        original routing type carried forward when it was moved before."""
+        internal = message.get_annotations().get("x-opt-ORIG-ROUTING-TYPE")
+        return MoveAnnotations(
+            orig_address=queue.address,
+            orig_queue=queue.name,
+            orig_message_id=message.msg_id,
+            orig_routing_type=self._orig_routing_type(message),
+            routing_type=internal if isinstance(internal, int) else None,
+            **extra,
+        )
 
     @staticmethod
     def _orig_routing_type(message: Message) -> int | None:
@@ -1099,18 +1105,8 @@ class Broker:
             )
         address = self.post_office.addresses.get(target) if target else None
         if address is not None:
-            internal_rt = message.get_annotations().get("x-opt-ORIG-ROUTING-TYPE")
-            move = MoveAnnotations(
-                orig_address=queue.address,
-                orig_queue=queue.name,
-                orig_message_id=message.msg_id,
-                orig_routing_type=self._orig_routing_type(message),
-                actual_expiry=now_ms,
-                routing_type=internal_rt if isinstance(internal_rt, int) else None,
-            )
-            copy = self.copier.copy(message, move)
-            copy.msg_id = next(self._msg_ids)
-            copy.first_ts = message.first_ts
+            move = self.hop(queue, message, actual_expiry=now_ms)
+            copy = self.copy_for_move(message, queue, move)
             copy.address = target
             self._set_expiration(copy, target, now_ms)
             routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(

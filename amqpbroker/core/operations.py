@@ -11,12 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from amqpbroker.core.broker import (
-    ROUTING_TYPE_ANNOTATION_VALUES,
-    Broker,
-    MoveAnnotations,
-)
+from amqpbroker.core.broker import ROUTING_TYPE_ANNOTATION_VALUES, Broker
 from amqpbroker.core.errors import ClientError, NotFound
+from amqpbroker.core.model import Message
 from amqpbroker.core.queue import DELIVERING, GONE, Queue, Ref
 from amqpbroker.core.selector import parse_selector
 
@@ -139,22 +136,11 @@ def move(
     target = _queue(broker, to_queue)
     if target is queue:
         raise ClientError("cannot move messages to the same queue")
-    moved = 0
-    for ref in _waiting(queue, selector, ids):
-        copy = broker.copy_for_move(ref.message, queue, _hop(broker, queue, ref))
-        queue.take(ref)
-        if broker.emitter.failures:
-            queue.event(
-                "moved",
-                ref,
-                reason="move",
-                target_address=target.address,
-                target_queues=(target.name,),
-                copy_msg_id=copy.msg_id,
-            )
-        broker.deliver_copy(copy, target.address, [target], reason="move")
-        moved += 1
-    return moved
+    refs = _waiting(queue, selector, ids)
+    for ref in refs:
+        copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
+        _complete_move(broker, queue, ref, copy, target.address, [target], reason="move")
+    return len(refs)
 
 
 def retry(
@@ -179,7 +165,7 @@ def retry(
         address = broker.post_office.addresses.get(address_name)
         if original is None or address is None:
             continue
-        copy = broker.copy_for_move(ref.message, queue, _hop(broker, queue, ref))
+        copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
         routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(
             copy.get_annotations().get("x-opt-routing-type", -1)
         )
@@ -187,29 +173,30 @@ def retry(
             targets = [original] if original.accepts_message(copy) else []
         else:
             targets = broker.post_office.route(copy, address, routing_type)
-        queue.take(ref)
-        if broker.emitter.failures:
-            queue.event(
-                "moved",
-                ref,
-                reason="retry",
-                target_address=address.name,
-                target_queues=tuple(t.name for t in targets),
-                copy_msg_id=copy.msg_id,
-            )
-        broker.deliver_copy(copy, address.name, targets, reason="move")
+        _complete_move(broker, queue, ref, copy, address.name, targets, reason="retry")
         retried += 1
     return retried
 
 
-def _hop(broker: Broker, queue: Queue, ref: Ref) -> MoveAnnotations:
-    """The B-090 annotations describing this hop (no x-opt-DLQ-*: B-079)."""
-    message = ref.message
-    internal = message.get_annotations().get("x-opt-ORIG-ROUTING-TYPE")
-    return MoveAnnotations(
-        orig_address=queue.address,
-        orig_queue=queue.name,
-        orig_message_id=message.msg_id,
-        orig_routing_type=broker.orig_routing_type(message),
-        routing_type=internal if isinstance(internal, int) else None,
-    )
+def _complete_move(
+    broker: Broker,
+    queue: Queue,
+    ref: Ref,
+    copy: Message,
+    address: str,
+    targets: list[Queue],
+    *,
+    reason: str,
+) -> None:
+    """Remove the original, record the `moved` event, route the copy (one loop step)."""
+    queue.take(ref)
+    if broker.emitter.failures:
+        queue.event(
+            "moved",
+            ref,
+            reason=reason,
+            target_address=address,
+            target_queues=tuple(t.name for t in targets),
+            copy_msg_id=copy.msg_id,
+        )
+    broker.deliver_copy(copy, address, targets, reason="move")

@@ -166,6 +166,7 @@ class ConsumerRequest:
     selector: str | None = None
     no_local: bool = False
     presettled: bool = False
+    priority: int | None = None  # attach property `priority` (B-035)
     anycast_prefix: str | None = None
     multicast_prefix: str | None = None
 
@@ -179,6 +180,7 @@ class ConsumerAttached:
     address: str  # the source address to answer with (the queue name for dynamic nodes)
     subscription: bool
     selector: str | None
+    no_local: bool = False  # echo the no-local filter (subscriptions only, B-034)
 
 
 @dataclass(slots=True)
@@ -694,6 +696,7 @@ class Broker:
             selector=selector,
             browser=request.browse and kind == "queue",
             presettled=request.presettled,
+            priority=_consumer_priority(request),
         )
         queue.add_consumer(consumer)
         self._consumers[consumer.id] = _ConsumerInfo(consumer, request, kind)
@@ -703,6 +706,7 @@ class Broker:
             answer or queue.name,
             kind not in ("queue", "dynamic"),
             request.selector if kind != "dynamic" else None,
+            no_local=request.no_local and kind not in ("queue", "dynamic"),
         )
 
     def _dynamic_source(self, request: ConsumerRequest) -> Queue:
@@ -815,6 +819,10 @@ class Broker:
         container = "" if is_global else request.container_id
         base = f"{container}.{link_name}" if container else link_name
         selector = request.selector
+        if request.no_local:  # B-034: not from this connection's container
+            quoted = request.container_id.replace("'", "''")
+            no_local = f"__AMQ_CID <> '{quoted}'"
+            selector = f"({selector}) AND {no_local}" if selector else no_local
         if request.durable:
             name = base + (":global" if shared and is_global else "")
             kind = "durable"
@@ -1184,6 +1192,21 @@ class Broker:
     # -- helpers ------------------------------------------------------------------------
     def _random_name(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+
+
+def _consumer_priority(request: ConsumerRequest) -> int:
+    """B-035: the attach property wins over `?consumer-priority=N`; default 0."""
+    if request.priority is not None:
+        return request.priority
+    if request.address and "?" in request.address:
+        for item in request.address.split("?", 1)[1].split("&"):
+            key, _, value = item.partition("=")
+            if key == "consumer-priority":
+                try:
+                    return int(value)
+                except ValueError:
+                    log.info("ignoring consumer-priority=%r: not an integer", value)
+    return 0
 
 
 def _capability_routing_type(capabilities: tuple[str, ...]) -> RoutingType | None:

@@ -93,6 +93,7 @@ class Consumer:
     selector: Selector | None = None
     browser: bool = False  # distribution-mode copy (B-031)
     presettled: bool = False  # snd-settle-mode settled (B-037)
+    priority: int = 0  # consumer priority (B-035): higher is served first
     credit: int = 0
     drain: bool = False
     unsettled: dict[DeliveryId, Ref] = field(default_factory=dict)
@@ -304,7 +305,10 @@ class Queue:
             count = len(active)
             index = self._rr % count
             chosen = None
-            if not picky and ref.blocked is None:
+            prioritized = self._prioritized
+            if prioritized:
+                chosen = self._by_priority(active, ref)  # rotates self._rr itself
+            elif not picky and ref.blocked is None:
                 chosen = active[index]
             else:
                 for i in range(count):
@@ -315,12 +319,31 @@ class Queue:
             if chosen is None:
                 skipped.append(ref)
                 continue
-            self._rr = index + 1
+            if not prioritized:
+                self._rr = index + 1
             self._send(chosen, ref, out)
             if chosen.credit == 0:
                 active.remove(chosen)
         for ref in skipped:
             self._put_back(ref)
+
+    @property
+    def _prioritized(self) -> bool:
+        consumers = self.consumers
+        return len(consumers) > 1 and any(c.priority != consumers[0].priority for c in consumers)
+
+    def _by_priority(self, active: list[Consumer], ref: Ref) -> Consumer | None:
+        """B-035: the highest-priority consumer able to take `ref`, round-robin among
+        equals; lower priorities only when no higher one can."""
+        for level in sorted({c.priority for c in active}, reverse=True):
+            group = [c for c in active if c.priority == level]
+            start = self._rr % len(group)
+            for i in range(len(group)):
+                candidate = group[(start + i) % len(group)]
+                if candidate.accepts(ref):
+                    self._rr = start + i + 1
+                    return candidate
+        return None
 
     def _send(self, consumer: Consumer, ref: Ref, out: list[Effect]) -> None:
         consumer.credit -= 1

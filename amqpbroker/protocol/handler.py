@@ -80,6 +80,7 @@ OFFERED_CAPABILITIES = [
     symbol("SHARED-SUBS"),
     symbol("ANONYMOUS-RELAY"),
 ]
+SOLE_CONNECTION = "sole-connection-for-container"
 PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
 MAX_FRAME_SIZE = 131072  # B-021
@@ -334,6 +335,10 @@ class AmqpConnection:
         self.container_id = connection.remote_container or ""
         connection.container = self.broker.name
         connection.offered_capabilities = OFFERED_CAPABILITIES
+        desired = {str(c) for c in (connection.remote_desired_capabilities or ())}
+        if SOLE_CONNECTION in desired and self._container_connected_elsewhere():
+            self._refuse_duplicate_container()
+            return
         connection.open()
         log.info(
             "connection %s from %s opened (container %s)",
@@ -341,6 +346,33 @@ class AmqpConnection:
             self.peer,
             self.container_id or "-",
         )
+
+    def _container_connected_elsewhere(self) -> bool:
+        return any(
+            other is not self and not other.closed and other.container_id == self.container_id
+            for other in self.shell.connections.values()
+        )
+
+    def _refuse_duplicate_container(self) -> None:
+        """B-020: open with connection-establishment-failed, then close with
+        amqp:invalid-field naming the container-id."""
+        connection = self.connection
+        connection.properties = {symbol("amqp:connection-establishment-failed"): True}
+        connection.open()
+        connection.condition = Condition(
+            "amqp:invalid-field",
+            f"a connection with container-id {self.container_id!r} already exists",
+            {symbol("invalid-field"): symbol("container-id")},
+        )
+        connection.close()
+        log.info(
+            "refusing connection %s from %s: container-id %r is already connected "
+            "(sole-connection-for-container)",
+            self.id,
+            self.peer,
+            self.container_id,
+        )
+        self._finish(abrupt=False)
 
     def _on_connection_close(self, event: Event) -> None:
         self._orderly = True
@@ -423,7 +455,7 @@ class AmqpConnection:
         )
         link.source.copy(link.remote_source)
         link.source.address = attached.address
-        echo_source_filter(link, attached.selector)
+        echo_source_filter(link, attached.selector, no_local=attached.no_local)
         link.target.copy(link.remote_target)
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST

@@ -108,15 +108,33 @@ def consumer_request(
         selector=str(selector[1].value) if selector else None,
         no_local=has_no_local(filters),
         presettled=link.remote_snd_settle_mode == Link.SND_SETTLED,
+        priority=_priority(link),
         anycast_prefix=anycast_prefix,
         multicast_prefix=multicast_prefix,
     )
 
 
-def echo_source_filter(link: Link, selector: str | None) -> None:
-    """Answer only the filters the broker honours (B-032): the selector, if used."""
+def _priority(link: Link) -> int | None:
+    """B-035: the attach `properties` key `priority` (int, byte or uint accepted)."""
+    properties = link.remote_properties
+    if not properties:
+        return None
+    value = properties.get(symbol("priority"), properties.get("priority"))
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def echo_source_filter(link: Link, selector: str | None, *, no_local: bool = False) -> None:
+    """Answer only the filters the broker honours (B-032, B-034): the selector, if used,
+    and no-local on subscriptions."""
     filters = filter_map(link.remote_source.filter)
+    answer = {}
     found = selector_of(filters)
-    link.source.filter.clear()
     if selector is not None and found is not None:
-        link.source.filter.put_object({found[0]: found[1]})
+        answer[found[0]] = found[1]
+    if no_local:
+        for key, value in filters.items():
+            if _is_filter(value, NO_LOCAL_FILTER, NO_LOCAL_DESCRIPTOR_CODE):
+                answer[key] = value
+    link.source.filter.clear()
+    if answer:
+        link.source.filter.put_object(answer)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from support.core_harness import Harness, bodies, one_delivery
+from support.core_harness import CONN, Harness, bodies, one_delivery
 
 from amqpbroker.core import (
     ACCEPTED,
@@ -15,6 +15,7 @@ from amqpbroker.core import (
     ConsumerRequest,
     DeliveryId,
     IllegalState,
+    Message,
     Modified,
     NotFound,
     Outcome,
@@ -675,3 +676,68 @@ def test_address_full_block_withholds_credit_until_it_drains() -> None:
         h.broker.settle(c, d.delivery, ACCEPTED)
     assert any(isinstance(e, AddressUnblocked) for e in h.broker.take_effects() + dispatched)
     assert h.broker.producer_may_send(target)
+
+
+# -- consumer priority (B-035) and no-local (B-034) -------------------------------------
+
+
+def test_higher_priority_consumers_are_served_first() -> None:
+    """B-035: the highest-priority consumers with credit get messages, round-robin among
+    equals; a lower priority only when no higher one can take it."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    low = h.consumer("q", "queue", priority=1)
+    high_a = h.consumer("q", "queue", priority=5)
+    high_b = h.consumer("q", "queue", priority=5)
+    for i in range(4):
+        h.send(target, b"%d" % i)
+    assert bodies(h.take(high_a)) == [b"0", b"2"]
+    assert bodies(h.take(high_b)) == [b"1", b"3"]
+    assert h.take(low) == []
+    h.broker.set_credit(high_a, 0)
+    h.broker.set_credit(high_b, 0)
+    h.send(target, b"4")
+    assert bodies(h.take(low)) == [b"4"]
+
+
+def test_consumer_priority_from_the_address_parameter() -> None:
+    """B-035/B-036: `?consumer-priority=N` sets it; the attach property wins."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    by_param = h.consumer("q?consumer-priority=9", "queue")
+    h.consumer("q", "queue", priority=3)
+    h.send(target, b"x")
+    assert bodies(h.take(by_param)) == [b"x"]
+
+
+def test_no_local_subscription_skips_its_own_messages() -> None:
+    """B-034: a no-local subscription does not receive what its own container sent."""
+    h = Harness()
+    sub = h.consumer("chat", "topic", container="me", no_local=True)
+    target = h.producer("chat", "topic")
+    for origin in ("me", "you"):
+        message = Message(
+            origin.encode(),
+            annotations={},
+            properties={},
+            application_properties={},
+            origin_container=origin,
+        )
+        h.broker.publish(message, target)
+    assert bodies(h.take(sub)) == [b"you"]
+
+
+def test_no_local_is_ignored_on_queue_consumers() -> None:
+    """B-034: honoured only on subscriptions."""
+    h = Harness()
+    attached = h.broker.attach_consumer(
+        ConsumerRequest(
+            connection=CONN,
+            container_id="me",
+            link_name="l",
+            address="q",
+            capabilities=("queue",),
+            no_local=True,
+        )
+    )
+    assert attached.no_local is False

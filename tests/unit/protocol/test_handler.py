@@ -413,3 +413,58 @@ def test_changed_expiration_is_written_as_absolute_expiry_time(shell: Shell) -> 
     assert got.ttl == 0
     assert got.durable is True
     assert round(got.expiry_time * 1000) == now_ms + 60_000
+
+
+def test_sole_connection_for_container_refuses_a_second_connection(shell: Shell) -> None:
+    """B-020: a second connection with the same container-id that desires
+    sole-connection-for-container is refused with amqp:invalid-field."""
+    from proton import symbol
+
+    first = Client(shell, container="app-1")
+    assert first.connection.state & Endpoint.REMOTE_ACTIVE
+    second = Client.__new__(Client)
+    second.server = AmqpConnection(shell, peer="memory")
+    second.transport = Transport()
+    second.connection = Connection()
+    second.collector = Collector()
+    second.connection.collect(second.collector)
+    second.transport.bind(second.connection)
+    second.transport.sasl().allowed_mechs("ANONYMOUS")
+    second.connection.container = "app-1"
+    second.connection.desired_capabilities = [symbol("sole-connection-for-container")]
+    second.received, second.outcomes = [], []
+    second.connection.open()
+    second.pump()
+    assert second.connection.remote_properties == {
+        symbol("amqp:connection-establishment-failed"): True
+    }
+    assert second.connection.remote_condition.name == "amqp:invalid-field"
+    assert second.connection.remote_condition.info == {
+        symbol("invalid-field"): symbol("container-id")
+    }
+    assert not first.connection.state & Endpoint.REMOTE_CLOSED
+
+
+def test_consumer_priority_property_and_no_local_echo(shell: Shell) -> None:
+    """B-035: attach property `priority`; B-034: no-local echoed on subscriptions."""
+    from proton import Described, symbol
+
+    client = Client(shell)
+    link = client.session.receiver("prio")
+    link.source.address = "topic-x"
+    _put_caps(link.source, ("topic",))
+    link.properties = {symbol("priority"): 7}
+    link.source.filter.put_object(
+        {symbol("no-local"): Described(symbol("apache.org:no-local-filter:list"), [])}
+    )
+    link.open()
+    link.flow(1)
+    client.pump()
+    [consumer] = shell.broker.queues[
+        next(q for q in shell.broker.queues if shell.broker.queues[q].address == "topic-x")
+    ].consumers
+    assert consumer.priority == 7
+    echoed = link.remote_source.filter
+    echoed.rewind()
+    echoed.next()
+    assert symbol("no-local") in echoed.get_object()

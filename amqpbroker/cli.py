@@ -279,6 +279,23 @@ def _cmd_certs_create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_user_hash(args: argparse.Namespace) -> int:
+    import getpass
+
+    from amqpbroker.security import hash_password
+
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\r\n")
+    else:
+        password = getpass.getpass("Password: ")
+        if getpass.getpass("Again: ") != password:
+            raise CommandError("the passwords do not match")
+    if not password:
+        raise CommandError("an empty password is not allowed")
+    print(hash_password(password))  # noqa: T201
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amqpbroker",
@@ -354,6 +371,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--client", metavar="CN", help="also create client.pem/client.key with this common name"
     )
     create.set_defaults(func=_cmd_certs_create)
+
+    user = commands.add_parser("user", help="users for SASL authentication")
+    user_commands = user.add_subparsers(dest="user_command", required=True, metavar="COMMAND")
+    hasher = user_commands.add_parser(
+        "hash", help="print an scrypt hash for security.users.NAME.password-hash"
+    )
+    hasher.add_argument(
+        "--password-stdin",
+        action="store_true",
+        help="read the password from standard input (never from argv)",
+    )
+    hasher.set_defaults(func=_cmd_user_hash)
     return parser
 
 

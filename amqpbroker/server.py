@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import ipaddress
 import json
 import logging
 import os
 import ssl
 import time
+from collections.abc import Callable
 from pathlib import Path
 from random import Random
+from typing import Any
 
 from amqpbroker.config import AcceptorConfig, BrokerConfig
 from amqpbroker.core import (
@@ -30,8 +33,9 @@ from amqpbroker.core import (
 from amqpbroker.management import HttpServer, LoopBridge, ManagementApi
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.protocol import moves
-from amqpbroker.protocol.handler import AmqpConnection, Shell
-from amqpbroker.security import server_context
+from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell
+from amqpbroker.protocol.sasl import SaslServer
+from amqpbroker.security import server_context, verify_password
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +94,24 @@ def build_broker(
     return broker
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _peer_common_name(cert: dict[str, Any] | None) -> str | None:
+    """The CN of a verified TLS client certificate (EXTERNAL), if any."""
+    if not cert:
+        return None
+    for rdn in cert.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
+
+
 class StartupError(Exception):
     """The broker cannot start with this (valid) configuration; the message says why."""
 
@@ -113,6 +135,7 @@ class _AmqpProtocol(asyncio.Protocol):
             peer=f"{peer[0]}:{peer[1]}" if peer else "?",
             anycast_prefix=self.acceptor.anycast_prefix,
             multicast_prefix=self.acceptor.multicast_prefix,
+            sasl=self.server.sasl_factory(transport, peer[0] if peer else ""),
         )
         self.server.sockets[self.amqp] = self
 
@@ -232,12 +255,54 @@ class BrokerServer:
             "HTTP (metrics, health, management API) on http://%s:%d", http.host, self.http.port
         )
 
+    def sasl_factory(self, transport: asyncio.Transport, peer_host: str) -> SaslFactory | None:
+        """The SASL layer for a new connection, or None when security is disabled."""
+        security = self.config.security
+        if not security.enabled:
+            return None
+        tls = transport.get_extra_info("ssl_object")
+        peer_cn = _peer_common_name(tls.getpeercert() if tls is not None else None)
+        offered = []
+        for mechanism in security.sasl_mechanisms:
+            if (
+                mechanism == "PLAIN"
+                and tls is None
+                and not _is_loopback(peer_host)
+                and not security.allow_plain_without_tls
+            ):
+                continue  # never ask for a password in clear over the network
+            if mechanism == "EXTERNAL" and peer_cn is None:
+                continue
+            offered.append(mechanism)
+        users = security.users
+
+        def authenticate(
+            mechanism: str, name: str | None, password: str | None, cn: str | None
+        ) -> str | None:
+            if mechanism == "PLAIN" and name in users and password is not None:
+                return name if verify_password(password, users[name].password_hash) else None
+            if mechanism == "EXTERNAL" and cn in users:
+                return cn
+            return None
+
+        def make(forward: Callable[[bytes], None], failed: Callable[[str], None]) -> SaslServer:
+            return SaslServer(
+                mechanisms=tuple(offered),
+                authenticate=authenticate,
+                peer_cn=peer_cn,
+                forward=forward,
+                on_failure=failed,
+            )
+
+        return make
+
     def snapshot(self) -> BrokerSnapshot:
         """Metrics snapshot; loop thread only."""
         return BrokerSnapshot.take(
             self.broker,
             connections=len(self.shell.connections),
             connections_opened=self.shell.opened_total,
+            authentication_failures=self.shell.auth_failures,
         )
 
     def _after_command(self) -> None:
@@ -265,7 +330,7 @@ class BrokerServer:
                     continue
                 if out:
                     sock.write(out)
-                if amqp.closed and amqp.transport.pending() < 0:
+                if amqp.finished:
                     sock.close()
         self._schedule_tick()
 

@@ -35,6 +35,7 @@ class BrokerSnapshot:
     connections: int
     connections_opened: int
     event_log_dropped: int
+    authentication_failures: int = 0
 
     @classmethod
     def take(
@@ -44,6 +45,7 @@ class BrokerSnapshot:
         connections: int,
         connections_opened: int,
         event_log_dropped: int = 0,
+        authentication_failures: int = 0,
     ) -> BrokerSnapshot:
         return cls(
             broker=broker.name,
@@ -55,6 +57,7 @@ class BrokerSnapshot:
             connections=connections,
             connections_opened=connections_opened,
             event_log_dropped=event_log_dropped,
+            authentication_failures=authentication_failures,
         )
 
 
@@ -151,6 +154,11 @@ class BrokerCollector:
         )
         yield CounterMetricFamily(
             names.EVENT_LOG_DROPPED, "Lifecycle events dropped.", value=s.event_log_dropped
+        )
+        yield CounterMetricFamily(
+            names.AUTHENTICATION_FAILURES,
+            "SASL authentications refused.",
+            value=s.authentication_failures,
         )
         info = GaugeMetricFamily(names.BUILD_INFO, "Build information.", labels=["version"])
         info.add_metric([__version__], 1)

@@ -16,6 +16,7 @@ ADDRESS_UNROUTED = "amqpbroker_address_unrouted_messages"  # _total
 CONNECTIONS = "amqpbroker_connections"
 CONNECTIONS_OPENED = "amqpbroker_connections_opened"  # _total
 EVENT_LOG_DROPPED = "amqpbroker_event_log_dropped"  # _total
+AUTHENTICATION_FAILURES = "amqpbroker_authentication_failures"  # _total
 BUILD_INFO = "amqpbroker_build_info"
 
 # The ActiveMQ Artemis Prometheus plugin names (metrics.artemis-names: true).

@@ -71,6 +71,10 @@ from amqpbroker.core import (
 from amqpbroker.protocol import sections
 from amqpbroker.protocol.dispositions import outcome_of
 from amqpbroker.protocol.links import consumer_request, echo_source_filter, producer_request
+from amqpbroker.protocol.sasl import SaslServer
+
+# Makes the SASL layer of one connection: (forward, on_failure) -> SaslServer
+SaslFactory = Callable[[Callable[[bytes], None], Callable[[str], None]], SaslServer]
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +153,7 @@ class Shell:
         self.opened_total = 0
         # Where lifecycle events go (the event-log writer); None drops them.
         self.event_sink: Callable[[list[LifecycleEvent]], None] | None = None
+        self.auth_failures = 0
 
     def new_connection_id(self) -> ConnectionId:
         self._next_connection_id += 1
@@ -197,6 +202,7 @@ class AmqpConnection:
         peer: str,
         anycast_prefix: str | None = None,
         multicast_prefix: str | None = None,
+        sasl: SaslFactory | None = None,
     ) -> None:
         self.shell = shell
         self.broker = shell.broker
@@ -210,7 +216,13 @@ class AmqpConnection:
         self.collector = Collector()
         self.connection.collect(self.collector)
         self.transport.bind(self.connection)
-        self._setup_sasl()
+        # Broker-checked SASL (security enabled) or Proton's built-in ANONYMOUS.
+        self.sasl: SaslServer | None = None
+        self.user: str | None = None
+        if sasl is not None:
+            self.sasl = sasl(self._push, self._sasl_failed)
+        else:
+            self._setup_sasl()
         self.container_id = ""
         # Keyed by the pn_link_t pointer, which the hot path reads from events directly.
         self.producers: dict[Any, ProducerLink] = {}
@@ -240,7 +252,24 @@ class AmqpConnection:
 
     # -- bytes in and out ---------------------------------------------------------------
     def feed(self, data: bytes) -> None:
-        """Push socket bytes into the engine and handle what they caused."""
+        """Socket bytes in: through the SASL layer first when the broker checks it."""
+        sasl = self.sasl
+        if sasl is not None and not sasl.done:
+            sasl.feed(data)
+            if sasl.done and self.user is None and sasl.identity is not None:
+                self.user = sasl.identity.user
+            self.shell.dirty.add(self)
+            return
+        self._push(data)
+
+    def _sasl_failed(self, why: str) -> None:
+        self.shell.auth_failures += 1
+        log.warning("connection %s from %s: %s; closing it", self.id, self.peer, why)
+        self.closed = True
+        self.shell.connections.pop(self.id, None)
+
+    def _push(self, data: bytes) -> None:
+        """Push bytes into the engine and handle what they caused."""
         transport = self.transport
         while data:
             capacity = transport.capacity()
@@ -251,8 +280,25 @@ class AmqpConnection:
             self.process()
         self.process()
 
+    @property
+    def finished(self) -> bool:
+        """Whether the socket can be closed once `output()` has been written."""
+        if self.sasl is not None and self.sasl.failed:
+            return True
+        return self.closed and self.transport.pending() < 0
+
     def output(self) -> bytes:
-        """Bytes the engine wants to send now."""
+        """Bytes to send now: the SASL layer's, then the engine's."""
+        sasl = self.sasl
+        if sasl is not None and (sasl.output or not sasl.done):
+            out = bytes(sasl.output)
+            sasl.output.clear()
+            if not sasl.done:
+                return out
+            return out + self._engine_output()
+        return self._engine_output()
+
+    def _engine_output(self) -> bytes:
         transport = self.transport
         pending = transport.pending()
         if pending <= 0:

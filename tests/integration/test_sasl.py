@@ -1,0 +1,116 @@
+"""Broker-checked SASL with python-qpid-proton clients (issue 8 scope: authentication)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from proton import ConnectionException, SSLDomain
+from proton.utils import BlockingConnection
+from support.client import receive_bodies, send
+from support.process import BrokerProcess, start_broker
+
+from amqpbroker.security import hash_password
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+@pytest.fixture(scope="module")
+def cert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("certs")
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "amqpbroker",
+            "certs",
+            "create",
+            "--out",
+            str(out),
+            "--host",
+            "localhost",
+            "--client",
+            "app-1",
+        ],
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
+    return out
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory, cert_dir: Path) -> BrokerProcess:
+    running = start_broker(
+        tmp_path_factory.mktemp("sasl"),
+        f"""
+        acceptors:
+          - name: amqp
+            url: amqp://127.0.0.1:0
+          - name: amqps
+            url: amqps://localhost:0
+            tls: {{cert-file: {cert_dir}/server.pem, key-file: {cert_dir}/server.key,
+                   ca-file: {cert_dir}/ca.pem, client-auth: optional}}
+        security:
+          enabled: true
+          sasl-mechanisms: [PLAIN, EXTERNAL]
+          users:
+            admin: {{password-hash: "{hash_password("right-pw")}", roles: [admin]}}
+            app-1: {{password-hash: "{hash_password("unused")}", roles: [app]}}
+        """,
+    )
+    yield running  # type: ignore[misc]
+    assert running.stop() == 0, running.log()
+
+
+def plain(broker: BrokerProcess, user: str, password: str) -> BlockingConnection:
+    return BlockingConnection(
+        broker.url,
+        timeout=10,
+        user=user,
+        password=password,
+        allowed_mechs="PLAIN",
+        allow_insecure_mechs=True,
+    )
+
+
+def test_plain_with_the_right_password(broker: BrokerProcess) -> None:
+    """PLAIN checked by the broker against the scrypt hash."""
+    conn = plain(broker, "admin", "right-pw")
+    send(conn, "secured", "hello", caps=("queue",))
+    assert receive_bodies(conn.create_receiver("secured"), 1) == ["hello"]
+    conn.close()
+
+
+def test_plain_with_a_wrong_password_is_refused(broker: BrokerProcess) -> None:
+    """Failed authentication: outcome auth, connection closed, logged without password."""
+    with pytest.raises(ConnectionException):
+        plain(broker, "admin", "wrong-pw")
+    with pytest.raises(ConnectionException):
+        plain(broker, "nobody", "right-pw")
+    assert "wrong-pw" not in broker.log()
+    assert "authentication failed with mechanism PLAIN" in broker.log()
+
+
+def test_anonymous_is_refused_when_security_is_on(broker: BrokerProcess) -> None:
+    """A client must never be let in as anonymous when security is enabled."""
+    with pytest.raises(ConnectionException):
+        BlockingConnection(broker.url, timeout=10, allowed_mechs="ANONYMOUS")
+
+
+def test_external_with_a_client_certificate(broker: BrokerProcess, cert_dir: Path) -> None:
+    """EXTERNAL: the TLS client certificate's CN (app-1) names the user."""
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)
+    domain.set_trusted_ca_db(str(cert_dir / "ca.pem"))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+    domain.set_credentials(str(cert_dir / "client.pem"), str(cert_dir / "client.key"), None)
+    conn = BlockingConnection(
+        f"amqps://localhost:{broker.ports['amqps']}",
+        timeout=10,
+        ssl_domain=domain,
+        allowed_mechs="EXTERNAL",
+    )
+    send(conn, "by-cert", "x", caps=("queue",))
+    conn.close()

@@ -30,6 +30,7 @@ from amqpbroker.core import (
     SettingsRepository,
     SystemClock,
 )
+from amqpbroker.core.security import SecurityRepository
 from amqpbroker.management import HttpServer, LoopBridge, ManagementApi
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.protocol import moves
@@ -40,6 +41,7 @@ from amqpbroker.security import server_context, verify_password
 log = logging.getLogger(__name__)
 
 WRITE_HIGH_WATER_BYTES = 4 * 1024 * 1024
+MANAGEMENT_ADDRESS = "activemq.management"  # where `manage` is granted (B-104, B-154)
 ENGINE_TICK_S = 1.0  # heartbeats / idle-timeout checks of the proton engines
 
 
@@ -49,6 +51,9 @@ def build_broker(
     """A Broker with the configured address-settings, addresses and queues."""
     settings = SettingsRepository(
         dict(config.address_settings), wildcards=config.wildcard_addresses
+    )
+    security = SecurityRepository(
+        config.security.security_settings, wildcards=config.wildcard_addresses
     )
     broker = Broker(
         settings=settings,
@@ -61,6 +66,7 @@ def build_broker(
         # Events cost ~20% of the hot path: build none until the event-log writer
         # (DATA_DIR/events, B-170) is there to consume them.
         event_level=EventLevel.OFF,
+        security=security,
     )
     for address in config.addresses:
         types = set()
@@ -187,6 +193,10 @@ class BrokerServer:
         self.data_dir = data_dir
         self.broker = build_broker(config, clock=clock, rng=rng)
         self.shell = Shell(self.broker)
+        users = config.security.users
+        self.shell.roles_for = lambda user: (
+            frozenset(users[user].roles) if user in users else frozenset()
+        )
         self.sockets: dict[AmqpConnection, _AmqpProtocol] = {}
         self.ports: dict[str, int] = {}
         self._servers: list[asyncio.Server] = []
@@ -244,7 +254,10 @@ class BrokerServer:
             lambda: bridge.call(self.snapshot), artemis_names=self.config.metrics.artemis_names
         )
         api = ManagementApi(
-            bridge, metrics=lambda: render(collector), healthy=lambda: self._accepting
+            bridge,
+            metrics=lambda: render(collector),
+            healthy=lambda: self._accepting,
+            authorize=self._authorize_http if self.config.security.enabled else None,
         )
         api.bridge_broker = self.broker
         http = self.config.http
@@ -295,6 +308,16 @@ class BrokerServer:
             )
 
         return make
+
+    def _authorize_http(self, user: str | None, password: str | None) -> int:
+        """HTTP basic auth for /api/v1: 0 ok, 401 unauthenticated, 403 lacking `manage`."""
+        users = self.config.security.users
+        if user is None or password is None or user not in users:
+            return 401
+        if not verify_password(password, users[user].password_hash):
+            return 401
+        roles = frozenset(users[user].roles)
+        return 0 if self.broker.security.allowed(roles, "manage", MANAGEMENT_ADDRESS) else 403
 
     def snapshot(self) -> BrokerSnapshot:
         """Metrics snapshot; loop thread only."""

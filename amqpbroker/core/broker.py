@@ -7,12 +7,13 @@ they must happen. Never blocks, sleeps, reads the time except through the inject
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import itertools
 import logging
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from random import Random
 from typing import Any, Protocol
 
@@ -39,6 +40,7 @@ from amqpbroker.core.names import parse_address
 from amqpbroker.core.outcomes import Outcome, Rejected
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Consumer, Queue, Ref
+from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
 
@@ -138,6 +140,8 @@ class ProducerRequest:
     dynamic: bool = False
     anycast_prefix: str | None = None
     multicast_prefix: str | None = None
+    user: str | None = None
+    roles: frozenset[str] | None = None  # None: security disabled, everything allowed
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +152,8 @@ class ProducerTarget:
     routing_type: RoutingType | None = None  # fixed by capability or prefix (B-008 rule 1)
     queue: str | None = None  # FQQN: only this queue (B-006)
     link_routing_type: RoutingType | None = None  # anonymous relay: from link capabilities
+    user: str | None = None
+    roles: frozenset[str] | None = None  # anonymous relay: `send` is checked per message
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,6 +173,8 @@ class ConsumerRequest:
     no_local: bool = False
     presettled: bool = False
     priority: int | None = None  # attach property `priority` (B-035)
+    user: str | None = None
+    roles: frozenset[str] | None = None  # None: security disabled
     anycast_prefix: str | None = None
     multicast_prefix: str | None = None
 
@@ -213,9 +221,13 @@ class Broker:
         address_queue_scan_period_ms: int = 30_000,
         message_expiry_scan_period_ms: int = 30_000,
         event_level: EventLevel = EventLevel.LIFECYCLE,
+        security: SecurityRepository | None = None,
     ) -> None:
         self.name = name
         self.emitter = Emitter(event_level)
+        self.security = security or SecurityRepository({})
+        # Who the current client request acts for (set only around attach/publish).
+        self._principal: tuple[str | None, frozenset[str]] | None = None
         self.settings = settings
         self.clock = clock
         self.rng = rng or Random()
@@ -380,6 +392,21 @@ class Broker:
             self.delete_queue(queue.name)
         self.post_office.remove(name)
 
+    @contextlib.contextmanager
+    def _acting_for(self, user: str | None, roles: frozenset[str] | None) -> Iterator[None]:
+        previous = self._principal
+        self._principal = None if roles is None else (user, roles)
+        try:
+            yield
+        finally:
+            self._principal = previous
+
+    def _check(self, permission: str, address: str) -> None:
+        """B-154: refuse with amqp:unauthorized-access when the client lacks it."""
+        if self._principal is not None:
+            user, roles = self._principal
+            self.security.require(roles, permission, address, user=user)
+
     def _ensure_address(
         self, name: str, routing_type: RoutingType, settings: ResolvedSettings
     ) -> Address:
@@ -390,6 +417,7 @@ class Broker:
         if not settings.auto_create_addresses:
             raise NotFound(f"target address {name} does not exist")
         if address is None:
+            self._check("create-address", name)
             self._warn_advisory(name)
         return self.create_address(name, {routing_type}, auto_created=address is None)
 
@@ -417,6 +445,7 @@ class Broker:
             "auto_created": True,
         }
         values.update(overrides)
+        self._check("create-durable-queue", address)
         return self.create_queue(QueueConfig(**values))
 
     def _warn_advisory(self, name: str) -> None:
@@ -434,6 +463,11 @@ class Broker:
     # -- producers --------------------------------------------------------------------
     def attach_producer(self, request: ProducerRequest) -> ProducerTarget:
         """B-022: resolve a producer target, auto-creating what it needs."""
+        with self._acting_for(request.user, request.roles):
+            target = self._attach_producer(request)
+        return replace(target, user=request.user, roles=request.roles)
+
+    def _attach_producer(self, request: ProducerRequest) -> ProducerTarget:
         caps_type = _capability_routing_type(request.capabilities)
         if request.dynamic:
             return self._dynamic_target(request, caps_type)
@@ -446,6 +480,7 @@ class Broker:
         )
         if self.settings.wildcards.has_wildcard(parsed.address):
             raise ClientError(f"cannot send to wildcard address {parsed.address} (B-011)")
+        self._check("send", parsed.address)
         routing_type = caps_type or parsed.routing_type
         self._prepare_target(parsed.address, parsed.queue, routing_type)
         return ProducerTarget(parsed.address, routing_type, parsed.queue)
@@ -498,6 +533,7 @@ class Broker:
         name = self._random_name()
         settings = self.settings.resolve(name)
         routing_type = caps_type or settings.default_address_routing_type
+        self._check("create-non-durable-queue", name)
         self.create_address(name, {routing_type}, temporary=True, owner=request.connection)
         if routing_type is RoutingType.ANYCAST:
             self.create_queue(
@@ -546,11 +582,13 @@ class Broker:
             address_name, fqqn_queue = parsed.address, parsed.queue
             routing_type = target.link_routing_type or message_routing_type or parsed.routing_type
             address = self.post_office.addresses.get(address_name)
-            if address is None or (routing_type and routing_type not in address.routing_types):
-                try:
-                    address = self._prepare_target(address_name, fqqn_queue, routing_type)
-                except NotFound as e:
-                    raise NotFound(f"target address {address_name} does not exist") from e
+            with self._acting_for(target.user, target.roles):
+                self._check("send", address_name)  # per message on the relay (B-154)
+                if address is None or (routing_type and routing_type not in address.routing_types):
+                    try:
+                        address = self._prepare_target(address_name, fqqn_queue, routing_type)
+                    except NotFound as e:
+                        raise NotFound(f"target address {address_name} does not exist") from e
         else:
             address = self.post_office.addresses.get(address_name)
             if address is None:  # deleted since attach: re-create as attach would
@@ -672,6 +710,10 @@ class Broker:
     # -- consumers --------------------------------------------------------------------
     def attach_consumer(self, request: ConsumerRequest) -> ConsumerAttached:
         """B-024…B-031: find or create the queue for a consumer link and attach to it."""
+        with self._acting_for(request.user, request.roles):
+            return self._attach_consumer(request)
+
+    def _attach_consumer(self, request: ConsumerRequest) -> ConsumerAttached:
         if request.dynamic:
             queue, kind, answer = self._dynamic_source(request), "dynamic", None
         else:
@@ -712,6 +754,7 @@ class Broker:
     def _dynamic_source(self, request: ConsumerRequest) -> Queue:
         """B-030: a temporary ANYCAST queue with a random name, on an address of that name."""
         name = self._random_name()
+        self._check("create-non-durable-queue", name)
         self.create_address(name, {RoutingType.ANYCAST}, temporary=True, owner=request.connection)
         return self.create_queue(
             QueueConfig(
@@ -738,6 +781,7 @@ class Broker:
         if request.selector:
             parse_selector(request.selector)  # B-032: refuse a bad selector at attach
         name = parsed.address
+        self._check("browse" if request.browse else "consume", name)
         settings = self.settings.resolve(name)
         caps = set(request.capabilities)
         wanted = parsed.routing_type
@@ -833,6 +877,10 @@ class Broker:
         else:
             name, kind, durable, temporary = self._random_name(), "volatile", False, True
         existing = self.queues.get(name)
+        if existing is None:
+            self._check(
+                "create-durable-queue" if durable else "create-non-durable-queue", address.name
+            )
         if existing is not None:
             if existing.address == address.name and (existing.config.filter or None) == (
                 selector or None
@@ -1013,6 +1061,10 @@ class Broker:
         return None
 
     def _ensure_move_resources(self, target: str, origin: str, prefix: str, suffix: str) -> None:
+        with self._acting_for(None, None):  # broker-internal: not the client's permission
+            self._create_move_resources(target, origin, prefix, suffix)
+
+    def _create_move_resources(self, target: str, origin: str, prefix: str, suffix: str) -> None:
         """B-074/B-086: the target address and a `<prefix><origin><suffix>` queue."""
         target_settings = self.settings.resolve(target)
         routing_type = target_settings.default_queue_routing_type

@@ -132,11 +132,17 @@ class ManagementApi:
     """Routes requests to broker operations on the loop. Used by the HTTP threads."""
 
     def __init__(
-        self, bridge: LoopBridge, *, metrics: Callable[[], bytes], healthy: Callable[[], bool]
+        self,
+        bridge: LoopBridge,
+        *,
+        metrics: Callable[[], bytes],
+        healthy: Callable[[], bool],
+        authorize: Callable[[str | None, str | None], int] | None = None,
     ) -> None:
         self.bridge = bridge
         self.metrics = metrics
         self.healthy = healthy
+        self.authorize = authorize  # None: security disabled
 
     def handle(
         self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any] | None
@@ -256,6 +262,16 @@ class ManagementApi:
         return retried
 
 
+def _basic_auth(header: str | None) -> tuple[str | None, str | None]:
+    if not header or not header.startswith("Basic "):
+        return None, None
+    try:
+        user, _, password = base64.b64decode(header[6:]).decode("utf-8").partition(":")
+    except (ValueError, UnicodeDecodeError):
+        return None, None
+    return user, password
+
+
 def _int_param(query: dict[str, list[str]], key: str, default: int) -> int:
     raw = query.get(key, [None])[0]
     if raw is None:
@@ -298,6 +314,20 @@ def _handler_class(api: ManagementApi) -> type[BaseHTTPRequestHandler]:
                         HTTPStatus.OK, api.metrics(), "text/plain; version=0.0.4; charset=utf-8"
                     )
                     return
+                if url.path.startswith("/api/") and api.authorize is not None:
+                    user, password = _basic_auth(self.headers.get("Authorization"))
+                    verdict = api.authorize(user, password)
+                    if verdict == 401:
+                        self.send_response(HTTPStatus.UNAUTHORIZED)
+                        payload = json.dumps({"error": "authentication required"}).encode()
+                        self.send_header("WWW-Authenticate", 'Basic realm="amqpbroker"')
+                        self.send_header("Content-Type", "application/json")
+                        self.send_header("Content-Length", str(len(payload)))
+                        self.end_headers()
+                        self.wfile.write(payload)
+                        return
+                    if verdict == 403:
+                        raise HttpError(HTTPStatus.FORBIDDEN, "the 'manage' permission is required")
                 body = None
                 length = int(self.headers.get("Content-Length") or 0)
                 if length:

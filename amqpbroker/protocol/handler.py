@@ -154,6 +154,8 @@ class Shell:
         # Where lifecycle events go (the event-log writer); None drops them.
         self.event_sink: Callable[[list[LifecycleEvent]], None] | None = None
         self.auth_failures = 0
+        # The roles of an authenticated user (security enabled); none for anonymous.
+        self.roles_for: Callable[[str | None], frozenset[str]] = lambda user: frozenset()
 
     def new_connection_id(self) -> ConnectionId:
         self._next_connection_id += 1
@@ -219,6 +221,7 @@ class AmqpConnection:
         # Broker-checked SASL (security enabled) or Proton's built-in ANONYMOUS.
         self.sasl: SaslServer | None = None
         self.user: str | None = None
+        self.roles: frozenset[str] | None = None  # None: security disabled
         if sasl is not None:
             self.sasl = sasl(self._push, self._sasl_failed)
         else:
@@ -258,6 +261,7 @@ class AmqpConnection:
             sasl.feed(data)
             if sasl.done and self.user is None and sasl.identity is not None:
                 self.user = sasl.identity.user
+                self.roles = self.shell.roles_for(self.user)
             self.shell.dirty.add(self)
             return
         self._push(data)
@@ -477,6 +481,8 @@ class AmqpConnection:
                 self.id,
                 anycast_prefix=self.anycast_prefix,
                 multicast_prefix=self.multicast_prefix,
+                user=self.user,
+                roles=self.roles,
             )
         )
         link.source.copy(link.remote_source)
@@ -497,6 +503,8 @@ class AmqpConnection:
                 self.container_id,
                 anycast_prefix=self.anycast_prefix,
                 multicast_prefix=self.multicast_prefix,
+                user=self.user,
+                roles=self.roles,
             )
         )
         link.source.copy(link.remote_source)

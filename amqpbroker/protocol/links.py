@@ -72,6 +72,8 @@ def producer_request(
     *,
     anycast_prefix: str | None,
     multicast_prefix: str | None,
+    user: str | None = None,
+    roles: frozenset[str] | None = None,
 ) -> ProducerRequest:
     target = link.remote_target
     return ProducerRequest(
@@ -81,6 +83,8 @@ def producer_request(
         dynamic=bool(target.dynamic),
         anycast_prefix=anycast_prefix,
         multicast_prefix=multicast_prefix,
+        user=user,
+        roles=roles,
     )
 
 
@@ -91,6 +95,8 @@ def consumer_request(
     *,
     anycast_prefix: str | None,
     multicast_prefix: str | None,
+    user: str | None = None,
+    roles: frozenset[str] | None = None,
 ) -> ConsumerRequest:
     source = link.remote_source
     filters = filter_map(source.filter)
@@ -109,6 +115,8 @@ def consumer_request(
         no_local=has_no_local(filters),
         presettled=link.remote_snd_settle_mode == Link.SND_SETTLED,
         priority=_priority(link),
+        user=user,
+        roles=roles,
         anycast_prefix=anycast_prefix,
         multicast_prefix=multicast_prefix,
     )

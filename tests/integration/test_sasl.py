@@ -59,6 +59,26 @@ def broker(tmp_path_factory: pytest.TempPathFactory, cert_dir: Path) -> BrokerPr
           users:
             admin: {{password-hash: "{hash_password("right-pw")}", roles: [admin]}}
             app-1: {{password-hash: "{hash_password("unused")}", roles: [app]}}
+            reader: {{password-hash: "{hash_password("read-pw")}", roles: [readers]}}
+          security-settings:
+            "#":
+              send: [admin]
+              consume: [admin]
+              browse: [admin]
+              create-address: [admin]
+              create-durable-queue: [admin]
+              create-non-durable-queue: [admin]
+              manage: [admin]
+            "by-cert":
+              send: [app]
+              create-address: [app]
+              create-durable-queue: [app]
+            "public.#":  # the most specific match decides alone: admin is listed again
+              send: [admin]
+              create-address: [admin]
+              create-durable-queue: [admin]
+              consume: [readers, admin]
+              browse: [readers]
         """,
     )
     yield running  # type: ignore[misc]
@@ -114,3 +134,69 @@ def test_external_with_a_client_certificate(broker: BrokerProcess, cert_dir: Pat
     )
     send(conn, "by-cert", "x", caps=("queue",))
     conn.close()
+
+
+def http_status(broker: BrokerProcess, user: str | None, password: str | None) -> int:
+    import base64
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"http://127.0.0.1:{broker.ports['http']}/api/v1/queues")
+    if user is not None:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as e:
+        e.close()
+        return int(e.code)
+
+
+def test_http_api_requires_a_user_with_manage(broker: BrokerProcess) -> None:
+    """401 without or with bad credentials, 403 without `manage`, 200 with it."""
+    assert http_status(broker, None, None) == 401
+    assert http_status(broker, "admin", "nope") == 401
+    assert http_status(broker, "reader", "read-pw") == 403
+    assert http_status(broker, "admin", "right-pw") == 200
+
+
+@pytest.mark.parametrize(
+    ("user", "password", "action", "address", "allowed"),
+    [
+        ("admin", "right-pw", "send", "orders.x", True),
+        ("admin", "right-pw", "consume", "orders.x", True),
+        ("reader", "read-pw", "send", "public.news", False),
+        ("reader", "read-pw", "consume", "public.news", True),
+        ("reader", "read-pw", "consume", "orders.y", False),
+        ("reader", "read-pw", "create", "fresh.address", False),
+    ],
+)
+def test_permissions_are_checked_at_attach(
+    broker: BrokerProcess, user: str, password: str, action: str, address: str, allowed: bool
+) -> None:
+    """B-154: send/consume/create refused with amqp:unauthorized-access naming the
+    permission; the most specific security-settings match decides."""
+    from proton.utils import LinkDetached
+    from support.client import Capabilities
+
+    if action == "consume":  # the queue exists, created by admin
+        admin = plain(broker, "admin", "right-pw")
+        admin.create_sender(address, options=Capabilities("queue")).close()
+        admin.close()
+    conn = plain(broker, user, password)
+
+    def attempt() -> None:
+        if action in ("send", "create"):
+            conn.create_sender(address, options=Capabilities("queue"))
+        else:
+            conn.create_receiver(address, options=Capabilities("queue"))
+
+    try:
+        if allowed:
+            attempt()
+        else:
+            with pytest.raises(LinkDetached, match="unauthorized-access"):
+                attempt()
+    finally:
+        conn.close()

@@ -926,6 +926,17 @@ class Broker:
                 and policy in ("link-detach", "session-end")
             )
         ):
+            request = info.request
+            if info.kind == "durable" and not self.security.allowed(
+                request.roles, "delete-durable-queue", queue.address
+            ):
+                log.info(
+                    "keeping subscription queue %s: user %s may not delete durable queues on %s",
+                    queue.name,
+                    request.user,
+                    queue.address,
+                )
+                return
             self.delete_queue(queue.name, reason="unsubscribed")
             if info.kind == "dynamic":
                 self.post_office.remove(queue.address)

@@ -741,3 +741,69 @@ def test_no_local_is_ignored_on_queue_consumers() -> None:
         )
     )
     assert attached.no_local is False
+
+
+# -- authorization in the core (B-154) ---------------------------------------------------
+
+
+def _secured(**grants: tuple[str, ...]) -> Harness:
+    from amqpbroker.core.security import SecurityRepository
+
+    h = Harness()
+    h.broker.security = SecurityRepository(
+        {"#": {k.replace("_", "-"): v for k, v in grants.items()}}
+    )
+    return h
+
+
+def _consumer_as(
+    h: Harness, address: str | None, roles: frozenset[str], **kw: object
+) -> ConsumerId:
+    attached = h.broker.attach_consumer(
+        ConsumerRequest(
+            connection=CONN,
+            container_id="c",
+            link_name=f"l-{address}",
+            address=address,
+            user="u",
+            roles=roles,
+            **kw,
+        )
+    )  # type: ignore[arg-type]
+    return attached.consumer
+
+
+def test_browse_needs_browse_not_consume() -> None:
+    """B-154: a browser needs `browse`; `consume` alone is not enough."""
+    from amqpbroker.core import NotAuthorized
+
+    h = _secured(consume=("c",), create_address=("c",), create_durable_queue=("c",))
+    h.producer("q", "queue")
+    with pytest.raises(NotAuthorized, match="'browse'"):
+        _consumer_as(h, "q", frozenset({"c"}), capabilities=("queue",), browse=True)
+    _consumer_as(h, "q", frozenset({"c"}), capabilities=("queue",))
+
+
+def test_dynamic_node_needs_create_non_durable_queue() -> None:
+    from amqpbroker.core import NotAuthorized
+
+    h = _secured(consume=("c",))
+    with pytest.raises(NotAuthorized, match="'create-non-durable-queue'"):
+        _consumer_as(h, None, frozenset({"c"}), dynamic=True)
+
+
+def test_unsubscribe_needs_delete_durable_queue() -> None:
+    """B-154: closing a durable subscription deletes its queue only with the permission."""
+    h = _secured(consume=("c",), create_address=("c",), create_durable_queue=("c",))
+    sub = _consumer_as(h, "news", frozenset({"c"}), capabilities=("topic",), durable=True)
+    h.broker.detach_consumer(sub, closed=True)
+    assert "c.l-news" in h.broker.queues
+    h2 = _secured(
+        consume=("c",),
+        create_address=("c",),
+        create_durable_queue=("c",),
+        delete_durable_queue=("c",),
+    )
+    sub = _consumer_as(h2, "news", frozenset({"c"}), capabilities=("topic",), durable=True)
+    h2.broker.detach_consumer(sub, closed=True)
+    assert "c.l-news" not in h2.broker.queues

@@ -82,3 +82,26 @@ def test_offered_mechanisms_are_listed() -> None:
     body = bytes(server.output)[8 + 8 :]
     offered = sections.decode_value(body).value[0]
     assert list(offered) == ["PLAIN", "EXTERNAL"]
+
+
+def test_plain_is_not_offered_in_clear_off_loopback() -> None:
+    """PLAIN needs TLS or loopback unless allow-plain-without-tls; EXTERNAL needs a
+    client certificate."""
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from amqpbroker.config import parse_config
+    from amqpbroker.server import BrokerServer
+
+    def offered(config_text: str, host: str) -> tuple[str, ...]:
+        server = BrokerServer(parse_config(config_text), data_dir=Path("/nonexistent"))
+        transport = SimpleNamespace(get_extra_info=lambda key: None)
+        factory = server.sasl_factory(transport, host)  # type: ignore[arg-type]
+        assert factory is not None
+        return factory(lambda data: None, lambda why: None).mechanisms
+
+    secured = "security: {enabled: true, sasl-mechanisms: [PLAIN, EXTERNAL]}\n"
+    assert offered(secured, "192.0.2.10") == ()
+    assert offered(secured, "127.0.0.1") == ("PLAIN",)
+    allowed = "security: {enabled: true, sasl-mechanisms: [PLAIN], allow-plain-without-tls: true}\n"
+    assert offered(allowed, "192.0.2.10") == ("PLAIN",)

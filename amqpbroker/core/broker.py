@@ -667,6 +667,7 @@ class Broker:
                 size=message.size,
                 first_ts=message.first_ts,
                 connection=message.origin_container,
+                message=message,
                 **fields,
             )
         )

@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from amqpbroker.core.model import Message
+
 
 class EventLevel(enum.Enum):
     """`event-log.level`."""
@@ -43,9 +45,14 @@ EVENT_TYPES = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class LifecycleEvent:
-    """One B-170 record, minus the writer's fields (seq, broker, props, body_hash)."""
+    """One B-170 record, minus the writer's fields (seq, broker, props, body_hash).
+
+    Not frozen: these are built on the hot path and frozen dataclasses cost several times
+    more to construct. Treat them as immutable. `message` is for the writer thread only
+    (amqp_message_id, allow-listed properties, body hash): it is never written.
+    """
 
     ts: int
     event: str
@@ -68,6 +75,7 @@ class LifecycleEvent:
     error_condition: str | None = None
     error_description: str | None = None
     amqp_message_id: str | None = None
+    message: Message | None = None
 
 
 class Emitter:
@@ -82,3 +90,33 @@ class Emitter:
     def take(self) -> list[LifecycleEvent]:
         events, self.events = self.events, []
         return events
+
+
+# B-170: the JSONL fields, in order (the writer adds seq, broker, props, body_hash).
+EVENT_FIELDS = (
+    "ts",
+    "seq",
+    "event",
+    "broker",
+    "msg_id",
+    "amqp_message_id",
+    "address",
+    "queue",
+    "routing_type",
+    "durable",
+    "size",
+    "delivery_count",
+    "connection",
+    "link",
+    "txn",
+    "reason",
+    "target_address",
+    "target_queues",
+    "copy_msg_id",
+    "delay_ms",
+    "first_ts",
+    "error_condition",
+    "error_description",
+    "props",
+    "body_hash",
+)

@@ -232,6 +232,7 @@ class Queue:
                 connection=consumer.container if consumer else None,
                 link=consumer.link_name if consumer else None,
                 first_ts=message.first_ts,
+                message=message,
                 **fields,  # type: ignore[arg-type]
             )
         )

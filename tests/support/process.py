@@ -13,20 +13,14 @@ from pathlib import Path
 
 from support.waiting import wait_until
 
-BASE_ACCEPTORS = """\
-acceptors:
-  - name: amqp
-    url: amqp://127.0.0.1:0
-"""
-BASE_CONFIG = """\
-name: test-broker
-http:
-  bind: 127.0.0.1:0
-persistence:
-  enabled: false
-event-log:
-  enabled: false
-"""
+# Top-level sections of the test config; a test that defines one replaces it.
+BASE_SECTIONS = {
+    "name": "name: test-broker\n",
+    "acceptors": "acceptors:\n  - name: amqp\n    url: amqp://127.0.0.1:0\n",
+    "http": "http:\n  bind: 127.0.0.1:0\n",
+    "persistence": "persistence:\n  enabled: false\n",
+    "event-log": "event-log:\n  enabled: false\n",
+}
 
 
 @dataclass
@@ -64,8 +58,9 @@ class BrokerProcess:
 def write_config(directory: Path, extra: str = "") -> Path:
     path = directory / "broker.yaml"
     extra = textwrap.dedent(extra)
-    own_acceptors = any(line.startswith("acceptors:") for line in extra.splitlines())
-    path.write_text(BASE_CONFIG + ("" if own_acceptors else BASE_ACCEPTORS) + extra)
+    own = {line.split(":", 1)[0] for line in extra.splitlines() if line and line[0].isalpha()}
+    base = "".join(text for key, text in BASE_SECTIONS.items() if key not in own)
+    path.write_text(base + extra)
     return path
 
 

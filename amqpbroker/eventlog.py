@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
 
 from amqpbroker.config import EventLogConfig
 from amqpbroker.core import LifecycleEvent
@@ -42,6 +42,18 @@ log = logging.getLogger(__name__)
 
 _STOP = None
 DEFAULT_QUEUE_BATCHES = 8192
+_encode_string = json.encoder.encode_basestring_ascii  # the C encoder json.dumps uses
+_FORMATS = {"ts": "%d", "seq": "%d", "msg_id": "%d", "size": "%d", "first_ts": "%d"}
+# {"ts":%d,"seq":%d,"event":%s,...}: ints as %d, everything else pre-encoded as %s
+_TEMPLATE = "{" + ",".join(f'"{name}":{_FORMATS.get(name, "%s")}' for name in EVENT_FIELDS) + "}\n"
+
+
+def _s(value: str | None) -> str:
+    return "null" if value is None else _encode_string(value)
+
+
+def _n(value: int | None) -> str:
+    return "null" if value is None else str(int(value))
 
 
 def _wall_ms() -> int:
@@ -63,6 +75,7 @@ class EventLogWriter:
     ) -> None:
         self.directory = directory
         self.broker = broker_name
+        self._broker_json = _encode_string(broker_name)
         self.config = config
         self._body_section = body_section
         self._clock_ms = clock_ms
@@ -139,9 +152,11 @@ class EventLogWriter:
             self.dropped_total += len(events)
 
     def _line(self, seq: int, event: LifecycleEvent) -> str:
+        """One JSON object with the B-170 fields in order (a %-template: ~5x cheaper than
+        building a dict for json.dumps, which matters at four events per message)."""
         message = event.message
         amqp_id = event.amqp_message_id
-        props = None
+        props = "null"
         body_hash = None
         if message is not None:
             if amqp_id is None:
@@ -149,31 +164,39 @@ class EventLogWriter:
                 amqp_id = None if value is None else str(value)
             if self.config.properties:
                 app = message.get_application_properties()
-                props = {k: str(app[k]) for k in self.config.properties if k in app}
+                props = json.dumps({k: str(app[k]) for k in self.config.properties if k in app})
             if self.config.body_hash and self._body_section is not None:
                 body = self._body_section(message.data)
                 body_hash = hashlib.sha256(body).hexdigest()[:16]
-        record: dict[str, Any] = {}
-        for name in EVENT_FIELDS:
-            if name == "seq":
-                record[name] = seq
-            elif name == "broker":
-                record[name] = self.broker
-            elif name == "amqp_message_id":
-                record[name] = amqp_id
-            elif name == "props":
-                record[name] = props
-            elif name == "body_hash":
-                record[name] = body_hash
-            elif name == "target_queues":
-                queues = event.target_queues
-                record[name] = list(queues) if queues is not None else None
-            elif name == "error_description":
-                text = event.error_description
-                record[name] = text[:512] if text else text
-            else:
-                record[name] = getattr(event, name)
-        return json.dumps(record, separators=(",", ":")) + "\n"
+        queues = event.target_queues
+        description = event.error_description
+        return _TEMPLATE % (
+            event.ts,
+            seq,
+            _s(event.event),
+            self._broker_json,
+            event.msg_id,
+            _s(amqp_id),
+            _s(event.address),
+            _s(event.queue),
+            _s(event.routing_type),
+            "true" if event.durable else "false",
+            event.size,
+            _n(event.delivery_count),
+            _s(event.connection),
+            _s(event.link),
+            _s(event.txn),
+            _s(event.reason),
+            _s(event.target_address),
+            "null" if queues is None else "[" + ",".join(_s(q) for q in queues) + "]",
+            _n(event.copy_msg_id),
+            _n(event.delay_ms),
+            event.first_ts,
+            _s(event.error_condition),
+            _s(description[:512] if description else description),
+            props,
+            _s(body_hash),
+        )
 
     def _open(self, now_ms: int) -> None:
         stamp = datetime.datetime.fromtimestamp(now_ms / 1000, datetime.UTC)

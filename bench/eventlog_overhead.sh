@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# bench/eventlog_overhead.sh: queue throughput with the lifecycle event log off and on,
+# in one run (issue target: the log at level lifecycle costs at most 15%).
+#
+#   bash bench/eventlog_overhead.sh               # N=20000 REPS=3
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+SHARED=${SHARED:-$REPO/../shared/bench}
+N=${N:-20000}
+REPS=${REPS:-3}
+OUT=/tmp/bench-results/eventlog-$(date -u +%Y%m%dT%H%M%SZ)
+CGEN=/tmp/bench-cgen/amqp-cgen
+mkdir -p "$OUT"
+[ -x "$CGEN" ] || bash "$SHARED/setup.sh"
+
+PIDS=()
+cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done; }
+trap cleanup EXIT
+
+start() {  # start LABEL EVENTLOG(true|false) -> prints "pid port"
+  local data="$OUT/$1-data"
+  cat > "$OUT/$1.yaml" <<YAML
+name: bench-$1
+acceptors: [{name: amqp, url: "amqp://127.0.0.1:0"}]
+http: {enabled: false}
+persistence: {enabled: false}
+event-log: {enabled: $2, level: lifecycle}
+YAML
+  "$REPO/.venv/bin/amqpbroker" run --config "$OUT/$1.yaml" --data-dir "$data" \
+    --log-level warning > "$OUT/$1.log" 2>&1 &
+  local pid=$!
+  for _ in $(seq 200); do [ -s "$data/ports.json" ] && break; sleep 0.1; done
+  echo "$pid $(python3 -c "import json; print(json.load(open('$data/ports.json'))['amqp'])")"
+}
+
+read -r OFF_PID OFF_PORT < <(start log-off false); PIDS+=("$OFF_PID")
+read -r ON_PID ON_PORT < <(start log-on true); PIDS+=("$ON_PID")
+BENCH=("$SHARED/amqp-bench" --client c --cgen "$CGEN" --size 1024 -n "$N" --quiet
+       --flavor artemis --scenario queue --jsonl "$OUT/results.jsonl")
+for rep in $(seq "$REPS"); do  # interleaved, so drift hits both alike
+  "${BENCH[@]}" --reps 1 --url "amqp://127.0.0.1:$OFF_PORT" --label event-log-off \
+    --broker-pid "$OFF_PID" > /dev/null
+  "${BENCH[@]}" --reps 1 --url "amqp://127.0.0.1:$ON_PORT" --label event-log-on \
+    --broker-pid "$ON_PID" > /dev/null
+done
+"$SHARED/amqp-bench" --report "$OUT/results.jsonl"
+python3 - "$OUT/results.jsonl" <<'PY'
+import json, statistics, sys
+rates = {}
+for line in open(sys.argv[1]):
+    run = json.loads(line)
+    if run.get("kind") == "run" and run.get("status") == "ok":
+        rates.setdefault(run["label"], []).append(run["msgs_per_s"])
+off, on = (statistics.median(rates[k]) for k in ("event-log-off", "event-log-on"))
+print(f"\nqueue msg/s: event log off {off:,.0f}, on (lifecycle) {on:,.0f}: "
+      f"cost {100 * (1 - on / off):.1f}%")
+PY
+echo "events written: $(cat "$OUT"/log-on-data/events/*.jsonl* 2>/dev/null | wc -l) lines"

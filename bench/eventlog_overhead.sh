@@ -2,7 +2,8 @@
 # bench/eventlog_overhead.sh: queue throughput with the lifecycle event log off and on,
 # in one run (issue target: the log at level lifecycle costs at most 15%).
 #
-#   bash bench/eventlog_overhead.sh               # N=20000 REPS=3
+#   bash bench/eventlog_overhead.sh                  # N=20000 REPS=3, level lifecycle
+#   LEVEL=failures bash bench/eventlog_overhead.sh   # only the failure events
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 SHARED=${SHARED:-$REPO/../shared/bench}
@@ -24,7 +25,7 @@ name: bench-$1
 acceptors: [{name: amqp, url: "amqp://127.0.0.1:0"}]
 http: {enabled: false}
 persistence: {enabled: false}
-event-log: {enabled: $2, level: lifecycle}
+event-log: {enabled: $2, level: ${LEVEL:-lifecycle}}
 YAML
   "$REPO/.venv/bin/amqpbroker" run --config "$OUT/$1.yaml" --data-dir "$data" \
     --log-level warning > "$OUT/$1.log" 2>&1 &
@@ -44,7 +45,7 @@ for rep in $(seq "$REPS"); do  # interleaved, so drift hits both alike
     --broker-pid "$ON_PID" > /dev/null
 done
 "$SHARED/amqp-bench" --report "$OUT/results.jsonl"
-python3 - "$OUT/results.jsonl" <<'PY'
+python3 - "$OUT/results.jsonl" "${LEVEL:-lifecycle}" <<'PY'
 import json, statistics, sys
 rates = {}
 for line in open(sys.argv[1]):
@@ -52,7 +53,8 @@ for line in open(sys.argv[1]):
     if run.get("kind") == "run" and run.get("status") == "ok":
         rates.setdefault(run["label"], []).append(run["msgs_per_s"])
 off, on = (statistics.median(rates[k]) for k in ("event-log-off", "event-log-on"))
-print(f"\nqueue msg/s: event log off {off:,.0f}, on (lifecycle) {on:,.0f}: "
+level = sys.argv[2]
+print(f"\nqueue msg/s: event log off {off:,.0f}, on ({level}) {on:,.0f}: "
       f"cost {100 * (1 - on / off):.1f}%")
 PY
 echo "events written: $(cat "$OUT"/log-on-data/events/*.jsonl* 2>/dev/null | wc -l) lines"

@@ -594,8 +594,10 @@ class Broker:
             if address is None:  # deleted since attach: re-create as attach would
                 address = self._prepare_target(address_name, fqqn_queue, routing_type)
         message.address = address_name
-        self._set_expiration(message, address_name, now_ms)
-        if not self._has_room(address, message, now_ms):
+        settings = self.settings.resolve(address_name)
+        if message.ttl_ms or message.expiration_ms or settings.has_expiry_overrides:
+            self._set_expiration(message, address_name, now_ms)
+        if settings.max_size_bytes >= 0 and not self._has_room(address, message, now_ms):
             return 0
         if fqqn_queue is not None:
             queue = self.queues.get(fqqn_queue)

@@ -89,6 +89,16 @@ class ResolvedSettings:
     slow_consumer_check_period: int = 5  # seconds, as Artemis
     redistribution_delay: int = -1  # ms; cluster only
 
+    @property
+    def has_expiry_overrides(self) -> bool:
+        """Whether B-081 can change an expiration at this address (a hot-path shortcut)."""
+        return (
+            self.no_expiry
+            or self.expiry_delay >= 0
+            or self.min_expiry_delay >= 0
+            or self.max_expiry_delay >= 0
+        )
+
     def to_config(self) -> dict[str, Any]:
         """Kebab-case keys and plain values, as in the YAML file and the HTTP API."""
         out: dict[str, Any] = {}

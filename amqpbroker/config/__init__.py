@@ -9,7 +9,6 @@ from amqpbroker.config.load import (
     parse_config,
 )
 from amqpbroker.config.schema import (
-    PERMISSIONS,
     AcceptorConfig,
     AddressConfig,
     BrokerConfig,
@@ -22,6 +21,7 @@ from amqpbroker.config.schema import (
     TlsConfig,
     UserConfig,
 )
+from amqpbroker.core.security import PERMISSIONS
 
 __all__ = [
     "PERMISSIONS",

@@ -25,7 +25,6 @@ from urllib.parse import urlsplit
 import yaml
 
 from amqpbroker.config.schema import (
-    PERMISSIONS,
     AcceptorConfig,
     AddressConfig,
     BrokerConfig,
@@ -39,6 +38,7 @@ from amqpbroker.config.schema import (
     UserConfig,
 )
 from amqpbroker.core import AddressSettings, ResolvedSettings, RoutingType, WildcardConfig
+from amqpbroker.core.security import PERMISSIONS
 from amqpbroker.core.settings import (
     ADDRESS_FULL_POLICIES,
     CONFIG_DELETE_POLICIES,
@@ -471,7 +471,7 @@ def _build(c: _Checker, root: yaml.Node) -> dict[str, Any]:
     def security_settings(n: yaml.Node, p: str) -> Any:
         out = {}
         for _, pattern, value in c.entries(n, p):
-            table = {perm: c.strings for perm in PERMISSIONS}
+            table = {perm: c.strings for perm in sorted(PERMISSIONS)}
             out[pattern] = c.mapping(value, _join(p, pattern), table)
         return {
             k: {perm.replace("_", "-"): v for perm, v in vals.items()} for k, vals in out.items()

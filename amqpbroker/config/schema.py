@@ -11,19 +11,6 @@ from dataclasses import dataclass, field
 
 from amqpbroker.core import AddressSettings, WildcardConfig
 
-PERMISSIONS = (
-    "send",
-    "consume",
-    "browse",
-    "create-address",
-    "delete-address",
-    "create-durable-queue",
-    "delete-durable-queue",
-    "create-non-durable-queue",
-    "delete-non-durable-queue",
-    "manage",
-)
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TlsConfig:

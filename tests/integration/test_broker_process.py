@@ -54,13 +54,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     assert running.stop() == 0, running.log()
 
 
-@pytest.fixture
-def conn(broker: BrokerProcess) -> Iterator[BlockingConnection]:
-    connection = connect(broker.url)
-    yield connection
-    connection.close()
-
-
 def test_ports_json_names_the_bound_port(broker: BrokerProcess) -> None:
     """CONTRACT: port 0 binds a free port and ports.json names it."""
     ports = json.loads((broker.data_dir / "ports.json").read_text())

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from proton import Data, Message, Timeout
 from proton.utils import BlockingConnection
-from support.client import Capabilities, connect, send
+from support.client import Capabilities, send
 from support.process import BrokerProcess, start_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -36,13 +36,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     )
     yield running
     assert running.stop() == 0, running.log()
-
-
-@pytest.fixture
-def conn(broker: BrokerProcess) -> Iterator[BlockingConnection]:
-    connection = connect(broker.url)
-    yield connection
-    connection.close()
 
 
 def test_expired_message_moves_to_exp_queue_with_annotations(conn: BlockingConnection) -> None:

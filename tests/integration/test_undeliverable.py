@@ -40,13 +40,6 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     assert running.stop() == 0, running.log()
 
 
-@pytest.fixture
-def conn(broker: BrokerProcess) -> Iterator[BlockingConnection]:
-    connection = connect(broker.url)
-    yield connection
-    connection.close()
-
-
 def test_redelivery_delay_holds_only_the_failed_message(conn: BlockingConnection) -> None:
     """B-065: the failed message waits ~redelivery-delay; the next one flows at once."""
     send(conn, "slow.jobs", "bad", "good", caps=("queue",))

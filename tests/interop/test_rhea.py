@@ -62,3 +62,37 @@ def test_rhea_modified_then_dead_letter(rhea_installed: Path, tmp_path: Path) ->
     assert dead["annotations"]["x-opt-ORIG-ADDRESS"] == "interop.orders"
     assert dead["annotations"]["x-opt-DLQ-REASON"] == "rejected"
     assert dead["annotations"]["x-opt-DLQ-ERROR-CONDITION"] == "app:poison"
+
+
+def test_rhea_sasl_plain(rhea_installed: Path, tmp_path: Path) -> None:
+    """Issue 8: an independent AMQP stack authenticates with PLAIN; a wrong password is
+    refused."""
+    from amqpbroker.security import hash_password
+
+    broker = start_broker(
+        tmp_path,
+        f"""
+        security:
+          enabled: true
+          sasl-mechanisms: [PLAIN]
+          users: {{app: {{password-hash: "{hash_password("pw")}", roles: [app]}}}}
+          security-settings:
+            "#": {{send: [app], create-address: [app], create-durable-queue: [app]}}
+        """,
+    )
+    try:
+
+        def run(password: str) -> dict[str, object]:
+            result = subprocess.run(
+                ["node", "plain.js", str(broker.ports["amqp"]), "app", password],
+                cwd=rhea_installed,
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
+            return dict(json.loads(result.stdout.strip().splitlines()[-1]))
+
+        assert run("pw") == {"accepted": True}
+        assert "accepted" not in run("wrong")
+    finally:
+        assert broker.stop() == 0

@@ -53,6 +53,7 @@ class Message:
         "annotations",
         "application_properties",
         "data",
+        "deliver_at_ms",
         "durable",
         "expiration_ms",
         "first_ts",
@@ -85,6 +86,7 @@ class Message:
         origin_container: str | None = None,
         reader: SectionReader | None = None,
         ttl_ms: int | None = None,
+        deliver_at_ms: int = 0,
     ) -> None:
         self.data = data
         self.size = len(data)
@@ -102,6 +104,7 @@ class Message:
         self.origin_container = origin_container
         self.reader = reader
         self.ttl_ms = ttl_ms  # header.ttl as sent; expiration_ms holds the computed value
+        self.deliver_at_ms = deliver_at_ms  # scheduled delivery, epoch ms; 0 = now (B-015)
 
     def get_properties(self) -> dict[str, Any]:
         """The properties section as a dict (decoded once, on first use)."""

@@ -241,8 +241,15 @@ class Queue:
         self, message: Message, out: list[Effect], *, delivery_count: int = 0, reason: str = "route"
     ) -> Ref:
         ref = Ref(message, next(self._seq), delivery_count)
-        self._fresh[message.priority].append(ref)
-        self._ready += 1
+        at_ms = message.deliver_at_ms
+        if at_ms and at_ms > self._clock_ms():  # B-015: scheduled until then
+            heapq.heappush(self._scheduled, (at_ms, ref.seq, ref))
+            ref.state = SCHEDULED
+            self._scheduled_live += 1
+            self._on_schedule(at_ms)
+        else:
+            self._fresh[message.priority].append(ref)
+            self._ready += 1
         self.counters.added += 1
         self.size_bytes += message.size
         self._on_size(message.size)

@@ -627,6 +627,10 @@ class AmqpConnection:
         target = producer.target
         message_routing_type = None
         to = None
+        if scanned.message_annotations is not None:
+            message.deliver_at_ms = _scheduled_delivery(
+                message.get_annotations(), self.broker.clock.now_ms()
+            )
         if scanned.message_annotations is not None and target.routing_type is None:
             annotations = message.get_annotations()
             value = annotations.get("x-opt-routing-type")
@@ -652,6 +656,18 @@ class AmqpConnection:
         tag = lib.pn_delivery_tag(delivery)
         self.broker.settle(consumer.id, DeliveryId(int(ffi.unpack(tag.start, tag.size))), outcome)
         lib.pn_delivery_settle(delivery)
+
+
+def _scheduled_delivery(annotations: dict[str, Any], now_ms: int) -> int:
+    """B-015: x-opt-delivery-time (epoch ms) wins over x-opt-delivery-delay (ms after
+    receipt); a value that is not a number is ignored (B-153)."""
+    at = annotations.get("x-opt-delivery-time")
+    if isinstance(at, int) and not isinstance(at, bool):
+        return at
+    delay = annotations.get("x-opt-delivery-delay")
+    if isinstance(delay, int) and not isinstance(delay, bool) and delay > 0:
+        return now_ms + delay
+    return 0
 
 
 def _outcome(delivery: Any) -> Outcome | None:

@@ -807,3 +807,25 @@ def test_unsubscribe_needs_delete_durable_queue() -> None:
     sub = _consumer_as(h2, "news", frozenset({"c"}), capabilities=("topic",), durable=True)
     h2.broker.detach_consumer(sub, closed=True)
     assert "c.l-news" not in h2.broker.queues
+
+
+def test_scheduled_message_waits_until_its_time() -> None:
+    """B-015: counted as scheduled, deliverable at its time; others flow meanwhile."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    later = Message(
+        b"later",
+        annotations={},
+        properties={},
+        application_properties={},
+        deliver_at_ms=h.clock.now_ms() + 1000,
+    )
+    h.broker.publish(later, target)
+    h.send(target, b"now")
+    c = h.consumer("q", "queue")
+    assert bodies(h.take(c)) == [b"now"]
+    assert h.queue("q").scheduled_count == 1
+    h.advance(999)
+    assert h.take(c) == []
+    h.advance(1)
+    assert bodies(h.take(c)) == [b"later"]

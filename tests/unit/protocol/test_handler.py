@@ -468,3 +468,28 @@ def test_consumer_priority_property_and_no_local_echo(shell: Shell) -> None:
     echoed.rewind()
     echoed.next()
     assert symbol("no-local") in echoed.get_object()
+
+
+@pytest.mark.parametrize(
+    ("annotations", "scheduled"),
+    [
+        ({"x-opt-delivery-delay": 5000}, True),
+        ({"x-opt-delivery-time": 1}, False),  # in the past: deliverable now
+        ({"x-opt-delivery-time": 1, "x-opt-delivery-delay": 5000}, False),  # time wins
+        ({"x-opt-delivery-time": "soon"}, False),  # not a number: ignored (B-153)
+        ({}, False),
+    ],
+)
+def test_scheduled_delivery_annotations(
+    shell: Shell, annotations: dict[str, object], scheduled: bool
+) -> None:
+    """B-015: x-opt-delivery-time / x-opt-delivery-delay schedule a message."""
+    from proton import symbol
+
+    client = Client(shell)
+    sender = client.sender("sched", "queue")
+    client.send(
+        sender, Message(body="x", annotations={symbol(k): v for k, v in annotations.items()})
+    )
+    assert client.outcomes == [Delivery.ACCEPTED]
+    assert shell.broker.queues["sched"].scheduled_count == (1 if scheduled else 0)

@@ -149,6 +149,7 @@ class _AmqpProtocol(asyncio.Protocol):
             anycast_prefix=self.acceptor.anycast_prefix,
             multicast_prefix=self.acceptor.multicast_prefix,
             sasl=self.server.sasl_factory(transport, peer[0] if peer else ""),
+            reject_as_modified=self.acceptor.amqp_treat_reject_as_unmodified_delivery_failed,
         )
         self.server.sockets[self.amqp] = self
 

@@ -322,6 +322,7 @@ def _acceptor(c: _Checker, node: yaml.Node, path: str) -> Any:
             "anycast-prefix": lambda n, p: c.scalar(n, p, str, nullable=True),
             "multicast-prefix": lambda n, p: c.scalar(n, p, str, nullable=True),
             "tls": tls,
+            "amqp-treat-reject-as-unmodified-delivery-failed": lambda n, p: c.scalar(n, p, bool),
         },
         required=("name", "url"),
     )
@@ -580,7 +581,20 @@ def load_config(path: Path | str) -> BrokerConfig:
         OSError: the file cannot be read.
     """
     path = Path(path)
-    return parse_config(path.read_text(encoding="utf-8"), source=str(path))
+    text = path.read_text(encoding="utf-8")
+    if path.suffix.lower() == ".xml":
+        raise ConfigError(
+            [
+                ConfigProblem(
+                    str(path),
+                    1,
+                    "(file)",
+                    "Artemis broker.xml is not supported by this version; write the same settings "
+                    "as YAML (same key names, see config/broker.yaml)",
+                )
+            ]
+        )
+    return parse_config(text, source=str(path))
 
 
 def default_config_path() -> Path:

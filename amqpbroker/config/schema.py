@@ -30,6 +30,8 @@ class AcceptorConfig:
     anycast_prefix: str | None = None
     multicast_prefix: str | None = None
     tls: TlsConfig | None = None
+    # B-047: Artemis amqpTreatRejectAsUnmodifiedDeliveryFailed
+    amqp_treat_reject_as_unmodified_delivery_failed: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -66,6 +66,7 @@ from amqpbroker.core import (
     Modified,
     Outcome,
     ProducerTarget,
+    Rejected,
     RoutingType,
 )
 from amqpbroker.protocol import sections
@@ -89,6 +90,7 @@ PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
 MAX_FRAME_SIZE = 131072  # B-021
 
+FAILED = Modified(delivery_failed=True)
 _PN_DELIVERY = lib.PN_DELIVERY
 _PN_LINK_FLOW = lib.PN_LINK_FLOW
 _PN_ACCEPTED = lib.PN_ACCEPTED
@@ -205,8 +207,10 @@ class AmqpConnection:
         anycast_prefix: str | None = None,
         multicast_prefix: str | None = None,
         sasl: SaslFactory | None = None,
+        reject_as_modified: bool = False,
     ) -> None:
         self.shell = shell
+        self.reject_as_modified = reject_as_modified  # B-047
         self.broker = shell.broker
         self.id = shell.new_connection_id()
         self.peer = peer
@@ -648,6 +652,8 @@ class AmqpConnection:
     def _on_disposition(self, delivery: Any, link: Any) -> None:
         consumer = self.consumers.get(link)
         outcome = _outcome(delivery) if consumer is not None else None
+        if self.reject_as_modified and isinstance(outcome, Rejected):
+            outcome = FAILED  # B-047: rejected behaves exactly like modified{df=true}
         if outcome is None:
             if lib.pn_delivery_settled(delivery):
                 lib.pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired

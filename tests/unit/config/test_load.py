@@ -235,3 +235,11 @@ def test_format_effective_shows_resolved_values() -> None:
     assert "max-delivery-attempts: 3" in block
     assert "dead-letter-address: DLA" in block
     assert "matched-by: 'orders.#', '#'" in block
+
+
+def test_broker_xml_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    """CONTRACT names broker.xml; until it is read, say so instead of a YAML error."""
+    path = tmp_path / "broker.xml"
+    path.write_text("<configuration/>")
+    with pytest.raises(ConfigError, match=r"broker\.xml is not supported"):
+        load_config(path)

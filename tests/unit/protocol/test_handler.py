@@ -493,3 +493,15 @@ def test_scheduled_delivery_annotations(
     )
     assert client.outcomes == [Delivery.ACCEPTED]
     assert shell.broker.queues["sched"].scheduled_count == (1 if scheduled else 0)
+
+
+def test_reject_as_modified_mode(shell: Shell) -> None:
+    """B-047: with the acceptor option, `rejected` behaves like modified{df=true}:
+    redelivered to the same link with count 1, not dead-lettered."""
+    client = Client(shell)
+    client.server.reject_as_modified = True
+    client.receiver("q", "queue")
+    client.send(client.sender("q", "queue"), Message(body="m"))
+    client.settle(0, Delivery.REJECTED)
+    assert client.received[1][0].delivery_count == 1
+    assert shell.broker.queues["q"].counters.killed == 0

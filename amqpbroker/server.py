@@ -69,6 +69,7 @@ def build_broker(
         if config.event_log.enabled
         else EventLevel.OFF,
         security=security,
+        id_cache_size=config.id_cache_size,
     )
     for address in config.addresses:
         types = set()
@@ -150,6 +151,7 @@ class _AmqpProtocol(asyncio.Protocol):
             multicast_prefix=self.acceptor.multicast_prefix,
             sasl=self.server.sasl_factory(transport, peer[0] if peer else ""),
             reject_as_modified=self.acceptor.amqp_treat_reject_as_unmodified_delivery_failed,
+            duplicate_detection=self.acceptor.amqp_duplicate_detection,
         )
         self.server.sockets[self.amqp] = self
 

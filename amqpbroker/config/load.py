@@ -323,6 +323,7 @@ def _acceptor(c: _Checker, node: yaml.Node, path: str) -> Any:
             "multicast-prefix": lambda n, p: c.scalar(n, p, str, nullable=True),
             "tls": tls,
             "amqp-treat-reject-as-unmodified-delivery-failed": lambda n, p: c.scalar(n, p, bool),
+            "amqp-duplicate-detection": lambda n, p: c.scalar(n, p, bool),
         },
         required=("name", "url"),
     )

@@ -32,6 +32,7 @@ class AcceptorConfig:
     tls: TlsConfig | None = None
     # B-047: Artemis amqpTreatRejectAsUnmodifiedDeliveryFailed
     amqp_treat_reject_as_unmodified_delivery_failed: bool = False
+    amqp_duplicate_detection: bool = True  # B-012: Artemis amqpDuplicateDetection
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

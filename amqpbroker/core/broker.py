@@ -222,10 +222,12 @@ class Broker:
         message_expiry_scan_period_ms: int = 30_000,
         event_level: EventLevel = EventLevel.LIFECYCLE,
         security: SecurityRepository | None = None,
+        id_cache_size: int = 20_000,
     ) -> None:
         self.name = name
         self.emitter = Emitter(event_level)
         self.security = security or SecurityRepository({})
+        self._id_cache_size = id_cache_size  # B-012: ids remembered per address
         # Who the current client request acts for (set only around attach/publish).
         self._principal: tuple[str | None, frozenset[str]] | None = None
         self.settings = settings
@@ -555,6 +557,7 @@ class Broker:
         *,
         to: str | None = None,
         message_routing_type: RoutingType | None = None,
+        duplicate_id: str | bytes | None = None,
     ) -> int:
         """Route a message; returns how many queues took it (0: unrouted, B-004).
 
@@ -594,6 +597,11 @@ class Broker:
             if address is None:  # deleted since attach: re-create as attach would
                 address = self._prepare_target(address_name, fqqn_queue, routing_type)
         message.address = address_name
+        if duplicate_id is not None and self._is_duplicate(address, duplicate_id):
+            address.unrouted += 1
+            if self.emitter.failures:
+                self._message_event("unrouted", message, now_ms, reason="duplicate")
+            return 0
         settings = self.settings.resolve(address_name)
         if message.ttl_ms or message.expiration_ms or settings.has_expiry_overrides:
             self._set_expiration(message, address_name, now_ms)
@@ -605,6 +613,16 @@ class Broker:
         else:
             queues = self.post_office.route(message, address, routing_type)
         return self._deliver_to(message, address, queues, now_ms)
+
+    def _is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
+        """B-012: seen among the address's last `id-cache-size` ids? Remembers it if not."""
+        cache = address.duplicate_ids
+        if duplicate_id in cache:
+            return True
+        cache[duplicate_id] = None
+        if len(cache) > self._id_cache_size:
+            del cache[next(iter(cache))]  # dicts keep insertion order: drop the oldest
+        return False
 
     def _set_expiration(self, message: Message, address: str, now_ms: int) -> None:
         """B-080 once, then the B-081 overrides of the routing address (also for copies,

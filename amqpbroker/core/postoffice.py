@@ -35,6 +35,7 @@ class Address:
     routed: int = 0
     unrouted: int = 0
     size_bytes: int = 0  # bytes of the references its queues hold (B-151)
+    duplicate_ids: dict[str | bytes, None] = field(default_factory=dict)  # B-012, in order
     blocked: bool = False  # full under policy BLOCK: producers get no more credit
 
 

@@ -91,6 +91,7 @@ PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
 MAX_FRAME_SIZE = 131072  # B-021
 
 FAILED = Modified(delivery_failed=True)
+_DUPLICATE_ID_KEY = b"_AMQ_DUPL_ID"
 _PN_DELIVERY = lib.PN_DELIVERY
 _PN_LINK_FLOW = lib.PN_LINK_FLOW
 _PN_ACCEPTED = lib.PN_ACCEPTED
@@ -208,8 +209,10 @@ class AmqpConnection:
         multicast_prefix: str | None = None,
         sasl: SaslFactory | None = None,
         reject_as_modified: bool = False,
+        duplicate_detection: bool = True,
     ) -> None:
         self.shell = shell
+        self.duplicate_detection = duplicate_detection  # B-012 amqpDuplicateDetection
         self.reject_as_modified = reject_as_modified  # B-047
         self.broker = shell.broker
         self.id = shell.new_connection_id()
@@ -647,7 +650,22 @@ class AmqpConnection:
         if target.address is None and scanned.properties is not None:
             value = message.get_properties().get("to")
             to = value if isinstance(value, str) else None
-        self.broker.publish(message, target, to=to, message_routing_type=message_routing_type)
+        duplicate_id = None
+        app = scanned.application_properties
+        if (
+            self.duplicate_detection
+            and app is not None
+            and (scanned.data.find(_DUPLICATE_ID_KEY, app[0], app[1]) >= 0)
+        ):  # decode only when the key's bytes are there (B-012)
+            value = message.get_application_properties().get("_AMQ_DUPL_ID")
+            duplicate_id = value if isinstance(value, str | bytes) else None
+        self.broker.publish(
+            message,
+            target,
+            to=to,
+            message_routing_type=message_routing_type,
+            duplicate_id=duplicate_id,
+        )
 
     def _on_disposition(self, delivery: Any, link: Any) -> None:
         consumer = self.consumers.get(link)

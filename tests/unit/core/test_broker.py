@@ -829,3 +829,24 @@ def test_scheduled_message_waits_until_its_time() -> None:
     assert h.take(c) == []
     h.advance(1)
     assert bodies(h.take(c)) == [b"later"]
+
+
+def test_duplicate_id_is_not_routed_twice_while_cached() -> None:
+    """B-012: a later message with the same _AMQ_DUPL_ID on the same address is not
+    routed (the producer still gets accepted); the cache holds the last id-cache-size."""
+    h = Harness(id_cache_size=2)
+    target = h.producer("q", "queue")
+
+    def send(dup: str) -> int:
+        message = Message(
+            dup.encode(),
+            annotations={},
+            properties={},
+            application_properties={"_AMQ_DUPL_ID": dup},
+        )
+        return h.broker.publish(message, target, duplicate_id=dup)
+
+    assert [send(d) for d in ("a", "b", "a")] == [1, 1, 0]
+    assert h.broker.post_office.addresses["q"].unrouted == 1
+    send("c")  # the cache (2 ids) drops "a"
+    assert send("a") == 1

@@ -505,3 +505,14 @@ def test_reject_as_modified_mode(shell: Shell) -> None:
     client.settle(0, Delivery.REJECTED)
     assert client.received[1][0].delivery_count == 1
     assert shell.broker.queues["q"].counters.killed == 0
+
+
+def test_duplicate_detection_on_the_wire(shell: Shell) -> None:
+    """B-012: the second message with the same _AMQ_DUPL_ID is accepted, not routed."""
+    client = Client(shell)
+    sender = client.sender("dups", "queue")
+    for body in ("first", "second"):
+        client.send(sender, Message(body=body, properties={"_AMQ_DUPL_ID": "order-42"}))
+    client.send(sender, Message(body="other", properties={"_AMQ_DUPL_ID": "order-43"}))
+    assert client.outcomes == [Delivery.ACCEPTED] * 3
+    assert shell.broker.queues["dups"].message_count == 2

@@ -12,8 +12,8 @@ import heapq
 import itertools
 import logging
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from random import Random
 from typing import Any, Protocol
 
@@ -200,11 +200,11 @@ class _ConsumerInfo:
 
 @dataclass(slots=True)
 class BrokerStats:
-    connections: int = 0
+    """Broker-wide counters (per-queue and per-address ones live with those)."""
+
     unrouted: int = 0
     routed: int = 0
     killed_no_dla: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class Broker:
@@ -1000,10 +1000,6 @@ class Broker:
         ]:
             self.delete_address(name)
 
-    def consumer_queue(self, consumer_id: ConsumerId) -> Queue | None:
-        info = self._consumers.get(consumer_id)
-        return info.consumer.queue if info else None
-
     # -- dead letters (B-070…B-076) ---------------------------------------------------
     def _dead_letter(self, queue: Queue, ref: Ref, reason: str, rejection: Rejected | None) -> None:
         """B-070…B-076: copy the message to the queue's DLA, or drop it (B-071/B-072)."""
@@ -1301,6 +1297,3 @@ def _capability_routing_type(capabilities: tuple[str, ...]) -> RoutingType | Non
         if cap in ("queue", "temporary-queue"):
             return RoutingType.ANYCAST
     return None
-
-
-QueueLookup = Callable[[str], Queue | None]

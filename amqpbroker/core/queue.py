@@ -152,7 +152,6 @@ class Queue:
         self.settings = settings
         self.counters = QueueCounters()
         self.consumers: list[Consumer] = []
-        self.consumers_seen = 0  # for auto-delete "was used" (B-113)
         self.used = False
         self.swept = False  # first reaper pass passed (B-111)
         self.idle_since_ms = 0
@@ -490,7 +489,6 @@ class Queue:
     # -- consumers --------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
-        self.consumers_seen += 1
 
     def remove_consumer(
         self, consumer: Consumer, now_ms: int, out: list[Effect], *, abrupt: bool

@@ -36,7 +36,7 @@ from amqpbroker.core.model import (
     QueueConfig,
     RoutingType,
 )
-from amqpbroker.core.names import parse_address
+from amqpbroker.core.names import advisory_characters, parse_address
 from amqpbroker.core.outcomes import Outcome, Rejected
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Consumer, Queue, Ref
@@ -451,8 +451,6 @@ class Broker:
         return self.create_queue(QueueConfig(**values))
 
     def _warn_advisory(self, name: str) -> None:
-        from amqpbroker.core.names import advisory_characters
-
         chars = advisory_characters(name)
         if chars and name not in self._warned_names:
             self._warned_names.add(name)

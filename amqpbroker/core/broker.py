@@ -173,6 +173,7 @@ class ConsumerRequest:
     no_local: bool = False
     presettled: bool = False
     priority: int | None = None  # attach property `priority` (B-035)
+    null_source: bool = False  # attach with no source: recover a subscription (B-029)
     user: str | None = None
     roles: frozenset[str] | None = None  # None: security disabled
     anycast_prefix: str | None = None
@@ -189,6 +190,7 @@ class ConsumerAttached:
     subscription: bool
     selector: str | None
     no_local: bool = False  # echo the no-local filter (subscriptions only, B-034)
+    recovered: bool = False  # B-029: answer with the stored subscription's source
 
 
 @dataclass(slots=True)
@@ -733,6 +735,8 @@ class Broker:
             return self._attach_consumer(request)
 
     def _attach_consumer(self, request: ConsumerRequest) -> ConsumerAttached:
+        if request.null_source:
+            return self._recover_subscription(request)
         if request.dynamic:
             queue, kind, answer = self._dynamic_source(request), "dynamic", None
         else:
@@ -768,6 +772,36 @@ class Broker:
             kind not in ("queue", "dynamic"),
             request.selector if kind != "dynamic" else None,
             no_local=request.no_local and kind not in ("queue", "dynamic"),
+        )
+
+    def _recover_subscription(self, request: ConsumerRequest) -> ConsumerAttached:
+        """B-029: a null source looks the durable subscription up by container-id and
+        link name (shared/global cannot be read from the link's desired capabilities with
+        this Proton engine, so only the plain `<container-id>.<link-name>` form)."""
+        container = request.container_id
+        name = f"{container}.{request.link_name}" if container else request.link_name
+        queue = self.queues.get(name)
+        if (
+            queue is None
+            or queue.routing_type is not RoutingType.MULTICAST
+            or (queue.config.temporary)
+        ):
+            raise NotFound("Unknown subscription link")
+        self._check("consume", queue.address)
+        consumer = Consumer(
+            id=ConsumerId(next(self._consumer_ids)),
+            queue=queue,
+            connection=request.connection,
+            link_name=request.link_name,
+            container=container,
+            presettled=request.presettled,
+        )
+        queue.add_consumer(consumer)
+        self._consumers[consumer.id] = _ConsumerInfo(
+            consumer, replace(request, expiry_policy="never", durable=True), "durable"
+        )
+        return ConsumerAttached(
+            consumer.id, queue.name, queue.name, True, queue.config.filter, recovered=True
         )
 
     def _dynamic_source(self, request: ConsumerRequest) -> Queue:

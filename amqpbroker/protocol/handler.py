@@ -71,7 +71,12 @@ from amqpbroker.core import (
 )
 from amqpbroker.protocol import sections
 from amqpbroker.protocol.dispositions import outcome_of
-from amqpbroker.protocol.links import consumer_request, echo_source_filter, producer_request
+from amqpbroker.protocol.links import (
+    consumer_request,
+    echo_source_filter,
+    producer_request,
+    recovered_source,
+)
 from amqpbroker.protocol.sasl import SaslServer
 
 # Makes the SASL layer of one connection: (forward, on_failure) -> SaslServer
@@ -516,7 +521,10 @@ class AmqpConnection:
         )
         link.source.copy(link.remote_source)
         link.source.address = attached.address
-        echo_source_filter(link, attached.selector, no_local=attached.no_local)
+        if attached.recovered:
+            recovered_source(link, attached.selector)
+        else:
+            echo_source_filter(link, attached.selector, no_local=attached.no_local)
         link.target.copy(link.remote_target)
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST

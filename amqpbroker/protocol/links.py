@@ -115,6 +115,7 @@ def consumer_request(
         no_local=has_no_local(filters),
         presettled=link.remote_snd_settle_mode == Link.SND_SETTLED,
         priority=_priority(link),
+        null_source=source.type == Terminus.UNSPECIFIED,
         user=user,
         roles=roles,
         anycast_prefix=anycast_prefix,
@@ -146,3 +147,21 @@ def echo_source_filter(link: Link, selector: str | None, *, no_local: bool = Fal
     link.source.filter.clear()
     if answer:
         link.source.filter.put_object(answer)
+
+
+def recovered_source(link: Link, selector: str | None) -> None:
+    """B-029: the source of a recovered subscription: durable unsettled-state, expiry
+    never, distribution-mode copy, capability topic, and its stored selector."""
+    source = link.source
+    source.type = Terminus.SOURCE
+    source.durability = Terminus.DELIVERIES
+    source.expiry_policy = Terminus.EXPIRE_NEVER
+    source.distribution_mode = Terminus.DIST_MODE_COPY
+    source.capabilities.clear()
+    source.capabilities.put_array(False, Data.SYMBOL)
+    source.capabilities.enter()
+    source.capabilities.put_symbol(symbol("topic"))
+    source.capabilities.exit()
+    source.filter.clear()
+    if selector:
+        source.filter.put_object({SELECTOR_FILTER: Described(SELECTOR_FILTER, selector)})

@@ -27,6 +27,7 @@ from proton import (
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
 from amqpbroker.protocol import moves
 from amqpbroker.protocol.handler import AmqpConnection, Shell
+from amqpbroker.protocol.links import symbols
 
 
 class Client:
@@ -516,3 +517,41 @@ def test_duplicate_detection_on_the_wire(shell: Shell) -> None:
     client.send(sender, Message(body="other", properties={"_AMQ_DUPL_ID": "order-43"}))
     assert client.outcomes == [Delivery.ACCEPTED] * 3
     assert shell.broker.queues["dups"].message_count == 2
+
+
+def test_null_source_recovers_a_durable_subscription(shell: Shell) -> None:
+    """B-029: attach with a null source finds `<container>.<link>` and answers with
+    address = queue name, durable unsettled-state, expiry never, capability topic."""
+    client = Client(shell, container="app")
+    sub = client.session.receiver("audit")
+    sub.source.address = "events"
+    _put_caps(sub.source, ("topic",))
+    sub.source.durability = Terminus.DELIVERIES
+    sub.source.expiry_policy = Terminus.EXPIRE_NEVER
+    sub.open()
+    client.pump()
+    sub.detach()
+    client.pump()
+    client.send(client.sender("events", "topic"), Message(body="while-away"))
+    again = client.session.receiver("audit")
+    again.source.type = Terminus.UNSPECIFIED  # a null source
+    again.open()
+    again.flow(10)
+    client.pump()
+    source = again.remote_source
+    assert source.address == "app.audit"
+    assert source.durability == Terminus.DELIVERIES
+    assert source.expiry_policy == Terminus.EXPIRE_NEVER
+    assert symbols(source.capabilities) == ("topic",)
+    assert client.received[-1][0].body == "while-away"
+
+
+def test_null_source_for_an_unknown_subscription_is_not_found(shell: Shell) -> None:
+    """B-029: no such subscription -> amqp:not-found "Unknown subscription link"."""
+    client = Client(shell, container="app")
+    link = client.session.receiver("nothing-here")
+    link.source.type = Terminus.UNSPECIFIED
+    link.open()
+    client.pump()
+    assert link.remote_condition.name == "amqp:not-found"
+    assert link.remote_condition.description == "Unknown subscription link"

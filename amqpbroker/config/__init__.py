@@ -1,5 +1,9 @@
-"""Configuration: YAML with Artemis key names, checked with file and line (CONTRACT.md)."""
+"""Configuration: YAML with Artemis key names, checked with file and line (CONTRACT.md).
 
+`load_config` also reads an Artemis broker.xml (a `*.xml` file) into the same schema.
+"""
+
+from amqpbroker.config.artemis_xml import parse_artemis_xml
 from amqpbroker.config.effective import format_effective
 from amqpbroker.config.load import (
     ConfigError,
@@ -41,5 +45,6 @@ __all__ = [
     "default_config_path",
     "format_effective",
     "load_config",
+    "parse_artemis_xml",
     "parse_config",
 ]

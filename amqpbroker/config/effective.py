@@ -1,66 +1,124 @@
-"""What `amqpbroker check-config FILE` prints: the settings the broker would run with."""
+"""What `amqpbroker check-config FILE` prints: the settings the broker would run with.
+
+The address-settings part answers "what will this address actually get?": each key shows
+its resolved value (B-100 overlay, B-103 defaults) and, as a comment, the pattern that set
+it, so an overlay that does not apply is visible at once.
+"""
 
 from __future__ import annotations
 
-from amqpbroker.config.schema import BrokerConfig
-from amqpbroker.core import SettingsRepository
+import json
+from typing import Any
+
+from amqpbroker.config.schema import AcceptorConfig, BrokerConfig
+from amqpbroker.core import RoutingType, SettingsRepository
+
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
 
 def format_effective(config: BrokerConfig) -> str:
-    """Acceptors, HTTP, persistence, then the effective address-settings (B-100 overlay,
-    B-103 defaults) of every configured address and settings pattern."""
-    lines = [f"# {config.source}: OK", f"name: {config.name}", "acceptors:"]
-    for a in config.acceptors:
-        prefixes = "".join(
-            f" {k}={v!r}"
-            for k, v in (
-                ("anycast-prefix", a.anycast_prefix),
-                ("multicast-prefix", a.multicast_prefix),
-            )
-            if v
-        )
-        tls = f" tls(client-auth={a.tls.client_auth})" if a.tls else ""
-        lines.append(f"  - {a.name}: {a.scheme}://{a.host}:{a.port}{prefixes}{tls}")
+    """Acceptors, HTTP, persistence and the other broker-level values, then the effective
+    address-settings of every configured address and every settings pattern."""
+    lines = [f"# {config.source}: OK", f"name: {config.name}"]
+    if config.data_dir is not None:
+        lines.append(f"data-dir: {config.data_dir}")
+    lines.append("acceptors:")
+    lines += [f"  - {_acceptor(a)}" for a in config.acceptors]
     http = config.http
     lines.append(f"http: {f'{http.host}:{http.port}' if http.enabled else 'disabled'}")
     p = config.persistence
     lines.append(
-        f"persistence: enabled={p.enabled} sync={p.sync} "
+        f"persistence: enabled={_scalar(p.enabled)} sync={_scalar(p.sync)} "
         f"persist-delivery-count-before-delivery="
-        f"{p.persist_delivery_count_before_delivery}"
+        f"{_scalar(p.persist_delivery_count_before_delivery)}"
     )
-    lines.append(f"message-expiry-scan-period: {config.message_expiry_scan_period}")
-    lines.append(f"address-queue-scan-period: {config.address_queue_scan_period}")
-    lines.append(f"max-redelivery-records: {config.max_redelivery_records}")
+    for key, value in (
+        ("message-expiry-scan-period", config.message_expiry_scan_period),
+        ("address-queue-scan-period", config.address_queue_scan_period),
+        ("max-redelivery-records", config.max_redelivery_records),
+        ("id-cache-size", config.id_cache_size),
+    ):
+        lines.append(f"{key}: {value}")
     e = config.event_log
     lines.append(f"event-log: {e.level if e.enabled else 'off'}")
-    lines.append(f"security: {'enabled' if config.security.enabled else 'disabled'}")
-    repo = SettingsRepository(dict(config.address_settings), wildcards=config.wildcard_addresses)
-    names = [a.name for a in config.addresses]
-    names += [p for p in config.address_settings if p not in names]
-    lines.append("effective address-settings:")
-    for name in names:
-        queues = next((a for a in config.addresses if a.name == name), None)
-        title = f"  {name}:"
-        if queues is not None:
-            listed = [f"{q.name}(ANYCAST)" for q in queues.anycast]
-            listed += [f"{q.name}(MULTICAST)" for q in queues.multicast]
-            title += f"  # address; queues: {', '.join(listed) or 'none'}"
-        else:
-            title += "  # settings pattern"
-        lines.append(title)
-        matches = repo.matching(name)
-        lines.append(f"    matched-by: {', '.join(repr(m) for m in matches) or '(defaults only)'}")
-        for key, value in repo.resolve(name).to_config().items():
-            lines.append(f"    {key}: {_yaml_scalar(value)}")
+    if config.metrics.artemis_names:
+        lines.append("metrics: artemis-names=true")
+    w = config.wildcard_addresses
+    lines.append(
+        f"wildcard-addresses: enabled={_scalar(w.enabled)} delimiter={w.delimiter!r} "
+        f"any-words={w.any_words!r} single-word={w.single_word!r}"
+    )
+    s = config.security
+    if s.enabled:
+        lines.append(
+            f"security: enabled sasl-mechanisms={','.join(s.sasl_mechanisms)} "
+            f"users={len(s.users)} security-settings={len(s.security_settings)}"
+        )
+    else:
+        lines.append("security: disabled")
+    lines += _address_settings(config)
     return "\n".join(lines)
 
 
-def _yaml_scalar(value: object) -> str:
+def _acceptor(a: AcceptorConfig) -> str:
+    text = f"{a.name}: {a.scheme}://{a.host}:{a.port}"
+    for key, value in (
+        ("anycast-prefix", a.anycast_prefix),
+        ("multicast-prefix", a.multicast_prefix),
+    ):
+        if value:
+            text += f" {key}={value!r}"
+    if a.tls is not None:
+        text += f" tls(cert-file={a.tls.cert_file}, client-auth={a.tls.client_auth})"
+    if a.amqp_treat_reject_as_unmodified_delivery_failed:
+        text += " amqp-treat-reject-as-unmodified-delivery-failed=true"
+    if not a.amqp_duplicate_detection:
+        text += " amqp-duplicate-detection=false"
+    return text
+
+
+def _address_settings(config: BrokerConfig) -> list[str]:
+    repo = SettingsRepository(dict(config.address_settings), wildcards=config.wildcard_addresses)
+    addresses = {a.name: a for a in config.addresses}
+    names = [*addresses, *(p for p in config.address_settings if p not in addresses)]
+    lines = ["effective address-settings:  # value, then the pattern that sets it"]
+    for name in names:
+        address = addresses.get(name)
+        if address is not None:
+            listed = [f"{q.name}(ANYCAST)" for q in address.anycast]
+            listed += [f"{q.name}(MULTICAST)" for q in address.multicast]
+            lines.append(f"  {_key(name)}:  # address; queues: {', '.join(listed) or 'none'}")
+        else:
+            lines.append(f"  {_key(name)}:  # settings pattern")
+        matches = repo.matching(name)
+        lines.append(f"    matched-by: {', '.join(_key(m) for m in matches) or '(defaults only)'}")
+        set_by: dict[str, str] = {}  # field -> most specific pattern that sets it
+        for pattern in reversed(matches):
+            set_by.update(dict.fromkeys(config.address_settings[pattern].as_dict(), pattern))
+        for key, value in repo.resolve(name).to_config().items():
+            field = key.replace("-", "_")
+            if field in set_by:
+                origin = f"  # {_key(set_by[field])}"
+            elif field == "max_redelivery_delay":
+                origin = "  # redelivery-delay x 10"
+            else:
+                origin = ""
+            lines.append(f"    {key}: {_scalar(value)}{origin}")
+    return lines
+
+
+def _key(name: str) -> str:
+    """A name as a YAML key: quoted unless plain (so '#' does not read as a comment)."""
+    return name if name and set(name) <= _PLAIN else json.dumps(name, ensure_ascii=False)
+
+
+def _scalar(value: Any) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, RoutingType):
+        return value.value
     if value == "":
         return '""'
     return str(value)

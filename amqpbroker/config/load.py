@@ -2,18 +2,26 @@
 
 The file is composed into YAML nodes (which keep their line numbers) and checked key by
 key against the tables below. Nothing stops at the first problem: all of them are
-collected into one `ConfigError`, one line each, in the form
+collected into one `ConfigError`, one line each, in file order, in the form
 
     config/broker.yaml:12: acceptors[0].tsl: unknown key (did you mean 'tls'?)
 
 A config with any problem is never used: the broker does not start on a config it does
 not understand.
+
+Scalars follow the YAML 1.2 core schema, not PyYAML's YAML 1.1 default: only `true` and
+`false` are booleans, so `level: off`, `config-delete-queues: OFF` or an address named
+`NO` stay strings; there are no sexagesimal or leading-zero octal integers and no
+timestamps. `null` (or `~`, or nothing) leaves a key unset. Anchors, aliases and merge
+keys (`<<: *defaults`) work; the keys a mapping sets itself win over merged ones.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
+import math
 import re
 import types
 import typing
@@ -37,22 +45,68 @@ from amqpbroker.config.schema import (
     TlsConfig,
     UserConfig,
 )
-from amqpbroker.core import AddressSettings, ResolvedSettings, RoutingType, WildcardConfig
+from amqpbroker.core import (
+    AddressSettings,
+    InvalidSelector,
+    ResolvedSettings,
+    RoutingType,
+    WildcardConfig,
+)
 from amqpbroker.core.security import PERMISSIONS
+from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import (
     ADDRESS_FULL_POLICIES,
     CONFIG_DELETE_POLICIES,
     SLOW_CONSUMER_POLICIES,
 )
 
+ROUTING_TYPES = ("ANYCAST", "MULTICAST")
+EVENT_LOG_LEVELS = ("off", "failures", "lifecycle")
+CLIENT_AUTH = ("none", "optional", "required")
+SASL_MECHANISMS = ("PLAIN", "EXTERNAL", "ANONYMOUS")
+# `amqpbroker user hash`: scrypt$<log2 n>$<r>$<p>$<salt b64>$<key b64> (security/passwords.py)
+_PASSWORD_HASH = re.compile(r"^scrypt\$\d+\$\d+\$\d+\$[A-Za-z0-9+/]+=*\$[A-Za-z0-9+/]+=*$")
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 _ENUMS: dict[str, tuple[str, ...]] = {
     "address_full_policy": ADDRESS_FULL_POLICIES,
     "slow_consumer_policy": SLOW_CONSUMER_POLICIES,
     "config_delete_queues": CONFIG_DELETE_POLICIES,
     "config_delete_addresses": CONFIG_DELETE_POLICIES,
 }
-_MISSING = object()
+_MISSING: Any = object()  # a converter's answer when the value had a problem (reported)
+
+Converter = Callable[[yaml.Node, str], Any]
+Check = Callable[[Any], str | None]
+
+
+class CoreSchemaLoader(yaml.SafeLoader):
+    """SafeLoader with YAML 1.2 core-schema scalars (see the module docstring)."""
+
+
+def _use_core_schema() -> None:
+    replaced = {"tag:yaml.org,2002:" + t for t in ("bool", "int", "float", "timestamp")}
+    CoreSchemaLoader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag not in replaced]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    # Leading-zero numbers ("010") match neither and stay strings: PyYAML reads them as octal.
+    core = (
+        ("bool", r"true|True|TRUE|false|False|FALSE", "tTfF"),
+        ("int", r"[-+]?(?:0|[1-9][0-9_]*)|0x[0-9a-fA-F_]+", "-+0123456789"),
+        (
+            "float",
+            r"[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?"
+            r"|[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)",
+            "-+.0123456789",
+        ),
+    )
+    for tag, pattern, first in core:
+        regexp = re.compile(rf"^(?:{pattern})$")
+        CoreSchemaLoader.add_implicit_resolver("tag:yaml.org,2002:" + tag, regexp, list(first))
+
+
+_use_core_schema()
 
 
 class ConfigProblem(NamedTuple):
@@ -68,25 +122,63 @@ class ConfigProblem(NamedTuple):
 
 
 class ConfigError(Exception):
-    """Every problem found in a config file, one line each."""
+    """Every problem found in a config file, one line each, in file order."""
 
     def __init__(self, problems: list[ConfigProblem]) -> None:
-        super().__init__("\n".join(str(p) for p in problems))
-        self.problems = problems
+        self.problems = sorted(problems, key=lambda p: p.line)
+        super().__init__("\n".join(str(p) for p in self.problems))
 
 
-def _join(path: str, key: str) -> str:
-    shown = key if _PLAIN_KEY.match(key) else f'"{key}"'
+def join_path(path: str, key: str) -> str:
+    """`path.key`, quoting keys that are not plain words (patterns such as "orders.#")."""
+    shown = key if _PLAIN_KEY.match(key) else json.dumps(key, ensure_ascii=False)
     return f"{path}.{shown}" if path else shown
 
 
-class _Checker:
-    """Walks YAML nodes, converting values and collecting problems."""
+def name_problem(name: str, what: str) -> str | None:
+    """B-150 for names in configuration files: the rules the broker applies at attach."""
+    if not name:
+        return f"{what} name must not be empty"
+    if any(ord(ch) < 0x20 for ch in name):
+        return f"{what} name {name!r} contains a control character"
+    if name.count("::") > 1:
+        return f"{what} name {name!r} has more than one '::'"
+    return None
+
+
+def _kind_name(kind: type) -> str:
+    names = {bool: "boolean", int: "integer", float: "number", str: "string"}
+    return names.get(kind, kind.__name__)
+
+
+def _article(kind: type) -> str:
+    return "an" if _kind_name(kind)[0] in "aeiou" else "a"
+
+
+def at_least(minimum: float) -> Check:
+    return lambda v: None if v >= minimum else f"must be >= {minimum}: {v!r}"
+
+
+def between(low: float, high: float) -> Check:
+    return lambda v: None if low <= v <= high else f"must be between {low:g} and {high:g}: {v!r}"
+
+
+def off_or_at_least(minimum: int) -> Check:
+    return lambda v: None if v == -1 or v >= minimum else f"must be -1 (off) or >= {minimum}: {v!r}"
+
+
+class Checker:
+    """Walks YAML nodes, converting values and collecting problems.
+
+    Converters return `_MISSING` for a value with a problem (already reported), so the
+    caller leaves that key out and carries on with the rest of the file.
+    """
 
     def __init__(self, source: str) -> None:
         self.source = source
         self.problems: list[ConfigProblem] = []
-        self._constructor = yaml.SafeLoader("")
+        self._constructor = CoreSchemaLoader("")
+        self.queue_lines: dict[str, int] = {}  # B-001: queue names are broker-wide
 
     def problem(self, node: yaml.Node, path: str, message: str) -> None:
         self.problems.append(ConfigProblem(self.source, node.start_mark.line + 1, path, message))
@@ -95,71 +187,132 @@ class _Checker:
     def value(self, node: yaml.Node) -> Any:
         return self._constructor.construct_object(node, deep=True)
 
+    def key(self, node: yaml.Node) -> Any:
+        """A mapping key as a value; None for a non-scalar key (never hashable)."""
+        return self.value(node) if isinstance(node, yaml.ScalarNode) else None
+
     def scalar(self, node: yaml.Node, path: str, kind: type, *, nullable: bool = False) -> Any:
         """A scalar of `kind` (bool is not an int; an int is a float), else _MISSING."""
         if not isinstance(node, yaml.ScalarNode):
-            self.problem(
-                node,
-                path,
-                f"expected a {_kind_name(kind)}, not a "
-                f"{'list' if isinstance(node, yaml.SequenceNode) else 'mapping'}",
-            )
+            shape = "list" if isinstance(node, yaml.SequenceNode) else "mapping"
+            self.problem(node, path, f"expected {_article(kind)} {_kind_name(kind)}, not a {shape}")
             return _MISSING
         value = self.value(node)
         if value is None:
             if nullable:
                 return None
-            self.problem(node, path, f"expected a {_kind_name(kind)}, not null")
+            self.problem(node, path, f"expected {_article(kind)} {_kind_name(kind)}, not null")
             return _MISSING
-        ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            return float(value)
-        if not ok:
+            value = float(value)
+        if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             self.problem(node, path, f"not {_article(kind)} {_kind_name(kind)}: {value!r}")
             return _MISSING
-        return value
-
-    def choice(self, node: yaml.Node, path: str, choices: tuple[str, ...]) -> Any:
-        value = self.scalar(node, path, str)
-        if value is _MISSING:
-            return _MISSING
-        if value not in choices:
-            self.problem(node, path, f"must be one of {', '.join(choices)}: {value!r}")
+        if kind is float and not math.isfinite(typing.cast(float, value)):
+            self.problem(node, path, f"not a finite number: {value!r}")
             return _MISSING
         return value
 
-    def strings(self, node: yaml.Node, path: str) -> Any:
+    def typed(self, kind: type, check: Check | None = None, *, nullable: bool = False) -> Converter:
+        """A converter for a scalar of `kind` that passes `check` (None: no problem)."""
+
+        def convert(node: yaml.Node, path: str) -> Any:
+            value = self.scalar(node, path, kind, nullable=nullable)
+            if value is _MISSING or value is None or check is None:
+                return value
+            if message := check(value):
+                self.problem(node, path, message)
+                return _MISSING
+            return value
+
+        return convert
+
+    def choice(self, choices: tuple[str, ...]) -> Converter:
+        def convert(node: yaml.Node, path: str) -> Any:
+            value = self.scalar(node, path, str)
+            if value is not _MISSING and value not in choices:
+                self.problem(node, path, f"must be one of {', '.join(choices)}: {value!r}")
+                return _MISSING
+            return value
+
+        return convert
+
+    def strings(self, node: yaml.Node, path: str, choices: tuple[str, ...] = ()) -> Any:
+        """A list of strings (each one of `choices`, when given) as a tuple."""
         if not isinstance(node, yaml.SequenceNode):
             self.problem(node, path, "expected a list of strings")
             return _MISSING
-        values = [self.scalar(item, f"{path}[{i}]", str) for i, item in enumerate(node.value)]
+        convert = self.choice(choices) if choices else self.typed(str)
+        values = [convert(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
         return _MISSING if _MISSING in values else tuple(values)
 
     # -- compounds ----------------------------------------------------------------------
+    def pairs(
+        self, node: yaml.MappingNode, path: str, _seen: frozenset[int] = frozenset()
+    ) -> list[tuple[yaml.Node, yaml.Node]]:
+        """(key, value) nodes with merge keys applied: own keys win, then earlier merges."""
+        own: list[tuple[yaml.Node, yaml.Node]] = []
+        merged: list[tuple[yaml.Node, yaml.Node]] = []
+        for key_node, value_node in node.value:
+            if key_node.tag != _MERGE_TAG:
+                own.append((key_node, value_node))
+                continue
+            sources = value_node.value if isinstance(value_node, yaml.SequenceNode) else []
+            for source in sources or [value_node]:
+                if not isinstance(source, yaml.MappingNode) or id(source) in _seen:
+                    self.problem(
+                        source, join_path(path, "<<"), "merges only mappings, not recursively"
+                    )
+                    continue
+                merged.extend(self.pairs(source, path, _seen | {id(node)}))
+        taken: set[Any] = {self.key(k) for k, _ in own}
+        out: list[tuple[yaml.Node, yaml.Node]] = []
+        for key_node, value_node in merged:
+            key = self.key(key_node)
+            if key is None or key not in taken:
+                taken.add(key)
+                out.append((key_node, value_node))
+        return out + own
+
+    def entries(self, node: yaml.Node, path: str) -> list[tuple[yaml.Node, str, yaml.Node]]:
+        """(key node, key, value node) of a mapping keyed by free-form names or patterns."""
+        if not isinstance(node, yaml.MappingNode):
+            if not (isinstance(node, yaml.ScalarNode) and self.value(node) is None):
+                self.problem(node, path, "expected a mapping")
+            return []
+        out = []
+        seen: set[str] = set()
+        for key_node, value_node in self.pairs(node, path):
+            key = self.key(key_node)
+            if not isinstance(key, str):
+                self.problem(key_node, path, f"keys must be strings: {key!r}")
+            elif key in seen:
+                self.problem(key_node, join_path(path, key), "duplicate key")
+            else:
+                seen.add(key)
+                out.append((key_node, key, value_node))
+        return out
+
     def mapping(
         self,
         node: yaml.Node,
         path: str,
-        handlers: Mapping[str, Callable[[yaml.Node, str], Any]],
+        handlers: Mapping[str, Converter],
         *,
         required: tuple[str, ...] = (),
     ) -> dict[str, Any]:
         """Check a mapping against `handlers` (kebab key -> converter); return converted
-        values by snake_case name for the keys present and valid."""
+        values by snake_case name for the keys present and valid. An empty value
+        (`persistence:` alone) is an empty mapping."""
+        if isinstance(node, yaml.ScalarNode) and self.value(node) is None:
+            node = yaml.MappingNode("tag:yaml.org,2002:map", [], node.start_mark, node.end_mark)
         if not isinstance(node, yaml.MappingNode):
             self.problem(node, path or "(top level)", "expected a mapping")
             return {}
         out: dict[str, Any] = {}
         seen: set[str] = set()
-        for key_node, value_node in node.value:
-            key = self.value(key_node)
-            key_path = _join(path, str(key))
-            if not isinstance(key, str):
-                self.problem(key_node, key_path, "keys must be strings")
-                continue
-            if key in seen:
-                self.problem(key_node, key_path, "duplicate key")
-                continue
+        for key_node, key, value_node in self.entries(node, path):
+            key_path = join_path(path, key)
             seen.add(key)
             handler = handlers.get(key)
             if handler is None:
@@ -172,321 +325,395 @@ class _Checker:
                 out[key.replace("-", "_")] = value
         for key in required:
             if key not in seen:
-                self.problem(node, _join(path, key), "required key is missing")
-        return out
-
-    def entries(self, node: yaml.Node, path: str) -> list[tuple[yaml.Node, str, yaml.Node]]:
-        """(key node, key, value node) of a mapping whose keys are free-form names."""
-        if not isinstance(node, yaml.MappingNode):
-            self.problem(node, path, "expected a mapping")
-            return []
-        out = []
-        for key_node, value_node in node.value:
-            key = self.value(key_node)
-            if not isinstance(key, str) or not key:
-                self.problem(key_node, path, f"keys must be non-empty strings: {key!r}")
-                continue
-            out.append((key_node, key, value_node))
+                self.problem(node, join_path(path, key), "required key is missing")
         return out
 
     def items(self, node: yaml.Node, path: str) -> list[tuple[yaml.Node, str]]:
+        if isinstance(node, yaml.ScalarNode) and self.value(node) is None:
+            return []
         if not isinstance(node, yaml.SequenceNode):
             self.problem(node, path, "expected a list")
             return []
         return [(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
 
+    def named(self, what: str) -> Converter:
+        """A name following B-150, reported at the name's own line."""
 
-def _kind_name(kind: type) -> str:
-    return {bool: "boolean", int: "integer", float: "number", str: "string"}.get(
-        kind, kind.__name__
-    )
-
-
-def _article(kind: type) -> str:
-    return "an" if _kind_name(kind)[0] in "aeiou" else "a"
-
-
-# -- sections ---------------------------------------------------------------------------
-
-
-def _typed(kind: type, **checks: Callable[[Any], str | None]) -> Callable[[_Checker], Any]:
-    def make(c: _Checker) -> Callable[[yaml.Node, str], Any]:
-        def convert(node: yaml.Node, path: str) -> Any:
-            value = c.scalar(node, path, kind)
-            if value is not _MISSING:
-                for check in checks.values():
-                    problem = check(value)
-                    if problem:
-                        c.problem(node, path, problem)
-                        return _MISSING
+        def convert(name_node: yaml.Node, path: str) -> Any:
+            value = self.scalar(name_node, path, str)
+            if value is not _MISSING and (message := name_problem(value, what)):
+                self.problem(name_node, path, message)
+                return _MISSING
             return value
 
         return convert
 
-    return make
+    def value_node(self, node: yaml.Node, key: str) -> yaml.Node:
+        """The value node of `key` in mapping `node` (for the line of a later problem)."""
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if self.key(key_node) == key:
+                    return typing.cast(yaml.Node, value_node)
+        return node
 
 
-def _at_least(minimum: float) -> Callable[[Any], str | None]:
-    return lambda v: None if v >= minimum else f"must be >= {minimum}: {v!r}"
+# -- address-settings -------------------------------------------------------------------
 
 
-def _name_problem(name: str, what: str) -> str | None:
-    """B-150 for names in configuration files."""
-    if not name:
-        return f"{what} name must not be empty"
-    if any(ord(ch) < 0x20 for ch in name):
-        return f"{what} name {name!r} contains a control character"
-    if name.count("::") > 1:
-        return f"{what} name {name!r} has more than one '::'"
-    return None
+def _setting_table() -> dict[str, tuple[type, Check | None]]:
+    """Kind and range check of every address-setting (B-103), keyed by field name.
 
-
-def _setting_checks() -> dict[str, tuple[type, Callable[[Any], str | None] | None]]:
-    """Kind and range check of every address-setting (B-067, B-103)."""
+    Derived from `ResolvedSettings`, so a setting added there is accepted here under its
+    kebab-case name. Ranges: B-067 (Artemis checks only the collision-avoidance factor;
+    amqpbroker also refuses a negative delay and a multiplier below 1.0).
+    """
     hints = typing.get_type_hints(ResolvedSettings)
-    table: dict[str, tuple[type, Callable[[Any], str | None] | None]] = {}
+    table: dict[str, tuple[type, Check | None]] = {}
     for f in dataclasses.fields(ResolvedSettings):
         kind = hints[f.name]
         if isinstance(kind, types.UnionType):
             kind = next(k for k in typing.get_args(kind) if k is not type(None))
         table[f.name] = (kind, None)
-    table["redelivery_collision_avoidance_factor"] = (
-        float,
-        lambda v: None if 0.0 <= v <= 1.0 else f"must be between 0 and 1: {v!r}",
-    )
-    table["redelivery_delay"] = (int, _at_least(0))
-    table["max_redelivery_delay"] = (int, _at_least(0))
-    table["redelivery_delay_multiplier"] = (float, _at_least(1.0))
+    table["redelivery_collision_avoidance_factor"] = (float, between(0.0, 1.0))
+    table["redelivery_delay"] = (int, at_least(0))
+    table["max_redelivery_delay"] = (int, at_least(0))
+    table["redelivery_delay_multiplier"] = (float, at_least(1.0))
     return table
 
 
-_SETTINGS = _setting_checks()
+SETTING_TABLE = _setting_table()
+_ADDRESS_VALUED = ("dead_letter_address", "expiry_address")
 
 
-def _address_settings(c: _Checker, node: yaml.Node, path: str) -> dict[str, AddressSettings]:
-    out: dict[str, AddressSettings] = {}
-    wildcards = WildcardConfig()
+def _setting_converter(c: Checker, name: str) -> Converter:
+    kind, check = SETTING_TABLE[name]
+    if kind is RoutingType:
+        choose = c.choice(ROUTING_TYPES)
+        return lambda n, p: _nullable(c, n, lambda: _map(choose(n, p), RoutingType))
+    if name in _ENUMS:
+        choose = c.choice(_ENUMS[name])
+        return lambda n, p: _nullable(c, n, lambda: choose(n, p))
+    if name in _ADDRESS_VALUED:  # "" means none (B-071); other names follow B-150
+        return c.typed(str, lambda v: name_problem(v, "address") if v else None, nullable=True)
+    return c.typed(kind, check, nullable=True)  # null: not set by this entry
+
+
+def _nullable(c: Checker, node: yaml.Node, convert: Callable[[], Any]) -> Any:
+    if isinstance(node, yaml.ScalarNode) and c.value(node) is None:
+        return None
+    return convert()
+
+
+def _map(value: Any, function: Callable[[Any], Any]) -> Any:
+    return value if value is _MISSING else function(value)
+
+
+def _patterns(
+    c: Checker,
+    node: yaml.Node,
+    path: str,
+    wildcards: WildcardConfig | None,
+    entry: Callable[[yaml.Node, str], Any],
+) -> dict[str, Any]:
+    """A mapping keyed by match patterns (B-101: '#' only last), in file order."""
+    out: dict[str, Any] = {}
     for key_node, pattern, value_node in c.entries(node, path):
-        entry_path = _join(path, pattern)
-        problem = wildcards.validate_pattern(pattern)
-        if problem:
-            c.problem(key_node, entry_path, problem)
-        handlers: dict[str, Callable[[yaml.Node, str], Any]] = {}
-        for name, (kind, check) in _SETTINGS.items():
-            handlers[name.replace("_", "-")] = _setting_converter(c, name, kind, check)
-        values = c.mapping(value_node, entry_path, handlers)
-        if not problem:
-            out[pattern] = AddressSettings.of(**{k: v for k, v in values.items() if v is not None})
+        entry_path = join_path(path, pattern)
+        message = name_problem(pattern, "match")
+        if message is None and wildcards is not None:
+            message = wildcards.validate_pattern(pattern)
+        if message:
+            c.problem(key_node, entry_path, message)
+        value = entry(value_node, entry_path)
+        if not message and value is not _MISSING:
+            out[pattern] = value
     return out
 
 
-def _setting_converter(
-    c: _Checker, name: str, kind: type, check: Callable[[Any], str | None] | None
-) -> Callable[[yaml.Node, str], Any]:
-    def convert(node: yaml.Node, path: str) -> Any:
-        if kind is RoutingType:
-            value = c.choice(node, path, ("ANYCAST", "MULTICAST"))
-            return value if value is _MISSING else RoutingType(value)
-        if name in _ENUMS:
-            return c.choice(node, path, _ENUMS[name])
-        value = c.scalar(node, path, kind, nullable=True)  # null: not set here
-        if value not in (_MISSING, None) and check is not None and (problem := check(value)):
-            c.problem(node, path, problem)
+def _address_settings(c: Checker, wildcards: WildcardConfig | None) -> Converter:
+    handlers = {name.replace("_", "-"): _setting_converter(c, name) for name in SETTING_TABLE}
+
+    def entry(node: yaml.Node, path: str) -> AddressSettings:
+        values = c.mapping(node, path, handlers)
+        return AddressSettings.of(**{k: v for k, v in values.items() if v is not None})
+
+    return lambda node, path: _patterns(c, node, path, wildcards, entry)
+
+
+# -- acceptors, addresses, the rest -----------------------------------------------------
+
+
+def _tls(c: Checker, node: yaml.Node, path: str) -> Any:
+    values = c.mapping(
+        node,
+        path,
+        {
+            "cert-file": c.typed(str),
+            "key-file": c.typed(str),
+            "ca-file": c.typed(str, nullable=True),
+            "client-auth": c.choice(CLIENT_AUTH),
+        },
+        required=("cert-file", "key-file"),
+    )
+    return TlsConfig(**values) if {"cert_file", "key_file"} <= values.keys() else _MISSING
+
+
+def _acceptor(c: Checker, node: yaml.Node, path: str) -> Any:
+    def name(n: yaml.Node, p: str) -> Any:
+        value = c.named("acceptor")(n, p)
+        if value == "http":  # DATA_DIR/ports.json has one key per acceptor, plus "http"
+            c.problem(n, p, "acceptor name 'http' is reserved (ports.json uses it for HTTP)")
             return _MISSING
         return value
-
-    return convert
-
-
-def _acceptor(c: _Checker, node: yaml.Node, path: str) -> Any:
-    def tls(n: yaml.Node, p: str) -> Any:
-        values = c.mapping(
-            n,
-            p,
-            {
-                "cert-file": lambda n2, p2: c.scalar(n2, p2, str),
-                "key-file": lambda n2, p2: c.scalar(n2, p2, str),
-                "ca-file": lambda n2, p2: c.scalar(n2, p2, str, nullable=True),
-                "client-auth": lambda n2, p2: c.choice(n2, p2, ("none", "optional", "required")),
-            },
-            required=("cert-file", "key-file"),
-        )
-        return TlsConfig(**values) if {"cert_file", "key_file"} <= values.keys() else _MISSING
 
     values = c.mapping(
         node,
         path,
         {
-            "name": lambda n, p: c.scalar(n, p, str),
-            "url": lambda n, p: c.scalar(n, p, str),
-            "anycast-prefix": lambda n, p: c.scalar(n, p, str, nullable=True),
-            "multicast-prefix": lambda n, p: c.scalar(n, p, str, nullable=True),
-            "tls": tls,
-            "amqp-treat-reject-as-unmodified-delivery-failed": lambda n, p: c.scalar(n, p, bool),
-            "amqp-duplicate-detection": lambda n, p: c.scalar(n, p, bool),
+            "name": name,
+            "url": c.typed(str),
+            "anycast-prefix": c.typed(str, nullable=True),
+            "multicast-prefix": c.typed(str, nullable=True),
+            "tls": lambda n, p: _tls(c, n, p),
+            "amqp-treat-reject-as-unmodified-delivery-failed": c.typed(bool),
+            "amqp-duplicate-detection": c.typed(bool),
         },
         required=("name", "url"),
     )
-    if "name" not in values or "url" not in values:
+    if "url" not in values:
         return _MISSING
-    url_node = next(v for k, v in node.value if c.value(k) == "url")
-    parts = urlsplit(values["url"])
+    url_node, url_path = c.value_node(node, "url"), join_path(path, "url")
+    url = values["url"]
+    parts = urlsplit(url)
     try:
         port = parts.port
     except ValueError:
-        port = -1
-    if parts.scheme not in ("amqp", "amqps") or not parts.hostname or port is None or port < 0:
+        port = None
+    if parts.scheme not in ("amqp", "amqps") or not parts.hostname or port is None:
+        expected = "expected amqp://HOST:PORT or amqps://HOST:PORT (port 0-65535)"
+        c.problem(url_node, url_path, f"{expected}: {url!r}")
+        return _MISSING
+    if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username:
         c.problem(
             url_node,
-            _join(path, "url"),
-            f"expected amqp://HOST:PORT or amqps://HOST:PORT (port 0-65535): {values['url']!r}",
+            url_path,
+            f"only amqp[s]://HOST:PORT is read; acceptor options are keys of the acceptor: {url!r}",
         )
         return _MISSING
-    if parts.scheme == "amqps" and "tls" not in values:
-        c.problem(url_node, _join(path, "url"), "an amqps:// acceptor needs a tls: section")
+    if parts.scheme == "amqps" and c.value_node(node, "tls") is node:
+        c.problem(url_node, url_path, "an amqps:// acceptor needs a tls: section")
+        return _MISSING
+    if parts.scheme == "amqp" and c.value_node(node, "tls") is not node:
+        tls_node = next(k for k, v in node.value if c.key(k) == "tls")
+        c.problem(tls_node, join_path(path, "tls"), "tls: is read only for amqps:// acceptors")
+        return _MISSING
+    if "name" not in values or (parts.scheme == "amqps" and "tls" not in values):
         return _MISSING
     return AcceptorConfig(scheme=parts.scheme, host=parts.hostname, port=port, **values)
 
 
-def _queue(c: _Checker, node: yaml.Node, path: str) -> Any:
+def _acceptors(c: Checker, node: yaml.Node, path: str) -> Any:
+    if isinstance(node, yaml.ScalarNode) and c.value(node) is None:
+        return _MISSING  # `acceptors:` alone is unset: the default acceptor, not none
+    found: list[AcceptorConfig] = []
+    lines: dict[str, int] = {}
+    for item, item_path in c.items(node, path):
+        acceptor = _acceptor(c, item, item_path)
+        if acceptor is _MISSING:
+            continue
+        name_node = c.value_node(item, "name")
+        if acceptor.name in lines:
+            also = f"also at line {lines[acceptor.name]}"
+            c.problem(name_node, join_path(item_path, "name"), f"duplicate acceptor name ({also})")
+            continue
+        lines[acceptor.name] = name_node.start_mark.line + 1
+        found.append(acceptor)
+    return tuple(found)
+
+
+def _queue(c: Checker, node: yaml.Node, path: str) -> Any:
+    def selector(n: yaml.Node, p: str) -> Any:
+        text = c.scalar(n, p, str, nullable=True)
+        if text:
+            try:
+                parse_selector(text)
+            except InvalidSelector as e:
+                c.problem(n, p, f"invalid filter: {str(e).removeprefix('Invalid filter: ')}")
+                return _MISSING
+        return text
+
     values = c.mapping(
         node,
         path,
         {
-            "name": lambda n, p: c.scalar(n, p, str),
-            "durable": lambda n, p: c.scalar(n, p, bool),
-            "filter": lambda n, p: c.scalar(n, p, str, nullable=True),
-            "max-consumers": lambda n, p: c.scalar(n, p, int),
-            "purge-on-no-consumers": lambda n, p: c.scalar(n, p, bool),
-            "exclusive": lambda n, p: c.scalar(n, p, bool),
-            "last-value-key": lambda n, p: c.scalar(n, p, str, nullable=True),
-            "last-value": lambda n, p: c.scalar(n, p, bool),
-            "non-destructive": lambda n, p: c.scalar(n, p, bool),
-            "ring-size": lambda n, p: c.scalar(n, p, int),
+            "name": c.named("queue"),
+            "durable": c.typed(bool),
+            "filter": selector,
+            "max-consumers": c.typed(int, off_or_at_least(0)),
+            "purge-on-no-consumers": c.typed(bool),
+            "exclusive": c.typed(bool),
+            "last-value-key": c.typed(str, nullable=True),
+            "last-value": c.typed(bool),
+            "non-destructive": c.typed(bool),
+            "ring-size": c.typed(int, off_or_at_least(0)),
         },
         required=("name",),
     )
     if "name" not in values:
         return _MISSING
-    if problem := _name_problem(values["name"], "queue"):
-        c.problem(node, _join(path, "name"), problem)
+    name, name_node = values["name"], c.value_node(node, "name")
+    line = c.queue_lines.get(name)
+    if line is not None:
+        c.problem(
+            name_node,
+            join_path(path, "name"),
+            f"queue name {name!r} is used more than once (also at line {line}); "
+            "queue names are unique across the broker",
+        )
         return _MISSING
-    if values.get("filter"):
-        from amqpbroker.core import InvalidSelector
-        from amqpbroker.core.selector import parse_selector
-
-        try:
-            parse_selector(values["filter"])
-        except InvalidSelector as e:
-            c.problem(node, _join(path, "filter"), f"invalid filter: {e}")
-            return _MISSING
+    c.queue_lines[name] = name_node.start_mark.line + 1
     return QueueDef(**values)
 
 
-def _address(c: _Checker, node: yaml.Node, path: str) -> Any:
+def _addresses(c: Checker, node: yaml.Node, path: str) -> Any:
     def queues(n: yaml.Node, p: str) -> Any:
-        if isinstance(n, yaml.ScalarNode) and c.value(n) is None:
-            return ()
         found = [_queue(c, item, item_path) for item, item_path in c.items(n, p)]
         return tuple(q for q in found if q is not _MISSING)
 
+    out: list[AddressConfig] = []
+    lines: dict[str, int] = {}
+    for item, item_path in c.items(node, path):
+        values = c.mapping(
+            item,
+            item_path,
+            {"name": c.named("address"), "anycast": queues, "multicast": queues},
+            required=("name",),
+        )
+        if "name" not in values:
+            continue
+        name_node = c.value_node(item, "name")
+        if values["name"] in lines:
+            also = f"also at line {lines[values['name']]}"
+            c.problem(name_node, join_path(item_path, "name"), f"duplicate address name ({also})")
+            continue
+        lines[values["name"]] = name_node.start_mark.line + 1
+        present = frozenset(k.upper() for k in ("anycast", "multicast") if k in values)
+        out.append(AddressConfig(routing_types=present, **values))
+    return tuple(out)
+
+
+def _http(c: Checker, node: yaml.Node, path: str) -> Any:
+    values = c.mapping(node, path, {"bind": c.typed(str), "enabled": c.typed(bool)})
+    bind = values.pop("bind", None)
+    if bind is not None:
+        host, _, port_text = bind.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")  # [::1]:8161
+        if not host or not port_text.isdigit() or int(port_text) > 65535:
+            bind_node = c.value_node(node, "bind")
+            message = f"expected HOST:PORT (port 0-65535): {bind!r}"
+            c.problem(bind_node, join_path(path, "bind"), message)
+            return _MISSING
+        values.update(host=host, port=int(port_text))
+    return HttpConfig(**values)
+
+
+def _wildcards(c: Checker, node: yaml.Node, path: str) -> Any:
+    word = c.typed(str, lambda v: None if v else "must not be empty")
     values = c.mapping(
         node,
         path,
-        {
-            "name": lambda n, p: c.scalar(n, p, str),
-            "anycast": queues,
-            "multicast": queues,
-        },
-        required=("name",),
+        {"enabled": c.typed(bool), "delimiter": word, "any-words": word, "single-word": word},
     )
-    if "name" not in values:
+    config = WildcardConfig(**values)
+    if len({config.delimiter, config.any_words, config.single_word}) < 3:
+        c.problem(node, path, "delimiter, any-words and single-word must all differ")
         return _MISSING
-    if problem := _name_problem(values["name"], "address"):
-        c.problem(node, _join(path, "name"), problem)
-        return _MISSING
-    present = frozenset(k.upper() for k in ("anycast", "multicast") if k in values)
-    return AddressConfig(routing_types=present, **values)
+    return config
 
 
-def _section(
-    c: _Checker, cls: type, table: dict[str, Callable[[yaml.Node, str], Any]]
-) -> Callable[[yaml.Node, str], Any]:
-    return lambda node, path: cls(**c.mapping(node, path, table))
-
-
-def _build(c: _Checker, root: yaml.Node) -> dict[str, Any]:
-    def s(kind: type, **kw: Any) -> Callable[[yaml.Node, str], Any]:
-        return lambda n, p: c.scalar(n, p, kind, **kw)
-
-    def non_negative_or_minus_one(n: yaml.Node, p: str) -> Any:
-        value = c.scalar(n, p, int)
-        if value is not _MISSING and value < -1:
-            c.problem(n, p, f"must be -1 (off) or >= 0: {value!r}")
-            return _MISSING
-        return value
-
-    def http(n: yaml.Node, p: str) -> Any:
-        values = c.mapping(n, p, {"bind": s(str), "enabled": s(bool)})
-        bind = values.pop("bind", None)
-        if bind is not None:
-            host, _, port_text = bind.rpartition(":")
-            if not host or not port_text.isdigit() or int(port_text) > 65535:
-                c.problem(n, _join(p, "bind"), f"expected HOST:PORT (port 0-65535): {bind!r}")
+def _security(c: Checker, wildcards: WildcardConfig | None) -> Converter:
+    def users(node: yaml.Node, path: str) -> Any:
+        def password_hash(n: yaml.Node, p: str) -> Any:
+            value = c.scalar(n, p, str)
+            if value is not _MISSING and not _PASSWORD_HASH.match(value):
+                c.problem(n, p, "not a password hash (make one with `amqpbroker user hash`)")
                 return _MISSING
-            values.update(host=host, port=int(port_text))
-        return HttpConfig(**values)
+            return value
 
-    def acceptors(n: yaml.Node, p: str) -> Any:
-        found = [_acceptor(c, item, ip) for item, ip in c.items(n, p)]
-        good = tuple(a for a in found if a is not _MISSING)
-        names = [a.name for a in good]
-        for name in {x for x in names if names.count(x) > 1}:
-            c.problem(n, p, f"acceptor name {name!r} is used more than once")
-        return good
-
-    def addresses(n: yaml.Node, p: str) -> Any:
-        found = [_address(c, item, ip) for item, ip in c.items(n, p)]
-        return tuple(a for a in found if a is not _MISSING)
-
-    def wildcards(n: yaml.Node, p: str) -> Any:
-        values = c.mapping(
-            n,
-            p,
-            {"enabled": s(bool), "delimiter": s(str), "any-words": s(str), "single-word": s(str)},
-        )
-        return WildcardConfig(**values)
-
-    def users(n: yaml.Node, p: str) -> Any:
         out = {}
-        for _, name, value in c.entries(n, p):
+        for _, name, value in c.entries(node, path):
+            user_path = join_path(path, name)
+            if message := name_problem(name, "user"):
+                c.problem(value, user_path, message)
+                continue
             values = c.mapping(
                 value,
-                _join(p, name),
-                {"password-hash": s(str), "roles": c.strings},
+                user_path,
+                {"password-hash": password_hash, "roles": c.strings},
                 required=("password-hash",),
             )
             if "password_hash" in values:
                 out[name] = UserConfig(**values)
         return out
 
-    def security_settings(n: yaml.Node, p: str) -> Any:
-        out = {}
-        for _, pattern, value in c.entries(n, p):
-            table = {perm: c.strings for perm in sorted(PERMISSIONS)}
-            out[pattern] = c.mapping(value, _join(p, pattern), table)
-        return {
-            k: {perm.replace("_", "-"): v for perm, v in vals.items()} for k, vals in out.items()
-        }
+    permissions = {perm: c.strings for perm in sorted(PERMISSIONS)}
 
-    return c.mapping(
+    def entry(node: yaml.Node, path: str) -> dict[str, tuple[str, ...]]:
+        values = c.mapping(node, path, permissions)
+        return {perm.replace("_", "-"): roles for perm, roles in values.items()}
+
+    def convert(node: yaml.Node, path: str) -> Any:
+        values = c.mapping(
+            node,
+            path,
+            {
+                "enabled": c.typed(bool),
+                "sasl-mechanisms": lambda n, p: c.strings(n, p, SASL_MECHANISMS),
+                "allow-plain-without-tls": c.typed(bool),
+                "users": users,
+                "security-settings": lambda n, p: _patterns(c, n, p, wildcards, entry),
+            },
+        )
+        security = SecurityConfig(**values)
+        if security.enabled and not security.sasl_mechanisms:
+            mechanisms = c.value_node(node, "sasl-mechanisms")
+            message = "must not be empty when security is enabled (no client could connect)"
+            c.problem(mechanisms, join_path(path, "sasl-mechanisms"), message)
+            return _MISSING
+        return security
+
+    return convert
+
+
+def _section(c: Checker, cls: type, table: dict[str, Converter]) -> Converter:
+    return lambda node, path: cls(**c.mapping(node, path, table))
+
+
+def check_tree(root: yaml.Node | None, *, source: str) -> BrokerConfig:
+    """Check a composed node tree (from YAML, or built from broker.xml) and build the config.
+
+    Raises:
+        ConfigError: every problem found.
+    """
+    c = Checker(source)
+    if root is None:  # an empty file: every default
+        return BrokerConfig(source=source)
+    # wildcard-addresses first: the patterns of address-settings depend on it (B-101).
+    wildcards: WildcardConfig | None = WildcardConfig()
+    wildcards_node = c.value_node(root, "wildcard-addresses")
+    if wildcards_node is not root:
+        wildcards = _wildcards(c, wildcards_node, "wildcard-addresses")
+        if wildcards is _MISSING:
+            wildcards = None  # patterns cannot be judged against a broken config
+    s = c.typed
+    values = c.mapping(
         root,
         "",
         {
-            "name": s(str),
+            "name": s(str, lambda v: None if v else "must not be empty"),
             "data-dir": s(str, nullable=True),
-            "acceptors": acceptors,
-            "http": http,
+            "acceptors": lambda n, p: _acceptors(c, n, p),
+            "http": lambda n, p: _http(c, n, p),
             "persistence": _section(
                 c,
                 PersistenceConfig,
@@ -496,49 +723,32 @@ def _build(c: _Checker, root: yaml.Node) -> dict[str, Any]:
                     "persist-delivery-count-before-delivery": s(bool),
                 },
             ),
-            "message-expiry-scan-period": non_negative_or_minus_one,
-            "address-queue-scan-period": non_negative_or_minus_one,
-            "max-redelivery-records": s(int),
-            "id-cache-size": s(int),
+            "message-expiry-scan-period": s(int, off_or_at_least(0)),  # B-084
+            "address-queue-scan-period": s(int, off_or_at_least(0)),  # B-111
+            "max-redelivery-records": s(int),  # B-096: below 0 means no cap
+            "id-cache-size": s(int, at_least(0)),  # B-012
             "event-log": _section(
                 c,
                 EventLogConfig,
                 {
                     "enabled": s(bool),
-                    "level": lambda n, p: c.choice(n, p, ("off", "failures", "lifecycle")),
+                    "level": c.choice(EVENT_LOG_LEVELS),
                     "properties": c.strings,
                     "body-hash": s(bool),
-                    "max-file-bytes": s(int),
-                    "max-file-age": s(int),
+                    "max-file-bytes": s(int, at_least(1)),
+                    "max-file-age": s(int, at_least(1)),
                 },
             ),
             "metrics": _section(c, MetricsConfig, {"artemis-names": s(bool)}),
-            "wildcard-addresses": wildcards,
-            "security": _section(
-                c,
-                SecurityConfig,
-                {
-                    "enabled": s(bool),
-                    "sasl-mechanisms": c.strings,
-                    "allow-plain-without-tls": s(bool),
-                    "users": users,
-                    "security-settings": security_settings,
-                },
-            ),
-            "address-settings": lambda n, p: _address_settings(c, n, p),
-            "addresses": addresses,
+            "wildcard-addresses": lambda n, p: wildcards or _MISSING,
+            "security": _security(c, wildcards),
+            "address-settings": _address_settings(c, wildcards),
+            "addresses": lambda n, p: _addresses(c, n, p),
         },
     )
-
-
-def _check_queue_names(c: _Checker, root: yaml.Node, addresses: tuple[AddressConfig, ...]) -> None:
-    """B-001: queue names are unique across the whole broker."""
-    seen: set[str] = set()
-    for address in addresses:
-        for queue in (*address.anycast, *address.multicast):
-            if queue.name in seen:
-                c.problem(root, "addresses", f"queue name {queue.name!r} is used more than once")
-            seen.add(queue.name)
+    if c.problems:
+        raise ConfigError(c.problems)
+    return BrokerConfig(source=source, **values)
 
 
 def parse_config(text: str, *, source: str = "<string>") -> BrokerConfig:
@@ -547,54 +757,38 @@ def parse_config(text: str, *, source: str = "<string>") -> BrokerConfig:
     Raises:
         ConfigError: every problem found, each with file, line and key path.
     """
-    checker = _Checker(source)
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=CoreSchemaLoader)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         line = mark.line + 1 if mark is not None else 1
         reason = getattr(e, "problem", None) or str(e)
-        raise ConfigError(
-            [ConfigProblem(source, line, "(yaml)", f"not valid YAML: {reason}")]
-        ) from None
-    if root is None:
-        return BrokerConfig(source=source)
-    values = _build(checker, root)
-    if "addresses" in values:
-        _check_queue_names(checker, root, values["addresses"])
-    if "wildcard_addresses" in values and "address_settings" in values:
-        wildcards = values["wildcard_addresses"]
-        for pattern in values["address_settings"]:
-            if problem := wildcards.validate_pattern(pattern):
-                checker.problems.append(
-                    ConfigProblem(source, 1, "address-settings", f"{pattern!r}: {problem}")
-                )
-    if checker.problems:
-        raise ConfigError(checker.problems)
-    return BrokerConfig(source=source, **values)
+        if context := getattr(e, "context", None):
+            reason += f" ({context})"
+        problem = ConfigProblem(source, line, "(yaml)", f"not valid YAML: {reason}")
+        raise ConfigError([problem]) from None
+    return check_tree(root, source=source)
 
 
 def load_config(path: Path | str) -> BrokerConfig:
-    """Read and check a config file.
+    """Read and check a config file: YAML, or an Artemis broker.xml when named `*.xml`.
 
     Raises:
         ConfigError: the file has problems (all of them are listed).
         OSError: the file cannot be read.
     """
     path = Path(path)
-    text = path.read_text(encoding="utf-8")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        problem = ConfigProblem(str(path), line, "(file)", f"not UTF-8 text: {e.reason}")
+        raise ConfigError([problem]) from None
     if path.suffix.lower() == ".xml":
-        raise ConfigError(
-            [
-                ConfigProblem(
-                    str(path),
-                    1,
-                    "(file)",
-                    "Artemis broker.xml is not supported by this version; write the same settings "
-                    "as YAML (same key names, see config/broker.yaml)",
-                )
-            ]
-        )
+        from amqpbroker.config.artemis_xml import parse_artemis_xml
+
+        return parse_artemis_xml(text, source=str(path))
     return parse_config(text, source=str(path))
 
 

@@ -2,7 +2,15 @@
 
 Keys mirror Artemis `broker.xml` element names in kebab-case; fields are the snake_case
 of the key, in Artemis units. Building these objects does nothing (no files, logging or
-environment): `server.py` acts on them.
+environment): `server.py` acts on them. `load.py` is what checks values; defaults here are
+the ones a missing key gets.
+
+Keys beyond CONTRACT.md's example (all optional):
+
+    acceptors[].amqp-treat-reject-as-unmodified-delivery-failed   false  (B-047)
+    acceptors[].amqp-duplicate-detection                          true   (B-012)
+    wildcard-addresses.enabled                                    true   (B-104)
+    id-cache-size                                                 20000  (B-012)
 """
 
 from __future__ import annotations
@@ -14,6 +22,8 @@ from amqpbroker.core import AddressSettings, WildcardConfig
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TlsConfig:
+    """`acceptors[].tls`: PEM files for an amqps:// acceptor (security/tls.py loads them)."""
+
     cert_file: str
     key_file: str
     ca_file: str | None = None
@@ -22,6 +32,8 @@ class TlsConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AcceptorConfig:
+    """One `acceptors[]` entry; scheme, host and port are parsed from `url` by the loader."""
+
     name: str
     url: str
     scheme: str  # amqp | amqps
@@ -37,6 +49,8 @@ class AcceptorConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HttpConfig:
+    """`http`: metrics, health and management API. The file says `bind: HOST:PORT`."""
+
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = 8161
@@ -44,6 +58,8 @@ class HttpConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PersistenceConfig:
+    """`persistence` (B-095..B-097): off means memory only."""
+
     enabled: bool = True
     sync: bool = True
     persist_delivery_count_before_delivery: bool = False
@@ -51,6 +67,8 @@ class PersistenceConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EventLogConfig:
+    """`event-log` (B-170): lifecycle events as JSON lines under DATA_DIR/events."""
+
     enabled: bool = True
     level: str = "lifecycle"  # off | failures | lifecycle
     properties: tuple[str, ...] = ()
@@ -61,17 +79,23 @@ class EventLogConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsConfig:
+    """`metrics`: also export the Artemis Prometheus plugin names, for existing dashboards."""
+
     artemis_names: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UserConfig:
+    """`security.users.NAME`: a scrypt hash (`amqpbroker user hash`), never a password."""
+
     password_hash: str
     roles: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SecurityConfig:
+    """`security` (B-154): SASL and Artemis-style security-settings; off by default."""
+
     enabled: bool = False
     sasl_mechanisms: tuple[str, ...] = ("PLAIN", "EXTERNAL")
     allow_plain_without_tls: bool = False

@@ -2,135 +2,409 @@
 
 from __future__ import annotations
 
+import dataclasses
 import textwrap
 from pathlib import Path
 
 import pytest
+import yaml
 
 from amqpbroker.config import (
+    BrokerConfig,
     ConfigError,
+    ConfigProblem,
+    QueueDef,
     default_config_path,
-    format_effective,
     load_config,
     parse_config,
 )
-from amqpbroker.core import RoutingType, SettingsRepository
+from amqpbroker.core import ResolvedSettings, RoutingType, SettingsRepository, WildcardConfig
+from amqpbroker.core.settings import SETTING_NAMES
 
 REPO = Path(__file__).resolve().parents[3]
+HASH = "scrypt$15$8$1$c2FsdHNhbHRzYWx0c2FsdA==$a2V5a2V5a2V5a2V5a2V5a2V5a2V5a2V5a2V5a2V5a2U="
 
 
 def problems(text: str) -> list[str]:
     with pytest.raises(ConfigError) as info:
         parse_config(textwrap.dedent(text), source="b.yaml")
+    assert str(info.value) == "\n".join(str(p) for p in info.value.problems)
     return [str(p) for p in info.value.problems]
 
 
-def test_shipped_config_is_the_embedded_default_and_loads() -> None:
-    """config/broker.yaml is the embedded default; it sets a DLA (B-046)."""
-    assert (REPO / "config" / "broker.yaml").read_text() == default_config_path().read_text()
+def parse(text: str) -> BrokerConfig:
+    return parse_config(textwrap.dedent(text), source="b.yaml")
+
+
+def resolved(config: BrokerConfig, address: str) -> ResolvedSettings:
+    repo = SettingsRepository(dict(config.address_settings), wildcards=config.wildcard_addresses)
+    return repo.resolve(address)
+
+
+# -- the shipped default ------------------------------------------------------------------
+
+
+def test_shipped_config_is_the_embedded_default() -> None:
+    """`make run` uses config/broker.yaml; the package ships the same file."""
+    assert (REPO / "config" / "broker.yaml").read_bytes() == default_config_path().read_bytes()
+
+
+def test_embedded_default_sets_a_dla_and_expiry_address() -> None:
+    """B-046: `rejected` drops the message when there is no DLA, so the default sets one,
+    with its queue, as Artemis ships."""
     config = load_config(default_config_path())
-    settings = SettingsRepository(dict(config.address_settings)).resolve("orders")
-    assert settings.dead_letter_address == "DLA"
-    assert settings.expiry_address == "ExpiryQueue"
-    assert [a.name for a in config.addresses] == ["DLA", "ExpiryQueue"]
-    assert (config.acceptors[0].host, config.acceptors[0].port) == ("127.0.0.1", 5672)
+    settings = resolved(config, "orders")
+    assert (settings.dead_letter_address, settings.expiry_address) == ("DLA", "ExpiryQueue")
+    assert settings.auto_create_dead_letter_resources
+    assert settings.auto_create_expiry_resources
+    assert (settings.max_delivery_attempts, settings.redelivery_delay) == (10, 0)
+    assert settings.default_address_routing_type is RoutingType.MULTICAST
+    assert settings.default_queue_routing_type is RoutingType.MULTICAST
+    assert [(a.name, [q.name for q in a.anycast]) for a in config.addresses] == [
+        ("DLA", ["DLA"]),
+        ("ExpiryQueue", ["ExpiryQueue"]),
+    ]
+
+
+def test_embedded_default_listens_on_loopback() -> None:
+    config = load_config(default_config_path())
+    assert [(a.name, a.url, a.host, a.port) for a in config.acceptors] == [
+        ("amqp", "amqp://127.0.0.1:5672", "127.0.0.1", 5672)
+    ]
+    assert (config.http.enabled, config.http.host, config.http.port) == (True, "127.0.0.1", 8161)
+    assert config.persistence.enabled
+    assert config.persistence.sync
+    assert config.event_log.enabled
+    assert config.event_log.level == "lifecycle"
+    assert config.name == "amqpbroker"
 
 
 def test_empty_file_means_all_defaults() -> None:
-    config = parse_config("")
-    assert config.acceptors[0].url == "amqp://127.0.0.1:5672"
+    """B-103/B-104 defaults; one loopback acceptor named amqp."""
+    config = parse_config("# nothing here\n")
+    assert config == BrokerConfig(source="<string>")
+    assert [(a.name, a.url) for a in config.acceptors] == [("amqp", "amqp://127.0.0.1:5672")]
+    assert (config.message_expiry_scan_period, config.address_queue_scan_period) == (30000, 30000)
+    assert (config.max_redelivery_records, config.id_cache_size) == (10, 20000)
     assert config.address_settings == {}
+    assert config.wildcard_addresses == WildcardConfig()
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        (
-            "acceptors:\n  - name: a\n    url: amqp://127.0.0.1:0\n    tsl: {}\n",
-            "b.yaml:4: acceptors[0].tsl: unknown key (did you mean 'tls'?)",
-        ),
-        (
-            "address-settings:\n  'orders.#':\n    max-delivery-attempts: ten\n",
-            "b.yaml:3: address-settings.\"orders.#\".max-delivery-attempts: not an integer: 'ten'",
-        ),
-        (
-            "address-settings:\n  '#':\n    max-delivery-attempts: true\n",
-            'b.yaml:3: address-settings."#".max-delivery-attempts: not an integer: True',
-        ),
-        (
-            "address-settings:\n  '#':\n    redelivery-collision-avoidance-factor: 1.5\n",
-            'b.yaml:3: address-settings."#".redelivery-collision-avoidance-factor: '
-            "must be between 0 and 1: 1.5",
-        ),
-        (
-            "address-settings:\n  '#':\n    redelivery-delay: -5\n",
-            'b.yaml:3: address-settings."#".redelivery-delay: must be >= 0: -5',
-        ),
-        (
-            "address-settings:\n  '#':\n    redelivery-delay-multiplier: 0.5\n",
-            'b.yaml:3: address-settings."#".redelivery-delay-multiplier: must be >= 1.0: 0.5',
-        ),
-        (
-            "address-settings:\n  '#':\n    default-address-routing-type: BOTH\n",
-            'b.yaml:3: address-settings."#".default-address-routing-type: '
-            "must be one of ANYCAST, MULTICAST: 'BOTH'",
-        ),
-        (
-            "address-settings:\n  '#':\n    address-full-policy: SPILL\n",
-            'b.yaml:3: address-settings."#".address-full-policy: '
-            "must be one of PAGE, BLOCK, FAIL, DROP: 'SPILL'",
-        ),
-        (
-            "address-settings:\n  'a.#.b': {}\n",
-            "b.yaml:2: address-settings.\"a.#.b\": '#' is allowed only as the last word of a "
-            "pattern",
-        ),
-        (
-            "acceptors:\n  - name: a\n    url: amqp://127.0.0.1:99999\n",
-            "b.yaml:3: acceptors[0].url: expected amqp://HOST:PORT or amqps://HOST:PORT "
-            "(port 0-65535): 'amqp://127.0.0.1:99999'",
-        ),
-        (
-            "acceptors:\n  - name: a\n    url: http://x:1\n",
-            "b.yaml:3: acceptors[0].url: expected amqp://HOST:PORT or amqps://HOST:PORT "
-            "(port 0-65535): 'http://x:1'",
-        ),
-        (
-            "acceptors:\n  - url: amqp://127.0.0.1:1\n",
-            "b.yaml:2: acceptors[0].name: required key is missing",
-        ),
-        (
-            "event-log:\n  level: verbose\n",
-            "b.yaml:2: event-log.level: must be one of off, failures, lifecycle: 'verbose'",
-        ),
-        (
-            "http:\n  bind: localhost\n",
-            "b.yaml:2: http.bind: expected HOST:PORT (port 0-65535): 'localhost'",
-        ),
-        (
-            "addresses:\n  - name: 'a::b::c'\n",
-            "b.yaml:2: addresses[0].name: address name 'a::b::c' has more than one '::'",
-        ),
-        (
-            "addresses:\n  - name: ''\n",
-            "b.yaml:2: addresses[0].name: address name must not be empty",
-        ),
-        ("persistence:\n  sync: maybe\n", "b.yaml:2: persistence.sync: not a boolean: 'maybe'"),
-        ("[1, 2]\n", "b.yaml:1: (top level): expected a mapping"),
-        ("name: [\n", None),
-    ],
-)
-def test_each_problem_names_file_line_and_key(text: str, expected: str | None) -> None:
-    """Every unknown key, wrong type and bad value names file, line and key path."""
-    found = problems(text)
-    if expected is None:
-        assert found[0].startswith("b.yaml:")
-        assert "not valid YAML" in found[0]
-    else:
-        assert expected in found
+def test_config_objects_are_frozen() -> None:
+    config = parse_config("")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.name = "x"  # type: ignore[misc]
 
 
-def test_all_problems_are_reported_together() -> None:
+# -- every kind of problem ----------------------------------------------------------------
+
+ERRORS = [
+    # unknown keys, with a hint when one is close
+    (
+        "acceptors:\n  - name: a\n    url: amqp://127.0.0.1:0\n    tsl: {}\n",
+        "b.yaml:4: acceptors[0].tsl: unknown key (did you mean 'tls'?)",
+    ),
+    ("bogus: 1\n", "b.yaml:1: bogus: unknown key"),
+    (
+        "address-settings:\n  '#':\n    dead-letter-adress: DLA\n",
+        'b.yaml:3: address-settings."#".dead-letter-adress: unknown key '
+        "(did you mean 'dead-letter-address'?)",
+    ),
+    (
+        "security:\n  security-settings:\n    'orders.#': {sned: [app]}\n",
+        'b.yaml:3: security.security-settings."orders.#".sned: unknown key '
+        "(did you mean 'send'?)",
+    ),
+    ("name: a\nname: b\n", "b.yaml:2: name: duplicate key"),
+    ("address-settings:\n  '#': {}\n  '#': {}\n", 'b.yaml:3: address-settings."#": duplicate key'),
+    # wrong types: bool is not an int, YAML 1.1 'yes' is not a boolean
+    (
+        "address-settings:\n  'orders.#':\n    max-delivery-attempts: ten\n",
+        "b.yaml:3: address-settings.\"orders.#\".max-delivery-attempts: not an integer: 'ten'",
+    ),
+    (
+        "address-settings:\n  '#':\n    max-delivery-attempts: true\n",
+        'b.yaml:3: address-settings."#".max-delivery-attempts: not an integer: True',
+    ),
+    (
+        "address-settings:\n  '#':\n    redelivery-delay: 1.5\n",
+        'b.yaml:3: address-settings."#".redelivery-delay: not an integer: 1.5',
+    ),
+    (
+        "address-settings:\n  '#':\n    auto-create-queues: 1\n",
+        'b.yaml:3: address-settings."#".auto-create-queues: not a boolean: 1',
+    ),
+    (
+        "address-settings:\n  '#':\n    dead-letter-address: [DLA]\n",
+        'b.yaml:3: address-settings."#".dead-letter-address: expected a string, not a list',
+    ),
+    ("persistence:\n  sync: maybe\n", "b.yaml:2: persistence.sync: not a boolean: 'maybe'"),
+    ("persistence:\n  sync: yes\n", "b.yaml:2: persistence.sync: not a boolean: 'yes'"),
+    ("persistence: true\n", "b.yaml:1: persistence: expected a mapping"),
+    ("acceptors: {name: a}\n", "b.yaml:1: acceptors: expected a list"),
+    ("name: null\n", "b.yaml:1: name: expected a string, not null"),
+    ("name: ''\n", "b.yaml:1: name: must not be empty"),
+    (
+        "event-log:\n  properties: tenant\n",
+        "b.yaml:2: event-log.properties: expected a list of strings",
+    ),
+    ("event-log:\n  properties: [a, 1]\n", "b.yaml:2: event-log.properties[1]: not a string: 1"),
+    # bad enum values
+    (
+        "address-settings:\n  '#':\n    default-address-routing-type: BOTH\n",
+        'b.yaml:3: address-settings."#".default-address-routing-type: '
+        "must be one of ANYCAST, MULTICAST: 'BOTH'",
+    ),
+    (
+        "address-settings:\n  '#':\n    default-queue-routing-type: anycast\n",
+        'b.yaml:3: address-settings."#".default-queue-routing-type: '
+        "must be one of ANYCAST, MULTICAST: 'anycast'",
+    ),
+    (
+        "address-settings:\n  '#':\n    address-full-policy: SPILL\n",
+        'b.yaml:3: address-settings."#".address-full-policy: '
+        "must be one of PAGE, BLOCK, FAIL, DROP: 'SPILL'",
+    ),
+    (
+        "address-settings:\n  '#':\n    config-delete-queues: NEVER\n",
+        "b.yaml:3: address-settings.\"#\".config-delete-queues: must be one of OFF, FORCE: 'NEVER'",
+    ),
+    (
+        "event-log:\n  level: verbose\n",
+        "b.yaml:2: event-log.level: must be one of off, failures, lifecycle: 'verbose'",
+    ),
+    (
+        "acceptors:\n  - name: s\n    url: amqps://0.0.0.0:5671\n"
+        "    tls: {cert-file: c.pem, key-file: k.pem, client-auth: maybe}\n",
+        "b.yaml:4: acceptors[0].tls.client-auth: must be one of none, optional, required: 'maybe'",
+    ),
+    (
+        "security:\n  sasl-mechanisms: [PLAIN, CRAM-MD5]\n",
+        "b.yaml:2: security.sasl-mechanisms[1]: must be one of PLAIN, EXTERNAL, ANONYMOUS: "
+        "'CRAM-MD5'",
+    ),
+    # out-of-range values (B-067 and friends)
+    (
+        "address-settings:\n  '#':\n    redelivery-collision-avoidance-factor: 1.5\n",
+        'b.yaml:3: address-settings."#".redelivery-collision-avoidance-factor: '
+        "must be between 0 and 1: 1.5",
+    ),
+    (
+        "address-settings:\n  '#':\n    redelivery-collision-avoidance-factor: -0.1\n",
+        'b.yaml:3: address-settings."#".redelivery-collision-avoidance-factor: '
+        "must be between 0 and 1: -0.1",
+    ),
+    (
+        "address-settings:\n  '#':\n    redelivery-collision-avoidance-factor: .nan\n",
+        'b.yaml:3: address-settings."#".redelivery-collision-avoidance-factor: '
+        "not a finite number: nan",
+    ),
+    (
+        "address-settings:\n  '#':\n    redelivery-delay: -5\n",
+        'b.yaml:3: address-settings."#".redelivery-delay: must be >= 0: -5',
+    ),
+    (
+        "address-settings:\n  '#':\n    max-redelivery-delay: -1\n",
+        'b.yaml:3: address-settings."#".max-redelivery-delay: must be >= 0: -1',
+    ),
+    (
+        "address-settings:\n  '#':\n    redelivery-delay-multiplier: 0.5\n",
+        'b.yaml:3: address-settings."#".redelivery-delay-multiplier: must be >= 1.0: 0.5',
+    ),
+    (
+        "message-expiry-scan-period: -2\n",
+        "b.yaml:1: message-expiry-scan-period: must be -1 (off) or >= 0: -2",
+    ),
+    ("id-cache-size: -1\n", "b.yaml:1: id-cache-size: must be >= 0: -1"),
+    ("event-log: {max-file-bytes: 0}\n", "b.yaml:1: event-log.max-file-bytes: must be >= 1: 0"),
+    (
+        "addresses:\n  - name: a\n    anycast:\n      - {name: a, max-consumers: -2}\n",
+        "b.yaml:4: addresses[0].anycast[0].max-consumers: must be -1 (off) or >= 0: -2",
+    ),
+    (
+        "addresses:\n  - name: a\n    anycast:\n      - {name: a, ring-size: -5}\n",
+        "b.yaml:4: addresses[0].anycast[0].ring-size: must be -1 (off) or >= 0: -5",
+    ),
+    # ports, URLs and schemes
+    (
+        "acceptors:\n  - name: a\n    url: amqp://127.0.0.1:99999\n",
+        "b.yaml:3: acceptors[0].url: expected amqp://HOST:PORT or amqps://HOST:PORT "
+        "(port 0-65535): 'amqp://127.0.0.1:99999'",
+    ),
+    (
+        "acceptors:\n  - name: a\n    url: amqp://127.0.0.1:-1\n",
+        "b.yaml:3: acceptors[0].url: expected amqp://HOST:PORT or amqps://HOST:PORT "
+        "(port 0-65535): 'amqp://127.0.0.1:-1'",
+    ),
+    (
+        "acceptors:\n  - name: a\n    url: amqp://127.0.0.1\n",
+        "b.yaml:3: acceptors[0].url: expected amqp://HOST:PORT or amqps://HOST:PORT "
+        "(port 0-65535): 'amqp://127.0.0.1'",
+    ),
+    (
+        "acceptors:\n  - name: a\n    url: http://x:1\n",
+        "b.yaml:3: acceptors[0].url: expected amqp://HOST:PORT or amqps://HOST:PORT "
+        "(port 0-65535): 'http://x:1'",
+    ),
+    (
+        "acceptors:\n  - name: a\n    url: tcp://0.0.0.0:5672?protocols=AMQP\n",
+        "b.yaml:3: acceptors[0].url: expected amqp://HOST:PORT or amqps://HOST:PORT "
+        "(port 0-65535): 'tcp://0.0.0.0:5672?protocols=AMQP'",
+    ),
+    (
+        "acceptors:\n  - name: a\n    url: amqp://0.0.0.0:5672?amqpCredits=1000\n",
+        "b.yaml:3: acceptors[0].url: only amqp[s]://HOST:PORT is read; acceptor options are "
+        "keys of the acceptor: 'amqp://0.0.0.0:5672?amqpCredits=1000'",
+    ),
+    (
+        "acceptors:\n  - name: s\n    url: amqps://0.0.0.0:5671\n",
+        "b.yaml:3: acceptors[0].url: an amqps:// acceptor needs a tls: section",
+    ),
+    (
+        "acceptors:\n  - name: a\n    url: amqp://0.0.0.0:5672\n"
+        "    tls: {cert-file: c.pem, key-file: k.pem}\n",
+        "b.yaml:4: acceptors[0].tls: tls: is read only for amqps:// acceptors",
+    ),
+    (
+        "acceptors:\n  - name: s\n    url: amqps://0.0.0.0:5671\n    tls: {cert-file: c.pem}\n",
+        "b.yaml:4: acceptors[0].tls.key-file: required key is missing",
+    ),
+    (
+        "http:\n  bind: localhost\n",
+        "b.yaml:2: http.bind: expected HOST:PORT (port 0-65535): 'localhost'",
+    ),
+    (
+        "http:\n  bind: 127.0.0.1:70000\n",
+        "b.yaml:2: http.bind: expected HOST:PORT (port 0-65535): '127.0.0.1:70000'",
+    ),
+    # B-101: '#' only as the last word of a pattern
+    (
+        "address-settings:\n  'a.#.b': {}\n",
+        "b.yaml:2: address-settings.\"a.#.b\": '#' is allowed only as the last word of a pattern",
+    ),
+    (
+        "address-settings:\n  'orders#': {}\n",
+        "b.yaml:2: address-settings.\"orders#\": '#' is allowed only as the last word of a pattern",
+    ),
+    (
+        "security:\n  security-settings:\n    '#.x': {send: [a]}\n",
+        "b.yaml:3: security.security-settings.\"#.x\": '#' is allowed only as the last word of "
+        "a pattern",
+    ),
+    # B-150 names
+    ("addresses:\n  - name: ''\n", "b.yaml:2: addresses[0].name: address name must not be empty"),
+    (
+        'addresses:\n  - name: "a\\u0001b"\n',
+        "b.yaml:2: addresses[0].name: address name 'a\\x01b' contains a control character",
+    ),
+    (
+        "addresses:\n  - name: 'a::b::c'\n",
+        "b.yaml:2: addresses[0].name: address name 'a::b::c' has more than one '::'",
+    ),
+    (
+        "addresses:\n  - name: a\n    anycast:\n      - name: ''\n",
+        "b.yaml:4: addresses[0].anycast[0].name: queue name must not be empty",
+    ),
+    (
+        'addresses:\n  - name: a\n    multicast:\n      - name: "q\\tx"\n',
+        "b.yaml:4: addresses[0].multicast[0].name: queue name 'q\\tx' contains a control character",
+    ),
+    (
+        "address-settings:\n  '#':\n    dead-letter-address: 'x::y::z'\n",
+        "b.yaml:3: address-settings.\"#\".dead-letter-address: address name 'x::y::z' has more "
+        "than one '::'",
+    ),
+    (
+        "address-settings:\n  '': {}\n",
+        'b.yaml:2: address-settings."": match name must not be empty',
+    ),
+    (
+        "acceptors:\n  - name: http\n    url: amqp://127.0.0.1:0\n",
+        "b.yaml:2: acceptors[0].name: acceptor name 'http' is reserved (ports.json uses it for "
+        "HTTP)",
+    ),
+    # required keys and duplicates
+    (
+        "acceptors:\n  - url: amqp://127.0.0.1:1\n",
+        "b.yaml:2: acceptors[0].name: required key is missing",
+    ),
+    ("addresses:\n  - anycast: []\n", "b.yaml:2: addresses[0].name: required key is missing"),
+    (
+        "acceptors:\n  - {name: a, url: 'amqp://127.0.0.1:0'}\n"
+        "  - {name: a, url: 'amqp://127.0.0.1:0'}\n",
+        "b.yaml:3: acceptors[1].name: duplicate acceptor name (also at line 2)",
+    ),
+    (
+        "addresses:\n  - name: a\n  - name: a\n",
+        "b.yaml:3: addresses[1].name: duplicate address name (also at line 2)",
+    ),
+    (
+        "addresses:\n  - {name: a, anycast: [{name: q}]}\n  - {name: b, multicast: [{name: q}]}\n",
+        "b.yaml:3: addresses[1].multicast[0].name: queue name 'q' is used more than once "
+        "(also at line 2); queue names are unique across the broker",
+    ),
+    # filters, security values, wildcard config, merge keys
+    (
+        "addresses:\n  - name: q\n    anycast:\n      - name: q\n        filter: 'a ='\n",
+        "b.yaml:5: addresses[0].anycast[0].filter: invalid filter: expected a value, an "
+        "identifier or '(' at position 3, found end of selector",
+    ),
+    (
+        "security:\n  users:\n    bob: {password-hash: secret}\n",
+        "b.yaml:3: security.users.bob.password-hash: not a password hash "
+        "(make one with `amqpbroker user hash`)",
+    ),
+    (
+        "security:\n  users:\n    bob: {roles: [a]}\n",
+        "b.yaml:3: security.users.bob.password-hash: required key is missing",
+    ),
+    (
+        "security:\n  enabled: true\n  sasl-mechanisms: []\n",
+        "b.yaml:3: security.sasl-mechanisms: must not be empty when security is enabled "
+        "(no client could connect)",
+    ),
+    (
+        "wildcard-addresses:\n  single-word: '#'\n",
+        "b.yaml:2: wildcard-addresses: delimiter, any-words and single-word must all differ",
+    ),
+    (
+        "wildcard-addresses:\n  delimiter: ''\n",
+        "b.yaml:2: wildcard-addresses.delimiter: must not be empty",
+    ),
+    (
+        "persistence:\n  <<: 1\n",
+        'b.yaml:2: persistence."<<": merges only mappings, not recursively',
+    ),
+    # the file itself
+    ("[1, 2]\n", "b.yaml:1: (top level): expected a mapping"),
+    ("just text\n", "b.yaml:1: (top level): expected a mapping"),
+    ("a: b: c\n", "b.yaml:1: (yaml): not valid YAML: mapping values are not allowed here"),
+    (
+        "name: x\nacceptors:\n\t- name: a\n",
+        "b.yaml:3: (yaml): not valid YAML: found character '\\t' that cannot start any token "
+        "(while scanning for the next token)",
+    ),
+    (
+        "---\na: 1\n---\nb: 2\n",
+        "b.yaml:3: (yaml): not valid YAML: but found another document "
+        "(expected a single document in the stream)",
+    ),
+    (
+        "name: 'x\n",
+        "b.yaml:2: (yaml): not valid YAML: found unexpected end of stream "
+        "(while scanning a quoted scalar)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), ERRORS)
+def test_each_problem_names_file_line_and_key(text: str, expected: str) -> None:
+    """Unknown keys, wrong types, bad values, names (B-150), patterns (B-101), ranges
+    (B-067) and duplicate queues (B-001): `file:line: key.path: message`, nothing else."""
+    assert problems(text) == [expected]
+
+
+def test_all_problems_are_reported_together_in_file_order() -> None:
     """One ConfigError lists every problem, not just the first."""
     found = problems("""\
         nmae: x
@@ -140,6 +414,10 @@ def test_all_problems_are_reported_together() -> None:
             tsl: {}
         address-settings:
           '#': {max-delivery-attempts: ten, dead-letter-adress: DLA}
+        addresses:
+          - {name: a, anycast: [{name: q}]}
+          - {name: b, anycast: [{name: q}]}
+        wildcard-addresses: {delimiter: ''}
         """)
     assert found == [
         "b.yaml:1: nmae: unknown key (did you mean 'name'?)",
@@ -147,99 +425,242 @@ def test_all_problems_are_reported_together() -> None:
         "b.yaml:7: address-settings.\"#\".max-delivery-attempts: not an integer: 'ten'",
         'b.yaml:7: address-settings."#".dead-letter-adress: unknown key '
         "(did you mean 'dead-letter-address'?)",
+        "b.yaml:10: addresses[1].anycast[0].name: queue name 'q' is used more than once "
+        "(also at line 9); queue names are unique across the broker",
+        "b.yaml:11: wildcard-addresses.delimiter: must not be empty",
     ]
 
 
-def test_queue_names_are_unique_broker_wide() -> None:
-    """B-001: a queue name is unique across the whole broker."""
-    found = problems("""\
-        addresses:
-          - {name: a, anycast: [{name: q}]}
-          - {name: b, multicast: [{name: q}]}
-        """)
-    assert any("queue name 'q' is used more than once" in p for p in found)
+def test_config_error_keeps_the_problems_as_values() -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config("persistence: {sync: maybe}\n", source="config/broker.yaml")
+    assert info.value.problems == [
+        ConfigProblem("config/broker.yaml", 1, "persistence.sync", "not a boolean: 'maybe'")
+    ]
+    assert str(info.value) == "config/broker.yaml:1: persistence.sync: not a boolean: 'maybe'"
 
 
-def test_every_builtin_address_setting_is_accepted_by_its_kebab_name() -> None:
-    """CONTRACT: every B-103 key is accepted under its kebab-case name."""
-    config = parse_config(
-        textwrap.dedent("""\
+# -- what is accepted ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", SETTING_NAMES)
+def test_every_address_setting_is_accepted_by_its_kebab_name(field: str) -> None:
+    """CONTRACT: every B-103 setting is accepted under its kebab-case name."""
+    value = ResolvedSettings().to_config()[field.replace("_", "-")]
+    text = yaml.safe_dump({"address-settings": {"#": {field.replace("_", "-"): value}}})
+    config = parse_config(text)
+    expected = getattr(ResolvedSettings(), field)
+    assert config.address_settings["#"].as_dict() == {field: expected}
+
+
+def test_all_address_settings_at_once_resolve_to_the_defaults() -> None:
+    """B-103: the defaults written out in full resolve to the built-in defaults."""
+    text = yaml.safe_dump({"address-settings": {"#": ResolvedSettings().to_config()}})
+    assert resolved(parse_config(text), "anything") == ResolvedSettings()
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "expected"),
+    [
+        # YAML 1.2 scalars: these stay strings (PyYAML's YAML 1.1 would read booleans/dates)
+        ("event-log: {level: off}", "level", "off"),
+        ("name: 2024-01-01", "name", "2024-01-01"),
+        ("name: NO", "name", "NO"),
+        ("name: 010", "name", "010"),  # not octal 8, not decimal 10
+        # an int where a number is expected
+        ("address-settings: {'#': {redelivery-delay-multiplier: 2}}", "multiplier", 2.0),
+        ("address-settings: {'#': {redelivery-collision-avoidance-factor: 1}}", "factor", 1.0),
+        ("address-settings: {'#': {config-delete-queues: OFF}}", "config_delete_queues", "OFF"),
+        ("id-cache-size: 1_000", "id_cache_size", 1000),
+        ("id-cache-size: 0x10", "id_cache_size", 16),
+    ],
+)
+def test_scalars_follow_the_yaml_core_schema(text: str, field: str, expected: object) -> None:
+    config = parse_config(text)
+    settings = resolved(config, "x")
+    values = {
+        "level": config.event_log.level,
+        "name": config.name,
+        "multiplier": settings.redelivery_delay_multiplier,
+        "factor": settings.redelivery_collision_avoidance_factor,
+        "config_delete_queues": settings.config_delete_queues,
+        "id_cache_size": config.id_cache_size,
+    }
+    assert values[field] == expected
+    assert type(values[field]) is type(expected)
+
+
+def test_null_max_redelivery_delay_means_ten_times_the_delay() -> None:
+    """B-066: `max-redelivery-delay: null` is unset, so it is redelivery-delay x 10."""
+    config = parse("""\
         address-settings:
-          "#":
-            no-expiry: true
-            send-to-dla-on-no-route: true
-            auto-delete-queues-delay: 5000
-            max-redelivery-delay: null
-            expiry-delay: 1000
-            default-ring-size: 10
-            slow-consumer-policy: KILL
-        max-redelivery-records: 1
+          "#": {redelivery-delay: 100, max-redelivery-delay: null}
         """)
-    )
-    settings = SettingsRepository(dict(config.address_settings)).resolve("x")
-    assert settings.no_expiry is True
-    assert settings.send_to_dla_on_no_route is True
-    assert settings.auto_delete_queues_delay == 5000
-    assert settings.expiry_delay == 1000
-    assert config.max_redelivery_records == 1
+    assert config.address_settings["#"].as_dict() == {"redelivery_delay": 100}
+    assert resolved(config, "orders").max_redelivery_delay == 1000
 
 
-def test_overlay_from_config() -> None:
-    """B-100: '#', 'orders.#', 'orders.eu' overlay field by field."""
-    config = parse_config(
-        textwrap.dedent("""\
+def test_null_inherits_from_a_broader_match() -> None:
+    """B-100: null is "not set here", so the broader pattern's value shows through."""
+    config = parse("""\
         address-settings:
-          "#": {dead-letter-address: DLA, max-delivery-attempts: 5}
+          "#": {max-redelivery-delay: 5000, dead-letter-address: DLA}
+          orders: {max-redelivery-delay: null, dead-letter-address: null}
+        """)
+    settings = resolved(config, "orders")
+    assert (settings.max_redelivery_delay, settings.dead_letter_address) == (5000, "DLA")
+
+
+def test_overlay_of_three_patterns() -> None:
+    """B-100: '#', 'orders.#', 'orders.eu' overlay field by field, most specific first."""
+    config = parse("""\
+        address-settings:
+          "#": {dead-letter-address: DLA, max-delivery-attempts: 5, redelivery-delay: 1}
           "orders.#": {max-delivery-attempts: 3, redelivery-delay: 100}
           orders.eu: {redelivery-delay: 7, default-queue-routing-type: ANYCAST}
         """)
-    )
-    eu = SettingsRepository(dict(config.address_settings)).resolve("orders.eu")
+    assert list(config.address_settings) == ["#", "orders.#", "orders.eu"]
+    eu = resolved(config, "orders.eu")
     assert (eu.dead_letter_address, eu.max_delivery_attempts, eu.redelivery_delay) == ("DLA", 3, 7)
     assert eu.default_queue_routing_type is RoutingType.ANYCAST
     assert eu.max_redelivery_delay == 70
+    us = resolved(config, "orders.us")
+    assert (us.max_delivery_attempts, us.redelivery_delay) == (3, 100)
+    assert us.default_queue_routing_type is RoutingType.MULTICAST
+    other = resolved(config, "payments")
+    assert (other.max_delivery_attempts, other.redelivery_delay) == (5, 1)
+
+
+def test_merge_keys_share_settings_and_own_keys_win() -> None:
+    config = parse("""\
+        address-settings:
+          "#": &base {max-delivery-attempts: 3, redelivery-delay: 5}
+          orders:
+            <<: *base
+            redelivery-delay: 7
+        """)
+    assert config.address_settings["orders"].as_dict() == {
+        "max_delivery_attempts": 3,
+        "redelivery_delay": 7,
+    }
+
+
+def test_custom_wildcards_decide_which_patterns_are_valid() -> None:
+    """B-101 is judged with the configured any-words word, not the default '#'."""
+    config = parse("""\
+        address-settings:
+          "orders.>": {max-delivery-attempts: 2}
+          "a.#.b": {max-delivery-attempts: 4}
+        wildcard-addresses: {any-words: ">"}
+        """)
+    assert config.wildcard_addresses.any_words == ">"
+    assert resolved(config, "orders.eu.x").max_delivery_attempts == 2
+    assert resolved(config, "a.#.b").max_delivery_attempts == 4  # '#' is a literal word here
+
+
+def test_acceptors_are_parsed_from_their_urls() -> None:
+    config = parse("""\
+        acceptors:
+          - name: amqp
+            url: amqp://0.0.0.0:0
+            anycast-prefix: "anycast://"
+            multicast-prefix: "multicast://"
+          - name: amqps
+            url: "amqps://[::1]:5671"
+            tls: {cert-file: s.pem, key-file: s.key, ca-file: ca.pem, client-auth: required}
+            amqp-treat-reject-as-unmodified-delivery-failed: true
+            amqp-duplicate-detection: false
+        """)
+    plain, secure = config.acceptors
+    assert (plain.scheme, plain.host, plain.port, plain.tls) == ("amqp", "0.0.0.0", 0, None)
+    assert (plain.anycast_prefix, plain.multicast_prefix) == ("anycast://", "multicast://")
+    assert (secure.scheme, secure.host, secure.port) == ("amqps", "::1", 5671)
+    assert secure.tls is not None
+    assert secure.tls.client_auth == "required"
+    assert secure.amqp_treat_reject_as_unmodified_delivery_failed
+    assert not secure.amqp_duplicate_detection
 
 
 def test_addresses_keep_their_routing_types_and_queues() -> None:
-    config = parse_config(
-        textwrap.dedent("""\
+    config = parse("""\
         addresses:
           - name: orders
             anycast:
-              - {name: orders, durable: true, max-consumers: 2}
+              - {name: orders, durable: false, max-consumers: 2, filter: "priority > 4"}
           - name: news
             multicast: []
+          - name: both
+            anycast:
+            multicast:
+              - {name: both.audit, last-value: true, non-destructive: true, ring-size: 10}
         """)
+    orders, news, both = config.addresses
+    assert orders.anycast == (
+        QueueDef(name="orders", durable=False, max_consumers=2, filter="priority > 4"),
     )
-    orders, news = config.addresses
-    assert orders.anycast[0].max_consumers == 2
     assert news.routing_types == frozenset({"MULTICAST"})
+    assert news.multicast == ()
+    assert both.routing_types == frozenset({"ANYCAST", "MULTICAST"})
+    assert both.multicast[0].last_value
+    assert both.multicast[0].ring_size == 10
 
 
-def test_format_effective_shows_resolved_values() -> None:
-    """check-config prints the effective settings per configured address."""
-    config = parse_config(
-        textwrap.dedent("""\
-        address-settings:
-          "#": {dead-letter-address: DLA}
-          "orders.#": {max-delivery-attempts: 3}
-        addresses:
-          - name: orders.eu
-            anycast: [{name: orders.eu}]
-        """),
-        source="c.yaml",
-    )
-    text = format_effective(config)
-    assert "orders.eu:  # address; queues: orders.eu(ANYCAST)" in text
-    block = text.split("orders.eu:  # address")[1]
-    assert "max-delivery-attempts: 3" in block
-    assert "dead-letter-address: DLA" in block
-    assert "matched-by: 'orders.#', '#'" in block
+def test_security_section() -> None:
+    """B-154: users with scrypt hashes, permissions by pattern with Artemis names."""
+    config = parse(f"""\
+        security:
+          enabled: true
+          sasl-mechanisms: [PLAIN]
+          users:
+            admin: {{password-hash: "{HASH}", roles: [admin]}}
+          security-settings:
+            "#": {{send: [admin], create-durable-queue: [admin], manage: [admin]}}
+        """)
+    security = config.security
+    assert security.enabled
+    assert security.sasl_mechanisms == ("PLAIN",)
+    assert security.users["admin"].roles == ("admin",)
+    assert security.security_settings == {
+        "#": {"send": ("admin",), "create-durable-queue": ("admin",), "manage": ("admin",)}
+    }
 
 
-def test_broker_xml_is_refused_with_a_clear_message(tmp_path: Path) -> None:
-    """CONTRACT names broker.xml; until it is read, say so instead of a YAML error."""
-    path = tmp_path / "broker.xml"
-    path.write_text("<configuration/>")
-    with pytest.raises(ConfigError, match=r"broker\.xml is not supported"):
+def test_http_bind_and_switch_off() -> None:
+    assert parse("http: {bind: '[::1]:0'}").http.host == "::1"
+    assert not parse("http: {enabled: false}").http.enabled
+
+
+# -- files --------------------------------------------------------------------------------
+
+
+def test_load_config_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "broker.yaml"
+    path.write_text("name: a\naddress-settings:\n  '#': {max-delivery-attempts: ten}\n")
+    with pytest.raises(ConfigError) as info:
         load_config(path)
+    assert str(info.value) == (
+        f"{path}:3: address-settings.\"#\".max-delivery-attempts: not an integer: 'ten'"
+    )
+
+
+def test_a_file_that_is_not_utf8_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "broker.yaml"
+    path.write_bytes(b"name: a\nname2: \xff\n")
+    with pytest.raises(ConfigError, match=r"broker\.yaml:2: \(file\): not UTF-8 text"):
+        load_config(path)
+
+
+def test_a_missing_file_is_an_os_error(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="No such file"):
+        load_config(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [("acceptors:\n", ["amqp"]), ("acceptors: []\n", []), ("", ["amqp"])],
+)
+def test_null_acceptors_keep_the_default_an_empty_list_means_none(
+    text: str, names: list[str]
+) -> None:
+    """`null` is "not set" everywhere, so `acceptors:` alone keeps the default acceptor."""
+    assert [a.name for a in parse_config(text).acceptors] == names

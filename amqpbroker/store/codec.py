@@ -1,0 +1,222 @@
+"""Record payloads: a compact, self-describing binary encoding of `core.records` values.
+
+The journal frames each record as `type id + payload` (see `store/journal.py`); this module
+makes the payload. A payload is the record's fields in declaration order, each a tagged
+value, so any payload can be read back without knowing the record type (`decode_values`),
+and a field appended to a record type later is simply absent from older payloads (the
+decoder fills in the field's default) or ignored by older decoders.
+
+Payload layout (little-endian)::
+
+    payload := u8 field_count, value * field_count
+    value   := u8 tag, body
+      tag 0 None      (no body)
+      tag 1 False     (no body)
+      tag 2 True      (no body)
+      tag 3 int       i64
+      tag 4 str       u32 length, UTF-8 bytes
+      tag 5 bytes     u32 length, raw bytes
+      tag 6 list      u32 count, value * count      (tuples are written as lists)
+      tag 7 dict      u32 count, (value key, value value) * count
+      tag 8 float     f64
+
+Enum members are written as their value; the decoder turns values back into the enum the
+field is declared with (`AddQueue.routing_type`, `AddAddress.routing_types`). No pickle:
+nothing in a journal file can make the decoder run code.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import typing
+from collections.abc import Callable
+from dataclasses import MISSING, fields
+from typing import Any
+
+from amqpbroker.core.records import RECORD_CLASSES, Record, RecordType
+
+__all__ = ["CodecError", "decode", "decode_values", "encode"]
+
+
+class CodecError(ValueError):
+    """A value cannot be encoded, or a payload is not a valid encoding."""
+
+
+_NONE, _FALSE, _TRUE, _INT, _STR, _BYTES, _LIST, _DICT, _FLOAT = range(9)
+_TAG_INT = struct.Struct("<Bq")
+_TAG_LEN = struct.Struct("<BI")
+_TAG_FLOAT = struct.Struct("<Bd")
+_I64 = struct.Struct("<q")
+_U32 = struct.Struct("<I")
+_F64 = struct.Struct("<d")
+_B_NONE, _B_FALSE, _B_TRUE = bytes([_NONE]), bytes([_FALSE]), bytes([_TRUE])
+
+
+def _encode_value(parts: list[bytes], value: object) -> None:
+    kind = type(value)
+    if kind is int:
+        try:
+            parts.append(_TAG_INT.pack(_INT, value))
+        except struct.error:
+            raise CodecError(f"integer out of the i64 range: {value}") from None
+    elif kind is str:
+        data = value.encode()  # type: ignore[attr-defined]
+        parts.append(_TAG_LEN.pack(_STR, len(data)))
+        parts.append(data)
+    elif kind is bytes:
+        parts.append(_TAG_LEN.pack(_BYTES, len(value)))  # type: ignore[arg-type]
+        parts.append(value)  # type: ignore[arg-type]
+    elif kind is bool:
+        parts.append(_B_TRUE if value else _B_FALSE)
+    elif value is None:
+        parts.append(_B_NONE)
+    elif isinstance(value, enum.Enum):
+        _encode_value(parts, value.value)
+    elif isinstance(value, tuple | list):
+        parts.append(_TAG_LEN.pack(_LIST, len(value)))
+        for item in value:
+            _encode_value(parts, item)
+    elif isinstance(value, dict):
+        parts.append(_TAG_LEN.pack(_DICT, len(value)))
+        for key, item in value.items():
+            _encode_value(parts, key)
+            _encode_value(parts, item)
+    elif kind is float:
+        parts.append(_TAG_FLOAT.pack(_FLOAT, value))
+    elif isinstance(value, bool):
+        _encode_value(parts, bool(value))
+    elif isinstance(value, int):
+        _encode_value(parts, int(value))
+    elif isinstance(value, str):
+        _encode_value(parts, str(value))
+    elif isinstance(value, bytes | bytearray | memoryview):
+        _encode_value(parts, bytes(value))
+    else:
+        raise CodecError(f"cannot encode a {kind.__name__} in a journal record")
+
+
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls)) for cls in RECORD_CLASSES.values()
+}
+
+
+def encode(record: Record) -> bytes:
+    """The payload of `record` (without its type id, which the frame carries)."""
+    names = _FIELD_NAMES[type(record)]
+    parts = [bytes((len(names),))]
+    for name in names:
+        _encode_value(parts, getattr(record, name))
+    return b"".join(parts)
+
+
+def _decode_value(buf: bytes, pos: int) -> tuple[Any, int]:
+    tag = buf[pos]
+    pos += 1
+    if tag == _INT:
+        return _I64.unpack_from(buf, pos)[0], pos + 8
+    if tag in (_STR, _BYTES):
+        (length,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        end = pos + length
+        if end > len(buf):
+            raise CodecError("string or bytes value runs past the end of the payload")
+        raw = buf[pos:end]
+        return (raw.decode() if tag == _STR else raw), end
+    if tag == _NONE:
+        return None, pos
+    if tag == _FALSE:
+        return False, pos
+    if tag == _TRUE:
+        return True, pos
+    if tag == _LIST:
+        (count,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        items = []
+        for _ in range(count):
+            item, pos = _decode_value(buf, pos)
+            items.append(item)
+        return tuple(items), pos
+    if tag == _DICT:
+        (count,) = _U32.unpack_from(buf, pos)
+        pos += 4
+        result = {}
+        for _ in range(count):
+            key, pos = _decode_value(buf, pos)
+            result[key], pos = _decode_value(buf, pos)
+        return result, pos
+    if tag == _FLOAT:
+        return _F64.unpack_from(buf, pos)[0], pos + 8
+    raise CodecError(f"unknown value tag {tag}")
+
+
+def decode_values(payload: bytes) -> tuple[Any, ...]:
+    """The field values of any payload, in order, without interpreting them."""
+    try:
+        count = payload[0]
+        pos = 1
+        values = []
+        for _ in range(count):
+            value, pos = _decode_value(payload, pos)
+            values.append(value)
+    except (IndexError, struct.error, UnicodeDecodeError, RecursionError) as e:
+        raise CodecError(f"malformed payload: {e}") from None
+    if pos != len(payload):
+        raise CodecError(f"{len(payload) - pos} bytes left over after the last field")
+    return tuple(values)
+
+
+def _converter(hint: Any) -> Callable[[Any], Any] | None:
+    """How to turn a decoded plain value back into the declared field type, if needed."""
+    if isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return hint
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = _converter(args[0])
+        if item is not None:
+            return lambda values: tuple(item(v) for v in values)
+    return None
+
+
+class _Schema:
+    __slots__ = ("cls", "converters", "defaults", "names")
+
+    def __init__(self, cls: type[Any]) -> None:
+        hints = typing.get_type_hints(cls)
+        self.cls = cls
+        self.names = _FIELD_NAMES[cls]
+        self.converters = {n: c for n in self.names if (c := _converter(hints[n])) is not None}
+        self.defaults = {
+            f.name
+            for f in fields(cls)
+            if f.default is not MISSING or f.default_factory is not MISSING
+        }
+
+
+_SCHEMAS = {type_id: _Schema(cls) for type_id, cls in RECORD_CLASSES.items()}
+
+
+def decode(type_id: int, payload: bytes) -> Record:
+    """The record of type `type_id` whose payload is `payload`.
+
+    Raises:
+        CodecError: unknown type id, malformed payload, or a required field is missing.
+    """
+    try:
+        schema = _SCHEMAS[RecordType(type_id)]
+    except ValueError:
+        raise CodecError(f"unknown record type {type_id}") from None
+    values = decode_values(payload)
+    names = schema.names
+    missing = [n for n in names[len(values) :] if n not in schema.defaults]
+    if missing:
+        raise CodecError(f"{schema.cls.__name__} payload lacks {', '.join(missing)}")
+    kwargs = dict(zip(names, values, strict=False))  # extra trailing fields: a newer writer
+    try:
+        for name, convert in schema.converters.items():
+            if name in kwargs:
+                kwargs[name] = convert(kwargs[name])
+        record: Record = schema.cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise CodecError(f"bad {schema.cls.__name__} payload: {e}") from None
+    return record

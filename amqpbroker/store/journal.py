@@ -1,0 +1,1495 @@
+"""The journal: where durable state goes, and where it comes back from after a restart.
+
+Theory of operation
+-------------------
+The broker describes every durable change as a record (`core/records.py`) and appends
+records to a `Journal`. Nothing is ever updated in place: the state after a restart is
+what `JournalState` computes by applying `replay()` in order. One `append()` call is
+atomic: after a crash either all of its records come back or none do. Write a message's
+`AddMessage` with its `AddRef`s in one append, and a move's `AckRef` with the new `AddRef`.
+
+Liveness (the rules are in the `core/records.py` docstring and live in one place,
+`_LiveSet`, shared by recovery, the memory journal and the file journal's index): a record
+is *live* while it still matters to the state replay would compute. `compact()` drops what
+is not live. Cancelling records (`AckRef`, `DeleteQueue`, `DeleteAddress`) are
+*tombstones*: they are kept while the record they cancel is still on disk in an earlier
+segment, else replay would bring that record back.
+
+`MemoryJournal` keeps the records in a list (tests; a broker without persistence).
+
+`FileJournal` on disk
+~~~~~~~~~~~~~~~~~~~~~
+A directory of segment files, `journal-<n>.seg` (n zero-padded, increasing), plus
+`journal.lock` (an flock: one broker per directory; read-only opens share it). Replay
+reads the segments in order of n. A segment is::
+
+    file header (16 bytes): magic b"AMQPBJNL", u16 version (1), u16 flags (0), u32 n
+    frame*:  u32 payload length | u32 crc32 | u16 record type | u16 flags | payload
+
+all little-endian. The crc32 (zlib) covers the frame except the crc field itself: length,
+type, flags and payload, in that order. Flag bit 0 (`BATCH_END`) marks the last record of
+an `append()` call. The payload is `store/codec.py`'s encoding of the record's fields. Only
+the last segment is ever appended to; it rolls to n+1 (after an fsync of the old one) when
+the next append would take it past `max_segment_bytes`. An append is never split across
+segments, so an append bigger than the limit gets a segment of its own.
+
+Writing and group commit
+~~~~~~~~~~~~~~~~~~~~~~~~
+`append()` encodes and frames on the caller's thread (so a record that cannot be encoded
+raises there), queues the bytes and returns at once: the event loop never waits for the
+disk. One writer thread takes *everything* queued, writes it with one `write()`, makes it
+durable with one fsync (`fdatasync`) if any of it was a `sync=True` append, and then calls
+the `on_durable` callbacks of the whole pass, on the writer thread. While it syncs, new
+appends queue up and share the next fsync: that is the group commit. `sync=False` appends
+(acks, delivery-count updates the caller need not wait for) are written in the same order
+and synced by the next pass that syncs, or `lazy_sync_seconds` later, whichever is first.
+`sync_seconds` (e.g. a Prometheus histogram's `observe`) is called with each fsync's
+duration. The queue is not bounded here: the broker's flow control (credit, settling
+durable sends only in `on_durable`) bounds what is in flight.
+
+A write or fsync error (disk full, EIO) fails the journal: that pass and every later
+append get `JournalFailed` (the `OSError` is its `__cause__`) in their callback; the
+writer truncates the partial write it can, and the process goes on. What was synced
+before stays on disk and replays. A failed journal stays failed until it is reopened.
+The failure is reported conservatively: records of a failed pass may still turn up after
+a restart (at-least-once), but nothing reported durable is ever lost.
+
+Recovery (opening a `FileJournal`)
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+Segments are read in order and every frame is checked (length, crc, decodable payload).
+In the last segment, a bad frame with nothing valid after it is a torn tail: a write the
+crash cut short (a frame running past the end of the file), zeros, or a damaged last
+record. The segment is truncated to the end of the last complete append (records of an
+append without its `BATCH_END` go too) and a warning says how many bytes and records were
+lost: never silently. A bad frame followed by valid ones, or any bad frame in an earlier
+segment (sealed segments were synced before the roll), is corruption in the middle:
+`JournalCorrupt` names the file and offset, and the broker should refuse to start. So is
+a frame whose checksum is right but whose type or payload this version cannot read (a
+newer writer): it is never truncated. With `skip_corrupt=True` the bad bytes are skipped
+to the next valid frame, with an error log. Compaction temp files (`*.compact`) left by a
+crash are deleted; a message left without references is dead (as in `JournalState`).
+
+Compaction
+~~~~~~~~~~
+The file journal keeps an index of where each live record is (`_Loc`: segment, offset,
+size), and per segment the bytes of live records and needed tombstones. The writer
+updates it once records are synced, never before: compaction must not delete a message's
+segment on the strength of an ack that is not on disk yet. `compact()` (on the caller's
+thread, or on the compactor thread after each segment roll when `auto_compact=True`):
+
+1. deletes every sealed segment with no live bytes (repeating: a deleted segment can make
+   the tombstones aimed at it unnecessary, and their segment dead);
+2. rewrites runs of adjacent sealed segments that are mostly dead (live bytes below
+   `compact_live_ratio` of their records) or small: their live records and needed
+   tombstones, copied verbatim in order, go to a temp file, which is fsynced and renamed
+   over the run's *last* segment; then the run's other segments are deleted. Replay order
+   is preserved, so queue order survives compaction (copying live records into the
+   current segment instead would reorder them, and could put an old tombstone after a
+   newer add of the same key). A crash between the rename and the deletes leaves records
+   twice, in the same order, which replays to the same state.
+
+The current segment is never compacted. Compaction reads only sealed segments, so the
+writer keeps appending meanwhile; the index is shared under a lock, held only briefly.
+
+Thread rules are at the top of each class. `replay()` is for recovery and export: call it
+before the broker starts appending. While a replay is being read, `compact()` does nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import errno
+import fcntl
+import logging
+import os
+import re
+import struct
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
+
+from amqpbroker.core.records import (
+    RECORD_CLASSES,
+    AckRef,
+    AddAddress,
+    AddMessage,
+    AddQueue,
+    AddRef,
+    DeleteAddress,
+    DeleteQueue,
+    Record,
+    ScheduledDelivery,
+    TxCommit,
+    TxPrepare,
+    TxRollback,
+    UpdateDeliveryCount,
+)
+from amqpbroker.store import codec
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "DEFAULT_SEGMENT_BYTES",
+    "CompactionResult",
+    "FileJournal",
+    "Journal",
+    "JournalClosed",
+    "JournalCorrupt",
+    "JournalError",
+    "JournalFailed",
+    "JournalState",
+    "MemoryJournal",
+    "OnDurable",
+    "RecoveredRef",
+    "export_jsonl",
+]
+
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+MAGIC = b"AMQPBJNL"
+VERSION = 1
+BATCH_END = 0x1
+_FLAGS_KNOWN = BATCH_END
+_FILE_HEADER = struct.Struct("<8sHHI")
+_FRAME = struct.Struct("<IIHH")  # payload length, crc32, record type, flags
+_CRC_FIELDS = struct.Struct("<IHH")  # what the crc covers before the payload
+HEADER_BYTES = _FILE_HEADER.size
+FRAME_BYTES = _FRAME.size
+_MAX_PAYLOAD = 1 << 30
+_KNOWN_TYPES = frozenset(int(t) for t in RECORD_CLASSES)
+_SEGMENT_GLOB = "journal-*.seg"
+_TEMP_SUFFIX = ".compact"
+
+
+class JournalError(Exception):
+    """Base of the journal's own errors."""
+
+
+class JournalCorrupt(JournalError):
+    """A record in the middle of the journal is damaged; the journal was not opened."""
+
+    def __init__(self, path: Path, offset: int, reason: str) -> None:
+        super().__init__(f"journal corrupt: {path} at offset {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.reason = reason
+
+
+class JournalFailed(JournalError):
+    """The journal could not write or sync (disk full, I/O error); `__cause__` says why."""
+
+
+class JournalClosed(JournalError):
+    """`append()` after `close()`."""
+
+
+OnDurable = Callable[[JournalFailed | None], None]
+"""Called once per append: with None when the records are as durable as asked, else
+with the failure. `FileJournal` calls it on its writer thread: marshal it to your loop."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionResult:
+    segments_deleted: int = 0
+    segments_rewritten: int = 0
+    size_bytes_before: int = 0
+    size_bytes_after: int = 0
+
+
+class Journal(Protocol):
+    """Append-only durable storage of records (STYLE.md section 7)."""
+
+    def append(
+        self, records: Sequence[Record], *, sync: bool, on_durable: OnDurable | None = None
+    ) -> None:
+        """Queue `records` as one atomic append; never blocks on the disk.
+
+        `sync=True`: `on_durable(None)` once they are on disk (after fsync). `sync=False`:
+        once they are written, not waiting for a sync. On failure `on_durable(error)`.
+        The callback may run before `append` returns, and on another thread.
+        """
+        ...
+
+    def replay(self) -> Iterator[Record]:
+        """Every record still held, in append order (for recovery and export)."""
+        ...
+
+    def compact(self) -> CompactionResult:
+        """Drop records that are no longer live; may do disk I/O (not on the loop)."""
+        ...
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until everything appended so far is on disk; raise `JournalFailed`."""
+        ...
+
+    def close(self) -> None:
+        """Flush and release the journal; later appends raise `JournalClosed`."""
+        ...
+
+    @property
+    def size_bytes(self) -> int:
+        """Bytes the journal holds (on disk, for the file journal)."""
+        ...
+
+    @property
+    def failure(self) -> JournalFailed | None:
+        """Why the journal stopped accepting appends, or None while it works."""
+        ...
+
+
+# --- liveness ------------------------------------------------------------------------
+
+_Item = TypeVar("_Item")
+
+
+class _MessageSlot(Generic[_Item]):
+    __slots__ = ("item", "refs")
+
+    def __init__(self, item: _Item) -> None:
+        self.item = item
+        self.refs = 0
+
+
+class _RefSlot(Generic[_Item]):
+    __slots__ = ("add", "count", "scheduled")
+
+    def __init__(self, add: _Item) -> None:
+        self.add = add
+        self.count: _Item | None = None
+        self.scheduled: _Item | None = None
+
+
+class _LiveSet(Generic[_Item]):
+    """The liveness rules of `core/records.py`, applied record by record.
+
+    Each applied record comes with an item (the record itself for `JournalState`, its
+    location for the file journal's index). `apply` says whether the record is live; when
+    a record stops being live, `dead(item, needs_tombstone)` is called: `needs_tombstone`
+    is true when the killing record must be kept while `item` is still on disk.
+    """
+
+    # Used by one thread at a time (the owner's lock).
+
+    def __init__(self, dead: Callable[[_Item, bool], None]) -> None:
+        self._dead = dead
+        self.addresses: dict[str, _Item] = {}
+        self.queues: dict[str, _Item] = {}
+        self.messages: dict[int, _MessageSlot[_Item]] = {}
+        self.refs: dict[tuple[str, int], _RefSlot[_Item]] = {}
+        self.queue_refs: dict[str, dict[int, None]] = {}
+        self._rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
+            AddMessage: self._add_message,
+            AddRef: self._add_ref,
+            AckRef: self._ack_ref,
+            UpdateDeliveryCount: self._update_count,
+            ScheduledDelivery: self._scheduled,
+            AddQueue: self._add_queue,
+            DeleteQueue: self._delete_queue,
+            AddAddress: self._add_address,
+            DeleteAddress: self._delete_address,
+            TxPrepare: self._not_kept,
+            TxCommit: self._not_kept,
+            TxRollback: self._not_kept,
+        }
+
+    def apply(self, record: Record, item: _Item) -> bool:
+        return self._rules[type(record)](record, item)
+
+    def _add_message(self, record: AddMessage, item: _Item) -> bool:
+        slot = self.messages.get(record.msg_id)
+        if slot is None:
+            self.messages[record.msg_id] = _MessageSlot(item)
+        else:
+            self._dead(slot.item, False)
+            slot.item = item
+        return True
+
+    def _add_ref(self, record: AddRef, item: _Item) -> bool:
+        message = self.messages.get(record.msg_id)
+        if message is None:
+            return False  # its message is gone (or never was): replay ignores it too
+        key = (record.queue, record.msg_id)
+        slot = self.refs.get(key)
+        if slot is None:
+            self.refs[key] = _RefSlot(item)
+            message.refs += 1
+            self.queue_refs.setdefault(record.queue, {})[record.msg_id] = None
+        else:  # the new AddRef is the whole state of the reference
+            self._dead(slot.add, False)
+            self._drop_updates(slot)
+            slot.add = item
+        return True
+
+    def _drop_updates(self, slot: _RefSlot[_Item]) -> None:
+        if slot.count is not None:
+            self._dead(slot.count, False)
+            slot.count = None
+        if slot.scheduled is not None:
+            self._dead(slot.scheduled, False)
+            slot.scheduled = None
+
+    def _remove_ref(self, queue: str, msg_id: int, slot: _RefSlot[_Item]) -> None:
+        self._dead(slot.add, True)
+        self._drop_updates(slot)
+        message = self.messages[msg_id]
+        message.refs -= 1
+        if message.refs == 0:
+            del self.messages[msg_id]
+            self._dead(message.item, False)
+
+    def _ack_ref(self, record: AckRef, item: _Item) -> bool:
+        slot = self.refs.pop((record.queue, record.msg_id), None)
+        if slot is not None:
+            refs = self.queue_refs[record.queue]
+            del refs[record.msg_id]
+            if not refs:
+                del self.queue_refs[record.queue]
+            self._remove_ref(record.queue, record.msg_id, slot)
+        return False
+
+    def _update_count(self, record: UpdateDeliveryCount, item: _Item) -> bool:
+        slot = self.refs.get((record.queue, record.msg_id))
+        if slot is None:
+            return False
+        if slot.count is not None:
+            self._dead(slot.count, False)
+        slot.count = item
+        return True
+
+    def _scheduled(self, record: ScheduledDelivery, item: _Item) -> bool:
+        slot = self.refs.get((record.queue, record.msg_id))
+        if slot is None:
+            return False
+        if slot.scheduled is not None:
+            self._dead(slot.scheduled, False)
+        slot.scheduled = item
+        return True
+
+    def _add_queue(self, record: AddQueue, item: _Item) -> bool:
+        old = self.queues.get(record.name)
+        if old is not None:
+            self._dead(old, False)
+        self.queues[record.name] = item
+        return True
+
+    def _delete_queue(self, record: DeleteQueue, item: _Item) -> bool:
+        old = self.queues.pop(record.name, None)
+        if old is not None:
+            self._dead(old, True)
+        for msg_id in self.queue_refs.pop(record.name, {}):
+            self._remove_ref(record.name, msg_id, self.refs.pop((record.name, msg_id)))
+        return False
+
+    def _add_address(self, record: AddAddress, item: _Item) -> bool:
+        old = self.addresses.get(record.name)
+        if old is not None:
+            self._dead(old, False)
+        self.addresses[record.name] = item
+        return True
+
+    def _delete_address(self, record: DeleteAddress, item: _Item) -> bool:
+        old = self.addresses.pop(record.name, None)
+        if old is not None:
+            self._dead(old, True)
+        return False
+
+    def _not_kept(self, record: Record, item: _Item) -> bool:
+        return False
+
+
+_WITH_MSG_ID = (AddMessage, AddRef, AckRef, UpdateDeliveryCount, ScheduledDelivery)
+
+
+def _ignore_dead(item: Record, needs_tombstone: bool) -> None:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredRef:
+    """A message reference after replay: where it is, and its persisted counters."""
+
+    queue: str
+    msg_id: int
+    delivery_count: int  # B-095: the last persisted count; the next dispatch adds 1
+    scheduled_at_ms: int = 0  # not before this epoch ms (B-065); 0 = now
+
+
+class JournalState:
+    """The durable state a sequence of records describes: what recovery rebuilds.
+
+    Apply `journal.replay()` (or use `JournalState.of(journal.replay())`), then read
+    `addresses`, `queues`, `messages` and `refs()`, each in append order.
+    `max_msg_id` is the largest message id in the records replayed, live or not: a
+    restarted broker numbers new messages above it. Compaction can drop the records of
+    the newest messages once they are all acknowledged, so it is a floor, not a counter.
+    """
+
+    # One thread.
+
+    def __init__(self) -> None:
+        self._live: _LiveSet[Record] = _LiveSet(_ignore_dead)
+        self.max_msg_id = 0
+
+    @classmethod
+    def of(cls, records: Iterable[Record]) -> JournalState:
+        state = cls()
+        for record in records:
+            state.apply(record)
+        return state
+
+    def apply(self, record: Record) -> None:
+        if isinstance(record, _WITH_MSG_ID) and record.msg_id > self.max_msg_id:
+            self.max_msg_id = record.msg_id
+        self._live.apply(record, record)
+
+    @property
+    def addresses(self) -> list[AddAddress]:
+        return [r for r in self._live.addresses.values() if isinstance(r, AddAddress)]
+
+    @property
+    def queues(self) -> list[AddQueue]:
+        return [r for r in self._live.queues.values() if isinstance(r, AddQueue)]
+
+    @property
+    def messages(self) -> dict[int, AddMessage]:
+        """Live messages by id: those with at least one reference."""
+        return {
+            msg_id: slot.item
+            for msg_id, slot in self._live.messages.items()
+            if slot.refs and isinstance(slot.item, AddMessage)
+        }
+
+    def refs(self, queue: str | None = None) -> list[RecoveredRef]:
+        """References in the order they were added (of one queue, or of all)."""
+        live = self._live
+        keys: Iterable[tuple[str, int]] = (
+            live.refs
+            if queue is None
+            else [(queue, msg_id) for msg_id in live.queue_refs.get(queue, ())]
+        )
+        result = []
+        for name, msg_id in keys:
+            slot = live.refs[name, msg_id]
+            add, count, scheduled = slot.add, slot.count, slot.scheduled
+            assert isinstance(add, AddRef)
+            result.append(
+                RecoveredRef(
+                    queue=name,
+                    msg_id=msg_id,
+                    delivery_count=(
+                        count.delivery_count
+                        if isinstance(count, UpdateDeliveryCount)
+                        else add.delivery_count
+                    ),
+                    scheduled_at_ms=scheduled.at_ms
+                    if isinstance(scheduled, ScheduledDelivery)
+                    else 0,
+                )
+            )
+        return result
+
+
+# --- memory journal ------------------------------------------------------------------
+
+
+class _MemItem:
+    __slots__ = ("alive",)
+
+    def __init__(self) -> None:
+        self.alive = False
+
+
+def _through_codec(record: Record) -> tuple[Record, int]:
+    """`record` as a file journal would replay it, and its size there."""
+    payload = codec.encode(record)
+    return codec.decode(record.type_id, payload), FRAME_BYTES + len(payload)
+
+
+class MemoryJournal:
+    """A journal in a list: the same contract as `FileJournal`, without the disk.
+
+    Records go through the codec, so replay returns what a file journal would. Callbacks
+    run inside `append` (nothing to wait for). `fail()` makes it behave like a file
+    journal whose disk filled up, for broker tests.
+    """
+
+    # One thread: the caller's.
+
+    def __init__(self) -> None:
+        self._entries: list[tuple[Record, _MemItem, int]] = []
+        self._live: _LiveSet[_MemItem] = _LiveSet(self._dead)
+        self._size_bytes = 0
+        self._failure: JournalFailed | None = None
+        self._closed = False
+
+    @staticmethod
+    def _dead(item: _MemItem, needs_tombstone: bool) -> None:
+        item.alive = False
+
+    def append(
+        self, records: Sequence[Record], *, sync: bool, on_durable: OnDurable | None = None
+    ) -> None:
+        if self._closed:
+            raise JournalClosed("append to a closed journal")
+        # Through the codec, so that replay returns exactly what a file journal would.
+        encoded = [_through_codec(r) for r in records]
+        if self._failure is None:
+            for record, size in encoded:
+                item = _MemItem()
+                item.alive = self._live.apply(record, item)
+                self._entries.append((record, item, size))
+                self._size_bytes += size
+        if on_durable is not None:
+            on_durable(self._failure)
+
+    def replay(self) -> Iterator[Record]:
+        return iter([record for record, _, _ in self._entries])
+
+    def compact(self) -> CompactionResult:
+        before = self._size_bytes
+        # Dropping every dead record at once keeps the state: each tombstone goes with
+        # the records it cancelled.
+        self._entries = [entry for entry in self._entries if entry[1].alive]
+        self._size_bytes = sum(size for _, _, size in self._entries)
+        return CompactionResult(size_bytes_before=before, size_bytes_after=self._size_bytes)
+
+    def flush(self, timeout: float | None = None) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+    def close(self) -> None:
+        self._closed = True
+
+    def fail(self, error: OSError) -> None:
+        """From now on every append fails with `error`, like a full disk."""
+        failure = JournalFailed(f"journal write failed: {error}")
+        failure.__cause__ = error
+        self._failure = failure
+
+    @property
+    def size_bytes(self) -> int:
+        return self._size_bytes
+
+    @property
+    def failure(self) -> JournalFailed | None:
+        return self._failure
+
+
+# --- file journal --------------------------------------------------------------------
+
+
+class _Segment:
+    __slots__ = ("items", "live_bytes", "number", "path", "size_bytes", "skips")
+
+    def __init__(self, number: int, path: Path, size_bytes: int) -> None:
+        self.number = number
+        self.path = path
+        self.size_bytes = size_bytes  # bytes on disk, header included
+        self.live_bytes = 0  # of live records and needed tombstones
+        self.items: dict[int, _Loc] = {}  # offset -> live record or needed tombstone
+        self.skips: list[tuple[int, int]] = []  # corrupt ranges skipped (skip_corrupt)
+
+    def __repr__(self) -> str:
+        return f"<segment {self.number} {self.size_bytes}B live={self.live_bytes}B>"
+
+
+class _Loc:
+    """Where one live record (or needed tombstone) is."""
+
+    __slots__ = ("copying", "offset", "seg", "size", "targets")
+
+    def __init__(self, seg: _Segment, offset: int, size: int) -> None:
+        self.seg = seg
+        self.offset = offset
+        self.size = size
+        self.targets: set[_Segment] | None = None  # tombstone: segments it must outlive
+        self.copying = False  # being copied by compaction
+
+
+class _Pending:
+    __slots__ = ("callback", "data", "records", "sizes", "sync")
+
+    def __init__(
+        self,
+        records: tuple[Record, ...],
+        data: bytes,
+        sizes: list[int],
+        sync: bool,
+        callback: OnDurable | None,
+    ) -> None:
+        self.records = records
+        self.data = data
+        self.sizes = sizes
+        self.sync = sync
+        self.callback = callback
+
+
+def _crc(length: int, type_id: int, flags: int, payload: bytes | memoryview) -> int:
+    return zlib.crc32(payload, zlib.crc32(_CRC_FIELDS.pack(length, type_id, flags)))
+
+
+def _frame(type_id: int, flags: int, payload: bytes) -> bytes:
+    n = len(payload)
+    return _FRAME.pack(n, _crc(n, type_id, flags, payload), type_id, flags) + payload
+
+
+def _segment_path(directory: Path, number: int) -> Path:
+    return directory / f"journal-{number:08d}.seg"
+
+
+def _segment_number(path: Path) -> int | None:
+    digits = path.name[len("journal-") : -len(".seg")]
+    return int(digits) if digits.isdigit() else None
+
+
+def _write_fd(fd: int, data: bytes | memoryview) -> None:
+    """Write all of `data` (tests replace this to simulate a full disk)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _default_fsync(fd: int) -> None:
+    # fdatasync also syncs the file size, all an append needs; macOS has only fsync.
+    sync = getattr(os, "fdatasync", os.fsync)
+    sync(fd)
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Bad:
+    """Why the frame at an offset is unusable; `end` is where it claims to end, or -1.
+
+    `intact`: the checksum matches, so the bytes are what a writer wrote (a newer version,
+    or a bug): never a torn write, never truncated.
+    """
+
+    __slots__ = ("end", "intact", "reason")
+
+    def __init__(self, reason: str, end: int, *, intact: bool = False) -> None:
+        self.reason = reason
+        self.end = end
+        self.intact = intact
+
+
+def _check_frame(data: bytes, pos: int) -> tuple[int, int, int] | _Bad:
+    """(end, type id, flags) of a sound frame at `pos`, or why it is not one."""
+    if len(data) - pos < FRAME_BYTES:
+        return _Bad("truncated frame header", -1)
+    length, crc, type_id, flags = _FRAME.unpack_from(data, pos)
+    if flags & ~_FLAGS_KNOWN or length > _MAX_PAYLOAD:
+        return _Bad("implausible frame header", -1)
+    end = pos + FRAME_BYTES + length
+    if end > len(data):
+        return _Bad(f"frame of {length} bytes runs past the end of the file", end)
+    if _crc(length, type_id, flags, memoryview(data)[pos + FRAME_BYTES : end]) != crc:
+        return _Bad("checksum mismatch", end)
+    if type_id not in _KNOWN_TYPES:
+        return _Bad(
+            f"unknown record type {type_id} (written by a newer amqpbroker?)", end, intact=True
+        )
+    return end, type_id, flags
+
+
+# What bytes 8..11 of a frame (type id, flags) can be: candidates for `_next_sound_frame`.
+_TYPE_AND_FLAGS = re.compile(
+    b"(?:"
+    + b"|".join(re.escape(struct.pack("<H", t)) for t in sorted(_KNOWN_TYPES))
+    + b")[\\x00\\x01]\\x00"
+)
+
+
+def _next_sound_frame(data: bytes, start: int) -> int:
+    """Offset of the first sound frame at or after `start`, or -1."""
+    offset = FRAME_BYTES - 4  # of the type id in a frame
+    for match in _TYPE_AND_FLAGS.finditer(data, start + offset):
+        pos = match.start() - offset
+        if not isinstance(_check_frame(data, pos), _Bad):
+            return pos
+    return -1
+
+
+def _decode_at(data: bytes, pos: int, end: int, type_id: int) -> Record | _Bad:
+    try:
+        return codec.decode(type_id, data[pos + FRAME_BYTES : end])
+    except codec.CodecError as e:
+        return _Bad(f"undecodable record: {e}", end, intact=True)
+
+
+class FileJournal:
+    """The journal in segment files, with group commit and compaction (see module doc).
+
+    Args:
+        directory: where the segments live (created if missing).
+        max_segment_bytes: roll to a new segment past this size.
+        skip_corrupt: skip corrupt records in the middle instead of raising.
+        fsync: how to make written data durable (`os.fdatasync`); tests count calls.
+        sync_seconds: called with each fsync's duration, on the writer thread.
+        read_only: open for replay only (export): no truncation, no writer, shared lock.
+        auto_compact: compact on a background thread after each segment roll.
+        compact_live_ratio: rewrite a sealed segment when less than this share is live.
+        lazy_sync_seconds: longest time `sync=False` records stay written but unsynced.
+
+    Raises:
+        JournalCorrupt: a corrupt record in the middle (and not `skip_corrupt`).
+        JournalError: the directory is in use by another process, or not a journal.
+    """
+
+    # Any thread may append, flush and close. The writer thread writes, syncs and runs
+    # the callbacks; compact() runs on its caller's thread (or the compactor thread).
+    # `_lock` guards the index and the segment list; `_cond` the queue of appends.
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        max_segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        skip_corrupt: bool = False,
+        fsync: Callable[[int], None] = _default_fsync,
+        sync_seconds: Callable[[float], None] | None = None,
+        read_only: bool = False,
+        auto_compact: bool = True,
+        compact_live_ratio: float = 0.25,
+        lazy_sync_seconds: float = 0.05,
+    ) -> None:
+        self.directory = Path(directory)
+        self.max_segment_bytes = max(max_segment_bytes, HEADER_BYTES + FRAME_BYTES)
+        self.skip_corrupt = skip_corrupt
+        self.read_only = read_only
+        self.compact_live_ratio = compact_live_ratio
+        self.lazy_sync_seconds = lazy_sync_seconds
+        self._fsync = fsync
+        self._sync_seconds = sync_seconds
+        self.syncs = 0  # data fsyncs by the writer (group commits and rolls)
+        self.bytes_written = 0
+
+        self._lock = threading.Lock()
+        self._live: _LiveSet[_Loc] = _LiveSet(self._on_dead)
+        self._segments: list[_Segment] = []
+        self._targeted_by: dict[_Segment, set[_Loc]] = {}
+        self._applying: _Segment | None = None
+        self._kill_targets: set[_Segment] = set()
+        self._late_kill = False
+        self._late_tombstones: list[_Loc] = []
+
+        self._cond = threading.Condition(threading.Lock())
+        self._queue: list[_Pending] = []
+        self._closed = False
+        self._failure: JournalFailed | None = None
+        self._fd = -1
+        self._unsynced_bytes = 0
+        self._unsynced_since = 0.0
+        self._unindexed: list[tuple[_Segment, list[tuple[_Pending, int]]]] = []
+        self._compact_lock = threading.Lock()
+        self._readers = 0  # replays in progress: compaction waits for them
+        self._compact_wanted = threading.Event()
+        self._stopping = False
+
+        self._lock_fd = self._lock_directory()
+        try:
+            self._open_segments()
+        except BaseException:
+            if self._lock_fd >= 0:
+                os.close(self._lock_fd)
+            raise
+        self._writer: threading.Thread | None = None
+        self._compactor: threading.Thread | None = None
+        if not read_only:
+            current = self._segments[-1]
+            self._fd = os.open(current.path, os.O_WRONLY | os.O_APPEND)
+            self._writer = threading.Thread(
+                target=self._write_loop, name=f"journal-writer {self.directory}", daemon=True
+            )
+            self._writer.start()
+            if auto_compact:
+                self._compactor = threading.Thread(
+                    target=self._compact_loop, name=f"journal-compactor {self.directory}"
+                )
+                self._compactor.daemon = True
+                self._compactor.start()
+
+    # --- opening and recovery ---
+
+    def _lock_directory(self) -> int:
+        if self.read_only:
+            if not self.directory.is_dir():
+                raise JournalError(f"no journal at {self.directory}")
+        else:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / "journal.lock"
+        flags = os.O_RDONLY if self.read_only and path.exists() else os.O_RDWR | os.O_CREAT
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as e:
+            if self.read_only and e.errno in (errno.EACCES, errno.EROFS):
+                return -1  # a read-only copy of a journal: nobody can be writing it
+            raise
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.read_only else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise JournalError(
+                f"journal {self.directory} is in use by another process (is the broker running?)"
+            ) from None
+        return fd
+
+    def _open_segments(self) -> None:
+        paths = sorted(
+            (n, p)
+            for p in self.directory.glob(_SEGMENT_GLOB)
+            if (n := _segment_number(p)) is not None
+        )
+        if not self.read_only:
+            for leftover in self.directory.glob("*" + _TEMP_SUFFIX):
+                log.warning("journal %s: deleting unfinished compaction file", leftover)
+                leftover.unlink()
+        for i, (number, path) in enumerate(paths):
+            self._scan_segment(number, path, last=i == len(paths) - 1)
+        # A message with no reference after replay is dead (JournalState drops it too):
+        # its references went with segments compaction deleted, or never made it to disk.
+        for msg_id, slot in list(self._live.messages.items()):
+            if not slot.refs:
+                del self._live.messages[msg_id]
+                self._on_dead(slot.item, False)
+        if not self._segments and not self.read_only:
+            self._segments.append(self._create_segment(1))
+
+    def _create_segment(self, number: int) -> _Segment:
+        path = _segment_path(self.directory, number)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _write_fd(fd, _FILE_HEADER.pack(MAGIC, VERSION, 0, number))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _sync_directory(self.directory)
+        return _Segment(number, path, HEADER_BYTES)
+
+    def _scan_segment(self, number: int, path: Path, *, last: bool) -> None:
+        data = path.read_bytes()
+        seg = _Segment(number, path, len(data))
+        if len(data) < HEADER_BYTES or data[:HEADER_BYTES] == bytes(HEADER_BYTES):
+            if not last:
+                raise JournalCorrupt(path, 0, "file header missing")
+            # A crash while the segment was being created: it holds nothing.
+            log.warning("journal %s: segment header incomplete (crash while rolling)", path)
+            if self.read_only:
+                return
+            path.unlink()
+            self._segments.append(self._create_segment(number))
+            return
+        magic, version, _, header_number = _FILE_HEADER.unpack_from(data)
+        if magic != MAGIC:
+            raise JournalCorrupt(path, 0, "not a journal segment (bad magic)")
+        if version != VERSION:
+            raise JournalCorrupt(path, 0, f"segment version {version}, this broker reads 1")
+        if header_number != number:
+            raise JournalCorrupt(path, 0, f"header says segment {header_number}")
+        self._segments.append(seg)
+        batch: list[tuple[Record, int, int]] = []  # records of an unfinished append
+        batch_start = pos = HEADER_BYTES
+        while pos < len(data):
+            checked = _check_frame(data, pos)
+            record: Record | _Bad = (
+                checked if isinstance(checked, _Bad) else _decode_at(data, pos, *checked[:2])
+            )
+            if isinstance(record, _Bad):
+                if last and self._is_tail(data, pos, record):
+                    self._truncate_tail(seg, data, batch_start, pos, record, len(batch))
+                    return
+                if not self.skip_corrupt:
+                    raise JournalCorrupt(path, pos, record.reason)
+                pos = self._skip(seg, data, pos, record)
+                continue
+            assert not isinstance(checked, _Bad)
+            end, _, flags = checked
+            batch.append((record, pos, end - pos))
+            pos = end
+            if flags & BATCH_END:
+                self._index_batch(seg, batch)
+                batch = []
+                batch_start = pos
+        if batch and last:
+            self._truncate_tail(seg, data, batch_start, pos, None, len(batch))
+        elif batch:
+            self._index_batch(seg, batch)
+
+    @staticmethod
+    def _is_tail(data: bytes, pos: int, bad: _Bad) -> bool:
+        """Whether a bad frame in the last segment is its tail rather than its middle."""
+        if bad.intact:
+            return False
+        if bad.end > len(data) or data.count(0, pos) == len(data) - pos:
+            return True  # cut short by a crash, or zeros the crash left
+        if bad.end >= 0:
+            if bad.end == len(data):
+                return True  # the last record is damaged
+            if not isinstance(_check_frame(data, bad.end), _Bad):
+                return False  # a sound frame follows where this one ends
+        return _next_sound_frame(data, pos + 1) < 0
+
+    def _truncate_tail(
+        self, seg: _Segment, data: bytes, keep: int, bad_at: int, bad: _Bad | None, whole: int
+    ) -> None:
+        lost = len(data) - keep
+        what = f"{whole} complete record(s) of an unfinished append"
+        if bad is not None:
+            what += f" and a damaged record at offset {bad_at} ({bad.reason})"
+        if self.read_only:
+            log.warning(
+                "journal %s: torn tail: ignoring the last %d bytes (%s); read-only, not truncated",
+                seg.path,
+                lost,
+                what,
+            )
+        else:
+            log.warning(
+                "journal %s: torn tail: truncated to offset %d, losing %d bytes (%s)",
+                seg.path,
+                keep,
+                lost,
+                what,
+            )
+            with open(seg.path, "r+b") as f:
+                f.truncate(keep)
+                f.flush()
+                os.fsync(f.fileno())
+        seg.size_bytes = keep
+
+    def _skip(self, seg: _Segment, data: bytes, pos: int, bad: _Bad) -> int:
+        if 0 <= bad.end <= len(data) and (
+            bad.end == len(data) or not isinstance(_check_frame(data, bad.end), _Bad)
+        ):
+            resume = bad.end
+        else:
+            resume = _next_sound_frame(data, pos + 1)
+            if resume < 0:
+                resume = len(data)
+        log.error(
+            "journal %s: skipping %d corrupt bytes at offset %d (%s): skip_corrupt is set; "
+            "the records there are lost",
+            seg.path,
+            resume - pos,
+            pos,
+            bad.reason,
+        )
+        seg.skips.append((pos, resume))
+        return resume
+
+    # --- the index ---
+
+    def _on_dead(self, item: _Loc, needs_tombstone: bool) -> None:
+        seg = item.seg
+        if seg.items.pop(item.offset, None) is item:
+            seg.live_bytes -= item.size
+        applying = self._applying
+        if needs_tombstone and applying is not None and seg.number < applying.number:
+            self._kill_targets.add(seg)
+            if item.copying:
+                self._late_kill = True
+
+    def _index_batch(self, seg: _Segment, batch: Iterable[tuple[Record, int, int]]) -> None:
+        """Apply written records at (offset, size) of `seg` to the index. Holds `_lock`."""
+        self._applying = seg
+        kill_targets = self._kill_targets
+        for record, offset, size in batch:
+            item = _Loc(seg, offset, size)
+            kill_targets.clear()
+            self._late_kill = False
+            if self._live.apply(record, item):
+                seg.items[offset] = item
+                seg.live_bytes += size
+            elif kill_targets:
+                item.targets = set(kill_targets)
+                seg.items[offset] = item
+                seg.live_bytes += size
+                for target in kill_targets:
+                    self._targeted_by.setdefault(target, set()).add(item)
+                if self._late_kill:
+                    self._late_tombstones.append(item)
+        self._applying = None
+
+    def _retire(self, seg: _Segment) -> None:
+        """`seg`'s dead records are gone from disk: tombstones aimed at it may go too."""
+        for tombstone in self._targeted_by.pop(seg, ()):
+            targets = tombstone.targets
+            assert targets is not None
+            targets.discard(seg)
+            if not targets:
+                home = tombstone.seg
+                if home.items.pop(tombstone.offset, None) is tombstone:
+                    home.live_bytes -= tombstone.size
+
+    # --- appending ---
+
+    def append(
+        self, records: Sequence[Record], *, sync: bool, on_durable: OnDurable | None = None
+    ) -> None:
+        parts = []
+        sizes = []
+        last = len(records) - 1
+        for i, record in enumerate(records):
+            frame = _frame(record.type_id, BATCH_END if i == last else 0, codec.encode(record))
+            parts.append(frame)
+            sizes.append(len(frame))
+        pending = _Pending(tuple(records), b"".join(parts), sizes, sync, on_durable)
+        with self._cond:
+            if self._closed or self.read_only:
+                raise JournalClosed(f"journal {self.directory} is closed or read-only")
+            self._queue.append(pending)
+            self._cond.notify()
+
+    def flush(self, timeout: float | None = None) -> None:
+        done = threading.Event()
+        outcome: list[JournalFailed | None] = []
+
+        def flushed(error: JournalFailed | None) -> None:
+            outcome.append(error)
+            done.set()
+
+        self.append((), sync=True, on_durable=flushed)
+        if not done.wait(timeout):
+            raise TimeoutError(f"journal {self.directory}: flush took over {timeout}s")
+        if outcome[0] is not None:
+            raise outcome[0]
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    if self._unsynced_bytes:
+                        left = self._unsynced_since + self.lazy_sync_seconds - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cond.wait(left)
+                    else:
+                        self._cond.wait()
+                batch, self._queue = self._queue, []
+                closing = self._closed
+            if batch:
+                self._write_batch(batch)
+            elif self._unsynced_bytes:
+                self._sync_or_fail()
+            if closing and not batch:
+                return
+
+    def _sync_or_fail(self) -> bool:
+        if self._failure is not None:
+            return False
+        try:
+            self._sync()
+        except Exception as e:
+            self._fail(e, truncate_to=None)
+            return False
+        return True
+
+    def _sync(self) -> None:
+        started = time.perf_counter()
+        self._fsync(self._fd)
+        elapsed = time.perf_counter() - started
+        self.syncs += 1
+        self._unsynced_bytes = 0
+        # Index only what is on disk: compaction may act on what the index says (delete
+        # the segment of a message acked here), and must never outrun the disk.
+        with self._lock:
+            for seg, placed in self._unindexed:
+                for entry, offset in placed:
+                    batch = []
+                    for record, size in zip(entry.records, entry.sizes, strict=True):
+                        batch.append((record, offset, size))
+                        offset += size
+                    self._index_batch(seg, batch)
+        self._unindexed.clear()
+        if self._sync_seconds is not None:
+            try:
+                self._sync_seconds(elapsed)
+            except Exception:
+                log.exception("journal %s: sync_seconds observer failed", self.directory)
+
+    def _write_batch(self, batch: list[_Pending]) -> None:
+        if self._failure is None:
+            try:
+                self._write_entries(batch)
+            except Exception as e:  # OSError, or a bug: either way no callback may be lost
+                self._fail(e, truncate_to=self._segments[-1].size_bytes)
+        for entry in batch:
+            if entry.callback is not None:
+                try:
+                    entry.callback(self._failure)
+                except Exception:
+                    log.exception("journal %s: on_durable callback failed", self.directory)
+
+    def _write_entries(self, batch: list[_Pending]) -> None:
+        seg = self._segments[-1]
+        chunk: list[bytes] = []
+        placed: list[tuple[_Pending, int]] = []
+        end = seg.size_bytes
+        for entry in batch:
+            size = len(entry.data)
+            if end + size > self.max_segment_bytes and end > HEADER_BYTES:
+                self._write_chunk(seg, chunk, placed)
+                if self._unsynced_bytes:
+                    self._sync()  # a sealed segment is all on disk and all indexed
+                seg = self._roll(seg)
+                chunk, placed, end = [], [], seg.size_bytes
+            if size:
+                chunk.append(entry.data)
+                placed.append((entry, end))
+                end += size
+        self._write_chunk(seg, chunk, placed)
+        if self._unsynced_bytes and (
+            any(entry.sync for entry in batch) or self.lazy_sync_seconds <= 0
+        ):
+            self._sync()
+
+    def _write_chunk(
+        self, seg: _Segment, chunk: list[bytes], placed: list[tuple[_Pending, int]]
+    ) -> None:
+        if not chunk:
+            return
+        data = b"".join(chunk)
+        _write_fd(self._fd, data)
+        if not self._unsynced_bytes:
+            self._unsynced_since = time.monotonic()
+        self._unsynced_bytes += len(data)
+        self.bytes_written += len(data)
+        with self._lock:
+            seg.size_bytes += len(data)
+        self._unindexed.append((seg, placed))
+
+    def _roll(self, old: _Segment) -> _Segment:
+        """Seal `old` (already synced) and start the next segment."""
+        new = self._create_segment(old.number + 1)
+        fd = os.open(new.path, os.O_WRONLY | os.O_APPEND)
+        os.close(self._fd)
+        self._fd = fd
+        with self._lock:
+            self._segments.append(new)
+        self._compact_wanted.set()
+        return new
+
+    def _fail(self, error: Exception, *, truncate_to: int | None) -> None:
+        failure = JournalFailed(f"journal {self.directory}: write failed: {error}")
+        failure.__cause__ = error
+        self._failure = failure
+        self._unsynced_bytes = 0
+        self._unindexed.clear()
+        log.error(
+            "journal %s: %s; durable appends fail from now on (records synced before are "
+            "kept); reopen the journal once the disk is fixed",
+            self.directory,
+            error,
+            exc_info=not isinstance(error, OSError),
+        )
+        if truncate_to is not None:
+            try:  # drop a partial write, so the file ends on a whole record
+                os.ftruncate(self._fd, truncate_to)
+            except OSError as e:
+                log.warning("journal %s: could not drop the partial write: %s", self.directory, e)
+
+    @property
+    def failure(self) -> JournalFailed | None:
+        return self._failure
+
+    @property
+    def size_bytes(self) -> int:
+        with self._lock:
+            return sum(seg.size_bytes for seg in self._segments)
+
+    @property
+    def segment_count(self) -> int:
+        with self._lock:
+            return len(self._segments)
+
+    # --- replay ---
+
+    def replay(self) -> Iterator[Record]:
+        if not self.read_only:
+            self.flush()
+        with self._compact_lock, self._lock:  # no compaction runs, none starts
+            self._readers += 1
+            plan = [(seg.path, seg.size_bytes, list(seg.skips)) for seg in self._segments]
+        try:
+            yield from self._replay(plan)
+        finally:
+            with self._lock:
+                self._readers -= 1
+
+    @staticmethod
+    def _replay(plan: list[tuple[Path, int, list[tuple[int, int]]]]) -> Iterator[Record]:
+        for path, size, skips in plan:
+            with open(path, "rb") as f:
+                data = f.read(size)
+            skip_at = dict(skips)
+            pos = HEADER_BYTES
+            while pos < size:
+                if pos in skip_at:
+                    pos = skip_at[pos]
+                    continue
+                checked = _check_frame(data, pos)
+                if isinstance(checked, _Bad):
+                    raise JournalCorrupt(path, pos, checked.reason)
+                end, type_id, _ = checked
+                record = _decode_at(data, pos, end, type_id)
+                if isinstance(record, _Bad):
+                    raise JournalCorrupt(path, pos, record.reason)
+                yield record
+                pos = end
+
+    # --- compaction ---
+
+    def _compact_loop(self) -> None:
+        while True:
+            self._compact_wanted.wait()
+            self._compact_wanted.clear()
+            if self._stopping:
+                return
+            try:
+                self.compact()
+            except Exception:
+                log.exception("journal %s: compaction failed", self.directory)
+
+    def compact(self) -> CompactionResult:
+        with self._compact_lock:
+            before = self.size_bytes
+            with self._lock:
+                replaying = self._readers > 0
+            if replaying or self._failure is not None or self.read_only or self._closed:
+                return CompactionResult(size_bytes_before=before, size_bytes_after=before)
+            deleted = rewritten = 0
+            try:
+                deleted += self._delete_dead()
+                for run in self._plan_runs():
+                    rewritten += self._rewrite(run)
+                deleted += self._delete_dead()
+            except OSError as e:
+                # Every step leaves a journal that replays to the same state, so stopping
+                # anywhere is safe; what is left over goes at the next compaction.
+                log.error("journal %s: compaction stopped: %s", self.directory, e)
+            return CompactionResult(
+                segments_deleted=deleted,
+                segments_rewritten=rewritten,
+                size_bytes_before=before,
+                size_bytes_after=self.size_bytes,
+            )
+
+    def _delete_dead(self) -> int:
+        deleted = 0
+        while True:
+            with self._lock:
+                dead = [s for s in self._segments[:-1] if s.live_bytes == 0]
+            if not dead:
+                return deleted
+            for seg in dead:
+                seg.path.unlink()
+                with self._lock:
+                    self._segments.remove(seg)
+                    self._retire(seg)
+                deleted += 1
+            _sync_directory(self.directory)
+
+    def _plan_runs(self) -> list[list[_Segment]]:
+        small = self.max_segment_bytes // 4
+        runs: list[list[_Segment]] = []
+        run: list[_Segment] = []
+        run_live = 0
+        with self._lock:
+            for seg in self._segments[:-1]:
+                records = seg.size_bytes - HEADER_BYTES
+                wanted = seg.live_bytes < self.compact_live_ratio * records or (
+                    seg.size_bytes < small
+                )
+                if not wanted or run_live + seg.live_bytes > self.max_segment_bytes:
+                    if run:
+                        runs.append(run)
+                    run, run_live = [], 0
+                if wanted:
+                    run.append(seg)
+                    run_live += seg.live_bytes
+            if run:
+                runs.append(run)
+        # One segment that is all live gains nothing from a rewrite.
+        return [r for r in runs if len(r) > 1 or r[0].live_bytes < r[0].size_bytes - HEADER_BYTES]
+
+    def _rewrite(self, run: list[_Segment]) -> int:
+        """Copy the live records of `run` into a file that replaces its last segment."""
+        last = run[-1]
+        with self._lock:
+            snapshot = [(seg, sorted(seg.items.items())) for seg in run]
+            for _, items in snapshot:
+                for _, item in items:
+                    item.copying = True
+        temp = last.path.with_name(last.path.name + _TEMP_SUFFIX)
+        copied: list[tuple[_Loc, int]] = []
+        try:
+            parts = [_FILE_HEADER.pack(MAGIC, VERSION, 0, last.number)]
+            offset = HEADER_BYTES
+            for seg, items in snapshot:
+                with open(seg.path, "rb") as f:
+                    data = f.read(seg.size_bytes)
+                for item_offset, item in items:
+                    frame = data[item_offset : item_offset + item.size]
+                    checked = _check_frame(frame, 0)
+                    if isinstance(checked, _Bad):
+                        raise JournalCorrupt(seg.path, item_offset, checked.reason)
+                    parts.append(frame)
+                    copied.append((item, offset))
+                    offset += item.size
+            if copied:  # end on a whole append, as every sealed segment does
+                _, _, type_id, flags = _FRAME.unpack_from(parts[-1])
+                if not flags & BATCH_END:
+                    parts[-1] = _frame(type_id, flags | BATCH_END, parts[-1][FRAME_BYTES:])
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_fd(fd, b"".join(parts))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, last.path)
+        except BaseException:
+            with self._lock:
+                for _, items in snapshot:
+                    for _, item in items:
+                        item.copying = False
+                self._late_tombstones.clear()
+            temp.unlink(missing_ok=True)
+            raise
+        # The rename is the commit point: from here on the index describes the new file.
+        with self._lock:
+            new = _Segment(last.number, last.path, offset)
+            for item, new_offset in copied:
+                item.copying = False
+                if item.seg.items.get(item.offset) is item:  # still live (or needed)
+                    del item.seg.items[item.offset]
+                    item.seg = new
+                    item.offset = new_offset
+                    new.items[new_offset] = item
+                    new.live_bytes += item.size
+            for _, items in snapshot:
+                for _, item in items:
+                    item.copying = False
+            # Tombstones written while we copied, for records we copied: they must now
+            # outlive the new file.
+            for tombstone in self._late_tombstones:
+                assert tombstone.targets is not None
+                tombstone.targets.add(new)
+                self._targeted_by.setdefault(new, set()).add(tombstone)
+            self._late_tombstones.clear()
+            at = self._segments.index(last)
+            self._segments[at] = new
+            for seg in run[:-1]:
+                self._segments.remove(seg)
+            for seg in run:
+                self._retire(seg)
+        _sync_directory(self.directory)  # the rename is durable before any delete is
+        for seg in run[:-1]:
+            seg.path.unlink()
+        _sync_directory(self.directory)
+        log.info(
+            "journal %s: compacted segments %s into %s (%d live bytes)",
+            self.directory,
+            ", ".join(str(s.number) for s in run),
+            last.path.name,
+            new.live_bytes,
+        )
+        return len(run)
+
+    # --- closing ---
+
+    def close(self) -> None:
+        """Write and sync what is queued, stop the threads, release the directory."""
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._cond.notify()
+        self._stopping = True
+        self._compact_wanted.set()
+        if self._compactor is not None:
+            self._compactor.join()
+        if self._writer is not None:
+            self._writer.join()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> FileJournal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+# --- export --------------------------------------------------------------------------
+
+
+def export_jsonl(directory: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    """What a stopped broker's journal holds, one JSON-ready dict per line.
+
+    Addresses first, then queues, then one dict per live message with its queues and
+    delivery counts (B-095). Opens the journal read-only: changes nothing on disk, and
+    refuses while a broker has it open.
+    """
+    journal = FileJournal(directory, read_only=True)
+    try:
+        state = JournalState.of(journal.replay())
+    finally:
+        journal.close()
+    for address in state.addresses:
+        yield {
+            "kind": "address",
+            "name": address.name,
+            "routing_types": [t.value for t in address.routing_types],
+        }
+    for queue in state.queues:
+        yield {
+            "kind": "queue",
+            "name": queue.name,
+            "address": queue.address,
+            "routing_type": queue.routing_type.value,
+            "durable": queue.durable,
+            "filter": queue.filter,
+            "auto_created": queue.auto_created,
+            "extra": queue.extra,
+        }
+    refs: dict[int, list[dict[str, Any]]] = {}
+    for ref in state.refs():
+        refs.setdefault(ref.msg_id, []).append(
+            {
+                "queue": ref.queue,
+                "delivery_count": ref.delivery_count,
+                "scheduled_at_ms": ref.scheduled_at_ms,
+            }
+        )
+    for msg_id, message in state.messages.items():
+        yield {
+            "kind": "message",
+            "msg_id": msg_id,
+            "address": message.address,
+            "durable": message.durable,
+            "priority": message.priority,
+            "expiration_ms": message.expiration_ms,
+            "first_ts": message.first_ts,
+            "size": len(message.data),
+            "data_base64": base64.b64encode(message.data).decode("ascii"),
+            "queues": refs.get(msg_id, []),
+        }
+
+
+if TYPE_CHECKING:
+
+    def _implement_the_protocol(memory: MemoryJournal, file: FileJournal) -> list[Journal]:
+        return [memory, file]

@@ -49,7 +49,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir or config.data_dir or "./data")
 
     async def serve() -> None:
-        server = BrokerServer(config, data_dir=data_dir)
+        server = BrokerServer(
+            config, data_dir=data_dir, skip_corrupt_journal=args.skip_corrupt_journal
+        )
         await server.start()
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
@@ -64,6 +66,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except (OSError, StartupError) as e:
         log.error("cannot start: %s", e)
         return 1
+    return 0
+
+
+def _cmd_journal_export(args: argparse.Namespace) -> int:
+    from amqpbroker.store.journal import JournalError, export_jsonl
+
+    directory = Path(args.data_dir) / "journal"
+    if not directory.is_dir():
+        raise CommandError(f"no journal in {args.data_dir} (expected {directory})")
+    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+    try:
+        for line in export_jsonl(directory):
+            out.write(json.dumps(line, separators=(",", ":")) + "\n")
+    except JournalError as e:
+        raise CommandError(f"cannot read the journal: {e}") from e
+    finally:
+        if out is not sys.stdout:
+            out.close()
     return 0
 
 
@@ -314,6 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="journal, event log and ports.json (default: data-dir key, ./data)",
     )
     run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.add_argument(
+        "--skip-corrupt-journal",
+        action="store_true",
+        help="start even if a journal record in the middle is corrupt (its contents are lost)",
+    )
     run.set_defaults(func=_cmd_run)
 
     check = commands.add_parser(
@@ -354,6 +379,17 @@ def build_parser() -> argparse.ArgumentParser:
     purge.add_argument("queue", metavar="QUEUE")
     purge.add_argument("--filter", metavar="SELECTOR")
     purge.set_defaults(func=_cmd_purge)
+
+    journal = commands.add_parser("journal", help="the durable message journal")
+    journal_commands = journal.add_subparsers(
+        dest="journal_command", required=True, metavar="COMMAND"
+    )
+    export = journal_commands.add_parser(
+        "export", help="dump the journal as JSON lines (broker stopped)"
+    )
+    export.add_argument("--data-dir", required=True, metavar="DIR")
+    export.add_argument("--out", metavar="FILE", help="write here instead of standard output")
+    export.set_defaults(func=_cmd_journal_export)
 
     certs = commands.add_parser("certs", help="development TLS certificates")
     certs_commands = certs.add_subparsers(dest="certs_command", required=True, metavar="COMMAND")

@@ -30,14 +30,18 @@ from amqpbroker.core import (
     SettingsRepository,
     SystemClock,
 )
+from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.eventlog import EventLogWriter
 from amqpbroker.management import HttpServer, LoopBridge, ManagementApi
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
+from amqpbroker.metrics.collector import SyncTimes
 from amqpbroker.protocol import moves, sections
 from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell
 from amqpbroker.protocol.sasl import SaslServer
 from amqpbroker.security import server_context, verify_password
+from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
+from amqpbroker.store.recovery import LoopJournal, recover
 
 log = logging.getLogger(__name__)
 
@@ -198,9 +202,13 @@ class BrokerServer:
         data_dir: Path,
         clock: Clock | None = None,
         rng: Random | None = None,
+        skip_corrupt_journal: bool = False,
     ) -> None:
         self.config = config
         self.data_dir = data_dir
+        self.skip_corrupt_journal = skip_corrupt_journal
+        self.journal: FileJournal | None = None
+        self.journal_sync = SyncTimes()
         self.broker = build_broker(config, clock=clock, rng=rng)
         self.shell = Shell(self.broker)
         self.event_log: EventLogWriter | None = None
@@ -229,10 +237,7 @@ class BrokerServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         if self.config.persistence.enabled:
-            log.warning(
-                "persistence is not implemented in this version: messages are kept "
-                "in memory only and do not survive a restart"
-            )
+            self._open_journal(loop)
         for acceptor in self.config.acceptors:
             context = None
             if acceptor.tls is not None:
@@ -268,6 +273,45 @@ class BrokerServer:
         self._engine_ticker = asyncio.create_task(self._tick_engines())
         self._schedule_tick()
         log.info("broker %s started", self.broker.name)
+
+    def _open_journal(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Recover from DATA_DIR/journal before any client can connect (issue 5)."""
+        directory = self.data_dir / "journal"
+        started = time.monotonic()
+        try:
+            journal = FileJournal(
+                directory,
+                skip_corrupt=self.skip_corrupt_journal,
+                sync_seconds=self.journal_sync.observe,
+            )
+        except JournalCorrupt as e:
+            raise StartupError(
+                f"{e}. The broker does not start on a corrupt journal: keep a copy of "
+                f"{directory}, then start with --skip-corrupt-journal to drop the bad "
+                "records (what they held is lost), or restore a backup"
+            ) from e
+        except JournalError as e:
+            raise StartupError(f"journal {directory}: {e}") from e
+        self.journal = journal
+        state = JournalState.of(journal.replay())
+        settings = self.config.persistence
+        persistence = Persistence(
+            LoopJournal(journal, loop, after=self._after_command),
+            sync=settings.sync,
+            max_redelivery_records=self.config.max_redelivery_records,
+            before_delivery=settings.persist_delivery_count_before_delivery,
+        )
+        self.broker.enable_persistence(persistence)
+        recovered = recover(self.broker, state)
+        persistence.flush()
+        log.info(
+            "journal %s: recovered %d messages (%d references) in %d queues in %.2f s",
+            directory,
+            recovered.messages,
+            recovered.refs,
+            len(self.broker.queues),
+            time.monotonic() - started,
+        )
 
     async def _start_http(self, loop: asyncio.AbstractEventLoop) -> None:
         bridge = LoopBridge(loop, after=self._after_command)
@@ -348,6 +392,8 @@ class BrokerServer:
             connections_opened=self.shell.opened_total,
             authentication_failures=self.shell.auth_failures,
             event_log_dropped=self.event_log.dropped_total if self.event_log else 0,
+            journal_size_bytes=self.journal.size_bytes if self.journal else 0,
+            journal_sync=self.journal_sync.snapshot(),
         )
 
     def _after_command(self) -> None:
@@ -434,6 +480,10 @@ class BrokerServer:
         if self.event_log is not None:
             self.shell.apply_effects()  # hand over the last events
             await asyncio.get_running_loop().run_in_executor(None, self.event_log.close)
+        if self.journal is not None:
+            self.shell.apply_effects()  # the last durable changes
+            journal = self.journal
+            await asyncio.get_running_loop().run_in_executor(None, journal.close)
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / "ports.json").unlink()
         self._stopped.set()

@@ -38,6 +38,7 @@ from amqpbroker.core.model import (
 )
 from amqpbroker.core.names import advisory_characters, parse_address
 from amqpbroker.core.outcomes import Outcome, Rejected
+from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Consumer, Queue, Ref
 from amqpbroker.core.security import SecurityRepository
@@ -225,8 +226,10 @@ class Broker:
         event_level: EventLevel = EventLevel.LIFECYCLE,
         security: SecurityRepository | None = None,
         id_cache_size: int = 20_000,
+        persistence: Persistence | None = None,
     ) -> None:
         self.name = name
+        self.persistence = persistence  # None: memory only
         self.emitter = Emitter(event_level)
         self.security = security or SecurityRepository({})
         self._id_cache_size = id_cache_size  # B-012: ids remembered per address
@@ -241,6 +244,7 @@ class Broker:
         self.stats = BrokerStats()
         self._effects: list[Effect] = []
         self._msg_ids = itertools.count(1)
+        self._next_free_id = 1  # only recovery moves this (see `restore`)
         self._consumer_ids = itertools.count(1)
         self._delivery_ids = itertools.count(1)
         self._consumers: dict[ConsumerId, _ConsumerInfo] = {}
@@ -297,6 +301,40 @@ class Broker:
     def next_message_id(self) -> int:
         return next(self._msg_ids)
 
+    def enable_persistence(self, persistence: Persistence) -> None:
+        """Journal from now on: first what exists (configured addresses and queues)."""
+        self.persistence = persistence
+        for address in self.post_office.addresses.values():
+            if not address.temporary:
+                persistence.address_changed(
+                    address.name, address.routing_types, address.auto_created
+                )
+        for queue in self.queues.values():
+            if queue.durable and not queue.config.temporary:
+                queue.store = persistence
+                persistence.queue_added(queue.config)
+
+    def restore(
+        self, queue_name: str, message: Message, delivery_count: int, scheduled_at_ms: int
+    ) -> bool:
+        """Put a message recovered from the journal back in its queue (False: no queue).
+
+        Call with persistence suspended, before any client connects, then
+        `reserve_message_ids` with the largest id the journal has seen.
+        """
+        queue = self.queues.get(queue_name)
+        if queue is None:
+            return False
+        message.stored = True
+        queue.restore(message, delivery_count, scheduled_at_ms)
+        return True
+
+    def reserve_message_ids(self, max_used: int) -> None:
+        """New message ids start above `max_used` (recovery: never reuse a stored id)."""
+        if max_used >= self._next_free_id:
+            self._next_free_id = max_used + 1
+            self._msg_ids = itertools.count(self._next_free_id)
+
     # -- addresses and queues ---------------------------------------------------------
     def settings_for(self, address: str) -> ResolvedSettings:
         return self.settings.resolve(address)
@@ -313,7 +351,12 @@ class Broker:
         """Create the address, or add routing types to an existing one."""
         existing = self.post_office.addresses.get(name)
         if existing is not None:
-            existing.routing_types |= routing_types
+            if not routing_types <= existing.routing_types:
+                existing.routing_types |= routing_types
+                if self.persistence is not None and not existing.temporary:
+                    self.persistence.address_changed(
+                        name, existing.routing_types, existing.auto_created
+                    )
             return existing
         address = Address(
             name=name,
@@ -324,6 +367,8 @@ class Broker:
             idle_since_ms=self.clock.now_ms(),
         )
         self.post_office.add(address)
+        if self.persistence is not None and not temporary:
+            self.persistence.address_changed(name, address.routing_types, auto_created)
         log.debug("created address %s %s", name, sorted(t.value for t in routing_types))
         return address
 
@@ -362,6 +407,9 @@ class Broker:
         )
         queue.idle_since_ms = self.clock.now_ms()
         queue.owner = owner
+        if self.persistence is not None and config.durable and not config.temporary:
+            queue.store = self.persistence
+            self.persistence.queue_added(config)
         self.queues[config.name] = queue
         address.queues.append(queue)
         log.debug(
@@ -385,6 +433,9 @@ class Broker:
                 CloseConsumer(consumer.id, "amqp:resource-deleted", f"queue {name} was {reason}")
             )
         queue.consumers.clear()
+        if queue.store is not None:
+            queue.store.queue_deleted(name)  # covers its references: no ack each
+            queue.store = None
         queue.remove_all()
         log.debug("deleted queue %s (%s)", name, reason)
 
@@ -395,6 +446,8 @@ class Broker:
         for queue in list(address.queues):
             self.delete_queue(queue.name)
         self.post_office.remove(name)
+        if self.persistence is not None and not address.temporary:
+            self.persistence.address_deleted(name)
 
     @contextlib.contextmanager
     def _acting_for(self, user: str | None, roles: frozenset[str] | None) -> Iterator[None]:
@@ -569,6 +622,10 @@ class Broker:
             ClientError: anonymous relay without `to`, or to a wildcard address.
         """
         now_ms = self.clock.now_ms()
+        if message.durable and self.persistence is not None and self.persistence.failure:
+            raise ResourceLimitExceeded(
+                f"the broker cannot store durable messages: {self.persistence.failure}"
+            )
         if not message.msg_id:
             message.msg_id = next(self._msg_ids)
         if not message.first_ts:

@@ -65,6 +65,7 @@ class Message:
         "properties",
         "reader",
         "size",
+        "stored",
         "ttl_ms",
     )
 
@@ -105,6 +106,7 @@ class Message:
         self.reader = reader
         self.ttl_ms = ttl_ms  # header.ttl as sent; expiration_ms holds the computed value
         self.deliver_at_ms = deliver_at_ms  # scheduled delivery, epoch ms; 0 = now (B-015)
+        self.stored = False  # its AddMessage record is in the journal (core/persistence.py)
 
     def get_properties(self) -> dict[str, Any]:
         """The properties section as a dict (decoded once, on first use)."""

@@ -52,6 +52,7 @@ from amqpbroker.core.redelivery import DeadLetter, decide_redelivery
 from amqpbroker.core.settings import ResolvedSettings
 
 if TYPE_CHECKING:
+    from amqpbroker.core.persistence import Persistence
     from amqpbroker.core.selector import Selector
 
 _LEVELS = 10
@@ -68,7 +69,7 @@ class Ref:
     drop such references when they reach them (lazy removal keeps removal O(1)).
     """
 
-    __slots__ = ("blocked", "delivery_count", "message", "seq", "state")
+    __slots__ = ("blocked", "delivery_count", "message", "seq", "state", "stored_count")
 
     def __init__(self, message: Message, seq: int, delivery_count: int = 0) -> None:
         self.message = message
@@ -76,6 +77,8 @@ class Ref:
         self.delivery_count = delivery_count
         self.state = READY
         self.blocked: set[ConsumerId] | None = None  # undeliverable-here links (B-045)
+        # The count last written to the journal; None: not a durable reference (B-095).
+        self.stored_count: int | None = None
 
     def __lt__(self, other: Ref) -> bool:
         return self.seq < other.seq
@@ -174,6 +177,8 @@ class Queue:
         self._scheduled: list[tuple[int, int, Ref]] = []
         self._rr = 0
         self.delivering = 0
+        # Set by the broker for a durable queue when persistence is on (B-095).
+        self.store: Persistence | None = None
 
     # -- state ------------------------------------------------------------------------
     @property
@@ -239,8 +244,28 @@ class Queue:
     def add(
         self, message: Message, out: list[Effect], *, delivery_count: int = 0, reason: str = "route"
     ) -> Ref:
+        ref = self._enqueue(message, delivery_count, message.deliver_at_ms)
+        if self.store is not None and message.durable:
+            self.store.ref_added(
+                self.name,
+                ref,
+                scheduled_at_ms=message.deliver_at_ms if ref.state == SCHEDULED else 0,
+            )
+        self.counters.added += 1
+        if self.emitter.all:
+            self.event("enqueued", ref, reason=reason)
+        if self.consumers:
+            self.dispatch(out)
+        return ref
+
+    def restore(self, message: Message, delivery_count: int, scheduled_at_ms: int) -> Ref:
+        """A reference recovered from the journal: no event, no count, no dispatch yet."""
+        ref = self._enqueue(message, delivery_count, scheduled_at_ms)
+        ref.stored_count = delivery_count
+        return ref
+
+    def _enqueue(self, message: Message, delivery_count: int, at_ms: int) -> Ref:
         ref = Ref(message, next(self._seq), delivery_count)
-        at_ms = message.deliver_at_ms
         if at_ms and at_ms > self._clock_ms():  # B-015: scheduled until then
             heapq.heappush(self._scheduled, (at_ms, ref.seq, ref))
             ref.state = SCHEDULED
@@ -249,15 +274,10 @@ class Queue:
         else:
             self._fresh[message.priority].append(ref)
             self._ready += 1
-        self.counters.added += 1
         self.size_bytes += message.size
         self._on_size(message.size)
         if message.expiration_ms:
             self._on_expiring(self, ref)
-        if self.emitter.all:
-            self.event("enqueued", ref, reason=reason)
-        if self.consumers:
-            self.dispatch(out)
         return ref
 
     # -- dispatch ---------------------------------------------------------------------
@@ -356,6 +376,8 @@ class Queue:
         consumer.credit -= 1
         ref.state = DELIVERING
         ref.delivery_count += 1  # B-040: before the transfer is written
+        if ref.stored_count is not None and self.store is not None and self.store.before_delivery:
+            self.store.count_changed(self.name, ref)  # B-097
         delivery = DeliveryId(next(self._delivery_ids))
         out.append(
             Dispatch(
@@ -394,6 +416,8 @@ class Queue:
     # -- settlement -------------------------------------------------------------------
     def _removed(self, ref: Ref) -> None:
         ref.state = GONE
+        if ref.stored_count is not None and self.store is not None:
+            self.store.ref_removed(self.name, ref)
         size = ref.message.size
         self.size_bytes -= size
         self._on_size(-size)
@@ -453,6 +477,11 @@ class Queue:
         if isinstance(decision, DeadLetter):
             self._kill_to_dla(ref, decision.reason, None)
             return
+        store = self.store
+        if ref.stored_count is not None and store is not None:
+            store.count_changed(self.name, ref)  # B-095
+            if decision.at_ms > now_ms:
+                store.scheduled(self.name, ref, decision.at_ms)
         self.counters.returned += 1  # B-171: it went back to its queue
         self.counters.count(self.counters.returned_by_reason, reason)
         if self.emitter.failures:

@@ -149,6 +149,7 @@ class AddAddress:
 
     name: str
     routing_types: tuple[RoutingType, ...]
+    auto_created: bool = False  # auto-created addresses are reaped again (B-111)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

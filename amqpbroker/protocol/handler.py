@@ -29,6 +29,7 @@ Loop thread only.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -200,6 +201,8 @@ class Shell:
                         link.connection.close_link(link.link, effect.condition, effect.description)
                         dirty.add(link.connection)
             effects = broker.take_effects()
+        if broker.persistence is not None:
+            broker.persistence.flush()  # this step's durable changes: one journal append
 
 
 class AmqpConnection:
@@ -585,6 +588,8 @@ class AmqpConnection:
         if lib.pn_delivery_aborted(delivery) or producer is None or received < 0:
             lib.pn_delivery_settle(delivery)
             return
+        store = self.broker.persistence
+        stored_before = store.messages_added if store is not None else 0
         try:
             self._publish(producer, bytes(buffer[:received]) if received < size else bytes(buffer))
         except ClientError as e:
@@ -592,6 +597,7 @@ class AmqpConnection:
             # (B-009: even a missing address on the anonymous relay, as Artemis does).
             condition = e.condition if e.condition in _PASSED_CONDITIONS else "failed"
             self._reject(delivery, condition, str(e))
+            lib.pn_delivery_settle(delivery)
         except sections.SectionError as e:
             log.info(
                 "rejecting malformed message on connection %s link %r: %s",
@@ -600,9 +606,14 @@ class AmqpConnection:
                 e,
             )
             self._reject(delivery, "amqp:decode-error", str(e))
+            lib.pn_delivery_settle(delivery)
         else:
-            lib.pn_delivery_update(delivery, _PN_ACCEPTED)
-        lib.pn_delivery_settle(delivery)
+            if store is not None and store.sync and store.messages_added != stored_before:
+                # Settled once its journal records are on disk (the group commit).
+                store.when_stored(functools.partial(self._stored, Delivery.wrap(delivery)))
+            else:
+                lib.pn_delivery_update(delivery, _PN_ACCEPTED)
+                lib.pn_delivery_settle(delivery)
         credit = lib.pn_link_credit(link)
         if credit < PRODUCER_LOW_CREDIT and self.broker.producer_may_send(producer.target):
             lib.pn_link_flow(link, PRODUCER_CREDIT - credit)
@@ -618,6 +629,21 @@ class AmqpConnection:
                     resumed = True
         return resumed
 
+    def _stored(self, delivery: Delivery, error: BaseException | None) -> None:
+        """The journal answered for a durable send: accept it, or refuse it (disk full)."""
+        if self.closed:
+            return  # the client never saw it accepted: at-least-once, it may resend
+        if error is None:
+            delivery.update(Delivery.ACCEPTED)
+        else:
+            cause = error.__cause__ or error
+            delivery.local.condition = Condition(
+                "amqp:resource-limit-exceeded", f"the broker could not store the message: {cause}"
+            )
+            delivery.update(Delivery.REJECTED)
+        delivery.settle()
+        self.shell.dirty.add(self)
+
     @staticmethod
     def _reject(delivery_impl: Any, condition: str, description: str) -> None:
         delivery = Delivery.wrap(delivery_impl)
@@ -626,19 +652,7 @@ class AmqpConnection:
 
     def _publish(self, producer: ProducerLink, raw: bytes) -> None:
         scanned = sections.scan(raw)
-        message = Message(
-            scanned.data,
-            durable=scanned.durable,
-            priority=scanned.priority,
-            ttl_ms=scanned.ttl,
-            expiration_ms=scanned.absolute_expiry_time or 0,
-            header_end=scanned.header_end,
-            header={"delivery-count": scanned.delivery_count}
-            if scanned.delivery_count or scanned.first_acquirer
-            else None,
-            origin_container=self.container_id,
-            reader=sections.READER,
-        )
+        message = message_of(scanned, origin_container=self.container_id)
         target = producer.target
         message_routing_type = None
         to = None
@@ -688,6 +702,23 @@ class AmqpConnection:
         tag = lib.pn_delivery_tag(delivery)
         self.broker.settle(consumer.id, DeliveryId(int(ffi.unpack(tag.start, tag.size))), outcome)
         lib.pn_delivery_settle(delivery)
+
+
+def message_of(scanned: sections.Scanned, *, origin_container: str | None = None) -> Message:
+    """The core's view of a scanned message: the bytes plus the few fields it reads."""
+    return Message(
+        scanned.data,
+        durable=scanned.durable,
+        priority=scanned.priority,
+        ttl_ms=scanned.ttl,
+        expiration_ms=scanned.absolute_expiry_time or 0,
+        header_end=scanned.header_end,
+        header={"delivery-count": scanned.delivery_count}
+        if scanned.delivery_count or scanned.first_acquirer
+        else None,
+        origin_container=origin_container,
+        reader=sections.READER,
+    )
 
 
 def _scheduled_delivery(annotations: dict[str, Any], now_ms: int) -> int:

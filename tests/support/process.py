@@ -64,11 +64,22 @@ def write_config(directory: Path, extra: str = "") -> Path:
     return path
 
 
-def start_broker(directory: Path, extra_config: str = "", *, timeout: float = 20) -> BrokerProcess:
-    """Start `amqpbroker run` with BASE_CONFIG + `extra_config`; wait for ports.json."""
+def start_broker(
+    directory: Path,
+    extra_config: str = "",
+    *,
+    timeout: float = 20,
+    args: tuple[str, ...] = (),
+    log_level: str = "debug",
+) -> BrokerProcess:
+    """Start `amqpbroker run` with BASE_CONFIG + `extra_config`; wait for ports.json.
+
+    Starting again in the same `directory` reuses its data dir (restart tests).
+    """
     config = write_config(directory, extra_config)
     data_dir = directory / "data"
     log_path = directory / "broker.log"
+    (data_dir / "ports.json").unlink(missing_ok=True)  # a killed broker leaves its own
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
@@ -82,7 +93,8 @@ def start_broker(directory: Path, extra_config: str = "", *, timeout: float = 20
                 "--data-dir",
                 str(data_dir),
                 "--log-level",
-                "debug",
+                log_level,
+                *args,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -1,0 +1,226 @@
+"""Durable state changes as journal records (B-095…B-097), gathered per loop step.
+
+The core calls the hooks below as it changes durable state: a durable message entering
+a durable queue, leaving it, its delivery count changing, a redelivery being scheduled,
+durable queues and addresses appearing and going. The hooks only collect records;
+`flush()` (the shell calls it once per loop step) hands them to the journal as **one**
+append, which the journal makes atomic. So a move (the original's `AckRef` and the copy's
+`AddMessage` + `AddRef`) comes back whole after a crash or not at all, and a burst of
+transfers read from one socket costs one append.
+
+A durable send is settled to its producer only once its records are on disk
+(`persistence.sync: true`): the handler registers a callback with `when_stored()`, which
+the journal calls after the group commit that made the step durable. Records nobody waits
+for (acknowledgements, counts, moves) are appended with `sync=False`; the journal syncs
+them with the next group commit or shortly after (at-least-once: a lost ack redelivers).
+
+Loop thread only: the journal adapter (server side) posts its callbacks back to the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from amqpbroker.core.model import Message, QueueConfig, RoutingType
+from amqpbroker.core.records import (
+    AckRef,
+    AddAddress,
+    AddMessage,
+    AddQueue,
+    AddRef,
+    DeleteAddress,
+    DeleteQueue,
+    Record,
+    ScheduledDelivery,
+    UpdateDeliveryCount,
+)
+
+if TYPE_CHECKING:
+    from amqpbroker.core.queue import Ref
+
+log = logging.getLogger(__name__)
+
+OnStored = Callable[[BaseException | None], None]
+
+# QueueConfig fields that AddQueue carries as fields of its own; the rest go in `extra`.
+_QUEUE_RECORD_FIELDS = ("name", "address", "routing_type", "durable", "filter", "auto_created")
+
+
+class RecordLog(Protocol):
+    """What persistence needs of a journal (`store.journal.Journal` has it)."""
+
+    def append(
+        self, records: Sequence[Record], *, sync: bool, on_durable: OnStored | None = None
+    ) -> None: ...
+
+
+class Persistence:
+    """Collects the records of durable state changes and appends them once per step.
+
+    Args:
+        journal: where the records go; `on_durable` must be called on the loop thread.
+        sync: `persistence.sync`: durable sends wait for the fsync of their records.
+        max_redelivery_records: B-096: counts are written only while ≤ this (< 0: always).
+        before_delivery: B-097 `persist-delivery-count-before-delivery`.
+    """
+
+    def __init__(
+        self,
+        journal: RecordLog,
+        *,
+        sync: bool = True,
+        max_redelivery_records: int = 10,
+        before_delivery: bool = False,
+    ) -> None:
+        self.journal = journal
+        self.sync = sync
+        self.max_redelivery_records = max_redelivery_records
+        self.before_delivery = before_delivery
+        self.messages_added = 0  # AddMessage records so far: the handler's "must wait?"
+        self.failure: BaseException | None = None  # the journal stopped writing
+        self.suspended = False  # recovery: state comes from the journal, write nothing
+        self._records: list[Record] = []
+        self._waiters: list[OnStored] = []
+
+    # -- messages -------------------------------------------------------------------------
+    def ref_added(self, queue: str, ref: Ref, *, scheduled_at_ms: int = 0) -> None:
+        """A durable message entered a durable queue (its AddMessage once per message)."""
+        if self.suspended:
+            ref.stored_count = ref.delivery_count
+            return
+        message = ref.message
+        records = self._records
+        if not message.stored:
+            message.stored = True
+            self.messages_added += 1
+            records.append(_add_message(message))
+        records.append(
+            AddRef(queue=queue, msg_id=message.msg_id, delivery_count=ref.delivery_count)
+        )
+        ref.stored_count = ref.delivery_count
+        if scheduled_at_ms:
+            records.append(
+                ScheduledDelivery(queue=queue, msg_id=message.msg_id, at_ms=scheduled_at_ms)
+            )
+
+    def ref_removed(self, queue: str, ref: Ref) -> None:
+        """Acknowledged, expired, dead-lettered, moved, purged: the reference is gone."""
+        if not self.suspended:
+            self._records.append(AckRef(queue=queue, msg_id=ref.message.msg_id))
+        ref.stored_count = None
+
+    def count_changed(self, queue: str, ref: Ref) -> None:
+        """B-095/B-096: persist the count unless it is past the cap or unchanged."""
+        count = ref.delivery_count
+        cap = self.max_redelivery_records
+        if count == ref.stored_count or (cap >= 0 and count > cap) or self.suspended:
+            return
+        ref.stored_count = count
+        self._records.append(
+            UpdateDeliveryCount(queue=queue, msg_id=ref.message.msg_id, delivery_count=count)
+        )
+
+    def scheduled(self, queue: str, ref: Ref, at_ms: int) -> None:
+        """A redelivery delay (B-065): after a restart it still waits until `at_ms`."""
+        if not self.suspended:
+            self._records.append(
+                ScheduledDelivery(queue=queue, msg_id=ref.message.msg_id, at_ms=at_ms)
+            )
+
+    # -- queues and addresses -------------------------------------------------------------
+    def queue_added(self, config: QueueConfig) -> None:
+        if self.suspended:
+            return
+        extra = {
+            name: getattr(config, name)
+            for name in QueueConfig.__dataclass_fields__
+            if name not in _QUEUE_RECORD_FIELDS and name != "extra"
+        }
+        if config.extra:
+            extra["extra"] = dict(config.extra)
+        self._records.append(
+            AddQueue(
+                name=config.name,
+                address=config.address,
+                routing_type=config.routing_type,
+                durable=True,
+                filter=config.filter,
+                auto_created=config.auto_created,
+                extra=extra,
+            )
+        )
+
+    def queue_deleted(self, name: str) -> None:
+        if not self.suspended:
+            self._records.append(DeleteQueue(name=name))
+
+    def address_changed(
+        self, name: str, routing_types: set[RoutingType], auto_created: bool
+    ) -> None:
+        if not self.suspended:
+            self._records.append(
+                AddAddress(
+                    name=name,
+                    routing_types=tuple(sorted(routing_types, key=lambda t: t.value)),
+                    auto_created=auto_created,
+                )
+            )
+
+    def address_deleted(self, name: str) -> None:
+        if not self.suspended:
+            self._records.append(DeleteAddress(name=name))
+
+    # -- the step boundary ----------------------------------------------------------------
+    def when_stored(self, callback: OnStored) -> None:
+        """Call `callback(error)` once this step's records are on disk (or failed)."""
+        self._waiters.append(callback)
+
+    def flush(self) -> None:
+        """Append this step's records as one atomic append."""
+        records = self._records
+        if not records:
+            waiters = self._waiters
+            if waiters:  # nothing was written for them after all (e.g. all refs acked)
+                self._waiters = []
+                for waiter in waiters:
+                    waiter(self.failure)
+            return
+        self._records = []
+        waiters, self._waiters = self._waiters, []
+        try:
+            self.journal.append(records, sync=bool(waiters), on_durable=self._done(waiters))
+        except Exception as e:  # closed or failed journal: refuse, never pretend
+            self._failed(e)
+            for waiter in waiters:
+                waiter(e)
+
+    def _done(self, waiters: list[OnStored]) -> OnStored:
+        def done(error: BaseException | None) -> None:
+            if error is not None:
+                self._failed(error)
+            for waiter in waiters:
+                waiter(error)
+
+        return done
+
+    def _failed(self, error: BaseException) -> None:
+        if self.failure is None:
+            self.failure = error
+            log.error(
+                "the journal failed (%s): refusing durable messages from now on; "
+                "consumers are still served and nothing already settled is lost",
+                error.__cause__ or error,
+            )
+
+
+def _add_message(message: Message) -> AddMessage:
+    return AddMessage(
+        msg_id=message.msg_id,
+        address=message.address,
+        data=message.data,
+        expiration_ms=message.expiration_ms,
+        first_ts=message.first_ts,
+        priority=message.priority,
+    )

@@ -1,0 +1,216 @@
+"""Durability end to end (issue 5): the real broker with its file journal, restarted and
+killed with SIGKILL, and python-qpid-proton clients over loopback.
+
+B-095 (counts persisted on return), B-096 (the cap), B-097 (persisted before delivery).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from proton import Message
+from support.client import Capabilities, connect, reject_with, settle_modified
+from support.process import BrokerProcess, start_broker
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
+
+QUEUE = Capabilities("queue")
+PERSISTENT = """
+persistence:
+  enabled: true
+  sync: true
+  persist-delivery-count-before-delivery: {before}
+address-settings:
+  "#":
+    dead-letter-address: DLA
+    auto-create-dead-letter-resources: true
+    max-delivery-attempts: {attempts}
+"""
+
+
+def _config(*, before: bool = False, attempts: int = 10, extra: str = "") -> str:
+    return PERSISTENT.format(before=str(before).lower(), attempts=attempts) + extra
+
+
+def _send(broker: BrokerProcess, address: str, *bodies: str, durable: bool = True) -> None:
+    conn = connect(broker.url)
+    try:
+        sender = conn.create_sender(address, options=QUEUE)
+        for body in bodies:
+            sender.send(Message(body=body, durable=durable))  # waits for `accepted`
+    finally:
+        conn.close()
+
+
+def _drain(broker: BrokerProcess, address: str, *, timeout: float = 2) -> list[tuple[str, int]]:
+    """Accept everything the queue holds: (body, delivery-count) in order."""
+    conn = connect(broker.url)
+    got = []
+    try:
+        receiver = conn.create_receiver(address, credit=100, options=QUEUE)
+        while True:
+            try:
+                message = receiver.receive(timeout=timeout)
+            except Exception:
+                break
+            got.append((message.body, message.delivery_count))
+            receiver.accept()
+            timeout = 0.5
+    finally:
+        conn.close()
+    return got
+
+
+def test_durable_messages_survive_a_restart_non_durable_do_not(tmp_path: Path) -> None:
+    broker = start_broker(tmp_path, _config())
+    _send(broker, "orders", "a", "b", "c")
+    _send(broker, "orders", "volatile", durable=False)
+    assert broker.stop() == 0, broker.log()
+    broker = start_broker(tmp_path, _config())
+    try:
+        assert _drain(broker, "orders") == [("a", 0), ("b", 0), ("c", 0)]
+        assert "recovered 3 messages" in broker.log()
+    finally:
+        assert broker.stop() == 0, broker.log()
+
+
+def test_sigkill_keeps_every_accepted_message_and_its_failed_attempts(tmp_path: Path) -> None:
+    """B-095: modified{delivery-failed} is persisted on return; SIGKILL loses nothing."""
+    broker = start_broker(tmp_path, _config())
+    _send(broker, "jobs", "first")
+    conn = connect(broker.url)
+    receiver = conn.create_receiver("jobs", credit=1, options=QUEUE)
+    assert receiver.receive(timeout=5).body == "first"
+    settle_modified(receiver)  # count 1
+    assert receiver.receive(timeout=5).delivery_count == 1
+    settle_modified(receiver)  # count 2
+    conn.close()
+    _send(broker, "jobs", "second")
+    broker.kill()
+    broker = start_broker(tmp_path, _config())
+    try:
+        assert _drain(broker, "jobs") == [("first", 2), ("second", 0)]
+    finally:
+        assert broker.stop() == 0, broker.log()
+
+
+@pytest.mark.parametrize(("before", "expected"), [(False, 0), (True, 1)])
+def test_in_flight_count_after_a_crash(tmp_path: Path, before: bool, expected: int) -> None:
+    """B-097: with persist-delivery-count-before-delivery the unsettled delivery at the
+    crash counts as an attempt; without it, it comes back looking like a first delivery."""
+    broker = start_broker(tmp_path, _config(before=before))
+    _send(broker, "inflight", "m")
+    conn = connect(broker.url, timeout=1)
+    receiver = conn.create_receiver("inflight", credit=1, options=QUEUE)
+    assert receiver.receive(timeout=5).delivery_count == 0  # held, never settled
+    broker.kill()
+    with contextlib.suppress(Exception):  # the broker is gone: no close frame comes back
+        conn.close()
+    broker = start_broker(tmp_path, _config(before=before))
+    try:
+        assert _drain(broker, "inflight") == [("m", expected)]
+    finally:
+        assert broker.stop() == 0, broker.log()
+
+
+def test_max_redelivery_records_caps_the_persisted_count(tmp_path: Path) -> None:
+    """B-096: with max-redelivery-records 1, five failures come back as 1 after a crash."""
+    config = _config(extra="max-redelivery-records: 1\n")
+    broker = start_broker(tmp_path, config)
+    _send(broker, "capped", "m")
+    conn = connect(broker.url)
+    receiver = conn.create_receiver("capped", credit=1, options=QUEUE)
+    for attempt in range(5):
+        assert receiver.receive(timeout=5).delivery_count == attempt
+        settle_modified(receiver)
+    conn.close()
+    broker.kill()
+    broker = start_broker(tmp_path, config)
+    try:
+        assert _drain(broker, "capped") == [("m", 1)]
+    finally:
+        assert broker.stop() == 0, broker.log()
+
+
+def test_dead_letter_move_survives_a_crash_exactly_once(tmp_path: Path) -> None:
+    """The original's ack and the DLQ copy are one journal append: after SIGKILL the
+    message is in DLQ.<address>, annotated, and no longer in its queue."""
+    broker = start_broker(tmp_path, _config(attempts=1))
+    _send(broker, "payments", "poison")
+    conn = connect(broker.url)
+    receiver = conn.create_receiver("payments", credit=1, options=QUEUE)
+    receiver.receive(timeout=5)
+    reject_with(receiver, "app:bad-input", "cannot parse")
+    conn.close()
+    broker.kill()
+    broker = start_broker(tmp_path, _config(attempts=1))
+    try:
+        assert _drain(broker, "payments", timeout=1) == []
+        conn = connect(broker.url)
+        receiver = conn.create_receiver("DLA::DLQ.payments", credit=1)
+        copy = receiver.receive(timeout=5)
+        receiver.accept()
+        conn.close()
+        assert copy.body == "poison"
+        assert copy.annotations["x-opt-ORIG-ADDRESS"] == "payments"
+        assert copy.annotations["x-opt-DLQ-REASON"] == "rejected"
+    finally:
+        assert broker.stop() == 0, broker.log()
+
+
+def test_journal_export_lists_queues_messages_and_counts(tmp_path: Path) -> None:
+    broker = start_broker(tmp_path, _config())
+    _send(broker, "exported", "x")
+    conn = connect(broker.url)
+    receiver = conn.create_receiver("exported", credit=1, options=QUEUE)
+    receiver.receive(timeout=5)
+    settle_modified(receiver)
+    conn.close()
+    assert broker.stop() == 0, broker.log()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "amqpbroker",
+            "journal",
+            "export",
+            "--data-dir",
+            str(broker.data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    lines = [json.loads(line) for line in out.stdout.splitlines()]
+    queues = {line["name"]: line for line in lines if line["kind"] == "queue"}
+    assert queues["exported"]["routing_type"] == "ANYCAST"
+    [message] = [line for line in lines if line["kind"] == "message"]
+    assert message["address"] == "exported"
+    assert message["queues"] == [{"queue": "exported", "delivery_count": 1, "scheduled_at_ms": 0}]
+
+
+def test_a_corrupt_record_in_the_middle_stops_the_start_until_told_to_skip(
+    tmp_path: Path,
+) -> None:
+    broker = start_broker(tmp_path, _config())
+    _send(broker, "fragile", "one")
+    _send(broker, "fragile", "two")
+    assert broker.stop() == 0, broker.log()
+    [segment] = sorted((broker.data_dir / "journal").glob("journal-*.seg"))
+    data = bytearray(segment.read_bytes())
+    middle = data.find(b"one")
+    data[middle] ^= 0xFF  # flip a byte of the first message: its crc no longer matches
+    segment.write_bytes(bytes(data))
+    with pytest.raises(AssertionError, match="corrupt"):
+        start_broker(tmp_path, _config())
+    broker = start_broker(tmp_path, _config(), args=("--skip-corrupt-journal",))
+    try:
+        assert _drain(broker, "fragile") == [("two", 0)]
+    finally:
+        assert broker.stop() == 0, broker.log()

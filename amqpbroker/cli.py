@@ -316,6 +316,17 @@ def _cmd_user_hash(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    """Hand the arguments to the PySpark job; imported here so the broker never loads it."""
+    try:
+        from amqpbroker.analytics.job import main as analyze
+    except ImportError as e:
+        raise CommandError(
+            f"analyze needs the analytics extra: pip install 'amqpbroker[analytics]' ({e})"
+        ) from None
+    return analyze(args.job_args, prog="amqpbroker analyze")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amqpbroker",
@@ -390,6 +401,17 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--data-dir", required=True, metavar="DIR")
     export.add_argument("--out", metavar="FILE", help="write here instead of standard output")
     export.set_defaults(func=_cmd_journal_export)
+
+    # The job parses its own options (they are also spark-submit's): pass everything on.
+    # prefix_chars="+" makes argparse treat --events etc. as plain words to forward.
+    analyze = commands.add_parser(
+        "analyze",
+        help="dead-letter triage over the event log (PySpark; see `analyze --help`)",
+        add_help=False,
+        prefix_chars="+",
+    )
+    analyze.add_argument("job_args", nargs=argparse.REMAINDER)
+    analyze.set_defaults(func=_cmd_analyze)
 
     certs = commands.add_parser("certs", help="development TLS certificates")
     certs_commands = certs.add_subparsers(dest="certs_command", required=True, metavar="COMMAND")

@@ -36,7 +36,7 @@ from amqpbroker.eventlog import EventLogWriter
 from amqpbroker.management import HttpServer, LoopBridge, ManagementApi
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.metrics.collector import SyncTimes
-from amqpbroker.protocol import moves, sections
+from amqpbroker.protocol import moves
 from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell
 from amqpbroker.protocol.sasl import SaslServer
 from amqpbroker.security import server_context, verify_password
@@ -105,11 +105,6 @@ def build_broker(
                     )
                 )
     return broker
-
-
-def _body_section(data: bytes) -> bytes:
-    """The encoded body sections of a message (for event-log.body-hash)."""
-    return data[sections.scan(data).body_start :]
 
 
 def _is_loopback(host: str) -> bool:
@@ -217,8 +212,10 @@ class BrokerServer:
                 data_dir / "events",
                 broker_name=config.name,
                 config=config.event_log,
-                body_section=_body_section,
             )
+            self.broker.emitter.data_limit = self.event_log.data_limit
+            if type(self.broker.clock) is SystemClock:  # the same ms, read cheaper
+                self.broker.emitter.clock_ns = time.time_ns
             self.shell.event_sink = self.event_log.submit
         users = config.security.users
         self.shell.roles_for = lambda user: (
@@ -265,7 +262,7 @@ class BrokerServer:
                 port,
             )
         if self.event_log is not None:
-            self.event_log.start()
+            self.event_log.start(schedule=loop.call_later)  # events go out every few ms
         if self.config.http.enabled:
             await self._start_http(loop)
         self._accepting = True

@@ -55,6 +55,6 @@ for line in open(sys.argv[1]):
 off, on = (statistics.median(rates[k]) for k in ("event-log-off", "event-log-on"))
 level = sys.argv[2]
 print(f"\nqueue msg/s: event log off {off:,.0f}, on ({level}) {on:,.0f}: "
-      f"cost {100 * (1 - on / off):.1f}%")
+      f"ratio on/off {on / off:.2f}, cost {100 * (1 - on / off):.1f}% (target: ratio >= 0.85)")
 PY
 echo "events written: $(cat "$OUT"/log-on-data/events/*.jsonl* 2>/dev/null | wc -l) lines"

@@ -10,6 +10,7 @@
 #   IDLE=10       worker idle timeout (s); a scenario the C broker cannot do costs this once
 #   WARMUP=0      unrecorded queue warm-up run of this many messages per broker, rep 1
 #   ONLY          unset: both brokers; cbroker or amqpbroker: just that one
+#   PERSIST=1     amqpbroker with its journal on (sync: true), for SCENARIOS=durable
 #   OUT=/tmp/bench-results/<timestamp>   results.jsonl, table.txt, broker logs
 #
 # Uses the shared harness beside the repo ($REPO/../shared/bench): amqp-bench with the C
@@ -126,12 +127,14 @@ if want amqpbroker; then
   DATA="$OUT/amqpbroker-data"
   mkdir -p "$DATA"
   rm -f "$DATA/ports.json"
-  cat > "$OUT/amqpbroker.yaml" <<'YAML'
-# bench/run.sh: memory only, no event log, ports chosen by the OS (-> ports.json)
+  PERSISTENCE="{enabled: false}"
+  [ "${PERSIST:-0}" = 1 ] && PERSISTENCE="{enabled: true, sync: true}"
+  cat > "$OUT/amqpbroker.yaml" <<YAML
+# bench/run.sh: no event log, ports chosen by the OS (-> ports.json); PERSIST=1: journal
 acceptors:
   - {name: amqp, url: "amqp://127.0.0.1:0"}
 http: {bind: "127.0.0.1:0"}
-persistence: {enabled: false}
+persistence: $PERSISTENCE
 event-log: {enabled: false}
 YAML
   "$REPO/.venv/bin/amqpbroker" run --config "$OUT/amqpbroker.yaml" --data-dir "$DATA" \

@@ -26,7 +26,13 @@ from amqpbroker.core.errors import (
     NotFound,
     ResourceLimitExceeded,
 )
-from amqpbroker.core.lifecycle import EVENT_TYPES, FAILURE_EVENTS, EventLevel, LifecycleEvent
+from amqpbroker.core.lifecycle import (
+    EVENT_TYPES,
+    FAILURE_EVENTS,
+    EventLevel,
+    LifecycleEvent,
+    RawEvent,
+)
 from amqpbroker.core.model import (
     DEFAULT_PRIORITY,
     ConnectionId,
@@ -89,6 +95,7 @@ __all__ = [
     "ProducerTarget",
     "Queue",
     "QueueConfig",
+    "RawEvent",
     "Rejected",
     "Released",
     "ResolvedSettings",

@@ -27,7 +27,7 @@ from amqpbroker.core.errors import (
     ResourceLimitExceeded,
 )
 from amqpbroker.core.expiry import apply_expiry_overrides, initial_expiration
-from amqpbroker.core.lifecycle import Emitter, EventLevel, LifecycleEvent
+from amqpbroker.core.lifecycle import Emitter, EventLevel
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -37,7 +37,7 @@ from amqpbroker.core.model import (
     RoutingType,
 )
 from amqpbroker.core.names import advisory_characters, parse_address
-from amqpbroker.core.outcomes import Outcome, Rejected
+from amqpbroker.core.outcomes import Modified, Outcome, Rejected
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Consumer, Queue, Ref
@@ -46,6 +46,8 @@ from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
 
 log = logging.getLogger(__name__)
+
+_ROLLBACK = Modified(delivery_failed=True)  # B-143: a rollback counts as a failed attempt
 
 ROUTING_TYPE_ANNOTATION_VALUES = {0: RoutingType.MULTICAST, 1: RoutingType.ANYCAST}
 ROUTING_TYPE_BYTE = {RoutingType.MULTICAST: 0, RoutingType.ANYCAST: 1}
@@ -304,6 +306,7 @@ class Broker:
     def enable_persistence(self, persistence: Persistence) -> None:
         """Journal from now on: first what exists (configured addresses and queues)."""
         self.persistence = persistence
+        persistence.on_lost = self._unstored
         for address in self.post_office.addresses.values():
             if not address.temporary:
                 persistence.address_changed(
@@ -313,6 +316,19 @@ class Broker:
             if queue.durable and not queue.config.temporary:
                 queue.store = persistence
                 persistence.queue_added(queue.config)
+
+    def _unstored(self, refs: list[tuple[str, Ref]]) -> None:
+        """The journal failed to store these: take back those not yet delivered (their
+        producers are told `resource-limit-exceeded`; at-least-once for the rest)."""
+        for name, ref in refs:
+            queue = self.queues.get(name)
+            if queue is None or not ref.waiting:
+                continue
+            queue.take(ref)
+            queue.counters.killed += 1
+            queue.counters.count(queue.counters.killed_by_reason, "journal-failed")
+            if self.emitter.failures:
+                queue.event("killed", ref, reason="journal-failed")
 
     def restore(
         self, queue_name: str, message: Message, delivery_count: int, scheduled_at_ms: int
@@ -733,19 +749,37 @@ class Broker:
         address = self.post_office.addresses.get(target.address)
         return address is None or not address.blocked
 
-    def _message_event(self, kind: str, message: Message, now_ms: int, **fields: Any) -> None:
-        self.emitter.events.append(
-            LifecycleEvent(
-                ts=now_ms,
-                event=kind,
-                msg_id=message.msg_id,
-                address=message.address,
-                durable=message.durable,
-                size=message.size,
-                first_ts=message.first_ts,
-                connection=message.origin_container,
-                message=message,
-                **fields,
+    def _message_event(
+        self,
+        kind: str,
+        message: Message,
+        now_ms: int,
+        reason: str | None = None,
+        target_queues: tuple[str, ...] | None = None,
+    ) -> None:
+        """Record `sent`/`unrouted` (no queue yet) as a `lifecycle.RawEvent`, like
+        `Queue.event`: a flat tuple, cheap on the hot path."""
+        emitter = self.emitter
+        data = message.data
+        emitter.events.append(
+            (
+                kind,
+                now_ms,
+                message.msg_id,
+                message.address,
+                None,
+                None,
+                message.durable,
+                message.size,
+                None,
+                message.origin_container,
+                None,
+                reason,
+                message.first_ts,
+                data if len(data) <= emitter.data_limit else data[: emitter.data_limit],
+                None
+                if target_queues is None
+                else (None, None, target_queues, None, None, None, None, None),
             )
         )
 
@@ -761,7 +795,7 @@ class Broker:
         emitter = self.emitter
         if emitter.all and reason == "route":
             self._message_event(
-                "sent", message, now_ms, target_queues=tuple(q.name for q in queues)
+                "sent", message, now_ms, target_queues=tuple([q.name for q in queues])
             )
         if not queues:
             address.unrouted += 1
@@ -1071,6 +1105,27 @@ class Broker:
                 delivery,
                 consumer_id,
             )
+
+    def rollback_delivery(self, consumer_id: ConsumerId, delivery: DeliveryId) -> None:
+        """B-143: a rolled-back transactional accept of a settled delivery, or a forced
+        rollback: back to the queue with the attempt counted, as modified{delivery-failed},
+        with the redelivery delay and the max-delivery-attempts check."""
+        info = self._consumers.get(consumer_id)
+        if info is not None:
+            info.consumer.queue.settle(
+                info.consumer,
+                delivery,
+                _ROLLBACK,
+                self.clock.now_ms(),
+                self._effects,
+                reason="tx-rollback",
+            )
+
+    def hold(self, consumer_id: ConsumerId, delivery: DeliveryId) -> None:
+        """B-142: see `Queue.hold`."""
+        info = self._consumers.get(consumer_id)
+        if info is not None:
+            info.consumer.queue.hold(info.consumer, delivery)
 
     def connection_closed(self, connection: ConnectionId, *, abrupt: bool) -> None:
         """Return every consumer's deliveries, then drop the connection's temporaries."""

@@ -1,17 +1,24 @@
-"""Message lifecycle events (B-170, B-171): one value per state change of a message.
+"""Message lifecycle events (B-170, B-171): one record per state change of a message.
 
-The core builds these; the event-log writer adds `seq`, `broker`, `props` and `body_hash`
-and writes one JSON object a line. Field names are the JSONL field names (the Spark
-schema is tested against them). Building events costs, so the broker builds only the
-ones its level asks for: `failures` builds only FAILURE_EVENTS.
+The core appends each event to `Emitter.events` as a flat tuple, a `RawEvent` (layout
+below), and the event-log writer adds `seq`, `broker`, `amqp_message_id`, `props` and
+`body_hash` and writes one JSON object a line. Why tuples: at level `lifecycle` a
+delivered message makes four events, and building a keyword-argument dataclass for each
+cost ~29% of queue throughput. A tuple of the values that vary costs a fraction of that,
+and `marshal` (which hands events to the writer process) encodes it at C speed.
+`LifecycleEvent` is the readable form of the same record, for tests and tools.
+
+Building events still costs, so the broker builds only the ones its level asks for:
+`failures` builds only FAILURE_EVENTS.
 """
 
 from __future__ import annotations
 
 import enum
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-
-from amqpbroker.core.model import Message
+from typing import TypeAlias
 
 
 class EventLevel(enum.Enum):
@@ -44,14 +51,48 @@ EVENT_TYPES = frozenset(
     }
 )
 
+# The fields few events have (moves, returns, rejections), kept out of the common tuple:
+# (txn, target_address, target_queues, copy_msg_id, delay_ms, error_condition,
+#  error_description, amqp_message_id). amqp_message_id is normally left None: the writer
+# reads it from the message bytes, off the loop thread.
+Extra: TypeAlias = tuple[
+    str | None,
+    str | None,
+    tuple[str, ...] | None,
+    int | None,
+    int | None,
+    str | None,
+    str | None,
+    str | None,
+]
+
+# One event as the core records it. `data` is the message's encoded bytes (or their first
+# `Emitter.data_limit` bytes), from which the writer takes amqp_message_id, props and
+# body_hash; None when there is no message to read. `extra` is None or an `Extra`.
+RawEvent: TypeAlias = tuple[
+    str,  # event
+    int,  # ts
+    int,  # msg_id
+    str | None,  # address
+    str | None,  # queue
+    str | None,  # routing_type
+    bool,  # durable
+    int,  # size
+    int | None,  # delivery_count
+    str | None,  # connection
+    str | None,  # link
+    str | None,  # reason
+    int,  # first_ts
+    bytes | None,  # data
+    Extra | None,  # extra
+]
+
 
 @dataclass(slots=True, kw_only=True)
 class LifecycleEvent:
-    """One B-170 record, minus the writer's fields (seq, broker, props, body_hash).
-
-    Not frozen: these are built on the hot path and frozen dataclasses cost several times
-    more to construct. Treat them as immutable. `message` is for the writer thread only
-    (amqp_message_id, allow-listed properties, body hash): it is never written.
+    """One B-170 record, minus the writer's fields (seq, broker, props, body_hash): the
+    readable form of a `RawEvent` (`raw()`, `of()`), for tests and tools; the hot path
+    never builds one. `data` (message bytes) is for the writer only: it is never written.
     """
 
     ts: int
@@ -75,7 +116,95 @@ class LifecycleEvent:
     error_condition: str | None = None
     error_description: str | None = None
     amqp_message_id: str | None = None
-    message: Message | None = None
+    data: bytes | None = None
+
+    def raw(self) -> RawEvent:
+        """The tuple the core would have recorded for this event."""
+        extra: Extra = (
+            self.txn,
+            self.target_address,
+            self.target_queues,
+            self.copy_msg_id,
+            self.delay_ms,
+            self.error_condition,
+            self.error_description,
+            self.amqp_message_id,
+        )
+        return (
+            self.event,
+            self.ts,
+            self.msg_id,
+            self.address,
+            self.queue,
+            self.routing_type,
+            self.durable,
+            self.size,
+            self.delivery_count,
+            self.connection,
+            self.link,
+            self.reason,
+            self.first_ts,
+            self.data,
+            None if extra == _NO_EXTRA else extra,
+        )
+
+    @classmethod
+    def of(cls, raw: RawEvent) -> LifecycleEvent:
+        """The readable form of a recorded event."""
+        (
+            event,
+            ts,
+            msg_id,
+            address,
+            queue,
+            routing_type,
+            durable,
+            size,
+            delivery_count,
+            connection,
+            link,
+            reason,
+            first_ts,
+            data,
+            extra,
+        ) = raw
+        (
+            txn,
+            target_address,
+            target_queues,
+            copy_msg_id,
+            delay_ms,
+            condition,
+            description,
+            amqp_id,
+        ) = extra or _NO_EXTRA
+        return cls(
+            ts=ts,
+            event=event,
+            msg_id=msg_id,
+            address=address,
+            queue=queue,
+            routing_type=routing_type,
+            durable=durable,
+            size=size,
+            delivery_count=delivery_count,
+            connection=connection,
+            link=link,
+            txn=txn,
+            reason=reason,
+            target_address=target_address,
+            target_queues=target_queues,
+            copy_msg_id=copy_msg_id,
+            delay_ms=delay_ms,
+            first_ts=first_ts,
+            error_condition=condition,
+            error_description=description,
+            amqp_message_id=amqp_id,
+            data=data,
+        )
+
+
+_NO_EXTRA: Extra = (None, None, None, None, None, None, None, None)
 
 
 class Emitter:
@@ -85,11 +214,24 @@ class Emitter:
         self.level = level
         self.all = level is EventLevel.LIFECYCLE  # cheap checks on the hot path
         self.failures = level is not EventLevel.OFF
-        self.events: list[LifecycleEvent] = []
+        self.events: list[RawEvent] = []
+        # How many bytes of a message an event carries (the event-log writer sets it: it
+        # needs all of them only for `props` or `body_hash`, else the head that holds
+        # properties.message-id, so a large message costs no more than a small one).
+        self.data_limit = sys.maxsize
+        # Epoch ns, when the broker's clock is the system clock: `time.time_ns` itself
+        # (set by the server), a C call, a third of the cost of a Python `now_ms()` per
+        # event. None: events read the broker's clock.
+        self.clock_ns: Callable[[], int] | None = None
 
-    def take(self) -> list[LifecycleEvent]:
+    def take_raw(self) -> list[RawEvent]:
+        """The events since the last call, as recorded (the shell's hand-off)."""
         events, self.events = self.events, []
         return events
+
+    def take(self) -> list[LifecycleEvent]:
+        """The events since the last call, readable (tests and tools)."""
+        return [LifecycleEvent.of(raw) for raw in self.take_raw()]
 
 
 # B-170: the JSONL fields, in order (the writer adds seq, broker, props, body_hash).

@@ -83,6 +83,13 @@ class Persistence:
         self.suspended = False  # recovery: state comes from the journal, write nothing
         self._records: list[Record] = []
         self._waiters: list[OnStored] = []
+        self._written: list[OnStored] = []  # wait for the write only, not the sync
+        # B-097: this step's dispatches carry counts that must be written first.
+        self.dispatch_waits = False
+        self._added: list[tuple[str, Ref]] = []  # this step's new references
+        # Called with the references of an append that failed: the broker takes back
+        # those still waiting, so a send refused to its producer is not delivered.
+        self.on_lost: Callable[[list[tuple[str, Ref]]], None] = lambda refs: None
 
     # -- messages -------------------------------------------------------------------------
     def ref_added(self, queue: str, ref: Ref, *, scheduled_at_ms: int = 0) -> None:
@@ -100,6 +107,7 @@ class Persistence:
             AddRef(queue=queue, msg_id=message.msg_id, delivery_count=ref.delivery_count)
         )
         ref.stored_count = ref.delivery_count
+        self._added.append((queue, ref))
         if scheduled_at_ms:
             records.append(
                 ScheduledDelivery(queue=queue, msg_id=message.msg_id, at_ms=scheduled_at_ms)
@@ -121,6 +129,14 @@ class Persistence:
         self._records.append(
             UpdateDeliveryCount(queue=queue, msg_id=ref.message.msg_id, delivery_count=count)
         )
+
+    def count_before_delivery(self, queue: str, ref: Ref) -> None:
+        """B-097: the incremented count goes to the journal before the transfer does
+        (the shell holds this step's dispatches until the append is written)."""
+        before = len(self._records)
+        self.count_changed(queue, ref)
+        if len(self._records) != before:
+            self.dispatch_waits = True
 
     def scheduled(self, queue: str, ref: Ref, at_ms: int) -> None:
         """A redelivery delay (B-065): after a restart it still waits until `at_ms`."""
@@ -177,29 +193,37 @@ class Persistence:
         """Call `callback(error)` once this step's records are on disk (or failed)."""
         self._waiters.append(callback)
 
+    def when_written(self, callback: OnStored) -> None:
+        """Call `callback(error)` once this step's records are written (not synced): what
+        a process crash cannot lose."""
+        self._written.append(callback)
+
     def flush(self) -> None:
         """Append this step's records as one atomic append."""
         records = self._records
-        if not records:
-            waiters = self._waiters
-            if waiters:  # nothing was written for them after all (e.g. all refs acked)
-                self._waiters = []
-                for waiter in waiters:
-                    waiter(self.failure)
+        written = self._written  # these wait in append order, even behind an empty append
+        waiters = self._waiters + written if written else self._waiters
+        sync = bool(self._waiters)
+        self._waiters, self._written = [], []
+        if not records and not written:
+            self._added.clear()
+            for waiter in waiters:  # nothing was written for them after all
+                waiter(self.failure)
             return
         self._records = []
-        waiters, self._waiters = self._waiters, []
+        added, self._added = self._added, []
+        done = self._done(waiters, added)
         try:
-            self.journal.append(records, sync=bool(waiters), on_durable=self._done(waiters))
+            self.journal.append(records, sync=sync, on_durable=done)
         except Exception as e:  # closed or failed journal: refuse, never pretend
-            self._failed(e)
-            for waiter in waiters:
-                waiter(e)
+            done(e)
 
-    def _done(self, waiters: list[OnStored]) -> OnStored:
+    def _done(self, waiters: list[OnStored], added: list[tuple[str, Ref]]) -> OnStored:
         def done(error: BaseException | None) -> None:
             if error is not None:
                 self._failed(error)
+                if added:
+                    self.on_lost(added)
             for waiter in waiters:
                 waiter(error)
 

@@ -38,7 +38,7 @@ from random import Random
 from typing import TYPE_CHECKING
 
 from amqpbroker.core.effects import Dispatch, Drained, Effect
-from amqpbroker.core.lifecycle import Emitter, LifecycleEvent
+from amqpbroker.core.lifecycle import Emitter
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -82,6 +82,11 @@ class Ref:
 
     def __lt__(self, other: Ref) -> bool:
         return self.seq < other.seq
+
+    @property
+    def waiting(self) -> bool:
+        """Ready or scheduled: in the queue, not out with a consumer, not gone."""
+        return self.state == READY or self.state == SCHEDULED
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -218,26 +223,67 @@ class Queue:
         return self.selector is None or self.selector.matches(message)
 
     def event(
-        self, kind: str, ref: Ref, consumer: Consumer | None = None, **fields: object
+        self,
+        kind: str,
+        ref: Ref,
+        consumer: Consumer | None = None,
+        reason: str | None = None,
+        delay_ms: int | None = None,
+        target_address: str | None = None,
+        target_queues: tuple[str, ...] | None = None,
+        copy_msg_id: int | None = None,
+        error_condition: str | None = None,
+        error_description: str | None = None,
+        txn: str | None = None,
     ) -> None:
-        """Record a lifecycle event (B-171) about `ref` in this queue."""
+        """Record a lifecycle event (B-171) about `ref` in this queue.
+
+        A flat `lifecycle.RawEvent` tuple, no object and no kwargs dict: this runs up to
+        four times per message at level `lifecycle` (B-170 cost budget). Not keyword-only
+        on purpose: filling keyword-only defaults costs a dict lookup each, per call.
+        """
         message = ref.message
-        self.emitter.events.append(
-            LifecycleEvent(
-                ts=self._clock_ms(),
-                event=kind,
-                msg_id=message.msg_id,
-                address=self.address,
-                queue=self.name,
-                routing_type=self.routing_type.value,
-                durable=message.durable,
-                size=message.size,
-                delivery_count=ref.delivery_count,
-                connection=consumer.container if consumer else None,
-                link=consumer.link_name if consumer else None,
-                first_ts=message.first_ts,
-                message=message,
-                **fields,  # type: ignore[arg-type]
+        emitter = self.emitter
+        clock_ns = emitter.clock_ns
+        data = message.data
+        size = message.size
+        extra = None
+        if not (
+            delay_ms is None
+            and target_address is None
+            and target_queues is None
+            and copy_msg_id is None
+            and error_condition is None
+            and error_description is None
+            and txn is None
+        ):
+            extra = (
+                txn,
+                target_address,
+                target_queues,
+                copy_msg_id,
+                delay_ms,
+                error_condition,
+                error_description,
+                None,
+            )
+        emitter.events.append(
+            (
+                kind,
+                self._clock_ms() if clock_ns is None else clock_ns() // 1_000_000,
+                message.msg_id,
+                self.address,
+                self.name,
+                self.routing_type._value_,  # not `.value`: a property call per event
+                message.durable,
+                size,
+                ref.delivery_count,
+                None if consumer is None else consumer.container,
+                None if consumer is None else consumer.link_name,
+                reason,
+                message.first_ts,
+                data if size <= emitter.data_limit else data[: emitter.data_limit],
+                extra,
             )
         )
 
@@ -377,7 +423,7 @@ class Queue:
         ref.state = DELIVERING
         ref.delivery_count += 1  # B-040: before the transfer is written
         if ref.stored_count is not None and self.store is not None and self.store.before_delivery:
-            self.store.count_changed(self.name, ref)  # B-097
+            self.store.count_before_delivery(self.name, ref)  # B-097
         delivery = DeliveryId(next(self._delivery_ids))
         out.append(
             Dispatch(
@@ -436,9 +482,11 @@ class Queue:
         outcome: Outcome,
         now_ms: int,
         out: list[Effect],
+        *,
+        reason: str | None = None,
     ) -> bool:
         """Apply a consumer's outcome (B-041…B-046). False if the delivery is not held
-        (B-055: ignored)."""
+        (B-055: ignored). `reason` names a return in events and metrics (B-171)."""
         if consumer.browser:
             return True
         ref = consumer.unsettled.pop(delivery, None)
@@ -459,7 +507,8 @@ class Queue:
                 if ref.blocked is None:
                     ref.blocked = set()
                 ref.blocked.add(consumer.id)
-            reason = "modified-failed" if outcome.delivery_failed else "modified"
+            if reason is None:
+                reason = "modified-failed" if outcome.delivery_failed else "modified"
             self._return(ref, now_ms, delay=True, reason=reason, consumer=consumer)
         self.dispatch(out)
         return True
@@ -501,6 +550,19 @@ class Queue:
         self.used = True
         self._removed(ref)
         self._dead_letter(self, ref, reason, rejection)
+
+    def hold(self, consumer: Consumer, delivery: DeliveryId) -> bool:
+        """B-142: a rolled-back transactional accept of an unsettled delivery. It stays
+        acquired by the same link and its count goes up by 1."""
+        ref = consumer.unsettled.get(delivery)
+        if ref is None:
+            return False
+        ref.delivery_count += 1
+        if ref.stored_count is not None and self.store is not None:
+            self.store.count_changed(self.name, ref)
+        if self.emitter.failures:
+            self.event("held", ref, consumer, reason="tx-rollback")
+        return True
 
     def tick(self, now_ms: int, out: list[Effect]) -> None:
         """Move due scheduled references back to ready (B-065: at their old place)."""

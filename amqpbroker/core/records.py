@@ -1,4 +1,8 @@
-"""Journal record types: what the broker writes to storage, as frozen values.
+"""Journal record types: what the broker writes to storage, as values.
+
+Treat records as immutable. They are not `frozen` dataclasses only because three of them
+are built per durable message and a frozen dataclass costs about three times as much to
+construct (the same trade-off as `core.lifecycle.LifecycleEvent`).
 
 Every record type has a fixed numeric id (`RecordType`), written on disk with each record.
 Like Artemis `JournalRecordIds`, an id is never reused or renumbered: a retired type keeps
@@ -51,7 +55,7 @@ class RecordType(enum.IntEnum):
     DELETE_ADDRESS = 102  # Artemis deletes the ADDRESS_BINDING_RECORD by record id
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class AddMessage:
     """A durable message: the encoded sections as received and the fields the core reads.
 
@@ -70,7 +74,7 @@ class AddMessage:
     priority: int = DEFAULT_PRIORITY
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class AddRef:
     """Message `msg_id` is in queue `queue`, with broker delivery count `delivery_count`."""
 
@@ -81,7 +85,7 @@ class AddRef:
     delivery_count: int = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class AckRef:
     """The reference of `msg_id` in `queue` is gone (acknowledged, expired, moved, ...)."""
 
@@ -91,7 +95,7 @@ class AckRef:
     msg_id: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class UpdateDeliveryCount:
     """The persisted delivery count of a reference (B-095, B-096, B-097)."""
 
@@ -102,7 +106,7 @@ class UpdateDeliveryCount:
     delivery_count: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class ScheduledDelivery:
     """A reference may not be delivered before `at_ms` (epoch ms): redelivery delay, B-065."""
 
@@ -113,7 +117,7 @@ class ScheduledDelivery:
     at_ms: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class AddQueue:
     """A durable queue bound to `address`; `extra` holds the rest of its configuration.
 
@@ -132,7 +136,7 @@ class AddQueue:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class DeleteQueue:
     """Queue `name` is gone, and with it every reference it held."""
 
@@ -141,7 +145,7 @@ class DeleteQueue:
     name: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class AddAddress:
     """An address and the routing types it supports."""
 
@@ -152,7 +156,7 @@ class AddAddress:
     auto_created: bool = False  # auto-created addresses are reaped again (B-111)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class DeleteAddress:
     """Address `name` is gone (its queues are deleted by their own records)."""
 
@@ -161,7 +165,7 @@ class DeleteAddress:
     name: str
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class TxPrepare:
     """Placeholder for transactions (issue 5): not yet written by the broker."""
 
@@ -170,7 +174,7 @@ class TxPrepare:
     txn_id: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class TxCommit:
     """Placeholder for transactions (issue 5): not yet written by the broker."""
 
@@ -179,7 +183,7 @@ class TxCommit:
     txn_id: int
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(slots=True, kw_only=True)
 class TxRollback:
     """Placeholder for transactions (issue 5): not yet written by the broker."""
 

@@ -30,7 +30,9 @@ Loop thread only.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +47,7 @@ from proton import (
     Event,
     Link,
     Session,
+    Terminus,
     Transport,
     symbol,
 )
@@ -62,11 +65,12 @@ from amqpbroker.core import (
     DeliveryId,
     Dispatch,
     Drained,
-    LifecycleEvent,
+    Effect,
     Message,
     Modified,
     Outcome,
     ProducerTarget,
+    RawEvent,
     Rejected,
     RoutingType,
 )
@@ -79,6 +83,19 @@ from amqpbroker.protocol.links import (
     recovered_source,
 )
 from amqpbroker.protocol.sasl import SaslServer
+from amqpbroker.protocol.transactions import (
+    TRANSACTIONAL_STATE,
+    UNKNOWN_ID,
+    ControlError,
+    Transaction,
+    answer_declared,
+    answer_rejected,
+    answer_transactional_accepted,
+    as_txn_id,
+    control_request,
+    is_accepted,
+    txn_id_of,
+)
 
 # Makes the SASL layer of one connection: (forward, on_failure) -> SaslServer
 SaslFactory = Callable[[Callable[[bytes], None], Callable[[str], None]], SaslServer]
@@ -161,8 +178,9 @@ class Shell:
         self.connections: dict[ConnectionId, AmqpConnection] = {}
         self.opened_total = 0
         # Where lifecycle events go (the event-log writer); None drops them.
-        self.event_sink: Callable[[list[LifecycleEvent]], None] | None = None
+        self.event_sink: Callable[[list[RawEvent]], None] | None = None
         self.auth_failures = 0
+        self._held: deque[list[Effect]] = deque()  # B-097: effects waiting for a write
         # The roles of an authenticated user (security enabled); none for anonymous.
         self.roles_for: Callable[[str | None], frozenset[str]] = lambda user: frozenset()
 
@@ -172,11 +190,32 @@ class Shell:
 
     def apply_effects(self) -> None:
         broker = self.broker
+        persistence = broker.persistence
+        if persistence is not None and (persistence.dispatch_waits or self._held):
+            # B-097: these dispatches carry counts that must reach the journal first; and
+            # while some are held, later effects queue behind them (order per link).
+            effects = broker.take_effects()
+            if persistence.dispatch_waits or effects:
+                persistence.dispatch_waits = False
+                self._held.append(effects)
+                persistence.when_written(self._release_held)
+            self._apply([])  # the events and the journal append of this step
+            return
+        self._apply()
+
+    def _release_held(self, error: BaseException | None) -> None:
+        """The oldest held step is written (callbacks come in append order): apply it,
+        also after a journal failure (memory semantics then)."""
+        self._apply(self._held.popleft(), more=False)
+
+    def _apply(self, effects: list[Effect] | None = None, *, more: bool = True) -> None:
+        broker = self.broker
         if broker.emitter.events:
-            events = broker.emitter.take()
+            events = broker.emitter.take_raw()
             if self.event_sink is not None:
                 self.event_sink(events)
-        effects = broker.take_effects()
+        if effects is None:
+            effects = broker.take_effects()
         while effects:
             consumers = self.consumers
             dirty = self.dirty
@@ -200,7 +239,7 @@ class Shell:
                     if link is not None:
                         link.connection.close_link(link.link, effect.condition, effect.description)
                         dirty.add(link.connection)
-            effects = broker.take_effects()
+            effects = broker.take_effects() if more and not self._held else []
         if broker.persistence is not None:
             broker.persistence.flush()  # this step's durable changes: one journal append
 
@@ -245,6 +284,10 @@ class AmqpConnection:
         # Keyed by the pn_link_t pointer, which the hot path reads from events directly.
         self.producers: dict[Any, ProducerLink] = {}
         self.consumers: dict[Any, ConsumerLink] = {}
+        self._awaiting: list[Any] | None = None  # durable sends of this loop step
+        self.coordinators: set[Any] = set()  # transaction coordinator links (B-140)
+        self.transactions: dict[bytes, Transaction] = {}
+        self._txn_ids = itertools.count(1)
         self._collector_impl = self.collector._impl
         self.closed = False  # the broker side is done with this connection
         self._orderly = False
@@ -369,6 +412,7 @@ class AmqpConnection:
                 )
                 self._fail("amqp:internal-error", "internal error")
             pop(collector)
+        self._awaiting = None  # the step ends: its sends wait for this step's append
         self.shell.apply_effects()
         self.shell.dirty.add(self)
 
@@ -381,6 +425,9 @@ class AmqpConnection:
         if self.closed:
             return
         self.closed = True
+        transactions, self.transactions = self.transactions, {}
+        for txn in transactions.values():
+            self._rollback(txn, forced=True)  # B-143: before the links return the rest
         for link in list(self.consumers.values()):
             self.shell.consumers.pop(link.id, None)
         self.consumers.clear()
@@ -490,6 +537,9 @@ class AmqpConnection:
             self.close_link(link, e.condition, str(e))
 
     def _attach_producer(self, link: Link) -> None:
+        if link.remote_target.type == Terminus.COORDINATOR:
+            self._attach_coordinator(link)
+            return
         target = self.broker.attach_producer(
             producer_request(
                 link,
@@ -508,6 +558,16 @@ class AmqpConnection:
         link.rcv_settle_mode = Link.RCV_FIRST  # B-021: `second` is answered with `first`
         link.open()
         self.producers[link._impl] = ProducerLink(link, target)
+        link.flow(PRODUCER_CREDIT)
+
+    def _attach_coordinator(self, link: Link) -> None:
+        """B-140: a transaction coordinator; declare/discharge arrive as transfers."""
+        link.source.copy(link.remote_source)
+        link.target.copy(link.remote_target)
+        link.snd_settle_mode = link.remote_snd_settle_mode
+        link.rcv_settle_mode = Link.RCV_FIRST
+        link.open()
+        self.coordinators.add(link._impl)
         link.flow(PRODUCER_CREDIT)
 
     def _attach_consumer(self, link: Link) -> None:
@@ -546,6 +606,7 @@ class AmqpConnection:
         link.close()
         self.consumers.pop(link._impl, None)
         self.producers.pop(link._impl, None)
+        self.coordinators.discard(link._impl)
 
     def _drop_consumer(self, impl: Any, consumer: ConsumerLink, *, closed: bool) -> None:
         del self.consumers[impl]
@@ -586,12 +647,21 @@ class AmqpConnection:
         lib.pn_link_advance(link)
         producer = self.producers.get(link)
         if lib.pn_delivery_aborted(delivery) or producer is None or received < 0:
-            lib.pn_delivery_settle(delivery)
+            if link in self.coordinators and not lib.pn_delivery_aborted(delivery):
+                self._on_control(Delivery.wrap(delivery), bytes(buffer[:received]))
+                self._top_up(link)
+            else:
+                lib.pn_delivery_settle(delivery)
+            return
+        raw = bytes(buffer[:received]) if received < size else bytes(buffer)
+        if lib.pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+            self._transactional_send(Delivery.wrap(delivery), producer, raw)
+            self._top_up(link, producer)
             return
         store = self.broker.persistence
         stored_before = store.messages_added if store is not None else 0
         try:
-            self._publish(producer, bytes(buffer[:received]) if received < size else bytes(buffer))
+            self._publish(producer, raw)
         except ClientError as e:
             # B-023: security and address-full keep their condition; all else is `failed`
             # (B-009: even a missing address on the anonymous relay, as Artemis does).
@@ -609,14 +679,112 @@ class AmqpConnection:
             lib.pn_delivery_settle(delivery)
         else:
             if store is not None and store.sync and store.messages_added != stored_before:
-                # Settled once its journal records are on disk (the group commit).
-                store.when_stored(functools.partial(self._stored, Delivery.wrap(delivery)))
+                # Settled once its journal records are on disk (the group commit): one
+                # callback per connection and loop step, the pn_delivery_t kept alive.
+                awaiting = self._awaiting
+                if awaiting is None:
+                    awaiting = self._awaiting = []
+                    store.when_stored(functools.partial(self._settle_stored, awaiting))
+                lib.pn_incref(delivery)
+                awaiting.append(delivery)
             else:
                 lib.pn_delivery_update(delivery, _PN_ACCEPTED)
                 lib.pn_delivery_settle(delivery)
         credit = lib.pn_link_credit(link)
         if credit < PRODUCER_LOW_CREDIT and self.broker.producer_may_send(producer.target):
             lib.pn_link_flow(link, PRODUCER_CREDIT - credit)
+
+    def _top_up(self, link: Any, producer: ProducerLink | None = None) -> None:
+        credit = lib.pn_link_credit(link)
+        if credit < PRODUCER_LOW_CREDIT and (
+            producer is None or self.broker.producer_may_send(producer.target)
+        ):
+            lib.pn_link_flow(link, PRODUCER_CREDIT - credit)
+
+    # -- transactions (B-140…B-144, protocol/transactions.py) ---------------------------
+    def _on_control(self, delivery: Delivery, raw: bytes) -> None:
+        try:
+            kind, fields = control_request(raw)
+            if kind == "declare":
+                new_id = b"txn:%d" % next(self._txn_ids)
+                self.transactions[new_id] = Transaction(new_id)
+                answer_declared(delivery, new_id)
+                return
+            named = as_txn_id(fields[0]) if fields else None
+            txn = self.transactions.pop(named, None) if named is not None else None
+            if txn is None:
+                raise ControlError(UNKNOWN_ID, f"unknown transaction {named!r}")
+            if len(fields) > 1 and fields[1]:
+                self._rollback(txn, forced=False)
+                delivery.update(Delivery.ACCEPTED)
+                delivery.settle()
+            else:
+                self._commit(txn, delivery)
+        except ControlError as e:
+            answer_rejected(delivery, e.condition, str(e))
+
+    def _transactional_send(self, delivery: Delivery, producer: ProducerLink, raw: bytes) -> None:
+        """B-141: kept until commit; answered transactional-state(accepted) now."""
+        txn_id = txn_id_of(delivery)
+        txn = self.transactions.get(txn_id) if txn_id is not None else None
+        if txn is None:
+            answer_rejected(delivery, UNKNOWN_ID, f"unknown transaction {txn_id!r}")
+            return
+        try:
+            sections.scan(raw)  # a malformed message is refused now, not at commit
+        except sections.SectionError as e:
+            answer_rejected(delivery, "amqp:decode-error", str(e))
+            return
+        txn.sends.append(functools.partial(self._publish, producer, raw))
+        answer_transactional_accepted(delivery, txn.id)
+
+    def _commit(self, txn: Transaction, discharge: Delivery) -> None:
+        """Route the kept sends and acknowledge the accepted deliveries, in one step."""
+        store = self.broker.persistence
+        stored_before = store.messages_added if store is not None else 0
+        errors = []
+        for route in txn.sends:
+            try:
+                route()
+            except (ClientError, sections.SectionError) as e:
+                errors.append(str(e))
+        for consumer, delivery_id, wire in txn.acks:
+            self.broker.settle(consumer, delivery_id, ACCEPTED)
+            if wire is not None:
+                wire.update(Delivery.ACCEPTED)
+                wire.settle()
+        if errors:
+            answer_rejected(discharge, "amqp:transaction:rollback", "; ".join(errors)[:512])
+        elif store is not None and store.sync and store.messages_added != stored_before:
+            store.when_stored(functools.partial(self._stored, discharge))
+        else:
+            discharge.update(Delivery.ACCEPTED)
+            discharge.settle()
+
+    def _rollback(self, txn: Transaction, *, forced: bool) -> None:
+        """Drop the kept sends; B-142 for unsettled accepts, B-143 for the rest."""
+        for consumer, delivery_id, wire in txn.acks:
+            if wire is not None and not forced:
+                self.broker.hold(consumer, delivery_id)
+            else:
+                self.broker.rollback_delivery(consumer, delivery_id)
+
+    def _transactional_outcome(self, delivery: Delivery, consumer: ConsumerLink) -> None:
+        txn_id = txn_id_of(delivery)
+        txn = self.transactions.get(txn_id) if txn_id is not None else None
+        delivery_id = DeliveryId(int(delivery.tag))
+        if txn is None:
+            log.info(
+                "connection %s: disposition in unknown transaction %r ignored", self.id, txn_id
+            )
+        elif is_accepted(delivery):
+            txn.acks.append((consumer.id, delivery_id, None if delivery.settled else delivery))
+        else:  # decision: only acceptance waits for the discharge
+            outcome = outcome_of(delivery)
+            if outcome is not None:
+                self.broker.settle(consumer.id, delivery_id, outcome)
+        if delivery.settled:
+            delivery.settle()
 
     def resume_producers(self, address: str) -> bool:
         """Top up credit of producer links to an address that has room again (B-151)."""
@@ -628,6 +796,20 @@ class AmqpConnection:
                     lib.pn_link_flow(impl, PRODUCER_CREDIT - credit)
                     resumed = True
         return resumed
+
+    def _settle_stored(self, deliveries: list[Any], error: BaseException | None) -> None:
+        """The journal answered for this step's durable sends (C API: the hot path)."""
+        closed = self.closed
+        for delivery in deliveries:
+            if not closed:
+                if error is None:
+                    lib.pn_delivery_update(delivery, _PN_ACCEPTED)
+                    lib.pn_delivery_settle(delivery)
+                else:
+                    self._stored(Delivery.wrap(delivery), error)
+            lib.pn_decref(delivery)
+        if not closed:
+            self.shell.dirty.add(self)
 
     def _stored(self, delivery: Delivery, error: BaseException | None) -> None:
         """The journal answered for a durable send: accept it, or refuse it (disk full)."""
@@ -691,6 +873,9 @@ class AmqpConnection:
 
     def _on_disposition(self, delivery: Any, link: Any) -> None:
         consumer = self.consumers.get(link)
+        if consumer is not None and lib.pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+            self._transactional_outcome(Delivery.wrap(delivery), consumer)
+            return
         outcome = _outcome(delivery) if consumer is not None else None
         if self.reject_as_modified and isinstance(outcome, Rejected):
             outcome = FAILED  # B-047: rejected behaves exactly like modified{df=true}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proton import Data, Delivery, Message, Terminus, symbol
+from proton import Data, Delivery, Message, Terminus, Timeout, symbol
 from proton.reactor import Filter, LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender
 
@@ -98,3 +98,28 @@ def reject_with(receiver: BlockingReceiver, condition: str, description: str) ->
     delivery = receiver.fetcher.unsettled[0]
     delivery.local.condition = Condition(condition, description)
     receiver.settle(Delivery.REJECTED)
+
+
+def drain(
+    url: str, address: str, *, first_timeout: float = 2, credit: int = 100
+) -> list[tuple[Any, int]]:
+    """Accept everything an anycast queue holds: (body, delivery-count) in order.
+
+    Waits `first_timeout` for the first message, then stops after 0.5 s of silence.
+    """
+    conn = connect(url)
+    got = []
+    timeout = first_timeout
+    try:
+        receiver = conn.create_receiver(address, credit=credit, options=Capabilities("queue"))
+        while True:
+            try:
+                message = receiver.receive(timeout=timeout)
+            except Timeout:
+                break
+            got.append((message.body, message.delivery_count))
+            receiver.accept()
+            timeout = 0.5
+    finally:
+        conn.close()
+    return got

@@ -54,6 +54,7 @@ class Harness:
             application_properties=kw.pop("props", {}),
             ttl_ms=kw.pop("ttl_ms", None),
             expiration_ms=kw.pop("expiration_ms", 0),
+            durable=kw.pop("durable", False),
             annotations={},
             properties={},
         )

@@ -71,10 +71,12 @@ def start_broker(
     timeout: float = 20,
     args: tuple[str, ...] = (),
     log_level: str = "debug",
+    python: tuple[str, ...] = ("-m", "amqpbroker"),
 ) -> BrokerProcess:
     """Start `amqpbroker run` with BASE_CONFIG + `extra_config`; wait for ports.json.
 
     Starting again in the same `directory` reuses its data dir (restart tests).
+    `python` replaces `-m amqpbroker`, e.g. with `-c CODE` that injects a fault first.
     """
     config = write_config(directory, extra_config)
     data_dir = directory / "data"
@@ -85,8 +87,7 @@ def start_broker(
         proc = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "amqpbroker",
+                *python,
                 "run",
                 "--config",
                 str(config),

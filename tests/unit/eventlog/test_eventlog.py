@@ -1,43 +1,49 @@
 """The lifecycle event-log writer (B-170, B-171): fields, order, seq, drops, levels,
 rotation, `.part` files, props and body hash, errors.
 
-The writer thread is real; waits are bounded (`threading.Event`, `join`, `wait_until`).
+The writer process is real; waits are bounded (`wait_until`, `wait`). A stuck writer is
+a stopped one (SIGSTOP); a full disk is a file-size limit the writer process inherits.
 """
 
 from __future__ import annotations
 
-import errno
 import hashlib
-import io
 import json
-import threading
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
 import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import pytest
 from proton import Message as ProtonMessage
+from proton import ulong
+from support.core_harness import Harness
 from support.waiting import wait_until
 
+from amqpbroker import eventlog_child
 from amqpbroker.config import EventLogConfig
-from amqpbroker.core import FAILURE_EVENTS, LifecycleEvent, Message
-from amqpbroker.core.lifecycle import EVENT_FIELDS, EVENT_TYPES
-from amqpbroker.eventlog import EventLogWriter
+from amqpbroker.core import FAILURE_EVENTS, LifecycleEvent, RawEvent
+from amqpbroker.core.lifecycle import EVENT_FIELDS, EVENT_TYPES, Emitter
+from amqpbroker.eventlog import HEAD_BYTES, EventLogWriter
 from amqpbroker.protocol import sections
 
 
-def event(kind: str = "acked", **kw: Any) -> LifecycleEvent:
+def event(kind: str = "acked", **kw: Any) -> RawEvent:
     fields: dict[str, Any] = {"ts": 1, "event": kind, "msg_id": 7, "address": "a"}
     fields.update(kw)
-    return LifecycleEvent(**fields)
-
-
-def body_section(data: bytes) -> bytes:
-    return data[sections.scan(data).body_start :]
+    return LifecycleEvent(**fields).raw()
 
 
 class FakeClock:
-    """Epoch ms that a test sets; the writer reads it from its own thread."""
+    """Epoch ms that a test sets; the writer sends it with every frame."""
 
     def __init__(self, now: int = 0) -> None:
         self.now = now
@@ -47,15 +53,14 @@ class FakeClock:
 
 
 def writer(
-    directory: Path, *, clock: FakeClock | None = None, queue_batches: int = 1024, **config: Any
+    directory: Path, *, clock: FakeClock | None = None, queue_events: int = 1024, **config: Any
 ) -> EventLogWriter:
     return EventLogWriter(
         directory,
         broker_name="b1",
         config=EventLogConfig(**config),
-        body_section=body_section,
         clock_ms=clock or FakeClock(1_700_000_000_000),
-        queue_batches=queue_batches,
+        queue_events=queue_events,
     )
 
 
@@ -72,6 +77,22 @@ def line_count(path: Path) -> int:
 
 def encoded(**kw: Any) -> bytes:
     return sections.scan(bytes(ProtonMessage(**kw).encode())).data
+
+
+def process(w: EventLogWriter) -> subprocess.Popen[bytes]:
+    assert w._process is not None
+    return w._process
+
+
+@contextmanager
+def stopped(w: EventLogWriter) -> Iterator[None]:
+    """The writer process stopped (a writer stuck on a hung file system), then resumed."""
+    pid = process(w).pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
 
 
 # -- B-170 record ------------------------------------------------------------------------
@@ -171,12 +192,12 @@ def test_seq_starts_at_one_and_increases_in_submit_order(tmp_path: Path) -> None
 def test_full_queue_drops_and_counts_and_seq_gap_shows_it(tmp_path: Path) -> None:
     """B-170: when the hand-off is full the events are dropped and counted; their seq
     numbers are skipped, so the gap is visible. (The writer is not started yet.)"""
-    w = writer(tmp_path, queue_batches=1)
+    w = writer(tmp_path, queue_events=1)
     w.submit([event()])
-    w.submit([event(), event()])  # the queue holds one batch: dropped
+    w.submit([event(), event()])  # the hand-off holds one event: dropped
     assert w.dropped_total == 2
     w.start()
-    wait_until(lambda: w.written_total == 1, message="the queue drained")
+    wait_until(lambda: w.written_total == 1, message="the hand-off drained")
     w.submit([event()])
     w.close()
     w.submit([event()])  # after close: dropped, still numbered
@@ -185,34 +206,20 @@ def test_full_queue_drops_and_counts_and_seq_gap_shows_it(tmp_path: Path) -> Non
 
 
 def test_busy_writer_never_blocks_submit_and_the_gap_shows(tmp_path: Path) -> None:
-    """B-170: the broker never blocks on the log; a writer stuck on one batch makes later
-    batches drop once the queue is full."""
-    entered, release = threading.Event(), threading.Event()
-
-    def slow_body(data: bytes) -> bytes:
-        entered.set()
-        assert release.wait(5)
-        return body_section(data)
-
-    message = Message(encoded(body=b"x"), reader=sections.READER)
-    w = EventLogWriter(
-        tmp_path,
-        broker_name="b1",
-        config=EventLogConfig(body_hash=True),
-        body_section=slow_body,
-        queue_batches=1,
-    )
+    """B-170: the broker never blocks on the log; a stuck writer makes later batches drop
+    once the hand-off is full."""
+    data = encoded(body=b"x")
+    w = writer(tmp_path, queue_events=2, body_hash=True)
     w.start()
-    w.submit([event(message=message)])  # seq 1: the writer takes it and blocks
-    assert entered.wait(5)
-    started = time.monotonic()
-    w.submit([event(message=message)])  # seq 2: queued
-    w.submit([event(message=message), event(message=message)])  # seq 3, 4: dropped
-    assert time.monotonic() - started < 1
-    assert w.dropped_total == 2
-    release.set()
-    wait_until(lambda: w.written_total == 2, message="the queue drained")
-    w.submit([event(message=message)])  # seq 5
+    with stopped(w):
+        started = time.monotonic()
+        w.submit([event(data=data)])  # seq 1
+        w.submit([event(data=data)])  # seq 2
+        w.submit([event(data=data), event(data=data)])  # seq 3, 4: dropped
+        assert time.monotonic() - started < 1
+        assert w.dropped_total == 2
+    wait_until(lambda: w.written_total == 2, message="the hand-off drained")
+    w.submit([event(data=data)])  # seq 5
     w.close()
     assert [r["seq"] for r in records(tmp_path)] == [1, 2, 5]
     assert w.dropped_total == 2
@@ -301,17 +308,17 @@ def test_rotation_by_size_names_sort_in_write_order(tmp_path: Path) -> None:
 
 
 def test_rotation_by_age_when_the_next_event_arrives(tmp_path: Path) -> None:
-    """B-170: a file older than max-file-age (by the injected clock) is renamed before
-    the next event is written."""
+    """B-170: a file older than max-file-age (by the broker's clock, sent with the
+    events) is renamed before the next event is written."""
     clock = FakeClock(0)
-    w = writer(tmp_path, clock=clock, max_file_age=1000)
+    w = writer(tmp_path, clock=clock, max_file_age=60_000)
     w.start()
     w.submit([event()])
     wait_until(lambda: [line_count(p) for p in tmp_path.glob("*.part")] == [1])
-    clock.now = 999
+    clock.now = 59_999
     w.submit([event()])
     wait_until(lambda: [line_count(p) for p in tmp_path.glob("*.part")] == [2])
-    clock.now = 1000
+    clock.now = 60_000
     w.submit([event()])
     w.close()
     assert [line_count(f) for f in sorted(tmp_path.glob("*.jsonl"))] == [2, 1]
@@ -319,13 +326,11 @@ def test_rotation_by_age_when_the_next_event_arrives(tmp_path: Path) -> None:
 
 def test_rotation_by_age_while_no_events_arrive(tmp_path: Path) -> None:
     """B-170: an idle broker's last file still becomes `.jsonl` once it is max-file-age
-    old, without waiting for another event or shutdown."""
-    clock = FakeClock(0)
-    w = writer(tmp_path, clock=clock, max_file_age=50)
+    old, without waiting for another event or shutdown (measured by the writer)."""
+    w = writer(tmp_path, max_file_age=300)
     w.start()
     w.submit([event()])
     wait_until(lambda: [line_count(p) for p in tmp_path.glob("*.part")] == [1])
-    clock.now = 50
     [done] = wait_until(lambda: list(tmp_path.glob("*.jsonl")), message="the idle rotation")
     assert not list(tmp_path.glob("*.part"))
     assert line_count(done) == 1
@@ -339,14 +344,11 @@ def test_rotation_by_age_while_no_events_arrive(tmp_path: Path) -> None:
 def test_props_are_the_allow_listed_values_as_strings(tmp_path: Path) -> None:
     """B-170: props holds only the allow-listed application-properties that are present,
     as strings; amqp_message_id is the string form of properties.message-id."""
-    tagged = Message(
-        encoded(id="m-1", body=b"x", properties={"tenant": 42, "region": "eu", "pii": "x"}),
-        reader=sections.READER,
-    )
-    untagged = Message(encoded(body=b"y"), reader=sections.READER)
+    tagged = encoded(id="m-1", body=b"x", properties={"tenant": 42, "region": "eu", "pii": "x"})
+    untagged = encoded(body=b"y")
     w = writer(tmp_path, properties=("tenant", "region", "absent"))
     w.start()
-    w.submit([event(message=tagged), event(message=untagged), event()])
+    w.submit([event(msg_id=1, data=tagged), event(msg_id=2, data=untagged), event(msg_id=3)])
     w.close()
     first, second, third = records(tmp_path)
     assert first["props"] == {"tenant": "42", "region": "eu"}
@@ -359,10 +361,9 @@ def test_props_are_the_allow_listed_values_as_strings(tmp_path: Path) -> None:
 
 def test_props_and_body_hash_are_off_by_default(tmp_path: Path) -> None:
     """B-170: the allow-list is empty and body-hash false by default: both null."""
-    message = Message(encoded(body=b"x", properties={"a": 1}), reader=sections.READER)
     w = writer(tmp_path)
     w.start()
-    w.submit([event(message=message)])
+    w.submit([event(data=encoded(body=b"x", properties={"a": 1}))])
     w.close()
     [record] = records(tmp_path)
     assert (record["props"], record["body_hash"]) == (None, None)
@@ -378,12 +379,7 @@ def test_body_hash_is_sha256_prefix_of_the_encoded_body_sections(tmp_path: Path)
     assert body.endswith(b"secret")
     w = writer(tmp_path, body_hash=True)
     w.start()
-    w.submit(
-        [
-            event(message=Message(data, reader=sections.READER)),
-            event(message=Message(same_body, reader=sections.READER)),
-        ]
-    )
+    w.submit([event(msg_id=1, data=data), event(msg_id=2, data=same_body)])
     w.close()
     first, second = records(tmp_path)
     assert first["body_hash"] == hashlib.sha256(body).hexdigest()[:16]
@@ -391,30 +387,36 @@ def test_body_hash_is_sha256_prefix_of_the_encoded_body_sections(tmp_path: Path)
     assert b"secret".hex() not in json.dumps(first)
 
 
-def test_body_hash_needs_a_body_section_function(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="body_section"):
-        EventLogWriter(tmp_path, broker_name="b", config=EventLogConfig(body_hash=True))
+def test_a_long_message_hands_over_only_its_head_without_props_or_body_hash(
+    tmp_path: Path,
+) -> None:
+    """Cost: without props or body_hash an event carries only the head of the message
+    (where properties.message-id is); amqp_message_id and size are still right."""
+    data = encoded(id="big-1", body=b"x" * (2 * HEAD_BYTES))
+    plain = writer(tmp_path)
+    assert plain.data_limit == HEAD_BYTES
+    assert writer(tmp_path, properties=("a",)).data_limit > len(data)
+    assert writer(tmp_path, body_hash=True).data_limit > len(data)
+    emitter = Emitter()
+    emitter.data_limit = plain.data_limit
+    head = data[: emitter.data_limit]
+    plain.start()
+    plain.submit([event(data=head, size=len(data))])
+    plain.close()
+    [record] = records(tmp_path)
+    assert (record["amqp_message_id"], record["size"]) == ("big-1", len(data))
 
 
 def test_undecodable_message_still_gets_its_events(tmp_path: Path) -> None:
     """B-170: a message whose properties the decoder rejects is still logged, with
-    amqp_message_id and props null; the next message is unaffected."""
-
-    class BrokenReader:
-        def properties(self, data: bytes) -> dict[str, Any]:
-            raise sections.SectionError("bad map")
-
-        def application_properties(self, data: bytes) -> dict[str, Any]:
-            raise sections.SectionError("bad map")
-
-        def message_annotations(self, data: bytes) -> dict[str, Any]:
-            raise sections.SectionError("bad map")
-
-    broken = Message(encoded(body=b"x"), reader=BrokenReader())
-    fine = Message(encoded(id="ok", body=b"x", properties={"t": "a"}), reader=sections.READER)
+    amqp_message_id, props and body_hash null; the next message is unaffected."""
+    broken = bytes.fromhex("005373c00201ff") + encoded(body=b"x")  # properties: bad type
+    with pytest.raises(sections.SectionError):
+        sections.READER.properties(broken)
+    fine = encoded(id="ok", body=b"x", properties={"t": "a"})
     w = writer(tmp_path, properties=("t",), body_hash=True)
     w.start()
-    w.submit([event(message=broken), event(message=fine)])
+    w.submit([event(msg_id=1, data=broken, size=len(broken)), event(msg_id=2, data=fine)])
     w.close()
     first, second = records(tmp_path)
     assert (first["amqp_message_id"], first["props"], first["body_hash"]) == (None, None, None)
@@ -460,41 +462,27 @@ def test_directory_removed_after_start_counts_drops(tmp_path: Path) -> None:
 
 def test_failed_write_leaves_a_part_file_never_a_torn_jsonl(tmp_path: Path) -> None:
     """B-170: a reader never sees a half-written `.jsonl`: when a write fails part-way
-    (a full disk), the file keeps its `.part` name; the batch is counted as dropped."""
-
-    class FullDisk(io.StringIO):
-        def __init__(self, real: IO[str]) -> None:
-            super().__init__()
-            self.real = real
-            self.writes = 0
-
-        def write(self, text: str) -> int:
-            self.writes += 1
-            if self.writes == 2:
-                self.real.write(text[: len(text) // 2 + 10])  # 1.x lines of 2
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return self.real.write(text)
-
-        def flush(self) -> None:
-            self.real.flush()
-
-        def close(self) -> None:
-            self.real.close()
-            super().close()
-
-    class Writer(EventLogWriter):
-        def _open(self, now_ms: int) -> None:
-            super()._open(now_ms)
-            assert self._file is not None
-            self._file = FullDisk(self._file)
-
-    w = Writer(tmp_path, broker_name="b1", config=EventLogConfig())
-    w.start()
+    (a full disk: here the file-size limit the writer process inherits), the file keeps
+    its `.part` name; the batch is counted as dropped."""
+    probe = writer(tmp_path / "probe")
+    probe.start()
+    probe.submit([event()])
+    probe.close()
+    [line] = (tmp_path / "probe").glob("*.jsonl")
+    size = len(line.read_bytes())  # every line below has this length (same digits)
+    directory = tmp_path / "events"
+    w = writer(directory)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2 * size + 10, hard))
+    try:
+        w.start()  # the writer process inherits the limit
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     w.submit([event()])
     w.submit([event(), event()])
     w.close()
-    assert not list(tmp_path.glob("*.jsonl"))
-    [part] = tmp_path.glob("*.jsonl.part")
+    assert not list(directory.glob("*.jsonl"))
+    [part] = directory.glob("*.jsonl.part")
     content = part.read_text()
     assert content.count("\n") == 2  # batch 1, half of batch 2: a torn last line
     assert not content.endswith("\n")
@@ -514,32 +502,197 @@ def test_writer_survives_a_batch_it_cannot_format(tmp_path: Path) -> None:
 
 
 def test_close_gives_up_on_a_stuck_writer_within_its_timeout(tmp_path: Path) -> None:
-    """close(timeout) returns even if the writer is stuck (a hung file system) and the
-    queue is full; the writer finishes on its own, and only then renames its file."""
-    entered, release = threading.Event(), threading.Event()
-
-    def stuck_body(data: bytes) -> bytes:
-        entered.set()
-        assert release.wait(5)
-        return body_section(data)
-
-    message = Message(encoded(body=b"x"), reader=sections.READER)
-    w = EventLogWriter(
-        tmp_path,
-        broker_name="b1",
-        config=EventLogConfig(body_hash=True),
-        body_section=stuck_body,
-        queue_batches=1,
-    )
+    """close(timeout) returns even if the writer is stuck (a hung file system); the
+    writer finishes on its own, and only then renames its file."""
+    w = writer(tmp_path)
     w.start()
-    w.submit([event(message=message)])  # the writer takes it and sticks
-    assert entered.wait(5)
-    w.submit([event()])  # fills the queue: close() cannot even queue its stop marker
-    started = time.monotonic()
-    w.close(timeout=0.05)
-    assert time.monotonic() - started < 2
-    assert not list(tmp_path.glob("*.jsonl"))
-    release.set()
-    w._thread.join(5)
-    assert not w._thread.is_alive()
+    with stopped(w):
+        w.submit([event()])
+        w.submit([event()])
+        started = time.monotonic()
+        w.close(timeout=0.05)
+        assert time.monotonic() - started < 2
+        assert not list(tmp_path.glob("*.jsonl"))
+    assert process(w).wait(5) == 0
     assert [r["seq"] for r in records(tmp_path)] == [1, 2]
+
+
+# -- the hand-off to the writer process ------------------------------------------------------
+
+
+class ManualTimer:
+    """`schedule(seconds, callback)` that fires only when the test says so."""
+
+    def __init__(self) -> None:
+        self.callbacks: list[Callable[[], None]] = []
+
+    def __call__(self, seconds: float, callback: Callable[[], None]) -> None:
+        self.callbacks.append(callback)
+
+    def fire(self) -> None:
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+def test_events_collect_until_the_timer_and_close_writes_the_rest(tmp_path: Path) -> None:
+    """With a loop timer, submits collect into one frame that goes out when the timer
+    fires; close() sends what is still collected: a clean stop loses nothing."""
+    timer = ManualTimer()
+    w = writer(tmp_path)
+    w.start(schedule=timer)
+    w.submit([event("sent")])
+    w.submit([event("enqueued")])
+    assert len(timer.callbacks) == 1  # one timer for the frame being collected
+    timer.fire()
+    wait_until(lambda: w.written_total == 2, message="the first frame")
+    w.submit([event("dispatched"), event("acked")])
+    w.close()  # the timer never fired for these
+    timer.fire()  # a late timer after close does nothing
+    assert [(r["seq"], r["event"]) for r in records(tmp_path)] == [
+        (1, "sent"),
+        (2, "enqueued"),
+        (3, "dispatched"),
+        (4, "acked"),
+    ]
+    assert w.dropped_total == 0
+
+
+def test_values_of_str_and_int_subclasses_are_written_as_plain_values(tmp_path: Path) -> None:
+    """AMQP symbols and typed ints (str/int subclasses, which marshal refuses) in an
+    event are written as the plain string or number."""
+    w = writer(tmp_path)
+    w.start()
+    w.submit(
+        [
+            event(
+                "dead-lettered",
+                error_condition=sections.Symbol("app:poison"),
+                delivery_count=sections.UInt(3),
+            )
+        ]
+    )
+    w.close()
+    [record] = records(tmp_path)
+    assert (record["error_condition"], record["delivery_count"]) == ("app:poison", 3)
+
+
+def test_a_dead_writer_process_costs_events_never_the_broker(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """B-170: if the writer process dies, submit never raises; what it had not written
+    and everything later is counted as dropped, and the death is logged."""
+    w = writer(tmp_path)
+    w.start()
+    w.submit([event()])
+    wait_until(lambda: w.written_total == 1, message="the first event")
+    process(w).kill()
+    process(w).wait(5)
+    for _ in range(3):
+        w.submit([event()])
+    w.close()
+    assert w.dropped_total == 3
+    assert "writer process" in caplog.text
+
+
+def test_the_writer_process_finishes_the_log_when_the_broker_dies(tmp_path: Path) -> None:
+    """B-170: a broker killed without close(): the writer process sees end of input,
+    writes what reached it and renames its file, so nothing is left `.part`."""
+    script = textwrap.dedent(
+        f"""
+        import os
+        from pathlib import Path
+        from amqpbroker.config import EventLogConfig
+        from amqpbroker.core import LifecycleEvent
+        from amqpbroker.eventlog import EventLogWriter
+        w = EventLogWriter(Path({str(tmp_path)!r}), broker_name="b1", config=EventLogConfig())
+        w.start()
+        w.submit([LifecycleEvent(ts=1, event="sent", msg_id=1, address="a").raw()])
+        print(w._process.pid, flush=True)
+        os._exit(0)  # no close(): as if the broker were killed
+        """
+    )
+    broker = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
+    )
+    pid = int(broker.stdout)
+    [done] = wait_until(lambda: list(tmp_path.glob("*.jsonl")), message="the renamed file")
+    wait_until(lambda: not Path(f"/proc/{pid}").exists(), message="the writer's exit")
+    assert [r["event"] for r in records(tmp_path)] == ["sent"]
+    assert not list(tmp_path.glob("*.part"))
+    assert done.exists()
+
+
+def test_readable_events_round_trip_through_the_recorded_tuple() -> None:
+    """`LifecycleEvent` is the readable form of what the core records (`RawEvent`)."""
+    full = LifecycleEvent(
+        ts=5,
+        event="dead-lettered",
+        msg_id=1,
+        address="orders",
+        queue="orders",
+        routing_type="ANYCAST",
+        durable=True,
+        size=9,
+        delivery_count=2,
+        connection="app",
+        link="w",
+        txn="0a",
+        reason="rejected",
+        target_address="DLA",
+        target_queues=("DLQ.orders",),
+        copy_msg_id=2,
+        delay_ms=0,
+        first_ts=4,
+        error_condition="app:x",
+        error_description="why",
+        amqp_message_id="m",
+        data=b"\x00",
+    )
+    bare = LifecycleEvent(ts=5, event="acked", msg_id=1, address="orders")
+    assert LifecycleEvent.of(full.raw()) == full
+    assert LifecycleEvent.of(bare.raw()) == bare
+    assert bare.raw()[-1] is None  # no rare fields: no extra tuple
+    emitter = Emitter()
+    emitter.events.append(full.raw())
+    assert emitter.take() == [full]
+    assert emitter.take_raw() == []
+
+
+@pytest.mark.parametrize(
+    "message_id",
+    ["order-1", "é" * 3, "x" * 300, uuid.UUID(int=7), ulong(5), 5, b"bin", None],
+    ids=["str8", "utf8", "str32", "uuid", "ulong", "int", "binary", "none"],
+)
+@pytest.mark.parametrize("annotated", [False, True], ids=["plain", "annotated"])
+def test_amqp_message_id_is_the_string_form_of_any_message_id(
+    tmp_path: Path, message_id: object, annotated: bool
+) -> None:
+    """B-170: amqp_message_id is str(properties.message-id) as the section decoder gives
+    it, whatever its AMQP type and whatever sections come before the properties."""
+    annotations = {"x-opt-a": "b" * 300} if annotated else None
+    data = encoded(id=message_id, body=b"x", durable=True, annotations=annotations)
+    value = sections.READER.properties(data).get("message-id")
+    w = writer(tmp_path)
+    w.start()
+    w.submit([event(data=data)])
+    w.close()
+    [record] = records(tmp_path)
+    assert record["amqp_message_id"] == (None if value is None else str(value))
+
+
+def test_the_writer_process_writes_the_b170_fields() -> None:
+    """The writer process keeps its own copy of the field list (it starts without the
+    core): it must be the B-170 list."""
+    assert eventlog_child.FIELDS == EVENT_FIELDS
+
+
+def test_queue_events_read_the_fast_clock_when_the_server_sets_it() -> None:
+    """With the system clock the server hands the emitter `time.time_ns` (cheaper per
+    event); queue events then carry the same epoch ms as the broker's clock would."""
+    h = Harness()
+    h.broker.emitter.clock_ns = lambda: 1_700_000_000_123_999_999
+    h.send(h.producer("q", "queue"))
+    sent, enqueued = h.broker.emitter.take()
+    assert enqueued.ts == 1_700_000_000_123
+    assert sent.ts == h.clock.now_ms()  # publish's own reading of the broker's clock

@@ -1,0 +1,71 @@
+"""Disk full (issue 5): the journal's fsync fails with ENOSPC in a real broker process.
+
+The broker runs under a small wrapper that makes `os.fdatasync` fail once a marker file
+exists: from then on a durable send is refused with amqp:resource-limit-exceeded, a
+non-durable one still flows, consumers are still served, and what was settled before
+is still there after a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+from proton import Delivery, Message
+from proton.utils import SendException
+from support.client import Capabilities, connect, receive_bodies
+from support.process import start_broker
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+QUEUE = Capabilities("queue")
+CONFIG = "persistence:\n  enabled: true\n"
+INJECT = """
+import errno, os, runpy, sys
+marker = sys.argv.pop(1)
+real = os.fdatasync
+def failing(fd):
+    if os.path.exists(marker):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    real(fd)
+os.fdatasync = failing
+sys.argv[0] = "amqpbroker"
+runpy.run_module("amqpbroker", run_name="__main__")
+"""
+
+
+def test_disk_full_refuses_durable_sends_and_loses_nothing_settled(tmp_path: Path) -> None:
+    marker = tmp_path / "disk-full"
+    broker = start_broker(tmp_path, CONFIG, python=("-c", INJECT, str(marker)))
+    conn = connect(broker.url)
+    sender = conn.create_sender("full", options=QUEUE)
+    sender.send(Message(body="before", durable=True))  # accepted: on disk
+    marker.touch()
+    with pytest.raises(SendException) as refused:
+        sender.send(Message(body="after", durable=True))
+    assert refused.value.state == Delivery.REJECTED
+    sender.send(Message(body="volatile"))  # non-durable: no disk needed
+    with pytest.raises(SendException):
+        sender.send(Message(body="still refused", durable=True))
+    receiver = conn.create_receiver("full", credit=10, options=QUEUE)
+    assert receive_bodies(receiver, 2) == ["before", "volatile"]  # consumers are served
+    conn.close()
+    assert "journal failed" in broker.log()
+    assert "No space left on device" in broker.log()
+    broker.kill()
+    marker.unlink()
+    broker = start_broker(tmp_path, CONFIG)
+    try:
+        conn = connect(broker.url)
+        receiver = conn.create_receiver("full", credit=10, options=QUEUE)
+        # "before" was accepted by the consumer above, but its ack may not have reached a
+        # failed journal: at-least-once allows it back; nothing refused comes back.
+        with contextlib.suppress(Exception):
+            while True:
+                body = receiver.receive(timeout=1).body
+                receiver.accept()
+                assert body == "before"
+        conn.close()
+    finally:
+        assert broker.stop() == 0, broker.log()

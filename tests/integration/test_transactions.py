@@ -1,0 +1,229 @@
+"""AMQP transactions with proton's client-side support (B-140…B-143, issue 5).
+
+Each scenario runs proton's event-driven Container: declare a transaction, send and/or
+accept under it, then commit, abort, or drop the connection without a discharge.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proton import Message
+from proton.handlers import MessagingHandler, TransactionHandler
+from proton.reactor import Container
+from proton.utils import BlockingConnection
+from support.client import Capabilities, connect, receive_bodies, send
+from support.process import BrokerProcess, start_broker
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+QUEUE = Capabilities("queue")
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    running = start_broker(
+        tmp_path_factory.mktemp("transactions"),
+        """
+        persistence:
+          enabled: true
+        address-settings:
+          "#":
+            max-delivery-attempts: 3
+            dead-letter-address: DLA
+            auto-create-dead-letter-resources: true
+        """,
+    )
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+class Scenario(MessagingHandler, TransactionHandler):  # type: ignore[misc]
+    """Declare, send `bodies` and accept `receive` messages under it, then `end` it."""
+
+    def __init__(
+        self,
+        url: str,
+        address: str,
+        *,
+        bodies: tuple[str, ...] = (),
+        receive: int = 0,
+        end: str = "commit",
+        settle_before_discharge: bool = False,
+    ) -> None:
+        super().__init__(prefetch=receive, auto_accept=False)
+        self.url, self.address, self.bodies = url, address, bodies
+        self.receive, self.end = receive, end
+        self.settle_before_discharge = settle_before_discharge
+        self.received: list[tuple[Any, int]] = []
+        self.outcome = ""
+        self.txn: Any = None
+
+    def on_start(self, event: Any) -> None:
+        self.conn = event.container.connect(self.url)
+        self.sender = event.container.create_sender(self.conn, self.address, options=QUEUE)
+        event.container.declare_transaction(
+            self.conn, handler=self, settle_before_discharge=self.settle_before_discharge
+        )
+
+    def on_transaction_declared(self, event: Any) -> None:
+        self.txn = event.transaction
+        if self.receive:  # only now: every message is accepted under the transaction
+            event.container.create_receiver(self.conn, self.address, options=QUEUE)
+        for body in self.bodies:
+            self.txn.send(self.sender, Message(body=body, durable=True))
+        if not self.receive:
+            self._end()
+
+    def on_message(self, event: Any) -> None:
+        self.received.append((event.message.body, event.message.delivery_count))
+        self.txn.accept(event.delivery)
+        if len(self.received) == self.receive:
+            self._end()
+
+    def on_accepted(self, event: Any) -> None:  # transactional sends, answered at once
+        pass
+
+    def _end(self) -> None:
+        if self.end == "commit":
+            self.txn.commit()
+        elif self.end == "abort":
+            self.txn.abort()
+        else:  # leave without a discharge: the broker must roll back (B-143)
+            self.outcome = "closed"
+            self.conn.close()
+
+    def on_transaction_committed(self, event: Any) -> None:
+        self.outcome = "committed"
+        self.conn.close()
+
+    def on_transaction_aborted(self, event: Any) -> None:
+        self.outcome = "aborted"
+        self.conn.close()
+
+    def on_transaction_commit_failed(self, event: Any) -> None:
+        self.outcome = "commit-failed"
+        self.conn.close()
+
+
+def run(scenario: Scenario) -> Scenario:
+    Container(scenario).run()
+    return scenario
+
+
+def _nothing_in(conn: BlockingConnection, address: str) -> bool:
+    receiver = conn.create_receiver(address, credit=10, options=QUEUE)
+    try:
+        receiver.receive(timeout=0.5)
+    except Exception:
+        return True
+    finally:
+        receiver.close()
+    return False
+
+
+def test_b141_sends_are_routed_on_commit(broker: BrokerProcess, conn: BlockingConnection) -> None:
+    done = run(Scenario(broker.url, "tx.commit", bodies=("a", "b")))
+    assert done.outcome == "committed"
+    receiver = conn.create_receiver("tx.commit", credit=10, options=QUEUE)
+    assert receive_bodies(receiver, 2) == ["a", "b"]
+
+
+def test_b141_sends_are_dropped_on_rollback(
+    broker: BrokerProcess, conn: BlockingConnection
+) -> None:
+    done = run(Scenario(broker.url, "tx.abort", bodies=("a",), end="abort"))
+    assert done.outcome == "aborted"
+    assert _nothing_in(conn, "tx.abort")
+
+
+def test_transactional_accept_is_an_acknowledgement_on_commit(
+    broker: BrokerProcess, conn: BlockingConnection
+) -> None:
+    send(conn, "tx.ack", "m", caps=("queue",))
+    done = run(Scenario(broker.url, "tx.ack", receive=1))
+    assert done.outcome == "committed"
+    assert done.received == [("m", 0)]
+    assert _nothing_in(conn, "tx.ack")
+
+
+@pytest.mark.parametrize("settle_before_discharge", [False, True])
+def test_rollback_redelivers_with_the_count_incremented(
+    broker: BrokerProcess, conn: BlockingConnection, settle_before_discharge: bool
+) -> None:
+    """Seed 000's first case: rolled back, the message comes again with d+1 (B-142:
+    unsettled, held then released by proton's client; B-143: settled, returned)."""
+    address = f"tx.rollback.{settle_before_discharge}"
+    send(conn, address, "m", caps=("queue",))
+    done = run(
+        Scenario(
+            broker.url,
+            address,
+            receive=1,
+            end="abort",
+            settle_before_discharge=settle_before_discharge,
+        )
+    )
+    assert done.outcome == "aborted"
+    receiver = conn.create_receiver(address, credit=1, options=QUEUE)
+    again = receiver.receive(timeout=5)
+    receiver.accept()
+    assert (again.body, again.delivery_count) == ("m", 1)
+
+
+def test_b143_a_connection_closed_mid_transaction_rolls_back(
+    broker: BrokerProcess, conn: BlockingConnection
+) -> None:
+    send(conn, "tx.lost", "m", caps=("queue",))
+    done = run(Scenario(broker.url, "tx.lost", bodies=("never",), receive=1, end="close"))
+    assert done.received == [("m", 0)]
+    receiver = conn.create_receiver("tx.lost", credit=10, options=QUEUE)
+    again = receiver.receive(timeout=5)
+    receiver.accept()
+    receiver.close()
+    assert (again.body, again.delivery_count) == ("m", 1)  # the attempt counted
+    assert _nothing_in(conn, "tx.lost")  # the transactional send was dropped
+
+
+def test_an_unknown_transaction_is_rejected_and_the_connection_stays(
+    broker: BrokerProcess,
+) -> None:
+    """B-140 decision: a transfer naming an unknown txn-id gets `rejected` with
+    amqp:transaction:unknown-id; the connection stays open."""
+    from proton import Delivery
+
+    blocking = connect(broker.url)
+    try:
+        sender = blocking.create_sender("tx.unknown", options=QUEUE)
+        delivery = sender.link.delivery(b"t1")
+        sender.link.send(Message(body="x").encode())
+        delivery.local.data = [b"no-such-txn"]
+        delivery.update(0x34)
+        sender.link.advance()
+        blocking.wait(lambda: delivery.remote_state != 0, msg="an answer")
+        assert delivery.remote_state == Delivery.REJECTED
+        assert delivery.remote.condition.name == "amqp:transaction:unknown-id"
+        sender.close()
+        send(blocking, "tx.unknown", "still-open", caps=("queue",))
+    finally:
+        blocking.close()
+
+
+def test_committed_transactional_sends_survive_a_crash(tmp_path: Path) -> None:
+    """A commit's durable sends are one journal append, answered after it is on disk."""
+    config = "persistence:\n  enabled: true\n"
+    broker = start_broker(tmp_path, config)
+    done = run(Scenario(broker.url, "tx.durable", bodies=("x", "y")))
+    assert done.outcome == "committed"
+    broker.kill()
+    broker = start_broker(tmp_path, config)
+    try:
+        conn = connect(broker.url)
+        receiver = conn.create_receiver("tx.durable", credit=10, options=QUEUE)
+        assert receive_bodies(receiver, 2) == ["x", "y"]
+        conn.close()
+    finally:
+        assert broker.stop() == 0, broker.log()

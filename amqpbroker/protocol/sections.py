@@ -109,6 +109,9 @@ class _TypedInt(int):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({int.__repr__(self)})"
 
+    def __str__(self) -> str:  # the number, e.g. an event's amqp_message_id "5"
+        return int.__repr__(self)
+
 
 class UByte(_TypedInt):
     """AMQP ubyte (0..255)."""

@@ -1,0 +1,104 @@
+"""Compaction: event-log JSON lines -> Parquet partitioned by date, incrementally.
+
+A Structured Streaming file source with `trigger(availableNow=True)` and a checkpoint
+under `--out` reads every `*.jsonl` file it has not read before, in one batch, then
+stops: a second run over the same directory reads only the files the broker has rotated
+since. `.part` files are never read (B-170: they are still being written). The sink's
+`_spark_metadata` log lists only committed files, so a run killed halfway leaves the
+store readable and the next run redoes the batch.
+
+Malformed lines never stop the job: the JSON reader runs PERMISSIVE with a corrupt-record
+column, and such rows are stored with their text so they can be counted (and inspected)
+later; every table reads `valid_events()` only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from amqpbroker.analytics.schema import CORRUPT_RECORD, RAW_SCHEMA
+
+# Columns with (nearly) one value per row: Parquet dictionary encoding only costs there
+# (measured: it doubles the write time of 1M events and makes the files bigger).
+_NO_DICTIONARY = ("ts", "seq", "msg_id", "first_ts", "copy_msg_id", "amqp_message_id", "body_hash")
+
+
+@dataclass(frozen=True)
+class Store:
+    """Where one `--out` keeps the compacted events and the stream's checkpoint."""
+
+    out: Path
+
+    @property
+    def events(self) -> Path:
+        return self.out / "events"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.out / "_checkpoint" / "compact"
+
+
+def compact(spark: SparkSession, events_dir: Path, store: Store) -> int:
+    """Append the lines of not-yet-read `*.jsonl` files to the store; return how many."""
+    source = (
+        spark.readStream.schema(RAW_SCHEMA)
+        .option("mode", "PERMISSIVE")
+        .option("columnNameOfCorruptRecord", CORRUPT_RECORD)
+        # The default (7 days, relative to the newest file) would silently skip an old
+        # file copied in later; the seen-files log is small next to the events.
+        .option("maxFileAge", "3650d")
+        .json(str(events_dir.resolve() / "*.jsonl"))
+    )
+    writer = (
+        source.withColumn("date", F.to_date(F.timestamp_millis("ts")))
+        .writeStream.format("parquet")
+        .option("path", str(store.events.resolve()))
+        .option("checkpointLocation", str(store.checkpoint.resolve()))
+        .partitionBy("date")
+        # zstd: measured as fast as snappy to write here and a third of the size.
+        .option("compression", "zstd")
+        .trigger(availableNow=True)
+    )
+    for column in _NO_DICTIONARY:
+        writer = writer.option(f"parquet.enable.dictionary#{column}", "false")
+    query = writer.start()
+    query.awaitTermination()
+    if query.exception() is not None:  # pragma: no cover - awaitTermination raises first
+        raise RuntimeError(str(query.exception()))
+    return sum(int(p.get("numInputRows", 0)) for p in query.recentProgress)
+
+
+def _valid() -> Column:
+    return (
+        F.col(CORRUPT_RECORD).isNull()
+        & F.col("ts").isNotNull()
+        & F.col("event").isNotNull()
+        & F.col("msg_id").isNotNull()
+    )
+
+
+def stored_events(spark: SparkSession, store: Store) -> DataFrame:
+    """Everything compacted so far, malformed lines included."""
+    return spark.read.parquet(str(store.events.resolve()))
+
+
+def valid_events(stored: DataFrame) -> DataFrame:
+    """The events the tables read: parsed, with the fields every event has (B-170)."""
+    return stored.where(_valid()).drop(CORRUPT_RECORD)
+
+
+def overview(stored: DataFrame) -> tuple[int, int, int | None, int | None]:
+    """(valid events, malformed lines, first ts, last ts) in one scan."""
+    valid = _valid()
+    row = stored.agg(
+        F.sum(F.when(valid, 1).otherwise(0)).alias("events"),
+        F.sum(F.when(valid, 0).otherwise(1)).alias("malformed"),
+        F.min(F.when(valid, F.col("ts"))).alias("first_ts"),
+        F.max(F.when(valid, F.col("ts"))).alias("last_ts"),
+    ).first()
+    assert row is not None
+    return int(row["events"] or 0), int(row["malformed"] or 0), row["first_ts"], row["last_ts"]

@@ -1,0 +1,377 @@
+"""report.html, summary.json, redrive.jsonl and the terminal summary, from small results.
+
+Everything here works on plain Python values the job has already collected (per-queue
+and per-window aggregates, never events), so it has no Spark in it and the plots are
+inline SVG drawn here: the report is one self-contained file with no plotting library.
+"""
+
+from __future__ import annotations
+
+import datetime
+import html
+import json
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+QUEUE_KEYS = ("enqueued", "dispatched", "acked", "returned", "dead_lettered", "expired", "killed")
+
+
+@dataclass
+class Results:
+    """What the job collected for the report (lists of plain dicts, rows of the tables)."""
+
+    events: int
+    malformed_lines: int
+    first_ts: int | None
+    last_ts: int | None
+    new_lines: int
+    window_ms: int
+    queue_totals: list[dict[str, Any]]
+    queue_windows: list[dict[str, Any]]
+    outcomes: list[dict[str, Any]]
+    attempts: list[dict[str, Any]]
+    time_to_dead_letter: list[dict[str, Any]]
+    histogram: list[dict[str, Any]]
+    errors: list[dict[str, Any]]
+    poison: list[dict[str, Any]]
+    redrive_count: int
+    redrive_sample: list[dict[str, Any]] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def dead_lettered_by_reason(self) -> dict[str, int]:
+        totals: dict[str, int] = {}
+        for row in self.outcomes:
+            if row["event"] == "dead-lettered":
+                reason = row["reason"] or "unknown"
+                totals[reason] = totals.get(reason, 0) + int(row["events"])
+        return dict(sorted(totals.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def top_error_conditions(self, top: int = 10) -> list[list[Any]]:
+        totals: dict[str, int] = {}
+        for row in self.errors:
+            condition = row["error_condition"]
+            totals[condition] = totals.get(condition, 0) + int(row["failures"])
+        ranked = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))[:top]
+        return [[condition, count] for condition, count in ranked]
+
+
+def summary(results: Results) -> dict[str, Any]:
+    """summary.json, exactly the CONTRACT keys."""
+    return {
+        "events": results.events,
+        "malformed_lines": results.malformed_lines,
+        "first_ts": results.first_ts,
+        "last_ts": results.last_ts,
+        "queues": {
+            row["queue"]: {"address": row["address"], **{k: int(row[k]) for k in QUEUE_KEYS}}
+            for row in sorted(results.queue_totals, key=lambda r: r["queue"])
+        },
+        "dead_lettered_by_reason": results.dead_lettered_by_reason(),
+        "top_error_conditions": results.top_error_conditions(),
+        "poison_candidates": len(results.poison),
+        "redrive_candidates": results.redrive_count,
+    }
+
+
+def write_redrive(path: Path, rows: Iterable[dict[str, Any]]) -> int:
+    """redrive.jsonl: what `amqpbroker retry DLQ --ids FILE` reads (msg_id per line)."""
+    keys = ("msg_id", "queue", "original_address", "original_queue", "reason", "error_condition")
+    count = 0
+    with path.open("w", encoding="utf-8") as out:
+        for row in rows:
+            out.write(json.dumps({k: row[k] for k in keys}) + "\n")
+            count += 1
+    return count
+
+
+def _iso(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.UTC).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def terminal_summary(results: Results, out: Path) -> str:
+    """The one-screen summary printed at the end of a run."""
+    lines = [
+        f"amqpbroker analyze: {results.events:,} events "
+        f"({results.new_lines:,} new lines this run, {results.malformed_lines:,} malformed) "
+        f"from {_iso(results.first_ts)} to {_iso(results.last_ts)} in {results.seconds:.1f} s",
+        "",
+        f"{'QUEUE':<28} {'ENQUEUED':>10} {'ACKED':>10} {'RETURNED':>9} {'DLQ':>8} "
+        f"{'EXPIRED':>8} {'FAIL%':>6}",
+    ]
+    ranked = sorted(results.queue_totals, key=lambda r: (-int(r["failed"]), r["queue"]))
+    for row in ranked[:10]:
+        lines.append(
+            f"{row['queue'][:28]:<28} {row['enqueued']:>10,} {row['acked']:>10,} "
+            f"{row['returned']:>9,} {row['dead_lettered']:>8,} {row['expired']:>8,} "
+            f"{_pct(row['failure_rate']):>6}"
+        )
+    if len(ranked) > 10:
+        lines.append(f"... and {len(ranked) - 10} more queues (summary.json has all)")
+    reasons = ", ".join(f"{k} {v:,}" for k, v in results.dead_lettered_by_reason().items())
+    lines.append("")
+    lines.append(f"dead-lettered by reason: {reasons or 'none'}")
+    errors = ", ".join(f"{c} {n:,}" for c, n in results.top_error_conditions(3))
+    lines.append(f"top error conditions:    {errors or 'none'}")
+    lines.append(f"poison candidates:       {len(results.poison):,}")
+    lines.append(f"redrive candidates:      {results.redrive_count:,}")
+    lines.append("")
+    lines.append(f"report:  {out / 'report.html'}")
+    lines.append(f"redrive: {out / 'redrive.jsonl'}  (amqpbroker retry DLQ --ids FILE)")
+    return "\n".join(lines)
+
+
+# -- SVG plots -----------------------------------------------------------------------
+_W, _H = 760, 280
+_LEFT, _RIGHT, _TOP, _BOTTOM = 70, 40, 60, 30  # margins: tick labels, legend rows
+
+
+def _y(fraction: float) -> float:
+    return _H - _BOTTOM - (_H - _BOTTOM - _TOP) * fraction
+
+
+def _number(value: float) -> str:
+    if value >= 1e6:
+        return f"{value / 1e6:.3g}M"
+    if value >= 1e3:
+        return f"{value / 1e3:.3g}k"
+    return f"{value:.3g}"
+
+
+def _frame(
+    y_ticks: Sequence[tuple[float, str]],
+    y_label: str,
+    x_ticks: Sequence[tuple[float, str]],
+    legend: Sequence[tuple[str, str]],
+) -> list[str]:
+    """Axes, tick labels (y_ticks as fractions of the height), legend row on top."""
+    parts = [
+        f'<line x1="{_LEFT}" y1="{_y(0)}" x2="{_W - _RIGHT}" y2="{_y(0)}" stroke="#333"/>',
+        f'<line x1="{_LEFT}" y1="{_TOP}" x2="{_LEFT}" y2="{_y(0)}" stroke="#333"/>',
+        f'<text x="{_LEFT}" y="{_TOP - 8}" font-size="11">{html.escape(y_label)}</text>',
+    ]
+    for fraction, label in y_ticks:
+        y = _y(fraction)
+        parts.append(
+            f'<text x="{_LEFT - 6}" y="{y + 4:.1f}" font-size="10" text-anchor="end">'
+            f"{html.escape(label)}</text>"
+        )
+        parts.append(
+            f'<line x1="{_LEFT}" y1="{y:.1f}" x2="{_W - _RIGHT}" y2="{y:.1f}" stroke="#eee"/>'
+        )
+    for x, label in x_ticks:
+        parts.append(
+            f'<text x="{x:.1f}" y="{_H - _BOTTOM + 16}" font-size="10" text-anchor="middle">'
+            f"{html.escape(label)}</text>"
+        )
+    x, y = float(_LEFT), 6.0  # legend rows above the plot, wrapped at the right edge
+    for name, colour in legend:
+        width = 24 + 7 * len(name)
+        if x + width > _W - _RIGHT and x > _LEFT:
+            x, y = float(_LEFT), y + 16
+        parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="10" height="10" fill="{colour}"/>')
+        parts.append(
+            f'<text x="{x + 14:.1f}" y="{y + 9:.1f}" font-size="11">{html.escape(name)}</text>'
+        )
+        x += width
+    return parts
+
+
+def line_chart(series: dict[str, list[tuple[int, float]]], *, y_label: str) -> str:
+    """Lines over time (x: epoch ms), one colour per series, y from 0 to the maximum."""
+    points = [p for values in series.values() for p in values]
+    if not points:
+        return "<p>(no data)</p>"
+    x0 = min(x for x, _ in points)
+    x1 = max(max(x for x, _ in points), x0 + 1)
+    y_max = max(max(y for _, y in points), 1e-9)
+
+    def sx(x: int) -> float:
+        return _LEFT + (_W - _RIGHT - _LEFT) * (x - x0) / (x1 - x0)
+
+    x_ticks = [(sx(x0 + (x1 - x0) * i // 4), _iso(x0 + (x1 - x0) * i // 4)[5:16]) for i in range(5)]
+    y_ticks = [(i / 4, f"{y_max * i / 4:.2g}") for i in range(5)]
+    names = list(series)
+    legend = [(name, PALETTE[i % len(PALETTE)]) for i, name in enumerate(names)]
+    parts = _frame(y_ticks, y_label, x_ticks, legend)
+    for name, colour in legend:
+        path = " ".join(f"{sx(x):.1f},{_y(y / y_max):.1f}" for x, y in sorted(series[name]))
+        parts.append(
+            f'<polyline fill="none" stroke="{colour}" stroke-width="1.5" points="{path}"/>'
+        )
+    return _svg(parts)
+
+
+def bar_chart(bars: list[tuple[str, dict[str, float]]], *, y_label: str) -> str:
+    """Grouped bars on a log scale (one group per label, one bar per key), so a few
+    dead letters stay visible next to a million acks."""
+    if not bars:
+        return "<p>(no data)</p>"
+    keys = sorted({k for _, values in bars for k in values})
+    top = max(max(values.values(), default=0) for _, values in bars)
+    decades = max(1, math.ceil(math.log10(max(top, 1) + 1)))
+
+    def height(value: float) -> float:
+        return math.log10(1 + value) / decades
+
+    slot = (_W - _RIGHT - _LEFT) / len(bars)
+    width = max(slot * 0.8 / len(keys), 1)
+    step = max(1, len(bars) // 16)
+    x_ticks = [
+        (_LEFT + slot * (i + 0.5), label) for i, (label, _) in enumerate(bars) if i % step == 0
+    ]
+    y_ticks = [(d / decades, _number(10**d)) for d in range(decades + 1)]
+    legend = [(key, PALETTE[k % len(PALETTE)]) for k, key in enumerate(keys)]
+    parts = _frame(y_ticks, y_label + " (log scale)", x_ticks, legend)
+    for i, (_, values) in enumerate(bars):
+        left = _LEFT + slot * i + slot * 0.1
+        for k, (key, colour) in enumerate(legend):
+            value = values.get(key, 0)
+            if value <= 0:
+                continue
+            y = _y(height(value))
+            parts.append(
+                f'<rect x="{left + width * k:.1f}" y="{y:.1f}" width="{width:.1f}" '
+                f'height="{_y(0) - y:.1f}" fill="{colour}"><title>{html.escape(key)}: '
+                f"{value:,.0f}</title></rect>"
+            )
+    return _svg(parts)
+
+
+def _svg(parts: list[str]) -> str:
+    body = "\n".join(parts)
+    return (
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" '
+        f'viewBox="0 0 {_W} {_H}" role="img" font-family="sans-serif">\n{body}\n</svg>'
+    )
+
+
+def _table(rows: list[dict[str, Any]], columns: Sequence[str], limit: int = 50) -> str:
+    if not rows:
+        return "<p>(none)</p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = []
+    for row in rows[:limit]:
+        cells = []
+        for c in columns:
+            value = row.get(c)
+            if isinstance(value, float):
+                text = f"{value:.4g}"
+            elif isinstance(value, list):
+                text = ", ".join(str(v) for v in value)
+            else:
+                text = "" if value is None else str(value)
+            cells.append(f"<td>{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    more = (
+        f"<p>{len(rows) - limit} more rows in the Parquet table.</p>" if len(rows) > limit else ""
+    )
+    return f"<table><tr>{head}</tr>{''.join(body)}</table>{more}"
+
+
+def failure_rate_series(results: Results, *, queues: int = 8) -> dict[str, list[tuple[int, float]]]:
+    """Failure rate per window for the queues with the most failures."""
+    worst = sorted(
+        (r for r in results.queue_totals if int(r["failed"]) > 0),
+        key=lambda r: (-int(r["failed"]), r["queue"]),
+    )[:queues]
+    names = [r["queue"] for r in worst]
+    series: dict[str, list[tuple[int, float]]] = {name: [] for name in names}
+    for row in results.queue_windows:
+        if row["queue"] in series and row["failure_rate"] is not None:
+            series[row["queue"]].append((int(row["window_start_ms"]), float(row["failure_rate"])))
+    return series
+
+
+def render_html(results: Results) -> str:
+    """report.html: summary, three plots, the main tables; no external resources."""
+    data = summary(results)
+    attempts: dict[int, dict[str, float]] = {}
+    for row in results.attempts:
+        if row["attempts"] is None:
+            continue
+        bucket = attempts.setdefault(int(row["attempts"]), {})
+        bucket[row["outcome"]] = bucket.get(row["outcome"], 0) + int(row["messages"])
+    attempt_bars = [(str(n), attempts[n]) for n in sorted(attempts)]
+    ttd_bars = [
+        (_duration(int(r["from_ms"])), {"dead-lettered": float(r["messages"])})
+        for r in results.histogram
+    ]
+    overview = [
+        ("events", f"{results.events:,}"),
+        ("malformed lines", f"{results.malformed_lines:,}"),
+        ("from", _iso(results.first_ts)),
+        ("to", _iso(results.last_ts)),
+        ("window", _duration(results.window_ms)),
+        ("poison candidates", f"{len(results.poison):,}"),
+        ("redrive candidates", f"{results.redrive_count:,}"),
+    ]
+    reasons = [
+        {"reason": k, "dead_lettered": v} for k, v in data["dead_lettered_by_reason"].items()
+    ]
+    sections = [
+        "<h1>amqpbroker: dead-letter triage</h1>",
+        _table([{k: v for k, v in overview}], [k for k, _ in overview]),
+        "<h2>Failure rate over time (queues with most failures)</h2>",
+        line_chart(failure_rate_series(results), y_label="failure rate"),
+        "<h2>Delivery attempts per message (acked or dead-lettered)</h2>",
+        bar_chart(attempt_bars, y_label="messages"),
+        "<h2>Time from first routing to dead-letter</h2>",
+        bar_chart(ttd_bars, y_label="messages"),
+        "<h2>Queues</h2>",
+        _table(
+            sorted(results.queue_totals, key=lambda r: (-int(r["failed"]), r["queue"])),
+            ["queue", "address", "sent", *QUEUE_KEYS, "failed", "failure_rate"],
+            limit=200,
+        ),
+        "<h2>Dead-lettered by reason</h2>",
+        _table(reasons, ["reason", "dead_lettered"]),
+        "<h2>Time to dead-letter (ms)</h2>",
+        _table(
+            results.time_to_dead_letter,
+            ["queue", "dead_lettered", "p50_ms", "p90_ms", "p99_ms", "max_ms"],
+        ),
+        "<h2>Top error conditions per queue</h2>",
+        _table(results.errors, ["queue", "error_condition", "error_description", "failures"]),
+        "<h2>Poison candidates</h2>",
+        _table(
+            results.poison,
+            ["key_type", "key", "failures", "messages", "consumers", "queues"],
+        ),
+        f"<h2>Redrive candidates ({results.redrive_count:,}, first 50)</h2>",
+        _table(
+            results.redrive_sample,
+            ["msg_id", "queue", "original_address", "original_queue", "reason", "basis"],
+        ),
+    ]
+    style = (
+        "body{font-family:sans-serif;margin:2em;color:#222}"
+        "table{border-collapse:collapse;margin:0.5em 0}"
+        "td,th{border:1px solid #ccc;padding:2px 8px;font-size:13px;text-align:left}"
+        "th{background:#f3f3f3}"
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>amqpbroker analyze</title><style>{style}</style></head><body>\n"
+        + "\n".join(sections)
+        + "\n</body></html>\n"
+    )
+
+
+def _duration(ms: int) -> str:
+    if ms < 1_000:
+        return f"{ms} ms"
+    if ms < 60_000:
+        return f"{ms / 1000:g} s"
+    if ms < 3_600_000:
+        return f"{ms / 60_000:g} min"
+    return f"{ms / 3_600_000:g} h"

@@ -1,0 +1,139 @@
+"""The whole job: synthetic log with planted poison and an outage; increments; bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pyspark.sql import SparkSession
+from support.synth_events import generate
+
+from amqpbroker.analytics.job import JobOptions, main, run
+from amqpbroker.analytics.tables import TriageSettings
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
+
+
+def redrive_ids(out: Path) -> set[tuple[int, str]]:
+    lines = (out / "redrive.jsonl").read_text().splitlines()
+    return {(row["msg_id"], row["queue"]) for row in map(json.loads, lines)}
+
+
+LINE = (
+    '{{"ts":{ts},"seq":{seq},"event":"{event}","broker":"b","msg_id":{msg},'
+    '"amqp_message_id":null,"address":"q","queue":{queue},"routing_type":null,'
+    '"durable":false,"size":1,"delivery_count":0,"connection":null,"link":null,"txn":null,'
+    '"reason":null,"target_address":null,"target_queues":null,"copy_msg_id":null,'
+    '"delay_ms":null,"first_ts":{ts},"error_condition":null,"error_description":null,'
+    '"props":null,"body_hash":null}}\n'
+)
+
+
+def lines(*events: tuple[int, str]) -> str:
+    return "".join(
+        LINE.format(ts=1_767_225_600_000 + s, seq=s, event=e, msg=s, queue='"q"' if s else "null")
+        for s, e in events
+    )
+
+
+def test_finds_all_planted_poison_and_exactly_the_outage_messages(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Poison payloads fail on 3 messages each; outage victims still in the DLQ are the
+    redrive list, minus those already consumed from the DLQ and the poison one."""
+    planted = generate(tmp_path / "events", events=20_000, file_events=5_000)
+    out = tmp_path / "report"
+    settings = TriageSettings(window_ms=planted.window_ms)
+    results = run(
+        JobOptions(events=tmp_path / "events", out=out, settings=settings),
+        spark,
+        stream=io.StringIO(),
+    )
+    assert planted.redrive
+    assert redrive_ids(out) == planted.redrive
+    poison = {(row["key_type"], row["key"]) for row in results.poison}
+    assert poison == {("body_hash", h) for h in planted.poison_body_hashes}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["events"] == planted.events
+    assert summary["malformed_lines"] == planted.malformed_lines
+    assert summary["poison_candidates"] == len(planted.poison_body_hashes)
+    assert summary["redrive_candidates"] == len(planted.redrive)
+    html = (out / "report.html").read_text()
+    assert html.count("<svg") == 3
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    tables = {p.name for p in (out / "tables").iterdir()}
+    assert {"queue_windows", "queue_totals", "attempts", "poison", "redrive"} <= tables
+
+
+def test_second_run_reads_only_new_files(spark: SparkSession, tmp_path: Path) -> None:
+    """Incremental compaction: seen files are skipped, .part files are never read."""
+    events, out = tmp_path / "events", tmp_path / "out"
+    events.mkdir()
+    (events / "events-1.jsonl").write_text(lines((1, "enqueued"), (2, "enqueued")))
+    (events / "events-3.jsonl.part").write_text(lines((5, "enqueued")))
+    options = JobOptions(events=events, out=out)
+    first = run(options, spark, stream=io.StringIO())
+    assert (first.new_lines, first.events) == (2, 2)
+    (events / "events-2.jsonl").write_text(lines((3, "enqueued"), (4, "acked")) + "{oops\n")
+    second = run(options, spark, stream=io.StringIO())
+    assert (second.new_lines, second.events, second.malformed_lines) == (3, 4, 1)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["queues"]["q"]["enqueued"] == 3
+    assert summary["queues"]["q"]["acked"] == 1
+    assert list((out / "events").glob("date=2026-01-01"))
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        (lambda d: None, "events directory {d} does not exist"),
+        (lambda d: d.mkdir(), "no event files (*.jsonl) in {d}"),
+        (
+            lambda d: (d.mkdir(), (d / "events-1.jsonl.part").write_text("{}\n")),
+            "no event files (*.jsonl) in {d} (only .part files: the broker renames them "
+            "on rotation or shutdown)",
+        ),
+    ],
+    ids=["missing", "empty", "only-part-files"],
+)
+def test_missing_or_empty_directory_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], setup: object, message: str
+) -> None:
+    """CONTRACT: exit 1 with a one-line error, before Spark starts."""
+    directory = tmp_path / "events"
+    setup(directory)  # type: ignore[operator]
+    code = main(["--events", str(directory), "--out", str(tmp_path / "out")])
+    assert code == 1
+    assert capsys.readouterr().err == f"amqpbroker analyze: {message.format(d=directory)}\n"
+    assert not (tmp_path / "out").exists()
+
+
+def amqpbroker(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "amqpbroker", *args], capture_output=True, text=True, timeout=30
+    )
+
+
+def test_cli_analyze_forwards_to_the_job(tmp_path: Path) -> None:
+    """CONTRACT "Command line": --help 0, bad input 1 (one line), bad usage 2."""
+    assert "--transient-conditions" in amqpbroker("analyze", "--help").stdout
+    missing = amqpbroker("analyze", "--events", str(tmp_path / "x"), "--out", str(tmp_path))
+    assert (missing.returncode, missing.stderr) == (
+        1,
+        f"amqpbroker analyze: events directory {tmp_path / 'x'} does not exist\n",
+    )
+    assert amqpbroker("analyze", "--events", str(tmp_path)).returncode == 2
+
+
+def test_the_broker_never_imports_pyspark() -> None:
+    """STYLE section 2: only `amqpbroker analyze` loads the analytics package."""
+    code = (
+        "import sys, amqpbroker.cli, amqpbroker.server; amqpbroker.cli.build_parser(); "
+        "sys.exit(any(m.split('.')[0] in ('pyspark', 'py4j') or m.startswith("
+        "'amqpbroker.analytics') for m in sys.modules))"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0

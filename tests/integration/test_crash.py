@@ -22,13 +22,14 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from proton import Delivery, Message
 from support.client import Capabilities, connect, drain
-from support.process import BrokerProcess, start_broker
+from support.process import BrokerProcess
 from support.waiting import wait_until
 
 ROUNDS = int(os.environ.get("CRASH_ROUNDS", "20"))
@@ -87,11 +88,13 @@ def _consume(broker: BrokerProcess, seen: Round, rng: random.Random) -> None:
                 receiver.accept()
 
 
-def test_sigkill_at_random_moments_loses_no_accepted_message(tmp_path: Path) -> None:
+def test_sigkill_at_random_moments_loses_no_accepted_message(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
     rng = random.Random(int(os.environ.get("CRASH_SEED", "5")))
     next_number = 0
     for round_number in range(ROUNDS):
-        broker = start_broker(tmp_path, CONFIG, log_level="info")
+        broker = spawn(tmp_path, CONFIG, log_level="info")
         # What survived the previous kill is drained at the end of each round, so every
         # round starts from an empty queue and checks only its own messages.
         seen = Round()
@@ -110,7 +113,7 @@ def test_sigkill_at_random_moments_loses_no_accepted_message(tmp_path: Path) -> 
             thread.join(timeout=10)
         next_number = max(seen.accepted) + 1_000
 
-        broker = start_broker(tmp_path, CONFIG, log_level="info")
+        broker = spawn(tmp_path, CONFIG, log_level="info")
         try:
             survived = drain(broker.url, "crash", first_timeout=1.5, credit=200)
         finally:

@@ -9,13 +9,14 @@ is still there after a restart.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from proton import Delivery, Message
 from proton.utils import SendException
 from support.client import Capabilities, connect, receive_bodies
-from support.process import start_broker
+from support.process import BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -35,9 +36,11 @@ runpy.run_module("amqpbroker", run_name="__main__")
 """
 
 
-def test_disk_full_refuses_durable_sends_and_loses_nothing_settled(tmp_path: Path) -> None:
+def test_disk_full_refuses_durable_sends_and_loses_nothing_settled(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
     marker = tmp_path / "disk-full"
-    broker = start_broker(tmp_path, CONFIG, python=("-c", INJECT, str(marker)))
+    broker = spawn(tmp_path, CONFIG, python=("-c", INJECT, str(marker)))
     conn = connect(broker.url)
     sender = conn.create_sender("full", options=QUEUE)
     sender.send(Message(body="before", durable=True))  # accepted: on disk
@@ -55,7 +58,7 @@ def test_disk_full_refuses_durable_sends_and_loses_nothing_settled(tmp_path: Pat
     assert "No space left on device" in broker.log()
     broker.kill()
     marker.unlink()
-    broker = start_broker(tmp_path, CONFIG)
+    broker = spawn(tmp_path, CONFIG)
     try:
         conn = connect(broker.url)
         receiver = conn.create_receiver("full", credit=10, options=QUEUE)

@@ -10,12 +10,13 @@ import contextlib
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from proton import Message
 from support.client import Capabilities, connect, drain, reject_with, settle_modified
-from support.process import BrokerProcess, start_broker
+from support.process import BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
@@ -51,12 +52,14 @@ def _drain(broker: BrokerProcess, address: str, *, timeout: float = 2) -> list[t
     return drain(broker.url, address, first_timeout=timeout)
 
 
-def test_durable_messages_survive_a_restart_non_durable_do_not(tmp_path: Path) -> None:
-    broker = start_broker(tmp_path, _config())
+def test_durable_messages_survive_a_restart_non_durable_do_not(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
+    broker = spawn(tmp_path, _config())
     _send(broker, "orders", "a", "b", "c")
     _send(broker, "orders", "volatile", durable=False)
     assert broker.stop() == 0, broker.log()
-    broker = start_broker(tmp_path, _config())
+    broker = spawn(tmp_path, _config())
     try:
         assert _drain(broker, "orders") == [("a", 0), ("b", 0), ("c", 0)]
         assert "recovered 3 messages" in broker.log()
@@ -64,9 +67,11 @@ def test_durable_messages_survive_a_restart_non_durable_do_not(tmp_path: Path) -
         assert broker.stop() == 0, broker.log()
 
 
-def test_sigkill_keeps_every_accepted_message_and_its_failed_attempts(tmp_path: Path) -> None:
+def test_sigkill_keeps_every_accepted_message_and_its_failed_attempts(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
     """B-095: modified{delivery-failed} is persisted on return; SIGKILL loses nothing."""
-    broker = start_broker(tmp_path, _config())
+    broker = spawn(tmp_path, _config())
     _send(broker, "jobs", "first")
     conn = connect(broker.url)
     receiver = conn.create_receiver("jobs", credit=1, options=QUEUE)
@@ -77,7 +82,7 @@ def test_sigkill_keeps_every_accepted_message_and_its_failed_attempts(tmp_path: 
     conn.close()
     _send(broker, "jobs", "second")
     broker.kill()
-    broker = start_broker(tmp_path, _config())
+    broker = spawn(tmp_path, _config())
     try:
         assert _drain(broker, "jobs") == [("first", 2), ("second", 0)]
     finally:
@@ -85,10 +90,12 @@ def test_sigkill_keeps_every_accepted_message_and_its_failed_attempts(tmp_path: 
 
 
 @pytest.mark.parametrize(("before", "expected"), [(False, 0), (True, 1)])
-def test_in_flight_count_after_a_crash(tmp_path: Path, before: bool, expected: int) -> None:
+def test_in_flight_count_after_a_crash(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess], before: bool, expected: int
+) -> None:
     """B-097: with persist-delivery-count-before-delivery the unsettled delivery at the
     crash counts as an attempt; without it, it comes back looking like a first delivery."""
-    broker = start_broker(tmp_path, _config(before=before))
+    broker = spawn(tmp_path, _config(before=before))
     _send(broker, "inflight", "m")
     conn = connect(broker.url, timeout=1)
     receiver = conn.create_receiver("inflight", credit=1, options=QUEUE)
@@ -96,17 +103,19 @@ def test_in_flight_count_after_a_crash(tmp_path: Path, before: bool, expected: i
     broker.kill()
     with contextlib.suppress(Exception):  # the broker is gone: no close frame comes back
         conn.close()
-    broker = start_broker(tmp_path, _config(before=before))
+    broker = spawn(tmp_path, _config(before=before))
     try:
         assert _drain(broker, "inflight") == [("m", expected)]
     finally:
         assert broker.stop() == 0, broker.log()
 
 
-def test_max_redelivery_records_caps_the_persisted_count(tmp_path: Path) -> None:
+def test_max_redelivery_records_caps_the_persisted_count(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
     """B-096: with max-redelivery-records 1, five failures come back as 1 after a crash."""
     config = _config(extra="max-redelivery-records: 1\n")
-    broker = start_broker(tmp_path, config)
+    broker = spawn(tmp_path, config)
     _send(broker, "capped", "m")
     conn = connect(broker.url)
     receiver = conn.create_receiver("capped", credit=1, options=QUEUE)
@@ -116,17 +125,19 @@ def test_max_redelivery_records_caps_the_persisted_count(tmp_path: Path) -> None
     conn.close()
     _send(broker, "marker", "m")  # accepted once synced: every earlier append is written
     broker.kill()
-    broker = start_broker(tmp_path, config)
+    broker = spawn(tmp_path, config)
     try:
         assert _drain(broker, "capped") == [("m", 1)]
     finally:
         assert broker.stop() == 0, broker.log()
 
 
-def test_dead_letter_move_survives_a_crash_exactly_once(tmp_path: Path) -> None:
+def test_dead_letter_move_survives_a_crash_exactly_once(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
     """The original's ack and the DLQ copy are one journal append: after SIGKILL the
     message is in DLQ.<address>, annotated, and no longer in its queue."""
-    broker = start_broker(tmp_path, _config(attempts=1))
+    broker = spawn(tmp_path, _config(attempts=1))
     _send(broker, "payments", "poison")
     conn = connect(broker.url)
     receiver = conn.create_receiver("payments", credit=1, options=QUEUE)
@@ -138,7 +149,7 @@ def test_dead_letter_move_survives_a_crash_exactly_once(tmp_path: Path) -> None:
     # are written in order: once it is accepted, the move is on disk too.
     _send(broker, "marker", "m")
     broker.kill()
-    broker = start_broker(tmp_path, _config(attempts=1))
+    broker = spawn(tmp_path, _config(attempts=1))
     try:
         assert _drain(broker, "payments", timeout=1) == []
         conn = connect(broker.url)
@@ -153,8 +164,10 @@ def test_dead_letter_move_survives_a_crash_exactly_once(tmp_path: Path) -> None:
         assert broker.stop() == 0, broker.log()
 
 
-def test_journal_export_lists_queues_messages_and_counts(tmp_path: Path) -> None:
-    broker = start_broker(tmp_path, _config())
+def test_journal_export_lists_queues_messages_and_counts(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
+    broker = spawn(tmp_path, _config())
     _send(broker, "exported", "x")
     conn = connect(broker.url)
     receiver = conn.create_receiver("exported", credit=1, options=QUEUE)
@@ -187,8 +200,9 @@ def test_journal_export_lists_queues_messages_and_counts(tmp_path: Path) -> None
 
 def test_a_corrupt_record_in_the_middle_stops_the_start_until_told_to_skip(
     tmp_path: Path,
+    spawn: Callable[..., BrokerProcess],
 ) -> None:
-    broker = start_broker(tmp_path, _config())
+    broker = spawn(tmp_path, _config())
     _send(broker, "fragile", "one")
     _send(broker, "fragile", "two")
     assert broker.stop() == 0, broker.log()
@@ -198,18 +212,20 @@ def test_a_corrupt_record_in_the_middle_stops_the_start_until_told_to_skip(
     data[middle] ^= 0xFF  # flip a byte of the first message: its crc no longer matches
     segment.write_bytes(bytes(data))
     with pytest.raises(AssertionError, match="corrupt"):
-        start_broker(tmp_path, _config())
-    broker = start_broker(tmp_path, _config(), args=("--skip-corrupt-journal",))
+        spawn(tmp_path, _config())
+    broker = spawn(tmp_path, _config(), args=("--skip-corrupt-journal",))
     try:
         assert _drain(broker, "fragile") == [("two", 0)]
     finally:
         assert broker.stop() == 0, broker.log()
 
 
-def test_journal_metrics_show_syncs_and_size(tmp_path: Path) -> None:
+def test_journal_metrics_show_syncs_and_size(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
     import urllib.request
 
-    broker = start_broker(tmp_path, _config())
+    broker = spawn(tmp_path, _config())
     try:
         _send(broker, "metered", "x", "y")
         url = f"http://127.0.0.1:{broker.ports['http']}/metrics"

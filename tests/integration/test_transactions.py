@@ -6,7 +6,7 @@ accept under it, then commit, abort, or drop the connection without a discharge.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -212,14 +212,16 @@ def test_an_unknown_transaction_is_rejected_and_the_connection_stays(
         blocking.close()
 
 
-def test_committed_transactional_sends_survive_a_crash(tmp_path: Path) -> None:
+def test_committed_transactional_sends_survive_a_crash(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
     """A commit's durable sends are one journal append, answered after it is on disk."""
     config = "persistence:\n  enabled: true\n"
-    broker = start_broker(tmp_path, config)
+    broker = spawn(tmp_path, config)
     done = run(Scenario(broker.url, "tx.durable", bodies=("x", "y")))
     assert done.outcome == "committed"
     broker.kill()
-    broker = start_broker(tmp_path, config)
+    broker = spawn(tmp_path, config)
     try:
         conn = connect(broker.url)
         receiver = conn.create_receiver("tx.durable", credit=10, options=QUEUE)

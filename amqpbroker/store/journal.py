@@ -739,6 +739,12 @@ class FileJournal:
         auto_compact: compact on a background thread after each segment roll.
         compact_live_ratio: rewrite a sealed segment when less than this share is live.
         lazy_sync_seconds: longest time `sync=False` records stay written but unsynced.
+        commit_delay_seconds: under heavy load (a pass finds `commit_delay_bytes` or more
+            waiting), wait this long before writing so that more appends share the
+            fsync. Fewer passes also mean fewer times the writer thread needs the GIL
+            while the event loop holds it, which is what a busy broker pays most for
+            (`docs/durability.md`). Light load (a few synchronous senders) never waits.
+        commit_delay_bytes: the backlog that counts as heavy load.
 
     Raises:
         JournalCorrupt: a corrupt record in the middle (and not `skip_corrupt`).
@@ -761,6 +767,8 @@ class FileJournal:
         auto_compact: bool = True,
         compact_live_ratio: float = 0.25,
         lazy_sync_seconds: float = 0.05,
+        commit_delay_seconds: float = 0.0,
+        commit_delay_bytes: int = 16 * 1024,
     ) -> None:
         self.directory = Path(directory)
         self.max_segment_bytes = max(max_segment_bytes, HEADER_BYTES + FRAME_BYTES)
@@ -768,6 +776,8 @@ class FileJournal:
         self.read_only = read_only
         self.compact_live_ratio = compact_live_ratio
         self.lazy_sync_seconds = lazy_sync_seconds
+        self.commit_delay_seconds = commit_delay_seconds
+        self.commit_delay_bytes = commit_delay_bytes
         self._fsync = fsync
         self._sync_seconds = sync_seconds
         self.syncs = 0  # data fsyncs by the writer (group commits and rolls)
@@ -1076,6 +1086,18 @@ class FileJournal:
                         self._cond.wait()
                 batch, self._queue = self._queue, []
                 closing = self._closed
+            if (
+                self.commit_delay_seconds > 0
+                and not closing
+                and len(batch) > 1
+                and sum(len(p.data) for p in batch) >= self.commit_delay_bytes
+            ):
+                # Group commit under load: let the appends of the next few ms join in.
+                time.sleep(self.commit_delay_seconds)
+                with self._cond:
+                    batch += self._queue
+                    self._queue = []
+                    closing = self._closed
             if batch:
                 self._write_batch(batch)
             elif self._unsynced_bytes:

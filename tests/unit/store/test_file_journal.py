@@ -14,6 +14,7 @@ import os
 import shutil
 import struct
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -805,3 +806,52 @@ def test_export_refuses_a_journal_in_use(tmp_path: Path, journals: list[FileJour
 def test_export_of_a_missing_directory_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(JournalError, match="no journal"):
         list(export_jsonl(tmp_path / "nowhere"))
+
+
+def test_commit_delay_never_holds_up_a_light_load(
+    tmp_path: Path, journals: list[FileJournal]
+) -> None:
+    """A lone synchronous sender is answered at fsync speed, whatever the commit delay:
+    the delay applies only when commit_delay_bytes or more wait for one pass."""
+    journal = open_journal(
+        tmp_path, max_segment_bytes=1 << 20, commit_delay_seconds=30, commit_delay_bytes=1 << 20
+    )
+    journals.append(journal)
+    for i in range(3):
+        done = threading.Event()
+        journal.append([message(i)], sync=True, on_durable=lambda error, d=done: d.set())
+        assert done.wait(5), "a small append waited for the commit delay"
+
+
+def test_commit_delay_lets_a_heavy_backlog_share_one_fsync(
+    tmp_path: Path, journals: list[FileJournal]
+) -> None:
+    """Under heavy load the writer waits commit_delay_seconds once, and what arrives in
+    the meantime joins the same fsync."""
+    gate = threading.Event()
+    syncs: list[int] = []
+
+    def slow_fsync(fd: int) -> None:
+        syncs.append(fd)
+        gate.wait(5)  # hold the first pass so that a backlog builds up behind it
+
+    journal = open_journal(
+        tmp_path,
+        max_segment_bytes=1 << 24,
+        fsync=slow_fsync,
+        commit_delay_seconds=0.5,
+        commit_delay_bytes=1000,
+    )
+    journals.append(journal)
+    done = threading.Semaphore(0)
+    journal.append([message(0)], sync=True, on_durable=lambda error: done.release())
+    wait_until(lambda: len(syncs) == 1, timeout=5, message="the first fsync")
+    for i in range(1, 11):  # a backlog of 10 appends, >= 1000 bytes
+        journal.append([message(i, size=200)], sync=True, on_durable=lambda error: done.release())
+    gate.set()
+    time.sleep(0.05)  # inside the commit delay: these join the same pass
+    for i in range(11, 14):
+        journal.append([message(i)], sync=True, on_durable=lambda error: done.release())
+    for _ in range(14):
+        assert done.acquire(timeout=5)
+    assert len(syncs) == 2  # the first pass, then everything else in one group commit

@@ -35,7 +35,7 @@ from amqpbroker.core.security import SecurityRepository
 from amqpbroker.eventlog import EventLogWriter
 from amqpbroker.management import HttpServer, LoopBridge, ManagementApi
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
-from amqpbroker.metrics.collector import SyncTimes
+from amqpbroker.metrics.collector import journal_sync_histogram
 from amqpbroker.protocol import moves
 from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell
 from amqpbroker.protocol.sasl import SaslServer
@@ -207,7 +207,7 @@ class BrokerServer:
         self.data_dir = data_dir
         self.skip_corrupt_journal = skip_corrupt_journal
         self.journal: FileJournal | None = None
-        self.journal_sync = SyncTimes()
+        self.journal_sync = journal_sync_histogram()
         self.broker = build_broker(config, clock=clock, rng=rng)
         self.shell = Shell(self.broker)
         self.event_log: EventLogWriter | None = None
@@ -395,7 +395,7 @@ class BrokerServer:
             authentication_failures=self.shell.auth_failures,
             event_log_dropped=self.event_log.dropped_total if self.event_log else 0,
             journal_size_bytes=self.journal.size_bytes if self.journal else 0,
-            journal_sync=self.journal_sync.snapshot(),
+            journal_sync=self.journal_sync,
         )
 
     def _after_command(self) -> None:

@@ -95,7 +95,6 @@ class Persistence:
     def ref_added(self, queue: str, ref: Ref, *, scheduled_at_ms: int = 0) -> None:
         """A durable message entered a durable queue (its AddMessage once per message)."""
         if self.suspended:
-            ref.stored_count = ref.delivery_count
             return
         message = ref.message
         records = self._records
@@ -189,6 +188,11 @@ class Persistence:
             self._records.append(DeleteAddress(name=name))
 
     # -- the step boundary ----------------------------------------------------------------
+    def must_wait(self, messages_added_before: int) -> bool:
+        """Whether a send must wait for `when_stored`: it added messages to the journal
+        (`messages_added` moved since the caller read it) and `sync` is on."""
+        return self.sync and self.messages_added != messages_added_before
+
     def when_stored(self, callback: OnStored) -> None:
         """Call `callback(error)` once this step's records are on disk (or failed)."""
         self._waiters.append(callback)

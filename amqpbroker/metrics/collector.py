@@ -9,11 +9,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
 )
 
@@ -25,26 +24,15 @@ from amqpbroker.metrics import names
 SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 
-class SyncTimes:
-    """Journal fsync durations, observed on the journal's writer thread.
-
-    A plain histogram of counters (no lock: one writer thread; a scrape may read a sum
-    one observation behind its counts, which Prometheus tolerates).
-    """
-
-    def __init__(self) -> None:
-        self.counts = [0] * (len(SYNC_BUCKETS) + 1)
-        self.sum = 0.0
-
-    def observe(self, seconds: float) -> None:
-        i = 0
-        while i < len(SYNC_BUCKETS) and seconds > SYNC_BUCKETS[i]:
-            i += 1
-        self.counts[i] += 1
-        self.sum += seconds
-
-    def snapshot(self) -> tuple[tuple[int, ...], float]:
-        return tuple(self.counts), self.sum
+def journal_sync_histogram() -> Histogram:
+    """Journal fsync (group commit) durations, observed on the journal's writer thread;
+    not registered anywhere: `BrokerSnapshot` carries what it collects."""
+    return Histogram(
+        names.JOURNAL_SYNC_SECONDS,
+        "Journal fsync (group commit) durations.",
+        buckets=SYNC_BUCKETS,
+        registry=None,
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +54,7 @@ class BrokerSnapshot:
     event_log_dropped: int
     authentication_failures: int = 0
     journal_size_bytes: int = 0
-    journal_sync: tuple[tuple[int, ...], float] = ((), 0.0)
+    journal_sync: tuple[Metric, ...] = ()
 
     @classmethod
     def take(
@@ -78,7 +66,7 @@ class BrokerSnapshot:
         event_log_dropped: int = 0,
         authentication_failures: int = 0,
         journal_size_bytes: int = 0,
-        journal_sync: tuple[tuple[int, ...], float] = ((), 0.0),
+        journal_sync: Histogram | None = None,
     ) -> BrokerSnapshot:
         return cls(
             broker=broker.name,
@@ -92,7 +80,7 @@ class BrokerSnapshot:
             event_log_dropped=event_log_dropped,
             authentication_failures=authentication_failures,
             journal_size_bytes=journal_size_bytes,
-            journal_sync=journal_sync,
+            journal_sync=tuple(journal_sync.collect()) if journal_sync is not None else (),
         )
 
 
@@ -195,21 +183,7 @@ class BrokerCollector:
             "SASL authentications refused.",
             value=s.authentication_failures,
         )
-        counts, total = s.journal_sync
-        cumulative, buckets = 0, []
-        for bound, count in zip(
-            [*(str(b) for b in SYNC_BUCKETS), "+Inf"],
-            counts or [0] * (len(SYNC_BUCKETS) + 1),
-            strict=True,
-        ):
-            cumulative += count
-            buckets.append((bound, cumulative))
-        yield HistogramMetricFamily(
-            names.JOURNAL_SYNC_SECONDS,
-            "Journal fsync (group commit) durations.",
-            buckets=buckets,
-            sum_value=total,
-        )
+        yield from s.journal_sync
         yield GaugeMetricFamily(
             names.JOURNAL_SIZE_BYTES, "Bytes the journal holds on disk.", value=s.journal_size_bytes
         )

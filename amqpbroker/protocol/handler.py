@@ -678,7 +678,7 @@ class AmqpConnection:
             self._reject(delivery, "amqp:decode-error", str(e))
             lib.pn_delivery_settle(delivery)
         else:
-            if store is not None and store.sync and store.messages_added != stored_before:
+            if store is not None and store.must_wait(stored_before):
                 # Settled once its journal records are on disk (the group commit): one
                 # callback per connection and loop step, the pn_delivery_t kept alive.
                 awaiting = self._awaiting
@@ -690,9 +690,7 @@ class AmqpConnection:
             else:
                 lib.pn_delivery_update(delivery, _PN_ACCEPTED)
                 lib.pn_delivery_settle(delivery)
-        credit = lib.pn_link_credit(link)
-        if credit < PRODUCER_LOW_CREDIT and self.broker.producer_may_send(producer.target):
-            lib.pn_link_flow(link, PRODUCER_CREDIT - credit)
+        self._top_up(link, producer)
 
     def _top_up(self, link: Any, producer: ProducerLink | None = None) -> None:
         credit = lib.pn_link_credit(link)
@@ -755,7 +753,7 @@ class AmqpConnection:
                 wire.settle()
         if errors:
             answer_rejected(discharge, "amqp:transaction:rollback", "; ".join(errors)[:512])
-        elif store is not None and store.sync and store.messages_added != stored_before:
+        elif store is not None and store.must_wait(stored_before):
             store.when_stored(functools.partial(self._stored, discharge))
         else:
             discharge.update(Delivery.ACCEPTED)
@@ -873,10 +871,13 @@ class AmqpConnection:
 
     def _on_disposition(self, delivery: Any, link: Any) -> None:
         consumer = self.consumers.get(link)
-        if consumer is not None and lib.pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
-            self._transactional_outcome(Delivery.wrap(delivery), consumer)
-            return
-        outcome = _outcome(delivery) if consumer is not None else None
+        outcome = None
+        if consumer is not None:
+            state = lib.pn_delivery_remote_state(delivery)
+            if state == TRANSACTIONAL_STATE:
+                self._transactional_outcome(Delivery.wrap(delivery), consumer)
+                return
+            outcome = _outcome(delivery, state)
         if self.reject_as_modified and isinstance(outcome, Rejected):
             outcome = FAILED  # B-047: rejected behaves exactly like modified{df=true}
         if outcome is None:
@@ -918,9 +919,9 @@ def _scheduled_delivery(annotations: dict[str, Any], now_ms: int) -> int:
     return 0
 
 
-def _outcome(delivery: Any) -> Outcome | None:
-    """The consumer's terminal outcome (B-041…B-048); None for none or non-terminal."""
-    state = lib.pn_delivery_remote_state(delivery)
+def _outcome(delivery: Any, state: int) -> Outcome | None:
+    """The consumer's terminal outcome (B-041…B-048) from its remote `state`; None for
+    none or non-terminal."""
     if state == _PN_ACCEPTED:
         return ACCEPTED
     if state == _PN_RELEASED:

@@ -246,7 +246,6 @@ class Broker:
         self.stats = BrokerStats()
         self._effects: list[Effect] = []
         self._msg_ids = itertools.count(1)
-        self._next_free_id = 1  # only recovery moves this (see `restore`)
         self._consumer_ids = itertools.count(1)
         self._delivery_ids = itertools.count(1)
         self._consumers: dict[ConsumerId, _ConsumerInfo] = {}
@@ -308,14 +307,21 @@ class Broker:
         self.persistence = persistence
         persistence.on_lost = self._unstored
         for address in self.post_office.addresses.values():
-            if not address.temporary:
-                persistence.address_changed(
-                    address.name, address.routing_types, address.auto_created
-                )
+            self._journal_address(address)
         for queue in self.queues.values():
-            if queue.durable and not queue.config.temporary:
-                queue.store = persistence
-                persistence.queue_added(queue.config)
+            self._journal_queue(queue)
+
+    def _journal_address(self, address: Address) -> None:
+        if self.persistence is not None and not address.temporary:
+            self.persistence.address_changed(
+                address.name, address.routing_types, address.auto_created
+            )
+
+    def _journal_queue(self, queue: Queue) -> None:
+        """Durable queues (not temporary ones) are journaled, with their messages."""
+        if self.persistence is not None and queue.durable and not queue.config.temporary:
+            queue.store = self.persistence
+            self.persistence.queue_added(queue.config)
 
     def _unstored(self, refs: list[tuple[str, Ref]]) -> None:
         """The journal failed to store these: take back those not yet delivered (their
@@ -346,10 +352,9 @@ class Broker:
         return True
 
     def reserve_message_ids(self, max_used: int) -> None:
-        """New message ids start above `max_used` (recovery: never reuse a stored id)."""
-        if max_used >= self._next_free_id:
-            self._next_free_id = max_used + 1
-            self._msg_ids = itertools.count(self._next_free_id)
+        """New message ids start above `max_used`: recovery, before any message arrives,
+        so that no stored id is given out again."""
+        self._msg_ids = itertools.count(max_used + 1)
 
     # -- addresses and queues ---------------------------------------------------------
     def settings_for(self, address: str) -> ResolvedSettings:
@@ -369,10 +374,7 @@ class Broker:
         if existing is not None:
             if not routing_types <= existing.routing_types:
                 existing.routing_types |= routing_types
-                if self.persistence is not None and not existing.temporary:
-                    self.persistence.address_changed(
-                        name, existing.routing_types, existing.auto_created
-                    )
+                self._journal_address(existing)
             return existing
         address = Address(
             name=name,
@@ -383,8 +385,7 @@ class Broker:
             idle_since_ms=self.clock.now_ms(),
         )
         self.post_office.add(address)
-        if self.persistence is not None and not temporary:
-            self.persistence.address_changed(name, address.routing_types, auto_created)
+        self._journal_address(address)
         log.debug("created address %s %s", name, sorted(t.value for t in routing_types))
         return address
 
@@ -423,9 +424,7 @@ class Broker:
         )
         queue.idle_since_ms = self.clock.now_ms()
         queue.owner = owner
-        if self.persistence is not None and config.durable and not config.temporary:
-            queue.store = self.persistence
-            self.persistence.queue_added(config)
+        self._journal_queue(queue)
         self.queues[config.name] = queue
         address.queues.append(queue)
         log.debug(

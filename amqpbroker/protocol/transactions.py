@@ -53,11 +53,10 @@ class Transaction:
     """One declared transaction of a connection."""
 
     id: bytes
-    # (route it, its delivery to answer if it must wait) for each kept send (B-141)
+    # each kept send, as the call that routes it on commit (B-141)
     sends: list[Callable[[], None]] = field(default_factory=list)
     # (consumer, delivery id, the unsettled wire delivery or None when settled)
     acks: list[tuple[ConsumerId, DeliveryId, Delivery | None]] = field(default_factory=list)
-    failure: str | None = None  # rollback-only: why the commit must fail
 
 
 def control_request(raw: bytes) -> tuple[str, list[Any]]:

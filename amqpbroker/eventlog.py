@@ -97,7 +97,7 @@ class EventLogWriter:
     """Hands lifecycle events to the writer process; never blocks the caller.
 
     `clock_ms` dates files and is sent with every frame (the writer process rotates by it).
-    `data_limit` is what `Emitter.data_limit` should be for this config.
+    `data_limit` and `heads_only` are what the `Emitter`'s should be for this config.
     """
 
     def __init__(
@@ -120,7 +120,9 @@ class EventLogWriter:
             EventLevel.FAILURES: FAILURE_EVENTS,
             EventLevel.LIFECYCLE: None,
         }[level]
-        self.data_limit = sys.maxsize if config.properties or config.body_hash else HEAD_BYTES
+        whole = bool(config.properties or config.body_hash)
+        self.data_limit = sys.maxsize if whole else HEAD_BYTES
+        self.heads_only = not whole  # what `Emitter.heads_only` should be
         self._clock_ms = clock_ms
         self._queue_events = queue_events
         self._queue_bytes = queue_bytes

@@ -760,6 +760,7 @@ class Broker:
         `Queue.event`: a flat tuple, cheap on the hot path."""
         emitter = self.emitter
         data = message.data
+        head_end = message.head_end if emitter.heads_only else 0
         emitter.events.append(
             (
                 kind,
@@ -775,7 +776,9 @@ class Broker:
                 None,
                 reason,
                 message.first_ts,
-                data if len(data) <= emitter.data_limit else data[: emitter.data_limit],
+                data[:head_end]
+                if head_end
+                else (data if len(data) <= emitter.data_limit else data[: emitter.data_limit]),
                 None
                 if target_queues is None
                 else (None, None, target_queues, None, None, None, None, None),

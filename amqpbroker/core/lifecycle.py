@@ -67,8 +67,9 @@ Extra: TypeAlias = tuple[
 ]
 
 # One event as the core records it. `data` is the message's encoded bytes (or their first
-# `Emitter.data_limit` bytes), from which the writer takes amqp_message_id, props and
-# body_hash; None when there is no message to read. `extra` is None or an `Extra`.
+# `Emitter.data_limit` bytes, or its head: see `Emitter.heads_only`), from which the writer
+# takes amqp_message_id, props and body_hash; None when there is no message to read.
+# `extra` is None or an `Extra`.
 RawEvent: TypeAlias = tuple[
     str,  # event
     int,  # ts
@@ -219,6 +220,10 @@ class Emitter:
         # needs all of them only for `props` or `body_hash`, else the head that holds
         # properties.message-id, so a large message costs no more than a small one).
         self.data_limit = sys.maxsize
+        # Whether an event may carry just the message's head (`Message.head_end`): the
+        # writer sets it when it writes neither props nor body_hash. A head is a tenth of
+        # a 1 KiB message, and the bytes handed to the writer are most of its cost.
+        self.heads_only = False
         # Epoch ns, when the broker's clock is the system clock: `time.time_ns` itself
         # (set by the server), a C call, a third of the cost of a Python `now_ms()` per
         # event. None: events read the broker's clock.

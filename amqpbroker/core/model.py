@@ -45,7 +45,8 @@ class Message:
 
     `data` holds the encoded sections exactly as received, minus delivery annotations
     (B-017). `header_end` is the offset where the header section ends (0 when there is
-    none): redelivery re-encodes only `data[:header_end]` (B-050).
+    none): redelivery re-encodes only `data[:header_end]` (B-050). `head_end` is where
+    the properties section ends, for the event log.
     """
 
     __slots__ = (
@@ -57,6 +58,7 @@ class Message:
         "durable",
         "expiration_ms",
         "first_ts",
+        "head_end",
         "header",
         "header_end",
         "msg_id",
@@ -78,6 +80,7 @@ class Message:
         priority: int = DEFAULT_PRIORITY,
         expiration_ms: int = 0,
         header_end: int = 0,
+        head_end: int = 0,
         header: dict[str, Any] | None = None,
         annotations: dict[str, Any] | None = None,
         properties: dict[str, Any] | None = None,
@@ -96,6 +99,9 @@ class Message:
         self.priority = min(max(priority, 0), 9)
         self.expiration_ms = expiration_ms
         self.header_end = header_end
+        # Where the properties section ends (0: not known): the event log reads no more of
+        # the message than that, unless it writes props or body_hash.
+        self.head_end = head_end
         self.header = header
         self.annotations = annotations
         self.properties = properties

@@ -247,6 +247,7 @@ class Queue:
         clock_ns = emitter.clock_ns
         data = message.data
         size = message.size
+        head_end = message.head_end if emitter.heads_only else 0
         extra = None
         if not (
             delay_ms is None
@@ -282,7 +283,9 @@ class Queue:
                 None if consumer is None else consumer.link_name,
                 reason,
                 message.first_ts,
-                data if size <= emitter.data_limit else data[: emitter.data_limit],
+                data[:head_end]
+                if head_end
+                else (data if size <= emitter.data_limit else data[: emitter.data_limit]),
                 extra,
             )
         )

@@ -698,3 +698,37 @@ def test_queue_events_read_the_fast_clock_when_the_server_sets_it() -> None:
     sent, enqueued = h.broker.emitter.take()
     assert enqueued.ts == 1_700_000_000_123
     assert sent.ts == h.clock.now_ms()  # publish's own reading of the broker's clock
+
+
+def test_events_carry_only_the_head_of_a_message_up_to_its_properties(tmp_path: Path) -> None:
+    """Cost: without props or body_hash an event carries the message only up to the end of
+    its properties section (`Message.head_end`, found by the scan at arrival); the writer
+    still gets amqp_message_id from it, and a message without properties gets null."""
+    from amqpbroker.protocol.handler import message_of
+
+    with_id = message_of(sections.scan(encoded(id="m-1", body=b"x" * 500, durable=True)))
+    without = message_of(sections.scan(encoded(body=b"y" * 500, durable=True)))
+    assert 0 < with_id.head_end < 100
+    assert 0 < without.head_end < 100
+    w = writer(tmp_path)
+    assert w.heads_only
+    assert not writer(tmp_path, properties=("a",)).heads_only
+    h = Harness()
+    h.broker.emitter.heads_only = w.heads_only
+    target = h.producer("q", "queue")
+    for message in (with_id, without):
+        h.broker.publish(message, target)
+    events = h.broker.emitter.take_raw()
+    assert [e[0] for e in events] == ["sent", "enqueued", "sent", "enqueued"]
+    assert {e[13] for e in events[:2]} == {with_id.data[: with_id.head_end]}
+    assert {e[13] for e in events[2:]} == {without.data[: without.head_end]}
+    w.start()
+    w.submit(events)
+    w.close()
+    ids = [(r["event"], r["amqp_message_id"], r["size"]) for r in records(tmp_path)]
+    assert ids == [
+        ("sent", "m-1", with_id.size),
+        ("enqueued", "m-1", with_id.size),
+        ("sent", None, without.size),
+        ("enqueued", None, without.size),
+    ]

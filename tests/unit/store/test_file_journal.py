@@ -855,3 +855,94 @@ def test_commit_delay_lets_a_heavy_backlog_share_one_fsync(
     for _ in range(14):
         assert done.acquire(timeout=5)
     assert len(syncs) == 2  # the first pass, then everything else in one group commit
+
+
+# --- the index: short-lived messages and a lagging index -----------------------------
+
+
+def test_short_lived_messages_are_those_added_and_fully_acked_in_the_batch() -> None:
+    """The rule behind skipping records in the index: only a message whose every
+    reference added in the batch is acked in it, and that the index did not know."""
+    live = journal_module._LiveSet(journal_module._ignore_dead)
+    live.apply(message(9), None)  # known before the batch
+    records: list[Record] = [
+        message(1),
+        AddRef(queue="q", msg_id=1),
+        AckRef(queue="q", msg_id=1),  # gone
+        message(2),
+        AddRef(queue="q", msg_id=2),
+        AddRef(queue="r", msg_id=2),
+        AckRef(queue="q", msg_id=2),  # still in r
+        message(3),
+        AddRef(queue="q", msg_id=3),
+        UpdateDeliveryCount(queue="q", msg_id=3, delivery_count=1),
+        AckRef(queue="q", msg_id=3),  # gone, its count update with it
+        message(4),
+        AddRef(queue="q", msg_id=4),
+        AckRef(queue="r", msg_id=4),  # wrong queue
+        message(5),
+        AddRef(queue="q", msg_id=5),
+        AddRef(queue="q", msg_id=5),
+        AckRef(queue="q", msg_id=5),  # added twice to q: the full rules decide
+        message(9),
+        AddRef(queue="q", msg_id=9),
+        AckRef(queue="q", msg_id=9),  # known
+        message(6),  # no reference at all: stays for the full rules (dropped on reopen)
+    ]
+    assert journal_module._short_lived(records, live) == {1, 3}
+    with_delete = [*records, journal_module.DeleteQueue(name="r")]
+    assert journal_module._short_lived(with_delete, live) == set()
+
+
+def test_lagging_index_and_compaction_keep_every_live_record(
+    tmp_path: Path, journals: list[FileJournal]
+) -> None:
+    """Random adds to one or two queues (sometimes in the append after the message's),
+    acks, count updates and a queue deletion, with
+    small segments, compaction at random moments and acks landing many syncs after their
+    adds: the compacted journal replays to exactly the state of everything appended."""
+    import random
+
+    rng = random.Random(7)
+    journal = open_journal(tmp_path, max_segment_bytes=4096, fsync=lambda fd: None)
+    journals.append(journal)
+    model = JournalState()
+    queues = [AddQueue(name=n, address="orders", routing_type=RoutingType.ANYCAST) for n in "qrs"]
+    appended: list[Record] = [*queues]
+    journal.append(list(queues), sync=True)
+    live_refs: list[tuple[str, int]] = []
+    for msg_id in range(1, 1500):
+        records: list[Record] = [message(msg_id)]
+        if rng.random() < 0.1:  # its references in a later batch of the index
+            journal.append(records, sync=False)
+            appended.extend(records)
+            records = []
+            journal.flush(timeout=5)
+            journal.compact()  # indexes what is synced
+        for queue in rng.sample(["q", "r", "s"], rng.choice([1, 1, 2])):
+            records.append(AddRef(queue=queue, msg_id=msg_id))
+            live_refs.append((queue, msg_id))
+        roll = rng.random()
+        if live_refs and roll < 0.8:
+            queue, acked = live_refs.pop(rng.randrange(max(1, len(live_refs) // 2)))
+            records.append(AckRef(queue=queue, msg_id=acked))
+        elif live_refs and roll < 0.9:
+            queue, counted = rng.choice(live_refs)
+            records.append(UpdateDeliveryCount(queue=queue, msg_id=counted, delivery_count=2))
+        if msg_id == 1000:
+            records.append(journal_module.DeleteQueue(name="s"))
+            live_refs = [ref for ref in live_refs if ref[0] != "s"]
+        journal.append(records, sync=rng.random() < 0.7)
+        appended.extend(records)
+        if rng.random() < 0.02:
+            journal.flush(timeout=5)
+            journal.compact()
+    journal.flush(timeout=5)
+    journal.compact()
+    journal.close()
+    for record in appended:
+        model.apply(record)
+    replayed = JournalState.of(replay_all(tmp_path))
+    assert replayed.messages == model.messages
+    assert replayed.refs() == model.refs()
+    assert len(segments(tmp_path)) < len(appended) * 60 // 4096  # compaction did reclaim

@@ -761,6 +761,7 @@ class Broker:
         emitter = self.emitter
         data = message.data
         head_end = message.head_end if emitter.heads_only else 0
+        txn = emitter.txn
         emitter.events.append(
             (
                 kind,
@@ -780,8 +781,8 @@ class Broker:
                 if head_end
                 else (data if len(data) <= emitter.data_limit else data[: emitter.data_limit]),
                 None
-                if target_queues is None
-                else (None, None, target_queues, None, None, None, None, None),
+                if target_queues is None and txn is None
+                else (txn, None, target_queues, None, None, None, None, None),
             )
         )
 

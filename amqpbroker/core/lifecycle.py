@@ -228,6 +228,10 @@ class Emitter:
         # (set by the server), a C call, a third of the cost of a Python `now_ms()` per
         # event. None: events read the broker's clock.
         self.clock_ns: Callable[[], int] | None = None
+        # B-170 `txn`: the transaction (id in hex) whose commit or rollback the broker is
+        # carrying out; the events it causes carry it, except `dispatched` (a delivery to a
+        # consumer is not part of the transaction that routed the message).
+        self.txn: str | None = None
 
     def take_raw(self) -> list[RawEvent]:
         """The events since the last call, as recorded (the shell's hand-off)."""

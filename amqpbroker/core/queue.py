@@ -248,6 +248,8 @@ class Queue:
         data = message.data
         size = message.size
         head_end = message.head_end if emitter.heads_only else 0
+        if txn is None and emitter.txn is not None and kind != "dispatched":
+            txn = emitter.txn
         extra = None
         if not (
             delay_ms is None

@@ -112,6 +112,9 @@ SOLE_CONNECTION = "sole-connection-for-container"
 PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
 MAX_FRAME_SIZE = 131072  # B-021
+# Transaction ids are unique in the broker process, not per connection: the event log's
+# `txn` (B-170) must tell two connections' transactions apart.
+_TXN_IDS = itertools.count(1)
 
 FAILED = Modified(delivery_failed=True)
 _DUPLICATE_ID_KEY = b"_AMQ_DUPL_ID"
@@ -287,7 +290,6 @@ class AmqpConnection:
         self._awaiting: list[Any] | None = None  # durable sends of this loop step
         self.coordinators: set[Any] = set()  # transaction coordinator links (B-140)
         self.transactions: dict[bytes, Transaction] = {}
-        self._txn_ids = itertools.count(1)
         self._collector_impl = self.collector._impl
         self.closed = False  # the broker side is done with this connection
         self._orderly = False
@@ -704,7 +706,7 @@ class AmqpConnection:
         try:
             kind, fields = control_request(raw)
             if kind == "declare":
-                new_id = b"txn:%d" % next(self._txn_ids)
+                new_id = b"txn:%d" % next(_TXN_IDS)
                 self.transactions[new_id] = Transaction(new_id)
                 answer_declared(delivery, new_id)
                 return
@@ -741,16 +743,21 @@ class AmqpConnection:
         store = self.broker.persistence
         stored_before = store.messages_added if store is not None else 0
         errors = []
-        for route in txn.sends:
-            try:
-                route()
-            except (ClientError, sections.SectionError) as e:
-                errors.append(str(e))
-        for consumer, delivery_id, wire in txn.acks:
-            self.broker.settle(consumer, delivery_id, ACCEPTED)
-            if wire is not None:
-                wire.update(Delivery.ACCEPTED)
-                wire.settle()
+        emitter = self.broker.emitter
+        emitter.txn = txn.id.hex()  # B-170: the events of this commit carry it
+        try:
+            for route in txn.sends:
+                try:
+                    route()
+                except (ClientError, sections.SectionError) as e:
+                    errors.append(str(e))
+            for consumer, delivery_id, wire in txn.acks:
+                self.broker.settle(consumer, delivery_id, ACCEPTED)
+                if wire is not None:
+                    wire.update(Delivery.ACCEPTED)
+                    wire.settle()
+        finally:
+            emitter.txn = None
         if errors:
             answer_rejected(discharge, "amqp:transaction:rollback", "; ".join(errors)[:512])
         elif store is not None and store.must_wait(stored_before):
@@ -761,11 +768,16 @@ class AmqpConnection:
 
     def _rollback(self, txn: Transaction, *, forced: bool) -> None:
         """Drop the kept sends; B-142 for unsettled accepts, B-143 for the rest."""
-        for consumer, delivery_id, wire in txn.acks:
-            if wire is not None and not forced:
-                self.broker.hold(consumer, delivery_id)
-            else:
-                self.broker.rollback_delivery(consumer, delivery_id)
+        emitter = self.broker.emitter
+        emitter.txn = txn.id.hex()  # B-170: `held` and `returned` carry it
+        try:
+            for consumer, delivery_id, wire in txn.acks:
+                if wire is not None and not forced:
+                    self.broker.hold(consumer, delivery_id)
+                else:
+                    self.broker.rollback_delivery(consumer, delivery_id)
+        finally:
+            emitter.txn = None
 
     def _transactional_outcome(self, delivery: Delivery, consumer: ConsumerLink) -> None:
         txn_id = txn_id_of(delivery)

@@ -6,6 +6,7 @@ accept under it, then commit, abort, or drop the connection without a discharge.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -229,3 +230,41 @@ def test_committed_transactional_sends_survive_a_crash(
         conn.close()
     finally:
         assert broker.stop() == 0, broker.log()
+
+
+def test_events_of_a_commit_and_a_rollback_carry_the_transaction(tmp_path: Path) -> None:
+    """B-170 `txn` (hex): the sent/enqueued of a committed send, the acked of a committed
+    accept, and the returned/held of a rollback carry their transaction's id; a plain send
+    and any dispatch do not."""
+    logged = start_broker(tmp_path, "event-log: {enabled: true, level: lifecycle}")
+    try:
+        plain = connect(logged.url)
+        send(plain, "tx.log.commit", "m", caps=("queue",))
+        send(plain, "tx.log.abort", "r", caps=("queue",))
+        plain.close()
+        committed = run(Scenario(logged.url, "tx.log.commit", bodies=("t",), receive=1))
+        aborted = run(Scenario(logged.url, "tx.log.abort", receive=1, end="abort"))
+        assert (committed.outcome, aborted.outcome) == ("committed", "aborted")
+    finally:
+        assert logged.stop() == 0, logged.log()
+    events = [
+        json.loads(line)
+        for path in sorted((logged.data_dir / "events").glob("events-*.jsonl"))
+        for line in path.read_text().splitlines()
+    ]
+    commit = [
+        (e["event"], e["msg_id"], e["txn"]) for e in events if e["address"] == "tx.log.commit"
+    ]
+    [m_id] = [i for kind, i, t in commit if kind == "sent" and t is None]  # the plain send
+    [txn] = {t for kind, _, t in commit if kind == "sent" and t is not None}
+    assert bytes.fromhex(txn).startswith(b"txn:")
+    [t_id] = [i for kind, i, t in commit if kind == "sent" and t == txn]
+    assert ("enqueued", t_id, txn) in commit
+    assert ("acked", m_id, txn) in commit
+    assert ("enqueued", m_id, None) in commit
+    assert all(t is None for kind, _, t in commit if kind == "dispatched")
+    abort = [(e["event"], e["reason"], e["txn"]) for e in events if e["address"] == "tx.log.abort"]
+    rolled_back = [(kind, t) for kind, reason, t in abort if reason == "tx-rollback"]
+    assert rolled_back
+    assert all(t is not None and t != txn for _, t in rolled_back)
+    assert all(t is None for kind, _, t in abort if kind in ("sent", "enqueued", "dispatched"))

@@ -46,7 +46,7 @@ class Message:
     `data` holds the encoded sections exactly as received, minus delivery annotations
     (B-017). `header_end` is the offset where the header section ends (0 when there is
     none): redelivery re-encodes only `data[:header_end]` (B-050). `head_end` is where
-    the properties section ends, for the event log.
+    the sections up to properties end, for the event log.
     """
 
     __slots__ = (
@@ -99,8 +99,8 @@ class Message:
         self.priority = min(max(priority, 0), 9)
         self.expiration_ms = expiration_ms
         self.header_end = header_end
-        # Where the properties section ends (0: not known): the event log reads no more of
-        # the message than that, unless it writes props or body_hash.
+        # Where the sections up to properties end (0: not known): the event log reads no
+        # more of the message than that, unless it writes props or body_hash.
         self.head_end = head_end
         self.header = header
         self.annotations = annotations

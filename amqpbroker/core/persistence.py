@@ -216,6 +216,15 @@ class Persistence:
             return
         self._records = []
         added, self._added = self._added, []
+        if not waiters and not added:
+            # Nothing waits on these (acks, counts): no callback to run on the writer
+            # thread and then on the loop. A write error still fails the journal, and the
+            # next append that is waited for hears of it.
+            try:
+                self.journal.append(records, sync=sync)
+            except Exception as e:  # closed or failed journal
+                self._failed(e)
+            return
         done = self._done(waiters, added)
         try:
             self.journal.append(records, sync=sync, on_durable=done)

@@ -264,3 +264,31 @@ def test_a_failed_journal_refuses_durable_sends_and_keeps_serving() -> None:
     h.send(target, b"volatile")  # non-durable messages still flow
     c = h.consumer("q", "queue")
     assert [d.message.data for d in h.take(c)] == [b"stored", b"volatile"]
+
+
+def test_a_step_nobody_waits_on_is_appended_without_a_callback() -> None:
+    """Acks and counts alone: no callback for the journal's writer thread to run (and
+    then the loop); a journal that refuses such an append still fails persistence."""
+    h, journal, persistence = _harness()
+    target = h.producer("q", "queue")
+    h.send(target, b"x", durable=True)
+    h.send(target, b"y", durable=True)
+    _step(persistence)
+    journal.complete()
+    c = h.consumer("q", "queue")
+    first, second = h.take(c)
+    h.settle(c, first, ACCEPTED)
+    _step(persistence)
+    assert journal.last() == [AckRef(queue="q", msg_id=first.message.msg_id)]
+    assert journal.pending == []
+
+    class Closed(FakeJournal):
+        def append(
+            self, records: Sequence[Record], *, sync: bool, on_durable: OnStored | None = None
+        ) -> None:
+            raise OSError("journal closed")
+
+    persistence.journal = Closed()
+    h.settle(c, second, ACCEPTED)
+    _step(persistence)
+    assert isinstance(persistence.failure, OSError)

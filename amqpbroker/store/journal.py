@@ -113,7 +113,7 @@ import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from amqpbroker.core.records import (
     RECORD_CLASSES,
@@ -404,6 +404,7 @@ class _LiveSet(Generic[_Item]):
 
 
 _WITH_MSG_ID = (AddMessage, AddRef, AckRef, UpdateDeliveryCount, ScheduledDelivery)
+_REF_RECORDS = (AddRef, AckRef)
 
 
 def _short_lived(records: list[Record], live: _LiveSet[Any]) -> set[int]:
@@ -422,23 +423,22 @@ def _short_lived(records: list[Record], live: _LiveSet[Any]) -> set[int]:
     open_refs: dict[int, set[str] | None] = {}  # msg_id -> queues holding it; None: keep
     referenced: set[int] = set()  # a message whose references come later is not gone
     for record in records:
-        kind = type(record)
-        if kind is AddRef or kind is AckRef:
-            ref = cast(AddRef | AckRef, record)
-            refs = open_refs.get(ref.msg_id)
+        if isinstance(record, _REF_RECORDS):  # a tuple: isinstance is cheap, and narrows
+            refs = open_refs.get(record.msg_id)
             if refs is None:
                 continue
-            if (ref.queue in refs) is (kind is AddRef):  # a second add, or an ack of nothing
-                open_refs[ref.msg_id] = None
-            elif kind is AddRef:
-                refs.add(ref.queue)
-                referenced.add(ref.msg_id)
+            adding = type(record) is AddRef
+            if (record.queue in refs) is adding:  # a second add, or an ack of nothing
+                open_refs[record.msg_id] = None
+            elif adding:
+                refs.add(record.queue)
+                referenced.add(record.msg_id)
             else:
-                refs.discard(ref.queue)
-        elif kind is AddMessage:
-            msg_id = cast(AddMessage, record).msg_id
+                refs.discard(record.queue)
+        elif isinstance(record, AddMessage):
+            msg_id = record.msg_id
             open_refs[msg_id] = None if msg_id in known or msg_id in open_refs else set()
-        elif kind is DeleteQueue:
+        elif isinstance(record, DeleteQueue):
             return set()
     return {
         msg_id
@@ -1199,7 +1199,11 @@ class FileJournal:
             batch = []
             for entry, offset in placed:
                 for record, size in zip(entry.records, entry.sizes, strict=True):
-                    if not gone or getattr(record, "msg_id", None) not in gone:
+                    if (
+                        not gone
+                        or not isinstance(record, _WITH_MSG_ID)
+                        or record.msg_id not in gone
+                    ):
                         batch.append((record, offset, size))
                     offset += size
             self._index_batch(seg, batch)

@@ -216,20 +216,17 @@ class Persistence:
             return
         self._records = []
         added, self._added = self._added, []
-        if not waiters and not added:
-            # Nothing waits on these (acks, counts): no callback to run on the writer
-            # thread and then on the loop. A write error still fails the journal, and the
-            # next append that is waited for hears of it.
-            try:
-                self.journal.append(records, sync=sync)
-            except Exception as e:  # closed or failed journal
-                self._failed(e)
-            return
-        done = self._done(waiters, added)
+        # Nothing waits on a step of acks and counts alone: no callback for the writer
+        # thread and then the loop to run. A write error still fails the journal, and the
+        # next append that is waited for hears of it.
+        done = self._done(waiters, added) if waiters or added else None
         try:
             self.journal.append(records, sync=sync, on_durable=done)
         except Exception as e:  # closed or failed journal: refuse, never pretend
-            done(e)
+            if done is None:
+                self._failed(e)
+            else:
+                done(e)
 
     def _done(self, waiters: list[OnStored], added: list[tuple[str, Ref]]) -> OnStored:
         def done(error: BaseException | None) -> None:

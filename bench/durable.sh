@@ -35,6 +35,8 @@ fi
 mkdir -p "$OUT/amqpbroker-data"
 [ -x "$CGEN" ] || bash "$SHARED/setup.sh" > "$OUT/setup.log" 2>&1
 log() { echo "[durable $(date +%T)] $*" >&2; }
+# shellcheck source=bench/lib.sh
+source "$REPO/bench/lib.sh"  # wait_port, amqpbroker_port
 
 PIDS=()
 EPMD=0
@@ -65,8 +67,7 @@ YAML
   --data-dir "$OUT/amqpbroker-data" --log-level warning > "$OUT/amqpbroker.log" 2>&1 &
 OURS=$!
 PIDS+=("$OURS")
-for _ in $(seq 200); do [ -s "$OUT/amqpbroker-data/ports.json" ] && break; sleep 0.1; done
-PORT=$(python3 -c "import json; print(json.load(open('$OUT/amqpbroker-data/ports.json'))['amqp'])")
+PORT=$(amqpbroker_port "$OUT/amqpbroker-data" "$OURS" "$OUT/amqpbroker.log") || exit 1
 
 if [ "$PEER" = rabbitmq ]; then
   log "starting RabbitMQ (the shared harness's configuration, port 5682)"
@@ -84,13 +85,7 @@ if [ "$PEER" = rabbitmq ]; then
   RABBIT_PID=$!
   PIDS+=("$RABBIT_PID")
   EPMD=1
-  up=0
-  for _ in $(seq 240); do
-    (exec 3<> /dev/tcp/127.0.0.1/5682) 2> /dev/null && { up=1; break; }
-    kill -0 "$RABBIT_PID" 2> /dev/null || break
-    sleep 0.5
-  done
-  [ $up = 1 ] || { log "RabbitMQ did not open port 5682 (see $OUT/rabbitmq.log)"; exit 2; }
+  wait_port 5682 120 "$RABBIT_PID" || { log "RabbitMQ did not open port 5682 (see $OUT/rabbitmq.log)"; exit 2; }
   sleep 2  # the listener comes up before the AMQP 1.0 plugin is ready
 fi
 

@@ -14,6 +14,9 @@ CGEN=/tmp/bench-cgen/amqp-cgen
 mkdir -p "$OUT"
 [ -x "$CGEN" ] || bash "$SHARED/setup.sh"
 
+# shellcheck source=bench/lib.sh
+source "$REPO/bench/lib.sh"  # amqpbroker_port
+
 PIDS=()
 cleanup() { for pid in "${PIDS[@]}"; do kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; done; }
 trap cleanup EXIT
@@ -29,13 +32,14 @@ event-log: {enabled: $2, level: ${LEVEL:-lifecycle}}
 YAML
   "$REPO/.venv/bin/amqpbroker" run --config "$OUT/$1.yaml" --data-dir "$data" \
     --log-level warning > "$OUT/$1.log" 2>&1 &
-  local pid=$!
-  for _ in $(seq 200); do [ -s "$data/ports.json" ] && break; sleep 0.1; done
-  echo "$pid $(python3 -c "import json; print(json.load(open('$data/ports.json'))['amqp'])")"
+  local pid=$! port
+  port=$(amqpbroker_port "$data" "$pid" "$OUT/$1.log") || exit 1
+  echo "$pid $port"
 }
 
 read -r OFF_PID OFF_PORT < <(start log-off false); PIDS+=("$OFF_PID")
 read -r ON_PID ON_PORT < <(start log-on true); PIDS+=("$ON_PID")
+[ -n "$OFF_PORT" ] && [ -n "$ON_PORT" ] || exit 1  # start() said why
 BENCH=("$SHARED/amqp-bench" --client c --cgen "$CGEN" --size 1024 -n "$N" --quiet
        --flavor artemis --scenario queue --jsonl "$OUT/results.jsonl")
 for rep in $(seq "$REPS"); do  # interleaved, so drift hits both alike

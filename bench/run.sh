@@ -103,15 +103,8 @@ trap 'exit 130' INT TERM
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
-wait_port() {   # port timeout_s pid
-  local port=$1 t=$2 pid=$3 i
-  for ((i = 0; i < t * 10; i++)); do
-    (echo > "/dev/tcp/127.0.0.1/$port") 2>/dev/null && return 0
-    kill -0 "$pid" 2>/dev/null || return 1
-    sleep 0.1
-  done
-  return 1
-}
+# shellcheck source=bench/lib.sh
+source "$REPO/bench/lib.sh"  # wait_port, amqpbroker_port
 
 if want cbroker; then
   PORT[cbroker]=$(free_port)
@@ -141,18 +134,7 @@ YAML
     --log-level warning > "$OUT/amqpbroker.log" 2>&1 &
   PID[amqpbroker]=$!
   FLAVOR[amqpbroker]=artemis
-  for ((i = 0; i < 200; i++)); do   # up to 20 s for ports.json
-    if [ -s "$DATA/ports.json" ] &&
-       PORT[amqpbroker]=$(python3 -c 'import json,sys; print(int(json.load(open(sys.argv[1]))["amqp"]))' \
-                          "$DATA/ports.json" 2>/dev/null); then
-      break
-    fi
-    kill -0 "${PID[amqpbroker]}" 2>/dev/null || {
-      echo "run.sh: amqpbroker exited before writing ports.json:" >&2; tail -20 "$OUT/amqpbroker.log" >&2; exit 1; }
-    sleep 0.1
-  done
-  [ -n "${PORT[amqpbroker]:-}" ] || {
-    echo "run.sh: no $DATA/ports.json with key amqp after 20 s (see $OUT/amqpbroker.log)" >&2; exit 1; }
+  PORT[amqpbroker]=$(amqpbroker_port "$DATA" "${PID[amqpbroker]}" "$OUT/amqpbroker.log") || exit 1
   wait_port "${PORT[amqpbroker]}" 10 "${PID[amqpbroker]}" || {
     echo "run.sh: amqpbroker not accepting on ${PORT[amqpbroker]} (see $OUT/amqpbroker.log)" >&2; exit 1; }
   log "amqpbroker up: pid ${PID[amqpbroker]} port ${PORT[amqpbroker]}"

@@ -31,8 +31,11 @@ pipe; the writer process writes everything, renames its `.part` file and exits, 
 `close()` waits for it. A clean stop loses nothing. If the broker dies, the writer process
 sees end-of-file and does the same with what reached it.
 
-Thread rule: `submit`, `flush` and the timer on the loop thread; `close` on any one thread
-(a lock keeps a late timer or submit out of its way); the counts on any thread.
+Thread rule: `submit`, `seal`, `flush` and the timer on the loop thread; `close` on the
+loop thread, or on any one other thread after `seal` (what is collected belongs to the
+loop thread: `submit` runs without the lock, which cost as much as the rest of it); the
+counts on any thread. A lock keeps the frames, the pipes and the counts consistent
+between the loop, `close` and the counts.
 """
 
 from __future__ import annotations
@@ -137,6 +140,7 @@ class EventLogWriter:
         self._backlog_bytes = 0
         self._handed = 0  # events put in frames (backlog or pipe)
         self._dropped_here = 0
+        self._dropped_sealed = 0  # by submit after seal() or a failure: loop thread only
         # As the writer process last reported them.
         self._written = 0
         self._dropped_there = 0
@@ -147,6 +151,7 @@ class EventLogWriter:
         self._status_fd = -1
         self._status_buf = bytearray()
         self._closed = False
+        self._sealed = False  # submit takes no more events (loop thread; see seal())
 
     # -- counts (any thread) ----------------------------------------------------------
     @property
@@ -154,7 +159,7 @@ class EventLogWriter:
         """Events numbered but never written: hand-off full, I/O error, or late."""
         with self._lock:
             self._read_status()
-            return self._dropped_here + self._dropped_there
+            return self._dropped_here + self._dropped_sealed + self._dropped_there
 
     @property
     def written_total(self) -> int:
@@ -211,29 +216,40 @@ class EventLogWriter:
 
     def submit(self, events: list[RawEvent]) -> None:
         """Number and collect a batch (the list is taken over, not copied); drop and count
-        it when the writer is behind."""
+        it when the writer is behind.
+
+        Without the lock, which cost as much as the rest of it at a few calls per
+        message: only the loop thread touches what is collected (`seal()` stops it before
+        `close()` runs on another thread; `_fail()` leaves it to the next flush).
+        """
         keep = self._keep
         if keep is not None:
-            events = [e for e in events if e[0] in keep]
+            events = [e for e in events if e[0][0] in keep]
             if not events:
                 return
-        with self._lock:
-            count = len(events)
-            self._seq += count
-            if self._closed or self._failed:
-                self._dropped_here += count
-                return
-            pending = self._pending
-            if pending:
-                pending += events
-            else:
-                self._pending_first = self._seq - count + 1
-                self._pending = pending = events
-            if self._schedule is None or len(pending) >= FLUSH_EVENTS:
-                self._flush()
-            elif not self._armed:
-                self._armed = True
-                self._schedule(FLUSH_SECONDS, self._on_timer)
+        count = len(events)
+        self._seq += count
+        if self._sealed or self._failed:
+            self._dropped_sealed += count
+            return
+        pending = self._pending
+        if pending:
+            pending += events
+        else:
+            self._pending_first = self._seq - count + 1
+            self._pending = pending = events
+        if self._schedule is None or len(pending) >= FLUSH_EVENTS:
+            self.flush()
+        elif not self._armed:
+            self._armed = True
+            self._schedule(FLUSH_SECONDS, self._on_timer)
+
+    def seal(self) -> None:
+        """Take no more events (later ones are counted as dropped) and frame the collected
+        ones, on the loop thread: the server's last step before `close()`, which then
+        runs on another thread without racing a `submit`."""
+        self._sealed = True
+        self.flush()
 
     def flush(self) -> None:
         """Send what is collected now."""
@@ -262,7 +278,7 @@ class EventLogWriter:
         with self._lock:
             if self._closed:
                 return
-            self._closed = True  # from now on submit drops, the timer does nothing
+            self._closed = self._sealed = True  # submit drops, the timer does nothing
             self._flush(final=True)
             process = self._process
             if process is None:  # never started: nothing numbered was written
@@ -421,10 +437,9 @@ class EventLogWriter:
             self._frames_fd = -1
 
     def _fail(self) -> None:
-        """Stop handing over: count what is collected and not sent as dropped."""
+        """Stop handing over: count the frames not sent as dropped (what is collected is
+        dropped and counted by the next flush: `_pending` is the loop thread's)."""
         self._failed = True
-        self._dropped_here += len(self._pending)
-        self._pending = []
         self._drop_backlog()
 
     def _drop_backlog(self) -> None:

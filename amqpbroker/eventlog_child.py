@@ -226,8 +226,7 @@ class ChildWriter:
         # and only on the event's count, connection, link, reason and target queues (a
         # few combinations, repeated for every message).
         self._messages: dict[int, tuple[str, str, str]] = {}
-        self._where: dict[tuple[str | None, str | None], str] = {}
-        self._tails: dict[tuple[Any, ...], str] = {}
+        self._shapes: dict[Any, tuple[str, str, str]] = {}
         self._json = _JsonText()
         self._decode_warned = False
         self._bug_logged = False
@@ -291,39 +290,28 @@ class ChildWriter:
 
     def _line(self, seq: int, e: tuple[Any, ...]) -> str:
         """One JSON object with the B-170 fields in order."""
-        (
-            kind,
-            ts,
-            msg_id,
-            address,
-            queue,
-            routing_type,
-            durable,
-            size,
-            delivery_count,
-            connection,
-            link,
-            reason,
-            first_ts,
-            data,
-            extra,
-        ) = e
-        j = self._json  # names repeat: their JSON text is cached
-        if data is not None and (extra is None or _only_target_queues(extra)):
+        shape, ts, part, delivery_count, extra = e
+        if part[4] is not None and (extra is None or _only_target_queues(extra)):
             # The common case (sent, enqueued, dispatched, acked: ~4 lines a message):
-            # the line is cached texts around ts, seq and event.
-            message = self._messages.get(msg_id)
+            # the line is cached texts around ts, seq and the count.
+            message = self._messages.get(part[0])
             if message is None:
-                message = self._cache_message(msg_id, data, durable, size, first_ts)
+                message = self._cache_message(*part)
             head, body, end = message
-            where = self._where.get((address, queue))
-            if where is None:
-                where = self._cache_where(address, queue, routing_type)
-            key = (delivery_count, connection, link, reason, None if extra is None else extra[2])
-            tail = self._tails.get(key)
-            if tail is None:
-                tail = self._cache_tail(key)
-            return f'{{"ts":{ts:d},"seq":{seq:d},"event":{j[kind]},{head}{where}{body}{tail}{end}'
+            key = shape if extra is None else (shape, extra[2])
+            texts = self._shapes.get(key)
+            if texts is None:
+                texts = self._cache_shape(key, shape, None if extra is None else extra[2])
+            start, where, tail = texts
+            count = "null" if delivery_count is None else delivery_count
+            return (
+                f'{{"ts":{ts:d},"seq":{seq:d},{start}{head}{where}{body}'
+                f'"delivery_count":{count},{tail}{end}'
+            )
+        j = self._json  # names repeat: their JSON text is cached
+        kind, (address, queue, routing_type), by, reason = shape
+        msg_id, durable, size, first_ts, data = part
+        connection, link = by or (None, None)
         if data is None:
             amqp_json, props, body_hash = "null", "null", "null"
         else:
@@ -365,7 +353,7 @@ class ChildWriter:
         )
 
     def _cache_message(
-        self, msg_id: int, data: bytes, durable: bool, size: int, first_ts: int
+        self, msg_id: int, durable: bool, size: int, first_ts: int, data: bytes
     ) -> tuple[str, str, str]:
         """The text of `_line`'s common case that depends only on the message."""
         amqp_json, props, body_hash = self._message_info(msg_id, data, size)
@@ -381,31 +369,26 @@ class ChildWriter:
         cache[msg_id] = text
         return text
 
-    def _cache_where(self, address: str | None, queue: str | None, routing_type: str | None) -> str:
-        """The text of `_line`'s common case that depends only on the queue."""
+    def _cache_shape(
+        self, key: Any, shape: tuple[Any, ...], targets: tuple[str, ...] | None
+    ) -> tuple[str, str, str]:
+        """The texts of `_line`'s common case that depend only on the event's shape (and a
+        `sent`'s target queues): a few, repeated for every message."""
         j = self._json
-        text = f'"address":{j[address]},"queue":{j[queue]},"routing_type":{j[routing_type]},'
-        if len(self._where) >= _JSON_CACHE:
-            self._where.clear()
-        self._where[address, queue] = text
-        return text
-
-    def _cache_tail(self, key: tuple[Any, ...]) -> str:
-        """The text of `_line`'s common case that depends on the event's count, link and
-        reason: a few combinations, repeated for every message."""
-        delivery_count, connection, link, reason, targets = key
-        j = self._json
-        count = "null" if delivery_count is None else int(delivery_count)
+        kind, (address, queue, routing_type), by, reason = shape
+        connection, link = by or (None, None)
         queues = "null" if targets is None else "[" + ",".join([j[q] for q in targets]) + "]"
-        text = (
-            f'"delivery_count":{count},"connection":{j[connection]},"link":{j[link]},'
-            f'"txn":null,"reason":{j[reason]},"target_address":null,"target_queues":{queues},'
-            f'"copy_msg_id":null,"delay_ms":null,'
+        texts = (
+            f'"event":{j[kind]},',
+            f'"address":{j[address]},"queue":{j[queue]},"routing_type":{j[routing_type]},',
+            f'"connection":{j[connection]},"link":{j[link]},"txn":null,"reason":{j[reason]},'
+            f'"target_address":null,"target_queues":{queues},"copy_msg_id":null,'
+            '"delay_ms":null,',
         )
-        if len(self._tails) >= _JSON_CACHE:
-            self._tails.clear()
-        self._tails[key] = text
-        return text
+        if len(self._shapes) >= _JSON_CACHE:
+            self._shapes.clear()
+        self._shapes[key] = texts
+        return texts
 
     def _message_info(self, msg_id: int, data: bytes, size: int) -> tuple[str, str, str]:
         info = self._info.get(msg_id)

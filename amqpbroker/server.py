@@ -482,6 +482,7 @@ class BrokerServer:
             self._timer.cancel()
         if self.event_log is not None:
             self.shell.apply_effects()  # hand over the last events
+            self.event_log.seal()  # later ones are counted as dropped; close() waits
             await asyncio.get_running_loop().run_in_executor(None, self.event_log.close)
         if self.journal is not None:
             self.shell.apply_effects()  # the last durable changes

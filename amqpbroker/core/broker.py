@@ -27,7 +27,7 @@ from amqpbroker.core.errors import (
     ResourceLimitExceeded,
 )
 from amqpbroker.core.expiry import apply_expiry_overrides, initial_expiration
-from amqpbroker.core.lifecycle import Emitter, EventLevel
+from amqpbroker.core.lifecycle import Emitter, EventLevel, Extra
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -754,35 +754,20 @@ class Broker:
         message: Message,
         now_ms: int,
         reason: str | None = None,
-        target_queues: tuple[str, ...] | None = None,
+        extra: Extra | None = None,
     ) -> None:
-        """Record `sent`/`unrouted` (no queue yet) as a `lifecycle.RawEvent`, like
-        `Queue.event`: a flat tuple, cheap on the hot path."""
+        """Record `sent`/`unrouted` (no queue yet) as a `lifecycle.RawEvent`."""
         emitter = self.emitter
-        data = message.data
-        head_end = message.head_end if emitter.heads_only else 0
         txn = emitter.txn
         emitter.events.append(
             (
-                kind,
+                (kind, (message.address, None, None), (message.origin_container, None), reason),
                 now_ms,
-                message.msg_id,
-                message.address,
+                message.event_part or emitter.message_part(message),
                 None,
-                None,
-                message.durable,
-                message.size,
-                None,
-                message.origin_container,
-                None,
-                reason,
-                message.first_ts,
-                data[:head_end]
-                if head_end
-                else (data if len(data) <= emitter.data_limit else data[: emitter.data_limit]),
-                None
-                if target_queues is None and txn is None
-                else (txn, None, target_queues, None, None, None, None, None),
+                extra
+                if txn is None
+                else (txn, None, None if extra is None else extra[2], None, None, None, None, None),
             )
         )
 
@@ -798,7 +783,12 @@ class Broker:
         emitter = self.emitter
         if emitter.all and reason == "route":
             self._message_event(
-                "sent", message, now_ms, target_queues=tuple([q.name for q in queues])
+                "sent",
+                message,
+                now_ms,
+                extra=queues[0].event_routed
+                if len(queues) == 1
+                else (None, None, tuple([q.name for q in queues]), None, None, None, None, None),
             )
         if not queues:
             address.unrouted += 1

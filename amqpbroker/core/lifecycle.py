@@ -18,7 +18,10 @@ import enum
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
+
+if TYPE_CHECKING:
+    from amqpbroker.core.model import Message
 
 
 class EventLevel(enum.Enum):
@@ -66,27 +69,26 @@ Extra: TypeAlias = tuple[
     str | None,
 ]
 
-# One event as the core records it. `data` is the message's encoded bytes (or their first
-# `Emitter.data_limit` bytes, or its head: see `Emitter.heads_only`), from which the writer
-# takes amqp_message_id, props and body_hash; None when there is no message to read.
-# `extra` is None or an `Extra`.
-RawEvent: TypeAlias = tuple[
-    str,  # event
-    int,  # ts
-    int,  # msg_id
-    str | None,  # address
-    str | None,  # queue
-    str | None,  # routing_type
-    bool,  # durable
-    int,  # size
-    int | None,  # delivery_count
-    str | None,  # connection
-    str | None,  # link
-    str | None,  # reason
-    int,  # first_ts
-    bytes | None,  # data
-    Extra | None,  # extra
-]
+# An event's fields that depend only on its message: (msg_id, durable, size, first_ts,
+# data). `data` is the message's encoded bytes (or their first `Emitter.data_limit` bytes,
+# or its head: see `Emitter.heads_only`), from which the writer takes amqp_message_id,
+# props and body_hash; None when there is no message to read. Built once per message
+# (`Emitter.message_part`, kept in `Message.event_part`) and shared by all its events.
+MessagePart: TypeAlias = tuple[int, bool, int, int, bytes | None]
+# (address, queue, routing_type): built once per queue (`Queue.event_where`).
+Where: TypeAlias = tuple[str | None, str | None, str | None]
+# (connection, link): built once per consumer.
+By: TypeAlias = tuple[str | None, str | None]
+# (event, where, by, reason): what an event says besides its message, time and count. The
+# common ones are built once, on the queue (`enqueued`) or on the consumer (`dispatched`,
+# `acked`); by is None when there is no link.
+Shape: TypeAlias = tuple[str, Where, By | None, str | None]
+
+# One event as the core records it: (shape, ts, message part, delivery_count, extra).
+# Shared tuples, not copied fields: a common event is one small tuple of things already
+# built, and `marshal` writes a shape or a message part once per frame however many events
+# of the frame share it.
+RawEvent: TypeAlias = tuple[Shape, int, MessagePart, int | None, Extra | None]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -131,44 +133,23 @@ class LifecycleEvent:
             self.error_description,
             self.amqp_message_id,
         )
+        by = None if self.connection is None and self.link is None else (self.connection, self.link)
         return (
-            self.event,
+            (self.event, (self.address, self.queue, self.routing_type), by, self.reason),
             self.ts,
-            self.msg_id,
-            self.address,
-            self.queue,
-            self.routing_type,
-            self.durable,
-            self.size,
+            (self.msg_id, self.durable, self.size, self.first_ts, self.data),
             self.delivery_count,
-            self.connection,
-            self.link,
-            self.reason,
-            self.first_ts,
-            self.data,
             None if extra == _NO_EXTRA else extra,
         )
 
     @classmethod
     def of(cls, raw: RawEvent) -> LifecycleEvent:
         """The readable form of a recorded event."""
-        (
-            event,
-            ts,
-            msg_id,
-            address,
-            queue,
-            routing_type,
-            durable,
-            size,
-            delivery_count,
-            connection,
-            link,
-            reason,
-            first_ts,
-            data,
-            extra,
-        ) = raw
+        shape, ts, part, delivery_count, extra = raw
+        event, where, by, reason = shape
+        msg_id, durable, size, first_ts, data = part
+        address, queue, routing_type = where
+        connection, link = by or (None, None)
         (
             txn,
             target_address,
@@ -228,10 +209,36 @@ class Emitter:
         # (set by the server), a C call, a third of the cost of a Python `now_ms()` per
         # event. None: events read the broker's clock.
         self.clock_ns: Callable[[], int] | None = None
-        # B-170 `txn`: the transaction (id in hex) whose commit or rollback the broker is
-        # carrying out; the events it causes carry it, except `dispatched` (a delivery to a
-        # consumer is not part of the transaction that routed the message).
-        self.txn: str | None = None
+        # B-170 `txn` (see the property), and the `extra` of a common event that carries it.
+        self._txn: str | None = None
+        self.txn_extra: Extra | None = None
+
+    @property
+    def txn(self) -> str | None:
+        """The transaction (id in hex) whose commit or rollback the broker is carrying
+        out; the events it causes carry it, except `dispatched` (a delivery to a consumer
+        is not part of the transaction that routed the message)."""
+        return self._txn
+
+    @txn.setter
+    def txn(self, txn: str | None) -> None:
+        self._txn = txn
+        self.txn_extra = None if txn is None else (txn, None, None, None, None, None, None, None)
+
+    def message_part(self, message: Message) -> MessagePart:
+        """`message`'s `MessagePart`, built on its first event and kept on it (a message
+        whose bytes change, B-083, drops it: `Message.event_part`)."""
+        part = message.event_part
+        if part is None:
+            data = message.data
+            head_end = message.head_end
+            if self.heads_only and head_end:
+                data = data[:head_end]
+            elif len(data) > self.data_limit:
+                data = data[: self.data_limit]
+            part = (message.msg_id, message.durable, message.size, message.first_ts, data)
+            message.event_part = part
+        return part
 
     def take_raw(self) -> list[RawEvent]:
         """The events since the last call, as recorded (the shell's hand-off)."""

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any, NewType, Protocol
+from typing import TYPE_CHECKING, Any, NewType, Protocol
+
+if TYPE_CHECKING:
+    from amqpbroker.core.lifecycle import MessagePart
 
 ConsumerId = NewType("ConsumerId", int)
 DeliveryId = NewType("DeliveryId", int)
@@ -56,6 +59,7 @@ class Message:
         "data",
         "deliver_at_ms",
         "durable",
+        "event_part",
         "expiration_ms",
         "first_ts",
         "head_end",
@@ -113,6 +117,9 @@ class Message:
         self.ttl_ms = ttl_ms  # header.ttl as sent; expiration_ms holds the computed value
         self.deliver_at_ms = deliver_at_ms  # scheduled delivery, epoch ms; 0 = now (B-015)
         self.stored = False  # its AddMessage record is in the journal (core/persistence.py)
+        # Its lifecycle events' shared part (`Emitter.message_part`), built on the first;
+        # whoever changes `data` sets it back to None.
+        self.event_part: MessagePart | None = None
 
     def get_properties(self) -> dict[str, Any]:
         """The properties section as a dict (decoded once, on first use)."""

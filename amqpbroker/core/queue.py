@@ -38,7 +38,7 @@ from random import Random
 from typing import TYPE_CHECKING
 
 from amqpbroker.core.effects import Dispatch, Drained, Effect
-from amqpbroker.core.lifecycle import Emitter
+from amqpbroker.core.lifecycle import By, Emitter, Extra, Shape, Where
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -106,6 +106,17 @@ class Consumer:
     drain: bool = False
     unsettled: dict[DeliveryId, Ref] = field(default_factory=dict)
     browsed_seq: int = -1  # a browser has seen every reference up to this seq
+    # Its events' `lifecycle.By`, and the shapes of the common ones, built once.
+    event_by: By = field(init=False)
+    event_dispatched: Shape = field(init=False)
+    event_acked: Shape = field(init=False)
+
+    def __post_init__(self) -> None:
+        by = self.event_by = (self.container, self.link_name)
+        where = self.queue.event_where
+        reason = "presettled" if self.presettled else None
+        self.event_dispatched = ("dispatched", where, by, reason)
+        self.event_acked = ("acked", where, by, "accepted")
 
     def accepts(self, ref: Ref) -> bool:
         if ref.blocked is not None and self.id in ref.blocked:
@@ -155,6 +166,11 @@ class Queue:
         self.name = config.name
         self.address = config.address
         self.routing_type: RoutingType = config.routing_type
+        # Its events' `lifecycle.Where`, and the shape of the common one, built once.
+        self.event_where: Where = (self.address, self.name, self.routing_type.value)
+        self.event_enqueued: Shape = ("enqueued", self.event_where, None, "route")
+        # The `extra` of a `sent` routed to this queue alone (target_queues).
+        self.event_routed: Extra = (None, None, (self.name,), None, None, None, None, None)
         self.durable = config.durable
         self.selector = selector  # the queue filter: what may enter
         self.settings = settings
@@ -222,6 +238,27 @@ class Queue:
         """Whether the queue filter lets the message in (B-002)."""
         return self.selector is None or self.selector.matches(message)
 
+    def note(self, shape: Shape, ref: Ref, extra: Extra | None) -> None:
+        """Record a common lifecycle event (B-171): `enqueued`, `dispatched`, `acked`, three
+        a delivered message at level `lifecycle`, with a shape built once and kept (on the
+        queue or the consumer) and `extra` None or the emitter's `txn_extra`.
+
+        The hot path of the B-170 cost budget: positional arguments (each default would
+        cost a lookup per call) and a `lifecycle.RawEvent` of five things already built.
+        """
+        message = ref.message
+        emitter = self.emitter
+        clock_ns = emitter.clock_ns
+        emitter.events.append(
+            (
+                shape,
+                self._clock_ms() if clock_ns is None else clock_ns() // 1_000_000,
+                message.event_part or emitter.message_part(message),
+                ref.delivery_count,
+                extra,
+            )
+        )
+
     def event(
         self,
         kind: str,
@@ -234,31 +271,19 @@ class Queue:
         copy_msg_id: int | None = None,
         error_condition: str | None = None,
         error_description: str | None = None,
-        txn: str | None = None,
     ) -> None:
-        """Record a lifecycle event (B-171) about `ref` in this queue.
-
-        A flat `lifecycle.RawEvent` tuple, no object and no kwargs dict: this runs up to
-        four times per message at level `lifecycle` (B-170 cost budget). Not keyword-only
-        on purpose: filling keyword-only defaults costs a dict lookup each, per call.
-        """
-        message = ref.message
-        emitter = self.emitter
-        clock_ns = emitter.clock_ns
-        data = message.data
-        size = message.size
-        head_end = message.head_end if emitter.heads_only else 0
-        if txn is None and emitter.txn is not None and kind != "dispatched":
-            txn = emitter.txn
-        extra = None
+        """Record any lifecycle event (B-171) about `ref` in this queue, with the fields
+        moves, returns and rejections have (`note` is the common case, cheaper)."""
+        txn = self.emitter.txn
+        extra: Extra | None = None
         if not (
-            delay_ms is None
+            txn is None
+            and delay_ms is None
             and target_address is None
             and target_queues is None
             and copy_msg_id is None
             and error_condition is None
             and error_description is None
-            and txn is None
         ):
             extra = (
                 txn,
@@ -270,27 +295,8 @@ class Queue:
                 error_description,
                 None,
             )
-        emitter.events.append(
-            (
-                kind,
-                self._clock_ms() if clock_ns is None else clock_ns() // 1_000_000,
-                message.msg_id,
-                self.address,
-                self.name,
-                self.routing_type._value_,  # not `.value`: a property call per event
-                message.durable,
-                size,
-                ref.delivery_count,
-                None if consumer is None else consumer.container,
-                None if consumer is None else consumer.link_name,
-                reason,
-                message.first_ts,
-                data[:head_end]
-                if head_end
-                else (data if size <= emitter.data_limit else data[: emitter.data_limit]),
-                extra,
-            )
-        )
+        by = None if consumer is None else consumer.event_by
+        self.note((kind, self.event_where, by, reason), ref, extra)
 
     def add(
         self, message: Message, out: list[Effect], *, delivery_count: int = 0, reason: str = "route"
@@ -304,7 +310,13 @@ class Queue:
             )
         self.counters.added += 1
         if self.emitter.all:
-            self.event("enqueued", ref, reason=reason)
+            self.note(
+                self.event_enqueued
+                if reason == "route"
+                else ("enqueued", self.event_where, None, reason),
+                ref,
+                self.emitter.txn_extra,
+            )
         if self.consumers:
             self.dispatch(out)
         return ref
@@ -436,9 +448,7 @@ class Queue:
             )
         )
         if self.emitter.all:
-            self.event(
-                "dispatched", ref, consumer, reason="presettled" if consumer.presettled else None
-            )
+            self.note(consumer.event_dispatched, ref, None)  # never txn (B-170)
         if consumer.presettled:
             self._acknowledge(ref, consumer)  # B-037: at-most-once, acknowledged as written
         else:
@@ -473,12 +483,12 @@ class Queue:
         self.size_bytes -= size
         self._on_size(-size)
 
-    def _acknowledge(self, ref: Ref, consumer: Consumer | None) -> None:
+    def _acknowledge(self, ref: Ref, consumer: Consumer) -> None:
         self.counters.acknowledged += 1
         self.used = True
         self._removed(ref)
         if self.emitter.all:
-            self.event("acked", ref, consumer, reason="accepted")
+            self.note(consumer.event_acked, ref, self.emitter.txn_extra)
 
     def settle(
         self,

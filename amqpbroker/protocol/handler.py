@@ -911,23 +911,13 @@ def message_of(scanned: sections.Scanned, *, origin_container: str | None = None
         ttl_ms=scanned.ttl,
         expiration_ms=scanned.absolute_expiry_time or 0,
         header_end=scanned.header_end,
-        head_end=_head_end(scanned),
+        head_end=scanned.head_end(),
         header={"delivery-count": scanned.delivery_count}
         if scanned.delivery_count or scanned.first_acquirer
         else None,
         origin_container=origin_container,
         reader=sections.READER,
     )
-
-
-def _head_end(scanned: sections.Scanned) -> int:
-    """Where the sections up to properties end: all the event log needs of a message
-    (properties.message-id) unless it writes props or body_hash."""
-    if scanned.properties is not None:
-        return scanned.properties[1]
-    if scanned.message_annotations is not None:
-        return scanned.message_annotations[1]
-    return scanned.header_end
 
 
 def _scheduled_delivery(annotations: dict[str, Any], now_ms: int) -> int:

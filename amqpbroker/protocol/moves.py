@@ -61,6 +61,7 @@ class Copier:
             durable=message.durable,
             priority=message.priority,
             header_end=rescanned.header_end,
+            head_end=rescanned.head_end(),
             annotations=annotations,
             reader=sections.READER,
         )
@@ -76,9 +77,12 @@ class Copier:
             else header._replace(ttl=None),
             properties_update={"absolute-expiry-time": expiration_ms or None},
         )
+        rescanned = sections.scan(data)
         message.data = data
         message.size = len(data)
-        message.header_end = sections.scan(data).header_end
+        message.header_end = rescanned.header_end
+        message.head_end = rescanned.head_end()
+        message.event_part = None  # its events from now on carry the new bytes
         message.expiration_ms = expiration_ms
 
 

@@ -1005,6 +1005,15 @@ class Scanned(NamedTuple):
             self.durable, self.priority, self.ttl, self.first_acquirer, self.delivery_count
         )
 
+    def head_end(self) -> int:
+        """Where the sections up to properties end: all the event log needs of a message
+        (properties.message-id) unless it writes props or body_hash."""
+        if self.properties is not None:
+            return self.properties[1]
+        if self.message_annotations is not None:
+            return self.message_annotations[1]
+        return self.header_end
+
 
 def _absolute_expiry_time(buf: bytes, vpos: int, end: int) -> int | None:
     """Field 9 of the properties list, reached by skipping the first 8 (B-080)."""

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -558,6 +559,28 @@ def test_events_collect_until_the_timer_and_close_writes_the_rest(tmp_path: Path
     assert w.dropped_total == 0
 
 
+def test_seal_then_close_on_another_thread_writes_what_came_before_and_counts_the_rest(
+    tmp_path: Path,
+) -> None:
+    """The server's stop: seal() on the loop thread frames what is collected; events the
+    loop submits later are numbered and counted as dropped (a seq gap, never a silent
+    loss) while close() on another thread writes the rest and waits for the writer."""
+    timer = ManualTimer()
+    w = writer(tmp_path)
+    w.start(schedule=timer)
+    w.submit([event("sent"), event("enqueued")])
+    w.seal()
+    closer = threading.Thread(target=w.close)
+    closer.start()
+    for _ in range(50):  # the loop goes on submitting while close() runs
+        w.submit([event("acked")])
+    closer.join(10)
+    assert not closer.is_alive()
+    assert [(r["seq"], r["event"]) for r in records(tmp_path)] == [(1, "sent"), (2, "enqueued")]
+    assert w.dropped_total == 50
+    assert w.written_total == 2
+
+
 def test_values_of_str_and_int_subclasses_are_written_as_plain_values(tmp_path: Path) -> None:
     """AMQP symbols and typed ints (str/int subclasses, which marshal refuses) in an
     event are written as the plain string or number."""
@@ -719,9 +742,13 @@ def test_events_carry_only_the_head_of_a_message_up_to_its_properties(tmp_path: 
     for message in (with_id, without):
         h.broker.publish(message, target)
     events = h.broker.emitter.take_raw()
-    assert [e[0] for e in events] == ["sent", "enqueued", "sent", "enqueued"]
-    assert {e[13] for e in events[:2]} == {with_id.data[: with_id.head_end]}
-    assert {e[13] for e in events[2:]} == {without.data[: without.head_end]}
+    readable = [LifecycleEvent.of(e) for e in events]
+    assert [e.event for e in readable] == ["sent", "enqueued", "sent", "enqueued"]
+    assert {e.data for e in readable[:2]} == {with_id.data[: with_id.head_end]}
+    assert {e.data for e in readable[2:]} == {without.data[: without.head_end]}
+    # one part per message, shared by its events: marshal writes it once per frame
+    assert events[0][2] is events[1][2]
+    assert events[2][2] is events[3][2]
     w.start()
     w.submit(events)
     w.close()
@@ -732,3 +759,32 @@ def test_events_carry_only_the_head_of_a_message_up_to_its_properties(tmp_path: 
         ("sent", None, without.size),
         ("enqueued", None, without.size),
     ]
+
+
+def test_events_of_a_message_whose_expiry_the_broker_rewrote_carry_the_new_head(
+    tmp_path: Path,
+) -> None:
+    """B-081/B-083: an expiry-delay override rewrites the message (absolute-expiry-time
+    added to properties), which moves the end of its head; its events carry the new head
+    (not a stale cut of the old bytes), and the writer still reads its message-id."""
+    from amqpbroker.core import AddressSettings
+    from amqpbroker.protocol.handler import message_of
+    from amqpbroker.protocol.moves import COPIER
+
+    message = message_of(sections.scan(encoded(id="m-7", body=b"z" * 200, durable=True)))
+    old_head = message.data[: message.head_end]
+    h = Harness({"#": AddressSettings.of(expiry_delay=60_000)}, copier=COPIER)
+    h.broker.emitter.heads_only = True
+    h.broker.emitter.message_part(message)  # as if an event had been built before
+    h.broker.publish(message, h.producer("q", "queue"))
+    events = h.broker.emitter.take_raw()
+    assert [LifecycleEvent.of(e).event for e in events] == ["sent", "enqueued"]
+    head = LifecycleEvent.of(events[0]).data
+    assert message.head_end == sections.scan(message.data).head_end()
+    assert head == message.data[: message.head_end] != old_head
+    assert sections.scan(message.data).absolute_expiry_time == message.expiration_ms > 0
+    w = writer(tmp_path)
+    w.start()
+    w.submit(events)
+    w.close()
+    assert [r["amqp_message_id"] for r in records(tmp_path)] == ["m-7", "m-7"]

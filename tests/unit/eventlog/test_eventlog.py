@@ -749,6 +749,9 @@ def test_events_carry_only_the_head_of_a_message_up_to_its_properties(tmp_path: 
     # one part per message, shared by its events: marshal writes it once per frame
     assert events[0][2] is events[1][2]
     assert events[2][2] is events[3][2]
+    # ... and not kept while the message waits in the queue (memory of a deep queue)
+    assert with_id.event_part is None
+    assert without.event_part is None
     w.start()
     w.submit(events)
     w.close()

@@ -103,7 +103,7 @@ _FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {
 
 def encode(record: Record) -> bytes:
     """The payload of `record` (without its type id, which the frame carries)."""
-    fast = FAST.get(type(record))
+    fast = _FAST.get(type(record))
     if fast is not None:
         try:
             return fast(record)
@@ -171,8 +171,7 @@ def _fast_add_message(record: Any) -> bytes:
     )
 
 
-# By record class: the journal's append looks them up itself (one call less per record).
-FAST: dict[type[Any], Callable[[Any], bytes]] = {
+_FAST: dict[type[Any], Callable[[Any], bytes]] = {
     cls: fn
     for cls, fn in (
         (RECORD_CLASSES[RecordType.ADD_REF], _fast_add_ref),

@@ -1095,28 +1095,13 @@ class FileJournal:
     def append(
         self, records: Sequence[Record], *, sync: bool, on_durable: OnDurable | None = None
     ) -> None:
-        # `_frame` and `codec.encode` inline: this runs for every durable record on the
-        # loop thread (three a message), and the calls were a third of its cost.
         parts = []
         sizes = []
         last = len(records) - 1
-        fast = codec.FAST
-        frame_head = _FRAME.pack
-        crc_fields = _CRC_FIELDS.pack
-        crc32 = zlib.crc32
         for i, record in enumerate(records):
-            encode = fast.get(type(record))
-            try:
-                payload = codec.encode_generic(record) if encode is None else encode(record)
-            except struct.error:  # an int outside i64: the general encoder names it
-                payload = codec.encode_generic(record)
-            n = len(payload)
-            type_id = int(record.type_id)
-            flags = BATCH_END if i == last else 0
-            crc = crc32(payload, crc32(crc_fields(n, type_id, flags)))
-            parts.append(frame_head(n, crc, type_id, flags))
-            parts.append(payload)
-            sizes.append(_FRAME.size + n)
+            frame = _frame(record.type_id, BATCH_END if i == last else 0, codec.encode(record))
+            parts.append(frame)
+            sizes.append(len(frame))
         pending = _Pending(tuple(records), b"".join(parts), sizes, sync, on_durable)
         with self._cond:
             if self._closed or self.read_only:

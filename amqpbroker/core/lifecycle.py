@@ -229,18 +229,17 @@ class Emitter:
         self.txn_extra = None if txn is None else (txn, None, None, None, None, None, None, None)
 
     def message_part(self, message: Message) -> MessagePart:
-        """`message`'s `MessagePart`, built on its first event and kept on it (a message
-        whose bytes change, B-083, drops it: `Message.event_part`)."""
-        part = message.event_part
-        if part is None:
-            data = message.data
-            head_end = message.head_end
-            if self.heads_only and head_end:
-                data = data[:head_end]
-            elif len(data) > self.data_limit:
-                data = data[: self.data_limit]
-            part = (message.msg_id, message.durable, message.size, message.first_ts, data)
-            message.event_part = part
+        """Build `message`'s `MessagePart` and keep it on the message for its next events
+        (callers write `message.event_part or emitter.message_part(message)`; whoever
+        changes its bytes, B-083, drops it: `Message.event_part`)."""
+        data = message.data
+        head_end = message.head_end
+        if self.heads_only and head_end:
+            data = data[:head_end]
+        elif len(data) > self.data_limit:
+            data = data[: self.data_limit]
+        part = (message.msg_id, message.durable, message.size, message.first_ts, data)
+        message.event_part = part
         return part
 
     def take_raw(self) -> list[RawEvent]:

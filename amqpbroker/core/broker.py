@@ -47,6 +47,8 @@ from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
 
 log = logging.getLogger(__name__)
 
+_SENT_SHAPES = 1000  # `sent` shapes kept per address (one per producer container)
+
 _ROLLBACK = Modified(delivery_failed=True)  # B-143: a rollback counts as a failed attempt
 
 ROUTING_TYPE_ANNOTATION_VALUES = {0: RoutingType.MULTICAST, 1: RoutingType.ANYCAST}
@@ -759,15 +761,53 @@ class Broker:
         """Record `sent`/`unrouted` (no queue yet) as a `lifecycle.RawEvent`."""
         emitter = self.emitter
         txn = emitter.txn
+        ts = emitter.step_ms
         emitter.events.append(
             (
                 (kind, (message.address, None, None), (message.origin_container, None), reason),
-                now_ms,
+                now_ms if ts is None else ts,
                 message.event_part or emitter.message_part(message),
                 None,
                 extra
                 if txn is None
                 else (txn, None, None if extra is None else extra[2], None, None, None, None, None),
+            )
+        )
+
+    def _sent_event(
+        self, message: Message, address: Address, queues: list[Queue], now_ms: int
+    ) -> None:
+        """Record `sent` (B-171), with a shape kept per address and producer container:
+        one a message at level `lifecycle`, so built once (marshal then writes it once a
+        frame, too)."""
+        emitter = self.emitter
+        origin = message.origin_container
+        shape = address.event_sent.get(origin)
+        if shape is None:
+            if len(address.event_sent) >= _SENT_SHAPES:
+                address.event_sent.clear()  # short-lived connections: start afresh
+            shape = address.event_sent[origin] = (
+                "sent",
+                (address.name, None, None),
+                (origin, None),
+                None,
+            )
+        extra = (
+            queues[0].event_routed
+            if len(queues) == 1
+            else (None, None, tuple([q.name for q in queues]), None, None, None, None, None)
+        )
+        txn = emitter.txn
+        if txn is not None:
+            extra = (txn, None, None if extra is None else extra[2], None, None, None, None, None)
+        ts = emitter.step_ms  # a step's events share its time (Emitter.step_ms)
+        emitter.events.append(
+            (
+                shape,
+                now_ms if ts is None else ts,
+                message.event_part or emitter.message_part(message),
+                None,
+                extra,
             )
         )
 
@@ -782,14 +822,7 @@ class Broker:
     ) -> int:
         emitter = self.emitter
         if emitter.all and reason == "route":
-            self._message_event(
-                "sent",
-                message,
-                now_ms,
-                extra=queues[0].event_routed
-                if len(queues) == 1
-                else (None, None, tuple([q.name for q in queues]), None, None, None, None, None),
-            )
+            self._sent_event(message, address, queues, now_ms)
         if not queues:
             address.unrouted += 1
             self.stats.unrouted += 1

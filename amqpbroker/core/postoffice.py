@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from amqpbroker.core.lifecycle import Shape
 from amqpbroker.core.model import ConnectionId, Message, RoutingType
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.wildcard import WildcardConfig
@@ -37,6 +38,8 @@ class Address:
     size_bytes: int = 0  # bytes of the references its queues hold (B-151)
     duplicate_ids: dict[str | bytes, None] = field(default_factory=dict)  # B-012, in order
     blocked: bool = False  # full under policy BLOCK: producers get no more credit
+    # The lifecycle `sent` shape per producer container (`Broker._sent_event`), built once.
+    event_sent: dict[str | None, Shape] = field(default_factory=dict)
 
 
 class PostOffice:

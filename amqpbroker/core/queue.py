@@ -248,11 +248,14 @@ class Queue:
         """
         message = ref.message
         emitter = self.emitter
-        clock_ns = emitter.clock_ns
+        ts = emitter.step_ms
+        if ts is None:
+            clock_ns = emitter.clock_ns
+            ts = self._clock_ms() if clock_ns is None else clock_ns() // 1_000_000
         emitter.events.append(
             (
                 shape,
-                self._clock_ms() if clock_ns is None else clock_ns() // 1_000_000,
+                ts,
                 message.event_part or emitter.message_part(message),
                 ref.delivery_count,
                 extra,

@@ -385,6 +385,15 @@ class AmqpConnection:
         Transfers, dispositions and flow are read with the C API (no wrapper objects per
         message); the rare events go through proton's wrappers.
         """
+        emitter = self.broker.emitter
+        if emitter.all:  # one clock reading for this step's queue events (B-170 ts)
+            emitter.step_ms = self.broker.clock.now_ms()
+        try:
+            self._process_events()
+        finally:
+            emitter.step_ms = None
+
+    def _process_events(self) -> None:
         collector = self._collector_impl
         handlers = self._handlers
         peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type

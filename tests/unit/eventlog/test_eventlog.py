@@ -29,7 +29,7 @@ from proton import ulong
 from support.core_harness import Harness
 from support.waiting import wait_until
 
-from amqpbroker import eventlog_child
+from amqpbroker import eventlog, eventlog_child
 from amqpbroker.config import EventLogConfig
 from amqpbroker.core import FAILURE_EVENTS, LifecycleEvent, RawEvent
 from amqpbroker.core.lifecycle import EVENT_FIELDS, EVENT_TYPES, Emitter
@@ -224,6 +224,23 @@ def test_busy_writer_never_blocks_submit_and_the_gap_shows(tmp_path: Path) -> No
     w.close()
     assert [r["seq"] for r in records(tmp_path)] == [1, 2, 5]
     assert w.dropped_total == 2
+
+
+def test_a_frame_is_dropped_for_the_bound_only_on_fresh_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B-170: flushes read the writer process's reports only every STATUS_SECONDS (a read
+    costs the loop ~25 µs), so the counts may be stale; a frame that would cross the bound
+    on stale counts reads them again first, and is not dropped if the writer caught up."""
+    monkeypatch.setattr(eventlog, "STATUS_SECONDS", 3600.0)  # only the first flush reads
+    w = writer(tmp_path, queue_events=2)
+    w.start()
+    w.submit([event(), event()])  # a frame of two: the hand-off is full
+    wait_until(lambda: len(records(tmp_path, "*.part")) == 2, message="the writer wrote them")
+    w.submit([event(), event()])  # stale counts say full; fresh ones say empty
+    w.close()
+    assert [r["seq"] for r in records(tmp_path)] == [1, 2, 3, 4]
+    assert w.dropped_total == 0
 
 
 # -- levels --------------------------------------------------------------------------------
@@ -721,6 +738,28 @@ def test_queue_events_read_the_fast_clock_when_the_server_sets_it() -> None:
     sent, enqueued = h.broker.emitter.take()
     assert enqueued.ts == 1_700_000_000_123
     assert sent.ts == h.clock.now_ms()  # publish's own reading of the broker's clock
+
+
+def test_sent_events_share_a_shape_per_address_and_producer_container() -> None:
+    """Cost (B-171): `sent`, one a message, reuses the shape of its address and producer
+    container (marshal writes it once a frame); another container gets its own, and the
+    readable event still names each one's connection."""
+    from amqpbroker.protocol.handler import message_of
+
+    h = Harness()
+    target = h.producer("q", "queue")
+    for container in ("c-1", "c-1", "c-2"):
+        message = message_of(sections.scan(encoded(body=b"x")), origin_container=container)
+        h.broker.publish(message, target)
+    sent = [e for e in h.broker.emitter.take_raw() if e[0][0] == "sent"]
+    assert sent[0][0] is sent[1][0]
+    assert sent[2][0] is not sent[0][0]
+    readable = [LifecycleEvent.of(e) for e in sent]
+    assert [(e.address, e.connection, e.target_queues) for e in readable] == [
+        ("q", "c-1", ("q",)),
+        ("q", "c-1", ("q",)),
+        ("q", "c-2", ("q",)),
+    ]
 
 
 def test_events_carry_only_the_head_of_a_message_up_to_its_properties(tmp_path: Path) -> None:

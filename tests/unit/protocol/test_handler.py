@@ -555,3 +555,35 @@ def test_null_source_for_an_unknown_subscription_is_not_found(shell: Shell) -> N
     client.pump()
     assert link.remote_condition.name == "amqp:not-found"
     assert link.remote_condition.description == "Unknown subscription link"
+
+
+class _TickingClock(ManualClock):
+    """A clock that moves 1 ms every time it is read."""
+
+    def now_ms(self) -> int:
+        self.advance(1)
+        return super().now_ms()
+
+
+def test_the_events_of_one_step_share_one_clock_reading() -> None:
+    """B-170 `ts`: the handler reads the broker's clock once for the frames of a step
+    (`Emitter.step_ms`), so a step's events cost no clock call each and carry one time,
+    in order; a later step has a later time; outside a step, events read the clock."""
+    from amqpbroker.core import LifecycleEvent, RawEvent
+
+    clock = _TickingClock()
+    broker = Broker(settings=SettingsRepository(), clock=clock, rng=Random(0), copier=moves.COPIER)
+    shell = Shell(broker)
+    raw: list[RawEvent] = []
+    shell.event_sink = raw.extend
+    client = Client(shell)
+    client.receiver("q", "queue")
+    client.send(client.sender("q", "queue"), Message(body="hi"))
+    client.settle(0, Delivery.ACCEPTED)
+    events = [LifecycleEvent.of(e) for e in raw]
+    assert [e.event for e in events] == ["sent", "enqueued", "dispatched", "acked"]
+    sent, enqueued, dispatched, acked = events
+    assert sent.ts == enqueued.ts == dispatched.ts  # one step: the transfer
+    assert acked.ts > dispatched.ts  # the next: the disposition
+    assert broker.emitter.step_ms is None
+

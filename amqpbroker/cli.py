@@ -33,7 +33,7 @@ def _setup_logging(level: str) -> None:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from amqpbroker.config import ConfigError, default_config_path, load_config
-    from amqpbroker.server import BrokerServer, StartupError
+    from amqpbroker.server import BrokerServer, StartupError, tune_gc
 
     _setup_logging(args.log_level)
     path = Path(args.config) if args.config else default_config_path()
@@ -53,6 +53,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
             config, data_dir=data_dir, skip_corrupt_journal=args.skip_corrupt_journal
         )
         await server.start()
+        tune_gc()
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

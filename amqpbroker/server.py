@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import gc
 import ipaddress
 import json
 import logging
@@ -52,6 +53,27 @@ MANAGEMENT_ADDRESS = "activemq.management"  # where `manage` is granted (B-104, 
 # went from 9.4k to ~15.6k durable msg/s; a few synchronous senders never wait for it.
 JOURNAL_COMMIT_DELAY_S = 0.02
 ENGINE_TICK_S = 1.0  # heartbeats / idle-timeout checks of the proton engines
+# Allocations between young-generation collections (CPython's default is 700). In flight a
+# message is a few dozen objects, alive for a group commit or an event-log frame (~10 ms):
+# at 700 most are traversed and promoted, at 10,000 most die first (-10k instructions a
+# durable message, ~4%). A collection of 10,000 young objects takes well under a ms.
+GC_YOUNG_THRESHOLD = 10_000
+
+
+def tune_gc() -> None:
+    """Collect less often, and never again look at what exists once the broker has started.
+
+    For the process that runs a broker (`amqpbroker run`), after `BrokerServer.start()`:
+    `gc.freeze()` moves the start-up heap (modules, config, and every recovered message,
+    maybe millions) out of the collector's sight, so a full collection no longer walks a
+    deep recovered queue. They are still freed when their last reference goes. A message's
+    path through the handler and the core makes no reference cycles (a test checks), so
+    no garbage waits long for the rarer collections.
+    """
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def build_broker(

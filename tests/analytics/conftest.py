@@ -6,14 +6,14 @@ from collections.abc import Iterator
 
 import pytest
 from pyspark.sql import SparkSession
+from support.jvm import QUICK_JIT
 
 from amqpbroker.analytics.job import build_session, configure
 
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    # C1 only: tiny data in a short-lived JVM, where full JIT compilation never pays off.
-    session = build_session("local[1]", driver_memory="1g", java_options="-XX:TieredStopAtLevel=1")
+    session = build_session("local[1]", driver_memory="1g", java_options=QUICK_JIT)
     configure(session)
     yield session
     session.stop()

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import pyspark
 import pytest
+from support.jvm import QUICK_JIT
 from support.synth_events import generate
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(240)]
-# Short-lived JVMs on tiny data: the C1 compiler alone starts much faster.
-QUICK_JIT = "-XX:TieredStopAtLevel=1"
 
 SPARK_HOME = Path(pyspark.__file__).parent
 JOB = Path(__file__).resolve().parents[2] / "amqpbroker" / "analytics" / "job.py"

@@ -27,7 +27,7 @@ from amqpbroker.core.errors import (
     ResourceLimitExceeded,
 )
 from amqpbroker.core.expiry import apply_expiry_overrides, initial_expiration
-from amqpbroker.core.lifecycle import Emitter, EventLevel, Extra
+from amqpbroker.core.lifecycle import Emitter, EventLevel, Extra, Shape
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -757,14 +757,17 @@ class Broker:
         now_ms: int,
         reason: str | None = None,
         extra: Extra | None = None,
+        shape: Shape | None = None,
     ) -> None:
-        """Record `sent`/`unrouted` (no queue yet) as a `lifecycle.RawEvent`."""
+        """Record `sent`/`unrouted` (no queue yet) as a `lifecycle.RawEvent`; `shape`, when
+        given, is the one `_sent_shape` keeps (the same as the one built here)."""
         emitter = self.emitter
         txn = emitter.txn
-        ts = emitter.step_ms
+        ts = emitter.step_ms  # a step's events share its time (Emitter.step_ms)
         emitter.events.append(
             (
-                (kind, (message.address, None, None), (message.origin_container, None), reason),
+                shape
+                or (kind, (message.address, None, None), (message.origin_container, None), reason),
                 now_ms if ts is None else ts,
                 message.event_part or emitter.message_part(message),
                 None,
@@ -774,42 +777,17 @@ class Broker:
             )
         )
 
-    def _sent_event(
-        self, message: Message, address: Address, queues: list[Queue], now_ms: int
-    ) -> None:
-        """Record `sent` (B-171), with a shape kept per address and producer container:
-        one a message at level `lifecycle`, so built once (marshal then writes it once a
-        frame, too)."""
-        emitter = self.emitter
-        origin = message.origin_container
-        shape = address.event_sent.get(origin)
-        if shape is None:
-            if len(address.event_sent) >= _SENT_SHAPES:
-                address.event_sent.clear()  # short-lived connections: start afresh
-            shape = address.event_sent[origin] = (
-                "sent",
-                (address.name, None, None),
-                (origin, None),
-                None,
-            )
-        extra = (
-            queues[0].event_routed
-            if len(queues) == 1
-            else (None, None, tuple([q.name for q in queues]), None, None, None, None, None)
-        )
-        txn = emitter.txn
-        if txn is not None:
-            extra = (txn, None, None if extra is None else extra[2], None, None, None, None, None)
-        ts = emitter.step_ms  # a step's events share its time (Emitter.step_ms)
-        emitter.events.append(
-            (
-                shape,
-                now_ms if ts is None else ts,
-                message.event_part or emitter.message_part(message),
-                None,
-                extra,
-            )
-        )
+    @staticmethod
+    def _sent_shape(address: Address, origin: str | None) -> Shape:
+        """The `sent` shape of messages from producer container `origin` to `address`, built
+        once: `sent` is one event a message at level `lifecycle` (B-171), and marshal then
+        writes its shape once a frame, too."""
+        shapes = address.event_sent
+        if len(shapes) >= _SENT_SHAPES:
+            shapes.clear()  # short-lived connections: start afresh
+        shape: Shape = ("sent", (address.name, None, None), (origin, None), None)
+        shapes[origin] = shape
+        return shape
 
     def _deliver_to(
         self,
@@ -822,7 +800,16 @@ class Broker:
     ) -> int:
         emitter = self.emitter
         if emitter.all and reason == "route":
-            self._sent_event(message, address, queues, now_ms)
+            origin = message.origin_container
+            self._message_event(
+                "sent",
+                message,
+                now_ms,
+                extra=queues[0].event_routed
+                if len(queues) == 1
+                else (None, None, tuple([q.name for q in queues]), None, None, None, None, None),
+                shape=address.event_sent.get(origin) or self._sent_shape(address, origin),
+            )
         if not queues:
             address.unrouted += 1
             self.stats.unrouted += 1

@@ -38,7 +38,7 @@ class Address:
     size_bytes: int = 0  # bytes of the references its queues hold (B-151)
     duplicate_ids: dict[str | bytes, None] = field(default_factory=dict)  # B-012, in order
     blocked: bool = False  # full under policy BLOCK: producers get no more credit
-    # The lifecycle `sent` shape per producer container (`Broker._sent_event`), built once.
+    # The lifecycle `sent` shape per producer container (`Broker._sent_shape`), built once.
     event_sent: dict[str | None, Shape] = field(default_factory=dict)
 
 

@@ -386,7 +386,7 @@ class AmqpConnection:
         message); the rare events go through proton's wrappers.
         """
         emitter = self.broker.emitter
-        if emitter.all:  # one clock reading for this step's queue events (B-170 ts)
+        if emitter.failures:  # one clock reading for this step's events (B-170 ts)
             emitter.step_ms = self.broker.clock.now_ms()
         try:
             self._process_events()

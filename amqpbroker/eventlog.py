@@ -18,7 +18,10 @@ message, competed with the loop for the GIL and halved queue throughput.
   backlog and is retried at the next flush, so the loop never blocks.
 * The writer process (`eventlog_child.py`, started by `start()`) formats the lines,
   decodes amqp_message_id, props and body_hash from the message bytes, writes and rotates
-  the files, and reports its counts (and its log records) back on a second pipe.
+  the files, and reports its counts (and its log records) back on a second pipe. It
+  also keeps the disk budget (issue 17): it gzips rotated files, deletes the oldest
+  under `max-total-bytes`/`max-age`, drops events when free space is below
+  `min-free-bytes`, and reports the files' figures (`disk`) with its counts.
 
 Bounds (B-170: never block; count drops): a frame is dropped, and its events counted, when
 the events handed over but not yet written or dropped by the writer process would exceed
@@ -78,6 +81,8 @@ PIPE_BYTES = 1 << 20  # asked of the kernel for the frame pipe (Linux; 64 KiB ot
 # properties.message-id is: a megabyte message costs the hand-off no more than a small one.
 HEAD_BYTES = 64 << 10
 _LEN = struct.Struct("<I")
+DiskFigures = tuple[int, int, int | None, int, int, int, int]  # see EventLogWriter.disk
+NO_FILES: DiskFigures = (0, 0, None, 0, 0, 0, 0)  # before the writer process reports
 _CHILD = "import sys; sys.path.append({root!r}); from amqpbroker.eventlog_child import run; run()"
 
 Schedule = Callable[[float, Callable[[], None]], object]
@@ -153,6 +158,7 @@ class EventLogWriter:
         self._dropped_there = 0
         self._failed = False
         self._gone = False
+        self._disk: DiskFigures = NO_FILES
         self._process: subprocess.Popen[bytes] | None = None
         self._frames_fd = -1
         self._status_fd = -1
@@ -168,6 +174,15 @@ class EventLogWriter:
         with self._lock:
             self._read_status()
             return self._dropped_here + self._dropped_sealed + self._dropped_there
+
+    @property
+    def disk(self) -> DiskFigures:
+        """The event files as the writer process last reported them: (bytes on disk,
+        files, oldest file's last write in epoch ms or None, deleted files, deleted
+        bytes, of those never compacted by `analyze`: files, bytes). Issue 17."""
+        with self._lock:
+            self._read_status()
+            return self._disk
 
     @property
     def written_total(self) -> int:
@@ -195,6 +210,11 @@ class EventLogWriter:
                 "body_hash": self.config.body_hash,
                 "max_file_bytes": self.config.max_file_bytes,
                 "max_file_age": self.config.max_file_age,
+                "compress": self.config.compress,
+                "max_total_bytes": self.config.max_total_bytes,
+                "max_age": self.config.max_age,
+                "keep_until_analyzed": self.config.keep_until_analyzed,
+                "min_free_bytes": self.config.min_free_bytes,
             }
             frames_r, frames_w = os.pipe()
             status_r, status_w = os.pipe()
@@ -422,7 +442,8 @@ class EventLogWriter:
             if len(buf) - pos - _LEN.size < size:
                 break
             start = pos + _LEN.size
-            written, dropped, failed, records = marshal.loads(bytes(buf[start : start + size]))
+            report = marshal.loads(bytes(buf[start : start + size]))
+            written, dropped, failed, self._disk, records = report
             pos = start + size
             self._written, self._dropped_there = written, dropped
             if failed:

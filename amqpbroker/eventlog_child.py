@@ -29,12 +29,22 @@ order. End of input is the broker's `close()`, or the broker's death: either way
 arrived is written and the last file renamed. A torn frame at the end (the broker gave up
 sending it) is ignored: the broker counted its events as dropped.
 
+Disk budget (issue 17): with `compress` (the default) a rotated file is gzipped here,
+off the broker's loop, straight from `.part` to `.jsonl.gz` (never a plain `.jsonl`
+first: `analyze` would read both). After every rotation, and every RETENTION_SECONDS,
+`eventlog_retention.decide_retention` picks the oldest finished files to delete (over
+`max_total_bytes`, older than `max_age`; never one `analyze` has not compacted when
+`keep_until_analyzed`); deletions are counted and logged. Before every frame, free space
+on the file system (statvfs at most every SPACE_CHECK_SECONDS) must be at least
+`min_free_bytes`, or the frame is dropped and counted: the journal shares the disk.
+
 An I/O error is logged once; the file being written stays `.part` (it may end in a torn
 line), and every later event is counted as dropped. A frame it cannot format (a bug) is
 logged once, counted as dropped, and the next frame goes on.
 
 stdout carries status frames back (same framing): `(written_total, dropped_total, failed,
-log_records)`, after every read and at exit. They are written without blocking and at
+files, log_records)` (`files`: `ChildWriter.stats()`, the disk figures), after every read
+and at exit. They are written without blocking and at
 most PIPE_BUF bytes, so each arrives whole or not at all; one that does not fit is simply
 superseded by the next (the counts are totals; log records wait). Log records are
 `(level, text)` pairs that the broker logs under its own logger and handlers.
@@ -45,12 +55,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gzip
 import hashlib
 import json
 import logging
 import marshal
 import os
 import select
+import shutil
 import signal
 import struct
 import sys
@@ -61,12 +73,33 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from amqpbroker.eventlog_retention import (
+    AUTO_FREE_BYTES,
+    AUTO_FREE_FRACTION,
+    AUTO_TOTAL_BYTES,
+    AUTO_TOTAL_FRACTION,
+    COMPACTED_MARKER,
+    EventFile,
+    RetentionLimits,
+    auto_limit,
+    decide_retention,
+)
+
 _LEN = struct.Struct("<I")
 _READ_BYTES = 1 << 20
 _STATUS_MAX = 4000  # < PIPE_BUF (4096): a status frame is written whole or not at all
 _LOG_TEXT_MAX = 1500
 _INFO_CACHE = 65536  # messages whose decoded fields are remembered
 _JSON_CACHE = 65536  # names whose JSON text is remembered
+# Retention runs after every rotation and at least this often (max-age while idle).
+RETENTION_SECONDS = 60.0
+# Free space (statvfs) is read at most this often; in between, bytes written since the
+# last reading are subtracted from it.
+SPACE_CHECK_SECONDS = 1.0
+# gzip level of rotated files: measured on broker events (docs/decisions.md), level 1
+# gives most of level 6's ratio at a fraction of its CPU.
+GZIP_LEVEL = 1
+_COPY_BYTES = 1 << 20
 # B-170: core.lifecycle.EVENT_FIELDS (a test checks they are equal; importing core here
 # would double this process's start-up time). `_format` and `_line` write them in this order.
 FIELDS = (
@@ -197,7 +230,13 @@ def template(fixed: dict[str, str]) -> str:
 class ChildWriter:
     """Formats frames and owns the event files. One per writer process."""
 
-    def __init__(self, config: dict[str, Any], *, report: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        *,
+        report: Callable[[], None],
+        statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
+    ) -> None:
         from amqpbroker.protocol import sections  # here: the broker process never needs it
 
         self.directory = Path(config["directory"])
@@ -207,12 +246,50 @@ class ChildWriter:
         self.body_hash: bool = config["body_hash"]
         self.max_file_bytes: int = config["max_file_bytes"]
         self.max_file_age: int = config["max_file_age"]  # ms
+        self.compress: bool = config.get("compress", False)
         self._sections = sections
         self._report = report
+        self._statvfs = statvfs
         self.written_total = 0
         self.dropped_total = 0
         self.failed = False
         self.logs: list[tuple[int, str]] = []
+        # Retention and the free-space floor (issue 17): `None` limits are a share of the
+        # data directory's file system, worked out once here.
+        fs_bytes = self._fs_bytes()
+        self.limits = RetentionLimits(
+            max_total_bytes=auto_limit(
+                config.get("max_total_bytes", -1),
+                fs_bytes=fs_bytes,
+                fraction=AUTO_TOTAL_FRACTION,
+                cap=AUTO_TOTAL_BYTES,
+            ),
+            max_age_ms=config.get("max_age", -1),
+            keep_until_analyzed=config.get("keep_until_analyzed", False),
+        )
+        self.min_free_bytes = auto_limit(
+            config.get("min_free_bytes", 0),
+            fs_bytes=fs_bytes,
+            fraction=AUTO_FREE_FRACTION,
+            cap=AUTO_FREE_BYTES,
+        )
+        self._next_retention = 0.0  # time.monotonic(): at once
+        self._space_read_at = -float("inf")
+        self._free_bytes = 0
+        self._written_since_space = 0
+        self._low_space = False
+        self._space_warned = False
+        self._retention_warned = False
+        self._compress_warned = False
+        # Reported to the broker (metrics): the files on disk as the last retention pass
+        # found them (the open file's bytes are added as it grows), and what was deleted.
+        self._disk_base_bytes = 0
+        self._disk_files = 0
+        self._oldest_mtime_ms: int | None = None
+        self.deleted_files = 0
+        self.deleted_bytes = 0
+        self.deleted_unanalyzed_files = 0
+        self.deleted_unanalyzed_bytes = 0
         self._file: IO[bytes] | None = None
         self._path: Path | None = None
         self._file_bytes = 0
@@ -235,8 +312,11 @@ class ChildWriter:
     def run(self, fd_in: int) -> None:
         """Read frames until end of input, then rename the last file."""
         buf = bytearray()
+        self._tidy()
         while True:
-            ready, _, _ = select.select([fd_in], [], [], self._seconds_to_age_limit())
+            if time.monotonic() >= self._next_retention:
+                self._retain()
+            ready, _, _ = select.select([fd_in], [], [], self._seconds_to_wait())
             if not ready:
                 self._rotate_if_due(None)
                 self._report()
@@ -265,6 +345,9 @@ class ChildWriter:
             self.dropped_total += count
             return
         self._rotate_if_due(now_ms)
+        if not self._space_ok():  # the journal shares the disk and has priority
+            self.dropped_total += count
+            return
         if self._file is None and not self._guard(lambda: self._open(now_ms)):
             self.dropped_total += count
             return
@@ -283,6 +366,7 @@ class ChildWriter:
             return
         if self._guard(lambda: self._write_all(blob)):
             self._file_bytes += len(blob)
+            self._written_since_space += len(blob)
             self.written_total += count
         else:
             self.dropped_total += count
@@ -458,11 +542,13 @@ class ChildWriter:
             written = self._file.write(view)
             view = view[written or 0 :]
 
-    def _seconds_to_age_limit(self) -> float | None:
-        """How long to wait for frames before the open file is too old."""
-        if self._file is None:
-            return None
-        left = self._opened_mono + self.max_file_age / 1000 - time.monotonic()
+    def _seconds_to_wait(self) -> float:
+        """How long to wait for frames before the open file is too old, or retention is
+        due."""
+        now = time.monotonic()
+        left = self._next_retention - now
+        if self._file is not None:
+            left = min(left, self._opened_mono + self.max_file_age / 1000 - now)
         return max(left, 0.0)
 
     def _rotate_if_due(self, now_ms: int | None) -> None:
@@ -491,6 +577,9 @@ class ChildWriter:
             counter += 1
         self._file = path.open("xb", buffering=0)
         self._path = path
+        self._disk_files += 1
+        if self._oldest_mtime_ms is None:
+            self._oldest_mtime_ms = now_ms
         self._file_bytes = 0
         self._opened_ms = now_ms
         self._opened_mono = time.monotonic()
@@ -503,8 +592,206 @@ class ChildWriter:
             return
         file, path = self._file, self._path
         self._file, self._path = None, None
+        self._disk_base_bytes += self._file_bytes
+        self._file_bytes = 0
         if self._guard(file.close) and not self.failed:
-            self._guard(lambda: os.replace(path, path.with_suffix("")))
+            self._finish(path)
+        self._retain()
+
+    def _finish(self, part: Path) -> None:
+        """`.part` -> `.jsonl.gz` (with `compress`) or `.jsonl`. The compressed file is
+        written as `.jsonl.gz.tmp` and renamed, then the `.part` removed: a reader (and
+        `analyze`'s file stream, which tracks files by name) sees each file under one
+        final name only. If compressing fails (a full disk), the file stays plain."""
+        final = part.with_suffix("")
+        if self.compress:
+            gz = final.with_name(final.name + ".gz")
+            tmp = gz.with_name(gz.name + ".tmp")
+            try:
+                with (
+                    part.open("rb") as src,
+                    tmp.open("wb") as raw,
+                    gzip.GzipFile(
+                        filename=final.name, mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL
+                    ) as out,
+                ):
+                    shutil.copyfileobj(src, out, _COPY_BYTES)
+                os.replace(tmp, gz)
+                part.unlink()
+                return
+            except OSError as e:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+                if gz.exists():  # compressed and renamed; only the unlink failed
+                    return
+                if not self._compress_warned:
+                    self.log(
+                        logging.WARNING,
+                        f"event log: cannot compress {part.name} ({e}); keeping it as {final.name}",
+                    )
+                    self._compress_warned = True
+        self._guard(lambda: os.replace(part, final))
+
+    # -- retention and the disk budget (issue 17) -----------------------------------------
+    def _fs_bytes(self) -> int:
+        """Size of the events directory's file system (its nearest existing ancestor);
+        if unknown, huge (then the limits that depend on it are their caps)."""
+        path = self.directory.resolve()
+        while not path.exists() and path.parent != path:
+            path = path.parent
+        try:
+            st = self._statvfs(str(path))
+        except OSError:
+            return 1 << 62
+        return st.f_blocks * st.f_frsize
+
+    def _space_ok(self) -> bool:
+        """Whether free space on the events file system is above `min_free_bytes`:
+        statvfs at most every SPACE_CHECK_SECONDS, less what was written since."""
+        if self.min_free_bytes <= 0:
+            return True
+        now = time.monotonic()
+        if now - self._space_read_at >= SPACE_CHECK_SECONDS:
+            self._space_read_at = now
+            path = self.directory if self.directory.exists() else self.directory.parent
+            try:
+                st = self._statvfs(str(path))
+            except OSError as e:
+                if not self._space_warned:
+                    self.log(logging.WARNING, f"event log: cannot read free space ({e})")
+                    self._space_warned = True
+                return True
+            self._free_bytes = st.f_bavail * st.f_frsize
+            self._written_since_space = 0
+        free = self._free_bytes - self._written_since_space
+        low = free < self.min_free_bytes
+        if low != self._low_space:
+            self._low_space = low
+            if low:
+                self.log(
+                    logging.WARNING,
+                    f"event log: {free} bytes free on the file system of {self.directory}, "
+                    f"below event-log.min-free-bytes ({self.min_free_bytes}); dropping "
+                    "events until there is more (the journal has priority)",
+                )
+            else:
+                self.log(
+                    logging.WARNING,
+                    f"event log: {free} bytes free again on the file system of "
+                    f"{self.directory}; writing events again",
+                )
+        return not low
+
+    def _compacted(self) -> frozenset[str]:
+        """Names of the files an `analyze` run has compacted (its marker), if any."""
+        try:
+            data = json.loads((self.directory / COMPACTED_MARKER).read_bytes())
+            names = data["files"] if isinstance(data, dict) else None
+            if isinstance(names, list):
+                return frozenset(n for n in names if isinstance(n, str))
+        except FileNotFoundError:
+            return frozenset()
+        except (OSError, ValueError, KeyError):
+            pass
+        if not self._retention_warned:
+            self.log(
+                logging.WARNING,
+                f"event log: cannot read {self.directory / COMPACTED_MARKER}; "
+                "treating every file as not yet compacted",
+            )
+            self._retention_warned = True
+        return frozenset()
+
+    def _scan(self) -> list[EventFile]:
+        """The event files on disk (`.part` and `.tmp` ones as unfinished)."""
+        compacted = self._compacted()
+        files = []
+        try:
+            entries = list(os.scandir(self.directory))
+        except OSError:
+            return []
+        for entry in entries:
+            name = entry.name
+            if not name.startswith("events-"):
+                continue
+            finished = name.endswith((".jsonl", ".jsonl.gz"))
+            if not finished and not name.endswith((".part", ".tmp")):
+                continue
+            try:
+                st = entry.stat()
+            except OSError:
+                continue
+            mtime_ms = st.st_mtime_ns // 1_000_000
+            files.append(EventFile(name, st.st_size, mtime_ms, finished, name in compacted))
+        return files
+
+    def _tidy(self) -> None:
+        """At start: remove what an interrupted compression left (a `.jsonl.gz.tmp`, or a
+        `.part` whose `.jsonl.gz` is complete)."""
+        with contextlib.suppress(OSError):
+            for path in self.directory.glob("events-*.jsonl.gz.tmp"):
+                path.unlink()
+            for path in self.directory.glob("events-*.jsonl.part"):
+                if path.with_name(path.stem + ".gz").exists():
+                    path.unlink()
+
+    def _retain(self) -> None:
+        """Delete what `decide_retention` says; count and log it; refresh the disk
+        figures the broker reports."""
+        self._next_retention = time.monotonic() + RETENTION_SECONDS
+        files = self._scan()
+        doomed = decide_retention(files, self.limits, now_ms=time.time_ns() // 1_000_000)
+        gone: set[str] = set()
+        lost_files = lost_bytes = 0
+        for f in doomed:
+            try:
+                (self.directory / f.name).unlink()
+            except FileNotFoundError:
+                pass
+            except OSError as e:
+                self.log(logging.WARNING, f"event log: cannot delete {f.name} ({e})")
+                continue
+            gone.add(f.name)
+            self.deleted_files += 1
+            self.deleted_bytes += f.size_bytes
+            if not f.compacted:
+                lost_files += 1
+                lost_bytes += f.size_bytes
+        if gone:
+            self.deleted_unanalyzed_files += lost_files
+            self.deleted_unanalyzed_bytes += lost_bytes
+            limits = self.limits
+            text = (
+                f"event log: deleted {len(gone)} old event files (max-total-bytes "
+                f"{limits.max_total_bytes}, max-age {limits.max_age_ms} ms)"
+            )
+            if lost_files:
+                self.log(
+                    logging.WARNING,
+                    f"{text}; {lost_files} of them ({lost_bytes} bytes) were not compacted "
+                    "by `amqpbroker analyze`: their events are lost to analysis "
+                    "(event-log.keep-until-analyzed keeps them)",
+                )
+            else:
+                self.log(logging.INFO, text)
+        kept = [f for f in files if f.name not in gone]
+        open_name = self._path.name if self._path is not None else None
+        self._disk_base_bytes = sum(f.size_bytes for f in kept if f.name != open_name)
+        self._disk_files = len(kept)
+        self._oldest_mtime_ms = min((f.mtime_ms for f in kept), default=None)
+
+    def stats(self) -> tuple[int, int, int | None, int, int, int, int]:
+        """(disk bytes, files, oldest file's last write in epoch ms, deleted files,
+        deleted bytes, of those not compacted: files, bytes): what the broker exports."""
+        return (
+            self._disk_base_bytes + self._file_bytes,
+            self._disk_files,
+            self._oldest_mtime_ms,
+            self.deleted_files,
+            self.deleted_bytes,
+            self.deleted_unanalyzed_files,
+            self.deleted_unanalyzed_bytes,
+        )
 
     def _guard(self, action: Callable[[], object]) -> bool:
         try:
@@ -526,13 +813,13 @@ class ChildWriter:
 
 
 class StatusPipe:
-    """Sends `(written_total, dropped_total, failed, logs)` to the broker, never blocking
-    except in `close()`."""
+    """Sends `(written_total, dropped_total, failed, files, logs)` to the broker (`files`:
+    `ChildWriter.stats()`), never blocking except in `close()`."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
         self.writer: ChildWriter | None = None
-        self._sent: tuple[int, int, bool] | None = None
+        self._sent: tuple[Any, ...] | None = None
         self._open = True
         os.set_blocking(fd, False)
 
@@ -541,7 +828,7 @@ class StatusPipe:
         if writer is None or not self._open:
             return
         while True:
-            counts = (writer.written_total, writer.dropped_total, writer.failed)
+            counts = (writer.written_total, writer.dropped_total, writer.failed, writer.stats())
             if counts == self._sent and not writer.logs:
                 return
             logs: list[tuple[int, str]] = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from amqpbroker.config.schema import AcceptorConfig, BrokerConfig
+from amqpbroker.config.schema import AcceptorConfig, BrokerConfig, EventLogConfig
 from amqpbroker.core import RoutingType, SettingsRepository
 
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
@@ -41,6 +41,8 @@ def format_effective(config: BrokerConfig) -> str:
         lines.append(f"{key}: {value}")
     e = config.event_log
     lines.append(f"event-log: {e.level if e.enabled else 'off'}")
+    if e.enabled and e.level != "off":
+        lines.append(_event_log_files(e))
     if config.metrics.artemis_names:
         lines.append("metrics: artemis-names=true")
     w = config.wildcard_addresses
@@ -58,6 +60,19 @@ def format_effective(config: BrokerConfig) -> str:
         lines.append("security: disabled")
     lines += _address_settings(config)
     return "\n".join(lines)
+
+
+def _event_log_files(e: EventLogConfig) -> str:
+    """Rotation, compression and the disk budget (issue 17); `auto`: the share of the data
+    directory's file system the writer works out when it starts."""
+    total = "auto (min 10% of file system, 2 GiB)" if e.max_total_bytes is None else None
+    free = "auto (min 5% of file system, 1 GiB)" if e.min_free_bytes is None else None
+    return (
+        f"event-log-files: max-file-bytes={e.max_file_bytes} max-file-age={e.max_file_age} "
+        f"compress={_scalar(e.compress)} max-total-bytes={total or e.max_total_bytes} "
+        f"max-age={e.max_age} keep-until-analyzed={_scalar(e.keep_until_analyzed)} "
+        f"min-free-bytes={free or e.min_free_bytes}"
+    )
 
 
 def _acceptor(a: AcceptorConfig) -> str:

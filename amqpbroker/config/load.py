@@ -737,6 +737,12 @@ def check_tree(root: yaml.Node | None, *, source: str) -> BrokerConfig:
                     "body-hash": s(bool),
                     "max-file-bytes": s(int, at_least(1)),
                     "max-file-age": s(int, at_least(1)),
+                    "compress": s(bool),
+                    # null: the default, a share of the file system (EventLogConfig)
+                    "max-total-bytes": s(int, off_or_at_least(1), nullable=True),
+                    "max-age": s(int, off_or_at_least(1)),
+                    "keep-until-analyzed": s(bool),
+                    "min-free-bytes": s(int, at_least(0), nullable=True),
                 },
             ),
             "metrics": _section(c, MetricsConfig, {"artemis-names": s(bool)}),

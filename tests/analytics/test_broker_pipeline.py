@@ -25,6 +25,7 @@ import pytest
 from proton import Message
 from pyspark.sql import SparkSession
 from support.client import Capabilities, connect, reject_with, settle_modified
+from support.event_files import read_events
 from support.process import BrokerProcess, start_broker
 from support.waiting import wait_until
 
@@ -46,11 +47,7 @@ def events_on_disk(broker: BrokerProcess) -> list[dict[str, Any]]:
     directory = broker.data_dir / "events"
     if list(directory.glob("*.part")):
         return []
-    return [
-        json.loads(line)
-        for path in sorted(directory.glob("*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
+    return read_events(directory)
 
 
 def run_scenario(broker: BrokerProcess) -> None:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 from proton import Message
 from support.client import Capabilities, connect, settle_modified
+from support.event_files import read_events
 from support.process import start_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -40,9 +40,7 @@ def test_scripted_scenario_produces_exactly_these_events(tmp_path: Path) -> None
         conn.close()
     finally:
         assert broker.stop() == 0
-    events = []
-    for path in sorted((broker.data_dir / "events").glob("events-*.jsonl")):
-        events += [json.loads(line) for line in path.read_text().splitlines()]
+    events = read_events(broker.data_dir / "events")
     assert not list((broker.data_dir / "events").glob("*.part"))
     seqs = [e["seq"] for e in events]
     assert seqs == sorted(seqs)

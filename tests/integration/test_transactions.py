@@ -6,7 +6,6 @@ accept under it, then commit, abort, or drop the connection without a discharge.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container
 from proton.utils import BlockingConnection
 from support.client import Capabilities, connect, receive_bodies, send
+from support.event_files import read_events
 from support.process import BrokerProcess, start_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -247,11 +247,7 @@ def test_events_of_a_commit_and_a_rollback_carry_the_transaction(tmp_path: Path)
         assert (committed.outcome, aborted.outcome) == ("committed", "aborted")
     finally:
         assert logged.stop() == 0, logged.log()
-    events = [
-        json.loads(line)
-        for path in sorted((logged.data_dir / "events").glob("events-*.jsonl"))
-        for line in path.read_text().splitlines()
-    ]
+    events = read_events(logged.data_dir / "events")
     commit = [
         (e["event"], e["msg_id"], e["txn"]) for e in events if e["address"] == "tx.log.commit"
     ]

@@ -36,7 +36,7 @@ from amqpbroker.core.security import SecurityRepository
 from amqpbroker.eventlog import EventLogWriter
 from amqpbroker.management import HttpServer, LoopBridge, ManagementApi
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
-from amqpbroker.metrics.collector import journal_sync_histogram
+from amqpbroker.metrics.collector import EventLogFiles, journal_sync_histogram
 from amqpbroker.protocol import moves
 from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell
 from amqpbroker.protocol.sasl import SaslServer
@@ -419,6 +419,8 @@ class BrokerServer:
             event_log_dropped=self.event_log.dropped_total if self.event_log else 0,
             journal_size_bytes=self.journal.size_bytes if self.journal else 0,
             journal_sync=self.journal_sync,
+            event_log_files=EventLogFiles(*self.event_log.disk) if self.event_log else None,
+            now_ms=time.time_ns() // 1_000_000,  # file times are wall-clock, whatever the broker's
         )
 
     def _after_command(self) -> None:

@@ -1,11 +1,17 @@
 """Compaction: event-log JSON lines -> Parquet partitioned by date, incrementally.
 
 A Structured Streaming file source with `trigger(availableNow=True)` and a checkpoint
-under `--out` reads every `*.jsonl` file it has not read before, in one batch, then
+under `--out` reads every `*.jsonl` and `*.jsonl.gz` file (the broker gzips rotated files
+by default; Spark decompresses by the suffix) it has not read before, in one batch, then
 stops: a second run over the same directory reads only the files the broker has rotated
 since. `.part` files are never read (B-170: they are still being written). The sink's
 `_spark_metadata` log lists only committed files, so a run killed halfway leaves the
 store readable and the next run redoes the batch.
+
+After a compaction, `mark_compacted` writes COMPACTED_MARKER into the events directory:
+the names of the files compacted (listed before the stream started, so `availableNow`
+read them all), which a broker with `event-log.keep-until-analyzed: true` never deletes
+before (issue 17; docs/analytics.md).
 
 Malformed lines never stop the job: the JSON reader runs PERMISSIVE with a corrupt-record
 column, and such rows are stored with their text so they can be counted (and inspected)
@@ -14,6 +20,8 @@ later; every table reads `valid_events()` only.
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +32,11 @@ from amqpbroker.analytics.schema import CORRUPT_RECORD, RAW_SCHEMA
 
 # Columns with (nearly) one value per row: Parquet dictionary encoding only costs there
 # (measured: it doubles the write time of 1M events and makes the files bigger).
+# The event files the broker finishes: plain, and gzipped (event-log.compress).
+EVENT_FILES = ("*.jsonl", "*.jsonl.gz")
+# amqpbroker.eventlog_retention.COMPACTED_MARKER (a test checks they agree; the broker's
+# modules are not imported here).
+COMPACTED_MARKER = ".compacted.json"
 _NO_DICTIONARY = ("ts", "seq", "msg_id", "first_ts", "copy_msg_id", "amqp_message_id", "body_hash")
 
 
@@ -42,8 +55,13 @@ class Store:
         return self.out / "_checkpoint" / "compact"
 
 
+def event_files(events_dir: Path) -> list[str]:
+    """Names of the finished event files in `events_dir`."""
+    return sorted(p.name for pattern in EVENT_FILES for p in events_dir.glob(pattern))
+
+
 def compact(spark: SparkSession, events_dir: Path, store: Store) -> int:
-    """Append the lines of not-yet-read `*.jsonl` files to the store; return how many."""
+    """Append the lines of not-yet-read event files to the store; return how many."""
     source = (
         spark.readStream.schema(RAW_SCHEMA)
         .option("mode", "PERMISSIVE")
@@ -51,7 +69,7 @@ def compact(spark: SparkSession, events_dir: Path, store: Store) -> int:
         # The default (7 days, relative to the newest file) would silently skip an old
         # file copied in later; the seen-files log is small next to the events.
         .option("maxFileAge", "3650d")
-        .json(str(events_dir.resolve() / "*.jsonl"))
+        .json(str(events_dir.resolve() / "*.{jsonl,jsonl.gz}"))
     )
     writer = (
         source.withColumn("date", F.to_date(F.timestamp_millis("ts")))
@@ -70,6 +88,25 @@ def compact(spark: SparkSession, events_dir: Path, store: Store) -> int:
     if query.exception() is not None:  # pragma: no cover - awaitTermination raises first
         raise RuntimeError(str(query.exception()))
     return sum(int(p.get("numInputRows", 0)) for p in query.recentProgress)
+
+
+def mark_compacted(events_dir: Path, names: list[str]) -> None:
+    """Record in COMPACTED_MARKER that `names` are compacted (with what earlier runs
+    recorded, for the files still there), replacing the marker atomically.
+
+    Raises:
+        OSError: the events directory is not writable (the caller says so and goes on).
+    """
+    marker = events_dir / COMPACTED_MARKER
+    try:
+        earlier = json.loads(marker.read_bytes()).get("files", [])
+    except (OSError, ValueError, AttributeError):
+        earlier = []
+    present = set(event_files(events_dir))
+    done = sorted(n for n in {*names, *earlier} if isinstance(n, str) and n in present)
+    tmp = marker.with_name(marker.name + ".tmp")
+    tmp.write_text(json.dumps({"files": done}) + "\n")
+    os.replace(tmp, marker)
 
 
 def _valid() -> Column:

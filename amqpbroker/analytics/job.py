@@ -6,8 +6,8 @@ by default), `amqpbroker analyze --master spark://HOST:7077 ...`, and
 spark-submit decides the master then, unless `--master` is given here too). Only the
 DataFrame API is used, no Python UDFs, so executors need no amqpbroker install.
 
-Steps: compact new `*.jsonl` files into Parquet (ingest.py), then compute every table
-from the compacted store (tables.py), write them under `--out/tables/`, then
+Steps: compact new `*.jsonl` and `*.jsonl.gz` files into Parquet (ingest.py), then
+compute every table from the compacted store (tables.py), write them under `--out/tables/`, then
 report.html, summary.json and redrive.jsonl (report.py). See docs/analytics.md.
 """
 
@@ -121,10 +121,12 @@ def check_input(options: JobOptions) -> None:
         raise AnalyzeError(f"events directory {events} does not exist")
     if not events.is_dir():
         raise AnalyzeError(f"{events} is not a directory")
-    if not any(events.glob("*.jsonl")):
+    if not ingest.event_files(events):
         parts = any(events.glob("*.jsonl.part"))
         hint = " (only .part files: the broker renames them on rotation or shutdown)"
-        raise AnalyzeError(f"no event files (*.jsonl) in {events}{hint if parts else ''}")
+        raise AnalyzeError(
+            f"no event files (*.jsonl, *.jsonl.gz) in {events}{hint if parts else ''}"
+        )
     if options.out.exists() and not options.out.is_dir():
         raise AnalyzeError(f"--out {options.out} exists and is not a directory")
 
@@ -225,7 +227,12 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
     save = saved.save
 
     with progress.step("compacting new event files into Parquet"):
+        listed = ingest.event_files(options.events)  # availableNow reads at least these
         new_lines = ingest.compact(spark, options.events, store)
+    try:
+        ingest.mark_compacted(options.events, listed)
+    except OSError as e:  # a read-only events directory: keep-until-analyzed cannot know
+        stream.write(f"warning: cannot record the compacted files in {options.events}: {e}\n")
     stored = ingest.stored_events(spark, store)
     events = ingest.valid_events(stored)
     with progress.step("counting events"):

@@ -43,6 +43,19 @@ class AddressStats:
 
 
 @dataclass(frozen=True, slots=True)
+class EventLogFiles:
+    """The event log's files as its writer process last reported them (issue 17)."""
+
+    disk_bytes: int = 0
+    files: int = 0
+    oldest_mtime_ms: int | None = None  # the oldest file's last write, epoch ms
+    deleted_files: int = 0
+    deleted_bytes: int = 0
+    deleted_uncompacted_files: int = 0  # never compacted by `amqpbroker analyze`
+    deleted_uncompacted_bytes: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerSnapshot:
     """Everything a scrape reports, copied at one instant on the loop thread."""
 
@@ -55,6 +68,8 @@ class BrokerSnapshot:
     authentication_failures: int = 0
     journal_size_bytes: int = 0
     journal_sync: tuple[Metric, ...] = ()
+    event_log_files: EventLogFiles | None = None  # None: no event log
+    taken_ms: int = 0  # epoch ms, for the oldest event file's age
 
     @classmethod
     def take(
@@ -67,6 +82,8 @@ class BrokerSnapshot:
         authentication_failures: int = 0,
         journal_size_bytes: int = 0,
         journal_sync: Histogram | None = None,
+        event_log_files: EventLogFiles | None = None,
+        now_ms: int = 0,
     ) -> BrokerSnapshot:
         return cls(
             broker=broker.name,
@@ -81,6 +98,8 @@ class BrokerSnapshot:
             authentication_failures=authentication_failures,
             journal_size_bytes=journal_size_bytes,
             journal_sync=tuple(journal_sync.collect()) if journal_sync is not None else (),
+            event_log_files=event_log_files,
+            taken_ms=now_ms,
         )
 
 
@@ -178,6 +197,8 @@ class BrokerCollector:
         yield CounterMetricFamily(
             names.EVENT_LOG_DROPPED, "Lifecycle events dropped.", value=s.event_log_dropped
         )
+        if s.event_log_files is not None:
+            yield from _event_log_files(s.event_log_files, s.taken_ms)
         yield CounterMetricFamily(
             names.AUTHENTICATION_FAILURES,
             "SASL authentications refused.",
@@ -219,6 +240,34 @@ class BrokerCollector:
                 family.add_metric([s.broker, addr.name], getattr(addr, attr))
             yield family
         yield _single(a["connections"], s.broker, s.connections)
+
+
+def _event_log_files(f: EventLogFiles, now_ms: int) -> Iterator[Metric]:
+    """Disk usage and retention of the event log (issue 17); `compacted="false"`
+    deletions lost events that `amqpbroker analyze` never read."""
+    yield GaugeMetricFamily(
+        names.EVENT_LOG_DISK_BYTES, "Bytes the event log's files hold.", value=f.disk_bytes
+    )
+    yield GaugeMetricFamily(names.EVENT_LOG_FILES, "Event log files on disk.", value=f.files)
+    age = 0.0 if f.oldest_mtime_ms is None else max(0, now_ms - f.oldest_mtime_ms) / 1000
+    yield GaugeMetricFamily(
+        names.EVENT_LOG_OLDEST_FILE_AGE, "Age of the oldest event log file's last write.", value=age
+    )
+    deleted = CounterMetricFamily(
+        names.EVENT_LOG_FILES_DELETED, "Event log files deleted by retention.", labels=["compacted"]
+    )
+    deleted_bytes = CounterMetricFamily(
+        names.EVENT_LOG_DELETED_BYTES,
+        "Bytes of event log files deleted by retention.",
+        labels=["compacted"],
+    )
+    uncompacted = (f.deleted_uncompacted_files, f.deleted_uncompacted_bytes)
+    deleted.add_metric(["true"], f.deleted_files - uncompacted[0])
+    deleted.add_metric(["false"], uncompacted[0])
+    deleted_bytes.add_metric(["true"], f.deleted_bytes - uncompacted[1])
+    deleted_bytes.add_metric(["false"], uncompacted[1])
+    yield deleted
+    yield deleted_bytes
 
 
 def _single(name: str, broker: str, value: int) -> GaugeMetricFamily:

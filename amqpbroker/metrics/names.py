@@ -18,6 +18,12 @@ CONNECTIONS_OPENED = "amqpbroker_connections_opened"  # _total
 JOURNAL_SYNC_SECONDS = "amqpbroker_journal_sync_seconds"  # histogram
 JOURNAL_SIZE_BYTES = "amqpbroker_journal_size_bytes"
 EVENT_LOG_DROPPED = "amqpbroker_event_log_dropped"  # _total
+# The event log's disk budget (issue 17): what its files hold, and what retention deleted.
+EVENT_LOG_DISK_BYTES = "amqpbroker_event_log_disk_bytes"
+EVENT_LOG_FILES = "amqpbroker_event_log_files"
+EVENT_LOG_OLDEST_FILE_AGE = "amqpbroker_event_log_oldest_file_age_seconds"
+EVENT_LOG_FILES_DELETED = "amqpbroker_event_log_files_deleted"  # _total{compacted}
+EVENT_LOG_DELETED_BYTES = "amqpbroker_event_log_deleted_bytes"  # _total{compacted}
 AUTHENTICATION_FAILURES = "amqpbroker_authentication_failures"  # _total
 BUILD_INFO = "amqpbroker_build_info"
 

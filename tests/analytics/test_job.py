@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import subprocess
@@ -12,6 +13,7 @@ import pytest
 from pyspark.sql import SparkSession
 from support.synth_events import generate
 
+from amqpbroker.analytics.ingest import COMPACTED_MARKER
 from amqpbroker.analytics.job import JobOptions, main, run
 from amqpbroker.analytics.tables import TriageSettings
 
@@ -69,6 +71,40 @@ def test_finds_all_planted_poison_and_exactly_the_outage_messages(
     assert {"queue_windows", "queue_totals", "attempts", "poison", "redrive"} <= tables
 
 
+def test_plain_and_gzipped_files_are_read_alike_and_marked_compacted(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Issue 17: the broker gzips rotated files (`.jsonl.gz`); analyze reads them with the
+    plain ones, each once, and records every file it compacted in `.compacted.json` (what
+    `event-log.keep-until-analyzed` reads), keeping earlier names of files still there."""
+    events, out = tmp_path / "events", tmp_path / "out"
+    events.mkdir()
+    (events / "events-1.jsonl").write_text(lines((1, "enqueued"), (2, "enqueued")))
+    (events / "events-2.jsonl.gz").write_bytes(gzip.compress(lines((3, "acked")).encode()))
+    (events / "events-4.jsonl.part").write_text(lines((9, "enqueued")))
+    options = JobOptions(events=events, out=out)
+    first = run(options, spark, stream=io.StringIO())
+    assert (first.new_lines, first.events) == (3, 3)
+    marker = json.loads((events / COMPACTED_MARKER).read_text())
+    assert marker == {"files": ["events-1.jsonl", "events-2.jsonl.gz"]}
+    (events / "events-1.jsonl").unlink()  # retention deleted it
+    (events / "events-3.jsonl.gz").write_bytes(gzip.compress(lines((4, "acked")).encode()))
+    second = run(options, spark, stream=io.StringIO())
+    assert (second.new_lines, second.events) == (1, 4)
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["queues"]["q"]["enqueued"], summary["queues"]["q"]["acked"]) == (2, 2)
+    marker = json.loads((events / COMPACTED_MARKER).read_text())
+    assert marker == {"files": ["events-2.jsonl.gz", "events-3.jsonl.gz"]}
+
+
+def test_compacted_marker_name_is_the_brokers() -> None:
+    """Issue 17: the broker (eventlog_retention) and analyze (ingest) name the marker alike
+    (analytics imports no broker module, so the name is written twice)."""
+    from amqpbroker.eventlog_retention import COMPACTED_MARKER as BROKERS
+
+    assert BROKERS == COMPACTED_MARKER
+
+
 def test_second_run_reads_only_new_files(spark: SparkSession, tmp_path: Path) -> None:
     """Incremental compaction: seen files are skipped, .part files are never read."""
     events, out = tmp_path / "events", tmp_path / "out"
@@ -91,11 +127,11 @@ def test_second_run_reads_only_new_files(spark: SparkSession, tmp_path: Path) ->
     ("setup", "message"),
     [
         (lambda d: None, "events directory {d} does not exist"),
-        (lambda d: d.mkdir(), "no event files (*.jsonl) in {d}"),
+        (lambda d: d.mkdir(), "no event files (*.jsonl, *.jsonl.gz) in {d}"),
         (
             lambda d: (d.mkdir(), (d / "events-1.jsonl.part").write_text("{}\n")),
-            "no event files (*.jsonl) in {d} (only .part files: the broker renames them "
-            "on rotation or shutdown)",
+            "no event files (*.jsonl, *.jsonl.gz) in {d} (only .part files: the broker "
+            "renames them on rotation or shutdown)",
         ),
     ],
     ids=["missing", "empty", "only-part-files"],

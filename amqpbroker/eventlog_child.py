@@ -273,6 +273,7 @@ class ChildWriter:
             fraction=AUTO_FREE_FRACTION,
             cap=AUTO_FREE_BYTES,
         )
+        self.space_check_seconds = SPACE_CHECK_SECONDS
         self._next_retention = 0.0  # time.monotonic(): at once
         self._space_read_at = -float("inf")
         self._free_bytes = 0
@@ -651,7 +652,7 @@ class ChildWriter:
         if self.min_free_bytes <= 0:
             return True
         now = time.monotonic()
-        if now - self._space_read_at >= SPACE_CHECK_SECONDS:
+        if now - self._space_read_at >= self.space_check_seconds:
             self._space_read_at = now
             path = self.directory if self.directory.exists() else self.directory.parent
             try:

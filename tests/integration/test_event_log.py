@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 import pytest
 from proton import Message
 from support.client import Capabilities, connect, settle_modified
 from support.event_files import read_events
+from support.metrics import scrape
 from support.process import start_broker
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -71,3 +75,66 @@ def test_scripted_scenario_produces_exactly_these_events(tmp_path: Path) -> None
     sent = next(e for e in events if e["event"] == "sent")
     assert sent["connection"] == "app"
     assert sent["broker"] == "test-broker"
+
+
+def test_below_the_free_space_floor_events_are_dropped_and_durable_sends_accepted(
+    tmp_path: Path,
+) -> None:
+    """Issue 17 / B-170: with `min-free-bytes` above the disk's free space the event log
+    drops every event (counted in amqpbroker_event_log_dropped_total) and writes no file,
+    while the journal still takes durable sends: the journal has priority."""
+    broker = start_broker(
+        tmp_path,
+        """
+        persistence: {enabled: true}
+        event-log: {enabled: true, level: lifecycle, min-free-bytes: 4611686018427387904}
+        """,
+    )
+    dropped = ("amqpbroker_event_log_dropped_total", frozenset())
+    try:
+        conn = connect(broker.url)
+        sender = conn.create_sender("durable.orders", options=Capabilities("queue"))
+        sender.send(Message(body="kept", durable=True))  # raises unless accepted
+        receiver = conn.create_receiver("durable.orders", options=Capabilities("queue"))
+        assert receiver.receive(timeout=5).body == "kept"
+        receiver.accept()
+        conn.close()
+        values = wait_until(
+            lambda: (m := scrape(broker.ports["http"]))[dropped] >= 4 and m,
+            message="4 dropped events (sent, enqueued, dispatched, acked)",
+        )
+        assert values["amqpbroker_event_log_files", frozenset()] == 0
+    finally:
+        assert broker.stop() == 0, broker.log()
+    assert read_events(broker.data_dir / "events") == []
+    assert "below event-log.min-free-bytes" in broker.log()
+
+
+def test_retention_deletes_old_files_and_metrics_show_the_disk(tmp_path: Path) -> None:
+    """Issue 17: a file older than max-age (7 days by default) is deleted at start and
+    counted as never compacted; the disk gauges show the open file."""
+    events = tmp_path / "data" / "events"
+    events.mkdir(parents=True)
+    old = events / "events-20200101T000000000Z.jsonl.gz"
+    old.write_bytes(b"x" * 100)
+    then = time.time() - 8 * 86_400
+    os.utime(old, (then, then))
+    broker = start_broker(tmp_path, "event-log: {enabled: true, level: lifecycle}")
+    try:
+        conn = connect(broker.url)
+        conn.create_sender("metered", options=Capabilities("queue")).send(Message(body="x"))
+        conn.close()
+        files = ("amqpbroker_event_log_files", frozenset())
+        values = wait_until(
+            lambda: (m := scrape(broker.ports["http"]))[files] == 1 and m,
+            message="the open event file",
+        )
+        not_compacted = frozenset({("compacted", "false")})
+        assert values["amqpbroker_event_log_files_deleted_total", not_compacted] == 1
+        assert values["amqpbroker_event_log_deleted_bytes_total", not_compacted] == 100
+        assert values["amqpbroker_event_log_disk_bytes", frozenset()] > 0
+        assert values["amqpbroker_event_log_oldest_file_age_seconds", frozenset()] < 600
+    finally:
+        assert broker.stop() == 0, broker.log()
+    assert not old.exists()
+    assert "not compacted by `amqpbroker analyze`" in broker.log()

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from proton import Message
 from support.client import Capabilities, connect, receive_bodies, settle_modified
+from support.metrics import Labels, parse_metrics
 from support.process import BrokerProcess, start_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -67,22 +68,8 @@ def cli(broker: BrokerProcess, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-Labels = frozenset[tuple[str, str]]
-
-
 def labels(base: dict[str, str], **more: str) -> Labels:
     return frozenset({**base, **more}.items())
-
-
-def parse_metrics(text: str) -> dict[tuple[str, Labels], float]:
-    """Prometheus text -> {(name, labels): value}, label order ignored."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    out: dict[tuple[str, Labels], float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[sample.name, frozenset(sample.labels.items())] = sample.value
-    return out
 
 
 def dead_letter(broker: BrokerProcess, address: str, *colors: str) -> None:

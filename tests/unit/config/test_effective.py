@@ -90,6 +90,9 @@ def test_broker_level_values_are_listed() -> None:
         "message-expiry-scan-period: 30000",
         "max-redelivery-records: 10",
         "event-log: lifecycle",
+        "event-log-files: max-file-bytes=67108864 max-file-age=300000 compress=true "
+        "max-total-bytes=auto (min 10% of file system, 2 GiB) max-age=604800000 "
+        "keep-until-analyzed=false min-free-bytes=auto (min 5% of file system, 1 GiB)",
         "security: disabled",
     ]:
         assert line in text.splitlines()

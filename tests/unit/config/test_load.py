@@ -217,6 +217,23 @@ ERRORS = [
     ),
     ("id-cache-size: -1\n", "b.yaml:1: id-cache-size: must be >= 0: -1"),
     ("event-log: {max-file-bytes: 0}\n", "b.yaml:1: event-log.max-file-bytes: must be >= 1: 0"),
+    (  # issue 17: the disk budget
+        "event-log:\n  max-total-bytes: 0\n",
+        "b.yaml:2: event-log.max-total-bytes: must be -1 (off) or >= 1: 0",
+    ),
+    (
+        "event-log:\n  max-age: -7\n",
+        "b.yaml:2: event-log.max-age: must be -1 (off) or >= 1: -7",
+    ),
+    (
+        "event-log:\n  min-free-bytes: -1\n",
+        "b.yaml:2: event-log.min-free-bytes: must be >= 0: -1",
+    ),
+    ("event-log:\n  compress: gzip\n", "b.yaml:2: event-log.compress: not a boolean: 'gzip'"),
+    (
+        "event-log:\n  keep-until-analyzed: 1\n",
+        "b.yaml:2: event-log.keep-until-analyzed: not a boolean: 1",
+    ),
     (
         "addresses:\n  - name: a\n    anycast:\n      - {name: a, max-consumers: -2}\n",
         "b.yaml:4: addresses[0].anycast[0].max-consumers: must be -1 (off) or >= 0: -2",
@@ -451,6 +468,22 @@ def test_every_address_setting_is_accepted_by_its_kebab_name(field: str) -> None
     config = parse_config(text)
     expected = getattr(ResolvedSettings(), field)
     assert config.address_settings["#"].as_dict() == {field: expected}
+
+
+def test_event_log_disk_budget_keys_and_their_defaults() -> None:
+    """Issue 17: retention and the free-space floor; unset (or null) sizes are worked out
+    from the file system by the writer process."""
+    default = parse_config("").event_log
+    assert (default.compress, default.keep_until_analyzed) == (True, False)
+    assert (default.max_total_bytes, default.min_free_bytes) == (None, None)
+    assert default.max_age == 7 * 86_400_000
+    config = parse_config(
+        "event-log:\n  compress: false\n  max-total-bytes: 1000\n  max-age: -1\n"
+        "  keep-until-analyzed: true\n  min-free-bytes: 0\n"
+    ).event_log
+    assert (config.compress, config.max_total_bytes, config.max_age) == (False, 1000, -1)
+    assert (config.keep_until_analyzed, config.min_free_bytes) == (True, 0)
+    assert parse_config("event-log: {max-total-bytes: null}").event_log.max_total_bytes is None
 
 
 def test_all_address_settings_at_once_resolve_to_the_defaults() -> None:

@@ -282,6 +282,7 @@ class ChildWriter:
         self._space_warned = False
         self._retention_warned = False
         self._compress_warned = False
+        self._over_warned = False  # over max-total-bytes with files keep-until-analyzed keeps
         # Reported to the broker (metrics): the files on disk as the last retention pass
         # found them (the open file's bytes are added as it grows), and what was deleted.
         self._disk_base_bytes = 0
@@ -776,6 +777,16 @@ class ChildWriter:
             else:
                 self.log(logging.INFO, text)
         kept = [f for f in files if f.name not in gone]
+        total = sum(f.size_bytes for f in kept)
+        over = 0 <= self.limits.max_total_bytes < total and self.limits.keep_until_analyzed
+        if over and not self._over_warned:
+            self.log(
+                logging.WARNING,
+                f"event log: {total} bytes in {self.directory}, over max-total-bytes "
+                f"({self.limits.max_total_bytes}), kept because `amqpbroker analyze` has not "
+                "compacted them (keep-until-analyzed); min-free-bytes still protects the disk",
+            )
+        self._over_warned = over
         open_name = self._path.name if self._path is not None else None
         self._disk_base_bytes = sum(f.size_bytes for f in kept if f.name != open_name)
         self._disk_files = len(kept)

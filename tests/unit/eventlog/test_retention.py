@@ -189,6 +189,18 @@ def test_keep_until_analyzed_keeps_what_no_analyze_run_compacted(
     assert (deleted_bytes, lost_bytes) == (10 * deleted, 10 * lost)
 
 
+def test_kept_files_over_max_total_bytes_are_warned_about_once(tmp_path: Path) -> None:
+    """Issue 17: keep-until-analyzed may hold the log over its budget; the operator is
+    told (once) that analyze has to run."""
+    old_file(tmp_path, "events-20200101T000000000Z.jsonl", days=1)
+    w = child(tmp_path, FakeFs(free=50 << 30), max_total_bytes=5, keep_until_analyzed=True)
+    w._retain()
+    w._retain()
+    assert [text for _, text in w.logs if "over max-total-bytes" in text] != []
+    assert len([text for _, text in w.logs if "over max-total-bytes" in text]) == 1
+    assert (tmp_path / "events-20200101T000000000Z.jsonl").exists()
+
+
 def test_events_are_dropped_and_counted_below_min_free_bytes(tmp_path: Path) -> None:
     """Issue 17 / B-170: below the free-space floor the writer drops events (counted, a
     seq gap), writing nothing: the journal keeps the disk."""

@@ -2,8 +2,9 @@
 
 `eventlog.EventLogWriter.start()` runs `run()` in a child process, so that formatting
 (~4 µs a line, four lines per delivered message) never competes with the broker's event
-loop for the GIL. It imports only the standard library and `protocol.sections`: it starts
-in well under a second and never loads the broker.
+loop for the GIL. It imports only the standard library, `protocol.sections` and
+`eventlog_retention` (the retention decision, standard library only): it starts in well
+under a second and never loads the broker.
 
 Theory of operation
 -------------------

@@ -685,6 +685,38 @@ def _security(c: Checker, wildcards: WildcardConfig | None) -> Converter:
     return convert
 
 
+def _event_log(c: Checker, node: yaml.Node, path: str) -> Any:
+    s = c.typed
+    values = c.mapping(
+        node,
+        path,
+        {
+            "enabled": s(bool),
+            "level": c.choice(EVENT_LOG_LEVELS),
+            "properties": c.strings,
+            "body-hash": s(bool),
+            "max-file-bytes": s(int, at_least(1)),
+            "max-file-age": s(int, at_least(1)),
+            "compress": s(bool),
+            # null: the default, a share of the file system (EventLogConfig)
+            "max-total-bytes": s(int, off_or_at_least(1), nullable=True),
+            "max-age": s(int, off_or_at_least(1)),
+            "keep-until-analyzed": s(bool),
+            "min-free-bytes": s(int, at_least(0), nullable=True),
+        },
+    )
+    config = EventLogConfig(**values)
+    total = config.max_total_bytes
+    if total is not None and 0 <= total < config.max_file_bytes:
+        # The open file alone (never deleted) would be over it: nothing else kept.
+        message = f"must be -1 (off) or >= max-file-bytes ({config.max_file_bytes}): {total}"
+        c.problem(
+            c.value_node(node, "max-total-bytes"), join_path(path, "max-total-bytes"), message
+        )
+        return _MISSING
+    return config
+
+
 def _section(c: Checker, cls: type, table: dict[str, Converter]) -> Converter:
     return lambda node, path: cls(**c.mapping(node, path, table))
 
@@ -727,24 +759,7 @@ def check_tree(root: yaml.Node | None, *, source: str) -> BrokerConfig:
             "address-queue-scan-period": s(int, off_or_at_least(0)),  # B-111
             "max-redelivery-records": s(int),  # B-096: below 0 means no cap
             "id-cache-size": s(int, at_least(0)),  # B-012
-            "event-log": _section(
-                c,
-                EventLogConfig,
-                {
-                    "enabled": s(bool),
-                    "level": c.choice(EVENT_LOG_LEVELS),
-                    "properties": c.strings,
-                    "body-hash": s(bool),
-                    "max-file-bytes": s(int, at_least(1)),
-                    "max-file-age": s(int, at_least(1)),
-                    "compress": s(bool),
-                    # null: the default, a share of the file system (EventLogConfig)
-                    "max-total-bytes": s(int, off_or_at_least(1), nullable=True),
-                    "max-age": s(int, off_or_at_least(1)),
-                    "keep-until-analyzed": s(bool),
-                    "min-free-bytes": s(int, at_least(0), nullable=True),
-                },
-            ),
+            "event-log": lambda n, p: _event_log(c, n, p),
             "metrics": _section(c, MetricsConfig, {"artemis-names": s(bool)}),
             "wildcard-addresses": lambda n, p: wildcards or _MISSING,
             "security": _security(c, wildcards),

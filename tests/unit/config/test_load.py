@@ -222,6 +222,10 @@ ERRORS = [
         "b.yaml:2: event-log.max-total-bytes: must be -1 (off) or >= 1: 0",
     ),
     (
+        "event-log:\n  max-file-bytes: 1000\n  max-total-bytes: 999\n",
+        "b.yaml:3: event-log.max-total-bytes: must be -1 (off) or >= max-file-bytes (1000): 999",
+    ),
+    (
         "event-log:\n  max-age: -7\n",
         "b.yaml:2: event-log.max-age: must be -1 (off) or >= 1: -7",
     ),
@@ -478,7 +482,8 @@ def test_event_log_disk_budget_keys_and_their_defaults() -> None:
     assert (default.max_total_bytes, default.min_free_bytes) == (None, None)
     assert default.max_age == 7 * 86_400_000
     config = parse_config(
-        "event-log:\n  compress: false\n  max-total-bytes: 1000\n  max-age: -1\n"
+        "event-log:\n  compress: false\n  max-file-bytes: 1000\n  max-total-bytes: 1000\n"
+        "  max-age: -1\n"
         "  keep-until-analyzed: true\n  min-free-bytes: 0\n"
     ).event_log
     assert (config.compress, config.max_total_bytes, config.max_age) == (False, 1000, -1)

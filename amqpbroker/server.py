@@ -419,6 +419,8 @@ class BrokerServer:
             event_log_dropped=self.event_log.dropped_total if self.event_log else 0,
             journal_size_bytes=self.journal.size_bytes if self.journal else 0,
             journal_sync=self.journal_sync,
+            journal_failed=self.journal is not None and self.journal.failure is not None,
+            journal_errors=self.journal.errors if self.journal else 0,
         )
 
     def _after_command(self) -> None:

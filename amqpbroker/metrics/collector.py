@@ -55,6 +55,8 @@ class BrokerSnapshot:
     authentication_failures: int = 0
     journal_size_bytes: int = 0
     journal_sync: tuple[Metric, ...] = ()
+    journal_failed: bool = False
+    journal_errors: int = 0
 
     @classmethod
     def take(
@@ -67,6 +69,8 @@ class BrokerSnapshot:
         authentication_failures: int = 0,
         journal_size_bytes: int = 0,
         journal_sync: Histogram | None = None,
+        journal_failed: bool = False,
+        journal_errors: int = 0,
     ) -> BrokerSnapshot:
         return cls(
             broker=broker.name,
@@ -81,6 +85,8 @@ class BrokerSnapshot:
             authentication_failures=authentication_failures,
             journal_size_bytes=journal_size_bytes,
             journal_sync=tuple(journal_sync.collect()) if journal_sync is not None else (),
+            journal_failed=journal_failed,
+            journal_errors=journal_errors,
         )
 
 
@@ -186,6 +192,14 @@ class BrokerCollector:
         yield from s.journal_sync
         yield GaugeMetricFamily(
             names.JOURNAL_SIZE_BYTES, "Bytes the journal holds on disk.", value=s.journal_size_bytes
+        )
+        yield GaugeMetricFamily(
+            names.JOURNAL_FAILED,
+            "1 while the journal cannot write (durable sends are refused), else 0.",
+            value=int(s.journal_failed),
+        )
+        yield CounterMetricFamily(
+            names.JOURNAL_ERRORS, "Journal write, sync and retry errors.", value=s.journal_errors
         )
         info = GaugeMetricFamily(names.BUILD_INFO, "Build information.", labels=["version"])
         info.add_metric([__version__], 1)

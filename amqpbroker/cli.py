@@ -17,8 +17,12 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from amqpbroker import __version__
+
+if TYPE_CHECKING:
+    from amqpbroker.config import BrokerConfig
 
 log = logging.getLogger("amqpbroker")
 
@@ -99,8 +103,27 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"amqpbroker: cannot read {args.file}: {e.strerror}", file=sys.stderr)  # noqa: T201
         return 1
+    if problems := _tls_problems(config):  # what `run` would stop on (issue 15)
+        for problem in problems:
+            print(f"{args.file}: {problem}", file=sys.stderr)  # noqa: T201
+        return 1
     print(format_effective(config))  # noqa: T201
     return 0
+
+
+def _tls_problems(config: BrokerConfig) -> list[str]:
+    """The TLS files of every amqps acceptor, loaded as `run` loads them: the config
+    objects never touch files, so check-config does it here."""
+    from amqpbroker.security import TlsFileError, acceptor_context
+
+    problems = []
+    for acceptor in config.acceptors:
+        if acceptor.tls is not None:
+            try:
+                acceptor_context(acceptor.name, acceptor.tls)
+            except TlsFileError as e:
+                problems.append(str(e))
+    return problems
 
 
 DEFAULT_URL = "http://127.0.0.1:8161"

@@ -14,7 +14,6 @@ import ipaddress
 import json
 import logging
 import os
-import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,7 +39,7 @@ from amqpbroker.metrics.collector import EventLogFiles, journal_sync_histogram
 from amqpbroker.protocol import moves
 from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell
 from amqpbroker.protocol.sasl import SaslServer
-from amqpbroker.security import server_context, verify_password
+from amqpbroker.security import TlsFileError, acceptor_context, verify_password
 from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
 from amqpbroker.store.recovery import LoopJournal, recover
 
@@ -266,11 +265,9 @@ class BrokerServer:
             context = None
             if acceptor.tls is not None:
                 try:
-                    context = server_context(acceptor.tls)
-                except (OSError, ssl.SSLError) as e:
-                    raise StartupError(
-                        f"acceptor {acceptor.name}: cannot load TLS certificate/key: {e}"
-                    ) from e
+                    context = acceptor_context(acceptor.name, acceptor.tls)
+                except TlsFileError as e:
+                    raise StartupError(str(e)) from e
             server = await loop.create_server(
                 functools.partial(_AmqpProtocol, self, acceptor),
                 acceptor.host,
@@ -421,6 +418,8 @@ class BrokerServer:
             journal_sync=self.journal_sync,
             event_log_files=EventLogFiles(*self.event_log.disk) if self.event_log else None,
             now_ms=time.time_ns() // 1_000_000,  # file times are wall-clock, whatever the broker's
+            journal_failed=self.journal is not None and self.journal.failure is not None,
+            journal_errors=self.journal.errors if self.journal else 0,
         )
 
     def _after_command(self) -> None:

@@ -26,6 +26,7 @@ import re
 import types
 import typing
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlsplit
@@ -155,16 +156,57 @@ def _article(kind: type) -> str:
     return "an" if _kind_name(kind)[0] in "aeiou" else "a"
 
 
-def at_least(minimum: float) -> Check:
-    return lambda v: None if v >= minimum else f"must be >= {minimum}: {v!r}"
+# Upper bounds of numeric keys (issue 15): what the code can do with the value.
+INT32_MAX = 2**31 - 1  # Artemis `int` settings: counts, page sizes, consumers
+INT64_MAX = 2**63 - 1  # Artemis `long` settings: byte sizes, message counts
+# A duration in ms gets added to an epoch-ms time (journaled in 64 bits) and multiplied
+# as a float (redelivery back-off): 10**15 ms (~31,700 years) stays exact in a double
+# and far inside 64 bits.
+MS_MAX = 10**15
 
 
-def between(low: float, high: float) -> Check:
-    return lambda v: None if low <= v <= high else f"must be between {low:g} and {high:g}: {v!r}"
+@dataclass(frozen=True, slots=True)
+class Range:
+    """The range of a numeric key: `low`..`high`, and -1 too when `minus_one` says what
+    it means there ("off", "unlimited"), as Artemis allows it. A `Check`."""
+
+    low: float
+    high: float
+    minus_one: str | None = None
+    span: bool = False  # say "between low and high" whichever bound is broken
+
+    def __call__(self, value: float) -> str | None:
+        if self.minus_one is not None and value == -1:
+            return None
+        if self.span and not self.low <= value <= self.high:
+            return f"must be between {self.low:g} and {self.high:g}: {value!r}"
+        if value < self.low:
+            if self.minus_one is not None:
+                return f"must be -1 ({self.minus_one}) or >= {self.low}: {value!r}"
+            return f"must be >= {self.low}: {value!r}"
+        if value > self.high:
+            return f"must be <= {self.high}: {value!r}"
+        return None
 
 
-def off_or_at_least(minimum: int) -> Check:
-    return lambda v: None if v == -1 or v >= minimum else f"must be -1 (off) or >= {minimum}: {v!r}"
+def _ms(*, minus_one: str | None = None, low: int = 0) -> Range:
+    return Range(low, MS_MAX, minus_one)
+
+
+# Numeric keys outside address-settings, by key path ("queue." for addresses[].*cast[]).
+NUMERIC_KEYS: dict[str, Range] = {
+    "message-expiry-scan-period": _ms(minus_one="off"),  # B-084
+    "address-queue-scan-period": _ms(minus_one="off"),  # B-111
+    "max-redelivery-records": Range(0, INT32_MAX, "no cap"),  # B-096
+    "id-cache-size": Range(0, INT32_MAX),  # B-012
+    "event-log.max-file-bytes": Range(1, INT64_MAX),
+    "event-log.max-file-age": _ms(low=1),
+    "event-log.max-total-bytes": Range(1, INT64_MAX, "off"),  # issue 17
+    "event-log.max-age": _ms(minus_one="off", low=1),
+    "event-log.min-free-bytes": Range(0, INT64_MAX),
+    "queue.max-consumers": Range(0, INT32_MAX, "unlimited"),
+    "queue.ring-size": Range(0, INT64_MAX, "off"),
+}
 
 
 class Checker:
@@ -364,8 +406,9 @@ def _setting_table() -> dict[str, tuple[type, Check | None]]:
     """Kind and range check of every address-setting (B-103), keyed by field name.
 
     Derived from `ResolvedSettings`, so a setting added there is accepted here under its
-    kebab-case name. Ranges: B-067 (Artemis checks only the collision-avoidance factor;
-    amqpbroker also refuses a negative delay and a multiplier below 1.0).
+    kebab-case name; a numeric one must have its range in `SETTING_RANGES` (KeyError at
+    import otherwise). Ranges: B-067 (Artemis checks only the collision-avoidance factor;
+    amqpbroker also refuses a negative delay and a multiplier below 1.0), issue 15.
     """
     hints = typing.get_type_hints(ResolvedSettings)
     table: dict[str, tuple[type, Check | None]] = {}
@@ -373,15 +416,44 @@ def _setting_table() -> dict[str, tuple[type, Check | None]]:
         kind = hints[f.name]
         if isinstance(kind, types.UnionType):
             kind = next(k for k in typing.get_args(kind) if k is not type(None))
-        table[f.name] = (kind, None)
-    table["redelivery_collision_avoidance_factor"] = (float, between(0.0, 1.0))
-    table["redelivery_delay"] = (int, at_least(0))
-    table["max_redelivery_delay"] = (int, at_least(0))
-    table["redelivery_delay_multiplier"] = (float, at_least(1.0))
+        numeric = kind in (int, float)
+        table[f.name] = (kind, SETTING_RANGES[f.name] if numeric else None)
     return table
 
 
+# Every numeric address-setting's range (issue 15): -1 where Artemis gives it a meaning,
+# nothing else negative; Artemis `int` settings up to INT32_MAX, `long` ones up to
+# INT64_MAX, ms durations up to MS_MAX.
+SETTING_RANGES: dict[str, Range] = {
+    "max_delivery_attempts": Range(0, INT32_MAX, "unlimited"),  # B-060: 0 is too
+    "redelivery_delay": _ms(),
+    "redelivery_delay_multiplier": Range(1.0, math.inf),  # finite: checked as a float
+    "max_redelivery_delay": _ms(),
+    "redelivery_collision_avoidance_factor": Range(0.0, 1.0, span=True),
+    "expiry_delay": _ms(minus_one="off"),
+    "min_expiry_delay": _ms(minus_one="off"),
+    "max_expiry_delay": _ms(minus_one="off"),
+    "auto_delete_addresses_delay": _ms(),
+    "auto_delete_queues_delay": _ms(),
+    "auto_delete_queues_message_count": Range(0, INT64_MAX, "off"),
+    "default_max_consumers": Range(0, INT32_MAX, "unlimited"),
+    "default_consumers_before_dispatch": Range(0, INT32_MAX),
+    "default_delay_before_dispatch": _ms(minus_one="off"),
+    "default_group_buckets": Range(0, INT32_MAX, "unlimited"),
+    "default_ring_size": Range(0, INT64_MAX, "off"),
+    "retroactive_message_count": Range(0, INT64_MAX),
+    "max_size_bytes": Range(0, INT64_MAX, "unlimited"),
+    "max_size_messages": Range(0, INT64_MAX, "unlimited"),
+    "max_size_bytes_reject_threshold": Range(0, INT64_MAX, "off"),
+    "page_size_bytes": Range(1, INT32_MAX),
+    "management_browse_page_size": Range(0, INT32_MAX),
+    "slow_consumer_threshold": Range(0, INT64_MAX, "off"),
+    "slow_consumer_check_period": Range(1, MS_MAX // 1000),  # seconds
+    "redistribution_delay": _ms(minus_one="off"),
+}
 SETTING_TABLE = _setting_table()
+
+
 _ADDRESS_VALUED = ("dead_letter_address", "expiry_address")
 
 
@@ -549,13 +621,13 @@ def _queue(c: Checker, node: yaml.Node, path: str) -> Any:
             "name": c.named("queue"),
             "durable": c.typed(bool),
             "filter": selector,
-            "max-consumers": c.typed(int, off_or_at_least(0)),
+            "max-consumers": c.typed(int, NUMERIC_KEYS["queue.max-consumers"]),
             "purge-on-no-consumers": c.typed(bool),
             "exclusive": c.typed(bool),
             "last-value-key": c.typed(str, nullable=True),
             "last-value": c.typed(bool),
             "non-destructive": c.typed(bool),
-            "ring-size": c.typed(int, off_or_at_least(0)),
+            "ring-size": c.typed(int, NUMERIC_KEYS["queue.ring-size"]),
         },
         required=("name",),
     )
@@ -695,14 +767,14 @@ def _event_log(c: Checker, node: yaml.Node, path: str) -> Any:
             "level": c.choice(EVENT_LOG_LEVELS),
             "properties": c.strings,
             "body-hash": s(bool),
-            "max-file-bytes": s(int, at_least(1)),
-            "max-file-age": s(int, at_least(1)),
+            "max-file-bytes": s(int, NUMERIC_KEYS["event-log.max-file-bytes"]),
+            "max-file-age": s(int, NUMERIC_KEYS["event-log.max-file-age"]),
             "compress": s(bool),
             # null: the default, a share of the file system (EventLogConfig)
-            "max-total-bytes": s(int, off_or_at_least(1), nullable=True),
-            "max-age": s(int, off_or_at_least(1)),
+            "max-total-bytes": s(int, NUMERIC_KEYS["event-log.max-total-bytes"], nullable=True),
+            "max-age": s(int, NUMERIC_KEYS["event-log.max-age"]),
             "keep-until-analyzed": s(bool),
-            "min-free-bytes": s(int, at_least(0), nullable=True),
+            "min-free-bytes": s(int, NUMERIC_KEYS["event-log.min-free-bytes"], nullable=True),
         },
     )
     config = EventLogConfig(**values)
@@ -755,10 +827,10 @@ def check_tree(root: yaml.Node | None, *, source: str) -> BrokerConfig:
                     "persist-delivery-count-before-delivery": s(bool),
                 },
             ),
-            "message-expiry-scan-period": s(int, off_or_at_least(0)),  # B-084
-            "address-queue-scan-period": s(int, off_or_at_least(0)),  # B-111
-            "max-redelivery-records": s(int),  # B-096: below 0 means no cap
-            "id-cache-size": s(int, at_least(0)),  # B-012
+            "message-expiry-scan-period": s(int, NUMERIC_KEYS["message-expiry-scan-period"]),
+            "address-queue-scan-period": s(int, NUMERIC_KEYS["address-queue-scan-period"]),
+            "max-redelivery-records": s(int, NUMERIC_KEYS["max-redelivery-records"]),
+            "id-cache-size": s(int, NUMERIC_KEYS["id-cache-size"]),
             "event-log": lambda n, p: _event_log(c, n, p),
             "metrics": _section(c, MetricsConfig, {"artemis-names": s(bool)}),
             "wildcard-addresses": lambda n, p: wildcards or _MISSING,

@@ -14,6 +14,13 @@ the journal calls after the group commit that made the step durable. Records nob
 for (acknowledgements, counts, moves) are appended with `sync=False`; the journal syncs
 them with the next group commit or shortly after (at-least-once: a lost ack redelivers).
 
+When the journal fails (disk full, no file descriptors) the broker refuses durable sends
+(`failure` is set, B-095 at-least-once for the rest) until the journal says it works
+again (`resumed`, issue 15). The records of a failed append are gone, and with them may
+go the `AddQueue` of a queue created in that step (auto-created by its first send):
+`resumed` therefore journals the durable addresses and queues as they are now, so that
+a message accepted after the recovery never names a queue the journal lacks.
+
 Loop thread only: the journal adapter (server side) posts its callbacks back to the loop.
 """
 
@@ -55,6 +62,9 @@ class RecordLog(Protocol):
         self, records: Sequence[Record], *, sync: bool, on_durable: OnStored | None = None
     ) -> None: ...
 
+    def on_resume(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` on the loop thread each time the journal works again."""
+
 
 class Persistence:
     """Collects the records of durable state changes and appends them once per step.
@@ -90,6 +100,10 @@ class Persistence:
         # Called with the references of an append that failed: the broker takes back
         # those still waiting, so a send refused to its producer is not delivered.
         self.on_lost: Callable[[list[tuple[str, Ref]]], None] = lambda refs: None
+        # The durable topology as journaled (recovered ones too): what `resumed` writes.
+        self._addresses: dict[str, AddAddress] = {}
+        self._queues: dict[str, AddQueue] = {}
+        journal.on_resume(self.resumed)
 
     # -- messages -------------------------------------------------------------------------
     def ref_added(self, queue: str, ref: Ref, *, scheduled_at_ms: int = 0) -> None:
@@ -146,8 +160,6 @@ class Persistence:
 
     # -- queues and addresses -------------------------------------------------------------
     def queue_added(self, config: QueueConfig) -> None:
-        if self.suspended:
-            return
         extra = {
             name: getattr(config, name)
             for name in QueueConfig.__dataclass_fields__
@@ -155,35 +167,38 @@ class Persistence:
         }
         if config.extra:
             extra["extra"] = dict(config.extra)
-        self._records.append(
-            AddQueue(
-                name=config.name,
-                address=config.address,
-                routing_type=config.routing_type,
-                durable=True,
-                filter=config.filter,
-                auto_created=config.auto_created,
-                extra=extra,
-            )
+        record = AddQueue(
+            name=config.name,
+            address=config.address,
+            routing_type=config.routing_type,
+            durable=True,
+            filter=config.filter,
+            auto_created=config.auto_created,
+            extra=extra,
         )
+        self._queues[config.name] = record
+        if not self.suspended:
+            self._records.append(record)
 
     def queue_deleted(self, name: str) -> None:
+        self._queues.pop(name, None)
         if not self.suspended:
             self._records.append(DeleteQueue(name=name))
 
     def address_changed(
         self, name: str, routing_types: set[RoutingType], auto_created: bool
     ) -> None:
+        record = AddAddress(
+            name=name,
+            routing_types=tuple(sorted(routing_types, key=lambda t: t.value)),
+            auto_created=auto_created,
+        )
+        self._addresses[name] = record
         if not self.suspended:
-            self._records.append(
-                AddAddress(
-                    name=name,
-                    routing_types=tuple(sorted(routing_types, key=lambda t: t.value)),
-                    auto_created=auto_created,
-                )
-            )
+            self._records.append(record)
 
     def address_deleted(self, name: str) -> None:
+        self._addresses.pop(name, None)
         if not self.suspended:
             self._records.append(DeleteAddress(name=name))
 
@@ -240,13 +255,24 @@ class Persistence:
         return done
 
     def _failed(self, error: BaseException) -> None:
+        # The journal logs the failure and its recovery (one warning, one info).
         if self.failure is None:
             self.failure = error
-            log.error(
-                "the journal failed (%s): refusing durable messages from now on; "
-                "consumers are still served and nothing already settled is lost",
-                error.__cause__ or error,
-            )
+            log.debug("refusing durable messages until the journal works again: %s", error)
+
+    def resumed(self) -> None:
+        """The journal works again: accept durable messages, and journal the durable
+        addresses and queues as they are now (a failed append may have held some)."""
+        if self.failure is None:
+            return
+        self.failure = None
+        topology: list[Record] = [*self._addresses.values(), *self._queues.values()]
+        if topology:
+            try:
+                self.journal.append(topology, sync=False)
+            except Exception as e:  # closed meanwhile: refuse again, never pretend
+                self._failed(e)
+        log.debug("accepting durable messages again")
 
 
 def _add_message(message: Message) -> AddMessage:

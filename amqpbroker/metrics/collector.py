@@ -70,6 +70,8 @@ class BrokerSnapshot:
     journal_sync: tuple[Metric, ...] = ()
     event_log_files: EventLogFiles | None = None  # None: no event log
     taken_ms: int = 0  # epoch ms, for the oldest event file's age
+    journal_failed: bool = False
+    journal_errors: int = 0
 
     @classmethod
     def take(
@@ -84,6 +86,8 @@ class BrokerSnapshot:
         journal_sync: Histogram | None = None,
         event_log_files: EventLogFiles | None = None,
         now_ms: int = 0,
+        journal_failed: bool = False,
+        journal_errors: int = 0,
     ) -> BrokerSnapshot:
         return cls(
             broker=broker.name,
@@ -100,6 +104,8 @@ class BrokerSnapshot:
             journal_sync=tuple(journal_sync.collect()) if journal_sync is not None else (),
             event_log_files=event_log_files,
             taken_ms=now_ms,
+            journal_failed=journal_failed,
+            journal_errors=journal_errors,
         )
 
 
@@ -207,6 +213,14 @@ class BrokerCollector:
         yield from s.journal_sync
         yield GaugeMetricFamily(
             names.JOURNAL_SIZE_BYTES, "Bytes the journal holds on disk.", value=s.journal_size_bytes
+        )
+        yield GaugeMetricFamily(
+            names.JOURNAL_FAILED,
+            "1 while the journal cannot write (durable sends are refused), else 0.",
+            value=int(s.journal_failed),
+        )
+        yield CounterMetricFamily(
+            names.JOURNAL_ERRORS, "Journal write, sync and retry errors.", value=s.journal_errors
         )
         info = GaugeMetricFamily(names.BUILD_INFO, "Build information.", labels=["version"])
         info.add_metric([__version__], 1)

@@ -2,6 +2,13 @@
 
 from amqpbroker.security.certs import create_certificates
 from amqpbroker.security.passwords import hash_password, verify_password
-from amqpbroker.security.tls import server_context
+from amqpbroker.security.tls import TlsFileError, acceptor_context, server_context
 
-__all__ = ["create_certificates", "hash_password", "server_context", "verify_password"]
+__all__ = [
+    "TlsFileError",
+    "acceptor_context",
+    "create_certificates",
+    "hash_password",
+    "server_context",
+    "verify_password",
+]

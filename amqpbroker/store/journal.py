@@ -47,12 +47,28 @@ and synced by the next pass that syncs, or `lazy_sync_seconds` later, whichever 
 duration. The queue is not bounded here: the broker's flow control (credit, settling
 durable sends only in `on_durable`) bounds what is in flight.
 
-A write or fsync error (disk full, EIO) fails the journal: that pass and every later
-append get `JournalFailed` (the `OSError` is its `__cause__`) in their callback; the
-writer truncates the partial write it can, and the process goes on. What was synced
-before stays on disk and replays. A failed journal stays failed until it is reopened.
-The failure is reported conservatively: records of a failed pass may still turn up after
-a restart (at-least-once), but nothing reported durable is ever lost.
+Failure and recovery (issue 15)
+~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+A write, fsync or roll error (disk full, out of file descriptors, EIO) fails the journal.
+What the journal reported done stays; what it reports failed is taken back: the pass is
+truncated off the current segment (its records are never indexed), appends with a
+callback get `JournalFailed` (the `OSError` is its `__cause__`), and so does every such
+append until the journal works again. Appends nobody waits for (acks, counts, queues:
+no callback) are *held* in order, up to `HELD_MAX_BYTES`, and written first once it
+does; past that they are dropped (at-least-once: an ack lost is a redelivery).
+
+The writer retries by itself with backoff (`RETRY_FIRST_SECONDS`, doubling up to
+`retry_max_seconds`): it checks that the current segment ends where the index says
+(truncating again if need be), then writes and fsyncs a probe block in the prepared next
+segment and fsyncs the directory. When that works the journal is back: `failure` is None,
+the `on_resume` callbacks run (on the writer thread), held appends are written. One
+warning is logged when it fails, one info when it resumes, and at most one warning a
+minute in between; `errors` counts every error met (metrics).
+
+Descriptors: the journal holds the directory open and keeps the *next* segment created
+and open ahead of need (`journal-<n>.seg.next`, renamed into place at the roll), so a
+roll needs no new descriptor: a process that ran out of them (idle sockets) cannot make
+the journal fail at a roll. The spare is made again after each roll, when it can be.
 
 Recovery (opening a `FileJournal`)
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -66,8 +82,9 @@ segment (sealed segments were synced before the roll), is corruption in the midd
 `JournalCorrupt` names the file and offset, and the broker should refuse to start. So is
 a frame whose checksum is right but whose type or payload this version cannot read (a
 newer writer): it is never truncated. With `skip_corrupt=True` the bad bytes are skipped
-to the next valid frame, with an error log. Compaction temp files (`*.compact`) left by a
-crash are deleted; a message left without references is dead (as in `JournalState`).
+to the next valid frame, with an error log. Compaction temp files (`*.compact`) and the
+spare next segment (`*.seg.next`) left by a crash are deleted; a message left without
+references is dead (as in `JournalState`).
 
 Compaction
 ~~~~~~~~~~
@@ -101,6 +118,7 @@ before the broker starts appending. While a replay is being read, `compact()` do
 from __future__ import annotations
 
 import base64
+import contextlib
 import errno
 import fcntl
 import logging
@@ -165,6 +183,11 @@ _MAX_PAYLOAD = 1 << 30
 _KNOWN_TYPES = frozenset(int(t) for t in RECORD_CLASSES)
 _SEGMENT_GLOB = "journal-*.seg"
 _TEMP_SUFFIX = ".compact"
+_NEXT_SUFFIX = ".next"  # the spare next segment, opened ahead of need
+RETRY_FIRST_SECONDS = 0.1  # first retry after a failure; doubles up to retry_max_seconds
+FAILURE_LOG_EVERY_SECONDS = 60.0  # "still failing" at most this often
+HELD_MAX_BYTES = 16 * 1024 * 1024  # unwaited appends kept while failed; beyond: dropped
+_PROBE = bytes(4096)  # what a retry writes (and truncates off) to test the disk
 
 
 class JournalError(Exception):
@@ -240,6 +263,11 @@ class Journal(Protocol):
     @property
     def failure(self) -> JournalFailed | None:
         """Why the journal stopped accepting appends, or None while it works."""
+        ...
+
+    def on_resume(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` each time the journal works again after a failure (for
+        `FileJournal` on its writer thread: marshal it to your loop)."""
         ...
 
 
@@ -557,7 +585,8 @@ class MemoryJournal:
 
     Records go through the codec, so replay returns what a file journal would. Callbacks
     run inside `append` (nothing to wait for). `fail()` makes it behave like a file
-    journal whose disk filled up, for broker tests.
+    journal whose disk filled up, and `resume()` like one that got space back, for broker
+    tests: appends without a callback made meanwhile are held and kept on resume.
     """
 
     # One thread: the caller's.
@@ -568,6 +597,8 @@ class MemoryJournal:
         self._size_bytes = 0
         self._failure: JournalFailed | None = None
         self._closed = False
+        self._held: list[tuple[Record, int]] = []  # (record, size) appended while failed
+        self._resumed: list[Callable[[], None]] = []
 
     @staticmethod
     def _dead(item: _MemItem, needs_tombstone: bool) -> None:
@@ -581,13 +612,18 @@ class MemoryJournal:
         # Through the codec, so that replay returns exactly what a file journal would.
         encoded = [_through_codec(r) for r in records]
         if self._failure is None:
-            for record, size in encoded:
-                item = _MemItem()
-                item.alive = self._live.apply(record, item)
-                self._entries.append((record, item, size))
-                self._size_bytes += size
+            self._keep(encoded)
+        elif on_durable is None:  # nobody waits: written once the journal works again
+            self._held.extend(encoded)
         if on_durable is not None:
             on_durable(self._failure)
+
+    def _keep(self, encoded: Iterable[tuple[Record, int]]) -> None:
+        for record, size in encoded:
+            item = _MemItem()
+            item.alive = self._live.apply(record, item)
+            self._entries.append((record, item, size))
+            self._size_bytes += size
 
     def replay(self) -> Iterator[Record]:
         return iter([record for record, _, _ in self._entries])
@@ -612,6 +648,19 @@ class MemoryJournal:
         failure = JournalFailed(f"journal write failed: {error}")
         failure.__cause__ = error
         self._failure = failure
+
+    def resume(self) -> None:
+        """The "disk" works again: write what was held, tell the `on_resume` callbacks."""
+        if self._failure is None:
+            return
+        self._failure = None
+        held, self._held = self._held, []
+        self._keep(held)
+        for callback in self._resumed:
+            callback()
+
+    def on_resume(self, callback: Callable[[], None]) -> None:
+        self._resumed.append(callback)
 
     @property
     def size_bytes(self) -> int:
@@ -793,6 +842,7 @@ class FileJournal:
             while the event loop holds it, which is what a busy broker pays most for
             (`docs/durability.md`). Light load (a few synchronous senders) never waits.
         commit_delay_bytes: the backlog that counts as heavy load.
+        retry_max_seconds: the longest wait between two retries of a failed journal.
 
     Raises:
         JournalCorrupt: a corrupt record in the middle (and not `skip_corrupt`).
@@ -817,6 +867,7 @@ class FileJournal:
         lazy_sync_seconds: float = 0.05,
         commit_delay_seconds: float = 0.0,
         commit_delay_bytes: int = 16 * 1024,
+        retry_max_seconds: float = 5.0,
     ) -> None:
         self.directory = Path(directory)
         self.max_segment_bytes = max(max_segment_bytes, HEADER_BYTES + FRAME_BYTES)
@@ -826,6 +877,7 @@ class FileJournal:
         self.lazy_sync_seconds = lazy_sync_seconds
         self.commit_delay_seconds = commit_delay_seconds
         self.commit_delay_bytes = commit_delay_bytes
+        self.retry_max_seconds = max(retry_max_seconds, RETRY_FIRST_SECONDS)
         self._fsync = fsync
         self._sync_seconds = sync_seconds
         self.syncs = 0  # data fsyncs by the writer (group commits and rolls)
@@ -854,6 +906,19 @@ class FileJournal:
         self._readers = 0  # replays in progress: compaction waits for them
         self._compact_wanted = threading.Event()
         self._stopping = False
+        # Failure and recovery (writer thread; see the module doc).
+        self.errors = 0  # write, sync, roll and retry errors met (a metric)
+        # What a failure takes back: (segment, its size, len(_unindexed), unsynced bytes).
+        self._mark: tuple[_Segment | None, int, int, int] = (None, 0, 0, 0)
+        self._unsealed: _Pending | None = None  # this pass's first entry after its last roll
+        self._failed_at = self._logged_at = self._retry_at = 0.0
+        self._retry_delay = RETRY_FIRST_SECONDS
+        self._held: list[_Pending] = []  # unwaited appends kept while failed
+        self._held_bytes = 0
+        self._held_dropped = 0
+        self._resumed: list[Callable[[], None]] = []
+        self._dir_fd = -1
+        self._next: tuple[int, Path, int] | None = None  # spare next segment: n, path, fd
 
         self._lock_fd = self._lock_directory()
         try:
@@ -867,6 +932,11 @@ class FileJournal:
         if not read_only:
             current = self._segments[-1]
             self._fd = os.open(current.path, os.O_WRONLY | os.O_APPEND)
+            self._dir_fd = os.open(self.directory, os.O_RDONLY)
+            try:
+                self._prepare_next(current.number + 1)
+            except OSError as e:  # made at the first roll, if it can be by then
+                log.warning("journal %s: cannot make a spare segment: %s", self.directory, e)
             self._writer = threading.Thread(
                 target=self._write_loop, name=f"journal-writer {self.directory}", daemon=True
             )
@@ -913,6 +983,8 @@ class FileJournal:
             for leftover in self.directory.glob("*" + _TEMP_SUFFIX):
                 log.warning("journal %s: deleting unfinished compaction file", leftover)
                 leftover.unlink()
+            for spare in self.directory.glob("*.seg" + _NEXT_SUFFIX):
+                spare.unlink()  # an unused spare segment: made again below
         for i, (number, path) in enumerate(paths):
             self._scan_segment(number, path, last=i == len(paths) - 1)
         # A message with no reference after replay is dead (JournalState drops it too):
@@ -1127,15 +1199,21 @@ class FileJournal:
         while True:
             with self._cond:
                 while not self._queue and not self._closed:
-                    if self._unsynced_bytes:
+                    if self._failure is not None:  # wait for the next retry
+                        left = self._retry_at - time.monotonic()
+                    elif self._unsynced_bytes:
                         left = self._unsynced_since + self.lazy_sync_seconds - time.monotonic()
-                        if left <= 0:
-                            break
-                        self._cond.wait(left)
                     else:
                         self._cond.wait()
+                        continue
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
                 batch, self._queue = self._queue, []
                 closing = self._closed
+            if self._failure is not None and time.monotonic() >= self._retry_at and self._retry():
+                batch[:0] = self._held  # held first: they were appended first
+                self._held, self._held_bytes = [], 0
             if (
                 self.commit_delay_seconds > 0
                 and not closing
@@ -1153,15 +1231,23 @@ class FileJournal:
             elif self._unsynced_bytes:
                 self._sync_or_fail()
             if closing and not batch:
+                if self._held:
+                    log.warning(
+                        "journal %s: closed while failed: %d appends nobody waited for "
+                        "(acknowledgements, counts) were never written",
+                        self.directory,
+                        len(self._held),
+                    )
                 return
 
     def _sync_or_fail(self) -> bool:
         if self._failure is not None:
             return False
+        self._mark_clean()
         try:
             self._sync()
         except Exception as e:
-            self._fail(e, truncate_to=None)
+            self._fail(e)
             return False
         return True
 
@@ -1211,20 +1297,52 @@ class FileJournal:
         self._synced_unindexed = 0
 
     def _write_batch(self, batch: list[_Pending]) -> None:
-        if self._failure is None:
-            try:
-                self._write_entries(batch)
-            except Exception as e:  # OSError, or a bug: either way no callback may be lost
-                self._fail(e, truncate_to=self._segments[-1].size_bytes)
-        for entry in batch:
+        if self._failure is not None:
+            self._refuse(batch)
+            return
+        try:
+            self._write_entries(batch)
+        except Exception as e:  # OSError, or a bug: either way no callback may be lost
+            self._fail(e)
+            done = 0 if self._unsealed is None else batch.index(self._unsealed)
+            self._answer(batch[:done])  # in segments this pass sealed: on disk
+            self._refuse(batch[done:])
+            return
+        self._answer(batch)
+
+    def _answer(self, entries: list[_Pending]) -> None:
+        for entry in entries:
             if entry.callback is not None:
                 try:
-                    entry.callback(self._failure)
+                    entry.callback(None)
                 except Exception:
                     log.exception("journal %s: on_durable callback failed", self.directory)
 
+    def _refuse(self, entries: list[_Pending]) -> None:
+        """While failed: fail what is waited for, hold the rest (see the module doc)."""
+        failure = self._failure
+        for entry in entries:
+            if entry.callback is None:
+                if self._held_bytes + len(entry.data) <= HELD_MAX_BYTES:
+                    self._held.append(entry)
+                    self._held_bytes += len(entry.data)
+                else:
+                    self._held_dropped += 1
+                continue
+            try:
+                entry.callback(failure)
+            except Exception:
+                log.exception("journal %s: on_durable callback failed", self.directory)
+
+    def _mark_clean(self) -> None:
+        """What a failure from here on takes back: nothing written so far."""
+        seg = self._segments[-1]
+        self._mark = (seg, seg.size_bytes, len(self._unindexed), self._unsynced_bytes)
+
     def _write_entries(self, batch: list[_Pending]) -> None:
         seg = self._segments[-1]
+        self._mark_clean()
+        self._unsealed = None
         chunk: list[bytes] = []
         placed: list[tuple[_Pending, int]] = []
         end = seg.size_bytes
@@ -1237,7 +1355,10 @@ class FileJournal:
                 else:
                     with self._lock:
                         self._index_synced()
+                self._unsealed = entry  # what came before is on disk
+                self._mark_clean()
                 seg = self._roll(seg)
+                self._mark_clean()
                 chunk, placed, end = [], [], seg.size_bytes
             if size:
                 chunk.append(entry.data)
@@ -1265,36 +1386,154 @@ class FileJournal:
             self._unindexed.append((seg, placed))
 
     def _roll(self, old: _Segment) -> _Segment:
-        """Seal `old` (already synced) and start the next segment."""
-        new = self._create_segment(old.number + 1)
-        fd = os.open(new.path, os.O_WRONLY | os.O_APPEND)
+        """Seal `old` (already synced) and start the next segment: the spare one, renamed
+        into place, so that a roll needs no new file descriptor."""
+        number = old.number + 1
+        if self._next is None or self._next[0] != number:
+            self._drop_next()
+            self._prepare_next(number)  # no spare: make it now (may fail: EMFILE, ENOSPC)
+        assert self._next is not None
+        _, spare, fd = self._next
+        self._next = None
+        new = _Segment(number, _segment_path(self.directory, number), HEADER_BYTES)
+        try:
+            os.rename(spare, new.path)
+        except BaseException:
+            os.close(fd)
+            raise
         os.close(self._fd)
         self._fd = fd
         with self._lock:
             self._segments.append(new)
         self._compact_wanted.set()
+        # The new name is durable before anything is written in it (if this fails, the
+        # journal fails, and a retry syncs the directory before writing again).
+        os.fsync(self._dir_fd)
+        try:
+            self._prepare_next(number + 1)
+        except OSError as e:  # made again at the next roll (or retry)
+            log.debug("journal %s: no spare segment for now: %s", self.directory, e)
         return new
 
-    def _fail(self, error: Exception, *, truncate_to: int | None) -> None:
+    def _prepare_next(self, number: int) -> None:
+        """Create segment `number` under a spare name, header synced, and keep it open."""
+        path = _segment_path(self.directory, number)
+        spare = path.with_name(path.name + _NEXT_SUFFIX)
+        fd = os.open(spare, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        try:
+            _write_fd(fd, _FILE_HEADER.pack(MAGIC, VERSION, 0, number))
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                spare.unlink()
+            raise
+        self._next = (number, spare, fd)
+
+    def _drop_next(self) -> None:
+        if self._next is not None:
+            _, spare, fd = self._next
+            self._next = None
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                spare.unlink()
+
+    def _fail(self, error: Exception) -> None:
+        """Take back what this pass wrote and refuse appends until a retry works."""
+        seg, size, unindexed, unsynced = self._mark
+        assert seg is not None  # set before anything is written
+        with self._lock:
+            del self._unindexed[unindexed:]  # not on disk, so never indexed
+            self._synced_unindexed = min(self._synced_unindexed, len(self._unindexed))
+            seg.size_bytes = size
+        self._unsynced_bytes = unsynced
         failure = JournalFailed(f"journal {self.directory}: write failed: {error}")
         failure.__cause__ = error
         self._failure = failure
-        self._unsynced_bytes = 0
-        with self._lock:
-            self._unindexed.clear()
-            self._synced_unindexed = 0
-        log.error(
-            "journal %s: %s; durable appends fail from now on (records synced before are "
-            "kept); reopen the journal once the disk is fixed",
+        self.errors += 1
+        now = time.monotonic()
+        self._failed_at = self._logged_at = now
+        self._retry_delay = RETRY_FIRST_SECONDS
+        self._retry_at = now + RETRY_FIRST_SECONDS
+        log.log(
+            logging.WARNING if isinstance(error, OSError) else logging.ERROR,
+            "journal failed: %s: %s; appends waited for are refused and the others held "
+            "until it can write again (records synced before are kept); retrying with backoff",
             self.directory,
             error,
             exc_info=not isinstance(error, OSError),
         )
-        if truncate_to is not None:
-            try:  # drop a partial write, so the file ends on a whole record
-                os.ftruncate(self._fd, truncate_to)
+        if seg is self._segments[-1]:
+            try:  # drop the partial write, so the file ends on a whole record
+                os.ftruncate(self._fd, size)
             except OSError as e:
-                log.warning("journal %s: could not drop the partial write: %s", self.directory, e)
+                log.warning(
+                    "journal %s: could not drop the partial write yet: %s", self.directory, e
+                )
+
+    def _retry(self) -> bool:
+        """Whether the journal works again (writer thread, while failed)."""
+        now = time.monotonic()
+        try:
+            seg = self._segments[-1]
+            if os.fstat(self._fd).st_size != seg.size_bytes:
+                os.ftruncate(self._fd, seg.size_bytes)  # what the failed pass left
+            self._probe()
+        except Exception as e:
+            self.errors += 1
+            self._retry_delay = min(self._retry_delay * 2, self.retry_max_seconds)
+            self._retry_at = time.monotonic() + self._retry_delay
+            if now - self._logged_at >= FAILURE_LOG_EVERY_SECONDS:
+                self._logged_at = now
+                log.warning(
+                    "journal %s: still failing after %.0f s: %s (%d appends held, %d dropped); "
+                    "retrying every %.1f s",
+                    self.directory,
+                    now - self._failed_at,
+                    e,
+                    len(self._held),
+                    self._held_dropped,
+                    self._retry_delay,
+                )
+            return False
+        log.info(
+            "journal %s: writing again after %.1f s (%d errors); appends are accepted, "
+            "%d held appends written, %d dropped while failed (those may be redelivered "
+            "after a restart)",
+            self.directory,
+            now - self._failed_at,
+            self.errors,
+            len(self._held),
+            self._held_dropped,
+        )
+        self._held_dropped = 0
+        for callback in self._resumed:
+            try:
+                callback()
+            except Exception:
+                log.exception("journal %s: on_resume callback failed", self.directory)
+        # Last: whoever reads `failure` as None finds the callbacks already posted.
+        self._failure = None
+        return True
+
+    def _probe(self) -> None:
+        """Write and sync a block in the spare segment, then take it back: the disk takes
+        writes, and a descriptor was there for the spare if it had to be made again."""
+        if self._next is None:
+            self._prepare_next(self._segments[-1].number + 1)
+        assert self._next is not None
+        fd = self._next[2]
+        try:
+            _write_fd(fd, _PROBE)
+            self._fsync(fd)
+            os.ftruncate(fd, HEADER_BYTES)
+            os.fsync(self._dir_fd)
+        except BaseException:
+            self._drop_next()
+            raise
+
+    def on_resume(self, callback: Callable[[], None]) -> None:
+        self._resumed.append(callback)
 
     @property
     def failure(self) -> JournalFailed | None:
@@ -1523,6 +1762,10 @@ class FileJournal:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+        self._drop_next()
+        if self._dir_fd >= 0:
+            os.close(self._dir_fd)
+            self._dir_fd = -1
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
             self._lock_fd = -1

@@ -146,6 +146,14 @@ class LoopJournal:
 
         self.journal.append(records, sync=sync, on_durable=durable)
 
+    def on_resume(self, callback: Callable[[], None]) -> None:
+        """Run `callback` on the loop each time the journal works again."""
+
+        def resumed() -> None:  # writer thread
+            self._loop.call_soon_threadsafe(callback)
+
+        self.journal.on_resume(resumed)
+
     def _run(self) -> None:
         self._posted = False  # before taking: a later append posts again
         ready, self._ready = self._ready, []

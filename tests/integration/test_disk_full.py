@@ -1,22 +1,24 @@
-"""Disk full (issue 5): the journal's fsync fails with ENOSPC in a real broker process.
+"""Disk full (issues 5 and 15): the journal's fsync fails with ENOSPC in a real broker.
 
-The broker runs under a small wrapper that makes `os.fdatasync` fail once a marker file
-exists: from then on a durable send is refused with amqp:resource-limit-exceeded, a
+The broker runs under a small wrapper that makes `os.fdatasync` fail while a marker file
+exists: meanwhile a durable send is refused with amqp:resource-limit-exceeded, a
 non-durable one still flows, consumers are still served, and what was settled before
-is still there after a restart.
+is still there after a restart. Once the marker goes, the journal resumes by itself.
 """
 
 from __future__ import annotations
 
 import contextlib
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from proton import Delivery, Message
 from proton.utils import SendException
-from support.client import Capabilities, connect, receive_bodies
+from support.client import Capabilities, connect, drain, receive_bodies
 from support.process import BrokerProcess
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -70,5 +72,47 @@ def test_disk_full_refuses_durable_sends_and_loses_nothing_settled(
                 receiver.accept()
                 assert body == "before"
         conn.close()
+    finally:
+        assert broker.stop() == 0, broker.log()
+
+
+def _journal_metrics(broker: BrokerProcess) -> dict[str, float]:
+    url = f"http://127.0.0.1:{broker.ports['http']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        text = response.read().decode()
+    return {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in text.splitlines()
+        if line.startswith("amqpbroker_journal_")
+    }
+
+
+def test_durable_sends_are_accepted_again_once_the_disk_has_room(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
+    """Issue 15 item 2 (B-095): no restart needed after a full disk. While it is full,
+    durable sends are refused and `amqpbroker_journal_failed` is 1; once there is room
+    the journal's retry finds out, the gauge goes back to 0 and durable sends are
+    accepted on the same connection. After a restart every accepted message is there,
+    and none of the refused ones."""
+    marker = tmp_path / "disk-full"
+    broker = spawn(tmp_path, CONFIG, python=("-c", INJECT, str(marker)))
+    conn = connect(broker.url)
+    sender = conn.create_sender("recovering", options=QUEUE)
+    sender.send(Message(body="before", durable=True))
+    marker.touch()
+    with pytest.raises(SendException):
+        sender.send(Message(body="refused", durable=True))
+    assert _journal_metrics(broker)["amqpbroker_journal_failed"] == 1
+    marker.unlink()
+    wait_until(lambda: _journal_metrics(broker)["amqpbroker_journal_failed"] == 0, timeout=15)
+    sender.send(Message(body="after", durable=True))  # accepted, without a restart
+    assert _journal_metrics(broker)["amqpbroker_journal_errors_total"] >= 1
+    conn.close()
+    assert "writing again" in broker.log()
+    assert broker.stop() == 0, broker.log()
+    broker = spawn(tmp_path, CONFIG)
+    try:
+        assert [body for body, _ in drain(broker.url, "recovering")] == ["before", "after"]
     finally:
         assert broker.stop() == 0, broker.log()

@@ -129,7 +129,7 @@ def _send_once(url: str, domain: SSLDomain) -> None:
 
 
 def test_missing_certificate_file_stops_startup_with_one_line(tmp_path: Path) -> None:
-    """A TLS file that cannot be loaded: clear error, exit 1, no traceback."""
+    """A TLS file that cannot be loaded: clear error naming it, exit 1, no traceback."""
     config = tmp_path / "tls.yaml"
     config.write_text(
         "acceptors:\n  - name: amqps\n    url: amqps://localhost:0\n"
@@ -152,5 +152,8 @@ def test_missing_certificate_file_stops_startup_with_one_line(tmp_path: Path) ->
         timeout=30,
     )
     assert result.returncode == 1
-    assert "acceptor amqps: cannot load TLS certificate/key" in result.stderr
+    assert (  # issue 15 item 3: the file is named
+        f"cannot start: acceptor amqps: cannot load TLS certificate/key: {tmp_path}/nope.pem: "
+        "No such file or directory\n"
+    ) in result.stderr
     assert "Traceback" not in result.stderr

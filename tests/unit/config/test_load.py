@@ -240,7 +240,7 @@ ERRORS = [
     ),
     (
         "addresses:\n  - name: a\n    anycast:\n      - {name: a, max-consumers: -2}\n",
-        "b.yaml:4: addresses[0].anycast[0].max-consumers: must be -1 (off) or >= 0: -2",
+        "b.yaml:4: addresses[0].anycast[0].max-consumers: must be -1 (unlimited) or >= 0: -2",
     ),
     (
         "addresses:\n  - name: a\n    anycast:\n      - {name: a, ring-size: -5}\n",

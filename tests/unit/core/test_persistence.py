@@ -6,7 +6,7 @@ answers `on_durable` when the test says so.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 from support.core_harness import Harness
@@ -25,7 +25,7 @@ from amqpbroker.core.records import (
     ScheduledDelivery,
     UpdateDeliveryCount,
 )
-from amqpbroker.store.journal import JournalState
+from amqpbroker.store.journal import JournalState, MemoryJournal
 
 FAILED = Modified(delivery_failed=True)
 
@@ -36,6 +36,10 @@ class FakeJournal:
     def __init__(self) -> None:
         self.appends: list[tuple[list[Record], bool]] = []
         self.pending: list[OnStored] = []
+        self.resumed: list[Callable[[], None]] = []
+
+    def on_resume(self, callback: Callable[[], None]) -> None:
+        self.resumed.append(callback)
 
     def append(
         self, records: Sequence[Record], *, sync: bool, on_durable: OnStored | None = None
@@ -292,3 +296,25 @@ def test_a_step_nobody_waits_on_is_appended_without_a_callback() -> None:
     h.settle(c, second, ACCEPTED)
     _step(persistence)
     assert isinstance(persistence.failure, OSError)
+
+
+def test_a_resumed_journal_accepts_durable_sends_and_still_knows_their_queue() -> None:
+    """Issue 15 item 2 (B-095): the first send to an auto-created queue fails with the
+    disk, and its AddQueue with it; once the journal works again, durable sends are
+    accepted without a restart, and a restart finds them in their queue."""
+    journal = MemoryJournal()
+    persistence = Persistence(journal)
+    h = Harness()
+    h.broker.enable_persistence(persistence)
+    journal.fail(OSError(28, "No space left on device"))
+    target = h.producer("fresh", "queue")
+    h.send(target, b"refused", durable=True)  # creates the queue: its records fail too
+    _step(persistence)
+    with pytest.raises(ResourceLimitExceeded):
+        h.send(target, b"refused too", durable=True)
+    journal.resume()
+    h.send(target, b"accepted", durable=True)
+    _step(persistence)
+    state = JournalState.of(journal.replay())
+    assert [q.name for q in state.queues] == ["fresh"]
+    assert [state.messages[r.msg_id].data for r in state.refs("fresh")] == [b"accepted"]

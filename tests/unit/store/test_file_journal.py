@@ -476,7 +476,7 @@ def test_disk_full_fails_durable_appends_and_keeps_synced_records(
         errors.append(error)
         failed.set()
 
-    with caplog.at_level(logging.ERROR, logger=LOGGER):
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
         journal.append([message(2), AddRef(queue="q", msg_id=2)], sync=True, on_durable=on_durable)
         assert failed.wait(5)
     error = errors[0]
@@ -529,6 +529,102 @@ def test_a_raising_callback_is_logged_and_the_writer_goes_on(
         append(journal, [address(2)])
     assert "on_durable callback failed" in caplog.text
     assert journal.failure is None
+
+
+class _NoDescriptors:
+    """The `os` module as the journal sees it, whose `open` fails with EMFILE while
+    `exhausted` is set: a process whose sockets took every file descriptor."""
+
+    def __init__(self) -> None:
+        self.exhausted = False
+
+    def open(self, *args: object, **kw: object) -> int:
+        if self.exhausted:
+            raise OSError(errno.EMFILE, "Too many open files")
+        return os.open(*args, **kw)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(os, name)
+
+
+def _failing_append(journal: FileJournal, records: list[Record]) -> JournalFailed:
+    errors: list[JournalFailed | None] = []
+    done = threading.Event()
+    journal.append(records, sync=True, on_durable=lambda e: (errors.append(e), done.set()))
+    assert done.wait(5)
+    error = errors[0]
+    assert isinstance(error, JournalFailed)
+    return error
+
+
+def test_a_roll_needs_no_new_descriptor_and_a_failed_roll_recovers(
+    tmp_path: Path, journals: list[FileJournal], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15 item 1: with no descriptor left, the next segment (opened ahead of need)
+    still takes the roll; the roll after it fails (no spare could be made), and once
+    descriptors come back the journal resumes by itself and the next append works."""
+    no_fds = _NoDescriptors()
+    monkeypatch.setattr(journal_module, "os", no_fds)
+    journal = open_journal(tmp_path, max_segment_bytes=256)
+    journals.append(journal)
+    resumed = threading.Event()
+    journal.on_resume(resumed.set)
+    append(journal, [message(1, size=150), AddRef(queue="q", msg_id=1)])
+    no_fds.exhausted = True
+    append(journal, [message(2, size=150), AddRef(queue="q", msg_id=2)])  # rolls: the spare
+    assert journal.segment_count == 2
+    error = _failing_append(journal, [message(3, size=150), AddRef(queue="q", msg_id=3)])
+    assert isinstance(error.__cause__, OSError)
+    assert error.__cause__.errno == errno.EMFILE
+    assert journal.errors >= 1
+    no_fds.exhausted = False
+    assert resumed.wait(10)
+    append(journal, [message(4, size=150), AddRef(queue="q", msg_id=4)])
+    journal.close()
+    monkeypatch.undo()
+    assert sorted(JournalState.of(replay_all(tmp_path)).messages) == [1, 2, 4]
+
+
+def test_a_failed_pass_is_taken_back_and_the_journal_resumes(
+    tmp_path: Path, journals: list[FileJournal], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 15 item 2: an fsync that fails after the write leaves nothing of the refused
+    append in the file (a restart neither replays it nor finds garbage); retries back
+    off, the log says it once when it fails and once when it resumes, and the journal
+    indexes and compacts as before."""
+    disk_full = threading.Event()
+
+    def fsync(fd: int) -> None:
+        if disk_full.is_set():
+            raise OSError(errno.ENOSPC, "No space left on device")
+        os.fdatasync(fd)
+
+    journal = open_journal(tmp_path, fsync=fsync, max_segment_bytes=512)
+    journals.append(journal)
+    resumed = threading.Event()
+    journal.on_resume(resumed.set)
+    append(journal, [message(1), AddRef(queue="q", msg_id=1)])
+    size = segments(tmp_path)[-1].stat().st_size
+    with caplog.at_level(logging.INFO, logger=LOGGER):
+        disk_full.set()
+        _failing_append(journal, [message(2), AddRef(queue="q", msg_id=2)])
+        assert segments(tmp_path)[-1].stat().st_size == size  # the refused append is gone
+        wait_until(lambda: journal.errors >= 3, timeout=10)  # retries, backing off
+        disk_full.clear()
+        assert resumed.wait(10)
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    infos = [r for r in caplog.records if r.levelno == logging.INFO]
+    assert len(warnings) == 1
+    assert "No space left on device" in warnings[0].getMessage()
+    assert len(infos) == 1
+    assert "writing again" in infos[0].getMessage()
+    for msg_id in range(3, 12):  # past a few rolls, with acks: compaction has work
+        append(journal, [message(msg_id), AddRef(queue="q", msg_id=msg_id)])
+        append(journal, [AckRef(queue="q", msg_id=msg_id - 1)])
+    compacted = journal.compact()
+    assert compacted.size_bytes_after < compacted.size_bytes_before
+    journal.close()
+    assert sorted(JournalState.of(replay_all(tmp_path)).messages) == [1, 11]
 
 
 # --- segments ------------------------------------------------------------------------

@@ -7,6 +7,8 @@ segments so every test crosses segment rolls; its writer thread is real, waits a
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -51,12 +53,32 @@ class Harness:
     def __init__(self, kind: str, directory: Path) -> None:
         self.kind = kind
         self.directory = directory
+        self.disk_full = False  # the file journal's fsync fails with ENOSPC while set
         self.journal: Journal = self._open()
 
     def _open(self) -> Journal:
         if self.kind == "memory":
             return MemoryJournal()
-        return FileJournal(self.directory, max_segment_bytes=1024, auto_compact=False)
+        return FileJournal(
+            self.directory, max_segment_bytes=1024, auto_compact=False, fsync=self._fsync
+        )
+
+    def _fsync(self, fd: int) -> None:
+        if self.disk_full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        os.fdatasync(fd)
+
+    def fill_disk(self) -> None:
+        """Make the journal fail at its next write, as a full disk would."""
+        self.disk_full = True
+        if isinstance(self.journal, MemoryJournal):
+            self.journal.fail(OSError(errno.ENOSPC, "No space left on device"))
+
+    def free_disk(self) -> None:
+        """The cause goes away; the file journal finds out by itself (its retry)."""
+        self.disk_full = False
+        if isinstance(self.journal, MemoryJournal):
+            self.journal.resume()
 
     def reopen(self) -> Journal:
         old = self.journal
@@ -307,6 +329,36 @@ def test_memory_journal_fail_fails_appends() -> None:
     with pytest.raises(JournalFailed):
         journal.flush()
     assert sorted(state(journal).messages) == [1]
+
+
+def test_a_failed_journal_works_again_once_the_cause_goes(harness: Harness) -> None:
+    """Issue 15 item 2: after a failure (disk full) the journal refuses what is waited for,
+    keeps what nobody waited for, and takes appends again by itself once the disk has room;
+    a restart replays what it reported done, and nothing it refused."""
+    journal = harness.journal
+    send(journal, 1, "q")
+    send(journal, 2, "q")
+    resumed = threading.Event()
+    journal.on_resume(resumed.set)
+    harness.fill_disk()
+    refused: list[JournalFailed | None] = []
+    answered = threading.Event()
+
+    def on_durable(error: JournalFailed | None) -> None:
+        refused.append(error)
+        answered.set()
+
+    journal.append([message(3), AddRef(queue="q", msg_id=3)], sync=True, on_durable=on_durable)
+    assert answered.wait(5)
+    assert isinstance(refused[0], JournalFailed)
+    assert journal.failure is refused[0]
+    journal.append([AckRef(queue="q", msg_id=1)], sync=False)  # nobody waits: held
+    assert not resumed.is_set()
+    harness.free_disk()
+    assert resumed.wait(10), "the journal did not resume"
+    assert journal.failure is None
+    send(journal, 4, "q")
+    assert sorted(state(harness.reopen()).messages) == [2, 4]
 
 
 def _random_workload(seed: int) -> list[list[Record]]:

@@ -1,0 +1,73 @@
+"""TLS files that cannot be used: one message naming the acceptor and the file, from
+`amqpbroker run` and `amqpbroker check-config` alike (issue 15 item 3)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amqpbroker.cli import main
+from amqpbroker.config import TlsConfig
+from amqpbroker.security import TlsFileError, acceptor_context, create_certificates
+
+
+def test_a_missing_certificate_is_named_with_its_path(tmp_path: Path) -> None:
+    """Issue 15 item 3: not OpenSSL's nameless `[Errno 2] No such file or directory`."""
+    cert = tmp_path / "nope.pem"
+    with pytest.raises(TlsFileError) as info:
+        acceptor_context("amqps", TlsConfig(cert_file=str(cert), key_file=str(cert)))
+    assert str(info.value) == (
+        f"acceptor amqps: cannot load TLS certificate/key: {cert}: No such file or directory"
+    )
+
+
+def test_a_missing_ca_file_is_named_with_its_path(tmp_path: Path) -> None:
+    files = create_certificates(tmp_path, ["localhost"])
+    ca = tmp_path / "missing-ca.pem"
+    tls = TlsConfig(
+        cert_file=str(files.server_cert), key_file=str(files.server_key), ca_file=str(ca)
+    )
+    with pytest.raises(TlsFileError, match=f"{ca}: No such file or directory$"):
+        acceptor_context("amqps", tls)
+
+
+def test_a_file_that_is_not_pem_names_the_files(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(TlsFileError) as info:
+        acceptor_context("amqps", TlsConfig(cert_file=str(junk), key_file=str(junk)))
+    assert str(info.value).startswith(
+        f"acceptor amqps: cannot load TLS certificate/key: {junk}, {junk}: "
+        "not a PEM certificate and its key"
+    )
+
+
+def test_check_config_refuses_a_missing_certificate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 15 item 3: check-config catches what `run` would stop on."""
+    cert = tmp_path / "nope.pem"
+    config = tmp_path / "tls.yaml"
+    config.write_text(
+        "acceptors:\n  - name: amqps\n    url: amqps://localhost:0\n"
+        f"    tls: {{cert-file: {cert}, key-file: {cert}}}\n"
+    )
+    assert main(["check-config", str(config)]) == 1
+    assert capsys.readouterr().err == (
+        f"{config}: acceptor amqps: cannot load TLS certificate/key: {cert}: "
+        "No such file or directory\n"
+    )
+
+
+def test_check_config_passes_with_readable_certificates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    files = create_certificates(tmp_path, ["localhost"])
+    config = tmp_path / "tls.yaml"
+    config.write_text(
+        "acceptors:\n  - name: amqps\n    url: amqps://localhost:0\n"
+        f"    tls: {{cert-file: {files.server_cert}, key-file: {files.server_key}}}\n"
+    )
+    assert main(["check-config", str(config)]) == 0
+    assert capsys.readouterr().err == ""

@@ -26,6 +26,11 @@ class DeadLetter:
     reason: str
 
 
+# Far above any max-redelivery-delay the config accepts (10**15 ms), still exact as an int:
+# past it the delay is capped anyway, so the back-off never overflows a float.
+_GROWTH_CAP = 1e18
+
+
 def decide_redelivery(
     settings: ResolvedSettings,
     *,
@@ -52,7 +57,11 @@ def redelivery_delay_ms(settings: ResolvedSettings, delivery_count: int, rng: Ra
     if settings.redelivery_delay <= 0:
         return 0
     k = max(delivery_count - 1, 0)
-    base = int(settings.redelivery_delay * settings.redelivery_delay_multiplier**k)
+    try:
+        growth = settings.redelivery_delay_multiplier**k
+    except OverflowError:  # e.g. 2.0 ** 1100 with max-delivery-attempts -1
+        growth = _GROWTH_CAP
+    base = int(min(settings.redelivery_delay * growth, _GROWTH_CAP))
     factor = settings.redelivery_collision_avoidance_factor
     if factor > 0:
         sign = 1 if rng.random() < 0.5 else -1

@@ -77,3 +77,20 @@ def test_no_delay_paths_return_at_once() -> None:
     settings = resolved(redelivery_delay=1000)
     decision = decide_redelivery(settings, delivery_count=1, now_ms=5, rng=Random(0), delay=False)
     assert decision == Redeliver(at_ms=5)
+
+
+@pytest.mark.parametrize("factor", [0.0, 0.5, 1.0])
+def test_back_off_of_a_message_returned_thousands_of_times_stays_capped(factor: float) -> None:
+    """B-066 with max-delivery-attempts -1: 2.0 ** 1999 overflows a float; the delay is
+    still the cap (it raised OverflowError on the loop)."""
+    settings = resolved(
+        redelivery_delay=1000,
+        redelivery_delay_multiplier=2.0,
+        max_redelivery_delay=60_000,
+        redelivery_collision_avoidance_factor=factor,
+        max_delivery_attempts=-1,
+    )
+    delay = redelivery_delay_ms(settings, 2000, Random(1))
+    assert 0 <= delay <= 60_000
+    if factor < 1.0:
+        assert delay == 60_000

@@ -603,7 +603,16 @@ def _addresses(c: Checker, node: yaml.Node, path: str) -> Any:
 
 
 def _http(c: Checker, node: yaml.Node, path: str) -> Any:
-    values = c.mapping(node, path, {"bind": c.typed(str), "enabled": c.typed(bool)})
+    values = c.mapping(
+        node,
+        path,
+        {
+            "bind": c.typed(str),
+            "enabled": c.typed(bool),
+            "read-timeout": c.typed(int, between(100, 600_000)),  # ms
+            "max-connections": c.typed(int, between(1, 10_000)),
+        },
+    )
     bind = values.pop("bind", None)
     if bind is not None:
         host, _, port_text = bind.rpartition(":")

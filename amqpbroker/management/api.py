@@ -32,7 +32,7 @@ T = TypeVar("T")
 
 COMMAND_TIMEOUT_S = 30.0
 RETRY_CHUNK = 100
-MAX_JSON_DEPTH = 32  # deeper values of a browsed message are shown as "…"
+MAX_JSON_DEPTH = 16  # deeper values of a browsed message are shown as "…"
 
 
 class Bridge(Protocol):

@@ -163,6 +163,7 @@ class _Server(ThreadingHTTPServer):
 
     daemon_threads = True
     block_on_close = False
+    request_queue_size = 128  # listen backlog (socketserver's 5 drops bursts of connects)
 
     def __init__(
         self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], slots: int

@@ -12,6 +12,7 @@ once (more get a 503 and are closed).
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import socket
@@ -119,6 +120,8 @@ def _handler_class(api: ManagementApi, read_timeout_s: float) -> type[BaseHTTPRe
                 raise HttpError(
                     HTTPStatus.REQUEST_TIMEOUT, "the body did not arrive in time"
                 ) from None
+            except OSError as e:  # reset mid-body: the reply will not arrive either
+                raise HttpError(HTTPStatus.BAD_REQUEST, f"reading the body failed: {e}") from None
             if len(data) < length:
                 raise HttpError(HTTPStatus.BAD_REQUEST, "the body is shorter than Content-Length")
             return data
@@ -179,11 +182,13 @@ class _Server(ThreadingHTTPServer):
                 client_address[0],
                 self.max_connections,
             )
-            try:
+            # Without blocking the accept thread: answer, then read what the client has
+            # sent already, so that closing does not reset the connection under the 503.
+            with contextlib.suppress(OSError):
                 request.setblocking(False)
                 request.send(_BUSY_REPLY)
-            except OSError:
-                pass
+                request.shutdown(socket.SHUT_WR)
+                request.recv(65536)
             self.shutdown_request(request)
             return
         try:

@@ -8,9 +8,13 @@ target exactly as spelled.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import struct
+import subprocess
+import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,10 +31,11 @@ from amqpbroker.security import hash_password
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 QUEUE = Capabilities("queue")
-READ_TIMEOUT_S = 1.0
+READ_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 60
 ADMIN = basic_auth("admin", "admin-pw")
 APP = basic_auth("app", "app-pw")
+OPS_PASSWORD = "p@ss:w/rd%é"  # every character a URL's userinfo must escape
 
 
 @pytest.fixture(scope="module")
@@ -47,6 +52,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
           users:
             admin: {{password-hash: "{hash_password("admin-pw")}", roles: [admin]}}
             app: {{password-hash: "{hash_password("app-pw")}", roles: [app]}}
+            ops: {{password-hash: "{hash_password(OPS_PASSWORD)}", roles: [admin]}}
           security-settings:
             "#":
               send: [admin, app]
@@ -270,13 +276,13 @@ def test_a_trickling_client_is_cut_off_at_the_deadline(broker: BrokerProcess) ->
     with socket.create_connection(("127.0.0.1", port(broker)), timeout=5) as sock:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nX-Slow: ")
         try:
-            while time.monotonic() - started < READ_TIMEOUT_S * 5:
+            while time.monotonic() - started < READ_TIMEOUT_S * 3:
                 sock.sendall(b"a")
                 time.sleep(0.1)  # the pace of the attack, not a wait for the server
         except (BrokenPipeError, ConnectionResetError):
             pass
         assert closed_within(sock, READ_TIMEOUT_S * 5)
-    assert time.monotonic() - started < READ_TIMEOUT_S * 5
+    assert time.monotonic() - started < READ_TIMEOUT_S * 3
 
 
 def test_requests_are_served_while_50_half_open_ones_wait(broker: BrokerProcess) -> None:
@@ -286,7 +292,7 @@ def test_requests_are_served_while_50_half_open_ones_wait(broker: BrokerProcess)
         started = time.monotonic()
         status, _, body = raw_request(port(broker), "GET", "/healthz")
         assert (status, json.loads(body)) == (200, {"status": "ok"})
-        assert time.monotonic() - started < READ_TIMEOUT_S / 2
+        assert time.monotonic() - started < READ_TIMEOUT_S  # before any was closed
         assert all(closed_within(s, READ_TIMEOUT_S * 5) for s in sockets)
     finally:
         for s in sockets:
@@ -298,9 +304,7 @@ def test_connections_beyond_max_connections_get_503(tmp_path: Path) -> None:
     running = start_broker(tmp_path, "http: {bind: 127.0.0.1:0, max-connections: 3}")
     try:
         http_port = running.ports["http"]
-        sockets = [
-            socket.create_connection(("127.0.0.1", http_port), timeout=5) for _ in range(3)
-        ]
+        sockets = [socket.create_connection(("127.0.0.1", http_port), timeout=5) for _ in range(3)]
         # The accept thread takes connections in order: once the three hold their slots,
         # the next one is refused at once.
         wait_until(
@@ -353,3 +357,89 @@ def test_a_message_nested_10000_deep_is_browsable(broker: BrokerProcess) -> None
 
 def port_amqp(broker: BrokerProcess) -> int:
     return broker.ports["amqp"]
+
+
+def cli(
+    broker: BrokerProcess,
+    *args: str,
+    url: str | None = None,
+    env: dict[str, str] | None = None,
+    stdin: str = "",
+) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("AMQPBROKER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "amqpbroker", *args, "--url", url or base_url(broker)],
+        capture_output=True,
+        text=True,
+        input=stdin,
+        env={**clean, **(env or {})},
+        timeout=30,
+    )
+
+
+def base_url(broker: BrokerProcess) -> str:
+    return f"http://127.0.0.1:{port(broker)}"
+
+
+def test_cli_takes_percent_encoded_credentials_in_the_url(broker: BrokerProcess) -> None:
+    """Issue 15 item 7: `--url http://user:pass@host` used to fail to resolve a host."""
+    secret = urllib.parse.quote(OPS_PASSWORD, safe="")
+    result = cli(broker, "queues", "--json", url=f"http://ops:{secret}@127.0.0.1:{port(broker)}")
+    assert result.returncode == 0, result.stderr
+    assert "Q2" in {q["name"] for q in json.loads(result.stdout)}
+
+
+def test_cli_takes_credentials_from_the_environment(broker: BrokerProcess) -> None:
+    env = {"AMQPBROKER_USER": "ops", "AMQPBROKER_PASSWORD": OPS_PASSWORD}
+    result = cli(broker, "messages", "Q2", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    assert [m["body_preview"] for m in json.loads(result.stdout)] == ["z"]
+
+
+def test_cli_reads_the_password_from_stdin(broker: BrokerProcess) -> None:
+    result = cli(broker, "queues", "--user", "ops", "--password-stdin", stdin=OPS_PASSWORD + "\n")
+    assert result.returncode == 0, result.stderr
+    assert "Q2" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("how", "expected"),
+    [
+        (
+            {},
+            "amqpbroker: authentication required: use --user or AMQPBROKER_USER, or "
+            "user:password@ in --url (HTTP 401)",
+        ),
+        (
+            {"env": {"AMQPBROKER_USER": "admin", "AMQPBROKER_PASSWORD": "wrong-secret"}},
+            "amqpbroker: authentication failed for user admin (HTTP 401)",
+        ),
+        (
+            {"env": {"AMQPBROKER_USER": "app", "AMQPBROKER_PASSWORD": "app-pw"}},
+            "amqpbroker: the 'manage' permission is required (HTTP 403)",
+        ),
+        (
+            {"env": {"AMQPBROKER_USER": "ops"}},
+            "amqpbroker: no password for user ops: set AMQPBROKER_PASSWORD or use --password-stdin",
+        ),
+        (
+            {"url": "ftp://ops:wrong-secret@127.0.0.1:1"},
+            "amqpbroker: --url must look like http://HOST:PORT, not 'ftp://127.0.0.1:1'",
+        ),
+        (
+            {"url": "http://ops:wrong-secret@127.0.0.1:9"},
+            "amqpbroker: cannot reach the broker at http://127.0.0.1:9: [Errno 111] "
+            "Connection refused",
+        ),
+    ],
+)
+def test_cli_auth_failures_are_one_line_without_the_password(
+    broker: BrokerProcess, how: dict[str, object], expected: str
+) -> None:
+    """Issue 15 item 7: a 401/403 is one line and exit 1; no password is ever echoed."""
+    result = cli(broker, "purge", "Q2", **how)  # type: ignore[arg-type]
+    assert result.returncode == 1
+    assert result.stderr.strip() == expected
+    assert "Traceback" not in result.stderr
+    assert "wrong-secret" not in result.stderr + result.stdout
+    assert messages_in(broker, "Q2") == 1

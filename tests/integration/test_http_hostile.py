@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from proton import Delivery, Message
 from support.client import Capabilities, connect, send
+from support.hostile import SPELLINGS, nested_list
 from support.http import basic_auth, parse_response, raw_request
 from support.process import BrokerProcess, start_broker
 from support.waiting import wait_until
@@ -98,27 +99,6 @@ ROUTES = [
     ("GET", "/api/v1/nothing-here"),
     ("GET", "/nothing-here"),
 ]
-
-
-def _escape_all(path: str) -> str:
-    return "/".join("".join(f"%{ord(c):02X}" for c in seg) for seg in path.split("/"))
-
-
-SPELLINGS = {
-    "plain": lambda p: p,
-    "first-letter-escaped": lambda p: "/".join(
-        f"%{ord(s[0]):02x}{s[1:]}" if s else s for s in p.split("/")
-    ),
-    "all-escaped": _escape_all,
-    "double-slashes": lambda p: p.replace("/", "//"),
-    "trailing-slash": lambda p: p + "/",
-    "dot-segments": lambda p: "/./x/.." + p,
-    "escaped-dot-segments": lambda p: "/%2e/x/%2E%2E" + p,
-    "via-metrics": lambda p: "/metrics/.." + p,
-    "absolute-form": lambda p: "http://127.0.0.1" + p,
-    "query": lambda p: p + "?limit=1",
-    "upper-case": lambda p: p.upper(),
-}
 
 
 @pytest.mark.parametrize("spelling", SPELLINGS)
@@ -318,13 +298,6 @@ def test_connections_beyond_max_connections_get_503(tmp_path: Path) -> None:
         )
     finally:
         assert running.stop() == 0
-
-
-def nested_list(depth: int) -> bytes:
-    value = sections.encode_value([])
-    for _ in range(depth):
-        value = b"\xd0" + struct.pack(">II", len(value) + 4, 1) + value
-    return value
 
 
 def test_a_message_nested_10000_deep_is_browsable(broker: BrokerProcess) -> None:

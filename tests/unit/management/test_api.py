@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Callable
 from http import HTTPStatus
 from typing import Any
 
 import pytest
 from support.core_harness import Harness
+from support.hostile import SPELLINGS
 from support.http import InlineBridge
 from support.http import basic_auth as basic
 
@@ -84,28 +84,6 @@ ROUTES = [
 PUBLIC_ROUTES = [("GET", "/metrics", None), ("GET", "/healthz", None)]
 
 
-def _escape_all(path: str) -> str:
-    return "/".join("".join(f"%{ord(c):02X}" for c in seg) for seg in path.split("/"))
-
-
-SPELLINGS: dict[str, Callable[[str], str]] = {
-    "plain": lambda p: p,
-    "first-letter-escaped": lambda p: "/".join(
-        f"%{ord(s[0]):02x}{s[1:]}" if s else s for s in p.split("/")
-    ),
-    "all-escaped": _escape_all,
-    "all-escaped-lower-hex": lambda p: _escape_all(p).lower(),
-    "double-slashes": lambda p: p.replace("/", "//"),
-    "trailing-slash": lambda p: p + "/",
-    "dot-segments": lambda p: "/./x/.." + p,
-    "escaped-dot-segments": lambda p: "/%2e/x/%2E%2E" + p,
-    "via-metrics": lambda p: "/metrics/.." + p,
-    "via-healthz-escaped": lambda p: "/healthz/%2e%2e" + p,
-    "absolute-form": lambda p: "http://127.0.0.1:8161" + p,
-    "absolute-form-upper": lambda p: "HTTP://LOCALHOST" + p,
-    "query": lambda p: p + "?limit=100",
-    "upper-case": lambda p: p.upper(),  # another path: 404 once authenticated
-}
 METHODS = ["canonical", "HEAD", "PUT", "DELETE"]
 
 

@@ -7,6 +7,7 @@ import struct
 from http import HTTPStatus
 
 from support.core_harness import Harness
+from support.hostile import nested_list
 from support.http import InlineBridge
 
 from amqpbroker.core import Message
@@ -15,14 +16,6 @@ from amqpbroker.protocol import sections
 
 MESSAGE_ANNOTATIONS = b"\x00\x53\x72"
 AMQP_VALUE = b"\x00\x53\x77"
-
-
-def nested_list(depth: int) -> bytes:
-    """[[[...]]] `depth` deep, framed as list32 around the encoder's empty list."""
-    value = sections.encode_value([])
-    for _ in range(depth):
-        value = b"\xd0" + struct.pack(">II", len(value) + 4, 1) + value
-    return value
 
 
 def annotations_holding(value: bytes) -> bytes:

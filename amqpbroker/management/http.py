@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # The API's bodies are a few hundred bytes of JSON (a redrive list of 10,000 ids is
 # ~100 KiB); anything larger is refused before a byte of it is read.
 MAX_BODY_BYTES = 1024 * 1024
+REFUSAL_LOG_INTERVAL_S = 10.0
 
 
 def declared_length(values: list[str] | None, transfer_encoding: str | None) -> int:
@@ -174,14 +175,23 @@ class _Server(ThreadingHTTPServer):
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(slots)
         self.max_connections = slots
+        self._refused = 0  # since the last warning; accept thread only
+        self._next_warning = 0.0
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
-            log.warning(
-                "HTTP: refusing a connection from %s: %d connections are open already",
-                client_address[0],
-                self.max_connections,
-            )
+            self._refused += 1
+            now = time.monotonic()
+            if now >= self._next_warning:  # a flood of connections is not a flood of logs
+                self._next_warning = now + REFUSAL_LOG_INTERVAL_S
+                log.warning(
+                    "HTTP: refused %d connection(s), the last from %s: %d are open "
+                    "(http.max-connections)",
+                    self._refused,
+                    client_address[0],
+                    self.max_connections,
+                )
+                self._refused = 0
             # Without blocking the accept thread: answer, then read what the client has
             # sent already, so that closing does not reset the connection under the 503.
             with contextlib.suppress(OSError):

@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -127,33 +131,94 @@ def _tls_problems(config: BrokerConfig) -> list[str]:
 
 
 DEFAULT_URL = "http://127.0.0.1:8161"
+USER_ENV = "AMQPBROKER_USER"
+PASSWORD_ENV = "AMQPBROKER_PASSWORD"
 
 
 class CommandError(Exception):
     """A user-facing failure: one line on stderr, exit 1."""
 
 
-def _api(url: str, path: str, body: dict[str, object] | None = None) -> object:
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """The broker's HTTP API: its URL without credentials (safe to print) and the
+    Authorization header to send, if any. Prints as the URL."""
+
+    url: str
+    user: str | None = None
+    authorization: str | None = None
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def _endpoint(args: argparse.Namespace) -> Endpoint:
+    """--url (credentials in it percent-decoded), else --user or AMQPBROKER_USER; the
+    password from the URL, --password-stdin, AMQPBROKER_PASSWORD or a prompt."""
+    raw: str = args.url
+    split = urllib.parse.urlsplit(raw)
+    host = split.netloc.rpartition("@")[2]
+    url = urllib.parse.urlunsplit((split.scheme, host, split.path, split.query, ""))
+    if split.scheme not in ("http", "https") or not host:
+        shown = raw if "@" not in raw else url  # never echo a password
+        raise CommandError(f"--url must look like http://HOST:PORT, not {shown!r}")
+    user = urllib.parse.unquote(split.username) if split.username else None
+    password = urllib.parse.unquote(split.password) if split.password is not None else None
+    user = user or args.user or os.environ.get(USER_ENV) or None
+    if user is None:
+        return Endpoint(url)
+    if password is None:
+        password = _read_password(args, user)
+    token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+    return Endpoint(url, user, f"Basic {token}")
+
+
+def _read_password(args: argparse.Namespace, user: str) -> str:
+    import getpass
+
+    if args.password_stdin:
+        return sys.stdin.readline().rstrip("\r\n")
+    from_env = os.environ.get(PASSWORD_ENV)
+    if from_env is not None:
+        return from_env
+    if sys.stdin.isatty():
+        return getpass.getpass(f"Password for {user}: ")
+    raise CommandError(f"no password for user {user}: set {PASSWORD_ENV} or use --password-stdin")
+
+
+def _api(url: Endpoint, path: str, body: dict[str, object] | None = None) -> object:
     """Call the broker's HTTP API; errors become one-line CommandErrors."""
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(
-        url.rstrip("/") + path,
-        data=data,
-        method="POST" if data is not None else "GET",
-        headers={"Content-Type": "application/json"} if data is not None else {},
-    )
+    headers = {"Content-Type": "application/json"} if data is not None else {}
+    if url.authorization is not None:
+        headers["Authorization"] = url.authorization
     try:
+        request = urllib.request.Request(
+            url.url.rstrip("/") + path,
+            data=data,
+            method="POST" if data is not None else "GET",
+            headers=headers,
+        )
         with urllib.request.urlopen(request, timeout=60) as response:
             return json.loads(response.read())
     except urllib.error.HTTPError as e:
         try:
             message = json.loads(e.read()).get("error", e.reason)
-        except ValueError:
+        except (ValueError, AttributeError):
             message = e.reason
+        if e.code == 401:
+            message = (
+                f"authentication failed for user {url.user}"
+                if url.user
+                else f"authentication required: use --user or {USER_ENV}, or user:password@ "
+                "in --url"
+            )
         raise CommandError(f"{message} (HTTP {e.code})") from None
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise CommandError(f"cannot reach the broker at {url}: {reason}") from None
+    except ValueError as e:  # a bad URL, or an answer that is not JSON
+        raise CommandError(f"unexpected answer from {url}: {e}") from None
 
 
 def _table(rows: list[dict[str, object]], columns: list[str]) -> str:
@@ -388,6 +453,18 @@ def build_parser() -> argparse.ArgumentParser:
             "--url", default=DEFAULT_URL, help=f"the broker's HTTP API (default {DEFAULT_URL})"
         )
         sub.add_argument("--json", action="store_true", help="JSON output for scripts")
+        sub.add_argument(
+            "--user",
+            metavar="NAME",
+            help=f"HTTP basic auth user (or {USER_ENV}, or user:password@ in --url: "
+            "visible in `ps`); the password comes from --password-stdin, "
+            f"{PASSWORD_ENV} or a prompt, never from an option",
+        )
+        sub.add_argument(
+            "--password-stdin",
+            action="store_true",
+            help="read the password from the first line of standard input",
+        )
         return sub
 
     queues = management("queues", "table of queues and their counters")
@@ -469,10 +546,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        code: int = args.func(args)
-    except CommandError as e:
-        print(f"amqpbroker: {e}", file=sys.stderr)  # noqa: T201
+        args = build_parser().parse_args(argv)
+        try:
+            if isinstance(getattr(args, "url", None), str):
+                args.url = _endpoint(args)
+            code: int = args.func(args)
+        except CommandError as e:
+            print(f"amqpbroker: {e}", file=sys.stderr)  # noqa: T201
+            return 1
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        # The reader went away (`amqpbroker queues | head -1`): stop quietly, as `cat`
+        # does, with 1 (the output is incomplete). Point the standard streams at
+        # /dev/null so the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):  # not a real file
+                os.dup2(devnull, stream.fileno())
         return 1
-    return code

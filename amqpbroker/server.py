@@ -33,13 +33,18 @@ from amqpbroker.core import (
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.eventlog import EventLogWriter
-from amqpbroker.management import HttpServer, LoopBridge, ManagementApi
+from amqpbroker.management import BasicAuth, HttpServer, LoopBridge, ManagementApi
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.metrics.collector import EventLogFiles, journal_sync_histogram
 from amqpbroker.protocol import moves
 from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell
 from amqpbroker.protocol.sasl import SaslServer
-from amqpbroker.security import TlsFileError, acceptor_context, verify_password
+from amqpbroker.security import (
+    TlsFileError,
+    acceptor_context,
+    verify_password,
+    verify_password_or_dummy,
+)
 from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
 from amqpbroker.store.recovery import LoopJournal, recover
 
@@ -344,16 +349,43 @@ class BrokerServer:
             bridge,
             metrics=lambda: render(collector),
             healthy=lambda: self._accepting,
-            authorize=self._authorize_http if self.config.security.enabled else None,
+            auth=self._http_auth(bridge) if self.config.security.enabled else None,
         )
         api.bridge_broker = self.broker
         http = self.config.http
-        self.http = await loop.run_in_executor(None, HttpServer, http.host, http.port, api)
+        self.http = await loop.run_in_executor(
+            None,
+            functools.partial(
+                HttpServer,
+                http.host,
+                http.port,
+                api,
+                read_timeout_s=http.read_timeout / 1000,
+                max_connections=http.max_connections,
+            ),
+        )
         self.http.start()
         self.ports["http"] = self.http.port
         log.info(
             "HTTP (metrics, health, management API) on http://%s:%d", http.host, self.http.port
         )
+
+    def _http_auth(self, bridge: LoopBridge) -> BasicAuth:
+        """HTTP basic auth for /api/v1: a configured user with `manage` (CONTRACT)."""
+        users = self.config.security.users
+
+        def verify(user: str, password: str) -> bool:
+            known = users.get(user)
+            return verify_password_or_dummy(password, known.password_hash if known else None)
+
+        def may_manage(user: str) -> bool:
+            roles = frozenset(users[user].roles)
+            # The security repository caches per address: read it on the loop only.
+            return bridge.call(
+                lambda: self.broker.security.allowed(roles, "manage", MANAGEMENT_ADDRESS)
+            )
+
+        return BasicAuth(verify=verify, may_manage=may_manage)
 
     def sasl_factory(self, transport: asyncio.Transport, peer_host: str) -> SaslFactory | None:
         """The SASL layer for a new connection, or None when security is disabled."""
@@ -395,16 +427,6 @@ class BrokerServer:
             )
 
         return make
-
-    def _authorize_http(self, user: str | None, password: str | None) -> int:
-        """HTTP basic auth for /api/v1: 0 ok, 401 unauthenticated, 403 lacking `manage`."""
-        users = self.config.security.users
-        if user is None or password is None or user not in users:
-            return 401
-        if not verify_password(password, users[user].password_hash):
-            return 401
-        roles = frozenset(users[user].roles)
-        return 0 if self.broker.security.allowed(roles, "manage", MANAGEMENT_ADDRESS) else 403
 
     def snapshot(self) -> BrokerSnapshot:
         """Metrics snapshot; loop thread only."""

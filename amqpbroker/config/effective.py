@@ -25,7 +25,12 @@ def format_effective(config: BrokerConfig) -> str:
     lines.append("acceptors:")
     lines += [f"  - {_acceptor(a)}" for a in config.acceptors]
     http = config.http
-    lines.append(f"http: {f'{http.host}:{http.port}' if http.enabled else 'disabled'}")
+    lines.append(
+        f"http: {http.host}:{http.port} read-timeout={http.read_timeout} "
+        f"max-connections={http.max_connections}"
+        if http.enabled
+        else "http: disabled"
+    )
     p = config.persistence
     lines.append(
         f"persistence: enabled={_scalar(p.enabled)} sync={_scalar(p.sync)} "

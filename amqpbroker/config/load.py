@@ -204,6 +204,8 @@ NUMERIC_KEYS: dict[str, Range] = {
     "event-log.max-total-bytes": Range(1, INT64_MAX, "off"),  # issue 17
     "event-log.max-age": _ms(minus_one="off", low=1),
     "event-log.min-free-bytes": Range(0, INT64_MAX),
+    "http.read-timeout": Range(100, 600_000, span=True),  # ms
+    "http.max-connections": Range(1, 10_000, span=True),
     "queue.max-consumers": Range(0, INT32_MAX, "unlimited"),
     "queue.ring-size": Range(0, INT64_MAX, "off"),
 }
@@ -675,7 +677,16 @@ def _addresses(c: Checker, node: yaml.Node, path: str) -> Any:
 
 
 def _http(c: Checker, node: yaml.Node, path: str) -> Any:
-    values = c.mapping(node, path, {"bind": c.typed(str), "enabled": c.typed(bool)})
+    values = c.mapping(
+        node,
+        path,
+        {
+            "bind": c.typed(str),
+            "enabled": c.typed(bool),
+            "read-timeout": c.typed(int, NUMERIC_KEYS["http.read-timeout"]),  # ms
+            "max-connections": c.typed(int, NUMERIC_KEYS["http.max-connections"]),
+        },
+    )
     bind = values.pop("bind", None)
     if bind is not None:
         host, _, port_text = bind.rpartition(":")

@@ -54,6 +54,10 @@ class HttpConfig:
     enabled: bool = True
     host: str = "127.0.0.1"
     port: int = 8161
+    # Issue 15 (slowloris): a request's head, and then its body, must arrive within this;
+    # an idle keep-alive connection is closed after as long.
+    read_timeout: int = 10_000  # ms
+    max_connections: int = 100  # served at once (a thread each); more get a 503
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

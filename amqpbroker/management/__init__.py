@@ -1,5 +1,7 @@
 """Management: the HTTP API (/api/v1, /healthz, /metrics) over the core operations."""
 
-from amqpbroker.management.http import HttpServer, LoopBridge, ManagementApi
+from amqpbroker.management.api import LoopBridge, ManagementApi
+from amqpbroker.management.auth import BasicAuth
+from amqpbroker.management.http import HttpServer
 
-__all__ = ["HttpServer", "LoopBridge", "ManagementApi"]
+__all__ = ["BasicAuth", "HttpServer", "LoopBridge", "ManagementApi"]

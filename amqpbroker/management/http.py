@@ -1,371 +1,245 @@
-"""The HTTP side: /metrics, /healthz and the management API /api/v1 (CONTRACT.md).
+"""The HTTP server of /metrics, /healthz and /api/v1: bytes in, `ManagementApi` replies out.
 
 Threading rule: requests are served on `ThreadingHTTPServer` threads, which never touch
-core state. Every command is handed to the event loop (`LoopBridge.call`), which runs it,
-applies the broker's effects, and hands the result back. Throttled retries (`rate`) pace
-themselves on the HTTP thread, never on the loop.
+core state: `ManagementApi` hands every command to the event loop (`LoopBridge.call`).
+Throttled retries (`rate`) pace themselves on the HTTP thread, never on the loop.
+
+Issue 15: the handler gives each request `read_timeout_s` to arrive (its head, then its
+body: a slow client is cut off and never holds a thread for long), reads no body larger
+than `MAX_BODY_BYTES`, and the server serves at most `max_connections` connections at
+once (more get a 503 and are closed).
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import functools
-import json
+import contextlib
+import io
 import logging
+import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, TypeVar
-from urllib.parse import parse_qs, unquote, urlsplit
+from typing import Any
 
-from amqpbroker.core import BrokerError, ClientError, NotFound
-from amqpbroker.core import operations as ops
-from amqpbroker.core.queue import Ref
-from amqpbroker.protocol import sections
+from amqpbroker.management.api import HttpError, ManagementApi
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
-COMMAND_TIMEOUT_S = 30.0
-RETRY_CHUNK = 100
-
-
-class LoopBridge:
-    """Runs callables on the event loop from other threads and waits for the result."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, after: Callable[[], None]) -> None:
-        self.loop = loop
-        self._after = after  # apply effects and flush sockets after a command
-
-    def call(self, fn: Callable[[], T]) -> T:
-        async def run() -> T:
-            try:
-                return fn()
-            finally:
-                self._after()
-
-        future = asyncio.run_coroutine_threadsafe(run(), self.loop)
-        return future.result(timeout=COMMAND_TIMEOUT_S)
+# The API's bodies are a few hundred bytes of JSON (a redrive list of 10,000 ids is
+# ~100 KiB); anything larger is refused before a byte of it is read.
+MAX_BODY_BYTES = 1024 * 1024
+REFUSAL_LOG_INTERVAL_S = 10.0
 
 
-def _json_safe(value: Any) -> Any:
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    if isinstance(value, bytes | bytearray | memoryview):
-        return {"binary": base64.b64encode(bytes(value)).decode("ascii")}
-    if isinstance(value, uuid.UUID):
-        return str(value)
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return str(value)
+def declared_length(values: list[str] | None, transfer_encoding: str | None) -> int:
+    """The body length a request declares (RFC 9112 section 6): bounded, or HttpError.
 
-
-def _body_preview(data: bytes, limit: int = 200) -> str:
-    """A short, printable view of the body (never the whole body)."""
-    try:
-        start = sections.scan(data).body_start
-        if start >= len(data):
-            return ""
-        value = sections.decode_value(data[start:])
-        body = getattr(value, "value", value)
-    except (sections.SectionError, ValueError):
-        return "<unreadable body>"
-    if isinstance(body, bytes | bytearray | memoryview):
-        raw = bytes(body)
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError:
-            text = raw.hex()
-    else:
-        text = json.dumps(_json_safe(body)) if not isinstance(body, str) else body
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def message_view(ref: Ref) -> dict[str, Any]:
-    """One entry of GET /api/v1/queues/{name}/messages (CONTRACT keys)."""
-    m = ref.message
-    return {
-        "msg_id": m.msg_id,
-        "delivery_count": ref.delivery_count,
-        "durable": m.durable,
-        "priority": m.priority,
-        "size": m.size,
-        "expiration": m.expiration_ms,
-        "message_annotations": _json_safe(m.get_annotations()),
-        "properties": _json_safe(m.get_properties()),
-        "application_properties": _json_safe(m.get_application_properties()),
-        "body_preview": _body_preview(m.data),
-    }
-
-
-def queue_view(stats: ops.QueueStats) -> dict[str, Any]:
-    return {
-        "name": stats.name,
-        "address": stats.address,
-        "routing_type": stats.routing_type,
-        "durable": stats.durable,
-        "messages": stats.messages,
-        "delivering": stats.delivering,
-        "scheduled": stats.scheduled,
-        "consumers": stats.consumers,
-        "added": stats.added,
-        "acknowledged": stats.acknowledged,
-        "dead_lettered": stats.dead_lettered,
-        "expired": stats.expired,
-        "killed": stats.killed,
-    }
-
-
-class HttpError(Exception):
-    def __init__(self, status: HTTPStatus, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class ManagementApi:
-    """Routes requests to broker operations on the loop. Used by the HTTP threads."""
-
-    def __init__(
-        self,
-        bridge: LoopBridge,
-        *,
-        metrics: Callable[[], bytes],
-        healthy: Callable[[], bool],
-        authorize: Callable[[str | None, str | None], int] | None = None,
-    ) -> None:
-        self.bridge = bridge
-        self.metrics = metrics
-        self.healthy = healthy
-        self.authorize = authorize  # None: security disabled
-
-    def handle(
-        self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any] | None
-    ) -> tuple[HTTPStatus, Any]:
-        parts = [unquote(p) for p in path.strip("/").split("/")]
-        if method == "GET" and parts == ["healthz"]:
-            if self.healthy():
-                return HTTPStatus.OK, {"status": "ok"}
-            raise HttpError(HTTPStatus.SERVICE_UNAVAILABLE, "not accepting connections")
-        if parts[:2] != ["api", "v1"] or len(parts) < 3:
-            raise HttpError(HTTPStatus.NOT_FOUND, f"no such endpoint: {path}")
-        rest = parts[2:]
-        if method == "GET" and rest == ["addresses"]:
-            return HTTPStatus.OK, self.bridge.call(self._addresses)
-        if method == "GET" and rest == ["queues"]:
-            return HTTPStatus.OK, [queue_view(q) for q in self._stats()]
-        if rest[0] != "queues" or len(rest) < 2:
-            raise HttpError(HTTPStatus.NOT_FOUND, f"no such endpoint: {path}")
-        name = rest[1]
-        if method == "GET" and len(rest) == 2:
-            return HTTPStatus.OK, self.bridge.call(lambda: self._queue(name))
-        if method == "GET" and rest[2:] == ["messages"]:
-            limit = _int_param(query, "limit", 100)
-            offset = _int_param(query, "offset", 0)
-            selector = query.get("filter", [None])[0]
-            refs = self.bridge.call(
-                lambda: [
-                    message_view(r)
-                    for r in ops.browse(
-                        self.bridge_broker, name, selector=selector, limit=limit, offset=offset
-                    )
-                ]
-            )
-            return HTTPStatus.OK, refs
-        if method == "POST" and len(rest) == 3:
-            body = body or {}
-            selector = _opt_str(body, "filter")
-            if rest[2] == "purge":
-                removed = self.bridge.call(
-                    lambda: ops.purge(self.bridge_broker, name, selector=selector)
-                )
-                return HTTPStatus.OK, {"removed": removed}
-            if rest[2] == "move":
-                to_queue = _opt_str(body, "to-queue")
-                if not to_queue:
-                    raise HttpError(HTTPStatus.BAD_REQUEST, "'to-queue' is required")
-                moved = self.bridge.call(
-                    lambda: ops.move(self.bridge_broker, name, to_queue=to_queue, selector=selector)
-                )
-                return HTTPStatus.OK, {"moved": moved}
-            if rest[2] == "retry":
-                return HTTPStatus.OK, {"retried": self._retry(name, selector, body)}
-        raise HttpError(HTTPStatus.NOT_FOUND, f"no such endpoint: {method} {path}")
-
-    # Set by the server: the Broker, read only on the loop through the bridge.
-    bridge_broker: Any = None
-
-    def _stats(self) -> list[ops.QueueStats]:
-        return self.bridge.call(lambda: ops.queue_stats(self.bridge_broker))
-
-    def _addresses(self) -> list[dict[str, Any]]:
-        out = []
-        for a in self.bridge_broker.post_office.addresses.values():
-            out.append(
-                {
-                    "name": a.name,
-                    "routing_types": sorted(t.value for t in a.routing_types),
-                    "queues": [q.name for q in a.queues],
-                }
-            )
-        return out
-
-    def _queue(self, name: str) -> dict[str, Any]:
-        broker = self.bridge_broker
-        queue = broker.queues.get(name)
-        if queue is None:
-            raise NotFound(f"queue {name} does not exist")
-        stats = next(s for s in ops.queue_stats(broker) if s.name == name)
-        view = queue_view(stats)
-        view["filter"] = queue.config.filter
-        view["settings"] = broker.settings_for(queue.address).to_config()
-        return view
-
-    def _retry(self, name: str, selector: str | None, body: dict[str, Any]) -> int:
-        ids = body.get("ids")
-        if ids is not None and (
-            not isinstance(ids, list) or not all(isinstance(i, int) for i in ids)
-        ):
-            raise HttpError(HTTPStatus.BAD_REQUEST, "'ids' must be a list of msg_id integers")
-        rate = body.get("rate")
-        if rate is None:
-            return self.bridge.call(
-                lambda: ops.retry(self.bridge_broker, name, selector=selector, ids=ids)
-            )
-        if not isinstance(rate, int | float) or rate <= 0:
-            raise HttpError(HTTPStatus.BAD_REQUEST, "'rate' must be a positive number")
-        # Throttled (msg/s): take the matching ids, then retry them in small paced chunks.
-        wanted = self.bridge.call(
-            lambda: [
-                r.message.msg_id
-                for r in ops.browse(self.bridge_broker, name, selector=selector, limit=1_000_000)
-            ]
+    No Content-Length and no Transfer-Encoding means no body. Chunked bodies are refused
+    (the API's clients send a length), as are lengths that are not one plain number.
+    """
+    if transfer_encoding is not None:
+        raise HttpError(
+            HTTPStatus.LENGTH_REQUIRED, "Transfer-Encoding is not supported: send Content-Length"
         )
-        if ids is not None:
-            wanted = [i for i in wanted if i in set(ids)]
-        retried = 0
-        started = time.monotonic()
-        chunk = max(1, min(RETRY_CHUNK, int(rate)))
-        for i in range(0, len(wanted), chunk):
-            part = wanted[i : i + chunk]
-            retried += self.bridge.call(
-                functools.partial(ops.retry, self.bridge_broker, name, ids=part)
-            )
-            pause = started + (i + len(part)) / rate - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-        return retried
+    if not values:
+        return 0
+    text = values[0].strip()
+    if len(set(values)) != 1 or not (text.isascii() and text.isdigit()) or len(text) > 18:
+        raise HttpError(HTTPStatus.BAD_REQUEST, "Content-Length must be one non-negative integer")
+    length = int(text)
+    if length > MAX_BODY_BYTES:
+        raise HttpError(
+            HTTPStatus.REQUEST_ENTITY_TOO_LARGE, f"the body is limited to {MAX_BODY_BYTES} bytes"
+        )
+    return length
 
 
-def _basic_auth(header: str | None) -> tuple[str | None, str | None]:
-    if not header or not header.startswith("Basic "):
-        return None, None
-    try:
-        user, _, password = base64.b64decode(header[6:]).decode("utf-8").partition(":")
-    except (ValueError, UnicodeDecodeError):
-        return None, None
-    return user, password
+class _DeadlineReader(io.RawIOBase):
+    """A socket's read side where a whole request (not each recv) has a deadline.
+
+    A per-recv timeout lets a client sending a byte every few seconds hold a thread
+    forever (slowloris); here each recv waits at most until `deadline`.
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self._sock = sock
+        self.deadline = time.monotonic()
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        remaining = self.deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the request did not arrive in time")
+        self._sock.settimeout(remaining)
+        return self._sock.recv_into(buffer)
 
 
-def _int_param(query: dict[str, list[str]], key: str, default: int) -> int:
-    raw = query.get(key, [None])[0]
-    if raw is None:
-        return default
-    if not raw.isdigit():
-        raise HttpError(HTTPStatus.BAD_REQUEST, f"'{key}' must be a non-negative integer")
-    return int(raw)
-
-
-def _opt_str(body: dict[str, Any], key: str) -> str | None:
-    value = body.get(key)
-    if value is not None and not isinstance(value, str):
-        raise HttpError(HTTPStatus.BAD_REQUEST, f"'{key}' must be a string")
-    return value or None
-
-
-def _handler_class(api: ManagementApi) -> type[BaseHTTPRequestHandler]:
+def _handler_class(api: ManagementApi, read_timeout_s: float) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "amqpbroker"
         protocol_version = "HTTP/1.1"
+        timeout = read_timeout_s  # writes: a client that does not read is dropped
+        _reader: _DeadlineReader
+
+        def setup(self) -> None:
+            super().setup()
+            self._reader = _DeadlineReader(self.connection)
+            self.rfile = io.BufferedReader(self._reader)
+
+        def handle_one_request(self) -> None:
+            # The request line and the headers must arrive within read_timeout_s (an idle
+            # keep-alive connection is closed after as long).
+            self._reader.deadline = time.monotonic() + read_timeout_s
+            super().handle_one_request()
+
+        def handle_expect_100(self) -> bool:
+            """100 Continue only for a body we would read; otherwise answer first."""
+            try:
+                declared_length(
+                    self.headers.get_all("Content-Length"), self.headers.get("Transfer-Encoding")
+                )
+            except HttpError:
+                return True  # the refusal follows without inviting the body
+            return super().handle_expect_100()
 
         def log_message(self, format: str, *args: Any) -> None:
             log.debug("http %s " + format, self.client_address[0], *args)
 
-        def _reply(self, status: HTTPStatus, payload: bytes, content_type: str) -> None:
-            self.send_response(status)
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
-
-        def _json(self, status: HTTPStatus, value: Any) -> None:
-            self._reply(status, json.dumps(value).encode(), "application/json")
-
-        def _dispatch(self, method: str) -> None:
-            url = urlsplit(self.path)
+        def _read_body(self) -> bytes:
+            length = declared_length(
+                self.headers.get_all("Content-Length"), self.headers.get("Transfer-Encoding")
+            )
+            if not length:
+                return b""
+            self._reader.deadline = time.monotonic() + read_timeout_s
             try:
-                if method == "GET" and url.path == "/metrics":
-                    self._reply(
-                        HTTPStatus.OK, api.metrics(), "text/plain; version=0.0.4; charset=utf-8"
-                    )
-                    return
-                if url.path.startswith("/api/") and api.authorize is not None:
-                    user, password = _basic_auth(self.headers.get("Authorization"))
-                    verdict = api.authorize(user, password)
-                    if verdict == 401:
-                        self.send_response(HTTPStatus.UNAUTHORIZED)
-                        payload = json.dumps({"error": "authentication required"}).encode()
-                        self.send_header("WWW-Authenticate", 'Basic realm="amqpbroker"')
-                        self.send_header("Content-Type", "application/json")
-                        self.send_header("Content-Length", str(len(payload)))
-                        self.end_headers()
-                        self.wfile.write(payload)
-                        return
-                    if verdict == 403:
-                        raise HttpError(HTTPStatus.FORBIDDEN, "the 'manage' permission is required")
-                body = None
-                length = int(self.headers.get("Content-Length") or 0)
-                if length:
-                    try:
-                        body = json.loads(self.rfile.read(length))
-                    except ValueError as e:
-                        raise HttpError(HTTPStatus.BAD_REQUEST, f"invalid JSON: {e}") from e
-                    if not isinstance(body, dict):
-                        raise HttpError(HTTPStatus.BAD_REQUEST, "expected a JSON object")
-                status, value = api.handle(method, url.path, parse_qs(url.query), body)
-                self._json(status, value)
-            except HttpError as e:
-                self._json(e.status, {"error": str(e)})
-            except NotFound as e:
-                self._json(HTTPStatus.NOT_FOUND, {"error": str(e)})
-            except ClientError as e:
-                self._json(HTTPStatus.BAD_REQUEST, {"error": str(e)})
-            except BrokerError as e:
-                self._json(HTTPStatus.CONFLICT, {"error": str(e)})
-            except Exception:
-                log.exception("HTTP %s %s failed", method, self.path)
-                self._json(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error"})
+                data = self.rfile.read(length)
+            except TimeoutError:
+                raise HttpError(
+                    HTTPStatus.REQUEST_TIMEOUT, "the body did not arrive in time"
+                ) from None
+            except OSError as e:  # reset mid-body: the reply will not arrive either
+                raise HttpError(HTTPStatus.BAD_REQUEST, f"reading the body failed: {e}") from None
+            if len(data) < length:
+                raise HttpError(HTTPStatus.BAD_REQUEST, "the body is shorter than Content-Length")
+            return data
 
-        def do_GET(self) -> None:
-            self._dispatch("GET")
+        def _serve(self) -> None:
+            method = self.command
+            reply = api.respond(
+                method,
+                self.path,
+                authorization=self.headers.get("Authorization"),
+                client=self.client_address[0],
+                read_body=self._read_body,
+            )
+            if reply.status >= 400:
+                # The body may be unread (refused before reading): never guess where the
+                # next request starts.
+                self.close_connection = True
+            self.connection.settimeout(read_timeout_s)
+            try:
+                self.send_response(reply.status)
+                self.send_header("Content-Type", reply.content_type)
+                self.send_header("Content-Length", str(len(reply.body)))
+                for key, value in (reply.headers or {}).items():
+                    self.send_header(key, value)
+                if self.close_connection:
+                    self.send_header("Connection", "close")
+                self.end_headers()
+                if method != "HEAD":
+                    self.wfile.write(reply.body)
+            except OSError as e:  # the client went away or stopped reading
+                log.debug("http %s: cannot answer: %s", self.client_address[0], e)
+                self.close_connection = True
 
-        def do_POST(self) -> None:
-            self._dispatch("POST")
+        # Every method goes through the same checks; unknown ones end in 405 after auth.
+        do_GET = do_HEAD = do_POST = do_PUT = do_DELETE = do_PATCH = do_OPTIONS = _serve
 
     return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most `max_connections` of them; more get a 503."""
+
+    daemon_threads = True
+    block_on_close = False
+    request_queue_size = 128  # listen backlog (socketserver's 5 drops bursts of connects)
+
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], slots: int
+    ) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(slots)
+        self.max_connections = slots
+        self._refused = 0  # since the last warning; accept thread only
+        self._next_warning = 0.0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self._refused += 1
+            now = time.monotonic()
+            if now >= self._next_warning:  # a flood of connections is not a flood of logs
+                self._next_warning = now + REFUSAL_LOG_INTERVAL_S
+                log.warning(
+                    "HTTP: refused %d connection(s), the last from %s: %d are open "
+                    "(http.max-connections)",
+                    self._refused,
+                    client_address[0],
+                    self.max_connections,
+                )
+                self._refused = 0
+            # Without blocking the accept thread: answer, then read what the client has
+            # sent already, so that closing does not reset the connection under the 503.
+            with contextlib.suppress(OSError):
+                request.setblocking(False)
+                request.send(_BUSY_REPLY)
+                request.shutdown(socket.SHUT_WR)
+                request.recv(65536)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A connection reset or a timeout mid-request: nothing to answer, nobody to tell.
+        log.debug("HTTP connection from %s failed", client_address[0], exc_info=True)
+
+
+_BUSY_BODY = b'{"error": "too many HTTP connections"}'
+_BUSY_REPLY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+    b"Content-Length: " + str(len(_BUSY_BODY)).encode() + b"\r\nConnection: close\r\n\r\n"
+) + _BUSY_BODY
 
 
 class HttpServer:
     """ThreadingHTTPServer on its own thread; `port` is the bound port."""
 
-    def __init__(self, host: str, port: int, api: ManagementApi) -> None:
-        self._server = ThreadingHTTPServer((host, port), _handler_class(api))
-        self._server.daemon_threads = True
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        api: ManagementApi,
+        *,
+        read_timeout_s: float = 10.0,
+        max_connections: int = 100,
+    ) -> None:
+        self._server = _Server(
+            (host, port), _handler_class(api, read_timeout_s), slots=max_connections
+        )
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
 

@@ -1,7 +1,11 @@
 """Security: TLS contexts for amqps acceptors and development certificates."""
 
 from amqpbroker.security.certs import create_certificates
-from amqpbroker.security.passwords import hash_password, verify_password
+from amqpbroker.security.passwords import (
+    hash_password,
+    verify_password,
+    verify_password_or_dummy,
+)
 from amqpbroker.security.tls import TlsFileError, acceptor_context, server_context
 
 __all__ = [
@@ -11,4 +15,5 @@ __all__ = [
     "hash_password",
     "server_context",
     "verify_password",
+    "verify_password_or_dummy",
 ]

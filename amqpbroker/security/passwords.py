@@ -43,3 +43,19 @@ def verify_password(password: str, stored: str) -> bool:
     except (ValueError, InvalidKey, TypeError):
         return False
     return hmac.compare_digest(derived, expected)
+
+
+# A hash of a random password, made once: checking an unknown user's password against it
+# costs what checking a known user's does, so timing does not tell which users exist.
+_DUMMY_HASH: str | None = None
+
+
+def verify_password_or_dummy(password: str, stored: str | None) -> bool:
+    """Whether `password` matches `stored`; with None (no such user), as slow, and False."""
+    global _DUMMY_HASH
+    if stored is None:
+        if _DUMMY_HASH is None:
+            _DUMMY_HASH = hash_password(base64.b64encode(os.urandom(18)).decode())
+        verify_password(password, _DUMMY_HASH)
+        return False
+    return verify_password(password, stored)

@@ -298,6 +298,15 @@ ERRORS = [
         "http:\n  bind: 127.0.0.1:70000\n",
         "b.yaml:2: http.bind: expected HOST:PORT (port 0-65535): '127.0.0.1:70000'",
     ),
+    # issue 15: HTTP read timeout and connection cap
+    (
+        "http:\n  read-timeout: 0\n",
+        "b.yaml:2: http.read-timeout: must be between 100 and 600000: 0",
+    ),
+    (
+        "http:\n  max-connections: 0\n",
+        "b.yaml:2: http.max-connections: must be between 1 and 10000: 0",
+    ),
     # B-101: '#' only as the last word of a pattern
     (
         "address-settings:\n  'a.#.b': {}\n",
@@ -666,6 +675,16 @@ def test_security_section() -> None:
 def test_http_bind_and_switch_off() -> None:
     assert parse("http: {bind: '[::1]:0'}").http.host == "::1"
     assert not parse("http: {enabled: false}").http.enabled
+
+
+def test_http_read_timeout_and_max_connections() -> None:
+    """Issue 15 (slowloris): both keys reach HttpConfig, in ms and connections."""
+    http = parse("http: {read-timeout: 2500, max-connections: 8}").http
+    assert (http.read_timeout, http.max_connections) == (2500, 8)
+    assert (parse("name: x").http.read_timeout, parse("name: x").http.max_connections) == (
+        10_000,
+        100,
+    )
 
 
 # -- files --------------------------------------------------------------------------------

@@ -40,9 +40,10 @@ def _yaml(key: str, value: str) -> tuple[str, int, str]:
         name = key.removeprefix("queue.")
         text = f"addresses:\n  - name: a\n    anycast:\n      - name: a\n        {name}: {value}\n"
         return text, 5, f"addresses[0].anycast[0].{name}"
-    if key.startswith("event-log."):
-        name = key.removeprefix("event-log.")
-        return f"event-log:\n  {name}: {value}\n", 2, key
+    for section in ("event-log.", "http."):
+        if key.startswith(section):
+            name = key.removeprefix(section)
+            return f"{section[:-1]}:\n  {name}: {value}\n", 2, key
     return f"{key}: {value}\n", 1, key
 
 

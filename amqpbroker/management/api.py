@@ -1,0 +1,416 @@
+"""The management API without sockets: views, authentication order, routing (CONTRACT.md).
+
+Every request goes the same way (`ManagementApi.respond`): read the target once
+(`paths.parse_target`); authenticate unless it is `GET|HEAD /healthz` or `/metrics`
+(docs/decisions.md); then read the body (the handler bounds it); then route. Commands run
+on the event loop through a `Bridge`; nothing here touches core state on its own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any, Protocol, TypeVar
+
+from amqpbroker.core import BrokerError, ClientError, NotFound
+from amqpbroker.core import operations as ops
+from amqpbroker.core.queue import Ref
+from amqpbroker.management.auth import BasicAuth, Refusal
+from amqpbroker.management.paths import BadTarget, Target, parse_target
+from amqpbroker.protocol import sections
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+COMMAND_TIMEOUT_S = 30.0
+RETRY_CHUNK = 100
+MAX_JSON_DEPTH = 16  # deeper values of a browsed message are shown as "…"
+
+
+class Bridge(Protocol):
+    """Runs a callable on the event loop and returns its result (`LoopBridge`)."""
+
+    def call(self, fn: Callable[[], T]) -> T: ...
+
+
+class LoopBridge:
+    """Runs callables on the event loop from other threads and waits for the result."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, after: Callable[[], None]) -> None:
+        self.loop = loop
+        self._after = after  # apply effects and flush sockets after a command
+
+    def call(self, fn: Callable[[], T]) -> T:
+        async def run() -> T:
+            try:
+                return fn()
+            finally:
+                self._after()
+
+        future = asyncio.run_coroutine_threadsafe(run(), self.loop)
+        return future.result(timeout=COMMAND_TIMEOUT_S)
+
+
+def _json_safe(value: Any, depth: int = 0) -> Any:
+    """`value` as JSON types; nesting deeper than MAX_JSON_DEPTH becomes "…"."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return {"binary": base64.b64encode(bytes(value)).decode("ascii")}
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, dict | list | tuple) and depth >= MAX_JSON_DEPTH:
+        return "…"
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v, depth + 1) for v in value]
+    return str(value)
+
+
+# What decoding one stored message may raise: the decoder maps malformed input to
+# SectionError; RecursionError is caught too in case a decoder path does not.
+_UNDECODABLE = (sections.SectionError, ValueError, RecursionError)
+
+
+def _body_preview(data: bytes, limit: int = 200) -> tuple[str, str | None]:
+    """A short, printable view of the body (never the whole body), and a decode error."""
+    try:
+        start = sections.scan(data).body_start
+        if start >= len(data):
+            return "", None
+        value = sections.decode_value(data[start:])
+        body = getattr(value, "value", value)
+    except _UNDECODABLE as e:
+        return "<unreadable body>", f"body: {e}"
+    if isinstance(body, bytes | bytearray | memoryview):
+        raw = bytes(body)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = raw.hex()
+    else:
+        text = json.dumps(_json_safe(body)) if not isinstance(body, str) else body
+    return (text if len(text) <= limit else text[:limit] + "…"), None
+
+
+def message_view(ref: Ref) -> dict[str, Any]:
+    """One entry of GET /api/v1/queues/{name}/messages (CONTRACT keys).
+
+    A section that does not decode (issue 15: lists nested 10,000 deep) is shown empty,
+    with `decode_error` saying why: one message never makes its queue unbrowsable.
+    """
+    m = ref.message
+    view: dict[str, Any] = {
+        "msg_id": m.msg_id,
+        "delivery_count": ref.delivery_count,
+        "durable": m.durable,
+        "priority": m.priority,
+        "size": m.size,
+        "expiration": m.expiration_ms,
+    }
+    errors = []
+    readers = (
+        ("message_annotations", m.get_annotations),
+        ("properties", m.get_properties),
+        ("application_properties", m.get_application_properties),
+    )
+    for key, read in readers:
+        try:
+            view[key] = _json_safe(read())
+        except _UNDECODABLE as e:
+            view[key] = {}
+            errors.append(f"{key}: {e}")
+    view["body_preview"], body_error = _body_preview(m.data)
+    if body_error is not None:
+        errors.append(body_error)
+    if errors:
+        view["decode_error"] = "; ".join(errors)
+    return view
+
+
+def queue_view(stats: ops.QueueStats) -> dict[str, Any]:
+    return {
+        "name": stats.name,
+        "address": stats.address,
+        "routing_type": stats.routing_type,
+        "durable": stats.durable,
+        "messages": stats.messages,
+        "delivering": stats.delivering,
+        "scheduled": stats.scheduled,
+        "consumers": stats.consumers,
+        "added": stats.added,
+        "acknowledged": stats.acknowledged,
+        "dead_lettered": stats.dead_lettered,
+        "expired": stats.expired,
+        "killed": stats.killed,
+    }
+
+
+class HttpError(Exception):
+    def __init__(
+        self, status: HTTPStatus, message: str, *, headers: Mapping[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.headers = dict(headers or {})
+
+
+@dataclass(frozen=True, slots=True)
+class Reply:
+    """One response: what the handler writes (HEAD: all of it but the body)."""
+
+    status: HTTPStatus
+    body: bytes
+    content_type: str = "application/json"
+    headers: Mapping[str, str] | None = None
+
+
+def json_reply(status: HTTPStatus, value: Any, headers: Mapping[str, str] | None = None) -> Reply:
+    return Reply(status, json.dumps(value).encode(), headers=headers)
+
+
+def _refused(refusal: Refusal) -> Reply:
+    headers = {}
+    if refusal.status == HTTPStatus.UNAUTHORIZED:
+        headers["WWW-Authenticate"] = 'Basic realm="amqpbroker", charset="UTF-8"'
+    if refusal.retry_after_s is not None:
+        headers["Retry-After"] = str(refusal.retry_after_s)
+    return json_reply(refusal.status, {"error": refusal.message}, headers)
+
+
+# Endpoints by name: the method each takes. GET endpoints answer HEAD too.
+_METHODS = {
+    "healthz": "GET",
+    "metrics": "GET",
+    "addresses": "GET",
+    "queues": "GET",
+    "queue": "GET",
+    "messages": "GET",
+    "purge": "POST",
+    "move": "POST",
+    "retry": "POST",
+}
+PUBLIC = frozenset({"healthz", "metrics"})  # unauthenticated GET/HEAD (docs/decisions.md)
+
+
+def endpoint_of(segments: tuple[str, ...]) -> tuple[str, str | None] | None:
+    """(endpoint, queue name) for a normalised path, or None when there is no such path."""
+    match segments:
+        case ("healthz" | "metrics" as name,):
+            return name, None
+        case ("api", "v1", "addresses" | "queues" as name):
+            return name, None
+        case ("api", "v1", "queues", queue):
+            return "queue", queue
+        case ("api", "v1", "queues", queue, "messages" | "purge" | "move" | "retry" as name):
+            return name, queue
+    return None
+
+
+class ManagementApi:
+    """Authenticates and routes requests to broker operations on the loop (HTTP threads)."""
+
+    def __init__(
+        self,
+        bridge: Bridge,
+        *,
+        metrics: Callable[[], bytes],
+        healthy: Callable[[], bool],
+        auth: BasicAuth | None = None,
+    ) -> None:
+        self.bridge = bridge
+        self.metrics = metrics
+        self.healthy = healthy
+        self.auth = auth  # None: security disabled
+
+    # Set by the server: the Broker, read only on the loop through the bridge.
+    bridge_broker: Any = None
+
+    def respond(
+        self,
+        method: str,
+        raw_target: str,
+        *,
+        authorization: str | None,
+        client: str,
+        read_body: Callable[[], bytes],
+    ) -> Reply:
+        """The whole of one request: target, authentication, body, route; never raises."""
+        try:
+            target = parse_target(raw_target)
+            found = endpoint_of(target.segments)
+            public = found is not None and found[0] in PUBLIC and method in ("GET", "HEAD")
+            if not public and self.auth is not None:
+                refusal = self.auth.check(authorization, client)
+                if refusal is not None:
+                    return _refused(refusal)
+            body = read_body()
+            if found is None:
+                raise HttpError(HTTPStatus.NOT_FOUND, f"no such endpoint: {target.path}")
+            return self._route(method, target, *found, body)
+        except BadTarget as e:
+            return json_reply(HTTPStatus.BAD_REQUEST, {"error": str(e)})
+        except HttpError as e:
+            return json_reply(e.status, {"error": str(e)}, e.headers)
+        except NotFound as e:
+            return json_reply(HTTPStatus.NOT_FOUND, {"error": str(e)})
+        except ClientError as e:
+            return json_reply(HTTPStatus.BAD_REQUEST, {"error": str(e)})
+        except BrokerError as e:
+            return json_reply(HTTPStatus.CONFLICT, {"error": str(e)})
+        except Exception:
+            log.exception("HTTP %s %r from %s failed", method, raw_target[:200], client)
+            return json_reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error"})
+
+    def _route(
+        self, method: str, target: Target, endpoint: str, name: str | None, raw_body: bytes
+    ) -> Reply:
+        allowed = _METHODS[endpoint]
+        if method != allowed and not (allowed == "GET" and method == "HEAD"):
+            allow = "GET, HEAD" if allowed == "GET" else allowed
+            raise HttpError(
+                HTTPStatus.METHOD_NOT_ALLOWED,
+                f"{target.path} takes {allow}",
+                headers={"Allow": allow},
+            )
+        query = target.query
+        if endpoint == "healthz":
+            if self.healthy():
+                return json_reply(HTTPStatus.OK, {"status": "ok"})
+            raise HttpError(HTTPStatus.SERVICE_UNAVAILABLE, "not accepting connections")
+        if endpoint == "metrics":
+            return Reply(HTTPStatus.OK, self.metrics(), "text/plain; version=0.0.4; charset=utf-8")
+        if endpoint == "addresses":
+            return json_reply(HTTPStatus.OK, self.bridge.call(self._addresses))
+        if endpoint == "queues":
+            return json_reply(HTTPStatus.OK, [queue_view(q) for q in self._stats()])
+        assert name is not None
+        if endpoint == "queue":
+            return json_reply(HTTPStatus.OK, self.bridge.call(lambda: self._queue(name)))
+        if endpoint == "messages":
+            limit = _int_param(query, "limit", 100)
+            offset = _int_param(query, "offset", 0)
+            selector = query.get("filter", [None])[0]
+            views = self.bridge.call(
+                lambda: [
+                    message_view(r)
+                    for r in ops.browse(
+                        self.bridge_broker, name, selector=selector, limit=limit, offset=offset
+                    )
+                ]
+            )
+            return json_reply(HTTPStatus.OK, views)
+        body = _json_body(raw_body)
+        selector = _opt_str(body, "filter")
+        if endpoint == "purge":
+            removed = self.bridge.call(
+                lambda: ops.purge(self.bridge_broker, name, selector=selector)
+            )
+            return json_reply(HTTPStatus.OK, {"removed": removed})
+        if endpoint == "move":
+            to_queue = _opt_str(body, "to-queue")
+            if not to_queue:
+                raise HttpError(HTTPStatus.BAD_REQUEST, "'to-queue' is required")
+            moved = self.bridge.call(
+                lambda: ops.move(self.bridge_broker, name, to_queue=to_queue, selector=selector)
+            )
+            return json_reply(HTTPStatus.OK, {"moved": moved})
+        return json_reply(HTTPStatus.OK, {"retried": self._retry(name, selector, body)})
+
+    def _stats(self) -> list[ops.QueueStats]:
+        return self.bridge.call(lambda: ops.queue_stats(self.bridge_broker))
+
+    def _addresses(self) -> list[dict[str, Any]]:
+        out = []
+        for a in self.bridge_broker.post_office.addresses.values():
+            out.append(
+                {
+                    "name": a.name,
+                    "routing_types": sorted(t.value for t in a.routing_types),
+                    "queues": [q.name for q in a.queues],
+                }
+            )
+        return out
+
+    def _queue(self, name: str) -> dict[str, Any]:
+        broker = self.bridge_broker
+        queue = broker.queues.get(name)
+        if queue is None:
+            raise NotFound(f"queue {name} does not exist")
+        stats = next(s for s in ops.queue_stats(broker) if s.name == name)
+        view = queue_view(stats)
+        view["filter"] = queue.config.filter
+        view["settings"] = broker.settings_for(queue.address).to_config()
+        return view
+
+    def _retry(self, name: str, selector: str | None, body: dict[str, Any]) -> int:
+        ids = body.get("ids")
+        if ids is not None and (
+            not isinstance(ids, list) or not all(isinstance(i, int) for i in ids)
+        ):
+            raise HttpError(HTTPStatus.BAD_REQUEST, "'ids' must be a list of msg_id integers")
+        rate = body.get("rate")
+        if rate is None:
+            return self.bridge.call(
+                lambda: ops.retry(self.bridge_broker, name, selector=selector, ids=ids)
+            )
+        if not isinstance(rate, int | float) or rate <= 0:
+            raise HttpError(HTTPStatus.BAD_REQUEST, "'rate' must be a positive number")
+        # Throttled (msg/s): take the matching ids, then retry them in small paced chunks.
+        wanted = self.bridge.call(
+            lambda: [
+                r.message.msg_id
+                for r in ops.browse(self.bridge_broker, name, selector=selector, limit=1_000_000)
+            ]
+        )
+        if ids is not None:
+            wanted = [i for i in wanted if i in set(ids)]
+        retried = 0
+        started = time.monotonic()
+        chunk = max(1, min(RETRY_CHUNK, int(rate)))
+        for i in range(0, len(wanted), chunk):
+            part = wanted[i : i + chunk]
+            retried += self.bridge.call(
+                functools.partial(ops.retry, self.bridge_broker, name, ids=part)
+            )
+            pause = started + (i + len(part)) / rate - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+        return retried
+
+
+def _json_body(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        body = json.loads(raw)
+    except (ValueError, RecursionError) as e:  # RecursionError: "[[[[..." nested deep
+        raise HttpError(HTTPStatus.BAD_REQUEST, f"invalid JSON: {e}") from e
+    if not isinstance(body, dict):
+        raise HttpError(HTTPStatus.BAD_REQUEST, "expected a JSON object")
+    return body
+
+
+def _int_param(query: dict[str, list[str]], key: str, default: int) -> int:
+    raw = query.get(key, [None])[0]
+    if raw is None:
+        return default
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
+        raise HttpError(HTTPStatus.BAD_REQUEST, f"'{key}' must be a non-negative integer")
+    return int(raw)
+
+
+def _opt_str(body: dict[str, Any], key: str) -> str | None:
+    value = body.get(key)
+    if value is not None and not isinstance(value, str):
+        raise HttpError(HTTPStatus.BAD_REQUEST, f"'{key}' must be a string")
+    return value or None

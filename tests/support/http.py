@@ -1,0 +1,59 @@
+"""HTTP helpers for the management API tests: credentials, raw requests, an inline bridge."""
+
+from __future__ import annotations
+
+import base64
+import socket
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class InlineBridge:
+    """`Bridge` that runs the command at once: unit tests have no event loop."""
+
+    def call(self, fn: Callable[[], T]) -> T:
+        return fn()
+
+
+def basic_auth(user: str, password: str) -> str:
+    """The value of an `Authorization: Basic` header."""
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def raw_request(
+    port: int,
+    method: str,
+    target: str,
+    *,
+    headers: dict[str, str] | None = None,
+    body: bytes = b"",
+    timeout: float = 10,
+) -> tuple[int, dict[str, str], bytes]:
+    """Send one request exactly as spelled (no client normalises `target`); read to EOF.
+
+    Returns (status, headers with lower-case names, body).
+    """
+    lines = [f"{method} {target} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    if body:
+        lines.append(f"Content-Length: {len(body)}")
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(request)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return parse_response(b"".join(chunks))
+
+
+def parse_response(raw: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    status = int(status_line.split(" ", 2)[1])
+    headers = {}
+    for line in header_lines:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return status, headers, body

@@ -1,0 +1,240 @@
+"""The management API's request pipeline without sockets (issue 15, CONTRACT "HTTP API").
+
+Every route in every spelling and with every method is authenticated before it is
+routed: no credentials or wrong ones answer 401, a user without `manage` 403, and with
+`manage` every spelling answers what the plain spelling answers.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from http import HTTPStatus
+from typing import Any
+
+import pytest
+from support.core_harness import Harness
+from support.hostile import SPELLINGS
+from support.http import InlineBridge
+from support.http import basic_auth as basic
+
+from amqpbroker.management import BasicAuth, ManagementApi
+from amqpbroker.management.api import Reply
+
+USERS = {"admin": "admin-pw", "app": "app-pw"}
+
+
+CREDENTIALS = {
+    "none": None,
+    "wrong-password": basic("admin", "nope"),
+    "unknown-user": basic("mallory", "admin-pw"),
+    "not-basic": "Bearer abc",
+    "no-colon": "Basic " + base64.b64encode(b"admin").decode(),
+    "no-manage": basic("app", "app-pw"),
+    "manage": basic("admin", "admin-pw"),
+}
+
+
+def make_api(*, secured: bool = True) -> tuple[ManagementApi, Harness]:
+    h = Harness()
+    target = h.producer("Q", "queue")
+    for body in (b"a", b"b", b"c"):
+        h.send(target, body)
+    h.producer("Q2", "queue")
+    auth = BasicAuth(
+        verify=lambda user, password: USERS.get(user) == password,
+        may_manage=lambda user: user == "admin",
+    )
+    api = ManagementApi(
+        InlineBridge(),
+        metrics=lambda: b"amqpbroker_connections 0.0\n",
+        healthy=lambda: True,
+        auth=auth if secured else None,
+    )
+    api.bridge_broker = h.broker
+    return api, h
+
+
+def request(
+    api: ManagementApi,
+    method: str,
+    target: str,
+    *,
+    authorization: str | None = None,
+    body: dict[str, Any] | None = None,
+) -> Reply:
+    raw = json.dumps(body).encode() if body is not None else b""
+    return api.respond(
+        method, target, authorization=authorization, client="10.0.0.1", read_body=lambda: raw
+    )
+
+
+# (method, path, body) of every endpoint, plus paths that are no endpoint.
+ROUTES = [
+    ("GET", "/api/v1/addresses", None),
+    ("GET", "/api/v1/queues", None),
+    ("GET", "/api/v1/queues/Q", None),
+    ("GET", "/api/v1/queues/Q/messages", None),
+    ("POST", "/api/v1/queues/Q/purge", {}),
+    ("POST", "/api/v1/queues/Q/move", {"to-queue": "Q2"}),
+    ("POST", "/api/v1/queues/Q/retry", {}),
+    ("GET", "/api/v1/nothing-here", None),
+    ("GET", "/nothing-here", None),
+]
+PUBLIC_ROUTES = [("GET", "/metrics", None), ("GET", "/healthz", None)]
+
+
+METHODS = ["canonical", "HEAD", "PUT", "DELETE"]
+
+
+def _method(canonical: str, which: str) -> str:
+    return canonical if which == "canonical" else which
+
+
+@pytest.mark.parametrize("which", METHODS)
+@pytest.mark.parametrize("spelling", SPELLINGS)
+@pytest.mark.parametrize(("canonical", "path", "body"), ROUTES)
+def test_every_spelling_without_valid_credentials_is_401(
+    canonical: str,
+    path: str,
+    body: dict[str, Any] | None,
+    spelling: str,
+    which: str,
+) -> None:
+    """Issue 15: authentication precedes routing for every path, known or not."""
+    api, h = make_api()
+    for credentials in ("none", "wrong-password", "unknown-user", "not-basic", "no-colon"):
+        reply = request(
+            api,
+            _method(canonical, which),
+            SPELLINGS[spelling](path),
+            authorization=CREDENTIALS[credentials],
+            body=body,
+        )
+        assert reply.status == HTTPStatus.UNAUTHORIZED, credentials
+        assert reply.headers is not None
+        assert reply.headers["WWW-Authenticate"].startswith("Basic ")
+    assert len(h.broker.queues["Q"].refs()) == 3  # nothing purged or moved
+
+
+@pytest.mark.parametrize("which", METHODS)
+@pytest.mark.parametrize("spelling", SPELLINGS)
+@pytest.mark.parametrize(("canonical", "path", "body"), ROUTES)
+def test_every_spelling_without_manage_is_403(
+    canonical: str, path: str, body: dict[str, Any] | None, spelling: str, which: str
+) -> None:
+    """CONTRACT: the API requires a user with the `manage` role (B-154)."""
+    api, h = make_api()
+    target = SPELLINGS[spelling](path)
+    method = _method(canonical, which)
+    reply = request(api, method, target, authorization=CREDENTIALS["no-manage"], body=body)
+    assert reply.status == HTTPStatus.FORBIDDEN
+    assert len(h.broker.queues["Q"].refs()) == 3
+
+
+@pytest.mark.parametrize("which", METHODS)
+@pytest.mark.parametrize("spelling", SPELLINGS)
+@pytest.mark.parametrize(("canonical", "path", "body"), ROUTES + PUBLIC_ROUTES)
+def test_every_spelling_with_manage_answers_as_the_plain_one(
+    canonical: str, path: str, body: dict[str, Any] | None, spelling: str, which: str
+) -> None:
+    """Issue 15: one reading of the path, so one answer for all its spellings."""
+    method = _method(canonical, which)
+    plain = request(make_api()[0], method, path, authorization=CREDENTIALS["manage"], body=body)
+    spelled = SPELLINGS[spelling](path)
+    reply = request(make_api()[0], method, spelled, authorization=CREDENTIALS["manage"], body=body)
+    if spelling == "upper-case":
+        assert reply.status == HTTPStatus.NOT_FOUND
+    else:
+        assert (reply.status, reply.body) == (plain.status, plain.body)
+
+
+@pytest.mark.parametrize("spelling", SPELLINGS)
+@pytest.mark.parametrize(("canonical", "path", "body"), PUBLIC_ROUTES)
+def test_metrics_and_healthz_are_open_to_get_and_head(
+    canonical: str, path: str, body: None, spelling: str
+) -> None:
+    """docs/decisions.md: scrapes and probes need no credentials; other methods do."""
+    target = SPELLINGS[spelling](path)
+    for method in ("GET", "HEAD"):
+        reply = request(make_api()[0], method, target)
+        # "/METRICS" is no public path: it is authenticated like any other.
+        expected = HTTPStatus.UNAUTHORIZED if spelling == "upper-case" else HTTPStatus.OK
+        assert reply.status == expected
+    for method in ("POST", "PUT"):
+        assert request(make_api()[0], method, target).status == HTTPStatus.UNAUTHORIZED
+
+
+def test_plain_routes_answer_their_contract_status() -> None:
+    """CONTRACT "HTTP API": 200 for the endpoints, 405 + Allow for another method."""
+    api, h = make_api()
+    admin = CREDENTIALS["manage"]
+    assert request(api, "GET", "/api/v1/queues/Q", authorization=admin).status == HTTPStatus.OK
+    wrong = request(api, "POST", "/api/v1/queues/Q/messages", authorization=admin, body={})
+    assert wrong.status == HTTPStatus.METHOD_NOT_ALLOWED
+    assert wrong.headers == {"Allow": "GET, HEAD"}
+    head = request(api, "HEAD", "/api/v1/queues/Q/purge", authorization=admin)
+    assert head.status == HTTPStatus.METHOD_NOT_ALLOWED
+    assert (head.headers or {})["Allow"] == "POST"
+    purged = request(api, "POST", "/api/v1/queues/Q/purge", authorization=admin, body={})
+    assert json.loads(purged.body) == {"removed": 3}
+    assert h.broker.queues["Q"].refs() == []
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["/api/v1/queues/%00", "/api\\v1\\queues", "/api/v1/queues#x", "/api/v1/queues/%C0%AF"],
+)
+def test_ambiguous_targets_are_400_with_or_without_credentials(target: str) -> None:
+    """Issue 15: refused before anything else, and never served."""
+    for authorization in (None, CREDENTIALS["manage"]):
+        reply = request(make_api()[0], "GET", target, authorization=authorization)
+        assert reply.status == HTTPStatus.BAD_REQUEST
+        assert "error" in json.loads(reply.body)
+
+
+def test_security_disabled_serves_without_credentials() -> None:
+    api, _ = make_api(secured=False)
+    assert request(api, "GET", "/%61pi/v1/queues").status == HTTPStatus.OK
+
+
+def test_the_body_is_not_read_before_authentication() -> None:
+    """Issue 15: an unauthenticated client never makes the broker read its body."""
+    api, _ = make_api()
+    read: list[bool] = []
+
+    def read_body() -> bytes:
+        read.append(True)
+        return b"{}"
+
+    reply = api.respond(
+        "POST", "/api/v1/queues/Q/purge", authorization=None, client="c", read_body=read_body
+    )
+    assert reply.status == HTTPStatus.UNAUTHORIZED
+    assert read == []
+
+
+def test_an_unexpected_failure_is_a_json_500(caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 15: a handler bug answers 500 with a JSON error and a log line."""
+
+    def broken() -> bytes:
+        raise RuntimeError("boom")
+
+    api = ManagementApi(InlineBridge(), metrics=broken, healthy=lambda: True)
+    reply = request(api, "GET", "/metrics")
+    assert reply.status == HTTPStatus.INTERNAL_SERVER_ERROR
+    assert json.loads(reply.body) == {"error": "internal error"}
+    assert "RuntimeError: boom" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("body", "status"),
+    [(b"[" * 100_000, HTTPStatus.BAD_REQUEST), (b"[1]", HTTPStatus.BAD_REQUEST)],
+)
+def test_bodies_that_are_not_a_json_object_are_400(body: bytes, status: HTTPStatus) -> None:
+    """Issue 15: JSON nested 100,000 deep is a 400, not a RecursionError 500."""
+    api, _ = make_api(secured=False)
+    reply = api.respond(
+        "POST", "/api/v1/queues/Q/purge", authorization=None, client="c", read_body=lambda: body
+    )
+    assert reply.status == status

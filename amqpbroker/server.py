@@ -163,6 +163,7 @@ class _AmqpProtocol(asyncio.Protocol):
         self.acceptor = acceptor
         self.transport: asyncio.Transport | None = None
         self.amqp: AmqpConnection | None = None
+        self.paused = False  # over the write high-water mark: take no more engine output
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -197,12 +198,17 @@ class _AmqpProtocol(asyncio.Protocol):
     def pause_writing(self) -> None:
         # The peer reads slower than we write: stop reading from it until it catches up,
         # so neither its transfers nor our dispositions pile up in memory.
+        self.paused = True
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        self.paused = False
         if self.transport is not None:
             self.transport.resume_reading()
+        if self.amqp is not None:  # the engine may hold more output: write it now
+            self.server.shell.dirty.add(self.amqp)
+            self.server.flush()
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -441,10 +447,12 @@ class BrokerServer:
             shell.dirty.clear()
             for amqp in dirty:
                 sock = self.sockets.get(amqp)
-                out = amqp.output()
                 if sock is None:
+                    amqp.output()
                     continue
-                if out:
+                # Until the engine has nothing more, or the socket is over its high-water
+                # mark: resume_writing() flushes the rest (issue 16 item 1).
+                while not sock.paused and (out := amqp.output()):
                     sock.write(out)
                 if amqp.finished:
                     sock.close()

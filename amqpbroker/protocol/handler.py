@@ -112,6 +112,9 @@ SOLE_CONNECTION = "sole-connection-for-container"
 PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
 MAX_FRAME_SIZE = 131072  # B-021
+# What one `output()` call collects at most: the server writes it and asks again unless the
+# socket is over its high-water mark, so a slow reader never makes us copy a whole backlog.
+OUTPUT_CHUNK_BYTES = 1024 * 1024
 # Transaction ids are unique in the broker process, not per connection: the event log's
 # `txn` (B-170) must tell two connections' transactions apart.
 _TXN_IDS = itertools.count(1)
@@ -351,25 +354,35 @@ class AmqpConnection:
             return True
         return self.closed and self.transport.pending() < 0
 
-    def output(self) -> bytes:
-        """Bytes to send now: the SASL layer's, then the engine's."""
+    def output(self, limit: int = OUTPUT_CHUNK_BYTES) -> bytes:
+        """Bytes to send now: the SASL layer's, then up to about `limit` of the engine's.
+
+        b"" means the engine has nothing more; call again until then (issue 16 item 1).
+        """
         sasl = self.sasl
         if sasl is not None and (sasl.output or not sasl.done):
             out = bytes(sasl.output)
             sasl.output.clear()
             if not sasl.done:
                 return out
-            return out + self._engine_output()
-        return self._engine_output()
+            return out + self._engine_output(limit)
+        return self._engine_output(limit)
 
-    def _engine_output(self) -> bytes:
+    def _engine_output(self, limit: int) -> bytes:
+        """Pop output buffers until the engine has none or `limit` bytes are collected.
+
+        Proton fills one output buffer per `pending()` call (a few frames): reading it once
+        per flush left the rest of a large message or a backlog waiting for the next input
+        or engine tick, a second later (issue 16 item 1).
+        """
         transport = self.transport
-        pending = transport.pending()
-        if pending <= 0:
-            return b""
-        out = transport.peek(pending)
-        transport.pop(pending)
-        return bytes(out)
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit and (pending := transport.pending()) > 0:
+            chunks.append(bytes(transport.peek(pending)))
+            transport.pop(pending)
+            size += pending
+        return b"".join(chunks)
 
     def socket_closed(self) -> None:
         """The socket is gone. Without a close frame first, that is an abrupt loss (B-054)."""

@@ -41,6 +41,7 @@ from amqpbroker.protocol import moves
 from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell
 from amqpbroker.protocol.sasl import SaslServer
 from amqpbroker.security import server_context, verify_password
+from amqpbroker.store import idblock
 from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
 from amqpbroker.store.recovery import LoopJournal, recover
 
@@ -268,6 +269,7 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         if self.config.persistence.enabled:
             self._open_journal(loop)
+        self._reserve_message_ids()
         for acceptor in self.config.acceptors:
             context = None
             if acceptor.tls is not None:
@@ -303,6 +305,25 @@ class BrokerServer:
         self._engine_ticker = asyncio.create_task(self._tick_engines())
         self._schedule_tick()
         log.info("broker %s started", self.broker.name)
+
+    def _reserve_message_ids(self) -> None:
+        """Message ids from durably reserved blocks, above any a previous run used (issue
+        16 item 2): after recovery, which puts the journal's largest id under them."""
+        path = self.data_dir / idblock.FILE_NAME
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            reserved = idblock.read_reserved(path)
+            self.broker.message_ids.reserve_with(
+                functools.partial(idblock.write_reserved, path), reserved
+            )
+        except idblock.IdBlockError as e:
+            raise StartupError(
+                f"{e}. It holds where new message ids start: restore it from a backup, or "
+                "remove it (ids then start above the journal's largest and may repeat ids "
+                "named in older event logs)"
+            ) from e
+        except OSError as e:
+            raise StartupError(f"cannot reserve message ids in {path}: {e}") from e
 
     def _open_journal(self, loop: asyncio.AbstractEventLoop) -> None:
         """Recover from DATA_DIR/journal before any client can connect (issue 5)."""

@@ -27,6 +27,7 @@ from amqpbroker.core.errors import (
     ResourceLimitExceeded,
 )
 from amqpbroker.core.expiry import apply_expiry_overrides, initial_expiration
+from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter, EventLevel, Extra, Shape
 from amqpbroker.core.model import (
     ConnectionId,
@@ -247,7 +248,7 @@ class Broker:
         self.queues: dict[str, Queue] = {}
         self.stats = BrokerStats()
         self._effects: list[Effect] = []
-        self._msg_ids = itertools.count(1)
+        self._msg_ids = MessageIds()  # unique across restarts once reserve_with() is set
         self._consumer_ids = itertools.count(1)
         self._delivery_ids = itertools.count(1)
         self._consumers: dict[ConsumerId, _ConsumerInfo] = {}
@@ -356,7 +357,12 @@ class Broker:
     def reserve_message_ids(self, max_used: int) -> None:
         """New message ids start above `max_used`: recovery, before any message arrives,
         so that no stored id is given out again."""
-        self._msg_ids = itertools.count(max_used + 1)
+        self._msg_ids.start_above(max_used)
+
+    @property
+    def message_ids(self) -> MessageIds:
+        """The id source; the server makes its blocks durable (`MessageIds.reserve_with`)."""
+        return self._msg_ids
 
     # -- addresses and queues ---------------------------------------------------------
     def settings_for(self, address: str) -> ResolvedSettings:

@@ -179,6 +179,7 @@ class _AmqpProtocol(asyncio.Protocol):
             sasl=self.server.sasl_factory(transport, peer[0] if peer else ""),
             reject_as_modified=self.acceptor.amqp_treat_reject_as_unmodified_delivery_failed,
             duplicate_detection=self.acceptor.amqp_duplicate_detection,
+            max_message_size=self.acceptor.max_message_size,
         )
         self.server.sockets[self.amqp] = self
 

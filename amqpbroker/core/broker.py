@@ -184,6 +184,7 @@ class ConsumerRequest:
     roles: frozenset[str] | None = None  # None: security disabled
     anycast_prefix: str | None = None
     multicast_prefix: str | None = None
+    max_message_size: int = 0  # the receiver's attach max-message-size; 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -878,6 +879,7 @@ class Broker:
             browser=request.browse and kind == "queue",
             presettled=request.presettled,
             priority=_consumer_priority(request),
+            max_message_size=request.max_message_size,
         )
         queue.add_consumer(consumer)
         self._consumers[consumer.id] = _ConsumerInfo(consumer, request, kind)
@@ -911,6 +913,7 @@ class Broker:
             link_name=request.link_name,
             container=container,
             presettled=request.presettled,
+            max_message_size=request.max_message_size,
         )
         queue.add_consumer(consumer)
         self._consumers[consumer.id] = _ConsumerInfo(

@@ -89,6 +89,19 @@ class Ref:
         return self.state == READY or self.state == SCHEDULED
 
 
+# The largest header section the adapter writes when it re-encodes one (B-050): durable,
+# priority, ttl, first-acquirer and delivery-count at their widest (a test checks).
+MAX_HEADER_BYTES = 20
+
+
+def wire_size(message: Message, delivery_count: int) -> int:
+    """The bytes a transfer of `message` carries (at most): the stored bytes, or with the
+    header re-encoded when the count is not 0 or the producer sent a header (B-050)."""
+    if not delivery_count and message.header is None:
+        return message.size
+    return message.size - message.header_end + MAX_HEADER_BYTES
+
+
 @dataclass(eq=False, slots=True, kw_only=True)
 class Consumer:
     """A consumer link as the core sees it."""
@@ -102,6 +115,8 @@ class Consumer:
     browser: bool = False  # distribution-mode copy (B-031)
     presettled: bool = False  # snd-settle-mode settled (B-037)
     priority: int = 0  # consumer priority (B-035): higher is served first
+    # The largest transfer the receiver takes (its attach max-message-size; 0: any).
+    max_message_size: int = 0
     credit: int = 0
     drain: bool = False
     unsettled: dict[DeliveryId, Ref] = field(default_factory=dict)
@@ -121,6 +136,9 @@ class Consumer:
     def accepts(self, ref: Ref) -> bool:
         if ref.blocked is not None and self.id in ref.blocked:
             return False
+        limit = self.max_message_size
+        if limit and wire_size(ref.message, ref.delivery_count) > limit:
+            return False  # AMQP 2.7.3: never sent to it; it waits for another consumer
         return self.selector is None or self.selector.matches(ref.message)
 
 
@@ -387,7 +405,7 @@ class Queue:
 
     def _deliver(self, active: list[Consumer], out: list[Effect]) -> None:
         skipped: list[Ref] = []
-        picky = any(c.selector is not None for c in active)
+        picky = any(c.selector is not None or c.max_message_size for c in active)
         while active:
             ref = self._pop_next()
             if ref is None:

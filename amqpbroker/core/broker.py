@@ -45,6 +45,7 @@ from amqpbroker.core.queue import DELIVERING, Consumer, Queue, Ref
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
+from amqpbroker.core.totals import CounterTotals
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +249,7 @@ class Broker:
         self.post_office = PostOffice(settings.wildcards)
         self.queues: dict[str, Queue] = {}
         self.stats = BrokerStats()
+        self.totals = CounterTotals()  # counters across queue incarnations (issue 16 item 4)
         self._effects: list[Effect] = []
         self._msg_ids = MessageIds()  # unique across restarts once reserve_with() is set
         self._consumer_ids = itertools.count(1)
@@ -393,6 +395,7 @@ class Broker:
             owner=owner,
             idle_since_ms=self.clock.now_ms(),
         )
+        self.totals.address_created(address)
         self.post_office.add(address)
         self._journal_address(address)
         log.debug("created address %s %s", name, sorted(t.value for t in routing_types))
@@ -461,7 +464,13 @@ class Broker:
             queue.store.queue_deleted(name)  # covers its references: no ack each
             queue.store = None
         queue.remove_all()
+        self.totals.queue_deleted(queue, self.post_office.addresses.__contains__)
         log.debug("deleted queue %s (%s)", name, reason)
+
+    def _remove_address(self, name: str) -> None:
+        address = self.post_office.remove(name)
+        if address is not None:
+            self.totals.address_deleted(address, self.post_office.addresses.__contains__)
 
     def delete_address(self, name: str) -> None:
         address = self.post_office.addresses.get(name)
@@ -469,7 +478,7 @@ class Broker:
             return
         for queue in list(address.queues):
             self.delete_queue(queue.name)
-        self.post_office.remove(name)
+        self._remove_address(name)
         if self.persistence is not None and not address.temporary:
             self.persistence.address_deleted(name)
 
@@ -1111,7 +1120,7 @@ class Broker:
                 return
             self.delete_queue(queue.name, reason="unsubscribed")
             if info.kind == "dynamic":
-                self.post_office.remove(queue.address)
+                self._remove_address(queue.address)
 
     def set_credit(self, consumer_id: ConsumerId, credit: int, *, drain: bool = False) -> None:
         """The link credit the consumer now has (B-037)."""
@@ -1411,7 +1420,7 @@ class Broker:
             if self._address_reapable(address, now_ms):
                 if address.swept:
                     log.info("auto-deleting address %s", address.name)
-                    self.post_office.remove(address.name)
+                    self._remove_address(address.name)
                 else:
                     address.swept = True
             else:

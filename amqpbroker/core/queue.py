@@ -142,6 +142,29 @@ class Consumer:
         return self.selector is None or self.selector.matches(ref.message)
 
 
+# The B-171 reasons the counters are labelled with. Every one starts at 0, so the first
+# dead letter of a queue is an increase of an existing series, which Prometheus's
+# increase() sees, not the birth of one at 1, which it does not (issue 16 item 4).
+DEAD_LETTER_REASONS = ("max-attempts", "rejected", "management", "delivery-error", "no-route")
+KILL_REASONS = (
+    "no-dla",
+    "dla-no-bindings",
+    "purge",
+    "purge-on-no-consumers",
+    "management",
+    "journal-failed",
+)
+RETURN_OUTCOMES = (
+    "released",
+    "modified",
+    "modified-failed",
+    "rejected",
+    "link-closed",
+    "connection-lost",
+    "tx-rollback",
+)
+
+
 @dataclass(slots=True)
 class QueueCounters:
     """Artemis queue counters (B-161 semantics); monotonic except where noted."""
@@ -153,12 +176,32 @@ class QueueCounters:
     expired: int = 0
     returned: int = 0
     # by B-171 reason, for the labelled metrics (CONTRACT "Metrics")
-    dead_lettered_by_reason: dict[str, int] = field(default_factory=dict)
-    killed_by_reason: dict[str, int] = field(default_factory=dict)
-    returned_by_reason: dict[str, int] = field(default_factory=dict)
+    dead_lettered_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(DEAD_LETTER_REASONS, 0)
+    )
+    killed_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KILL_REASONS, 0))
+    returned_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(RETURN_OUTCOMES, 0)
+    )
 
     def count(self, table: dict[str, int], reason: str) -> None:
         table[reason] = table.get(reason, 0) + 1
+
+    def add(self, other: QueueCounters) -> None:
+        """Fold `other` into these: the totals of an address or of the broker."""
+        self.added += other.added
+        self.acknowledged += other.acknowledged
+        self.killed += other.killed
+        self.dead_lettered += other.dead_lettered
+        self.expired += other.expired
+        self.returned += other.returned
+        for mine, theirs in (
+            (self.dead_lettered_by_reason, other.dead_lettered_by_reason),
+            (self.killed_by_reason, other.killed_by_reason),
+            (self.returned_by_reason, other.returned_by_reason),
+        ):
+            for reason, count in theirs.items():
+                mine[reason] = mine.get(reason, 0) + count
 
 
 class Queue:

@@ -7,7 +7,7 @@ reads core state from the HTTP thread and never locks anything per message.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import (
@@ -19,6 +19,7 @@ from prometheus_client.core import (
 from amqpbroker import __version__
 from amqpbroker.core import Broker
 from amqpbroker.core.operations import QueueStats, queue_stats
+from amqpbroker.core.queue import QueueCounters
 from amqpbroker.metrics import names
 
 SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -55,6 +56,9 @@ class BrokerSnapshot:
     authentication_failures: int = 0
     journal_size_bytes: int = 0
     journal_sync: tuple[Metric, ...] = ()
+    # Copies made for this snapshot: per address across incarnations, and broker-wide.
+    address_totals: tuple[tuple[str, QueueCounters], ...] = ()
+    broker_totals: QueueCounters = field(default_factory=QueueCounters)
 
     @classmethod
     def take(
@@ -68,6 +72,7 @@ class BrokerSnapshot:
         journal_size_bytes: int = 0,
         journal_sync: Histogram | None = None,
     ) -> BrokerSnapshot:
+        per_address, everything = broker.totals.totals(broker.queues.values())
         return cls(
             broker=broker.name,
             queues=tuple(queue_stats(broker)),
@@ -81,6 +86,8 @@ class BrokerSnapshot:
             authentication_failures=authentication_failures,
             journal_size_bytes=journal_size_bytes,
             journal_sync=tuple(journal_sync.collect()) if journal_sync is not None else (),
+            address_totals=tuple(per_address.items()),
+            broker_totals=everything,
         )
 
 
@@ -160,6 +167,8 @@ class BrokerCollector:
             "outcome",
             lambda q: q.returned_by_reason,
         )
+        yield from _address_totals(s)
+        yield from _broker_totals(s.broker_totals)
         routed = CounterMetricFamily(
             names.ADDRESS_ROUTED, "Messages routed to at least one queue.", labels=["address"]
         )
@@ -219,6 +228,47 @@ class BrokerCollector:
                 family.add_metric([s.broker, addr.name], getattr(addr, attr))
             yield family
         yield _single(a["connections"], s.broker, s.connections)
+
+
+def _address_totals(s: BrokerSnapshot) -> Iterator[Metric]:
+    """The queue counters per address, continued across queue incarnations."""
+    plain = (
+        (names.ADDRESS_ADDED, "Messages added to the address's queues.", "added"),
+        (names.ADDRESS_ACKNOWLEDGED, "Messages acknowledged from them.", "acknowledged"),
+        (names.ADDRESS_EXPIRED, "Messages expired from them.", "expired"),
+    )
+    for name, doc, attr in plain:
+        family = CounterMetricFamily(name, doc, labels=["address"])
+        for address, counters in s.address_totals:
+            family.add_metric([address], getattr(counters, attr))
+        yield family
+    labelled = (
+        (names.ADDRESS_DEAD_LETTERED, "Messages dead-lettered from them.", "dead_lettered"),
+        (names.ADDRESS_KILLED, "Messages removed from them without a copy.", "killed"),
+    )
+    for name, doc, attr in labelled:
+        family = CounterMetricFamily(name, doc + " By reason.", labels=["address", "reason"])
+        for address, counters in s.address_totals:
+            for reason, count in getattr(counters, f"{attr}_by_reason").items():
+                family.add_metric([address, reason], count)
+        yield family
+
+
+def _broker_totals(totals: QueueCounters) -> Iterator[Metric]:
+    """Broker-wide: never reset while the broker runs, whatever queues come and go."""
+    dead = CounterMetricFamily(
+        names.MESSAGES_DEAD_LETTERED, "Messages dead-lettered, by reason.", labels=["reason"]
+    )
+    for reason, count in totals.dead_lettered_by_reason.items():
+        dead.add_metric([reason], count)
+    yield dead
+    yield CounterMetricFamily(names.MESSAGES_EXPIRED, "Messages expired.", value=totals.expired)
+    killed = CounterMetricFamily(
+        names.MESSAGES_KILLED, "Messages removed without a copy, by reason.", labels=["reason"]
+    )
+    for reason, count in totals.killed_by_reason.items():
+        killed.add_metric([reason], count)
+    yield killed
 
 
 def _single(name: str, broker: str, value: int) -> GaugeMetricFamily:

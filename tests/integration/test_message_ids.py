@@ -198,3 +198,11 @@ def test_retry_endpoint_validates_expect(spawn: Any, tmp_path: Path) -> None:
         assert refused.value.code == 400
         refused.value.close()
     assert broker.stop() == 0, broker.log()
+
+
+def test_an_unreadable_reservation_stops_the_start(spawn: Any, tmp_path: Path) -> None:
+    """Issue 16 item 2: never guess where ids start; say what the file is for."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "message-ids").write_text("garbage\n")
+    with pytest.raises(AssertionError, match="holds where new message ids start"):
+        spawn(tmp_path)

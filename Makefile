@@ -2,32 +2,41 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# Two stamps (issue 16 item 8): `make run` installs the broker alone; `make test` adds the
+# test and PySpark extras (~650 MB). Either is redone when pyproject.toml changes.
+HASH := $(shell cksum < pyproject.toml | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-broker-$(HASH)
+DEV_STAMP := $(VENV)/.installed-dev-$(HASH)
 
 .PHONY: run test lint typecheck bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e .
+	rm -f $(VENV)/.installed-broker-* && touch $@
+
+$(DEV_STAMP): $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[test,analytics]'
-	rm -f $(VENV)/.installed-* && touch $@
+	rm -f $(VENV)/.installed-dev-* && touch $@
 
 run: $(STAMP)
+	@echo "The amqpbroker command is $(BIN)/amqpbroker (not on PATH): run it as $(BIN)/amqpbroker, or 'source $(BIN)/activate' first."
 	$(BIN)/amqpbroker run --config config/broker.yaml --data-dir ./data
 
-test: $(STAMP)
+test: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/pytest
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
-typecheck: $(STAMP)
+typecheck: $(DEV_STAMP)
 	$(BIN)/mypy
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	bash bench/run.sh
 
 clean:

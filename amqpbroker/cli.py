@@ -21,7 +21,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from amqpbroker import __version__
 
@@ -287,9 +287,13 @@ def _cmd_messages(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_ids(path: str) -> list[int]:
-    """A redrive list: JSON lines with `msg_id`, or one id per line (CONTRACT)."""
+def _read_ids(path: str) -> tuple[list[int], dict[str, dict[str, object]]]:
+    """A redrive list: JSON lines with `msg_id` (and what the line says about the message,
+    checked by the broker), or one id per line (CONTRACT)."""
+    from amqpbroker.core.operations import EXPECT_FIELDS  # what the broker checks
+
     ids = []
+    expect: dict[str, dict[str, object]] = {}
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
@@ -300,10 +304,15 @@ def _read_ids(path: str) -> list[int]:
             continue
         try:
             value = json.loads(line)
-            ids.append(int(value["msg_id"] if isinstance(value, dict) else value))
+            msg_id = int(value["msg_id"] if isinstance(value, dict) else value)
         except (ValueError, KeyError, TypeError):
             raise CommandError(f"{path}:{number}: expected a msg_id: {line[:60]!r}") from None
-    return ids
+        ids.append(msg_id)
+        if isinstance(value, dict):
+            fields = {k: value[k] for k in EXPECT_FIELDS if isinstance(value.get(k), str)}
+            if fields:
+                expect[str(msg_id)] = fields
+    return ids, expect
 
 
 def _progress(done: int, total: int) -> None:
@@ -316,16 +325,19 @@ def _progress(done: int, total: int) -> None:
 
 def _cmd_retry(args: argparse.Namespace) -> int:
     path = f"/api/v1/queues/{_quoted(args.queue)}/retry"
-    ids = _read_ids(args.ids) if args.ids else None
+    ids, expect = _read_ids(args.ids) if args.ids else (None, {})
     if args.rate is None:
         body: dict[str, object] = {"filter": args.filter}
         if ids is not None:
             body["ids"] = ids
+            if expect:
+                body["expect"] = expect
         result = _api(args.url, path, body)
         assert isinstance(result, dict)
-        _out(args, result, f"retried {result['retried']} message(s) from {args.queue}")
+        _out(args, result, _retry_summary(args.queue, result))
         return 0
     # Throttled: resolve the ids, then send paced chunks with a progress bar.
+    by_id = ids is not None
     if ids is None:
         rows = _api(
             args.url,
@@ -334,22 +346,44 @@ def _cmd_retry(args: argparse.Namespace) -> int:
         )
         assert isinstance(rows, list)
         ids = [r["msg_id"] for r in rows]
-    retried = 0
+    total: dict[str, Any] = {"retried": 0, "skipped": [], "not_found": []}
     chunk = max(1, min(100, int(args.rate)))
     started = time.monotonic()
     for i in range(0, len(ids), chunk):
         part = ids[i : i + chunk]
-        result = _api(args.url, path, {"ids": part})
+        body = {"ids": part}
+        wanted = {str(n): expect[str(n)] for n in part if str(n) in expect}
+        if wanted:
+            body["expect"] = wanted
+        result = _api(args.url, path, body)
         assert isinstance(result, dict)
-        retried += int(result["retried"])
+        total["retried"] += int(result["retried"])
+        total["skipped"] += result.get("skipped", [])
+        total["not_found"] += result.get("not_found", [])
         _progress(i + len(part), len(ids))
         pause = started + (i + len(part)) / args.rate - time.monotonic()
         if pause > 0:
             time.sleep(pause)
     if sys.stderr.isatty() and ids:
         sys.stderr.write("\n")
-    _out(args, {"retried": retried}, f"retried {retried} message(s) from {args.queue}")
+    if not by_id:  # ids the CLI listed itself: gone meanwhile is no news
+        total = {"retried": total["retried"]}
+    _out(args, total, _retry_summary(args.queue, total))
     return 0
+
+
+def _retry_summary(queue: str, result: dict[str, Any]) -> str:
+    """`retried N message(s) from Q`, then every skipped id with why, and the ids the
+    broker did not find waiting in Q."""
+    lines = [f"retried {result['retried']} message(s) from {queue}"]
+    for entry in result.get("skipped", []):
+        lines.append(f"skipped {entry['msg_id']}: {entry['reason']}")
+    not_found = result.get("not_found", [])
+    if not_found:
+        lines.append(
+            f"not found in {queue} ({len(not_found)}): " + " ".join(str(n) for n in not_found)
+        )
+    return "\n".join(lines)
 
 
 def _cmd_move(args: argparse.Namespace) -> int:

@@ -45,6 +45,7 @@ from amqpbroker.security import (
     verify_password,
     verify_password_or_dummy,
 )
+from amqpbroker.store import idblock
 from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
 from amqpbroker.store.recovery import LoopJournal, recover
 
@@ -167,6 +168,7 @@ class _AmqpProtocol(asyncio.Protocol):
         self.acceptor = acceptor
         self.transport: asyncio.Transport | None = None
         self.amqp: AmqpConnection | None = None
+        self.paused = False  # over the write high-water mark: take no more engine output
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -181,6 +183,7 @@ class _AmqpProtocol(asyncio.Protocol):
             sasl=self.server.sasl_factory(transport, peer[0] if peer else ""),
             reject_as_modified=self.acceptor.amqp_treat_reject_as_unmodified_delivery_failed,
             duplicate_detection=self.acceptor.amqp_duplicate_detection,
+            max_message_size=self.acceptor.max_message_size,
         )
         self.server.sockets[self.amqp] = self
 
@@ -201,12 +204,17 @@ class _AmqpProtocol(asyncio.Protocol):
     def pause_writing(self) -> None:
         # The peer reads slower than we write: stop reading from it until it catches up,
         # so neither its transfers nor our dispositions pile up in memory.
+        self.paused = True
         if self.transport is not None:
             self.transport.pause_reading()
 
     def resume_writing(self) -> None:
+        self.paused = False
         if self.transport is not None:
             self.transport.resume_reading()
+        if self.amqp is not None:  # the engine may hold more output: write it now
+            self.server.shell.dirty.add(self.amqp)
+            self.server.flush()
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -266,6 +274,7 @@ class BrokerServer:
         loop = asyncio.get_running_loop()
         if self.config.persistence.enabled:
             self._open_journal(loop)
+        self._reserve_message_ids()
         for acceptor in self.config.acceptors:
             context = None
             if acceptor.tls is not None:
@@ -299,6 +308,25 @@ class BrokerServer:
         self._engine_ticker = asyncio.create_task(self._tick_engines())
         self._schedule_tick()
         log.info("broker %s started", self.broker.name)
+
+    def _reserve_message_ids(self) -> None:
+        """Message ids from durably reserved blocks, above any a previous run used (issue
+        16 item 2): after recovery, which puts the journal's largest id under them."""
+        path = self.data_dir / idblock.FILE_NAME
+        try:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            reserved = idblock.read_reserved(path)
+            self.broker.message_ids.reserve_with(
+                functools.partial(idblock.write_reserved, path), reserved
+            )
+        except idblock.IdBlockError as e:
+            raise StartupError(
+                f"{e}. It holds where new message ids start: restore it from a backup, or "
+                "remove it (ids then start above the journal's largest and may repeat ids "
+                "named in older event logs)"
+            ) from e
+        except OSError as e:
+            raise StartupError(f"cannot reserve message ids in {path}: {e}") from e
 
     def _open_journal(self, loop: asyncio.AbstractEventLoop) -> None:
         """Recover from DATA_DIR/journal before any client can connect (issue 5)."""
@@ -464,10 +492,12 @@ class BrokerServer:
             shell.dirty.clear()
             for amqp in dirty:
                 sock = self.sockets.get(amqp)
-                out = amqp.output()
                 if sock is None:
+                    amqp.output()
                     continue
-                if out:
+                # Until the engine has nothing more, or the socket is over its high-water
+                # mark: resume_writing() flushes the rest (issue 16 item 1).
+                while not sock.paused and (out := amqp.output()):
                     sock.write(out)
                 if amqp.finished:
                     sock.close()

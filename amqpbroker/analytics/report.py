@@ -78,8 +78,18 @@ def summary(results: Results) -> dict[str, Any]:
 
 
 def write_redrive(path: Path, rows: Iterable[dict[str, Any]]) -> int:
-    """redrive.jsonl: what `amqpbroker retry DLQ --ids FILE` reads (msg_id per line)."""
-    keys = ("msg_id", "queue", "original_address", "original_queue", "reason", "error_condition")
+    """redrive.jsonl: what `amqpbroker retry DLQ --ids FILE` reads (msg_id per line); the
+    broker checks `queue`, `original_*` and `amqp_message_id` against the message the id
+    names when retried (issue 16 item 2)."""
+    keys = (
+        "msg_id",
+        "queue",
+        "original_address",
+        "original_queue",
+        "reason",
+        "error_condition",
+        "amqp_message_id",
+    )
     count = 0
     with path.open("w", encoding="utf-8") as out:
         for row in rows:

@@ -371,5 +371,6 @@ def redrive_candidates(
             "basis",
             "original_msg_id",
             "dead_lettered_ts",
+            "amqp_message_id",
         )
     )

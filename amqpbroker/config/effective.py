@@ -94,6 +94,8 @@ def _acceptor(a: AcceptorConfig) -> str:
         text += " amqp-treat-reject-as-unmodified-delivery-failed=true"
     if not a.amqp_duplicate_detection:
         text += " amqp-duplicate-detection=false"
+    if a.max_message_size:
+        text += f" max-message-size={a.max_message_size}"
     return text
 
 

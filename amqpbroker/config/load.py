@@ -532,6 +532,13 @@ def _tls(c: Checker, node: yaml.Node, path: str) -> Any:
     return TlsConfig(**values) if {"cert_file", "key_file"} <= values.keys() else _MISSING
 
 
+def _message_size(value: int) -> str | None:
+    """B-152 max-message-size: bytes, 0 for no limit; a ulong on the wire (AMQP 2.7.3)."""
+    if 0 <= value < 2**64:
+        return None
+    return f"must be 0 (no limit) or a size in bytes below 2^64: {value!r}"
+
+
 def _acceptor(c: Checker, node: yaml.Node, path: str) -> Any:
     def name(n: yaml.Node, p: str) -> Any:
         value = c.named("acceptor")(n, p)
@@ -551,6 +558,7 @@ def _acceptor(c: Checker, node: yaml.Node, path: str) -> Any:
             "tls": lambda n, p: _tls(c, n, p),
             "amqp-treat-reject-as-unmodified-delivery-failed": c.typed(bool),
             "amqp-duplicate-detection": c.typed(bool),
+            "max-message-size": c.typed(int, _message_size),  # B-152
         },
         required=("name", "url"),
     )

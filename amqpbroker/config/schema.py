@@ -45,6 +45,8 @@ class AcceptorConfig:
     # B-047: Artemis amqpTreatRejectAsUnmodifiedDeliveryFailed
     amqp_treat_reject_as_unmodified_delivery_failed: bool = False
     amqp_duplicate_detection: bool = True  # B-012: Artemis amqpDuplicateDetection
+    # B-152: the largest message (bytes) a producer may send here; 0: no limit.
+    max_message_size: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

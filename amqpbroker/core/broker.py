@@ -27,6 +27,7 @@ from amqpbroker.core.errors import (
     ResourceLimitExceeded,
 )
 from amqpbroker.core.expiry import apply_expiry_overrides, initial_expiration
+from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter, EventLevel, Extra, Shape
 from amqpbroker.core.model import (
     ConnectionId,
@@ -44,6 +45,7 @@ from amqpbroker.core.queue import DELIVERING, Consumer, Queue, Ref
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
+from amqpbroker.core.totals import CounterTotals
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +185,7 @@ class ConsumerRequest:
     roles: frozenset[str] | None = None  # None: security disabled
     anycast_prefix: str | None = None
     multicast_prefix: str | None = None
+    max_message_size: int = 0  # the receiver's attach max-message-size; 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,8 +249,9 @@ class Broker:
         self.post_office = PostOffice(settings.wildcards)
         self.queues: dict[str, Queue] = {}
         self.stats = BrokerStats()
+        self.totals = CounterTotals()  # counters across queue incarnations (issue 16 item 4)
         self._effects: list[Effect] = []
-        self._msg_ids = itertools.count(1)
+        self._msg_ids = MessageIds()  # unique across restarts once reserve_with() is set
         self._consumer_ids = itertools.count(1)
         self._delivery_ids = itertools.count(1)
         self._consumers: dict[ConsumerId, _ConsumerInfo] = {}
@@ -356,7 +360,12 @@ class Broker:
     def reserve_message_ids(self, max_used: int) -> None:
         """New message ids start above `max_used`: recovery, before any message arrives,
         so that no stored id is given out again."""
-        self._msg_ids = itertools.count(max_used + 1)
+        self._msg_ids.start_above(max_used)
+
+    @property
+    def message_ids(self) -> MessageIds:
+        """The id source; the server makes its blocks durable (`MessageIds.reserve_with`)."""
+        return self._msg_ids
 
     # -- addresses and queues ---------------------------------------------------------
     def settings_for(self, address: str) -> ResolvedSettings:
@@ -386,6 +395,7 @@ class Broker:
             owner=owner,
             idle_since_ms=self.clock.now_ms(),
         )
+        self.totals.address_created(address)
         self.post_office.add(address)
         self._journal_address(address)
         log.debug("created address %s %s", name, sorted(t.value for t in routing_types))
@@ -454,7 +464,13 @@ class Broker:
             queue.store.queue_deleted(name)  # covers its references: no ack each
             queue.store = None
         queue.remove_all()
+        self.totals.queue_deleted(queue, self.post_office.addresses.__contains__)
         log.debug("deleted queue %s (%s)", name, reason)
+
+    def _remove_address(self, name: str) -> None:
+        address = self.post_office.remove(name)
+        if address is not None:
+            self.totals.address_deleted(address, self.post_office.addresses.__contains__)
 
     def delete_address(self, name: str) -> None:
         address = self.post_office.addresses.get(name)
@@ -462,7 +478,7 @@ class Broker:
             return
         for queue in list(address.queues):
             self.delete_queue(queue.name)
-        self.post_office.remove(name)
+        self._remove_address(name)
         if self.persistence is not None and not address.temporary:
             self.persistence.address_deleted(name)
 
@@ -872,6 +888,7 @@ class Broker:
             browser=request.browse and kind == "queue",
             presettled=request.presettled,
             priority=_consumer_priority(request),
+            max_message_size=request.max_message_size,
         )
         queue.add_consumer(consumer)
         self._consumers[consumer.id] = _ConsumerInfo(consumer, request, kind)
@@ -905,6 +922,7 @@ class Broker:
             link_name=request.link_name,
             container=container,
             presettled=request.presettled,
+            max_message_size=request.max_message_size,
         )
         queue.add_consumer(consumer)
         self._consumers[consumer.id] = _ConsumerInfo(
@@ -1102,7 +1120,7 @@ class Broker:
                 return
             self.delete_queue(queue.name, reason="unsubscribed")
             if info.kind == "dynamic":
-                self.post_office.remove(queue.address)
+                self._remove_address(queue.address)
 
     def set_credit(self, consumer_id: ConsumerId, credit: int, *, drain: bool = False) -> None:
         """The link credit the consumer now has (B-037)."""
@@ -1402,7 +1420,7 @@ class Broker:
             if self._address_reapable(address, now_ms):
                 if address.swept:
                     log.info("auto-deleting address %s", address.name)
-                    self.post_office.remove(address.name)
+                    self._remove_address(address.name)
                 else:
                     address.swept = True
             else:

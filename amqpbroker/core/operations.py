@@ -8,7 +8,7 @@ route it, then remove the original, in one step of the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from amqpbroker.core.broker import ROUTING_TYPE_ANNOTATION_VALUES, Broker
@@ -143,29 +143,82 @@ def move(
     return len(refs)
 
 
+# What a redrive line may say about the message it names (issue 16 item 2), and where
+# the message says it: `queue` is the queue retried from (the DLQ).
+EXPECT_FIELDS = ("queue", "original_address", "original_queue", "amqp_message_id")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryResult:
+    """What `retry` did: how many went back, which ids it skipped and why, and which of
+    the ids asked for are not waiting in the queue."""
+
+    retried: int
+    skipped: tuple[tuple[int, str], ...] = ()
+    not_found: tuple[int, ...] = ()
+
+
+def _mismatch(message: Message, queue: Queue, expected: Mapping[str, str | None]) -> str | None:
+    """Why `message` is not the one a redrive line describes (None: it is).
+
+    A line written before a restart may name an id that now belongs to another message;
+    a null or absent field is not checked."""
+    annotations = message.get_annotations()
+    amqp_id = message.get_properties().get("message-id")
+    actual = {
+        "queue": queue.name,
+        "original_address": annotations.get("x-opt-ORIG-ADDRESS"),
+        "original_queue": annotations.get("x-opt-ORIG-QUEUE"),
+        "amqp_message_id": None if amqp_id is None else str(amqp_id),
+    }
+    for key, want in expected.items():
+        if want is not None and actual[key] != want:
+            return f"{key} is {actual[key]!r}, expected {want!r}"
+    return None
+
+
 def retry(
     broker: Broker,
     queue_name: str,
     *,
     selector: str | None = None,
     ids: Iterable[int] | None = None,
-) -> int:
+    expect: Mapping[int, Mapping[str, str | None]] | None = None,
+) -> RetryResult:
     """B-161 retryMessages: back to `x-opt-ORIG-ADDRESS`, with the original routing type,
     to the original queue only when its name differs from the address. Messages whose
-    original queue no longer exists stay where they are."""
+    original queue no longer exists stay where they are (reported when named by id).
+
+    `expect` maps ids to the `EXPECT_FIELDS` a redrive list recorded: a message that does
+    not match stays where it is and is reported as skipped (issue 16 item 2)."""
     queue = _queue(broker, queue_name)
+    wanted = None if ids is None else list(ids)
     retried = 0
-    for ref in _waiting(queue, selector, ids):
-        annotations = ref.message.get_annotations()
+    skipped: list[tuple[int, str]] = []
+    seen: set[int] = set()
+    for ref in _waiting(queue, selector, wanted):
+        message = ref.message
+        seen.add(message.msg_id)
+        expected = expect.get(message.msg_id) if expect is not None else None
+        why = _mismatch(message, queue, expected) if expected else None
+        if why is not None:
+            skipped.append((message.msg_id, why))
+            continue
+        annotations = message.get_annotations()
         address_name = annotations.get("x-opt-ORIG-ADDRESS")
         queue_name_orig = annotations.get("x-opt-ORIG-QUEUE")
         if not isinstance(address_name, str) or not isinstance(queue_name_orig, str):
+            if wanted is not None:  # named ones are reported; a filter's are left quietly
+                skipped.append((message.msg_id, "no x-opt-ORIG-ADDRESS/x-opt-ORIG-QUEUE"))
             continue
         original = broker.queues.get(queue_name_orig)
         address = broker.post_office.addresses.get(address_name)
         if original is None or address is None:
+            if wanted is not None:
+                gone = f"queue {queue_name_orig}" if original is None else f"address {address_name}"
+                skipped.append((message.msg_id, f"original {gone} does not exist"))
             continue
-        copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
+        copy = broker.copy_for_move(message, queue, broker.hop(queue, message))
         routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(
             copy.get_annotations().get("x-opt-routing-type", -1)
         )
@@ -175,7 +228,8 @@ def retry(
             targets = broker.post_office.route(copy, address, routing_type)
         _complete_move(broker, queue, ref, copy, address.name, targets, reason="retry")
         retried += 1
-    return retried
+    not_found = () if wanted is None else tuple(dict.fromkeys(i for i in wanted if i not in seen))
+    return RetryResult(retried, tuple(skipped), not_found)
 
 
 def _complete_move(

@@ -89,6 +89,19 @@ class Ref:
         return self.state == READY or self.state == SCHEDULED
 
 
+# The largest header section the adapter writes when it re-encodes one (B-050): durable,
+# priority, ttl, first-acquirer and delivery-count at their widest (a test checks).
+MAX_HEADER_BYTES = 20
+
+
+def wire_size(message: Message, delivery_count: int) -> int:
+    """The bytes a transfer of `message` carries (at most): the stored bytes, or with the
+    header re-encoded when the count is not 0 or the producer sent a header (B-050)."""
+    if not delivery_count and message.header is None:
+        return message.size
+    return message.size - message.header_end + MAX_HEADER_BYTES
+
+
 @dataclass(eq=False, slots=True, kw_only=True)
 class Consumer:
     """A consumer link as the core sees it."""
@@ -102,6 +115,8 @@ class Consumer:
     browser: bool = False  # distribution-mode copy (B-031)
     presettled: bool = False  # snd-settle-mode settled (B-037)
     priority: int = 0  # consumer priority (B-035): higher is served first
+    # The largest transfer the receiver takes (its attach max-message-size; 0: any).
+    max_message_size: int = 0
     credit: int = 0
     drain: bool = False
     unsettled: dict[DeliveryId, Ref] = field(default_factory=dict)
@@ -121,7 +136,33 @@ class Consumer:
     def accepts(self, ref: Ref) -> bool:
         if ref.blocked is not None and self.id in ref.blocked:
             return False
+        limit = self.max_message_size
+        if limit and wire_size(ref.message, ref.delivery_count) > limit:
+            return False  # AMQP 2.7.3: never sent to it; it waits for another consumer
         return self.selector is None or self.selector.matches(ref.message)
+
+
+# The B-171 reasons the counters are labelled with. Every one starts at 0, so the first
+# dead letter of a queue is an increase of an existing series, which Prometheus's
+# increase() sees, not the birth of one at 1, which it does not (issue 16 item 4).
+DEAD_LETTER_REASONS = ("max-attempts", "rejected", "management", "delivery-error", "no-route")
+KILL_REASONS = (
+    "no-dla",
+    "dla-no-bindings",
+    "purge",
+    "purge-on-no-consumers",
+    "management",
+    "journal-failed",
+)
+RETURN_OUTCOMES = (
+    "released",
+    "modified",
+    "modified-failed",
+    "rejected",
+    "link-closed",
+    "connection-lost",
+    "tx-rollback",
+)
 
 
 @dataclass(slots=True)
@@ -135,12 +176,32 @@ class QueueCounters:
     expired: int = 0
     returned: int = 0
     # by B-171 reason, for the labelled metrics (CONTRACT "Metrics")
-    dead_lettered_by_reason: dict[str, int] = field(default_factory=dict)
-    killed_by_reason: dict[str, int] = field(default_factory=dict)
-    returned_by_reason: dict[str, int] = field(default_factory=dict)
+    dead_lettered_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(DEAD_LETTER_REASONS, 0)
+    )
+    killed_by_reason: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KILL_REASONS, 0))
+    returned_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(RETURN_OUTCOMES, 0)
+    )
 
     def count(self, table: dict[str, int], reason: str) -> None:
         table[reason] = table.get(reason, 0) + 1
+
+    def add(self, other: QueueCounters) -> None:
+        """Fold `other` into these: the totals of an address or of the broker."""
+        self.added += other.added
+        self.acknowledged += other.acknowledged
+        self.killed += other.killed
+        self.dead_lettered += other.dead_lettered
+        self.expired += other.expired
+        self.returned += other.returned
+        for mine, theirs in (
+            (self.dead_lettered_by_reason, other.dead_lettered_by_reason),
+            (self.killed_by_reason, other.killed_by_reason),
+            (self.returned_by_reason, other.returned_by_reason),
+        ):
+            for reason, count in theirs.items():
+                mine[reason] = mine.get(reason, 0) + count
 
 
 class Queue:
@@ -387,7 +448,7 @@ class Queue:
 
     def _deliver(self, active: list[Consumer], out: list[Effect]) -> None:
         skipped: list[Ref] = []
-        picky = any(c.selector is not None for c in active)
+        picky = any(c.selector is not None or c.max_message_size for c in active)
         while active:
             ref = self._pop_next()
             if ref is None:

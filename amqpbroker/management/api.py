@@ -324,7 +324,7 @@ class ManagementApi:
                 lambda: ops.move(self.bridge_broker, name, to_queue=to_queue, selector=selector)
             )
             return json_reply(HTTPStatus.OK, {"moved": moved})
-        return json_reply(HTTPStatus.OK, {"retried": self._retry(name, selector, body)})
+        return json_reply(HTTPStatus.OK, self._retry(name, selector, body))
 
     def _stats(self) -> list[ops.QueueStats]:
         return self.bridge.call(lambda: ops.queue_stats(self.bridge_broker))
@@ -352,17 +352,23 @@ class ManagementApi:
         view["settings"] = broker.settings_for(queue.address).to_config()
         return view
 
-    def _retry(self, name: str, selector: str | None, body: dict[str, Any]) -> int:
+    def _retry(self, name: str, selector: str | None, body: dict[str, Any]) -> dict[str, Any]:
+        """`{"retried": N}`; with `ids` also `skipped` ([{msg_id, reason}]) and `not_found`
+        (ids not waiting in the queue). `expect` checks each id against its redrive line."""
         ids = body.get("ids")
-        if ids is not None and (
-            not isinstance(ids, list) or not all(isinstance(i, int) for i in ids)
-        ):
+        if ids is not None and (not isinstance(ids, list) or not all(type(i) is int for i in ids)):
             raise HttpError(HTTPStatus.BAD_REQUEST, "'ids' must be a list of msg_id integers")
+        expect = _expectations(body.get("expect"))
+        if expect is not None and ids is None:
+            raise HttpError(HTTPStatus.BAD_REQUEST, "'expect' needs 'ids'")
         rate = body.get("rate")
         if rate is None:
-            return self.bridge.call(
-                lambda: ops.retry(self.bridge_broker, name, selector=selector, ids=ids)
+            result = self.bridge.call(
+                lambda: ops.retry(
+                    self.bridge_broker, name, selector=selector, ids=ids, expect=expect
+                )
             )
+            return _retry_answer([result], ids is not None)
         if not isinstance(rate, int | float) or rate <= 0:
             raise HttpError(HTTPStatus.BAD_REQUEST, "'rate' must be a positive number")
         # Throttled (msg/s): take the matching ids, then retry them in small paced chunks.
@@ -372,20 +378,60 @@ class ManagementApi:
                 for r in ops.browse(self.bridge_broker, name, selector=selector, limit=1_000_000)
             ]
         )
+        results = []
         if ids is not None:
-            wanted = [i for i in wanted if i in set(ids)]
-        retried = 0
+            present = set(wanted)
+            asked = set(ids)
+            wanted = [i for i in wanted if i in asked]
+            missing = tuple(dict.fromkeys(i for i in ids if i not in present))
+            results.append(ops.RetryResult(0, not_found=missing))
         started = time.monotonic()
         chunk = max(1, min(RETRY_CHUNK, int(rate)))
         for i in range(0, len(wanted), chunk):
             part = wanted[i : i + chunk]
-            retried += self.bridge.call(
-                functools.partial(ops.retry, self.bridge_broker, name, ids=part)
+            results.append(
+                self.bridge.call(
+                    functools.partial(ops.retry, self.bridge_broker, name, ids=part, expect=expect)
+                )
             )
             pause = started + (i + len(part)) / rate - time.monotonic()
             if pause > 0:
                 time.sleep(pause)
-        return retried
+        return _retry_answer(results, ids is not None)
+
+
+def _expectations(value: Any) -> dict[int, dict[str, str | None]] | None:
+    """`expect`: {"<msg_id>": {field: string or null}} with fields from ops.EXPECT_FIELDS."""
+    if value is None:
+        return None
+    bad = HttpError(
+        HTTPStatus.BAD_REQUEST,
+        "'expect' must map msg_id to an object of "
+        + ", ".join(ops.EXPECT_FIELDS)
+        + " (strings or null)",
+    )
+    if not isinstance(value, dict):
+        raise bad
+    out: dict[int, dict[str, str | None]] = {}
+    for key, fields in value.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 20):
+            raise bad
+        if not isinstance(fields, dict) or not all(
+            k in ops.EXPECT_FIELDS and (v is None or isinstance(v, str)) for k, v in fields.items()
+        ):
+            raise bad
+        out[int(key)] = fields
+    return out
+
+
+def _retry_answer(results: list[ops.RetryResult], by_id: bool) -> dict[str, Any]:
+    answer: dict[str, Any] = {"retried": sum(r.retried for r in results)}
+    if by_id:
+        answer["skipped"] = [
+            {"msg_id": msg_id, "reason": why} for r in results for msg_id, why in r.skipped
+        ]
+        answer["not_found"] = [i for r in results for i in r.not_found]
+    return answer
 
 
 def _json_body(raw: bytes) -> dict[str, Any]:

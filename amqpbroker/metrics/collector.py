@@ -7,7 +7,7 @@ reads core state from the HTTP thread and never locks anything per message.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import (
@@ -19,6 +19,7 @@ from prometheus_client.core import (
 from amqpbroker import __version__
 from amqpbroker.core import Broker
 from amqpbroker.core.operations import QueueStats, queue_stats
+from amqpbroker.core.queue import QueueCounters
 from amqpbroker.metrics import names
 
 SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -72,6 +73,9 @@ class BrokerSnapshot:
     taken_ms: int = 0  # epoch ms, for the oldest event file's age
     journal_failed: bool = False
     journal_errors: int = 0
+    # Copies made for this snapshot: per address across incarnations, and broker-wide.
+    address_totals: tuple[tuple[str, QueueCounters], ...] = ()
+    broker_totals: QueueCounters = field(default_factory=QueueCounters)
 
     @classmethod
     def take(
@@ -89,6 +93,7 @@ class BrokerSnapshot:
         journal_failed: bool = False,
         journal_errors: int = 0,
     ) -> BrokerSnapshot:
+        per_address, everything = broker.totals.totals(broker.queues.values())
         return cls(
             broker=broker.name,
             queues=tuple(queue_stats(broker)),
@@ -106,6 +111,8 @@ class BrokerSnapshot:
             taken_ms=now_ms,
             journal_failed=journal_failed,
             journal_errors=journal_errors,
+            address_totals=tuple(per_address.items()),
+            broker_totals=everything,
         )
 
 
@@ -185,6 +192,8 @@ class BrokerCollector:
             "outcome",
             lambda q: q.returned_by_reason,
         )
+        yield from _address_totals(s)
+        yield from _broker_totals(s.broker_totals)
         routed = CounterMetricFamily(
             names.ADDRESS_ROUTED, "Messages routed to at least one queue.", labels=["address"]
         )
@@ -282,6 +291,47 @@ def _event_log_files(f: EventLogFiles, now_ms: int) -> Iterator[Metric]:
     deleted_bytes.add_metric(["false"], uncompacted[1])
     yield deleted
     yield deleted_bytes
+
+
+def _address_totals(s: BrokerSnapshot) -> Iterator[Metric]:
+    """The queue counters per address, continued across queue incarnations."""
+    plain = (
+        (names.ADDRESS_ADDED, "Messages added to the address's queues.", "added"),
+        (names.ADDRESS_ACKNOWLEDGED, "Messages acknowledged from them.", "acknowledged"),
+        (names.ADDRESS_EXPIRED, "Messages expired from them.", "expired"),
+    )
+    for name, doc, attr in plain:
+        family = CounterMetricFamily(name, doc, labels=["address"])
+        for address, counters in s.address_totals:
+            family.add_metric([address], getattr(counters, attr))
+        yield family
+    labelled = (
+        (names.ADDRESS_DEAD_LETTERED, "Messages dead-lettered from them.", "dead_lettered"),
+        (names.ADDRESS_KILLED, "Messages removed from them without a copy.", "killed"),
+    )
+    for name, doc, attr in labelled:
+        family = CounterMetricFamily(name, doc + " By reason.", labels=["address", "reason"])
+        for address, counters in s.address_totals:
+            for reason, count in getattr(counters, f"{attr}_by_reason").items():
+                family.add_metric([address, reason], count)
+        yield family
+
+
+def _broker_totals(totals: QueueCounters) -> Iterator[Metric]:
+    """Broker-wide: never reset while the broker runs, whatever queues come and go."""
+    dead = CounterMetricFamily(
+        names.MESSAGES_DEAD_LETTERED, "Messages dead-lettered, by reason.", labels=["reason"]
+    )
+    for reason, count in totals.dead_lettered_by_reason.items():
+        dead.add_metric([reason], count)
+    yield dead
+    yield CounterMetricFamily(names.MESSAGES_EXPIRED, "Messages expired.", value=totals.expired)
+    killed = CounterMetricFamily(
+        names.MESSAGES_KILLED, "Messages removed without a copy, by reason.", labels=["reason"]
+    )
+    for reason, count in totals.killed_by_reason.items():
+        killed.add_metric([reason], count)
+    yield killed
 
 
 def _single(name: str, broker: str, value: int) -> GaugeMetricFamily:

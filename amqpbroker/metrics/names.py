@@ -13,6 +13,17 @@ QUEUE_KILLED = "amqpbroker_queue_messages_killed"  # _total{reason}
 QUEUE_RETURNED = "amqpbroker_queue_deliveries_returned"  # _total{outcome}
 ADDRESS_ROUTED = "amqpbroker_address_routed_messages"  # _total
 ADDRESS_UNROUTED = "amqpbroker_address_unrouted_messages"  # _total
+# The queue counters summed per address, kept across queue (and address) incarnations, so
+# an auto-deleted queue that comes back does not restart them (issue 16 item 4).
+ADDRESS_ADDED = "amqpbroker_address_messages_added"  # _total
+ADDRESS_ACKNOWLEDGED = "amqpbroker_address_messages_acknowledged"  # _total
+ADDRESS_EXPIRED = "amqpbroker_address_messages_expired"  # _total
+ADDRESS_DEAD_LETTERED = "amqpbroker_address_messages_dead_lettered"  # _total{reason}
+ADDRESS_KILLED = "amqpbroker_address_messages_killed"  # _total{reason}
+# Broker-wide, never reset while the broker runs.
+MESSAGES_DEAD_LETTERED = "amqpbroker_messages_dead_lettered"  # _total{reason}
+MESSAGES_EXPIRED = "amqpbroker_messages_expired"  # _total
+MESSAGES_KILLED = "amqpbroker_messages_killed"  # _total{reason}
 CONNECTIONS = "amqpbroker_connections"
 CONNECTIONS_OPENED = "amqpbroker_connections_opened"  # _total
 JOURNAL_SYNC_SECONDS = "amqpbroker_journal_sync_seconds"  # histogram

@@ -112,6 +112,9 @@ SOLE_CONNECTION = "sole-connection-for-container"
 PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
 MAX_FRAME_SIZE = 131072  # B-021
+# What one `output()` call collects at most: the server writes it and asks again unless the
+# socket is over its high-water mark, so a slow reader never makes us copy a whole backlog.
+OUTPUT_CHUNK_BYTES = 1024 * 1024
 # Transaction ids are unique in the broker process, not per connection: the event log's
 # `txn` (B-170) must tell two connections' transactions apart.
 _TXN_IDS = itertools.count(1)
@@ -260,8 +263,10 @@ class AmqpConnection:
         sasl: SaslFactory | None = None,
         reject_as_modified: bool = False,
         duplicate_detection: bool = True,
+        max_message_size: int = 0,
     ) -> None:
         self.shell = shell
+        self.max_message_size = max_message_size  # B-152: 0 for no limit
         self.duplicate_detection = duplicate_detection  # B-012 amqpDuplicateDetection
         self.reject_as_modified = reject_as_modified  # B-047
         self.broker = shell.broker
@@ -351,25 +356,35 @@ class AmqpConnection:
             return True
         return self.closed and self.transport.pending() < 0
 
-    def output(self) -> bytes:
-        """Bytes to send now: the SASL layer's, then the engine's."""
+    def output(self, limit: int = OUTPUT_CHUNK_BYTES) -> bytes:
+        """Bytes to send now: the SASL layer's, then up to about `limit` of the engine's.
+
+        b"" means the engine has nothing more; call again until then (issue 16 item 1).
+        """
         sasl = self.sasl
         if sasl is not None and (sasl.output or not sasl.done):
             out = bytes(sasl.output)
             sasl.output.clear()
             if not sasl.done:
                 return out
-            return out + self._engine_output()
-        return self._engine_output()
+            return out + self._engine_output(limit)
+        return self._engine_output(limit)
 
-    def _engine_output(self) -> bytes:
+    def _engine_output(self, limit: int) -> bytes:
+        """Pop output buffers until the engine has none or `limit` bytes are collected.
+
+        Proton fills one output buffer per `pending()` call (a few frames): reading it once
+        per flush left the rest of a large message or a backlog waiting for the next input
+        or engine tick, a second later (issue 16 item 1).
+        """
         transport = self.transport
-        pending = transport.pending()
-        if pending <= 0:
-            return b""
-        out = transport.peek(pending)
-        transport.pop(pending)
-        return bytes(out)
+        chunks: list[bytes] = []
+        size = 0
+        while size < limit and (pending := transport.pending()) > 0:
+            chunks.append(bytes(transport.peek(pending)))
+            transport.pop(pending)
+            size += pending
+        return b"".join(chunks)
 
     def socket_closed(self) -> None:
         """The socket is gone. Without a close frame first, that is an abrupt loss (B-054)."""
@@ -567,6 +582,8 @@ class AmqpConnection:
             link.target.address = target.address
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST  # B-021: `second` is answered with `first`
+        if self.max_message_size:
+            link.max_message_size = self.max_message_size  # B-152: advertised
         link.open()
         self.producers[link._impl] = ProducerLink(link, target)
         link.flow(PRODUCER_CREDIT)
@@ -650,9 +667,18 @@ class AmqpConnection:
 
     # -- deliveries (hot path: C API, no wrappers) --------------------------------------
     def _on_transfer(self, delivery: Any, link: Any) -> None:
-        if lib.pn_delivery_partial(delivery):
-            return  # proton buffers the frames until the last one (B-152: no size limit)
         size = lib.pn_delivery_pending(delivery)
+        limit = self.max_message_size
+        if (
+            limit
+            and size > limit
+            and not lib.pn_delivery_aborted(delivery)
+            and link not in self.coordinators  # the limit is advertised on producers only
+        ):
+            self._too_large(delivery, link, size)  # B-152: checked as the frames arrive
+            return
+        if lib.pn_delivery_partial(delivery):
+            return  # proton buffers the frames until the last one
         buffer = bytearray(size)
         received = lib.pn_link_recv(link, ffi.from_buffer(buffer), size)
         lib.pn_link_advance(link)
@@ -663,6 +689,8 @@ class AmqpConnection:
                 self._top_up(link)
             else:
                 lib.pn_delivery_settle(delivery)
+                if producer is not None:
+                    lib.pn_link_flow(link, 1)  # B-152: an aborted transfer's credit back
             return
         raw = bytes(buffer[:received]) if received < size else bytes(buffer)
         if lib.pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
@@ -702,6 +730,18 @@ class AmqpConnection:
                 lib.pn_delivery_update(delivery, _PN_ACCEPTED)
                 lib.pn_delivery_settle(delivery)
         self._top_up(link, producer)
+
+    def _too_large(self, delivery: Any, link: Any, size: int) -> None:
+        """B-152: detach the producer with message-size-exceeded and drop what arrived."""
+        lib.pn_delivery_settle(delivery)
+        producer = self.producers.get(link)
+        if producer is None:
+            return  # detached already: the rest of the message is discarded as it comes
+        description = (
+            f"message of {size} bytes or more exceeds max-message-size {self.max_message_size}"
+        )
+        log.info("connection %s link %r: %s", self.id, producer.link.name, description)
+        self.close_link(producer.link, "amqp:link:message-size-exceeded", description)
 
     def _top_up(self, link: Any, producer: ProducerLink | None = None) -> None:
         credit = lib.pn_link_credit(link)

@@ -120,6 +120,7 @@ def consumer_request(
         roles=roles,
         anycast_prefix=anycast_prefix,
         multicast_prefix=multicast_prefix,
+        max_message_size=link.remote_max_message_size or 0,  # AMQP 2.7.3
     )
 
 

@@ -261,6 +261,7 @@ def test_retry_with_the_redrive_list_puts_back_exactly_those_messages(analyzed: 
         "original_queue": "orders",
         "reason": "rejected",
         "error_condition": TRANSIENT,
+        "amqp_message_id": "o-3",
     }
     result = subprocess.run(
         [

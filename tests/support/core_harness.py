@@ -56,7 +56,7 @@ class Harness:
             expiration_ms=kw.pop("expiration_ms", 0),
             durable=kw.pop("durable", False),
             annotations={},
-            properties={},
+            properties=kw.pop("properties", {}),
         )
         self.broker.publish(message, target, **kw)
         self._collect()

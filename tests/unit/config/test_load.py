@@ -721,3 +721,25 @@ def test_null_acceptors_keep_the_default_an_empty_list_means_none(
 ) -> None:
     """`null` is "not set" everywhere, so `acceptors:` alone keeps the default acceptor."""
     assert [a.name for a in parse_config(text).acceptors] == names
+
+
+def test_acceptor_max_message_size_defaults_to_unlimited_and_is_range_checked() -> None:
+    """B-152 / issue 16 item 3: bytes per message on that acceptor; 0 is no limit."""
+    config = parse("""\
+        acceptors:
+          - {name: limited, url: "amqp://127.0.0.1:0", max-message-size: 10000}
+          - {name: open, url: "amqp://127.0.0.1:0"}
+        """)
+    assert [a.max_message_size for a in config.acceptors] == [10_000, 0]
+    assert problems("""\
+        acceptors:
+          - {name: a, url: "amqp://127.0.0.1:0", max-message-size: -1}
+          - {name: b, url: "amqp://127.0.0.1:0", max-message-size: 18446744073709551616}
+          - {name: c, url: "amqp://127.0.0.1:0", max-message-size: 1 MB}
+        """) == [
+        "b.yaml:2: acceptors[0].max-message-size: must be 0 (no limit) or a size in bytes "
+        "below 2^64: -1",
+        "b.yaml:3: acceptors[1].max-message-size: must be 0 (no limit) or a size in bytes "
+        "below 2^64: 18446744073709551616",
+        "b.yaml:4: acceptors[2].max-message-size: not an integer: '1 MB'",
+    ]

@@ -60,7 +60,7 @@ def test_retry_returns_dead_letters_to_their_queue() -> None:
     h = Harness(DLA)
     _dead_letters(h, "orders", b"a", b"b")
     assert h.queue("DLQ.orders").message_count == 2
-    assert retry(h.broker, "DLQ.orders", selector="kind = 'a'") == 1
+    assert retry(h.broker, "DLQ.orders", selector="kind = 'a'").retried == 1
     [back] = h.queue("orders").refs()
     assert back.message.data == b"a"
     assert back.delivery_count == 0
@@ -75,8 +75,46 @@ def test_retry_by_ids() -> None:
     h = Harness(DLA)
     _dead_letters(h, "orders", b"a", b"b")
     wanted = [r.message.msg_id for r in h.queue("DLQ.orders").refs()][1]
-    assert retry(h.broker, "DLQ.orders", ids=[wanted]) == 1
+    assert retry(h.broker, "DLQ.orders", ids=[wanted]).retried == 1
     assert [r.message.data for r in h.queue("orders").refs()] == [b"b"]
+
+
+def test_retry_checks_each_id_against_what_its_redrive_line_says() -> None:
+    """Issue 16 item 2: an id may name another message than the one the redrive list
+    was written for; it is skipped, with the field that differs, and unknown ids are
+    reported as not found."""
+    h = Harness(DLA)
+    target = h.producer("orders", "queue")
+    h.send(target, b"a", properties={"message-id": "o-1"})
+    h.send(target, b"b", properties={"message-id": "o-2"})
+    c = h.consumer("orders", "queue")
+    for d in h.take(c):
+        h.settle(c, d, Rejected())
+    first, second = (r.message.msg_id for r in h.queue("DLQ.orders").refs())
+    result = retry(
+        h.broker,
+        "DLQ.orders",
+        ids=[first, second, 999_999],
+        expect={
+            first: {"queue": "DLQ.orders", "original_address": "orders", "amqp_message_id": "o-1"},
+            second: {"original_address": "orders", "amqp_message_id": "o-7"},
+        },
+    )
+    assert result.retried == 1
+    assert result.skipped == ((second, "amqp_message_id is 'o-2', expected 'o-7'"),)
+    assert result.not_found == (999_999,)
+    assert [r.message.data for r in h.queue("DLQ.orders").refs()] == [b"b"]
+
+
+def test_retry_reports_a_line_for_another_queue_and_null_fields_are_not_checked() -> None:
+    h = Harness(DLA)
+    _dead_letters(h, "orders", b"a")
+    [ref] = h.queue("DLQ.orders").refs()
+    msg_id = ref.message.msg_id
+    wrong = retry(h.broker, "DLQ.orders", ids=[msg_id], expect={msg_id: {"queue": "DLQ.x"}})
+    assert wrong.skipped == ((msg_id, "queue is 'DLQ.orders', expected 'DLQ.x'"),)
+    unchecked = {msg_id: {"amqp_message_id": None, "original_queue": "orders"}}
+    assert retry(h.broker, "DLQ.orders", ids=[msg_id], expect=unchecked).retried == 1
 
 
 def test_retry_leaves_messages_whose_queue_is_gone() -> None:
@@ -84,8 +122,11 @@ def test_retry_leaves_messages_whose_queue_is_gone() -> None:
     h = Harness(DLA)
     _dead_letters(h, "orders", b"a")
     h.broker.delete_queue("orders")
-    assert retry(h.broker, "DLQ.orders") == 0
+    assert retry(h.broker, "DLQ.orders").retried == 0
     assert h.queue("DLQ.orders").message_count == 1
+    [ref] = h.queue("DLQ.orders").refs()
+    named = retry(h.broker, "DLQ.orders", ids=[ref.message.msg_id])
+    assert named.skipped == ((ref.message.msg_id, "original queue orders does not exist"),)
 
 
 def test_move_to_another_queue_with_annotations() -> None:

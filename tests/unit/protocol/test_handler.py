@@ -620,3 +620,79 @@ def test_messages_leave_no_reference_cycles_behind() -> None:
     finally:
         gc.enable()
     assert len(client.received) > 240  # released and modified ones came back
+
+
+def _limited_sender(shell: Shell, limit: int) -> tuple[Client, Link]:
+    client = Client(shell)
+    client.server.max_message_size = limit  # the acceptor's max-message-size (B-152)
+    return client, client.sender("q", "queue")
+
+
+def test_max_message_size_is_advertised_on_producer_links(shell: Shell) -> None:
+    """B-152: the configured limit is in the broker's attach; 0 (none) without one."""
+    _, limited = _limited_sender(shell, 10_000)
+    assert limited.remote_max_message_size == 10_000
+    assert Client(shell).sender("q", "queue").remote_max_message_size == 0
+
+
+def test_a_message_over_max_message_size_detaches_the_link(shell: Shell) -> None:
+    """B-152 / issue 16 item 3: message-size-exceeded, the message discarded."""
+    client, sender = _limited_sender(shell, 10_000)
+    client.send(sender, Message(body=b"x" * 20_000))
+    client.pump()
+    assert sender.state & Endpoint.REMOTE_CLOSED
+    assert sender.remote_condition.name == "amqp:link:message-size-exceeded"
+    assert shell.broker.queues["q"].message_count == 0
+    assert not client.connection.state & Endpoint.REMOTE_CLOSED
+
+
+def test_max_message_size_is_checked_as_the_frames_arrive(shell: Shell) -> None:
+    """B-152: the first frames over the limit detach the link; the rest of the message
+    is never awaited, and the connection goes on."""
+    client, sender = _limited_sender(shell, 10_000)
+    sender.delivery(b"big")
+    sender.send(Message(body=b"x" * 20_000).encode())  # partial: no advance()
+    client.pump()
+    assert sender.remote_condition.name == "amqp:link:message-size-exceeded"
+    sender.send(b"\x00" * 50_000)  # what a client already had on the wire
+    sender.advance()
+    client.pump()
+    other = client.sender("q2", "queue")
+    client.send(other, Message(body=b"small"))
+    client.pump()
+    assert shell.broker.queues["q2"].message_count == 1
+    assert shell.broker.queues["q"].message_count == 0
+
+
+def test_an_aborted_transfer_is_discarded_and_its_credit_restored(shell: Shell) -> None:
+    """B-152: an aborted (partial) transfer is dropped; the producer's credit is back."""
+    client, sender = _limited_sender(shell, 0)
+    credit = sender.credit
+    delivery = sender.delivery(b"aborted")
+    sender.send(Message(body=b"part").encode()[:5])
+    client.pump()
+    delivery.abort()
+    client.pump()
+    assert sender.credit == credit
+    client.send(sender, Message(body=b"whole"))
+    client.pump()
+    assert shell.broker.queues["q"].message_count == 1
+    assert not sender.state & Endpoint.REMOTE_CLOSED
+
+
+def test_a_receiver_never_gets_more_than_its_max_message_size(shell: Shell) -> None:
+    """AMQP 1.0 2.7.3 / issue 16 item 3: a receiver that advertised 10,000 bytes got a
+    20,000-byte message. It now gets only what fits; the rest waits in the queue."""
+    client = Client(shell)
+    sender = client.sender("q", "queue")
+    client.send(sender, Message(body=b"x" * 20_000))
+    client.send(sender, Message(body=b"y" * 100))
+    link = client.session.receiver("limited")
+    link.source.address = "q"
+    _put_caps(link.source, ("queue",))
+    link.max_message_size = 10_000
+    link.open()
+    link.flow(10)
+    client.pump()
+    assert [bytes(m.body) for m, _ in client.received] == [b"y" * 100]
+    assert shell.broker.queues["q"].ready_count == 1

@@ -1065,3 +1065,14 @@ def test_bad_properties_update_is_refused(update: dict[str, Any], error: type[Ex
 def test_rebuild_keep_marker_is_the_default() -> None:
     raw = _section(HEADER, [True]) + _section(VALUE, "x")
     assert rebuild(raw, header=KEEP, message_annotations=KEEP) == raw
+
+
+def test_the_widest_header_fits_the_cores_allowance() -> None:
+    """core.queue.MAX_HEADER_BYTES bounds a re-encoded header (issue 16 item 3)."""
+    from amqpbroker.core.queue import MAX_HEADER_BYTES
+    from amqpbroker.protocol import sections
+
+    widest = sections.Header(
+        durable=True, priority=255, ttl=2**32 - 1, first_acquirer=True, delivery_count=2**32 - 1
+    )
+    assert len(sections.encode_header(widest)) == MAX_HEADER_BYTES

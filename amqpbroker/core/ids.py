@@ -1,0 +1,75 @@
+"""Broker message ids that are never given out twice, across restarts too (issue 16 item 2).
+
+The event log, `x-opt-ORIG-MESSAGE-ID`, the management API and `redrive.jsonl` name
+messages by these ids, so an id handed out again after a restart would name a different
+message. As Artemis's `BatchingIDGenerator`, ids come from blocks: before the first id of a
+block is used, `reserve(end)` must have made `end` durable (the server writes and fsyncs a
+small file), and a restart starts at the last reserved end, above every id a previous run
+could have used. The journal's largest id is a floor too (durable messages kept across a
+lost reservation file).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from amqpbroker.core.errors import ResourceLimitExceeded
+
+ID_BLOCK_SIZE = 1 << 16  # one fsync'd reservation per 65,536 messages
+
+
+class MessageIds:
+    """An iterator of message ids (`next(ids)`), reserving a block ahead when told how.
+
+    Without a `reserve` callback (tests, embedding without a data dir) ids simply count
+    up from the floor. Loop thread only.
+    """
+
+    __slots__ = ("_end", "_next", "_reserve", "block")
+
+    def __init__(self, *, block: int = ID_BLOCK_SIZE) -> None:
+        self._next = 1
+        self._end: int | None = None  # ids below it are reserved; None: nothing to reserve
+        self._reserve: Callable[[int], None] | None = None
+        self.block = block
+
+    def __iter__(self) -> MessageIds:
+        return self
+
+    def __next__(self) -> int:
+        n = self._next
+        end = self._end
+        if end is not None and n >= end:
+            self._reserve_from(n)
+        self._next = n + 1
+        return n
+
+    def start_above(self, used: int) -> None:
+        """No id at or below `used` is given out (recovery: the journal's largest id)."""
+        if used >= self._next:
+            self._next = used + 1
+
+    def reserve_with(self, reserve: Callable[[int], None], reserved: int) -> None:
+        """From now on reserve each block with `reserve(end)` before using it; `reserved` is
+        the end a previous run reserved (0 for none). Reserves the first block now, so a
+        store that cannot be written fails at start-up (OSError), not on a message."""
+        self.start_above(reserved - 1)
+        self._reserve = reserve
+        self._reserve_from(self._next, wrap=False)
+
+    @property
+    def reserved_end(self) -> int | None:
+        return self._end
+
+    def _reserve_from(self, n: int, *, wrap: bool = True) -> None:
+        assert self._reserve is not None
+        end = n + self.block
+        try:
+            self._reserve(end)
+        except OSError as e:
+            if not wrap:
+                raise
+            # Nothing is handed out unreserved: this message is refused and the next one
+            # tries again (the journal is most likely failing too).
+            raise ResourceLimitExceeded(f"cannot reserve message ids: {e}") from e
+        self._end = end

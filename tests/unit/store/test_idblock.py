@@ -1,0 +1,30 @@
+"""DATA_DIR/message-ids: the reserved end of message ids (issue 16 item 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from amqpbroker.store.idblock import IdBlockError, read_reserved, write_reserved
+
+
+def test_no_file_reserves_nothing(tmp_path: Path) -> None:
+    assert read_reserved(tmp_path / "message-ids") == 0
+
+
+def test_written_end_reads_back_and_leaves_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "message-ids"
+    write_reserved(path, 65537)
+    write_reserved(path, 131073)
+    assert read_reserved(path) == 131073
+    assert [p.name for p in tmp_path.iterdir()] == ["message-ids"]
+
+
+@pytest.mark.parametrize("text", ["", "12\n", "amqpbroker message-id reservation v1\n-5\n"])
+def test_a_file_that_says_something_else_is_an_error(tmp_path: Path, text: str) -> None:
+    """Never guess where ids start: a wrong guess reuses ids."""
+    path = tmp_path / "message-ids"
+    path.write_text(text)
+    with pytest.raises(IdBlockError, match="not a message-id reservation"):
+        read_reserved(path)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import struct
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -77,9 +78,12 @@ from amqpbroker.core import (
 from amqpbroker.protocol import sections
 from amqpbroker.protocol.dispositions import outcome_of
 from amqpbroker.protocol.links import (
+    TerminusFields,
+    answer_terminus,
     consumer_request,
     echo_source_filter,
     producer_request,
+    read_terminus,
     recovered_source,
 )
 from amqpbroker.protocol.sasl import SaslServer
@@ -293,6 +297,9 @@ class AmqpConnection:
         self._collector_impl = self.collector._impl
         self.closed = False  # the broker side is done with this connection
         self._orderly = False
+        self._socket_gone = False
+        # Issue 15: after a framing error the socket closes once the close frame is out.
+        self._hang_up = False
         self._handlers: dict[int, Callable[[Event], None]] = {
             lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_open,
             lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_close,
@@ -302,6 +309,7 @@ class AmqpConnection:
             lib.PN_LINK_REMOTE_DETACH: self._on_link_detach,
             lib.PN_LINK_REMOTE_CLOSE: self._on_link_close,
             lib.PN_TRANSPORT_ERROR: self._on_transport_error,
+            lib.PN_TRANSPORT_TAIL_CLOSED: self._on_tail_closed,
             lib.PN_TRANSPORT_CLOSED: self._on_transport_closed,
         }
         shell.connections[self.id] = self
@@ -347,7 +355,7 @@ class AmqpConnection:
     @property
     def finished(self) -> bool:
         """Whether the socket can be closed once `output()` has been written."""
-        if self.sasl is not None and self.sasl.failed:
+        if self._hang_up or (self.sasl is not None and self.sasl.failed):
             return True
         return self.closed and self.transport.pending() < 0
 
@@ -365,14 +373,19 @@ class AmqpConnection:
     def _engine_output(self) -> bytes:
         transport = self.transport
         pending = transport.pending()
-        if pending <= 0:
-            return b""
-        out = transport.peek(pending)
-        transport.pop(pending)
-        return bytes(out)
+        out = b""
+        if pending > 0:
+            out = bytes(transport.peek(pending))
+            transport.pop(pending)
+        if self._hang_up and transport.pending() >= 0:
+            # Proton writes no close frame on a connection the peer never opened: ours.
+            out += _close_frame(self.connection.condition)
+            transport.close_head()
+        return out
 
     def socket_closed(self) -> None:
         """The socket is gone. Without a close frame first, that is an abrupt loss (B-054)."""
+        self._socket_gone = True
         if not self.closed:
             self.transport.close_tail()
             self.process()
@@ -428,6 +441,7 @@ class AmqpConnection:
         self.shell.dirty.add(self)
 
     def _fail(self, condition: str, description: str) -> None:
+        self._hang_up = True
         self.connection.condition = Condition(condition, description)
         self.connection.close()
         self._finish(abrupt=True)
@@ -511,11 +525,41 @@ class AmqpConnection:
             condition.description if condition else "",
         )
 
+    def _on_tail_closed(self, event: Event) -> None:
+        """The engine reads no more input. Unless the peer closed or the socket is gone,
+        that is a framing error, which proton may leave unanswered: answer it now with
+        `amqp:connection:framing-error`, then hang up (issue 15)."""
+        if self._orderly or self._socket_gone or self._hang_up:
+            return
+        self._hang_up = True
+        condition = self.transport.condition
+        if condition is None:  # proton stopped reading without saying why
+            log.warning("connection %s from %s: undecodable frame; closing it", self.id, self.peer)
+            self.connection.condition = Condition(
+                "amqp:connection:framing-error", "undecodable frame"
+            )
+        else:  # proton has written its own close frame (PN_TRANSPORT_ERROR logged it)
+            self.connection.condition = condition
+        self.connection.close()
+        self._finish(abrupt=True)
+
     def _on_transport_closed(self, event: Event) -> None:
         self._finish(abrupt=not self._orderly)
 
     def _on_session_open(self, event: Event) -> None:
+        if not self.connection.state & Endpoint.REMOTE_ACTIVE:
+            # Proton accepts a begin before the open; AMQP does not (issue 15).
+            self._framing_error("begin before open")
+            return
         event.session.open()
+
+    def _framing_error(self, description: str) -> None:
+        log.warning("connection %s from %s: %s; closing it", self.id, self.peer, description)
+        self._hang_up = True
+        self.connection.condition = Condition("amqp:connection:framing-error", description)
+        self.connection.close()
+        self.transport.close_tail()
+        self._finish(abrupt=True)
 
     def _on_session_close(self, event: Event) -> None:
         session: Session = event.session
@@ -548,12 +592,15 @@ class AmqpConnection:
             self.close_link(link, e.condition, str(e))
 
     def _attach_producer(self, link: Link) -> None:
-        if link.remote_target.type == Terminus.COORDINATOR:
-            self._attach_coordinator(link)
+        # Issue 15: read and check the peer's termini first; answer with our own.
+        source = read_terminus(link.remote_source, "source")
+        remote_target = read_terminus(link.remote_target, "target")
+        if remote_target.type == Terminus.COORDINATOR:
+            self._attach_coordinator(link, source, remote_target)
             return
         target = self.broker.attach_producer(
             producer_request(
-                link,
+                remote_target,
                 self.id,
                 anycast_prefix=self.anycast_prefix,
                 multicast_prefix=self.multicast_prefix,
@@ -561,20 +608,24 @@ class AmqpConnection:
                 roles=self.roles,
             )
         )
-        link.source.copy(link.remote_source)
-        link.target.copy(link.remote_target)
-        if link.remote_target.dynamic:
-            link.target.address = target.address
+        answer_terminus(link.source, source, address=source.address)
+        answer_terminus(
+            link.target,
+            remote_target,
+            address=target.address if remote_target.dynamic else remote_target.address,
+        )
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST  # B-021: `second` is answered with `first`
         link.open()
         self.producers[link._impl] = ProducerLink(link, target)
         link.flow(PRODUCER_CREDIT)
 
-    def _attach_coordinator(self, link: Link) -> None:
+    def _attach_coordinator(
+        self, link: Link, source: TerminusFields, target: TerminusFields
+    ) -> None:
         """B-140: a transaction coordinator; declare/discharge arrive as transfers."""
-        link.source.copy(link.remote_source)
-        link.target.copy(link.remote_target)
+        answer_terminus(link.source, source, address=source.address)
+        answer_terminus(link.target, target, address=None)
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST
         link.open()
@@ -582,9 +633,12 @@ class AmqpConnection:
         link.flow(PRODUCER_CREDIT)
 
     def _attach_consumer(self, link: Link) -> None:
+        source = read_terminus(link.remote_source, "source")
+        target = read_terminus(link.remote_target, "target")
         attached = self.broker.attach_consumer(
             consumer_request(
                 link,
+                source,
                 self.id,
                 self.container_id,
                 anycast_prefix=self.anycast_prefix,
@@ -593,13 +647,13 @@ class AmqpConnection:
                 roles=self.roles,
             )
         )
-        link.source.copy(link.remote_source)
-        link.source.address = attached.address
+        answer_terminus(link.source, source, address=attached.address)
         if attached.recovered:
+            link.source.address = attached.address
             recovered_source(link, attached.selector)
         else:
-            echo_source_filter(link, attached.selector, no_local=attached.no_local)
-        link.target.copy(link.remote_target)
+            echo_source_filter(link, source.filters, attached.selector, no_local=attached.no_local)
+        answer_terminus(link.target, target, address=target.address)
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST
         link.open()
@@ -909,6 +963,20 @@ class AmqpConnection:
         tag = lib.pn_delivery_tag(delivery)
         self.broker.settle(consumer.id, DeliveryId(int(ffi.unpack(tag.start, tag.size))), outcome)
         lib.pn_delivery_settle(delivery)
+
+
+def _close_frame(condition: Condition | None) -> bytes:
+    """An AMQP close frame carrying `condition` (for when proton will not write one)."""
+    error = (
+        None
+        if condition is None
+        else sections.Described(
+            sections.ULong(0x1D),
+            [sections.Symbol(condition.name), condition.description or ""],
+        )
+    )
+    body = sections.encode_value(sections.Described(sections.ULong(0x18), [error]))
+    return struct.pack(">IBBH", 8 + len(body), 2, 0, 0) + body
 
 
 def message_of(scanned: sections.Scanned, *, origin_container: str | None = None) -> Message:

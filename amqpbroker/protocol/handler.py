@@ -86,6 +86,14 @@ from amqpbroker.protocol.links import (
     read_terminus,
     recovered_source,
 )
+from amqpbroker.protocol.peer import (
+    data_at,
+    name_for_log,
+    read_link_name,
+    read_symbol_map,
+    read_symbols,
+    read_text,
+)
 from amqpbroker.protocol.sasl import SaslServer
 from amqpbroker.protocol.transactions import (
     TRANSACTIONAL_STATE,
@@ -427,6 +435,13 @@ class AmqpConnection:
                     handler = handlers.get(kind)
                     if handler is not None:
                         handler(Event.wrap(event))
+            except ClientError as e:  # issue 15: a field of the peer's is malformed
+                self._refuse(
+                    e,
+                    lib.pn_delivery_link(lib.pn_event_delivery(event))
+                    if kind == _PN_DELIVERY
+                    else None,
+                )
             except Exception:
                 log.exception(
                     "internal error on connection %s (%s) at event %s: closing it",
@@ -439,6 +454,18 @@ class AmqpConnection:
         self._awaiting = None  # the step ends: its sends wait for this step's append
         self.shell.apply_effects()
         self.shell.dirty.add(self)
+
+    def _refuse(self, error: ClientError, link: Any) -> None:
+        """A malformed or mistyped field: on a delivery, end its link with the error;
+        elsewhere (open, begin, ...) close the connection with it."""
+        log.info("connection %s from %s: %s %s", self.id, self.peer, error.condition, error)
+        if link is None:
+            self._fail(error.condition, str(error))
+            return
+        consumer = self.consumers.get(link)
+        if consumer is not None:
+            self._drop_consumer(link, consumer, closed=True)
+        self.close_link(Link.wrap(link), error.condition, str(error))
 
     def _fail(self, condition: str, description: str) -> None:
         self._hang_up = True
@@ -469,10 +496,28 @@ class AmqpConnection:
 
     def _on_connection_open(self, event: Event) -> None:
         connection = self.connection
-        self.container_id = connection.remote_container or ""
         connection.container = self.broker.name
         connection.offered_capabilities = OFFERED_CAPABILITIES
-        desired = {str(c) for c in (connection.remote_desired_capabilities or ())}
+        try:  # issue 15: the open's fields are the peer's, checked before use
+            self.container_id = (
+                read_text(lambda: connection.remote_container, "open.container-id") or ""
+            )
+            impl = connection._impl
+            desired = read_symbols(
+                data_at(lib.pn_connection_remote_desired_capabilities(impl)),
+                "open.desired-capabilities",
+            )
+            read_symbols(
+                data_at(lib.pn_connection_remote_offered_capabilities(impl)),
+                "open.offered-capabilities",
+            )
+            read_symbol_map(data_at(lib.pn_connection_remote_properties(impl)), "open.properties")
+            read_text(lambda: connection.remote_hostname, "open.hostname")
+        except ClientError as e:
+            log.info("refusing connection %s from %s: %s", self.id, self.peer, e)
+            connection.open()
+            self._fail(e.condition, str(e))
+            return
         if SOLE_CONNECTION in desired and self._container_connected_elsewhere():
             self._refuse_duplicate_container()
             return
@@ -576,6 +621,7 @@ class AmqpConnection:
         if link.state & Endpoint.LOCAL_ACTIVE:
             return
         try:
+            read_link_name(link)
             if link.is_receiver:
                 self._attach_producer(link)
             else:
@@ -583,7 +629,7 @@ class AmqpConnection:
         except BrokerError as e:
             log.info(
                 "refusing attach of link %r on connection %s (%s): %s %s",
-                link.name,
+                name_for_log(link),
                 self.id,
                 self.container_id or "-",
                 e.condition,
@@ -737,7 +783,7 @@ class AmqpConnection:
             log.info(
                 "rejecting malformed message on connection %s link %r: %s",
                 self.id,
-                producer.link.name,
+                name_for_log(producer.link),
                 e,
             )
             self._reject(delivery, "amqp:decode-error", str(e))

@@ -16,6 +16,7 @@ from amqpbroker.protocol.peer import (
     PeerInvalidField,
     data_at,
     read_filter_set,
+    read_link_name,
     read_symbol_map,
     read_symbols,
     read_text,
@@ -162,7 +163,7 @@ def consumer_request(
     return ConsumerRequest(
         connection=connection,
         container_id=container_id,
-        link_name=read_text(lambda: link.name, "attach.name"),
+        link_name=read_link_name(link),
         address=source.address,
         capabilities=source.capabilities,
         dynamic=source.dynamic,

@@ -20,7 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar, TypeVar
 
-from proton import UNDESCRIBED, Array, Data, Described, symbol
+from cproton_ffi import ffi, lib
+from proton import UNDESCRIBED, Array, Data, Described, Link, symbol
 
 from amqpbroker.core import ClientError
 from amqpbroker.protocol.sections import MAX_DEPTH
@@ -31,8 +32,10 @@ __all__ = [
     "PeerDecodeError",
     "PeerInvalidField",
     "data_at",
+    "name_for_log",
     "read_data",
     "read_filter_set",
+    "read_link_name",
     "read_symbol_map",
     "read_symbols",
     "read_text",
@@ -105,7 +108,7 @@ def read_data(data: Data | None, field: str) -> Any:
         return None
     try:
         value = _node(data, field, 0)
-    except (UnicodeDecodeError, ValueError, TypeError, KeyError) as e:
+    except (UnicodeDecodeError, ValueError, TypeError, KeyError, OverflowError) as e:
         raise PeerDecodeError(field, f"malformed value ({e})") from None
     if data.next():
         raise PeerDecodeError(field, "more than one value")
@@ -226,6 +229,20 @@ def read_text(getter: Callable[[], T], field: str) -> T:
         return getter()
     except UnicodeDecodeError:
         raise PeerDecodeError(field, "not valid UTF-8") from None
+
+
+def read_link_name(link: Link) -> str:
+    """The attach's `name`: a mandatory string (checked once, at attach)."""
+    name = read_text(lambda: link.name, "attach.name")
+    if not isinstance(name, str):
+        raise PeerInvalidField("attach.name", "missing")
+    return name
+
+
+def name_for_log(link: Link) -> str:
+    """A link's name for a log line, whatever bytes the peer sent."""
+    raw = lib.pn_link_name(link._impl)
+    return ffi.string(raw).decode("utf-8", "replace") if raw else "-"
 
 
 def _ascii(value: str, field: str) -> str:

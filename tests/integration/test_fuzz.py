@@ -21,8 +21,8 @@ def test_fuzzed_amqp_frames_never_crash_or_hang_the_broker(tmp_path: Path) -> No
     serving a normal client (a round trip every 100 cases)."""
     summary = fuzz(tmp_path, sasl=False, seed=15, max_cases=3000, log=lambda line: None)
     assert summary.cases == 3000
-    assert (summary.crashes, summary.unexpected, summary.unanswered) == (0, 0, 0), (
-        "\n".join(summary.failures[:5])
+    assert (summary.crashes, summary.unexpected, summary.unanswered) == (0, 0, 0), "\n".join(
+        summary.failures[:5]
     )
 
 
@@ -33,6 +33,6 @@ def test_fuzzed_sasl_frames_never_crash_or_hang_the_broker(tmp_path: Path) -> No
     so fewer cases."""
     summary = fuzz(tmp_path, sasl=True, seed=15, max_cases=300, log=lambda line: None)
     assert summary.cases == 300
-    assert (summary.crashes, summary.unexpected, summary.unanswered) == (0, 0, 0), (
-        "\n".join(summary.failures[:5])
+    assert (summary.crashes, summary.unexpected, summary.unanswered) == (0, 0, 0), "\n".join(
+        summary.failures[:5]
     )

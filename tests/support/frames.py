@@ -226,3 +226,49 @@ def close_condition(data: bytes) -> str | None:
                 return str(fields[0].value[0])
             return ""
     return None
+
+
+def error_of(performative: Any) -> tuple[str, str] | None:
+    """(condition, description) of a detach, end or close's error, or a rejected outcome's."""
+    code = performative_code(performative)
+    fields = performative.value if code is not None else []
+    error: Any = None
+    if code == DETACH and len(fields) > 2:
+        error = fields[2]
+    elif code in (END, CLOSE) and fields:
+        error = fields[0]
+    elif code == DISPOSITION and len(fields) > 4 and performative_code(fields[4]) == REJECTED:
+        error = fields[4].value[0] if fields[4].value else None
+    if isinstance(error, Described) and error.value:
+        values = [*error.value, None]
+        return str(values[0]), str(values[1] or "")
+    return None
+
+
+class RawPeer:
+    """Raw bytes into one broker-side `AmqpConnection`; its answers decoded. No sockets."""
+
+    def __init__(self, connection: Any) -> None:
+        self.connection = connection
+        self.received = b""
+
+    def send(self, *frames_: bytes, header: bytes = AMQP_HEADER) -> list[Any]:
+        """Feed `header` (once) and frames; return the performatives answered since."""
+        before = list(read_frames(self.received))
+        data = b"".join(frames_)
+        if header and not self.received:
+            data = header + data
+        self.connection.feed(data)
+        self.received += self.connection.output()
+        return [p for _, _, p in list(read_frames(self.received))[len(before) :]]
+
+    def opened(self, container: str = "raw") -> list[Any]:
+        return self.send(frame(open_(container)), frame(begin()))
+
+    def errors(self) -> list[tuple[int | None, tuple[str, str] | None]]:
+        """(performative code, error) of every detach, end, close and rejection so far."""
+        return [
+            (performative_code(p), error_of(p))
+            for _, _, p in read_frames(self.received)
+            if error_of(p) is not None
+        ]

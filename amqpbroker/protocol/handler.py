@@ -592,7 +592,7 @@ class AmqpConnection:
         self._finish(abrupt=not self._orderly)
 
     def _on_session_open(self, event: Event) -> None:
-        if not self.connection.state & Endpoint.REMOTE_ACTIVE:
+        if self.connection.state & Endpoint.REMOTE_UNINIT:
             # Proton accepts a begin before the open; AMQP does not (issue 15).
             self._framing_error("begin before open")
             return

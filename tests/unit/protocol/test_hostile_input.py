@@ -345,3 +345,12 @@ def test_framing_error_is_answered_with_close_at_once(peer: F.RawPeer, data: byt
     peer.send(data)
     assert F.close_condition(peer.received) == "amqp:connection:framing-error"
     assert peer.connection.finished
+
+
+def test_begin_pipelined_with_open_and_close_is_no_framing_error(peer: F.RawPeer) -> None:
+    """Issue 15: a begin is refused only when it really precedes the open; a client that
+    sends open, begin, attach and close in one write gets its answers and a plain close."""
+    peer.send(F.frame(F.open_()), F.frame(F.begin()), _consumer(), F.frame(F.close()))
+    codes = [F.performative_code(p) for _, _, p in F.read_frames(peer.received)]
+    assert codes == [F.OPEN, F.BEGIN, F.ATTACH, F.CLOSE]
+    assert F.close_condition(peer.received) == ""

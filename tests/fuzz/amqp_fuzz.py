@@ -42,7 +42,7 @@ from typing import Any
 from support import frames as F
 from support.process import BrokerProcess, start_broker
 
-from amqpbroker.protocol.sections import Symbol, UInt, ULong
+from amqpbroker.protocol.sections import Described, Symbol, UInt, ULong
 
 ANSWER_S = 1.0  # the broker must close (frame or socket) within this after the input
 PADDING = 140 * 1024  # more input for a case whose frame may still be incomplete
@@ -50,96 +50,46 @@ CHECK_EVERY = 100  # cases between two proton client round trips
 LOG_ALARMS = ("Traceback", "internal error", "Fatal Python error")
 USER, PASSWORD = "fuzz", "fuzz-pw"
 
-# -- The value model: performatives as described lists of nodes -------------------------------
+# -- Conversations: valid frame sequences per scenario ----------------------------------------
 
-
-@dataclass
-class Node:
-    """A described list (a performative, terminus, outcome, error) whose fields are nodes
-    or encoded bytes, so a mutation can reach any field at any depth."""
-
-    code: int
-    fields: list[Node | bytes]
-
-    def encode(self) -> bytes:
-        return F.described_list(
-            self.code, [f.encode() if isinstance(f, Node) else f for f in self.fields]
-        )
+Node = F.Node
+NULL = F.NULL
+_enc = F.enc
 
 
 @dataclass
 class Frame:
+    """One frame of a conversation, kept as nodes until the case is encoded."""
+
     body: Node | bytes
     payload: bytes = b""
     channel: int = 0
     kind: int = F.AMQP_FRAME
 
     def encode(self) -> bytes:
-        body = self.body.encode() if isinstance(self.body, Node) else self.body
-        return F.frame(body, channel=self.channel, kind=self.kind, payload=self.payload)
-
-
-def _enc(value: Any) -> bytes:
-    return F.enc(value)
-
-
-NULL = F.NULL
+        return F.frame(self.body, channel=self.channel, kind=self.kind, payload=self.payload)
 
 
 def _open(container: str) -> Node:
-    return Node(
-        F.OPEN,
-        [
-            _enc(container),
-            _enc("localhost"),
-            _enc(UInt(65536)),
-            NULL,
-            NULL,
-            NULL,
-            F.symbols("en-US"),
-            NULL,
-            F.symbols("sole-connection-for-container"),
-            _enc({Symbol("product"): "fuzz"}),
-        ],
+    return F.open_(
+        container,
+        hostname="localhost",
+        locales=F.symbols("en-US"),
+        desired=F.symbols("sole-connection-for-container"),
+        properties=_enc({Symbol("product"): "fuzz"}),
     )
-
-
-def _begin() -> Node:
-    return Node(F.BEGIN, [NULL, _enc(UInt(0)), _enc(UInt(2048)), _enc(UInt(2048))])
 
 
 def _source(address: str | None, *caps: str, filters: bytes = NULL, dynamic: bool = False) -> Node:
-    return Node(
-        F.SOURCE,
-        [
-            _enc(address),
-            _enc(UInt(0)),
-            _enc(Symbol("session-end")),
-            _enc(UInt(0)),
-            _enc(dynamic),
-            NULL,
-            NULL,
-            filters,
-            NULL,
-            F.symbols("amqp:accepted:list", "amqp:rejected:list"),
-            F.symbols(*caps) if caps else NULL,
-        ],
+    node = F.source(
+        address,
+        *caps,
+        filters=filters,
+        dynamic=dynamic,
+        outcomes=F.symbols("amqp:accepted:list", "amqp:rejected:list"),
     )
-
-
-def _target(address: str | None, *caps: str) -> Node:
-    return Node(
-        F.TARGET,
-        [
-            _enc(address),
-            _enc(UInt(0)),
-            _enc(Symbol("session-end")),
-            _enc(UInt(0)),
-            NULL,
-            NULL,
-            F.symbols(*caps) if caps else NULL,
-        ],
-    )
+    node.fields[1:4] = [_enc(UInt(0)), _enc(Symbol("session-end")), _enc(UInt(0))]
+    return node
 
 
 def _attach(
@@ -151,77 +101,14 @@ def _attach(
     target: Node | bytes,
     properties: bytes = NULL,
 ) -> Node:
-    return Node(
-        F.ATTACH,
-        [
-            _enc(name),
-            _enc(UInt(handle)),
-            _enc(receiver),
-            NULL,
-            NULL,
-            source,
-            target,
-            NULL,
-            NULL,
-            NULL if receiver else _enc(UInt(0)),
-            NULL,
-            NULL,
-            NULL,
-            properties,
-        ],
+    return F.attach(
+        name,
+        handle=handle,
+        role_receiver=receiver,
+        source=source,
+        target=target,
+        properties=properties,
     )
-
-
-def _flow(handle: int, credit: int, *, drain: bool = False) -> Node:
-    return Node(
-        F.FLOW,
-        [
-            _enc(UInt(0)),
-            _enc(UInt(2048)),
-            _enc(UInt(0)),
-            _enc(UInt(2048)),
-            _enc(UInt(handle)),
-            _enc(UInt(0)),
-            _enc(UInt(credit)),
-            NULL,
-            _enc(drain),
-        ],
-    )
-
-
-def _transfer(
-    handle: int,
-    delivery_id: int | None,
-    tag: bytes | None,
-    *,
-    more: bool = False,
-    aborted: bool = False,
-    settled: bool = False,
-    state: Node | bytes = NULL,
-) -> Node:
-    return Node(
-        F.TRANSFER,
-        [
-            _enc(UInt(handle)),
-            NULL if delivery_id is None else _enc(UInt(delivery_id)),
-            NULL if tag is None else _enc(tag),
-            _enc(UInt(0)),
-            _enc(settled),
-            _enc(more),
-            NULL,
-            state,
-            NULL,
-            _enc(aborted),
-        ],
-    )
-
-
-def _disposition(first: int, state: Node | bytes, *, settled: bool = True) -> Node:
-    return Node(F.DISPOSITION, [_enc(True), _enc(UInt(first)), NULL, _enc(settled), state])
-
-
-def _error(condition: str, description: str) -> Node:
-    return Node(F.ERROR, [_enc(Symbol(condition)), _enc(description), _enc({Symbol("k"): "v"})])
 
 
 def _message(body: Any = "fuzz", **annotations: Any) -> bytes:
@@ -231,22 +118,18 @@ def _message(body: Any = "fuzz", **annotations: Any) -> bytes:
         if annotations
         else b""
     )
-    props = b"\x00\x53\x73" + _enc([_enc_id(), None, "fuzz-q", "subject"])
+    props = b"\x00\x53\x73" + _enc([ULong(7), None, "fuzz-q", "subject"])
     ap = b"\x00\x53\x74" + _enc({"_AMQ_DUPL_ID": "x", "n": 1})
     return header + ma + props + ap + b"\x00\x53\x77" + _enc(body)
-
-
-def _enc_id() -> Any:
-    return ULong(7)
 
 
 def _outcomes() -> list[Node]:
     return [
         Node(F.ACCEPTED, []),
-        Node(F.REJECTED, [_error("amqp:internal-error", "no")]),
+        Node(F.REJECTED, [F.error("amqp:internal-error", "no")]),
         Node(F.RELEASED, []),
         Node(F.MODIFIED, [_enc(True), _enc(False), _enc({Symbol("x-opt-a"): 1})]),
-        Node(0x23, [_enc(UInt(0)), _enc(ULong(0))]),  # received (non-terminal)
+        F.outcome(F.RECEIVED, [_enc(UInt(0)), _enc(ULong(0))]),  # non-terminal
         Node(F.TRANSACTIONAL_STATE, [_enc(b"txn:1"), Node(F.ACCEPTED, [])]),
     ]
 
@@ -258,18 +141,24 @@ def _conversations(rng: random.Random) -> dict[str, Callable[[], list[Frame]]]:
     q = f"fuzz-{rng.randrange(4)}"
 
     def opened() -> list[Frame]:
-        return [Frame(_open(f"fuzz-{rng.randrange(1 << 30)}")), Frame(_begin())]
+        return [Frame(_open(f"fuzz-{rng.randrange(1 << 30)}")), Frame(F.begin())]
 
     def producer() -> list[Frame]:
         return [
             *opened(),
             Frame(
-                _attach("p", 0, receiver=False, source=_source("src"), target=_target(q, "queue"))
+                _attach("p", 0, receiver=False, source=_source("src"), target=F.target(q, "queue"))
             ),
-            Frame(_transfer(0, 0, b"t0"), payload=_message("x", **{"x-opt-delivery-delay": 10})),
-            Frame(_transfer(0, 1, b"t1", settled=True), payload=_message([1, {"a": [2]}])),
-            Frame(Node(F.DETACH, [_enc(UInt(0)), _enc(True), NULL])),
-            Frame(Node(F.END, [])),
+            Frame(
+                F.transfer(handle=0, delivery_id=0, tag=b"t0"),
+                payload=_message("x", **{"x-opt-delivery-delay": 10}),
+            ),
+            Frame(
+                F.transfer(handle=0, delivery_id=1, tag=b"t1", settled=True),
+                payload=_message([1, {"a": [2]}]),
+            ),
+            Frame(F.detach(handle=0)),
+            Frame(F.end()),
         ]
 
     def multi_frame() -> list[Frame]:
@@ -277,17 +166,19 @@ def _conversations(rng: random.Random) -> dict[str, Callable[[], list[Frame]]]:
         return [
             *opened(),
             Frame(
-                _attach("p", 0, receiver=False, source=_source("src"), target=_target(q, "queue"))
+                _attach("p", 0, receiver=False, source=_source("src"), target=F.target(q, "queue"))
             ),
-            Frame(_transfer(0, 0, b"m", more=True), payload=data[:100]),
-            Frame(_transfer(0, None, None, more=True), payload=data[100:200]),
-            Frame(_transfer(0, None, None), payload=data[200:]),
-            Frame(_transfer(0, 1, b"a", more=True), payload=data[:50]),
-            Frame(_transfer(0, None, None, aborted=True)),
+            Frame(F.transfer(handle=0, delivery_id=0, tag=b"m", more=True), payload=data[:100]),
+            Frame(
+                F.transfer(handle=0, delivery_id=None, tag=None, more=True), payload=data[100:200]
+            ),
+            Frame(F.transfer(handle=0, delivery_id=None, tag=None), payload=data[200:]),
+            Frame(F.transfer(handle=0, delivery_id=1, tag=b"a", more=True), payload=data[:50]),
+            Frame(F.transfer(handle=0, delivery_id=None, tag=None, aborted=True)),
         ]
 
     def consumer() -> list[Frame]:
-        filters = _enc({Symbol("jms-selector"): F_described(ULong(0x0000468C00000004), "n = 1")})
+        filters = _enc({Symbol("jms-selector"): Described(ULong(0x0000468C00000004), "n = 1")})
         frames = producer()[:-2]
         return [
             *frames,
@@ -297,14 +188,16 @@ def _conversations(rng: random.Random) -> dict[str, Callable[[], list[Frame]]]:
                     1,
                     receiver=True,
                     source=_source(q, "queue", filters=filters),
-                    target=_target(None),
+                    target=F.target(None),
                     properties=_enc({Symbol("priority"): 5}),
                 )
             ),
-            Frame(_flow(1, 10)),
-            *[Frame(_disposition(i, o)) for i, o in enumerate(_outcomes())],
-            Frame(_flow(1, 0, drain=True)),
-            Frame(Node(F.DETACH, [_enc(UInt(1)), _enc(False), _error("amqp:x", "y")])),
+            Frame(F.flow(handle=1, credit=10)),
+            *[Frame(F.disposition(first=i, state=o)) for i, o in enumerate(_outcomes())],
+            Frame(F.flow(handle=1, credit=0, drain=True)),
+            Frame(
+                F.detach(handle=1, closed=False, error=F.error("amqp:x", "y", {Symbol("k"): "v"}))
+            ),
         ]
 
     def topic() -> list[Frame]:
@@ -316,7 +209,7 @@ def _conversations(rng: random.Random) -> dict[str, Callable[[], list[Frame]]]:
                     0,
                     receiver=True,
                     source=_source(f"t.{q}", "topic", "shared", "global"),
-                    target=_target(None),
+                    target=F.target(None),
                 )
             ),
             Frame(
@@ -325,13 +218,16 @@ def _conversations(rng: random.Random) -> dict[str, Callable[[], list[Frame]]]:
                     1,
                     receiver=True,
                     source=_source(None, dynamic=True),
-                    target=_target(None),
+                    target=F.target(None),
                 )
             ),
-            Frame(_attach("null", 2, receiver=True, source=NULL, target=_target(None))),
-            Frame(_attach("relay", 3, receiver=False, source=_source("s"), target=_target(None))),
-            Frame(_flow(3, 0)),
-            Frame(_transfer(3, 0, b"r"), payload=_message("z", **{"x-opt-routing-type": 1})),
+            Frame(_attach("null", 2, receiver=True, source=NULL, target=F.target(None))),
+            Frame(_attach("relay", 3, receiver=False, source=_source("s"), target=F.target(None))),
+            Frame(F.flow(handle=3, credit=0)),
+            Frame(
+                F.transfer(handle=3, delivery_id=0, tag=b"r"),
+                payload=_message("z", **{"x-opt-routing-type": 1}),
+            ),
         ]
 
     def transactions() -> list[Frame]:
@@ -339,23 +235,31 @@ def _conversations(rng: random.Random) -> dict[str, Callable[[], list[Frame]]]:
         return [
             *opened(),
             Frame(_attach("txn", 0, receiver=False, source=_source("s"), target=coord)),
-            Frame(_transfer(0, 0, b"d"), payload=F.declare()),
+            Frame(F.transfer(handle=0, delivery_id=0, tag=b"d"), payload=F.declare()),
             Frame(
-                _attach("p", 1, receiver=False, source=_source("src"), target=_target(q, "queue"))
+                _attach("p", 1, receiver=False, source=_source("src"), target=F.target(q, "queue"))
             ),
             Frame(
-                _transfer(1, 1, b"x", state=Node(F.TRANSACTIONAL_STATE, [_enc(b"txn:1")])),
+                F.transfer(
+                    handle=1,
+                    delivery_id=1,
+                    tag=b"x",
+                    state=Node(F.TRANSACTIONAL_STATE, [_enc(b"txn:1")]),
+                ),
                 payload=_message(),
             ),
-            Frame(_transfer(0, 2, b"c"), payload=F.discharge(b"txn:1")),
-            Frame(_transfer(0, 3, b"e"), payload=F.discharge(b"nope", fail=True)),
+            Frame(F.transfer(handle=0, delivery_id=2, tag=b"c"), payload=F.discharge(b"txn:1")),
+            Frame(
+                F.transfer(handle=0, delivery_id=3, tag=b"e"),
+                payload=F.discharge(b"nope", fail=True),
+            ),
         ]
 
     def errors() -> list[Frame]:
         return [
             *opened(),
-            Frame(Node(F.END, [_error("amqp:x", "y")])),
-            Frame(Node(F.CLOSE, [_error("amqp:internal-error", "bye")])),
+            Frame(F.end(error=F.error("amqp:x", "y"))),
+            Frame(F.close(error=F.error("amqp:internal-error", "bye"))),
         ]
 
     return {
@@ -367,12 +271,6 @@ def _conversations(rng: random.Random) -> dict[str, Callable[[], list[Frame]]]:
         "transactions": transactions,
         "errors": errors,
     }
-
-
-def F_described(descriptor: Any, value: Any) -> Any:
-    from amqpbroker.protocol.sections import Described
-
-    return Described(descriptor, value)
 
 
 # -- Mutations --------------------------------------------------------------------------------
@@ -532,13 +430,7 @@ def make_case(rng: random.Random, *, sasl: bool) -> Case:
     frames = conversations[scenario]()
     prefix = F.AMQP_HEADER
     if sasl:
-        init = Frame(
-            Node(
-                F.SASL_INIT,
-                [_enc(Symbol("PLAIN")), _enc(F.plain(USER, PASSWORD)), _enc("localhost")],
-            ),
-            kind=F.SASL_FRAME,
-        )
+        init = Frame(F.sasl_init("PLAIN", F.plain(USER, PASSWORD), "localhost"), kind=F.SASL_FRAME)
         sasl_frames = [init]
         if rng.random() < 0.3:  # junk in place of the other SASL frames, or extra ones
             junk = rng.choice(

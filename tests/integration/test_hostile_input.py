@@ -57,8 +57,9 @@ def _round_trip(broker: BrokerProcess, address: str) -> list[object]:
 def test_lying_capabilities_array_is_refused_and_the_broker_lives(broker: BrokerProcess) -> None:
     """Issue 15: `e0 08 09 a3 05 queue` in a source killed the broker with SIGSEGV; now
     the attach is refused with amqp:decode-error and other clients are served."""
-    source = F.terminus(F.SOURCE, "q", capabilities=b"\xe0\x08\x09\xa3\x05queue")
-    attach = F.attach("l", role_receiver=True, source=source, target=F.terminus(F.TARGET, None))
+    source = F.source("q")
+    source.fields[-1] = b"\xe0\x08\x09\xa3\x05queue"  # capabilities
+    attach = F.attach("l", role_receiver=True, source=source, target=F.target(None))
     data = F.AMQP_HEADER + F.frame(F.open_()) + F.frame(F.begin()) + F.frame(attach)
     received, _ = _exchange(broker, data + F.frame(F.close()))
     errors = [F.error_of(p) for _, _, p in F.read_frames(received)]

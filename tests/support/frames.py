@@ -1,14 +1,17 @@
 """Raw AMQP 1.0 frames for hostile-input tests and the fuzzer (issue 15).
 
-Performatives are described lists whose fields are *encoded bytes*, so a test can put
-any value, well-formed or not, in any field: `attach(name=..., source=lying_array)`.
-Values are encoded with the broker's own codec (`amqpbroker.protocol.sections`).
+Performatives, termini, outcomes and errors are `Node`s: described lists whose fields
+are nodes or *encoded bytes*, so a test or the fuzzer can put any value, well-formed or
+not, in any field at any depth (`attach(...).fields[0] = b"\\xa1\\x03\\xff\\xfe\\xfd"`).
+Values are encoded with the broker's own codec (`amqpbroker.protocol.sections`); the
+broker's answers are decoded with it too (`read_frames`, `error_of`).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from amqpbroker.protocol.sections import (
@@ -30,9 +33,8 @@ OPEN, BEGIN, ATTACH, FLOW, TRANSFER, DISPOSITION, DETACH, END, CLOSE = range(0x1
 SASL_MECHANISMS, SASL_INIT, SASL_CHALLENGE, SASL_RESPONSE, SASL_OUTCOME = range(0x40, 0x45)
 SOURCE, TARGET, COORDINATOR = 0x28, 0x29, 0x30
 ERROR = 0x1D
-ACCEPTED, REJECTED, RELEASED, MODIFIED = 0x24, 0x25, 0x26, 0x27
+RECEIVED, ACCEPTED, REJECTED, RELEASED, MODIFIED = 0x23, 0x24, 0x25, 0x26, 0x27
 DECLARE, DISCHARGE, TRANSACTIONAL_STATE = 0x31, 0x32, 0x34
-HEADER_SECTION, AMQP_VALUE_SECTION = 0x70, 0x77
 
 NULL = b"\x40"
 
@@ -50,46 +52,76 @@ def symbols(*names: str) -> bytes:
 def described_list(code: int, fields: list[bytes]) -> bytes:
     """`code` described list32 of already-encoded fields (trailing nulls kept as given)."""
     body = b"".join(fields)
-    return (
-        b"\x00\x53"
-        + bytes((code,))
-        + b"\xd0"
-        + struct.pack(">II", len(body) + 4, len(fields))
-        + body
-    )
+    size_count = struct.pack(">II", len(body) + 4, len(fields))
+    return b"\x00\x53" + bytes((code,)) + b"\xd0" + size_count + body
 
 
-def frame(body: bytes, *, channel: int = 0, kind: int = AMQP_FRAME, payload: bytes = b"") -> bytes:
-    """One frame: size, doff 2, type, channel, then the performative and its payload."""
-    return struct.pack(">IBBH", 8 + len(body) + len(payload), 2, kind, channel) + body + payload
+@dataclass
+class Node:
+    """A described list whose fields are nodes or encoded bytes."""
+
+    code: int
+    fields: list[Node | bytes]
+
+    def encode(self) -> bytes:
+        return described_list(
+            self.code, [f.encode() if isinstance(f, Node) else f for f in self.fields]
+        )
 
 
-def open_(container: str = "fuzz", *, extra: list[bytes] | None = None) -> bytes:
-    return described_list(OPEN, [enc(container), *(extra or [])])
-
-
-def begin(*, remote_channel: bytes = NULL, incoming_window: int = 2048) -> bytes:
-    window = enc(UInt(incoming_window))
-    return described_list(BEGIN, [remote_channel, enc(UInt(0)), window, enc(UInt(2048))])
-
-
-def terminus(
-    code: int, address: str | None, *, capabilities: bytes = NULL, tail: list[bytes] | None = None
+def frame(
+    body: Node | bytes, *, channel: int = 0, kind: int = AMQP_FRAME, payload: bytes = b""
 ) -> bytes:
-    """A source (0x28) or target (0x29): address, then nulls, then capabilities last."""
-    if (
-        code == SOURCE
-    ):  # address durable expiry timeout dynamic props dist-mode filter outcome outcomes caps
-        fields = [enc(address), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, capabilities]
-    else:  # address durable expiry timeout dynamic props capabilities
-        fields = [enc(address), NULL, NULL, NULL, NULL, NULL, capabilities]
-    if tail is not None:
-        fields[1 : 1 + len(tail)] = tail
-    return described_list(code, fields)
+    """One frame: size, doff 2, type, channel, then the performative and its payload."""
+    encoded = body.encode() if isinstance(body, Node) else body
+    header = struct.pack(">IBBH", 8 + len(encoded) + len(payload), 2, kind, channel)
+    return header + encoded + payload
 
 
-def coordinator() -> bytes:
-    return described_list(COORDINATOR, [symbols("amqp:local-transactions")])
+def _opt(value: bytes | None) -> bytes:
+    return NULL if value is None else value
+
+
+def open_(
+    container: str = "raw",
+    *,
+    hostname: str | None = None,
+    locales: bytes = NULL,
+    desired: bytes = NULL,
+    properties: bytes = NULL,
+) -> Node:
+    """container-id hostname max-frame-size channel-max idle-timeout outgoing-locales
+    incoming-locales offered-capabilities desired-capabilities properties."""
+    fields: list[Node | bytes] = [enc(container), enc(hostname), enc(UInt(65536)), NULL, NULL]
+    return Node(OPEN, [*fields, NULL, locales, NULL, desired, properties])
+
+
+def begin(*, remote_channel: bytes = NULL, incoming_window: int = 2048) -> Node:
+    window = enc(UInt(incoming_window))
+    return Node(BEGIN, [remote_channel, enc(UInt(0)), window, enc(UInt(2048))])
+
+
+def source(
+    address: str | None,
+    *caps: str,
+    filters: bytes = NULL,
+    dynamic: bool = False,
+    outcomes: bytes = NULL,
+) -> Node:
+    """address durable expiry-policy timeout dynamic dynamic-node-properties
+    distribution-mode filter default-outcome outcomes capabilities."""
+    fields: list[Node | bytes] = [enc(address), NULL, NULL, NULL, enc(dynamic), NULL, NULL]
+    return Node(SOURCE, [*fields, filters, NULL, outcomes, symbols(*caps) if caps else NULL])
+
+
+def target(address: str | None, *caps: str) -> Node:
+    """address durable expiry-policy timeout dynamic dynamic-node-properties capabilities."""
+    caps_field = symbols(*caps) if caps else NULL
+    return Node(TARGET, [enc(address), NULL, NULL, NULL, NULL, NULL, caps_field])
+
+
+def coordinator() -> Node:
+    return Node(COORDINATOR, [symbols("amqp:local-transactions")])
 
 
 def attach(
@@ -97,71 +129,81 @@ def attach(
     *,
     handle: int = 0,
     role_receiver: bool,
-    source: bytes = NULL,
-    target: bytes = NULL,
-    extra: list[bytes] | None = None,
-) -> bytes:
-    """role true = the peer receives (the broker's consumer); false = the peer sends."""
-    role = b"\x41" if role_receiver else b"\x42"
-    fields = [enc(name), enc(UInt(handle)), role, NULL, NULL, source, target]
-    return described_list(ATTACH, fields + list(extra or []))
+    source: Node | bytes = NULL,
+    target: Node | bytes = NULL,
+    properties: bytes = NULL,
+) -> Node:
+    """role true = the peer receives (the broker's consumer); false = the peer sends.
+
+    name handle role snd-settle-mode rcv-settle-mode source target unsettled
+    incomplete-unsettled initial-delivery-count max-message-size offered-capabilities
+    desired-capabilities properties."""
+    first = [enc(name), enc(UInt(handle)), enc(role_receiver), NULL, NULL, source, target]
+    count = NULL if role_receiver else enc(UInt(0))
+    return Node(ATTACH, [*first, NULL, NULL, count, NULL, NULL, NULL, properties])
 
 
-def flow(*, handle: int | None = 0, credit: int = 10, drain: bool = False) -> bytes:
-    fields = [enc(UInt(0)), enc(UInt(2048)), enc(UInt(0)), enc(UInt(2048))]
+def flow(*, handle: int | None = 0, credit: int = 10, drain: bool = False) -> Node:
+    fields: list[Node | bytes] = [enc(UInt(0)), enc(UInt(2048)), enc(UInt(0)), enc(UInt(2048))]
     if handle is not None:
         fields += [enc(UInt(handle)), enc(UInt(0)), enc(UInt(credit)), NULL, enc(drain)]
-    return described_list(FLOW, fields)
+    return Node(FLOW, fields)
 
 
 def transfer(
     *,
     handle: int = 0,
-    delivery_id: int = 0,
-    tag: bytes = b"t",
+    delivery_id: int | None = 0,
+    tag: bytes | None = b"t",
     more: bool = False,
     aborted: bool = False,
     settled: bool = False,
-    state: bytes | None = None,
-) -> bytes:
-    fields = [enc(UInt(handle)), enc(UInt(delivery_id)), enc(tag), enc(UInt(0)), enc(settled)]
-    fields += [enc(more), NULL, state if state is not None else NULL]
-    if aborted:
-        fields += [NULL, enc(True)]
-    return described_list(TRANSFER, fields)
+    state: Node | bytes = NULL,
+) -> Node:
+    """handle delivery-id delivery-tag message-format settled more rcv-settle-mode state
+    resume aborted; delivery-id and tag None on the continuation frames."""
+    ids = [enc(UInt(handle)), _opt(None if delivery_id is None else enc(UInt(delivery_id)))]
+    fields = [*ids, _opt(None if tag is None else enc(tag)), enc(UInt(0)), enc(settled)]
+    return Node(TRANSFER, [*fields, enc(more), NULL, state, NULL, enc(aborted)])
 
 
-def outcome(code: int, fields: list[bytes] | None = None) -> bytes:
-    return described_list(code, list(fields or []))
+def outcome(code: int, fields: list[Node | bytes] | None = None) -> Node:
+    return Node(code, list(fields or []))
 
 
-def disposition(*, first: int = 0, last: int | None = None, state: bytes = NULL) -> bytes:
+def error(condition: str, description: str = "", info: Any = None) -> Node:
+    return Node(ERROR, [enc(Symbol(condition)), enc(description), enc(info)])
+
+
+def disposition(
+    *, first: int = 0, last: int | None = None, state: Node | bytes = NULL, settled: bool = True
+) -> Node:
     """role true: the broker's consumer settles deliveries it received."""
     last_field = NULL if last is None else enc(UInt(last))
-    return described_list(DISPOSITION, [b"\x41", enc(UInt(first)), last_field, enc(True), state])
+    return Node(DISPOSITION, [enc(True), enc(UInt(first)), last_field, enc(settled), state])
 
 
-def detach(*, handle: int = 0, closed: bool = True, error: bytes = NULL) -> bytes:
-    return described_list(DETACH, [enc(UInt(handle)), enc(closed), error])
+def detach(*, handle: int = 0, closed: bool = True, error: Node | bytes = NULL) -> Node:
+    return Node(DETACH, [enc(UInt(handle)), enc(closed), error])
 
 
-def end() -> bytes:
-    return described_list(END, [])
+def end(*, error: Node | bytes = NULL) -> Node:
+    return Node(END, [error])
 
 
-def close(*, error: bytes = NULL) -> bytes:
-    return described_list(CLOSE, [error])
+def close(*, error: Node | bytes = NULL) -> Node:
+    return Node(CLOSE, [error])
 
 
-def sasl_init(mechanism: str, response: bytes = b"") -> bytes:
-    return described_list(SASL_INIT, [enc(Symbol(mechanism)), enc(response)])
+def sasl_init(mechanism: str, response: bytes = b"", hostname: str | None = None) -> Node:
+    return Node(SASL_INIT, [enc(Symbol(mechanism)), enc(response), enc(hostname)])
 
 
 def plain(user: str, password: str) -> bytes:
     return b"\x00" + user.encode() + b"\x00" + password.encode()
 
 
-def message(body: Any = "fuzz", *, header: bytes = b"") -> bytes:
+def message(body: Any = "raw", *, header: bytes = b"") -> bytes:
     """A message: an optional raw header section, then an amqp-value body."""
     return header + b"\x00\x53\x77" + enc(body)
 
@@ -174,15 +216,14 @@ def discharge(txn_id: bytes, *, fail: bool = False) -> bytes:
     return b"\x00\x53\x77" + described_list(DISCHARGE, [enc(txn_id), enc(fail)])
 
 
-def transactional_state(txn_id: bytes, outcome_bytes: bytes = NULL) -> bytes:
-    return described_list(TRANSACTIONAL_STATE, [enc(txn_id), outcome_bytes])
-
-
 def nested_lists(depth: int, leaf: Any = "x") -> Any:
     value: Any = leaf
     for _ in range(depth):
         value = [value]
     return value
+
+
+# -- Reading the broker's answers ---------------------------------------------------------
 
 
 def read_frames(data: bytes) -> Iterator[tuple[int, int, Any]]:
@@ -218,13 +259,12 @@ def performative_code(performative: Any) -> int | None:
 
 
 def close_condition(data: bytes) -> str | None:
-    """The error condition of the broker's close frame in `data` (None: no close or no error)."""
+    """The error condition of the broker's close frame in `data` ("" without an error;
+    None when there is no close frame)."""
     for _, _, performative in read_frames(data):
         if performative_code(performative) == CLOSE:
-            fields = performative.value
-            if fields and isinstance(fields[0], Described) and fields[0].value:
-                return str(fields[0].value[0])
-            return ""
+            found = error_of(performative)
+            return found[0] if found is not None else ""
     return None
 
 
@@ -252,10 +292,10 @@ class RawPeer:
         self.connection = connection
         self.received = b""
 
-    def send(self, *frames_: bytes, header: bytes = AMQP_HEADER) -> list[Any]:
+    def send(self, *frames: bytes, header: bytes = AMQP_HEADER) -> list[Any]:
         """Feed `header` (once) and frames; return the performatives answered since."""
         before = list(read_frames(self.received))
-        data = b"".join(frames_)
+        data = b"".join(frames)
         if header and not self.received:
             data = header + data
         self.connection.feed(data)

@@ -32,57 +32,56 @@ def peer() -> F.RawPeer:
     return F.RawPeer(AmqpConnection(Shell(broker), peer="memory"))
 
 
-def _consumer(source: bytes = b"", *, target: bytes = F.NULL, properties: bytes = F.NULL) -> bytes:
-    source = source or F.terminus(F.SOURCE, "q", capabilities=F.symbols("queue"))
-    extra = [F.NULL] * 6 + [properties]
-    return F.frame(F.attach("c", role_receiver=True, source=source, target=target, extra=extra))
+SOURCE_FIELDS = (
+    "address",
+    "durable",
+    "expiry-policy",
+    "timeout",
+    "dynamic",
+    "dynamic-node-properties",
+    "distribution-mode",
+    "filter",
+    "default-outcome",
+    "outcomes",
+    "capabilities",
+)
+TARGET_FIELDS = (*SOURCE_FIELDS[:6], "capabilities")
 
 
-def _producer(target: bytes = b"", *, name: bytes | None = None) -> bytes:
-    target = target or F.terminus(F.TARGET, "q", capabilities=F.symbols("queue"))
-    body = F.attach("p", role_receiver=False, source=F.terminus(F.SOURCE, "s"), target=target)
-    if name is not None:  # the name is the first field: after the list32 header
-        body = F.described_list(F.ATTACH, [name, *_fields_after_name(body)])
-    return F.frame(body)
+def _with(node: F.Node, names: tuple[str, ...], fields: dict[str, bytes]) -> F.Node:
+    for name, value in fields.items():
+        node.fields[names.index(name.replace("_", "-"))] = value
+    return node
 
 
-def _fields_after_name(attach_body: bytes) -> list[bytes]:
-    """The attach's encoded fields but the first (split with the section decoder)."""
-    from amqpbroker.protocol.sections import decode_first
+def _source(**fields: bytes) -> F.Node:
+    """A `queue` source on `q`, with the given raw fields (by AMQP field name)."""
+    return _with(F.source("q", "queue"), SOURCE_FIELDS, fields)
 
-    pos = 3 + 9  # descriptor 00 53 12, list32 header
-    fields = []
-    while pos < len(attach_body):
-        _, end = decode_first(attach_body, pos)
-        fields.append(attach_body[pos:end])
-        pos = end
-    return fields[1:]
+
+def _target(**fields: bytes) -> F.Node:
+    return _with(F.target("q", "queue"), TARGET_FIELDS, fields)
+
+
+def _consumer(
+    source: F.Node | None = None, *, target: F.Node | bytes = F.NULL, properties: bytes = F.NULL
+) -> bytes:
+    node = F.attach(
+        "c", role_receiver=True, source=source or _source(), target=target, properties=properties
+    )
+    return F.frame(node)
+
+
+def _producer(target: F.Node | None = None, *, name: bytes | None = None) -> bytes:
+    node = F.attach("p", role_receiver=False, source=F.source("s"), target=target or _target())
+    if name is not None:
+        node.fields[0] = name
+    return F.frame(node)
 
 
 def _refusal(peer: F.RawPeer) -> tuple[int | None, tuple[str, str] | None]:
     [refusal] = peer.errors()
     return refusal
-
-
-def _source(**fields: bytes) -> bytes:
-    """A source with `q` as address and the given raw fields (by AMQP field name)."""
-    names = [
-        "address",
-        "durable",
-        "expiry-policy",
-        "timeout",
-        "dynamic",
-        "dynamic-node-properties",
-        "distribution-mode",
-        "filter",
-        "default-outcome",
-        "outcomes",
-        "capabilities",
-    ]
-    values = [fields.get(n.replace("-", "_"), F.NULL) for n in names]
-    if "address" not in fields:
-        values[0] = F.enc("q")
-    return F.described_list(F.SOURCE, values)
 
 
 def test_lying_capabilities_array_refuses_the_link_and_the_engine_survives(
@@ -140,7 +139,7 @@ LINK_FIELDS = [
     (_consumer(_source(filter=LYING_ARRAY)), "amqp:decode-error", "source.filter"),
     (_consumer(_source(address=NOT_UTF8)), "amqp:decode-error", "source.address"),
     (
-        _consumer(target=F.terminus(F.TARGET, None, capabilities=F.enc(UInt(3)))),
+        _consumer(target=_target(address=F.NULL, capabilities=F.enc(UInt(3)))),
         "amqp:invalid-field",
         "target.capabilities",
     ),
@@ -152,12 +151,12 @@ LINK_FIELDS = [
         "attach.properties",
     ),
     (
-        _producer(F.terminus(F.TARGET, "q", capabilities=LYING_ARRAY)),
+        _producer(_target(capabilities=LYING_ARRAY)),
         "amqp:decode-error",
         "target.capabilities",
     ),
     (
-        _producer(F.terminus(F.TARGET, "q", capabilities=F.enc(True))),
+        _producer(_target(capabilities=F.enc(True))),
         "amqp:invalid-field",
         "target.capabilities",
     ),
@@ -298,9 +297,7 @@ def test_malformed_control_body_is_rejected(peer: F.RawPeer, body: bytes, condit
     """Issue 15: coordinator bodies are decoded by the bounded codec and type-checked;
     the transfer is rejected with the condition, the coordinator link stays."""
     peer.opened()
-    coordinator = F.attach(
-        "txn", role_receiver=False, source=F.terminus(F.SOURCE, "s"), target=F.coordinator()
-    )
+    coordinator = F.attach("txn", role_receiver=False, source=F.source("s"), target=F.coordinator())
     peer.send(F.frame(coordinator))
     peer.send(F.frame(F.transfer(handle=0), payload=body))
     [(code, error)] = peer.errors()

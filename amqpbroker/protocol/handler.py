@@ -131,6 +131,7 @@ _TXN_IDS = itertools.count(1)
 FAILED = Modified(delivery_failed=True)
 _DUPLICATE_ID_KEY = b"_AMQ_DUPL_ID"
 _PN_DELIVERY = lib.PN_DELIVERY
+_PN_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
 _PN_LINK_FLOW = lib.PN_LINK_FLOW
 _PN_ACCEPTED = lib.PN_ACCEPTED
 _PN_RELEASED = lib.PN_RELEASED
@@ -421,6 +422,9 @@ class AmqpConnection:
         null = ffi.NULL
         while (event := peek(collector)) != null:
             kind = event_type(event)
+            if self.closed and kind != _PN_TRANSPORT_CLOSED:
+                pop(collector)  # issue 15: nothing a peer sends after the end is acted on
+                continue
             try:
                 if kind == _PN_DELIVERY:
                     delivery = lib.pn_event_delivery(event)
@@ -557,6 +561,9 @@ class AmqpConnection:
         self._finish(abrupt=False)
 
     def _on_connection_close(self, event: Event) -> None:
+        if self.connection.state & Endpoint.LOCAL_UNINIT:
+            self._framing_error("close before open")  # issue 15: proton would not answer it
+            return
         self._orderly = True
         self.connection.close()
         self._finish(abrupt=False)  # B-053: an AMQP close is orderly

@@ -27,6 +27,7 @@ replay seed, and exits 1 if anything failed.
 from __future__ import annotations
 
 import argparse
+import copy
 import random
 import select
 import socket
@@ -65,9 +66,13 @@ class Frame:
     payload: bytes = b""
     channel: int = 0
     kind: int = F.AMQP_FRAME
+    doff: int = 2  # data offset in 4-byte words; anything but 2 is a lie here
 
     def encode(self) -> bytes:
-        return F.frame(self.body, channel=self.channel, kind=self.kind, payload=self.payload)
+        data = F.frame(self.body, channel=self.channel, kind=self.kind, payload=self.payload)
+        if self.doff != 2:
+            data = data[:4] + bytes((self.doff,)) + data[5:]
+        return data
 
 
 def _open(container: str) -> Node:
@@ -353,6 +358,34 @@ def _mutate_payload(payload: bytes, rng: random.Random) -> bytes:
     return payload + b"\x00\x53" + bytes((section,)) + hostile
 
 
+def _reorder(frames: list[Frame], rng: random.Random) -> str:
+    """Frames out of protocol order: one dropped, repeated or moved (a second open, an
+    attach on a used handle, a transfer before its attach, ...)."""
+    i = rng.randrange(len(frames))
+    kind = rng.randrange(3)
+    if kind == 0 and len(frames) > 1:
+        del frames[i]
+        return f"drop:{i}"
+    if kind == 1:
+        frames.insert(rng.randrange(len(frames) + 1), copy.deepcopy(frames[i]))
+        return f"repeat:{i}"
+    frames.insert(rng.randrange(len(frames)), frames.pop(i))
+    return f"move:{i}"
+
+
+def _mangle_header(target: Frame, rng: random.Random) -> tuple[str, bool]:
+    """A frame header that lies: another channel, frame type or data offset."""
+    kind = rng.randrange(3)
+    if kind == 0:
+        target.channel = rng.choice((1, 7, 0xFFFF))
+        return "channel", False
+    if kind == 1:
+        target.kind = rng.choice((F.SASL_FRAME, 2, 0xFF))
+        return "frame-type", False
+    target.doff = rng.choice((0, 1, 3, 0xFF))
+    return "doff", True
+
+
 def _lie_about_list(body: bytes, rng: random.Random) -> bytes:
     """The performative's list32 header: a wrong count or size."""
     if len(body) < 12 or body[3] != 0xD0:
@@ -443,19 +476,23 @@ def make_case(rng: random.Random, *, sasl: bool) -> Case:
         if rng.random() < 0.4:
             scenario += "+sasl:" + _mutate_type(sasl_frames, rng)
         prefix = F.SASL_HEADER + b"".join(f.encode() for f in sasl_frames) + F.AMQP_HEADER
-    waits = _waits(frames)
     incomplete_ok = False
     roll = rng.random()
-    if roll < 0.55:
+    if roll < 0.5:
         label = _mutate_type(frames, rng)
-    elif roll < 0.7:
+    elif roll < 0.62:
         target = rng.choice([f for f in frames if isinstance(f.body, Node)])
         assert isinstance(target.body, Node)
         target.body = _lie_about_list(target.body.encode(), rng)
         label = "lying-list"
         incomplete_ok = True
+    elif roll < 0.72:
+        label = _reorder(frames, rng)
+    elif roll < 0.8:
+        label, incomplete_ok = _mangle_header(rng.choice(frames), rng)
     else:
         label = ""
+    waits = _waits(frames)
     chunks: list[bytearray] = [bytearray(prefix)]
     steps_waits: list[tuple[int, int] | None] = []
     for i, f in enumerate(frames):

@@ -351,3 +351,21 @@ def test_begin_pipelined_with_open_and_close_is_no_framing_error(peer: F.RawPeer
     codes = [F.performative_code(p) for _, _, p in F.read_frames(peer.received)]
     assert codes == [F.OPEN, F.BEGIN, F.ATTACH, F.CLOSE]
     assert F.close_condition(peer.received) == ""
+
+
+def test_close_before_open_is_a_framing_error(peer: F.RawPeer) -> None:
+    """Issue 15 (fuzzer): a close sent before the open got no answer at all."""
+    peer.send(F.frame(F.close()), F.frame(F.open_()), F.frame(F.begin()))
+    assert F.close_condition(peer.received) == "amqp:connection:framing-error"
+    assert peer.connection.finished
+
+
+def test_nothing_after_a_refused_open_is_acted_on(peer: F.RawPeer) -> None:
+    """Issue 15: frames pipelined after an open the broker refuses (here a lying
+    capabilities array) must not attach consumers to the dead connection: they would
+    never be detached."""
+    bad_open = F.open_(desired=LYING_ARRAY)
+    peer.send(F.frame(bad_open), F.frame(F.begin()), _consumer())
+    assert F.close_condition(peer.received) == "amqp:decode-error"
+    assert "q" not in peer.connection.broker.queues
+    assert not peer.connection.shell.consumers

@@ -87,6 +87,7 @@ from amqpbroker.protocol.links import (
     recovered_source,
 )
 from amqpbroker.protocol.peer import (
+    PeerInvalidField,
     data_at,
     name_for_log,
     read_link_name,
@@ -431,6 +432,11 @@ class AmqpConnection:
                     link = lib.pn_delivery_link(delivery)
                     if lib.pn_link_is_receiver(link):
                         self._on_transfer(delivery, link)
+                    elif lib.pn_link_current(link) == delivery:  # ours are never current
+                        # The peer sent on a link it receives on; proton keeps that
+                        # delivery as the link's next to send and would hold back a
+                        # detach behind it, so the connection ends (issue 15).
+                        self._refuse(_wrong_direction(), None)
                     else:
                         self._on_disposition(delivery, link)
                 elif kind == _PN_LINK_FLOW:
@@ -898,7 +904,7 @@ class AmqpConnection:
     def _transactional_outcome(self, delivery: Delivery, consumer: ConsumerLink) -> None:
         txn_id = txn_id_of(delivery)
         txn = self.transactions.get(txn_id) if txn_id is not None else None
-        delivery_id = DeliveryId(int(delivery.tag))
+        delivery_id = _delivery_id(delivery._impl)
         if txn is None:
             log.info(
                 "connection %s: disposition in unknown transaction %r ignored", self.id, txn_id
@@ -1013,8 +1019,7 @@ class AmqpConnection:
                 lib.pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
             return
         assert consumer is not None
-        tag = lib.pn_delivery_tag(delivery)
-        self.broker.settle(consumer.id, DeliveryId(int(ffi.unpack(tag.start, tag.size))), outcome)
+        self.broker.settle(consumer.id, _delivery_id(delivery), outcome)
         lib.pn_delivery_settle(delivery)
 
 
@@ -1060,6 +1065,24 @@ def _scheduled_delivery(annotations: dict[str, Any], now_ms: int) -> int:
     if isinstance(delay, int) and not isinstance(delay, bool) and delay > 0:
         return now_ms + delay
     return 0
+
+
+def _wrong_direction() -> PeerInvalidField:
+    return PeerInvalidField("transfer", "a transfer on a link the broker sends on")
+
+
+def _delivery_id(delivery: Any) -> DeliveryId:
+    """The id of a delivery the broker sent: its tag is the id in decimal (`ConsumerLink`).
+
+    Raises:
+        PeerInvalidField: the peer made this delivery: a transfer on a link the broker
+            sends on (proton accepts one), which has no id of ours (issue 15).
+    """
+    tag = lib.pn_delivery_tag(delivery)
+    raw = ffi.unpack(tag.start, tag.size) if tag.size <= 20 else b""
+    if not raw.isdigit():
+        raise _wrong_direction()
+    return DeliveryId(int(raw))
 
 
 def _outcome(delivery: Any, state: int) -> Outcome | None:

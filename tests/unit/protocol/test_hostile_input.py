@@ -369,3 +369,18 @@ def test_nothing_after_a_refused_open_is_acted_on(peer: F.RawPeer) -> None:
     assert F.close_condition(peer.received) == "amqp:decode-error"
     assert "q" not in peer.connection.broker.queues
     assert not peer.connection.shell.consumers
+
+
+@pytest.mark.parametrize("tag", [b"x", b"0"])
+def test_transfer_on_a_consumer_link_closes_the_connection(peer: F.RawPeer, tag: bytes) -> None:
+    """Issue 15 (fuzzer): proton accepts a peer's transfer on a link the broker sends on;
+    its tag was parsed as one of the broker's delivery ids (ValueError: internal-error).
+    Now the connection closes with amqp:invalid-field at once."""
+    peer.opened()
+    peer.send(_consumer(), F.frame(F.flow(credit=5)))
+    accepted = F.outcome(F.ACCEPTED)
+    peer.send(F.frame(F.transfer(tag=tag, state=accepted), payload=F.message()))
+    assert peer.errors() == [
+        (F.CLOSE, ("amqp:invalid-field", "transfer: a transfer on a link the broker sends on"))
+    ]
+    assert peer.connection.finished

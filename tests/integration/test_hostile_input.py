@@ -83,7 +83,7 @@ def test_lying_capabilities_array_is_refused_and_the_broker_lives(broker: Broker
 def test_framing_error_closes_the_connection_within_a_second(
     broker: BrokerProcess, data: bytes
 ) -> None:
-    """Issue 15: these were left open and unanswered; now the close frame
+    """Issue 15 / B-153: these were left open and unanswered; now the close frame
     (amqp:connection:framing-error) and the socket close come within a second."""
     started = time.monotonic()
     received, hung_up = _exchange(broker, data)

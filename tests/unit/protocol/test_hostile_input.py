@@ -173,7 +173,7 @@ LINK_FIELDS = [
 def test_wrongly_typed_link_field_refuses_the_link_naming_it(
     peer: F.RawPeer, attach: bytes, condition: str, field: str
 ) -> None:
-    """Issue 15: each attach field x bad value gets a link refusal naming the field,
+    """Issue 15 / B-153: each attach field x bad value gets a link refusal naming the field,
     never amqp:internal-error; the connection stays open."""
     peer.opened()
     peer.send(attach)
@@ -221,7 +221,7 @@ OPEN_FIELDS = [
 def test_wrongly_typed_open_field_closes_the_connection_naming_it(
     peer: F.RawPeer, fields: list[bytes], condition: str, field: str
 ) -> None:
-    """Issue 15: connection-level fields are answered with a close naming the field."""
+    """Issue 15 / B-153: connection-level fields are answered with a close naming the field."""
     peer.send(F.frame(F.described_list(F.OPEN, fields)))
     code, error = _refusal(peer)
     assert code == F.CLOSE
@@ -336,7 +336,7 @@ def test_deeply_nested_message_is_rejected_at_the_door(
     ids=["undecodable-open", "begin-before-open", "undecodable-attach", "garbage"],
 )
 def test_framing_error_is_answered_with_close_at_once(peer: F.RawPeer, data: bytes) -> None:
-    """Issue 15: ~2,600 connections were left open after a malformed frame. The close
+    """Issue 15 / B-153: ~2,600 connections were left open after a malformed frame. The close
     frame (amqp:connection:framing-error) is in the very next output, and the socket may
     be closed right after it (`finished`), without waiting for the engine's tick."""
     peer.send(data)
@@ -354,7 +354,7 @@ def test_begin_pipelined_with_open_and_close_is_no_framing_error(peer: F.RawPeer
 
 
 def test_close_before_open_is_a_framing_error(peer: F.RawPeer) -> None:
-    """Issue 15 (fuzzer): a close sent before the open got no answer at all."""
+    """Issue 15 / B-153 (fuzzer): a close sent before the open got no answer at all."""
     peer.send(F.frame(F.close()), F.frame(F.open_()), F.frame(F.begin()))
     assert F.close_condition(peer.received) == "amqp:connection:framing-error"
     assert peer.connection.finished

@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import struct
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -77,10 +78,22 @@ from amqpbroker.core import (
 from amqpbroker.protocol import sections
 from amqpbroker.protocol.dispositions import outcome_of
 from amqpbroker.protocol.links import (
+    TerminusFields,
+    answer_terminus,
     consumer_request,
     echo_source_filter,
     producer_request,
+    read_terminus,
     recovered_source,
+)
+from amqpbroker.protocol.peer import (
+    PeerInvalidField,
+    data_at,
+    name_for_log,
+    read_link_name,
+    read_symbol_map,
+    read_symbols,
+    read_text,
 )
 from amqpbroker.protocol.sasl import SaslServer
 from amqpbroker.protocol.transactions import (
@@ -122,6 +135,7 @@ _TXN_IDS = itertools.count(1)
 FAILED = Modified(delivery_failed=True)
 _DUPLICATE_ID_KEY = b"_AMQ_DUPL_ID"
 _PN_DELIVERY = lib.PN_DELIVERY
+_PN_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
 _PN_LINK_FLOW = lib.PN_LINK_FLOW
 _PN_ACCEPTED = lib.PN_ACCEPTED
 _PN_RELEASED = lib.PN_RELEASED
@@ -298,6 +312,9 @@ class AmqpConnection:
         self._collector_impl = self.collector._impl
         self.closed = False  # the broker side is done with this connection
         self._orderly = False
+        self._socket_gone = False
+        # Issue 15: after a framing error the socket closes once the close frame is out.
+        self._hang_up = False
         self._handlers: dict[int, Callable[[Event], None]] = {
             lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_open,
             lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_close,
@@ -307,6 +324,7 @@ class AmqpConnection:
             lib.PN_LINK_REMOTE_DETACH: self._on_link_detach,
             lib.PN_LINK_REMOTE_CLOSE: self._on_link_close,
             lib.PN_TRANSPORT_ERROR: self._on_transport_error,
+            lib.PN_TRANSPORT_TAIL_CLOSED: self._on_tail_closed,
             lib.PN_TRANSPORT_CLOSED: self._on_transport_closed,
         }
         shell.connections[self.id] = self
@@ -352,7 +370,7 @@ class AmqpConnection:
     @property
     def finished(self) -> bool:
         """Whether the socket can be closed once `output()` has been written."""
-        if self.sasl is not None and self.sasl.failed:
+        if self._hang_up or (self.sasl is not None and self.sasl.failed):
             return True
         return self.closed and self.transport.pending() < 0
 
@@ -384,10 +402,15 @@ class AmqpConnection:
             chunks.append(bytes(transport.peek(pending)))
             transport.pop(pending)
             size += pending
+        if self._hang_up and size < limit and transport.pending() >= 0:
+            # Proton writes no close frame on a connection the peer never opened: ours.
+            chunks.append(_close_frame(self.connection.condition))
+            transport.close_head()
         return b"".join(chunks)
 
     def socket_closed(self) -> None:
         """The socket is gone. Without a close frame first, that is an abrupt loss (B-054)."""
+        self._socket_gone = True
         if not self.closed:
             self.transport.close_tail()
             self.process()
@@ -415,12 +438,20 @@ class AmqpConnection:
         null = ffi.NULL
         while (event := peek(collector)) != null:
             kind = event_type(event)
+            if self.closed and kind != _PN_TRANSPORT_CLOSED:
+                pop(collector)  # issue 15: nothing a peer sends after the end is acted on
+                continue
             try:
                 if kind == _PN_DELIVERY:
                     delivery = lib.pn_event_delivery(event)
                     link = lib.pn_delivery_link(delivery)
                     if lib.pn_link_is_receiver(link):
                         self._on_transfer(delivery, link)
+                    elif lib.pn_link_current(link) == delivery:  # ours are never current
+                        # The peer sent on a link it receives on; proton keeps that
+                        # delivery as the link's next to send and would hold back a
+                        # detach behind it, so the connection ends (issue 15).
+                        self._refuse(_wrong_direction(), None)
                     else:
                         self._on_disposition(delivery, link)
                 elif kind == _PN_LINK_FLOW:
@@ -429,6 +460,13 @@ class AmqpConnection:
                     handler = handlers.get(kind)
                     if handler is not None:
                         handler(Event.wrap(event))
+            except ClientError as e:  # issue 15: a field of the peer's is malformed
+                self._refuse(
+                    e,
+                    lib.pn_delivery_link(lib.pn_event_delivery(event))
+                    if kind == _PN_DELIVERY
+                    else None,
+                )
             except Exception:
                 log.exception(
                     "internal error on connection %s (%s) at event %s: closing it",
@@ -442,7 +480,20 @@ class AmqpConnection:
         self.shell.apply_effects()
         self.shell.dirty.add(self)
 
+    def _refuse(self, error: ClientError, link: Any) -> None:
+        """A malformed or mistyped field: on a delivery, end its link with the error;
+        elsewhere (open, begin, ...) close the connection with it."""
+        log.info("connection %s from %s: %s %s", self.id, self.peer, error.condition, error)
+        if link is None:
+            self._fail(error.condition, str(error))
+            return
+        consumer = self.consumers.get(link)
+        if consumer is not None:
+            self._drop_consumer(link, consumer, closed=True)
+        self.close_link(Link.wrap(link), error.condition, str(error))
+
     def _fail(self, condition: str, description: str) -> None:
+        self._hang_up = True
         self.connection.condition = Condition(condition, description)
         self.connection.close()
         self._finish(abrupt=True)
@@ -470,10 +521,28 @@ class AmqpConnection:
 
     def _on_connection_open(self, event: Event) -> None:
         connection = self.connection
-        self.container_id = connection.remote_container or ""
         connection.container = self.broker.name
         connection.offered_capabilities = OFFERED_CAPABILITIES
-        desired = {str(c) for c in (connection.remote_desired_capabilities or ())}
+        try:  # issue 15: the open's fields are the peer's, checked before use
+            self.container_id = (
+                read_text(lambda: connection.remote_container, "open.container-id") or ""
+            )
+            impl = connection._impl
+            desired = read_symbols(
+                data_at(lib.pn_connection_remote_desired_capabilities(impl)),
+                "open.desired-capabilities",
+            )
+            read_symbols(
+                data_at(lib.pn_connection_remote_offered_capabilities(impl)),
+                "open.offered-capabilities",
+            )
+            read_symbol_map(data_at(lib.pn_connection_remote_properties(impl)), "open.properties")
+            read_text(lambda: connection.remote_hostname, "open.hostname")
+        except ClientError as e:
+            log.info("refusing connection %s from %s: %s", self.id, self.peer, e)
+            connection.open()
+            self._fail(e.condition, str(e))
+            return
         if SOLE_CONNECTION in desired and self._container_connected_elsewhere():
             self._refuse_duplicate_container()
             return
@@ -513,6 +582,9 @@ class AmqpConnection:
         self._finish(abrupt=False)
 
     def _on_connection_close(self, event: Event) -> None:
+        if self.connection.state & Endpoint.LOCAL_UNINIT:
+            self._framing_error("close before open")  # issue 15: proton would not answer it
+            return
         self._orderly = True
         self.connection.close()
         self._finish(abrupt=False)  # B-053: an AMQP close is orderly
@@ -526,11 +598,41 @@ class AmqpConnection:
             condition.description if condition else "",
         )
 
+    def _on_tail_closed(self, event: Event) -> None:
+        """The engine reads no more input. Unless the peer closed or the socket is gone,
+        that is a framing error, which proton may leave unanswered: answer it now with
+        `amqp:connection:framing-error`, then hang up (issue 15)."""
+        if self._orderly or self._socket_gone or self._hang_up:
+            return
+        self._hang_up = True
+        condition = self.transport.condition
+        if condition is None:  # proton stopped reading without saying why
+            log.warning("connection %s from %s: undecodable frame; closing it", self.id, self.peer)
+            self.connection.condition = Condition(
+                "amqp:connection:framing-error", "undecodable frame"
+            )
+        else:  # proton has written its own close frame (PN_TRANSPORT_ERROR logged it)
+            self.connection.condition = condition
+        self.connection.close()
+        self._finish(abrupt=True)
+
     def _on_transport_closed(self, event: Event) -> None:
         self._finish(abrupt=not self._orderly)
 
     def _on_session_open(self, event: Event) -> None:
+        if self.connection.state & Endpoint.REMOTE_UNINIT:
+            # Proton accepts a begin before the open; AMQP does not (issue 15).
+            self._framing_error("begin before open")
+            return
         event.session.open()
+
+    def _framing_error(self, description: str) -> None:
+        log.warning("connection %s from %s: %s; closing it", self.id, self.peer, description)
+        self._hang_up = True
+        self.connection.condition = Condition("amqp:connection:framing-error", description)
+        self.connection.close()
+        self.transport.close_tail()
+        self._finish(abrupt=True)
 
     def _on_session_close(self, event: Event) -> None:
         session: Session = event.session
@@ -547,6 +649,7 @@ class AmqpConnection:
         if link.state & Endpoint.LOCAL_ACTIVE:
             return
         try:
+            read_link_name(link)
             if link.is_receiver:
                 self._attach_producer(link)
             else:
@@ -554,7 +657,7 @@ class AmqpConnection:
         except BrokerError as e:
             log.info(
                 "refusing attach of link %r on connection %s (%s): %s %s",
-                link.name,
+                name_for_log(link),
                 self.id,
                 self.container_id or "-",
                 e.condition,
@@ -563,12 +666,15 @@ class AmqpConnection:
             self.close_link(link, e.condition, str(e))
 
     def _attach_producer(self, link: Link) -> None:
-        if link.remote_target.type == Terminus.COORDINATOR:
-            self._attach_coordinator(link)
+        # Issue 15: read and check the peer's termini first; answer with our own.
+        source = read_terminus(link.remote_source, "source")
+        remote_target = read_terminus(link.remote_target, "target")
+        if remote_target.type == Terminus.COORDINATOR:
+            self._attach_coordinator(link, source, remote_target)
             return
         target = self.broker.attach_producer(
             producer_request(
-                link,
+                remote_target,
                 self.id,
                 anycast_prefix=self.anycast_prefix,
                 multicast_prefix=self.multicast_prefix,
@@ -576,10 +682,12 @@ class AmqpConnection:
                 roles=self.roles,
             )
         )
-        link.source.copy(link.remote_source)
-        link.target.copy(link.remote_target)
-        if link.remote_target.dynamic:
-            link.target.address = target.address
+        answer_terminus(link.source, source, address=source.address)
+        answer_terminus(
+            link.target,
+            remote_target,
+            address=target.address if remote_target.dynamic else remote_target.address,
+        )
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST  # B-021: `second` is answered with `first`
         if self.max_message_size:
@@ -588,10 +696,12 @@ class AmqpConnection:
         self.producers[link._impl] = ProducerLink(link, target)
         link.flow(PRODUCER_CREDIT)
 
-    def _attach_coordinator(self, link: Link) -> None:
+    def _attach_coordinator(
+        self, link: Link, source: TerminusFields, target: TerminusFields
+    ) -> None:
         """B-140: a transaction coordinator; declare/discharge arrive as transfers."""
-        link.source.copy(link.remote_source)
-        link.target.copy(link.remote_target)
+        answer_terminus(link.source, source, address=source.address)
+        answer_terminus(link.target, target, address=None)
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST
         link.open()
@@ -599,9 +709,12 @@ class AmqpConnection:
         link.flow(PRODUCER_CREDIT)
 
     def _attach_consumer(self, link: Link) -> None:
+        source = read_terminus(link.remote_source, "source")
+        target = read_terminus(link.remote_target, "target")
         attached = self.broker.attach_consumer(
             consumer_request(
                 link,
+                source,
                 self.id,
                 self.container_id,
                 anycast_prefix=self.anycast_prefix,
@@ -610,13 +723,13 @@ class AmqpConnection:
                 roles=self.roles,
             )
         )
-        link.source.copy(link.remote_source)
-        link.source.address = attached.address
+        answer_terminus(link.source, source, address=attached.address)
         if attached.recovered:
+            link.source.address = attached.address
             recovered_source(link, attached.selector)
         else:
-            echo_source_filter(link, attached.selector, no_local=attached.no_local)
-        link.target.copy(link.remote_target)
+            echo_source_filter(link, source.filters, attached.selector, no_local=attached.no_local)
+        answer_terminus(link.target, target, address=target.address)
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST
         link.open()
@@ -711,7 +824,7 @@ class AmqpConnection:
             log.info(
                 "rejecting malformed message on connection %s link %r: %s",
                 self.id,
-                producer.link.name,
+                name_for_log(producer.link),
                 e,
             )
             self._reject(delivery, "amqp:decode-error", str(e))
@@ -831,7 +944,7 @@ class AmqpConnection:
     def _transactional_outcome(self, delivery: Delivery, consumer: ConsumerLink) -> None:
         txn_id = txn_id_of(delivery)
         txn = self.transactions.get(txn_id) if txn_id is not None else None
-        delivery_id = DeliveryId(int(delivery.tag))
+        delivery_id = _delivery_id(delivery._impl)
         if txn is None:
             log.info(
                 "connection %s: disposition in unknown transaction %r ignored", self.id, txn_id
@@ -946,9 +1059,22 @@ class AmqpConnection:
                 lib.pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
             return
         assert consumer is not None
-        tag = lib.pn_delivery_tag(delivery)
-        self.broker.settle(consumer.id, DeliveryId(int(ffi.unpack(tag.start, tag.size))), outcome)
+        self.broker.settle(consumer.id, _delivery_id(delivery), outcome)
         lib.pn_delivery_settle(delivery)
+
+
+def _close_frame(condition: Condition | None) -> bytes:
+    """An AMQP close frame carrying `condition` (for when proton will not write one)."""
+    error = (
+        None
+        if condition is None
+        else sections.Described(
+            sections.ULong(0x1D),
+            [sections.Symbol(condition.name), condition.description or ""],
+        )
+    )
+    body = sections.encode_value(sections.Described(sections.ULong(0x18), [error]))
+    return struct.pack(">IBBH", 8 + len(body), 2, 0, 0) + body
 
 
 def message_of(scanned: sections.Scanned, *, origin_container: str | None = None) -> Message:
@@ -979,6 +1105,24 @@ def _scheduled_delivery(annotations: dict[str, Any], now_ms: int) -> int:
     if isinstance(delay, int) and not isinstance(delay, bool) and delay > 0:
         return now_ms + delay
     return 0
+
+
+def _wrong_direction() -> PeerInvalidField:
+    return PeerInvalidField("transfer", "a transfer on a link the broker sends on")
+
+
+def _delivery_id(delivery: Any) -> DeliveryId:
+    """The id of a delivery the broker sent: its tag is the id in decimal (`ConsumerLink`).
+
+    Raises:
+        PeerInvalidField: the peer made this delivery: a transfer on a link the broker
+            sends on (proton accepts one), which has no id of ours (issue 15).
+    """
+    tag = lib.pn_delivery_tag(delivery)
+    raw = ffi.unpack(tag.start, tag.size) if tag.size <= 20 else b""
+    if not raw.isdigit():
+        raise _wrong_direction()
+    return DeliveryId(int(raw))
 
 
 def _outcome(delivery: Any, state: int) -> Outcome | None:

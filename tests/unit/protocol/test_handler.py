@@ -27,7 +27,7 @@ from proton import (
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
 from amqpbroker.protocol import moves
 from amqpbroker.protocol.handler import AmqpConnection, Shell
-from amqpbroker.protocol.links import symbols
+from amqpbroker.protocol.peer import read_symbols
 
 
 class Client:
@@ -542,7 +542,7 @@ def test_null_source_recovers_a_durable_subscription(shell: Shell) -> None:
     assert source.address == "app.audit"
     assert source.durability == Terminus.DELIVERIES
     assert source.expiry_policy == Terminus.EXPIRE_NEVER
-    assert symbols(source.capabilities) == ("topic",)
+    assert read_symbols(source.capabilities, "source.capabilities") == ("topic",)
     assert client.received[-1][0].body == "while-away"
 
 

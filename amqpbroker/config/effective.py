@@ -74,6 +74,10 @@ def _acceptor(a: AcceptorConfig) -> str:
         text += " amqp-treat-reject-as-unmodified-delivery-failed=true"
     if not a.amqp_duplicate_detection:
         text += " amqp-duplicate-detection=false"
+    text += (
+        f" handshake-timeout={a.handshake_timeout}s amqp-idle-timeout={a.amqp_idle_timeout}ms"
+        f" connections-allowed={a.connections_allowed}"
+    )
     return text
 
 

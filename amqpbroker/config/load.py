@@ -477,6 +477,9 @@ def _acceptor(c: Checker, node: yaml.Node, path: str) -> Any:
             "tls": lambda n, p: _tls(c, n, p),
             "amqp-treat-reject-as-unmodified-delivery-failed": c.typed(bool),
             "amqp-duplicate-detection": c.typed(bool),
+            "handshake-timeout": c.typed(int, between(-1, 86_400)),
+            "amqp-idle-timeout": c.typed(int, between(-1, 0xFFFFFFFF)),
+            "connections-allowed": c.typed(int, off_or_at_least(1)),
         },
         required=("name", "url"),
     )

@@ -9,6 +9,9 @@ Keys beyond CONTRACT.md's example (all optional):
 
     acceptors[].amqp-treat-reject-as-unmodified-delivery-failed   false  (B-047)
     acceptors[].amqp-duplicate-detection                          true   (B-012)
+    acceptors[].handshake-timeout      10     s; AMQP open due by then (<= 0: off)
+    acceptors[].amqp-idle-timeout      60000  ms; Artemis amqpIdleTimeout (0 or -1: off)
+    acceptors[].connections-allowed    -1     Artemis connectionsAllowed (-1: unlimited)
     wildcard-addresses.enabled                                    true   (B-104)
     id-cache-size                                                 20000  (B-012)
 """
@@ -45,6 +48,13 @@ class AcceptorConfig:
     # B-047: Artemis amqpTreatRejectAsUnmodifiedDeliveryFailed
     amqp_treat_reject_as_unmodified_delivery_failed: bool = False
     amqp_duplicate_detection: bool = True  # B-012: Artemis amqpDuplicateDetection
+    # Issue 15. Artemis handshake-timeout (s): a connection whose AMQP open has not
+    # arrived by then (TLS and SASL included) is closed; <= 0 turns it off.
+    handshake_timeout: int = 10
+    # Artemis amqpIdleTimeout (ms; default connection-ttl 60000): the open advertises
+    # half, and a peer silent for the whole of it is dropped (B-054); 0 or -1: off.
+    amqp_idle_timeout: int = 60_000
+    connections_allowed: int = -1  # Artemis connectionsAllowed; -1: unlimited
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

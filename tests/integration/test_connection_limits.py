@@ -1,0 +1,132 @@
+"""What one client can hold: handshake-timeout, idle-timeout, connections-allowed (issue 15
+items 6 and 7; B-054)."""
+
+from __future__ import annotations
+
+import select
+import time
+from collections.abc import Iterator
+
+import pytest
+from proton import Endpoint
+from proton.utils import BlockingConnection
+from support.client import Capabilities, receive_bodies, send
+from support.process import BrokerProcess, start_broker
+from support.raw import RawClient, closed_by_peer, open_socket
+from support.waiting import wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    running = start_broker(
+        tmp_path_factory.mktemp("limits"),
+        """
+        acceptors:
+          - name: amqp
+            url: amqp://127.0.0.1:0
+            handshake-timeout: 1
+            amqp-idle-timeout: 2000
+          - name: capped
+            url: amqp://127.0.0.1:0
+            connections-allowed: 2
+        """,
+    )
+    yield running
+    assert running.stop() == 0, running.log()
+
+
+def test_silent_sockets_are_closed_after_the_handshake_timeout(broker: BrokerProcess) -> None:
+    """Issue 15 item 6: sockets that never send a protocol header, or stop before the AMQP
+    open, are closed; a connection that opened in time is kept."""
+    conn = BlockingConnection(broker.url, timeout=10)
+    silent = [open_socket(broker.ports["amqp"]) for _ in range(20)]
+    header_only = open_socket(broker.ports["amqp"])
+    header_only.sendall(b"AMQP\x03\x01\x00\x00")
+    started = time.monotonic()
+    for sock in [*silent, header_only]:
+        wait_until(lambda s=sock: closed_by_peer(s), timeout=10, message="handshake timeout")  # type: ignore[misc]
+        sock.close()
+    assert time.monotonic() - started >= 0.9
+    send(conn, "still-open", "x", caps=("queue",))
+    assert receive_bodies(conn.create_receiver("still-open", options=Capabilities("queue")), 1)
+    conn.close()
+
+
+def test_a_silent_consumer_is_dropped_and_its_deliveries_return(broker: BrokerProcess) -> None:
+    """Issue 15 item 6, B-054: the broker advertises half its amqp-idle-timeout; a consumer
+    that takes 200 deliveries and then goes silent is dropped once the idle-timeout
+    expires, and its unsettled deliveries go to another consumer (count + 1)."""
+    producer = BlockingConnection(broker.url, timeout=10)
+    send(producer, "frozen", *[f"m{i}" for i in range(200)], caps=("queue",))
+
+    client = RawClient(open_socket(broker.ports["amqp"]), idle_timeout_s=2.0)
+    client.transport.sasl().allowed_mechs("ANONYMOUS")
+    client.connection.open()
+    session = client.connection.session()
+    session.open()
+    receiver = session.receiver("frozen-consumer")
+    receiver.source.address = "frozen"
+    receiver.open()
+    receiver.flow(200)
+    client.pump(lambda: receiver.queued >= 200)
+    assert client.transport.remote_idle_timeout == 1.0  # half of amqp-idle-timeout
+    # From now on the client neither reads nor writes (as if stopped by SIGSTOP).
+
+    consumer = producer.create_receiver("frozen", options=Capabilities("queue"), credit=200)
+    first = consumer.receive(timeout=15)
+    consumer.accept()
+    assert first.delivery_count == 1  # B-054: the loss counts as a failed attempt
+    received = [first.body, *receive_bodies(consumer, 199, timeout=15)]
+    assert sorted(received) == sorted(f"m{i}" for i in range(200))
+    assert "local-idle-timeout expired" in broker.log()
+    producer.close()
+    wait_until(lambda: closed_by_peer(client.sock), message="the broker closed the socket")
+    client.close()
+
+
+def test_a_connection_that_heartbeats_outlives_the_idle_timeout(broker: BrokerProcess) -> None:
+    """Issue 15 item 6: only silence is punished; empty frames keep a connection alive."""
+    client = RawClient(open_socket(broker.ports["amqp"]))
+    client.transport.sasl().allowed_mechs("ANONYMOUS")
+    client.connection.open()
+    client.pump(lambda: bool(client.connection.state & Endpoint.REMOTE_ACTIVE))
+    deadline = time.monotonic() + 3.0  # 1.5 x the broker's idle-timeout
+    while time.monotonic() < deadline:
+        client.transport.tick(time.monotonic())  # heartbeats at the broker's request
+        out = client.pending_output()
+        if out:
+            client.sock.sendall(out)
+        readable, _, _ = select.select([client.sock], [], [], 0.1)
+        if readable:
+            data = client.sock.recv(65536)
+            assert data, "the broker closed a connection that sent heartbeats"
+            client.push(data)
+    assert not client.connection.state & Endpoint.REMOTE_CLOSED
+    client.close()
+
+
+def test_connections_beyond_connections_allowed_are_closed_at_once(
+    broker: BrokerProcess,
+) -> None:
+    """Issue 15 item 7: Artemis connectionsAllowed; counted and logged, and a slot is free
+    again once a connection ends."""
+    url = f"amqp://127.0.0.1:{broker.ports['capped']}"
+    first = BlockingConnection(url, timeout=10)
+    second = BlockingConnection(url, timeout=10)
+    extra = open_socket(broker.ports["capped"])
+    wait_until(lambda: closed_by_peer(extra), message="the extra connection closed")
+    extra.close()
+    first.close()
+
+    def third_connects() -> bool:
+        try:
+            BlockingConnection(url, timeout=2).close()
+        except Exception:
+            return False
+        return True
+
+    wait_until(third_connects, timeout=10, message="a free slot")
+    second.close()
+    wait_until(lambda: "connections-allowed limit reached" in broker.log())

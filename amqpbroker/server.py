@@ -360,7 +360,8 @@ class BrokerServer:
         self.refused: dict[str, int] = {}  # reason -> connections closed at once, in total
         self._refused_unlogged = 0
         self._refused_logged_at_s = -REFUSED_LOG_PERIOD_S
-        self._fd_limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self._fd_limit = None if soft == resource.RLIM_INFINITY else soft
         self.http: HttpServer | None = None
         self._accepting = False
         self._stopped = asyncio.Event()
@@ -563,6 +564,7 @@ class BrokerServer:
             event_log_dropped=self.event_log.dropped_total if self.event_log else 0,
             journal_size_bytes=self.journal.size_bytes if self.journal else 0,
             journal_sync=self.journal_sync,
+            connections_refused=self.refused,
         )
 
     def _after_command(self) -> None:
@@ -624,7 +626,8 @@ class BrokerServer:
             self.count_refused("connections-allowed", peer=peer, acceptor=acceptor.name)
             return False
         sock = transport.get_extra_info("socket")
-        if sock is not None and sock.fileno() >= self._fd_limit - FD_RESERVE:
+        limit = self._fd_limit
+        if sock is not None and limit is not None and sock.fileno() >= limit - FD_RESERVE:
             # Descriptors are allocated lowest first: fd k open means k are in use.
             self.count_refused("file-descriptors", peer=peer, acceptor=acceptor.name)
             return False

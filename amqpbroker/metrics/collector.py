@@ -55,6 +55,7 @@ class BrokerSnapshot:
     authentication_failures: int = 0
     journal_size_bytes: int = 0
     journal_sync: tuple[Metric, ...] = ()
+    connections_refused: tuple[tuple[str, int], ...] = ()  # (reason, total)
 
     @classmethod
     def take(
@@ -67,6 +68,7 @@ class BrokerSnapshot:
         authentication_failures: int = 0,
         journal_size_bytes: int = 0,
         journal_sync: Histogram | None = None,
+        connections_refused: dict[str, int] | None = None,
     ) -> BrokerSnapshot:
         return cls(
             broker=broker.name,
@@ -81,6 +83,7 @@ class BrokerSnapshot:
             authentication_failures=authentication_failures,
             journal_size_bytes=journal_size_bytes,
             journal_sync=tuple(journal_sync.collect()) if journal_sync is not None else (),
+            connections_refused=tuple(sorted((connections_refused or {}).items())),
         )
 
 
@@ -183,6 +186,14 @@ class BrokerCollector:
             "SASL authentications refused.",
             value=s.authentication_failures,
         )
+        refused = CounterMetricFamily(
+            names.CONNECTIONS_REFUSED,
+            "AMQP connections closed by a limit (connections-allowed, descriptors, handshake).",
+            labels=["reason"],
+        )
+        for reason, total in s.connections_refused:
+            refused.add_metric([reason], total)
+        yield refused
         yield from s.journal_sync
         yield GaugeMetricFamily(
             names.JOURNAL_SIZE_BYTES, "Bytes the journal holds on disk.", value=s.journal_size_bytes

@@ -19,6 +19,8 @@ JOURNAL_SYNC_SECONDS = "amqpbroker_journal_sync_seconds"  # histogram
 JOURNAL_SIZE_BYTES = "amqpbroker_journal_size_bytes"
 EVENT_LOG_DROPPED = "amqpbroker_event_log_dropped"  # _total
 AUTHENTICATION_FAILURES = "amqpbroker_authentication_failures"  # _total
+# _total{reason}: connections-allowed, file-descriptors, handshake-timeout (issue 15)
+CONNECTIONS_REFUSED = "amqpbroker_connections_refused"
 BUILD_INFO = "amqpbroker_build_info"
 
 # The ActiveMQ Artemis Prometheus plugin names (metrics.artemis-names: true).

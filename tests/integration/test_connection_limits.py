@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import select
 import time
-from collections.abc import Iterator
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from proton import Endpoint
@@ -14,6 +16,8 @@ from support.client import Capabilities, receive_bodies, send
 from support.process import BrokerProcess, start_broker
 from support.raw import RawClient, closed_by_peer, open_socket
 from support.waiting import wait_until
+
+from amqpbroker.server import FD_RESERVE
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -130,3 +134,75 @@ def test_connections_beyond_connections_allowed_are_closed_at_once(
     wait_until(third_connects, timeout=10, message="a free slot")
     second.close()
     wait_until(lambda: "connections-allowed limit reached" in broker.log())
+    metric = 'amqpbroker_connections_refused_total{reason="connections-allowed"} 1.0'
+    assert metric in _metrics(broker)
+
+
+def _metrics(broker: BrokerProcess) -> str:
+    url = f"http://127.0.0.1:{broker.ports['http']}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return str(response.read().decode())
+
+
+def test_heartbeats_go_out_as_often_as_the_peer_asks(broker: BrokerProcess) -> None:
+    """Issue 15 item 6: the engines are ticked at proton's deadline, not once a second: a
+    client with a 0.4 s idle-timeout (heartbeats due every 0.2 s) that only reads is
+    never timed out by its own engine."""
+    client = RawClient(open_socket(broker.ports["amqp"]), idle_timeout_s=0.4)
+    client.transport.sasl().allowed_mechs("ANONYMOUS")
+    client.connection.open()
+    client.pump(lambda: bool(client.connection.state & Endpoint.REMOTE_ACTIVE))
+    deadline = time.monotonic() + 1.5  # the broker drops a silent client after 2 s
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([client.sock], [], [], 0.05)
+        if readable:
+            data = client.sock.recv(65536)
+            assert data, "the broker closed the connection"
+            client.push(data)
+        client.transport.tick(time.monotonic())  # would expire without broker heartbeats
+        assert client.transport.condition is None, client.transport.condition
+        client.pending_output()  # the client's own heartbeats are dropped: it only reads
+    client.close()
+
+
+LOW_DESCRIPTOR_LIMIT = """
+import resource, runpy, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (100, 160))
+sys.argv[0] = "amqpbroker"
+runpy.run_module("amqpbroker", run_name="__main__")
+"""
+
+
+def _open_files(broker: BrokerProcess) -> tuple[int, int]:
+    """(descriptors open, soft limit) of the broker process, from /proc."""
+    limits = Path(f"/proc/{broker.proc.pid}/limits").read_text()
+    line = next(line for line in limits.splitlines() if line.startswith("Max open files"))
+    return len(list(Path(f"/proc/{broker.proc.pid}/fd").iterdir())), int(line.split()[3])
+
+
+def test_sockets_cannot_take_the_last_descriptors(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
+    """Issue 15 item 7: `amqpbroker run` raises the soft open-files limit to the hard one,
+    and once fewer than FD_RESERVE descriptors would remain a new socket is closed at
+    once, so the journal (persistence on here) can still open files; freed, it serves."""
+    broker = spawn(tmp_path, "persistence:\n  enabled: true\n", python=("-c", LOW_DESCRIPTOR_LIMIT))
+    assert _open_files(broker)[1] == 160  # raised from 100
+    held = [open_socket(broker.ports["amqp"]) for _ in range(140)]
+    wait_until(lambda: closed_by_peer(held[-1]), message="the last socket refused")
+    in_use, limit = _open_files(broker)
+    assert limit - in_use >= FD_RESERVE - 2, (in_use, limit)
+    for sock in held:
+        sock.close()
+    assert "file-descriptors limit reached" in broker.log()
+
+    def serves() -> bool:
+        try:
+            conn = BlockingConnection(broker.url, timeout=2)
+        except Exception:
+            return False
+        send(conn, "after", "x", caps=("queue",), durable=True)
+        conn.close()
+        return True
+
+    wait_until(serves, timeout=15, message="a connection once the sockets are gone")

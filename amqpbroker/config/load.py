@@ -458,6 +458,11 @@ def _tls(c: Checker, node: yaml.Node, path: str) -> Any:
     return TlsConfig(**values) if {"cert_file", "key_file"} <= values.keys() else _MISSING
 
 
+def _uint_ms_or_off(value: int) -> str | None:
+    """An AMQP idle-timeout is a uint of ms; -1 and 0 turn it off (Artemis)."""
+    return None if -1 <= value <= 0xFFFFFFFF else f"must be -1, 0 (off) or 1..4294967295: {value}"
+
+
 def _acceptor(c: Checker, node: yaml.Node, path: str) -> Any:
     def name(n: yaml.Node, p: str) -> Any:
         value = c.named("acceptor")(n, p)
@@ -478,7 +483,7 @@ def _acceptor(c: Checker, node: yaml.Node, path: str) -> Any:
             "amqp-treat-reject-as-unmodified-delivery-failed": c.typed(bool),
             "amqp-duplicate-detection": c.typed(bool),
             "handshake-timeout": c.typed(int, between(-1, 86_400)),
-            "amqp-idle-timeout": c.typed(int, between(-1, 0xFFFFFFFF)),
+            "amqp-idle-timeout": c.typed(int, _uint_ms_or_off),
             "connections-allowed": c.typed(int, off_or_at_least(1)),
         },
         required=("name", "url"),

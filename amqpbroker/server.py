@@ -66,7 +66,7 @@ FD_RESERVE = 64
 REFUSED_LOG_PERIOD_S = 10.0  # at most one warning per period about refused connections
 # Password checks (security/logins.py): threads beside the loop, and how many may wait.
 PASSWORD_CHECK_WORKERS = max(1, min(4, (os.cpu_count() or 2) - 1))
-PASSWORD_CHECKS_WAITING = 256
+PASSWORD_CHECKS_WAITING = 64  # ~4.5 s of queue at ~70 ms a check on one worker
 # Allocations between young-generation collections (CPython's default is 700). In flight a
 # message is a few dozen objects, alive for a group commit or an event-log frame (~10 ms):
 # at 700 most are traversed and promoted, at 10,000 most die first (-8.5k instructions a

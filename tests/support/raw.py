@@ -29,7 +29,7 @@ def sasl_init(mechanism: str, response: bytes | None) -> bytes:
     return struct.pack(">IBBH", 8 + len(body), 2, 1, 0) + body
 
 
-def plain(user: str, password: str, *, authzid: str = "") -> bytes:
+def plain_sasl(user: str, password: str, *, authzid: str = "") -> bytes:
     """The SASL header and a PLAIN sasl-init."""
     return SASL_HEADER + sasl_init("PLAIN", f"{authzid}\0{user}\0{password}".encode())
 

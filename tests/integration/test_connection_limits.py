@@ -206,3 +206,37 @@ def test_sockets_cannot_take_the_last_descriptors(
         return True
 
     wait_until(serves, timeout=15, message="a connection once the sockets are gone")
+
+
+FAULTY_FEED = """
+import runpy, sys
+from amqpbroker.protocol import handler
+real = handler.AmqpConnection.feed
+def feed(self, data):
+    if data.startswith(b"BOOM"):
+        raise RuntimeError("injected fault")
+    real(self, data)
+handler.AmqpConnection.feed = feed
+sys.argv[0] = "amqpbroker"
+runpy.run_module("amqpbroker", run_name="__main__")
+"""
+
+
+def test_an_unexpected_error_closes_only_that_connection(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
+    """Issue 15 item 2: the last-resort boundary in data_received logs the error with the
+    connection and closes that connection only; asyncio never sees it."""
+    broker = spawn(tmp_path, python=("-c", FAULTY_FEED))
+    bystander = BlockingConnection(broker.url, timeout=10)
+    victim = open_socket(broker.ports["amqp"])
+    victim.sendall(b"BOOM")
+    wait_until(lambda: closed_by_peer(victim), message="the faulty connection closed")
+    victim.close()
+    send(bystander, "survivor", "x", caps=("queue",))
+    assert receive_bodies(bystander.create_receiver("survivor"), 1) == ["x"]
+    bystander.close()
+    log = broker.log()
+    assert "internal error reading from connection" in log
+    assert "RuntimeError: injected fault" in log
+    assert "Fatal error" not in log

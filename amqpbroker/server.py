@@ -683,7 +683,7 @@ class BrokerServer:
         self._engine_timer = None
         now_s = asyncio.get_running_loop().time()
         next_s = now_s + ENGINE_TICK_S
-        expired = []
+        failed = []
         for amqp in list(self.sockets):
             at_s = amqp.tick_at_s
             if not at_s:
@@ -692,15 +692,13 @@ class BrokerServer:
                 try:
                     at_s = amqp.tick_at_s = amqp.transport.tick(now_s)
                     amqp.process()
-                    if amqp.transport.capacity() < 0:  # proton gave up: idle-timeout
-                        expired.append(amqp)
                 except Exception:
                     log.exception("internal error ticking connection %s: closing it", amqp.id)
-                    expired.append(amqp)
+                    failed.append(amqp)
             if at_s:
                 next_s = min(next_s, at_s)
-        self.flush()  # heartbeats, and the close frame of an expired connection
-        for amqp in expired:
+        self.flush()  # heartbeats; an expired connection's close frame, then its socket
+        for amqp in failed:
             sock = self.sockets.get(amqp)
             if sock is not None:
                 sock.close()

@@ -308,6 +308,7 @@ class AmqpConnection:
         self._collector_impl = self.collector._impl
         self.closed = False  # the broker side is done with this connection
         self._orderly = False
+        self._input_closed = False  # the engine reads no more (framing error, idle-timeout)
         self._handlers: dict[int, Callable[[Event], None]] = {
             lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_open,
             lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_close,
@@ -318,6 +319,7 @@ class AmqpConnection:
             lib.PN_LINK_REMOTE_CLOSE: self._on_link_close,
             lib.PN_TRANSPORT_ERROR: self._on_transport_error,
             lib.PN_TRANSPORT_CLOSED: self._on_transport_closed,
+            lib.PN_TRANSPORT_TAIL_CLOSED: self._on_input_closed,
         }
         shell.connections[self.id] = self
         shell.opened_total += 1
@@ -383,7 +385,9 @@ class AmqpConnection:
         """Whether the socket can be closed once `output()` has been written."""
         if self.sasl is not None and self.sasl.failed:
             return True
-        return self.closed and self.transport.pending() < 0
+        # Once the engine reads no more (a framing error, an expired idle-timeout), the
+        # socket goes as soon as the engine has written its last bytes.
+        return (self.closed or self._input_closed) and self.transport.pending() < 0
 
     def output(self) -> bytes:
         """Bytes to send now: the SASL layer's, then the engine's."""
@@ -548,6 +552,9 @@ class AmqpConnection:
             self.peer,
             condition.description if condition else "",
         )
+
+    def _on_input_closed(self, event: Event) -> None:
+        self._input_closed = True
 
     def _on_transport_closed(self, event: Event) -> None:
         self._finish(abrupt=not self._orderly)

@@ -1,7 +1,7 @@
 """Security: TLS contexts for amqps acceptors and development certificates."""
 
 from amqpbroker.security.certs import create_certificates
-from amqpbroker.security.passwords import hash_password, verify_password, verify_user_password
+from amqpbroker.security.passwords import hash_password, verify_password, verify_password_or_dummy
 from amqpbroker.security.tls import server_context
 
 __all__ = [
@@ -9,5 +9,5 @@ __all__ = [
     "hash_password",
     "server_context",
     "verify_password",
-    "verify_user_password",
+    "verify_password_or_dummy",
 ]

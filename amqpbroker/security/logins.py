@@ -7,7 +7,7 @@ without a process pool's pickling and fork of a large broker), at most `max_wait
 queued or running (beyond that a login is answered "try again later" at once), and a
 source that keeps failing gets its attempts spaced out (`LoginThrottle`).
 
-Loop thread only, except `verify_user_password`, which runs in the pool.
+Loop thread only, except `verify_password_or_dummy`, which runs in the pool.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from amqpbroker.security.passwords import verify_user_password
+from amqpbroker.security.passwords import verify_password_or_dummy
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,9 @@ class PasswordChecks:
         if delay_s > 0:
             log.debug("login from %s waits %.2f s (earlier failures)", source, delay_s)
             await asyncio.sleep(delay_s)
-        ok = await self._loop.run_in_executor(self._pool, verify_user_password, password, stored)
+        ok = await self._loop.run_in_executor(
+            self._pool, verify_password_or_dummy, password, stored
+        )
         self.throttle.record(source, ok=ok, now_s=self._loop.time())
         done(ok)
 

@@ -71,7 +71,7 @@ def _dummy_hash() -> str:
     return hash_password(base64.b64encode(os.urandom(18)).decode())
 
 
-def verify_user_password(password: str, stored: str | None) -> bool:
+def verify_password_or_dummy(password: str, stored: str | None) -> bool:
     """Whether `password` matches `stored`, the user's hash; None (no such user) costs a
     full verification too, against a dummy hash, and is always refused."""
     if stored is None:

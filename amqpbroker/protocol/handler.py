@@ -86,7 +86,7 @@ from amqpbroker.protocol.links import (
     producer_request,
     recovered_source,
 )
-from amqpbroker.protocol.sasl import Identity, SaslServer
+from amqpbroker.protocol.sasl import MAX_SASL_FRAME_BYTES, Identity, SaslServer
 from amqpbroker.protocol.transactions import (
     TRANSACTIONAL_STATE,
     UNKNOWN_ID,
@@ -116,6 +116,10 @@ SOLE_CONNECTION = "sole-connection-for-container"
 PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
 MAX_FRAME_SIZE = 131072  # B-021
+# Until the peer's open arrives (SASL included), frames are at most this big: before the
+# open exchange a peer may send only 512-byte frames (AMQP 1.0 §2.4.1), and a peer that
+# has proven nothing must not make the broker buffer 128 KiB per socket (issue 15 item 5).
+HANDSHAKE_MAX_FRAME_SIZE = MAX_SASL_FRAME_BYTES
 # Transaction ids are unique in the broker process, not per connection: the event log's
 # `txn` (B-170) must tell two connections' transactions apart.
 _TXN_IDS = itertools.count(1)
@@ -278,7 +282,7 @@ class AmqpConnection:
         self.anycast_prefix = anycast_prefix
         self.multicast_prefix = multicast_prefix
         self.transport = Transport(Transport.SERVER)
-        self.transport.max_frame_size = MAX_FRAME_SIZE
+        self.transport.max_frame_size = HANDSHAKE_MAX_FRAME_SIZE  # MAX_FRAME_SIZE at open
         if idle_timeout_ms > 0:  # Artemis amqpIdleTimeout: the open advertises half of it
             self.transport.idle_timeout = idle_timeout_ms / 1000
         self.tick_at_s = 0.0  # when the server must next call transport.tick (0: never)
@@ -495,6 +499,7 @@ class AmqpConnection:
 
     def _on_connection_open(self, event: Event) -> None:
         connection = self.connection
+        self.transport.max_frame_size = MAX_FRAME_SIZE  # what our open advertises (B-021)
         self.container_id = connection.remote_container or ""
         connection.container = self.broker.name
         connection.offered_capabilities = OFFERED_CAPABILITIES

@@ -53,10 +53,11 @@ class _Source:
 
 
 class LoginThrottle:
-    """Per source: after FREE_FAILURES consecutive failures, attempts are spaced by a delay
-    that doubles with each further failure (to MAX_DELAY_S). Parallel connections from
-    the source queue behind each other, so opening more of them does not help. A success
-    forgets the source. Memory is bounded by MAX_SOURCES. Pure: the caller passes `now_s`.
+    """Per source: after FREE_FAILURES consecutive failures, the next check waits a delay
+    after the last failure that doubles with each further failure (to MAX_DELAY_S), and
+    parallel connections from the source queue behind each other by the same delay, so
+    opening more of them does not help. A success forgets the source. Memory is bounded
+    by MAX_SOURCES. Pure: the caller passes `now_s`.
     """
 
     def __init__(self, *, max_sources: int = MAX_SOURCES) -> None:
@@ -88,6 +89,8 @@ class LoginThrottle:
         entry = self._sources.pop(source, None) or _Source()
         entry.failures += 1
         entry.last_failure_s = now_s
+        # The next attempt waits the spacing from this failure, not from its own start.
+        entry.next_slot_s = max(entry.next_slot_s, now_s + self.spacing_s(entry.failures))
         self._sources[source] = entry  # most recently failed last
         while len(self._sources) > self.max_sources:
             self._sources.popitem(last=False)

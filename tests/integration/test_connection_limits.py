@@ -4,6 +4,7 @@ items 6 and 7; B-054)."""
 from __future__ import annotations
 
 import select
+import struct
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -240,3 +241,17 @@ def test_an_unexpected_error_closes_only_that_connection(
     assert "internal error reading from connection" in log
     assert "RuntimeError: injected fault" in log
     assert "Fatal error" not in log
+
+
+def test_frames_before_the_open_are_small(broker: BrokerProcess) -> None:
+    """Issue 15 item 5: before the AMQP open (security off: Proton's SASL), a frame that
+    claims more than 8 KiB is a framing error at once; the broker does not wait for (and
+    buffer) the 100 KB it announces. The open then advertises 131072 (B-021)."""
+    for header in (b"AMQP\x03\x01\x00\x00", b"AMQP\x00\x01\x00\x00"):
+        sock = open_socket(broker.ports["amqp"])
+        sock.sendall(header + struct.pack(">IBBH", 100_000, 2, 0, 0) + b"\x00" * 100)
+        wait_until(lambda s=sock: closed_by_peer(s), timeout=0.8, message="framing error")  # type: ignore[misc]
+        sock.close()
+    conn = BlockingConnection(broker.url, timeout=10)
+    assert conn.conn.transport.remote_max_frame_size == 131072
+    conn.close()

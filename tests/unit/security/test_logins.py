@@ -42,6 +42,12 @@ def test_spacing_doubles_with_each_failure_up_to_the_maximum(
     assert LoginThrottle.spacing_s(failures) == spacing_s
 
 
+def test_the_next_attempt_waits_the_spacing_after_the_last_failure() -> None:
+    throttle = LoginThrottle()
+    fail(throttle, "192.0.2.1", FREE_FAILURES, now_s=5.0)
+    assert throttle.reserve("192.0.2.1", 5.1) == pytest.approx(BASE_DELAY_S - 0.1)
+
+
 def test_parallel_attempts_from_one_source_queue_behind_each_other() -> None:
     """Opening more connections does not buy more guesses."""
     throttle = LoginThrottle()

@@ -287,3 +287,27 @@ def test_plain_is_not_offered_in_clear_off_loopback() -> None:
     assert offered(secured, "127.0.0.1") == ("PLAIN",)
     allowed = "security: {enabled: true, sasl-mechanisms: [PLAIN], allow-plain-without-tls: true}\n"
     assert offered(allowed, "192.0.2.10") == ("PLAIN",)
+
+
+def test_mutated_sasl_inits_never_raise() -> None:
+    """Issue 15 item 2: whatever the peer sends (here 3000 mutations of a valid init and
+    random frames, seeded), `feed` never raises, and only the right credentials let in."""
+    from random import Random
+
+    rng = Random(15)
+    refused = 0
+    valid = init_frame("PLAIN", b"\x00u\x00p", "host")
+    for _ in range(3000):
+        data = bytearray(valid)
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        if rng.random() < 0.2:
+            data = bytearray(frame(rng.randbytes(rng.randint(0, 64))))
+        h = Harness()
+        h.server.feed(SASL_HEADER + bytes(data) + AMQP_HEADER)
+        if h.server.done:
+            assert h.identities == [Identity("u", "PLAIN")]
+        else:
+            assert h.forwarded == []
+            refused += h.server.failed
+    assert refused > 1000

@@ -13,8 +13,11 @@ Loop thread only, except `verify_password_or_dummy`, which runs in the pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
+import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,6 +32,7 @@ BASE_DELAY_S = 0.25  # then 0.25, 0.5, 1, 2, ... s between attempts from one sou
 MAX_DELAY_S = 10.0
 FORGET_AFTER_S = 600.0  # a source with no failure for 10 min starts afresh
 MAX_SOURCES = 10_000  # remembered sources (least recently failed dropped first)
+CHECK_NICENESS = 10  # added to the checking threads' nice value
 
 
 def source_key(host: str) -> str:
@@ -100,6 +104,13 @@ class LoginThrottle:
         return entry.failures if entry is not None else 0
 
 
+def _lower_priority() -> None:
+    """A checking thread yields the CPU to the event loop: nice is per thread on Linux,
+    and a login may wait where a message should not (as the event-log writer, nice 10)."""
+    with contextlib.suppress(OSError, AttributeError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), CHECK_NICENESS)
+
+
 # The verdict of a password check: True (matches), False (refused), None (too busy now).
 Done = Callable[[bool | None], None]
 
@@ -117,7 +128,9 @@ class PasswordChecks:
         throttle: LoginThrottle | None = None,
     ) -> None:
         self._loop = loop
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="password")
+        self._pool = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="password", initializer=_lower_priority
+        )
         self.max_waiting = max_waiting
         self.throttle = throttle or LoginThrottle()
         self._tasks: set[asyncio.Task[None]] = set()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ipaddress
 import logging
 import os
@@ -33,6 +34,9 @@ MAX_DELAY_S = 10.0
 FORGET_AFTER_S = 600.0  # a source with no failure for 10 min starts afresh
 MAX_SOURCES = 10_000  # remembered sources (least recently failed dropped first)
 CHECK_NICENESS = 10  # added to the checking threads' nice value
+# Checks one source may have waiting or running: one source must not fill the whole
+# queue (max_waiting) and lock everybody else out with sys-temp.
+MAX_WAITING_PER_SOURCE = 4
 
 
 def source_key(host: str) -> str:
@@ -116,8 +120,8 @@ Done = Callable[[bool | None], None]
 
 
 class PasswordChecks:
-    """Verifies passwords in a thread pool of `workers`, at most `max_waiting` at a time,
-    throttled per source. Loop thread only."""
+    """Verifies passwords in a thread pool of `workers`, at most `max_waiting` at a time
+    and MAX_WAITING_PER_SOURCE per source, throttled per source. Loop thread only."""
 
     def __init__(
         self,
@@ -134,24 +138,34 @@ class PasswordChecks:
         self.max_waiting = max_waiting
         self.throttle = throttle or LoginThrottle()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._waiting: dict[str, int] = {}  # source -> checks waiting or running
         self.refused_busy = 0
 
     def check(self, host: str, password: str, stored: str | None, done: Done) -> Callable[[], None]:
         """Start checking `password` against `stored` (None: unknown user); `done` is
         called later on the loop with the verdict, never before this returns. Returns a
         function that abandons the check."""
-        if len(self._tasks) >= self.max_waiting:
+        source = source_key(host)
+        waiting = self._waiting.get(source, 0)
+        if len(self._tasks) >= self.max_waiting or waiting >= MAX_WAITING_PER_SOURCE:
             self.refused_busy += 1
             handle = self._loop.call_soon(done, None)
             return handle.cancel
-        task = self._loop.create_task(self._check(source_key(host), password, stored, done))
+        self._waiting[source] = waiting + 1
+        task = self._loop.create_task(self._check(source, password, stored, done))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._finished, source))
 
         def abandon() -> None:
             task.cancel()
 
         return abandon
+
+    def _finished(self, source: str, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        left = self._waiting.pop(source) - 1
+        if left:
+            self._waiting[source] = left
 
     async def _check(self, source: str, password: str, stored: str | None, done: Done) -> None:
         delay_s = self.throttle.reserve(source, self._loop.time())

@@ -21,8 +21,12 @@ Errors: one boundary per event. A `ClientError` refuses the link with its condit
 other exception is logged with the connection and link and closes that connection only,
 with `amqp:internal-error`.
 
-The SASL/TLS seam: `AmqpConnection.feed`/`output` carry the raw socket bytes; a later layer
-(broker-checked SASL, Python `ssl`) wraps them before they reach the engine.
+The SASL/TLS seam: `AmqpConnection.feed`/`output` carry the socket bytes (TLS is undone by
+Python `ssl` below). With security enabled the broker's own `SaslServer` reads them first
+and the engine gets nothing until the outcome is ok and the user and roles are set (issue
+15); with security disabled Proton's built-in SASL offers ANONYMOUS and `roles` is None.
+The server ticks each engine at `tick_at_s` (heartbeats, idle-timeout) and closes a
+connection whose AMQP open has not arrived within the acceptor's handshake-timeout.
 
 Loop thread only.
 """
@@ -95,7 +99,7 @@ from amqpbroker.protocol.peer import (
     read_symbols,
     read_text,
 )
-from amqpbroker.protocol.sasl import SaslServer
+from amqpbroker.protocol.sasl import MAX_SASL_FRAME_BYTES, Identity, SaslServer
 from amqpbroker.protocol.transactions import (
     TRANSACTIONAL_STATE,
     UNKNOWN_ID,
@@ -110,8 +114,8 @@ from amqpbroker.protocol.transactions import (
     txn_id_of,
 )
 
-# Makes the SASL layer of one connection: (forward, on_failure) -> SaslServer
-SaslFactory = Callable[[Callable[[bytes], None], Callable[[str], None]], SaslServer]
+# Makes the SASL layer of one connection: (on_authenticated, on_failure) -> SaslServer
+SaslFactory = Callable[[Callable[[Identity, bytes], None], Callable[[str], None]], SaslServer]
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +132,10 @@ MAX_FRAME_SIZE = 131072  # B-021
 # What one `output()` call collects at most: the server writes it and asks again unless the
 # socket is over its high-water mark, so a slow reader never makes us copy a whole backlog.
 OUTPUT_CHUNK_BYTES = 1024 * 1024
+# Until the peer's open arrives (SASL included), frames are at most this big: before the
+# open exchange a peer may send only 512-byte frames (AMQP 1.0 §2.4.1), and a peer that
+# has proven nothing must not make the broker buffer 128 KiB per socket (issue 15 item 5).
+HANDSHAKE_MAX_FRAME_SIZE = MAX_SASL_FRAME_BYTES
 # Transaction ids are unique in the broker process, not per connection: the event log's
 # `txn` (B-170) must tell two connections' transactions apart.
 _TXN_IDS = itertools.count(1)
@@ -203,6 +211,9 @@ class Shell:
         self._held: deque[list[Effect]] = deque()  # B-097: effects waiting for a write
         # The roles of an authenticated user (security enabled); none for anonymous.
         self.roles_for: Callable[[str | None], frozenset[str]] = lambda user: frozenset()
+        # Told when a connection's AMQP open arrived: the server ends its handshake timer
+        # and ticks the engine, whose heartbeat deadline the peer's idle-timeout sets.
+        self.on_opened: Callable[[AmqpConnection], None] = lambda connection: None
 
     def new_connection_id(self) -> ConnectionId:
         self._next_connection_id += 1
@@ -278,6 +289,7 @@ class AmqpConnection:
         reject_as_modified: bool = False,
         duplicate_detection: bool = True,
         max_message_size: int = 0,
+        idle_timeout_ms: int = 0,
     ) -> None:
         self.shell = shell
         self.max_message_size = max_message_size  # B-152: 0 for no limit
@@ -289,17 +301,24 @@ class AmqpConnection:
         self.anycast_prefix = anycast_prefix
         self.multicast_prefix = multicast_prefix
         self.transport = Transport(Transport.SERVER)
-        self.transport.max_frame_size = MAX_FRAME_SIZE
+        self.transport.max_frame_size = HANDSHAKE_MAX_FRAME_SIZE  # MAX_FRAME_SIZE at open
+        if idle_timeout_ms > 0:  # Artemis amqpIdleTimeout: the open advertises half of it
+            self.transport.idle_timeout = idle_timeout_ms / 1000
+        self.tick_at_s = 0.0  # when the server must next call transport.tick (0: never)
+        self.opened = False  # the peer's AMQP open has arrived (the handshake is over)
         self.connection = Connection()
         self.collector = Collector()
         self.connection.collect(self.collector)
         self.transport.bind(self.connection)
-        # Broker-checked SASL (security enabled) or Proton's built-in ANONYMOUS.
+        # Broker-checked SASL (security enabled) or Proton's built-in ANONYMOUS. Security
+        # is enabled exactly when the server hands over a SASL layer; then nothing
+        # reaches the engine before authentication has set the user and roles.
         self.sasl: SaslServer | None = None
+        self.security_enabled = sasl is not None
         self.user: str | None = None
-        self.roles: frozenset[str] | None = None  # None: security disabled
+        self._roles: frozenset[str] = frozenset()
         if sasl is not None:
-            self.sasl = sasl(self._push, self._sasl_failed)
+            self.sasl = sasl(self._authenticated, self._sasl_failed)
         else:
             self._setup_sasl()
         self.container_id = ""
@@ -315,6 +334,7 @@ class AmqpConnection:
         self._socket_gone = False
         # Issue 15: after a framing error the socket closes once the close frame is out.
         self._hang_up = False
+        self._input_closed = False  # the engine reads no more (framing error, idle-timeout)
         self._handlers: dict[int, Callable[[Event], None]] = {
             lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_open,
             lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_close,
@@ -336,24 +356,43 @@ class AmqpConnection:
         sasl.allowed_mechs("ANONYMOUS")
         sasl.done(SASL.OK)
 
+    @property
+    def roles(self) -> frozenset[str] | None:
+        """What the core checks permissions against: None only when security is disabled
+        (B-154); with security on, no roles until authentication has finished."""
+        if not self.security_enabled:
+            return None
+        return self._roles
+
+    @property
+    def awaiting_authentication(self) -> bool:
+        """Credentials are being checked: stop reading the socket until they are."""
+        return self.sasl is not None and self.sasl.checking
+
     # -- bytes in and out ---------------------------------------------------------------
     def feed(self, data: bytes) -> None:
         """Socket bytes in: through the SASL layer first when the broker checks it."""
         sasl = self.sasl
         if sasl is not None and not sasl.done:
-            sasl.feed(data)
-            if sasl.done and self.user is None and sasl.identity is not None:
-                self.user = sasl.identity.user
-                self.roles = self.shell.roles_for(self.user)
+            sasl.feed(data)  # the bytes after a successful outcome go to _authenticated
             self.shell.dirty.add(self)
             return
         self._push(data)
+
+    def _authenticated(self, identity: Identity, rest: bytes) -> None:
+        """The SASL outcome is ok: the identity first, then the engine gets the bytes."""
+        self.user = identity.user
+        self._roles = self.shell.roles_for(identity.user)
+        self.shell.dirty.add(self)
+        if rest:
+            self._push(rest)
 
     def _sasl_failed(self, why: str) -> None:
         self.shell.auth_failures += 1
         log.warning("connection %s from %s: %s; closing it", self.id, self.peer, why)
         self.closed = True
         self.shell.connections.pop(self.id, None)
+        self.shell.dirty.add(self)  # the outcome goes out, then the socket is closed
 
     def _push(self, data: bytes) -> None:
         """Push bytes into the engine and handle what they caused."""
@@ -372,7 +411,9 @@ class AmqpConnection:
         """Whether the socket can be closed once `output()` has been written."""
         if self._hang_up or (self.sasl is not None and self.sasl.failed):
             return True
-        return self.closed and self.transport.pending() < 0
+        # Once the engine reads no more (a framing error, an expired idle-timeout), the
+        # socket goes as soon as the engine has written its last bytes.
+        return (self.closed or self._input_closed) and self.transport.pending() < 0
 
     def output(self, limit: int = OUTPUT_CHUNK_BYTES) -> bytes:
         """Bytes to send now: the SASL layer's, then up to about `limit` of the engine's.
@@ -411,6 +452,8 @@ class AmqpConnection:
     def socket_closed(self) -> None:
         """The socket is gone. Without a close frame first, that is an abrupt loss (B-054)."""
         self._socket_gone = True
+        if self.sasl is not None:
+            self.sasl.abandon()
         if not self.closed:
             self.transport.close_tail()
             self.process()
@@ -521,6 +564,7 @@ class AmqpConnection:
 
     def _on_connection_open(self, event: Event) -> None:
         connection = self.connection
+        self.transport.max_frame_size = MAX_FRAME_SIZE  # what our open advertises (B-021)
         connection.container = self.broker.name
         connection.offered_capabilities = OFFERED_CAPABILITIES
         try:  # issue 15: the open's fields are the peer's, checked before use
@@ -547,6 +591,8 @@ class AmqpConnection:
             self._refuse_duplicate_container()
             return
         connection.open()
+        self.opened = True
+        self.shell.on_opened(self)
         log.info(
             "connection %s from %s opened (container %s)",
             self.id,
@@ -601,7 +647,9 @@ class AmqpConnection:
     def _on_tail_closed(self, event: Event) -> None:
         """The engine reads no more input. Unless the peer closed or the socket is gone,
         that is a framing error, which proton may leave unanswered: answer it now with
-        `amqp:connection:framing-error`, then hang up (issue 15)."""
+        `amqp:connection:framing-error`, then hang up (issue 15). An expired idle-timeout
+        ends here too, with proton's own condition (B-054: an abrupt loss)."""
+        self._input_closed = True
         if self._orderly or self._socket_gone or self._hang_up:
             return
         self._hang_up = True

@@ -2,7 +2,7 @@
 
 `eventlog.EventLogWriter.start()` runs `run()` in a child process, so that formatting
 (~4 µs a line, four lines per delivered message) never competes with the broker's event
-loop for the GIL. It imports only the standard library, `protocol.sections` and
+loop for the GIL. It imports only the standard library, `amqp.sections` and
 `eventlog_retention` (the retention decision, standard library only): it starts in well
 under a second and never loads the broker.
 
@@ -238,7 +238,7 @@ class ChildWriter:
         report: Callable[[], None],
         statvfs: Callable[[str], os.statvfs_result] = os.statvfs,
     ) -> None:
-        from amqpbroker.protocol import sections  # here: the broker process never needs it
+        from amqpbroker.amqp import sections  # here: the broker process never needs it
 
         self.directory = Path(config["directory"])
         self.broker_json = _encode_string(config["broker"])

@@ -16,7 +16,7 @@ import logging
 import os
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from random import Random
 from typing import Any
@@ -31,14 +31,15 @@ from amqpbroker.core import (
     SettingsRepository,
     SystemClock,
 )
-from amqpbroker.core.persistence import Persistence
+from amqpbroker.core.persistence import OnStored, Persistence
+from amqpbroker.core.records import Record
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.eventlog import EventLogWriter
 from amqpbroker.management import BasicAuth, HttpServer, LoopBridge, ManagementApi
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.metrics.collector import EventLogFiles, journal_sync_histogram
 from amqpbroker.protocol import moves
-from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell
+from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell, message_of
 from amqpbroker.protocol.sasl import Credentials, Identity, Outcome, SaslServer, Verdict
 from amqpbroker.security import (
     TlsFileError,
@@ -48,7 +49,7 @@ from amqpbroker.security import (
 from amqpbroker.security.logins import PasswordChecks
 from amqpbroker.store import idblock
 from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
-from amqpbroker.store.recovery import LoopJournal, recover
+from amqpbroker.store.recovery import recover
 
 log = logging.getLogger(__name__)
 
@@ -469,7 +470,7 @@ class BrokerServer:
             before_delivery=settings.persist_delivery_count_before_delivery,
         )
         self.broker.enable_persistence(persistence)
-        recovered = recover(self.broker, state)
+        recovered = recover(self.broker, state, message_of)
         persistence.flush()
         log.info(
             "journal %s: recovered %d messages (%d references) in %d queues in %.2f s",
@@ -788,3 +789,56 @@ class BrokerServer:
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+
+class LoopJournal:
+    """A `FileJournal` whose `on_durable` callbacks run on the event loop, batched.
+
+    Loop wiring, so it lives with the server: `store/` knows no event loop (issue 18).
+
+    The journal's writer thread calls back once per append; this posts them to the loop
+    with one `call_soon_threadsafe` per writer pass instead of one per append.
+    """
+
+    def __init__(
+        self,
+        journal: FileJournal,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        after: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.journal = journal
+        self._loop = loop
+        self._after = after  # e.g. write the settlements out to the sockets
+        self._ready: list[tuple[OnStored, BaseException | None]] = []
+        self._posted = False
+
+    def append(
+        self, records: Sequence[Record], *, sync: bool, on_durable: OnStored | None = None
+    ) -> None:
+        if on_durable is None:
+            self.journal.append(records, sync=sync)
+            return
+
+        def durable(error: BaseException | None) -> None:  # writer thread
+            self._ready.append((on_durable, error))
+            if not self._posted:
+                self._posted = True
+                self._loop.call_soon_threadsafe(self._run)
+
+        self.journal.append(records, sync=sync, on_durable=durable)
+
+    def on_resume(self, callback: Callable[[], None]) -> None:
+        """Run `callback` on the loop each time the journal works again."""
+
+        def resumed() -> None:  # writer thread
+            self._loop.call_soon_threadsafe(callback)
+
+        self.journal.on_resume(resumed)
+
+    def _run(self) -> None:
+        self._posted = False  # before taking: a later append posts again
+        ready, self._ready = self._ready, []
+        for callback, error in ready:
+            callback(error)
+        self._after()

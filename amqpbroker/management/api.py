@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, Protocol, TypeVar
 
+from amqpbroker.amqp import sections
 from amqpbroker.core import BrokerError, ClientError, NotFound
 from amqpbroker.core import operations as ops
 from amqpbroker.core.queue import Ref
 from amqpbroker.management.auth import BasicAuth, Refusal
 from amqpbroker.management.paths import BadTarget, Target, parse_target
-from amqpbroker.protocol import sections
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -36,7 +36,6 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import struct
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -57,6 +56,8 @@ from proton import (
     symbol,
 )
 
+from amqpbroker.amqp import sections
+from amqpbroker.amqp.frames import frame
 from amqpbroker.core import (
     ACCEPTED,
     RELEASED,
@@ -79,7 +80,6 @@ from amqpbroker.core import (
     Rejected,
     RoutingType,
 )
-from amqpbroker.protocol import sections
 from amqpbroker.protocol.dispositions import outcome_of
 from amqpbroker.protocol.links import (
     TerminusFields,
@@ -1121,8 +1121,7 @@ def _close_frame(condition: Condition | None) -> bytes:
             [sections.Symbol(condition.name), condition.description or ""],
         )
     )
-    body = sections.encode_value(sections.Described(sections.ULong(0x18), [error]))
-    return struct.pack(">IBBH", 8 + len(body), 2, 0, 0) + body
+    return frame(0x18, [error])
 
 
 def message_of(scanned: sections.Scanned, *, origin_container: str | None = None) -> Message:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from amqpbroker.amqp import sections
+from amqpbroker.amqp.sections import Byte, Long, Symbol, UInt
 from amqpbroker.core import Message, MoveAnnotations, kept_annotations
-from amqpbroker.protocol import sections
-from amqpbroker.protocol.sections import Byte, Long, Symbol, UInt
 
 
 def _typed(move: MoveAnnotations) -> dict[str, Any]:

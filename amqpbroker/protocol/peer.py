@@ -23,8 +23,8 @@ from typing import Any, ClassVar, TypeVar
 from cproton_ffi import ffi, lib
 from proton import UNDESCRIBED, Array, Data, Described, Link, symbol
 
+from amqpbroker.amqp.sections import MAX_DEPTH
 from amqpbroker.core import ClientError
-from amqpbroker.protocol.sections import MAX_DEPTH
 
 T = TypeVar("T")
 

@@ -30,20 +30,30 @@ from __future__ import annotations
 
 import enum
 import logging
-import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from amqpbroker.protocol import sections
-from amqpbroker.protocol.sections import Array, Described, Symbol, UByte
+from amqpbroker.amqp import sections
+from amqpbroker.amqp.frames import AMQP_HEADER, FRAME_HEADER, SASL_FRAME, SASL_HEADER, frame
+from amqpbroker.amqp.sections import Array, Described, Symbol, UByte
 
 log = logging.getLogger(__name__)
 
-SASL_HEADER = b"AMQP\x03\x01\x00\x00"
-AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
-_SASL_FRAME = 1
+__all__ = [
+    "AMQP_HEADER",
+    "MAX_PENDING_INPUT_BYTES",
+    "MAX_SASL_FRAME_BYTES",
+    "SASL_HEADER",
+    "Credentials",
+    "Identity",
+    "Outcome",
+    "SaslError",
+    "SaslServer",
+    "Verdict",
+    "Verifier",
+]
+
 _MECHANISMS, _INIT, _OUTCOME = 0x40, 0x41, 0x44
-_FRAME_HEADER = struct.Struct(">IBBH")
 # The largest SASL frame read before authentication. An RFC 4616 PLAIN response is at
 # most 767 bytes (authzid, authcid, password of 255 each), the hostname at most 255 and a
 # mechanism name 20: a sasl-init of ~1.1 KiB. 8 KiB leaves room for long passwords
@@ -98,8 +108,7 @@ class SaslError(Exception):
 
 
 def _frame(code: int, fields: list[object]) -> bytes:
-    body = sections.encode_value(Described(sections.ULong(code), fields))
-    return _FRAME_HEADER.pack(8 + len(body), 2, _SASL_FRAME, 0) + body
+    return frame(code, fields, kind=SASL_FRAME)
 
 
 class _State(enum.Enum):
@@ -184,8 +193,8 @@ class SaslServer:
             self.output += _frame(_MECHANISMS, [offered])
             self._state = _State.INIT
         while self._state is _State.INIT and len(self._buffer) >= 8:
-            size, doff, kind, _ = _FRAME_HEADER.unpack_from(self._buffer)
-            if kind != _SASL_FRAME:
+            size, doff, kind, _ = FRAME_HEADER.unpack_from(self._buffer)
+            if kind != SASL_FRAME:
                 raise SaslError(f"expected a SASL frame, got frame type {kind}", Outcome.SYS_PERM)
             if size > MAX_SASL_FRAME_BYTES:
                 raise SaslError(

@@ -29,8 +29,8 @@ from typing import Any
 from cproton_ffi import lib
 from proton import Condition, Delivery, Described, ulong
 
+from amqpbroker.amqp import sections
 from amqpbroker.core import ConsumerId, DeliveryId
-from amqpbroker.protocol import sections
 from amqpbroker.protocol.peer import PeerInvalidField, data_at, read_data
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""Start-up with a journal: rebuild the broker from it, and post its callbacks to the loop.
+"""Start-up with a journal: rebuild the broker from it.
 
 `recover()` runs before any acceptor listens. It replays the journal into a
 `JournalState` (the journal module owns the liveness rules), then recreates, in this
@@ -9,22 +9,23 @@ is journaled again while it does so (`Persistence.suspended`).
 
 from __future__ import annotations
 
-import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 
+from amqpbroker.amqp import sections
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.model import Message, QueueConfig
-from amqpbroker.core.persistence import OnStored
-from amqpbroker.core.records import AddMessage, AddQueue, Record
-from amqpbroker.protocol import sections
-from amqpbroker.protocol.handler import message_of
-from amqpbroker.store.journal import FileJournal, JournalState
+from amqpbroker.core.records import AddMessage, AddQueue
+from amqpbroker.store.journal import JournalState
 
 log = logging.getLogger(__name__)
 
 _QUEUE_FIELDS = {f.name for f in fields(QueueConfig)}
+
+# The core's view of a stored message's scanned bytes: the protocol adapter's `message_of`,
+# handed in by the server so that the store never imports the adapter (issue 18).
+MessageOf = Callable[[sections.Scanned], Message]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,19 +39,19 @@ class Recovered:
     orphans: int  # references to a queue that no longer exists (kept in the journal)
 
 
-def recover(broker: Broker, state: JournalState) -> Recovered:
+def recover(broker: Broker, state: JournalState, message_of: MessageOf) -> Recovered:
     """Rebuild addresses, queues and messages of `state` into `broker` (see module doc)."""
     persistence = broker.persistence
     if persistence is not None:
         persistence.suspended = True
     try:
-        return _recover(broker, state)
+        return _recover(broker, state, message_of)
     finally:
         if persistence is not None:
             persistence.suspended = False
 
 
-def _recover(broker: Broker, state: JournalState) -> Recovered:
+def _recover(broker: Broker, state: JournalState, message_of: MessageOf) -> Recovered:
     for address in state.addresses:
         broker.create_address(
             address.name, set(address.routing_types), auto_created=address.auto_created
@@ -70,7 +71,7 @@ def _recover(broker: Broker, state: JournalState) -> Recovered:
     for ref in state.refs():
         message = messages.get(ref.msg_id)
         if message is None:
-            message = messages[ref.msg_id] = _message(stored[ref.msg_id])
+            message = messages[ref.msg_id] = _message(stored[ref.msg_id], message_of)
         if broker.restore(ref.queue, message, ref.delivery_count, ref.scheduled_at_ms):
             refs += 1
         else:
@@ -99,7 +100,7 @@ def _queue_config(record: AddQueue) -> QueueConfig:
     )
 
 
-def _message(record: AddMessage) -> Message:
+def _message(record: AddMessage, message_of: MessageOf) -> Message:
     message = message_of(sections.scan(record.data))
     message.msg_id = record.msg_id
     message.address = record.address
@@ -109,54 +110,3 @@ def _message(record: AddMessage) -> Message:
     message.priority = record.priority
     message.durable = True
     return message
-
-
-class LoopJournal:
-    """A `FileJournal` whose `on_durable` callbacks run on the event loop, batched.
-
-    The journal's writer thread calls back once per append; this posts them to the loop
-    with one `call_soon_threadsafe` per writer pass instead of one per append.
-    """
-
-    def __init__(
-        self,
-        journal: FileJournal,
-        loop: asyncio.AbstractEventLoop,
-        *,
-        after: Callable[[], None] = lambda: None,
-    ) -> None:
-        self.journal = journal
-        self._loop = loop
-        self._after = after  # e.g. write the settlements out to the sockets
-        self._ready: list[tuple[OnStored, BaseException | None]] = []
-        self._posted = False
-
-    def append(
-        self, records: Sequence[Record], *, sync: bool, on_durable: OnStored | None = None
-    ) -> None:
-        if on_durable is None:
-            self.journal.append(records, sync=sync)
-            return
-
-        def durable(error: BaseException | None) -> None:  # writer thread
-            self._ready.append((on_durable, error))
-            if not self._posted:
-                self._posted = True
-                self._loop.call_soon_threadsafe(self._run)
-
-        self.journal.append(records, sync=sync, on_durable=durable)
-
-    def on_resume(self, callback: Callable[[], None]) -> None:
-        """Run `callback` on the loop each time the journal works again."""
-
-        def resumed() -> None:  # writer thread
-            self._loop.call_soon_threadsafe(callback)
-
-        self.journal.on_resume(resumed)
-
-    def _run(self) -> None:
-        self._posted = False  # before taking: a later append posts again
-        ready, self._ready = self._ready, []
-        for callback, error in ready:
-            callback(error)
-        self._after()

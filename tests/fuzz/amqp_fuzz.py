@@ -43,7 +43,7 @@ from typing import Any
 from support import frames as F
 from support.process import BrokerProcess, start_broker
 
-from amqpbroker.protocol.sections import Described, Symbol, UInt, ULong
+from amqpbroker.amqp.sections import Described, Symbol, UInt, ULong
 
 ANSWER_S = 1.0  # the broker must close (frame or socket) within this after the input
 PADDING = 140 * 1024  # more input for a case whose frame may still be incomplete

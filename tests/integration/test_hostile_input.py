@@ -13,7 +13,7 @@ from support import frames as F
 from support.client import Capabilities, connect, receive_bodies
 from support.process import BrokerProcess, start_broker
 
-from amqpbroker.protocol.sections import MAX_DEPTH
+from amqpbroker.amqp.sections import MAX_DEPTH
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 

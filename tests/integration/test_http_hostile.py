@@ -26,7 +26,7 @@ from support.http import basic_auth, parse_response, raw_request
 from support.process import BrokerProcess, start_broker
 from support.waiting import wait_until
 
-from amqpbroker.protocol import sections
+from amqpbroker.amqp import sections
 from amqpbroker.security import hash_password
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]

@@ -3,7 +3,7 @@
 Performatives, termini, outcomes and errors are `Node`s: described lists whose fields
 are nodes or *encoded bytes*, so a test or the fuzzer can put any value, well-formed or
 not, in any field at any depth (`attach(...).fields[0] = b"\\xa1\\x03\\xff\\xfe\\xfd"`).
-Values are encoded with the broker's own codec (`amqpbroker.protocol.sections`); the
+Values are encoded with the broker's own codec (`amqpbroker.amqp.sections`); the
 broker's answers are decoded with it too (`read_frames`, `error_of`).
 """
 
@@ -14,7 +14,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from amqpbroker.protocol.sections import (
+from amqpbroker.amqp.frames import AMQP_FRAME as AMQP_FRAME
+from amqpbroker.amqp.frames import AMQP_HEADER as AMQP_HEADER
+from amqpbroker.amqp.frames import SASL_FRAME as SASL_FRAME
+from amqpbroker.amqp.frames import SASL_HEADER as SASL_HEADER
+from amqpbroker.amqp.sections import (
     Array,
     Described,
     SectionError,
@@ -23,10 +27,6 @@ from amqpbroker.protocol.sections import (
     decode_first,
     encode_value,
 )
-
-AMQP_HEADER = b"AMQP\x00\x01\x00\x00"
-SASL_HEADER = b"AMQP\x03\x01\x00\x00"
-AMQP_FRAME, SASL_FRAME = 0, 1
 
 # Performative and SASL frame descriptor codes (AMQP 1.0 part 2.7, 5.3).
 OPEN, BEGIN, ATTACH, FLOW, TRANSFER, DISPOSITION, DETACH, END, CLOSE = range(0x10, 0x19)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from amqpbroker.protocol import sections
+from amqpbroker.amqp import sections
 
 
 def _escape_all(path: str) -> str:

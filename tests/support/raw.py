@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 from proton import Collector, Connection, Transport
 
-from amqpbroker.protocol import sections
+from amqpbroker.amqp import sections
+from amqpbroker.amqp.sections import Described, Symbol, ULong
 from amqpbroker.protocol.sasl import SASL_HEADER
-from amqpbroker.protocol.sections import Described, Symbol, ULong
 
 _OUTCOME = 0x44
 

@@ -31,11 +31,11 @@ from support.event_files import read_events
 from support.waiting import wait_until
 
 from amqpbroker import eventlog, eventlog_child
+from amqpbroker.amqp import sections
 from amqpbroker.config import EventLogConfig
 from amqpbroker.core import FAILURE_EVENTS, LifecycleEvent, RawEvent
 from amqpbroker.core.lifecycle import EVENT_FIELDS, EVENT_TYPES, Emitter
 from amqpbroker.eventlog import HEAD_BYTES, EventLogWriter
-from amqpbroker.protocol import sections
 
 
 def event(kind: str = "acked", **kw: Any) -> RawEvent:

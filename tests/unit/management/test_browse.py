@@ -10,9 +10,9 @@ from support.core_harness import Harness
 from support.hostile import nested_list
 from support.http import InlineBridge
 
+from amqpbroker.amqp import sections
 from amqpbroker.core import Message
 from amqpbroker.management import ManagementApi
-from amqpbroker.protocol import sections
 
 MESSAGE_ANNOTATIONS = b"\x00\x53\x72"
 AMQP_VALUE = b"\x00\x53\x77"

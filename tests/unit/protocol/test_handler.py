@@ -320,7 +320,7 @@ def test_producer_sent_delivery_count_is_zero_on_first_delivery(shell: Shell) ->
 def test_message_without_header_gets_one_only_on_redelivery(shell: Shell) -> None:
     """B-050: first delivery forwards the bytes unchanged; a redelivery adds a header
     holding only delivery-count."""
-    from amqpbroker.protocol import sections
+    from amqpbroker.amqp import sections
 
     client = Client(shell)
     client.receiver("q", "queue")
@@ -340,8 +340,8 @@ def test_dead_letter_annotations_have_exact_amqp_types(shell: Shell) -> None:
     """B-090/B-079: symbol keys; string, long, uint, symbol values as specified."""
     from proton import Data
 
+    from amqpbroker.amqp import sections
     from amqpbroker.core import AddressSettings
-    from amqpbroker.protocol import sections
 
     shell.broker.settings.add(
         "#", AddressSettings.of(dead_letter_address="DLA", auto_create_dead_letter_resources=True)
@@ -707,7 +707,7 @@ def test_security_disabled_is_explicit_and_no_roles_before_authentication(
     engine gets nothing (not even the pipelined open) until then."""
     from collections.abc import Callable
 
-    from amqpbroker.protocol import sections
+    from amqpbroker.amqp import sections
     from amqpbroker.protocol.sasl import SASL_HEADER, Credentials, SaslServer, Verdict
 
     assert AmqpConnection(shell, peer="memory").roles is None

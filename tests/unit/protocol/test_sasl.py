@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from amqpbroker.protocol import sections
+from amqpbroker.amqp import sections
+from amqpbroker.amqp.sections import Described, Symbol, ULong
 from amqpbroker.protocol.sasl import (
     AMQP_HEADER,
     MAX_PENDING_INPUT_BYTES,
@@ -20,7 +21,6 @@ from amqpbroker.protocol.sasl import (
     SaslServer,
     Verdict,
 )
-from amqpbroker.protocol.sections import Described, Symbol, ULong
 
 
 def frame(body: bytes, *, doff: int = 2, kind: int = 1, size: int | None = None) -> bytes:

@@ -8,9 +8,9 @@ from random import Random
 from proton import Message as ProtonMessage
 from support.core_harness import Harness
 
+from amqpbroker.amqp import sections
 from amqpbroker.core import AddressSettings, Broker, ManualClock, Modified, SettingsRepository
 from amqpbroker.core.persistence import Persistence
-from amqpbroker.protocol import sections
 from amqpbroker.protocol.handler import message_of
 from amqpbroker.store.journal import JournalState, MemoryJournal
 from amqpbroker.store.recovery import recover
@@ -42,7 +42,7 @@ def _restarted(journal: MemoryJournal, now_ms: int) -> Broker:
     clock.advance(now_ms - clock.now_ms())  # the restart happens at the same moment
     broker = Broker(settings=SettingsRepository(SETTINGS), clock=clock, rng=Random(0))
     broker.enable_persistence(Persistence(journal))
-    recover(broker, JournalState.of(journal.replay()))
+    recover(broker, JournalState.of(journal.replay()), message_of)
     return broker
 
 

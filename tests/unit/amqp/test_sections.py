@@ -1,4 +1,4 @@
-"""The section codec (protocol/sections.py), checked against Qpid Proton as the oracle.
+"""The section codec (amqp/sections.py), checked against Qpid Proton as the oracle.
 
 Proton encodes the messages, splits them into sections and decodes what we produce; our
 codec must agree with it on boundaries, field values and exact AMQP types.
@@ -17,7 +17,7 @@ import proton
 import pytest
 from proton import UNDESCRIBED, Data
 
-from amqpbroker.protocol.sections import (
+from amqpbroker.amqp.sections import (
     KEEP,
     MAX_DEPTH,
     READER,
@@ -1070,8 +1070,8 @@ def test_rebuild_keep_marker_is_the_default() -> None:
 
 def test_the_widest_header_fits_the_cores_allowance() -> None:
     """core.queue.MAX_HEADER_BYTES bounds a re-encoded header (issue 16 item 3)."""
+    from amqpbroker.amqp import sections
     from amqpbroker.core.queue import MAX_HEADER_BYTES
-    from amqpbroker.protocol import sections
 
     widest = sections.Header(
         durable=True, priority=255, ttl=2**32 - 1, first_acquirer=True, delivery_count=2**32 - 1

@@ -5,11 +5,11 @@
 
 from amqpbroker.config.artemis_xml import parse_artemis_xml
 from amqpbroker.config.effective import format_effective
+from amqpbroker.config.files import load_config
 from amqpbroker.config.load import (
     ConfigError,
     ConfigProblem,
     default_config_path,
-    load_config,
     parse_config,
 )
 from amqpbroker.config.schema import (

@@ -890,28 +890,6 @@ def parse_config(text: str, *, source: str = "<string>") -> BrokerConfig:
     return check_tree(root, source=source)
 
 
-def load_config(path: Path | str) -> BrokerConfig:
-    """Read and check a config file: YAML, or an Artemis broker.xml when named `*.xml`.
-
-    Raises:
-        ConfigError: the file has problems (all of them are listed).
-        OSError: the file cannot be read.
-    """
-    path = Path(path)
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[: e.start].count(b"\n") + 1
-        problem = ConfigProblem(str(path), line, "(file)", f"not UTF-8 text: {e.reason}")
-        raise ConfigError([problem]) from None
-    if path.suffix.lower() == ".xml":
-        from amqpbroker.config.artemis_xml import parse_artemis_xml
-
-        return parse_artemis_xml(text, source=str(path))
-    return parse_config(text, source=str(path))
-
-
 def default_config_path() -> Path:
     """The embedded default config (shipped as `amqpbroker/config/default.yaml`)."""
     return Path(__file__).with_name("default.yaml")

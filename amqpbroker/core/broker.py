@@ -41,7 +41,8 @@ from amqpbroker.core.names import advisory_characters, parse_address
 from amqpbroker.core.outcomes import Modified, Outcome, Rejected
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
-from amqpbroker.core.queue import DELIVERING, Consumer, Queue, Ref
+from amqpbroker.core.queue import Consumer, Queue
+from amqpbroker.core.refs import DELIVERING, Ref
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository

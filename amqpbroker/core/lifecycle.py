@@ -21,10 +21,9 @@ import enum
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeAlias
+from typing import TypeAlias
 
-if TYPE_CHECKING:
-    from amqpbroker.core.model import Message
+from amqpbroker.core.model import Message, MessagePart
 
 
 class EventLevel(enum.Enum):
@@ -72,12 +71,8 @@ Extra: TypeAlias = tuple[
     str | None,
 ]
 
-# An event's fields that depend only on its message: (msg_id, durable, size, first_ts,
-# data). `data` is the message's encoded bytes (or their first `Emitter.data_limit` bytes,
-# or its head: see `Emitter.heads_only`), from which the writer takes amqp_message_id,
-# props and body_hash; None when there is no message to read. Built once per message
-# (`Emitter.message_part`, kept in `Message.event_part`) and shared by all its events.
-MessagePart: TypeAlias = tuple[int, bool, int, int, bytes | None]
+# An event's fields that depend only on its message: `model.MessagePart` (kept on the
+# message, so defined there).
 # (address, queue, routing_type): built once per queue (`Queue.event_where`).
 Where: TypeAlias = tuple[str | None, str | None, str | None]
 # (connection, link): built once per consumer.

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NewType, Protocol
+from typing import Any, NewType, Protocol, TypeAlias
 
-if TYPE_CHECKING:
-    from amqpbroker.core.lifecycle import MessagePart
-
+# An event's fields that depend only on its message: (msg_id, durable, size, first_ts,
+# data). `data` is the message's encoded bytes (or their first `lifecycle.Emitter.data_limit` bytes,
+# or its head: see `Emitter.heads_only`), from which the writer takes amqp_message_id,
+# props and body_hash; None when there is no message to read. Built once per message
+# (`lifecycle.Emitter.message_part`, kept in `Message.event_part`) and shared by all its events.
+MessagePart: TypeAlias = tuple[int, bool, int, int, bytes | None]
 ConsumerId = NewType("ConsumerId", int)
 DeliveryId = NewType("DeliveryId", int)
 ConnectionId = NewType("ConnectionId", int)

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from amqpbroker.core.broker import ROUTING_TYPE_ANNOTATION_VALUES, Broker
 from amqpbroker.core.errors import ClientError, NotFound
 from amqpbroker.core.model import Message
-from amqpbroker.core.queue import DELIVERING, GONE, Queue, Ref
+from amqpbroker.core.queue import Queue
+from amqpbroker.core.refs import DELIVERING, GONE, Ref
 from amqpbroker.core.selector import parse_selector
 
 

@@ -45,7 +45,7 @@ from amqpbroker.core.records import (
 )
 
 if TYPE_CHECKING:
-    from amqpbroker.core.queue import Ref
+    from amqpbroker.core.refs import Ref
 
 log = logging.getLogger(__name__)
 

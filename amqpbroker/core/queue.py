@@ -49,6 +49,7 @@ from amqpbroker.core.model import (
 )
 from amqpbroker.core.outcomes import Accepted, Modified, Outcome, Rejected, Released
 from amqpbroker.core.redelivery import DeadLetter, decide_redelivery
+from amqpbroker.core.refs import DELIVERING, GONE, READY, SCHEDULED, Ref
 from amqpbroker.core.settings import ResolvedSettings
 
 if TYPE_CHECKING:
@@ -56,37 +57,6 @@ if TYPE_CHECKING:
     from amqpbroker.core.selector import Selector
 
 _LEVELS = 10
-
-
-READY, SCHEDULED, DELIVERING, GONE = range(4)
-
-
-class Ref:
-    """A message's place in one queue, with its per-queue broker delivery count `n`.
-
-    `state` is READY, SCHEDULED, DELIVERING or GONE. A reference removed from the middle
-    of the queue (expired by the scanner) is only marked GONE; `_pop_next` and `tick`
-    drop such references when they reach them (lazy removal keeps removal O(1)).
-    """
-
-    __slots__ = ("blocked", "delivery_count", "message", "seq", "state", "stored_count")
-
-    def __init__(self, message: Message, seq: int, delivery_count: int = 0) -> None:
-        self.message = message
-        self.seq = seq
-        self.delivery_count = delivery_count
-        self.state = READY
-        self.blocked: set[ConsumerId] | None = None  # undeliverable-here links (B-045)
-        # The count last written to the journal; None: not a durable reference (B-095).
-        self.stored_count: int | None = None
-
-    def __lt__(self, other: Ref) -> bool:
-        return self.seq < other.seq
-
-    @property
-    def waiting(self) -> bool:
-        """Ready or scheduled: in the queue, not out with a consumer, not gone."""
-        return self.state == READY or self.state == SCHEDULED
 
 
 # The largest header section the adapter writes when it re-encodes one (B-050): durable,

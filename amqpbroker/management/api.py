@@ -23,7 +23,7 @@ from typing import Any, Protocol, TypeVar
 from amqpbroker.amqp import sections
 from amqpbroker.core import BrokerError, ClientError, NotFound
 from amqpbroker.core import operations as ops
-from amqpbroker.core.queue import Ref
+from amqpbroker.core.refs import Ref
 from amqpbroker.management.auth import BasicAuth, Refusal
 from amqpbroker.management.paths import BadTarget, Target, parse_target
 

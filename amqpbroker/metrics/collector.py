@@ -16,11 +16,11 @@ from prometheus_client.core import (
     Metric,
 )
 
+import amqpbroker.metrics.names as names
 from amqpbroker import __version__
 from amqpbroker.core import Broker
 from amqpbroker.core.operations import QueueStats, queue_stats
 from amqpbroker.core.queue import QueueCounters
-from amqpbroker.metrics import names
 
 SYNC_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 

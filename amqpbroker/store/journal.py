@@ -133,6 +133,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
+import amqpbroker.store.codec as codec
 from amqpbroker.core.records import (
     RECORD_CLASSES,
     AckRef,
@@ -149,7 +150,6 @@ from amqpbroker.core.records import (
     TxRollback,
     UpdateDeliveryCount,
 )
-from amqpbroker.store import codec
 
 log = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ from amqpbroker.analytics.schema import CORRUPT_RECORD, RAW_SCHEMA
 # (measured: it doubles the write time of 1M events and makes the files bigger).
 # The event files the broker finishes: plain, and gzipped (event-log.compress).
 EVENT_FILES = ("*.jsonl", "*.jsonl.gz")
-# amqpbroker.eventlog_retention.COMPACTED_MARKER (a test checks they agree; the broker's
+# amqpbroker.eventlog.retention.COMPACTED_MARKER (a test checks they agree; the broker's
 # modules are not imported here).
 COMPACTED_MARKER = ".compacted.json"
 _NO_DICTIONARY = ("ts", "seq", "msg_id", "first_ts", "copy_msg_id", "amqp_message_id", "body_hash")

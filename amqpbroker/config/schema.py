@@ -91,7 +91,7 @@ class EventLogConfig:
     body_hash: bool = False
     max_file_bytes: int = 64 * 1024 * 1024
     max_file_age: int = 300_000  # ms
-    # Retention and the disk budget (issue 17; eventlog_retention.py, docs/decisions.md).
+    # Retention and the disk budget (issue 17; eventlog/retention.py, docs/decisions.md).
     compress: bool = True  # rotated files become .jsonl.gz
     max_total_bytes: int | None = None  # None: min(10% of the file system, 2 GiB); -1: none
     max_age: int = 7 * 24 * 3_600_000  # ms since a file's last write; -1: no limit

@@ -98,9 +98,9 @@ def test_plain_and_gzipped_files_are_read_alike_and_marked_compacted(
 
 
 def test_compacted_marker_name_is_the_brokers() -> None:
-    """Issue 17: the broker (eventlog_retention) and analyze (ingest) name the marker alike
+    """Issue 17: the broker (eventlog/retention.py) and analyze (ingest) name the marker alike
     (analytics imports no broker module, so the name is written twice)."""
-    from amqpbroker.eventlog_retention import COMPACTED_MARKER as BROKERS
+    from amqpbroker.eventlog.retention import COMPACTED_MARKER as BROKERS
 
     assert BROKERS == COMPACTED_MARKER
 

@@ -42,8 +42,6 @@ ALLOWED: dict[str, set[str]] = {
     "protocol": _MIDDLE,
     "store": _MIDDLE,
     "eventlog": _MIDDLE,
-    "eventlog_child": _MIDDLE | {"eventlog_retention"},  # until eventlog/ is a package
-    "eventlog_retention": set(),
     "management": _MIDDLE,
     "metrics": _MIDDLE,
     "security": _MIDDLE,

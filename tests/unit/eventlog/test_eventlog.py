@@ -7,6 +7,7 @@ a stopped one (SIGSTOP); a full disk is a file-size limit the writer process inh
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import os
@@ -30,12 +31,12 @@ from support.core_harness import Harness
 from support.event_files import read_events
 from support.waiting import wait_until
 
-from amqpbroker import eventlog, eventlog_child
 from amqpbroker.amqp import sections
 from amqpbroker.config import EventLogConfig
 from amqpbroker.core import FAILURE_EVENTS, LifecycleEvent, RawEvent
 from amqpbroker.core.lifecycle import EVENT_FIELDS, EVENT_TYPES, Emitter
-from amqpbroker.eventlog import HEAD_BYTES, EventLogWriter
+from amqpbroker.eventlog import HEAD_BYTES, EventLogWriter, child
+from amqpbroker.eventlog import writer as writer_module
 
 
 def event(kind: str = "acked", **kw: Any) -> RawEvent:
@@ -234,7 +235,7 @@ def test_a_frame_is_dropped_for_the_bound_only_on_fresh_counts(
     """B-170: flushes read the writer process's reports only every STATUS_SECONDS (a read
     costs the loop ~25 µs), so the counts may be stale; a frame that would cross the bound
     on stale counts reads them again first, and is not dropped if the writer caught up."""
-    monkeypatch.setattr(eventlog, "STATUS_SECONDS", 3600.0)  # only the first flush reads
+    monkeypatch.setattr(writer_module, "STATUS_SECONDS", 3600.0)  # only the first flush reads
     w = writer(tmp_path, queue_events=2)
     w.start()
     w.submit([event(), event()])  # a frame of two: the hand-off is full
@@ -729,7 +730,36 @@ def test_amqp_message_id_is_the_string_form_of_any_message_id(
 def test_the_writer_process_writes_the_b170_fields() -> None:
     """The writer process keeps its own copy of the field list (it starts without the
     core): it must be the B-170 list."""
-    assert eventlog_child.FIELDS == EVENT_FIELDS
+    assert child.FIELDS == EVENT_FIELDS
+
+
+def test_the_writer_process_module_loads_no_broker_code() -> None:
+    """Issue 18: the writer process is started as a module (`python -m
+    amqpbroker.eventlog.child`, no `-c` program) and loads only the codec, the frame format
+    and the retention decision, not the core or the config: it starts fast and small."""
+    code = (
+        "import sys\n"
+        "sys.argv = ['child', '{}']\n"
+        "import amqpbroker.eventlog.child\n"
+        "print(sorted(m for m in sys.modules if m.startswith('amqpbroker')))\n"
+    )
+    env = writer_module._child_env()
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=30
+    )
+    assert out.returncode == 0, out.stderr
+    loaded = set(ast.literal_eval(out.stdout))
+    assert "amqpbroker.eventlog.child" in loaded
+    assert loaded <= {
+        "amqpbroker",
+        "amqpbroker.amqp",  # the codec: read lazily, for props and message ids
+        "amqpbroker.amqp.sections",
+        "amqpbroker.eventlog",
+        "amqpbroker.eventlog.child",
+        "amqpbroker.eventlog.frames",
+        "amqpbroker.eventlog.retention",
+    }, loaded
+    assert child.__name__ == writer_module.CHILD_MODULE
 
 
 def test_queue_events_read_the_fast_clock_when_the_server_sets_it() -> None:

@@ -21,8 +21,8 @@ from support.event_files import finished_files, read_events
 from amqpbroker.config import EventLogConfig
 from amqpbroker.core import LifecycleEvent, RawEvent
 from amqpbroker.eventlog import EventLogWriter
-from amqpbroker.eventlog_child import ChildWriter
-from amqpbroker.eventlog_retention import (
+from amqpbroker.eventlog.child import ChildWriter
+from amqpbroker.eventlog.retention import (
     COMPACTED_MARKER,
     EventFile,
     RetentionLimits,

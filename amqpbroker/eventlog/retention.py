@@ -1,6 +1,6 @@
 """Event-log retention: which finished event files to delete, and the disk limits (issue 17).
 
-Pure decisions, no I/O: the writer process (`eventlog_child.py`) lists the directory,
+Pure decisions, no I/O: the writer process (`child.py`) lists the directory,
 asks `decide_retention` and deletes what it answers. Standard library only, as the writer
 process imports it.
 

@@ -1,16 +1,17 @@
 """The event-log writer process: frames of lifecycle events in, JSON lines out (B-170).
 
-`eventlog.EventLogWriter.start()` runs `run()` in a child process, so that formatting
-(~4 µs a line, four lines per delivered message) never competes with the broker's event
-loop for the GIL. It imports only the standard library, `amqp.sections` and
-`eventlog_retention` (the retention decision, standard library only): it starts in well
-under a second and never loads the broker.
+`writer.EventLogWriter.start()` runs this module (`python -m amqpbroker.eventlog.child`)
+in a child process, so that formatting (~4 µs a line, four lines per delivered message)
+never competes with the broker's event loop for the GIL. It imports only the standard
+library, `amqp.sections`, `frames` (the frame format, shared with the broker) and
+`retention` (the retention decision, standard library only): it starts in well under a
+second and never loads the broker.
 
 Theory of operation
 -------------------
-stdin carries frames from the broker: a 4-byte little-endian length, then
-`marshal.dumps((first_seq, now_ms, events))` with `events` a list of `RawEvent` tuples
-numbered from `first_seq` (core/lifecycle.py has the layout). Each frame becomes JSON
+stdin carries frames from the broker (`frames.py`): `(first_seq, now_ms, events)` with
+`events` a list of `RawEvent` tuples numbered from `first_seq` (core/lifecycle.py has the
+layout). Each frame becomes JSON
 objects with exactly the B-170 fields in order (FIELDS; absent values null), written with
 one `write` on an unbuffered file: a reader of the `.part` file sees every frame as soon
 as it is written, and a failed write is charged to the frame it belongs to. From the
@@ -33,7 +34,7 @@ sending it) is ignored: the broker counted its events as dropped.
 Disk budget (issue 17): with `compress` (the default) a rotated file is gzipped here,
 off the broker's loop, straight from `.part` to `.jsonl.gz` (never a plain `.jsonl`
 first: `analyze` would read both). After every rotation, and every RETENTION_SECONDS,
-`eventlog_retention.decide_retention` picks the oldest finished files to delete (over
+`retention.decide_retention` picks the oldest finished files to delete (over
 `max_total_bytes`, older than `max_age`; never one `analyze` has not compacted when
 `keep_until_analyzed`); deletions are counted and logged. Before every frame, free space
 on the file system (statvfs at most every SPACE_CHECK_SECONDS) must be at least
@@ -43,7 +44,7 @@ An I/O error is logged once; the file being written stays `.part` (it may end in
 line), and every later event is counted as dropped. A frame it cannot format (a bug) is
 logged once, counted as dropped, and the next frame goes on.
 
-stdout carries status frames back (same framing): `(written_total, dropped_total, failed,
+stdout carries status frames back (`frames.py`): `(written_total, dropped_total, failed,
 files, log_records)` (`files`: `ChildWriter.stats()`, the disk figures), after every read
 and at exit. They are written without blocking and at
 most PIPE_BUF bytes, so each arrives whole or not at all; one that does not fit is simply
@@ -60,12 +61,10 @@ import gzip
 import hashlib
 import json
 import logging
-import marshal
 import os
 import select
 import shutil
 import signal
-import struct
 import sys
 import time
 import traceback
@@ -74,7 +73,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from amqpbroker.eventlog_retention import (
+from amqpbroker.eventlog.frames import LENGTH, dumps, framed, take
+from amqpbroker.eventlog.retention import (
     AUTO_FREE_BYTES,
     AUTO_FREE_FRACTION,
     AUTO_TOTAL_BYTES,
@@ -86,7 +86,6 @@ from amqpbroker.eventlog_retention import (
     decide_retention,
 )
 
-_LEN = struct.Struct("<I")
 _READ_BYTES = 1 << 20
 _STATUS_MAX = 4000  # < PIPE_BUF (4096): a status frame is written whole or not at all
 _LOG_TEXT_MAX = 1500
@@ -328,16 +327,8 @@ class ChildWriter:
             if not chunk:
                 break
             buf += chunk
-            pos = 0
-            while len(buf) - pos >= 4:
-                (size,) = _LEN.unpack_from(buf, pos)
-                if len(buf) - pos - 4 < size:
-                    break
-                with memoryview(buf) as view:
-                    frame = marshal.loads(view[pos + 4 : pos + 4 + size])
-                pos += 4 + size
+            for frame in take(buf):
                 self.write_frame(*frame)
-            del buf[:pos]
             self._report()
         self._rotate()
 
@@ -846,13 +837,13 @@ class StatusPipe:
                 return
             logs: list[tuple[int, str]] = []
             for record in writer.logs:  # as many as fit in one atomic write
-                size = _LEN.size + len(marshal.dumps((*counts, [*logs, record])))
+                size = LENGTH.size + len(dumps((*counts, [*logs, record])))
                 if logs and size > _STATUS_MAX:
                     break
                 logs.append(record)
-            payload = marshal.dumps((*counts, logs))
+            payload = dumps((*counts, logs))
             try:
-                os.write(self.fd, _LEN.pack(len(payload)) + payload)
+                os.write(self.fd, framed(payload))
             except BlockingIOError:
                 if not final:
                     return  # the broker is behind on reading: the next report supersedes

@@ -12,11 +12,12 @@ message, competed with the loop for the GIL and halved queue throughput.
   broker, increasing from 1; numbers of dropped events are skipped, so a gap shows a
   drop) and collects them. Every FLUSH_SECONDS (a loop timer, `start(schedule=...)`) or
   FLUSH_EVENTS events, or at every submit when there is no timer, `flush()` sends them
-  down a pipe as one frame: a 4-byte length and `marshal.dumps((first_seq, now_ms,
-  events))`. marshal runs at C speed and writes a message's bytes once per frame however
-  many of its events are in it. The pipe is non-blocking: what it does not take waits in a
+  down a pipe as one frame (`frames.py`: a 4-byte length and `marshal.dumps((first_seq,
+  now_ms, events))`). marshal runs at C speed and writes a message's bytes once per frame
+  however many of its events are in it. The pipe is non-blocking: what it does not take waits in a
   backlog and is retried at the next flush, so the loop never blocks.
-* The writer process (`eventlog_child.py`, started by `start()`) formats the lines,
+* The writer process (`child.py`, started by `start()` as `python -m
+  amqpbroker.eventlog.child`) formats the lines,
   decodes amqp_message_id, props and body_hash from the message bytes, writes and rotates
   the files, and reports its counts (and its log records) back on a second pipe. It
   also keeps the disk budget (issue 17): it gzips rotated files, deletes the oldest
@@ -47,11 +48,9 @@ import contextlib
 import fcntl
 import json
 import logging
-import marshal
 import math
 import os
 import select
-import struct
 import subprocess
 import sys
 import threading
@@ -63,6 +62,7 @@ from typing import Any
 
 from amqpbroker.config import EventLogConfig
 from amqpbroker.core import FAILURE_EVENTS, EventLevel, RawEvent
+from amqpbroker.eventlog.frames import dumps, framed, take
 
 log = logging.getLogger(__name__)
 
@@ -80,32 +80,24 @@ PIPE_BYTES = 1 << 20  # asked of the kernel for the frame pipe (Linux; 64 KiB ot
 # Without props or body_hash an event needs only the head of a message, where
 # properties.message-id is: a megabyte message costs the hand-off no more than a small one.
 HEAD_BYTES = 64 << 10
-_LEN = struct.Struct("<I")
 DiskFigures = tuple[int, int, int | None, int, int, int, int]  # see EventLogWriter.disk
 NO_FILES: DiskFigures = (0, 0, None, 0, 0, 0, 0)  # before the writer process reports
-_CHILD = "import sys; sys.path.append({root!r}); from amqpbroker.eventlog_child import run; run()"
 
 Schedule = Callable[[float, Callable[[], None]], object]
+CHILD_MODULE = "amqpbroker.eventlog.child"
+
+
+def _child_env() -> dict[str, str]:
+    """This environment, with the directory this `amqpbroker` was imported from first on
+    PYTHONPATH: the writer process runs the same code as the broker, whatever the working
+    directory or installation."""
+    root = str(Path(__file__).resolve().parents[2])
+    paths = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + paths if paths else "")}
 
 
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def _plain(value: Any) -> Any:
-    """`value` with str/int subclasses (AMQP symbols, typed ints) as the plain types
-    marshal accepts."""
-    if value is None or type(value) in (str, int, bool, bytes):
-        return value
-    if isinstance(value, tuple | list):
-        return tuple([_plain(v) for v in value])
-    if isinstance(value, bool):
-        return bool(value)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, bytes | bytearray | memoryview):
-        return bytes(value)
-    return str(value)
 
 
 class EventLogWriter:
@@ -220,13 +212,13 @@ class EventLogWriter:
             status_r, status_w = os.pipe()
             with contextlib.suppress(AttributeError, OSError):  # Linux only; best effort
                 fcntl.fcntl(frames_w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-            root = str(Path(__file__).resolve().parent.parent)
             try:
                 self._process = subprocess.Popen(
-                    [sys.executable, "-c", _CHILD.format(root=root), json.dumps(config)],
+                    [sys.executable, "-m", CHILD_MODULE, json.dumps(config)],
                     stdin=frames_r,
                     stdout=status_w,
                     close_fds=True,
+                    env=_child_env(),
                 )
             except OSError as e:
                 log.error("event log: cannot start the writer process (%s); dropping events", e)
@@ -385,14 +377,11 @@ class EventLogWriter:
             self._dropped_here += count
             return
         frame = (self._pending_first, self._clock_ms(), events)
-        try:
-            payload = marshal.dumps(frame)
-        except ValueError:  # a str or int subclass somewhere: rare, so checked only now
-            payload = marshal.dumps(_plain(frame))
+        payload = dumps(frame)
         if not final and self._backlog_bytes + len(payload) > self._queue_bytes:
             self._dropped_here += count
             return
-        data = _LEN.pack(len(payload)) + payload
+        data = framed(payload)
         self._backlog.append([data, count])
         self._backlog_bytes += len(data)
         self._handed += count
@@ -436,21 +425,13 @@ class EventLogWriter:
                     self._writer_gone()
                 break
             buf += chunk
-        pos = 0
-        while len(buf) - pos >= _LEN.size:
-            (size,) = _LEN.unpack_from(buf, pos)
-            if len(buf) - pos - _LEN.size < size:
-                break
-            start = pos + _LEN.size
-            report = marshal.loads(bytes(buf[start : start + size]))
+        for report in take(buf):
             written, dropped, failed, self._disk, records = report
-            pos = start + size
             self._written, self._dropped_there = written, dropped
             if failed:
                 self._failed = True
             for level, text in records:
                 log.log(level, "%s", text)
-        del buf[:pos]
 
     def _writer_gone(self) -> None:
         """The writer process died: what it did not report written is lost."""

@@ -15,7 +15,6 @@ import logging
 import os
 import signal
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -363,11 +362,11 @@ def _cmd_retry(args: argparse.Namespace) -> int:
         assert isinstance(rows, list)
         ids = [r["msg_id"] for r in rows]
     total: dict[str, Any] = {"retried": 0, "skipped": [], "not_found": []}
-    chunk = max(1, min(100, int(args.rate)))
-    started = time.monotonic()
-    for i in range(0, len(ids), chunk):
-        part = ids[i : i + chunk]
-        body = {"ids": part}
+    from amqpbroker.management.pacing import paced
+
+    done = 0
+    for part in paced(ids, args.rate):
+        body = {"ids": list(part)}
         wanted = {str(n): expect[str(n)] for n in part if str(n) in expect}
         if wanted:
             body["expect"] = wanted
@@ -376,10 +375,8 @@ def _cmd_retry(args: argparse.Namespace) -> int:
         total["retried"] += int(result["retried"])
         total["skipped"] += result.get("skipped", [])
         total["not_found"] += result.get("not_found", [])
-        _progress(i + len(part), len(ids))
-        pause = started + (i + len(part)) / args.rate - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
+        done += len(part)
+        _progress(done, len(ids))
     if sys.stderr.isatty() and ids:
         sys.stderr.write("\n")
     if not by_id:  # ids the CLI listed itself: gone meanwhile is no news

@@ -42,6 +42,7 @@ from amqpbroker.core.model import (
     QueueConfig,
     RoutingType,
     SectionReader,
+    annotated_routing_type,
 )
 from amqpbroker.core.outcomes import (
     ACCEPTED,
@@ -105,6 +106,7 @@ __all__ = [
     "SettingsRepository",
     "SystemClock",
     "WildcardConfig",
+    "annotated_routing_type",
     "kept_annotations",
     "move_annotation_values",
 ]

@@ -12,7 +12,7 @@ import heapq
 import itertools
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from random import Random
 from typing import Any, Protocol
@@ -30,12 +30,15 @@ from amqpbroker.core.expiry import apply_expiry_overrides, initial_expiration
 from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter, EventLevel, Extra, Shape
 from amqpbroker.core.model import (
+    BYTE_OF_ROUTING_TYPE,
+    ROUTING_TYPE_OF_BYTE,
     ConnectionId,
     ConsumerId,
     DeliveryId,
     Message,
     QueueConfig,
     RoutingType,
+    annotated_routing_type,
 )
 from amqpbroker.core.names import advisory_characters, parse_address
 from amqpbroker.core.outcomes import Modified, Outcome, Rejected
@@ -53,9 +56,6 @@ log = logging.getLogger(__name__)
 _SENT_SHAPES = 1000  # `sent` shapes kept per address (one per producer container)
 
 _ROLLBACK = Modified(delivery_failed=True)  # B-143: a rollback counts as a failed attempt
-
-ROUTING_TYPE_ANNOTATION_VALUES = {0: RoutingType.MULTICAST, 1: RoutingType.ANYCAST}
-ROUTING_TYPE_BYTE = {RoutingType.MULTICAST: 0, RoutingType.ANYCAST: 1}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -121,21 +121,35 @@ def kept_annotations(annotations: dict[Any, Any]) -> dict[Any, Any]:
     }
 
 
-def move_annotation_values(move: MoveAnnotations) -> dict[str, Any]:
-    """The `x-opt-*` annotation values of a move, absent entries left out (B-090)."""
-    values: dict[str, Any] = {
-        "x-opt-ORIG-QUEUE": move.orig_queue,
-        "x-opt-ORIG-ADDRESS": move.orig_address,
-        "x-opt-ORIG-MESSAGE-ID": move.orig_message_id,
-        "x-opt-ORIG-ROUTING-TYPE": move.orig_routing_type,
-        "x-opt-ACTUAL-EXPIRY": move.actual_expiry,
-        "x-opt-DLQ-REASON": move.dlq_reason,
-        "x-opt-DLQ-ERROR-CONDITION": move.dlq_error_condition,
-        "x-opt-DLQ-ERROR-DESCRIPTION": move.dlq_error_description,
-        "x-opt-DLQ-DELIVERY-COUNT": move.dlq_delivery_count,
-        "x-opt-routing-type": move.routing_type,
-    }
-    return {k: v for k, v in values.items() if v is not None}
+# The annotations of a moved copy (B-076, B-079, B-090), in the order they are written:
+# (name, `MoveAnnotations` field, AMQP type). The one list of their names; the protocol
+# codec maps the type names to its wrappers (`protocol/moves.py`).
+MOVE_ANNOTATIONS: tuple[tuple[str, str, str], ...] = (
+    ("x-opt-ORIG-QUEUE", "orig_queue", "string"),
+    ("x-opt-ORIG-ADDRESS", "orig_address", "string"),
+    ("x-opt-ORIG-MESSAGE-ID", "orig_message_id", "long"),
+    ("x-opt-ORIG-ROUTING-TYPE", "orig_routing_type", "byte"),
+    ("x-opt-ACTUAL-EXPIRY", "actual_expiry", "long"),
+    ("x-opt-DLQ-REASON", "dlq_reason", "string"),
+    ("x-opt-DLQ-ERROR-CONDITION", "dlq_error_condition", "symbol"),
+    ("x-opt-DLQ-ERROR-DESCRIPTION", "dlq_error_description", "string"),
+    ("x-opt-DLQ-DELIVERY-COUNT", "dlq_delivery_count", "uint"),
+    ("x-opt-routing-type", "routing_type", "byte"),
+)
+
+
+def move_annotation_values(
+    move: MoveAnnotations, typed: Mapping[str, Callable[[Any], Any]] | None = None
+) -> dict[str, Any]:
+    """The `x-opt-*` annotation values of a move, absent entries left out (B-090); each
+    passed through `typed[its AMQP type]` when there is one."""
+    values: dict[str, Any] = {}
+    for name, attribute, kind in MOVE_ANNOTATIONS:
+        value = getattr(move, attribute)
+        if value is not None:
+            wrap = typed.get(kind) if typed is not None else None
+            values[name] = value if wrap is None else wrap(value)
+    return values
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -337,11 +351,7 @@ class Broker:
             queue = self.queues.get(name)
             if queue is None or not ref.waiting:
                 continue
-            queue.take(ref)
-            queue.counters.killed += 1
-            queue.counters.count(queue.counters.killed_by_reason, "journal-failed")
-            if self.emitter.failures:
-                queue.event("killed", ref, reason="journal-failed")
+            queue.kill(ref, "journal-failed")
 
     def restore(
         self, queue_name: str, message: Message, delivery_count: int, scheduled_at_ms: int
@@ -1190,9 +1200,7 @@ class Broker:
         dla = settings.dead_letter_address
         if not dla:
             self.stats.killed_no_dla += 1
-            queue.counters.count(queue.counters.killed_by_reason, "no-dla")
-            if self.emitter.failures:
-                queue.event("killed", ref, reason="no-dla")
+            queue.killed(ref, "no-dla")
             log.warning(
                 "dropping message %s from queue %s: %s and no dead-letter-address is set",
                 message.msg_id,
@@ -1223,9 +1231,7 @@ class Broker:
             )
         copy = self._move_to_dla(message, queue.address, settings, move, queue=queue, ref=ref)
         if copy is None:
-            queue.counters.count(queue.counters.killed_by_reason, "dla-no-bindings")
-            if self.emitter.failures:
-                queue.event("killed", ref, reason="dla-no-bindings")
+            queue.killed(ref, "dla-no-bindings")
 
     def copy_for_move(self, message: Message, queue: Queue, move: MoveAnnotations) -> Message:
         """A copy with a new id carrying `move` (B-076/B-090), not yet routed."""
@@ -1261,14 +1267,8 @@ class Broker:
     @staticmethod
     def _orig_routing_type(message: Message) -> int | None:
         """B-090: only when the original carried a routing-type annotation."""
-        annotations = message.get_annotations()
-        value = annotations.get("x-opt-routing-type")
-        if isinstance(value, int) and value in (0, 1):
-            return value
-        jms = annotations.get("x-opt-jms-dest")
-        if isinstance(jms, int) and jms in (0, 1, 2, 3):
-            return 1 if jms in (0, 2) else 0
-        return None
+        routing_type = annotated_routing_type(message.get_annotations())
+        return None if routing_type is None else BYTE_OF_ROUTING_TYPE[routing_type]
 
     def _ensure_move_resources(self, target: str, origin: str, prefix: str, suffix: str) -> None:
         with self._acting_for(None, None):  # broker-internal: not the client's permission
@@ -1308,9 +1308,7 @@ class Broker:
         copy.first_ts = message.first_ts
         copy.address = dla
         self._set_expiration(copy, dla, self.clock.now_ms())
-        routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(
-            move.routing_type if move.routing_type is not None else -1
-        )
+        routing_type = ROUTING_TYPE_OF_BYTE.get(move.routing_type)
         queues = self.post_office.route(copy, address, routing_type) if address else []
         if not queues:
             self.stats.killed_no_dla += 1
@@ -1379,9 +1377,7 @@ class Broker:
             copy = self.copy_for_move(message, queue, move)
             copy.address = target
             self._set_expiration(copy, target, now_ms)
-            routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(
-                move.routing_type if move.routing_type is not None else -1
-            )
+            routing_type = ROUTING_TYPE_OF_BYTE.get(move.routing_type)
             queues = self.post_office.route(copy, address, routing_type)
             if queues:
                 if self.emitter.failures:

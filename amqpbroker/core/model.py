@@ -8,6 +8,7 @@ decodes a body; the protocol adapter fills these fields by scanning the section 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NewType, Protocol, TypeAlias
 
@@ -29,6 +30,34 @@ class RoutingType(enum.Enum):
 
     ANYCAST = "ANYCAST"
     MULTICAST = "MULTICAST"
+
+
+# The routing type <-> annotation tables (B-008 rule 2, B-090), used everywhere.
+# `x-opt-routing-type` / `x-opt-ORIG-ROUTING-TYPE`: the byte Artemis writes.
+ROUTING_TYPE_OF_BYTE: dict[Any, RoutingType] = {0: RoutingType.MULTICAST, 1: RoutingType.ANYCAST}
+BYTE_OF_ROUTING_TYPE: dict[RoutingType, int] = {v: k for k, v in ROUTING_TYPE_OF_BYTE.items()}
+# `x-opt-jms-dest` (Qpid JMS): 0 queue, 1 topic, 2 temporary queue, 3 temporary topic.
+ROUTING_TYPE_OF_JMS_DEST: dict[Any, RoutingType] = {
+    0: RoutingType.ANYCAST,
+    1: RoutingType.MULTICAST,
+    2: RoutingType.ANYCAST,
+    3: RoutingType.MULTICAST,
+}
+
+
+def annotated_routing_type(
+    annotations: Mapping[Any, Any], *, jms_dest: bool = True
+) -> RoutingType | None:
+    """The routing type a message's annotations ask for: `x-opt-routing-type`, else (when
+    `jms_dest`) `x-opt-jms-dest`; None when neither is a known integer."""
+    value = annotations.get("x-opt-routing-type")
+    if isinstance(value, int) and (found := ROUTING_TYPE_OF_BYTE.get(value)) is not None:
+        return found
+    if jms_dest:
+        jms = annotations.get("x-opt-jms-dest")
+        if isinstance(jms, int):
+            return ROUTING_TYPE_OF_JMS_DEST.get(jms)
+    return None
 
 
 class SectionReader(Protocol):

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from amqpbroker.core.broker import ROUTING_TYPE_ANNOTATION_VALUES, Broker
+from amqpbroker.core.broker import Broker
 from amqpbroker.core.errors import ClientError, NotFound
-from amqpbroker.core.model import Message
+from amqpbroker.core.model import Message, annotated_routing_type
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.refs import DELIVERING, GONE, Ref
 from amqpbroker.core.selector import parse_selector
@@ -116,11 +116,7 @@ def purge(broker: Broker, queue_name: str, *, selector: str | None = None) -> in
     queue = _queue(broker, queue_name)
     refs = _waiting(queue, selector)
     for ref in refs:
-        queue.take(ref)
-        queue.counters.killed += 1
-        queue.counters.count(queue.counters.killed_by_reason, "purge")
-        if broker.emitter.failures:
-            queue.event("killed", ref, reason="purge")
+        queue.kill(ref, "purge")
     return len(refs)
 
 
@@ -220,9 +216,7 @@ def retry(
                 skipped.append((message.msg_id, f"original {gone} does not exist"))
             continue
         copy = broker.copy_for_move(message, queue, broker.hop(queue, message))
-        routing_type = ROUTING_TYPE_ANNOTATION_VALUES.get(
-            copy.get_annotations().get("x-opt-routing-type", -1)
-        )
+        routing_type = annotated_routing_type(copy.get_annotations(), jms_dest=False)
         if original.name != address.name:
             targets = [original] if original.accepts_message(copy) else []
         else:

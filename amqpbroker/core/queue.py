@@ -594,6 +594,20 @@ class Queue:
         else:
             self._put_back(ref)
 
+    def kill(self, ref: Ref, reason: str) -> None:
+        """Remove a waiting reference for good (purge, a failed store): counted as killed
+        for `reason`, event `killed`."""
+        self.take(ref)
+        self.counters.killed += 1
+        self.killed(ref, reason)
+
+    def killed(self, ref: Ref, reason: str) -> None:
+        """The reason-bookkeeping of a kill (`killed_by_reason`, event `killed`): the one
+        place for it, also for a dead-letter that found nowhere to go."""
+        self.counters.count(self.counters.killed_by_reason, reason)
+        if self.emitter.failures:
+            self.event("killed", ref, reason=reason)
+
     def _kill_to_dla(self, ref: Ref, reason: str, rejection: Rejected | None) -> None:
         self.counters.killed += 1
         self.used = True

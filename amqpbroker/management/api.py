@@ -13,7 +13,6 @@ import base64
 import functools
 import json
 import logging
-import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -25,13 +24,13 @@ from amqpbroker.core import BrokerError, ClientError, NotFound
 from amqpbroker.core import operations as ops
 from amqpbroker.core.refs import Ref
 from amqpbroker.management.auth import BasicAuth, Refusal
+from amqpbroker.management.pacing import paced
 from amqpbroker.management.paths import BadTarget, Target, parse_target
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 COMMAND_TIMEOUT_S = 30.0
-RETRY_CHUNK = 100
 MAX_JSON_DEPTH = 16  # deeper values of a browsed message are shown as "…"
 
 
@@ -385,18 +384,14 @@ class ManagementApi:
             wanted = [i for i in wanted if i in asked]
             missing = tuple(dict.fromkeys(i for i in ids if i not in present))
             results.append(ops.RetryResult(0, not_found=missing))
-        started = time.monotonic()
-        chunk = max(1, min(RETRY_CHUNK, int(rate)))
-        for i in range(0, len(wanted), chunk):
-            part = wanted[i : i + chunk]
+        for part in paced(wanted, rate):
             results.append(
                 self.bridge.call(
-                    functools.partial(ops.retry, self.bridge_broker, name, ids=part, expect=expect)
+                    functools.partial(
+                        ops.retry, self.bridge_broker, name, ids=list(part), expect=expect
+                    )
                 )
             )
-            pause = started + (i + len(part)) / rate - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
         return _retry_answer(results, ids is not None)
 
 

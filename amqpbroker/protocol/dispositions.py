@@ -6,29 +6,42 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from cproton_ffi import ffi, lib
 from proton import Delivery
 
 from amqpbroker.core.outcomes import ACCEPTED, RELEASED, Modified, Outcome, Rejected
 from amqpbroker.protocol.peer import PeerDecodeError, PeerInvalidField, data_at, read_symbol_map
 
+_ACCEPTED = lib.PN_ACCEPTED
+_RELEASED = lib.PN_RELEASED
+_MODIFIED = lib.PN_MODIFIED
+_REJECTED = lib.PN_REJECTED
+
+
+def outcome_at(delivery: Any, state: int) -> Outcome | None:
+    """The terminal outcome the consumer sent, from the engine's delivery (a `pn_delivery_t`
+    pointer: the hot path, no wrapper) and its remote `state`; None for no or a
+    non-terminal state (B-048: no action; the message stays acquired)."""
+    if state == _ACCEPTED:
+        return ACCEPTED
+    if state == _RELEASED:
+        return RELEASED
+    if state == _MODIFIED:
+        remote = lib.pn_delivery_remote(delivery)
+        return Modified(
+            delivery_failed=bool(lib.pn_disposition_is_failed(remote)),
+            undeliverable_here=bool(lib.pn_disposition_is_undeliverable(remote)),
+        )
+    if state == _REJECTED:
+        return _rejected(lib.pn_disposition_condition(lib.pn_delivery_remote(delivery)))
+    return None
+
 
 def outcome_of(delivery: Delivery) -> Outcome | None:
-    """The terminal outcome the consumer sent, or None for no or a non-terminal state
-    (B-048: no action; the message stays acquired)."""
-    state = delivery.remote_state
-    if state == Delivery.ACCEPTED:
-        return ACCEPTED
-    if state == Delivery.RELEASED:
-        return RELEASED
-    if state == Delivery.MODIFIED:
-        remote = delivery.remote
-        return Modified(
-            delivery_failed=bool(remote.failed), undeliverable_here=bool(remote.undeliverable)
-        )
-    if state == Delivery.REJECTED:
-        return _rejected(lib.pn_disposition_condition(lib.pn_delivery_remote(delivery._impl)))
-    return None
+    """`outcome_at` for a wrapped delivery."""
+    return outcome_at(delivery._impl, delivery.remote_state)
 
 
 def _rejected(condition: object) -> Rejected:

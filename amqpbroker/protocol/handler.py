@@ -60,7 +60,6 @@ from amqpbroker.amqp import sections
 from amqpbroker.amqp.frames import frame
 from amqpbroker.core import (
     ACCEPTED,
-    RELEASED,
     AddressUnblocked,
     Broker,
     BrokerError,
@@ -74,13 +73,12 @@ from amqpbroker.core import (
     Effect,
     Message,
     Modified,
-    Outcome,
     ProducerTarget,
     RawEvent,
     Rejected,
-    RoutingType,
+    annotated_routing_type,
 )
-from amqpbroker.protocol.dispositions import outcome_of
+from amqpbroker.protocol.dispositions import outcome_at, outcome_of
 from amqpbroker.protocol.links import (
     TerminusFields,
     answer_terminus,
@@ -146,17 +144,7 @@ _PN_DELIVERY = lib.PN_DELIVERY
 _PN_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
 _PN_LINK_FLOW = lib.PN_LINK_FLOW
 _PN_ACCEPTED = lib.PN_ACCEPTED
-_PN_RELEASED = lib.PN_RELEASED
-_PN_MODIFIED = lib.PN_MODIFIED
-_PN_REJECTED = lib.PN_REJECTED
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
-_ROUTING_TYPE_BYTES = {0: RoutingType.MULTICAST, 1: RoutingType.ANYCAST}
-_JMS_DEST = {
-    0: RoutingType.ANYCAST,
-    2: RoutingType.ANYCAST,
-    1: RoutingType.MULTICAST,
-    3: RoutingType.MULTICAST,
-}
 
 
 class ConsumerLink:
@@ -1063,14 +1051,9 @@ class AmqpConnection:
                 message.get_annotations(), self.broker.clock.now_ms()
             )
         if scanned.message_annotations is not None and target.routing_type is None:
-            annotations = message.get_annotations()
-            value = annotations.get("x-opt-routing-type")
-            message_routing_type = (
-                _ROUTING_TYPE_BYTES.get(value) if isinstance(value, int) else None
+            message_routing_type = annotated_routing_type(
+                message.get_annotations(), jms_dest=target.address is None
             )
-            if message_routing_type is None and target.address is None:
-                jms = annotations.get("x-opt-jms-dest")
-                message_routing_type = _JMS_DEST.get(jms) if isinstance(jms, int) else None
         if target.address is None and scanned.properties is not None:
             value = message.get_properties().get("to")
             to = value if isinstance(value, str) else None
@@ -1099,7 +1082,7 @@ class AmqpConnection:
             if state == TRANSACTIONAL_STATE:
                 self._transactional_outcome(Delivery.wrap(delivery), consumer)
                 return
-            outcome = _outcome(delivery, state)
+            outcome = outcome_at(delivery, state)
         if self.reject_as_modified and isinstance(outcome, Rejected):
             outcome = FAILED  # B-047: rejected behaves exactly like modified{df=true}
         if outcome is None:
@@ -1170,21 +1153,3 @@ def _delivery_id(delivery: Any) -> DeliveryId:
     if not raw.isdigit():
         raise _wrong_direction()
     return DeliveryId(int(raw))
-
-
-def _outcome(delivery: Any, state: int) -> Outcome | None:
-    """The consumer's terminal outcome (B-041…B-048) from its remote `state`; None for
-    none or non-terminal."""
-    if state == _PN_ACCEPTED:
-        return ACCEPTED
-    if state == _PN_RELEASED:
-        return RELEASED
-    if state == _PN_MODIFIED:
-        remote = lib.pn_delivery_remote(delivery)
-        return Modified(
-            delivery_failed=bool(lib.pn_disposition_is_failed(remote)),
-            undeliverable_here=bool(lib.pn_disposition_is_undeliverable(remote)),
-        )
-    if state == _PN_REJECTED:
-        return outcome_of(Delivery.wrap(delivery))  # rare: read the error via the wrapper
-    return None

@@ -11,30 +11,15 @@ from typing import Any
 
 from amqpbroker.amqp import sections
 from amqpbroker.amqp.sections import Byte, Long, Symbol, UInt
-from amqpbroker.core import Message, MoveAnnotations, kept_annotations
+from amqpbroker.core import Message, MoveAnnotations, kept_annotations, move_annotation_values
+
+# The wrappers that give a move annotation its AMQP type (`core.MOVE_ANNOTATIONS`).
+_WIRE_TYPES = {"long": Long, "byte": Byte, "symbol": Symbol, "uint": UInt}
 
 
 def _typed(move: MoveAnnotations) -> dict[str, Any]:
     """The B-090/B-079 annotations with their exact AMQP types; absent ones left out."""
-    values: dict[str, Any] = {
-        "x-opt-ORIG-QUEUE": move.orig_queue,
-        "x-opt-ORIG-ADDRESS": move.orig_address,
-        "x-opt-ORIG-MESSAGE-ID": Long(move.orig_message_id),
-        "x-opt-ORIG-ROUTING-TYPE": None
-        if move.orig_routing_type is None
-        else Byte(move.orig_routing_type),
-        "x-opt-ACTUAL-EXPIRY": None if move.actual_expiry is None else Long(move.actual_expiry),
-        "x-opt-DLQ-REASON": move.dlq_reason,
-        "x-opt-DLQ-ERROR-CONDITION": None
-        if move.dlq_error_condition is None
-        else Symbol(move.dlq_error_condition),
-        "x-opt-DLQ-ERROR-DESCRIPTION": move.dlq_error_description,
-        "x-opt-DLQ-DELIVERY-COUNT": None
-        if move.dlq_delivery_count is None
-        else UInt(move.dlq_delivery_count),
-        "x-opt-routing-type": None if move.routing_type is None else Byte(move.routing_type),
-    }
-    return {k: v for k, v in values.items() if v is not None}
+    return move_annotation_values(move, _WIRE_TYPES)
 
 
 class Copier:

@@ -339,8 +339,8 @@ def test_message_without_header_gets_one_only_on_redelivery(shell: Shell) -> Non
 def test_dead_letter_annotations_have_exact_amqp_types(shell: Shell) -> None:
     """B-090/B-079: symbol keys; string, long, uint, symbol values as specified."""
     from proton import Data
+    from support.annotations import annotation_types
 
-    from amqpbroker.amqp import sections
     from amqpbroker.core import AddressSettings
 
     shell.broker.settings.add(
@@ -351,19 +351,7 @@ def test_dead_letter_annotations_have_exact_amqp_types(shell: Shell) -> None:
     client.send(client.sender("q", "queue"), Message(body="bad"))
     client.settle(0, Delivery.REJECTED, condition=Condition("app:e", "why"))
     [ref] = shell.broker.queues["DLQ.q"].refs()
-    data = ref.message.data
-    start, end = sections.scan(data).message_annotations  # type: ignore[misc]
-    decoded = Data()
-    decoded.decode(data[start + 3 : end])  # skip the section descriptor
-    decoded.rewind()
-    decoded.next()
-    decoded.enter()
-    types: dict[str, int] = {}
-    while decoded.next():
-        assert decoded.type() == Data.SYMBOL
-        key = str(decoded.get_symbol())
-        decoded.next()
-        types[key] = decoded.type()
+    types = {k: kind for k, (kind, _) in annotation_types(ref.message.data).items()}
     assert types == {
         "x-opt-ORIG-QUEUE": Data.STRING,
         "x-opt-ORIG-ADDRESS": Data.STRING,

@@ -1,0 +1,56 @@
+"""The moved copy's annotations: one list of names (`core.MOVE_ANNOTATIONS`), typed by the
+codec (B-076, B-079, B-090; issue 18 item 4: one table per policy)."""
+
+from __future__ import annotations
+
+from proton import Data
+from proton import Message as ProtonMessage
+from support.annotations import annotation_types
+
+from amqpbroker.amqp import sections
+from amqpbroker.core import Message, MoveAnnotations
+from amqpbroker.core.broker import MOVE_ANNOTATIONS, move_annotation_values
+from amqpbroker.protocol.moves import COPIER
+
+EVERY_FIELD = MoveAnnotations(
+    orig_address="a",
+    orig_queue="q",
+    orig_message_id=7,
+    orig_routing_type=1,
+    actual_expiry=1_700_000_000_000,
+    dlq_reason="rejected",
+    dlq_error_condition="app:e",
+    dlq_error_description="why",
+    dlq_delivery_count=3,
+    routing_type=0,
+)
+
+
+def test_a_copy_carries_every_move_annotation_with_its_amqp_type() -> None:
+    """B-090: long ids and expiry, byte routing types, a symbol condition, a uint count."""
+    original = ProtonMessage(body="x", annotations={"keep": "me", "x-opt-DLQ-REASON": "old"})
+    data = original.encode()
+    scanned = sections.scan(data)
+    message = Message(data, header_end=scanned.header_end, reader=sections.READER)
+    copy = COPIER.copy(message, EVERY_FIELD)
+    found = annotation_types(copy.data)
+    assert found == {
+        "keep": (Data.STRING, "me"),
+        "x-opt-ORIG-QUEUE": (Data.STRING, "q"),
+        "x-opt-ORIG-ADDRESS": (Data.STRING, "a"),
+        "x-opt-ORIG-MESSAGE-ID": (Data.LONG, 7),
+        "x-opt-ORIG-ROUTING-TYPE": (Data.BYTE, 1),
+        "x-opt-ACTUAL-EXPIRY": (Data.LONG, 1_700_000_000_000),
+        "x-opt-DLQ-REASON": (Data.STRING, "rejected"),
+        "x-opt-DLQ-ERROR-CONDITION": (Data.SYMBOL, "app:e"),
+        "x-opt-DLQ-ERROR-DESCRIPTION": (Data.STRING, "why"),
+        "x-opt-DLQ-DELIVERY-COUNT": (Data.UINT, 3),
+        "x-opt-routing-type": (Data.BYTE, 0),
+    }
+    # in the table's order, after what the original kept
+    assert list(found)[1:] == [name for name, _, _ in MOVE_ANNOTATIONS]
+
+
+def test_plain_values_leave_out_the_absent_ones() -> None:
+    move = MoveAnnotations(orig_address="a", orig_queue=None, orig_message_id=1)
+    assert move_annotation_values(move) == {"x-opt-ORIG-ADDRESS": "a", "x-opt-ORIG-MESSAGE-ID": 1}

@@ -85,7 +85,7 @@ def test_broker_level_values_are_listed() -> None:
     assert text.startswith("# c.yaml: OK\nname: amqpbroker\n")
     for line in [
         "  - amqp: amqp://127.0.0.1:0 anycast-prefix='anycast://'",
-        "http: 127.0.0.1:0 read-timeout=10000 max-connections=100",
+        "http: 127.0.0.1:0 read-timeout=10000 max-connections=100 sample-interval=5000",
         "persistence: enabled=true sync=false persist-delivery-count-before-delivery=false",
         "message-expiry-scan-period: 30000",
         "max-redelivery-records: 10",

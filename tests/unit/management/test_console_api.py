@@ -232,3 +232,13 @@ def test_the_analyze_report_is_served_read_only_and_sandboxed(tmp_path: Path) ->
     assert call(make_api()[0], "GET", "/console/report").status == HTTPStatus.NOT_FOUND
     report.unlink()
     assert call(api, "GET", "/console/report").status == HTTPStatus.NOT_FOUND
+
+
+def test_every_console_file_is_listed_and_shipped() -> None:
+    """Only listed files are served, so a file added to the directory must be listed
+    (and pyproject's package-data globs cover each kind)."""
+    directory = Path(__file__).parents[3] / "amqpbroker" / "management" / "console"
+    assert {p.name for p in directory.iterdir()} == set(FILES)
+    pyproject = (Path(__file__).parents[3] / "pyproject.toml").read_text()
+    for suffix in {Path(name).suffix for name in FILES}:
+        assert f'"management/console/*{suffix}"' in pyproject

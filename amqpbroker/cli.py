@@ -347,7 +347,12 @@ def _cmd_retry(args: argparse.Namespace) -> int:
             body["expect"] = expect
     answer = _api(args.url, path, body)
     assert isinstance(answer, dict)
-    task = _follow_task(args.url, answer["task"])
+    started = answer["task"]
+    sys.stderr.write(
+        f"task {started['id']}: {started['total']} message(s) at {args.rate:g} msg/s; it runs "
+        "on the broker (GET /api/v1/tasks/ID, POST /api/v1/tasks/ID/cancel)\n"
+    )
+    task = _follow_task(args.url, started)
     if task["status"] != "completed":
         raise CommandError(
             f"task {task['id']} {task['status']} at {task['done']}/{task['total']}"

@@ -22,9 +22,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 from support.browser import authorize, chromium, statuses, wait_for, wait_text
 from support.client import Capabilities, connect, reject_with
 from support.http import basic_auth
-from support.process import BrokerProcess, start_broker
-
-from amqpbroker.security import hash_password
+from support.process import BrokerProcess, console_security, start_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -39,21 +37,7 @@ INJECTION = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</scr
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
     running = start_broker(
         tmp_path_factory.mktemp("console"),
-        f"""
-        http: {{bind: "127.0.0.1:0", sample-interval: 200}}
-        security:
-          enabled: true
-          users:
-            admin: {{password-hash: "{hash_password("admin-pw")}", roles: [admin]}}
-            viewer: {{password-hash: "{hash_password("viewer-pw")}", roles: [viewer]}}
-          security-settings:
-            "#": {{send: [admin], consume: [admin], browse: [admin], manage: [admin],
-                  create-address: [admin], create-durable-queue: [admin],
-                  create-non-durable-queue: [admin]}}
-            activemq.management: {{browse: [admin, viewer], manage: [admin]}}
-        address-settings:
-          "#": {{dead-letter-address: DLA, auto-create-dead-letter-resources: true}}
-        """,
+        'http: {bind: "127.0.0.1:0", sample-interval: 200}\n' + console_security(),
         log_level="info",
     )
     traffic(running)
@@ -124,11 +108,16 @@ def open_queue(browser: WebDriver, broker: BrokerProcess, name: str) -> None:
 
 
 def rows(browser: WebDriver, table: str) -> dict[str, list[str]]:
-    found = {}
-    for row in browser.find_elements("css selector", f"#{table} tbody tr[data-queue]"):
-        cells = [c.text for c in row.find_elements("css selector", "td")]
-        found[row.get_attribute("data-queue") or ""] = cells
-    return found
+    """A queue table's rows by queue name, read in one script (the table is redrawn
+    every few seconds: reading cell by cell could straddle a redraw)."""
+    found: list[list[Any]] = browser.execute_script(
+        """
+        return [...document.querySelectorAll(arguments[0])].map((row) =>
+          [row.dataset.queue, [...row.querySelectorAll("td")].map((td) => td.innerText)]);
+        """,
+        f"#{table} tbody tr[data-queue]",
+    )
+    return {name: cells for name, cells in found}  # in the table's order
 
 
 def screenshot(browser: WebDriver, name: str) -> None:
@@ -160,11 +149,12 @@ def test_the_overview_shows_queues_and_dead_letter_queues_apart(
     browser.find_element("css selector", "#queue-filter").clear()
     browser.find_element("css selector", "#queue-filter").send_keys(" ")
     wait_for(browser, "#queues tr[data-queue='orders']")
-    depth_header = browser.find_element("css selector", "#queues th[data-key='messages']")
-    depth_header.click()
-    depth_header = browser.find_element("css selector", "#queues th[data-key='messages']")
-    depth_header.click()  # descending
-    WebDriverWait(browser, 5).until(lambda s: next(iter(rows(s, "queues"))) == "payments")
+    browser.find_element("css selector", "#queues th[data-key='messages']").click()
+    wait_for(browser, "#queues th.sorted.asc[data-key='messages']")
+    browser.find_element("css selector", "#queues th[data-key='messages']").click()
+    wait_for(browser, "#queues th.sorted.desc[data-key='messages']")
+    ordered = list(rows(browser, "queues"))
+    assert ordered[0] == "payments", ordered
 
 
 def test_a_dlq_page_shows_why_messages_died_and_escapes_everything(
@@ -235,7 +225,7 @@ def test_a_retry_with_a_rate_runs_as_a_task_with_progress(
     dialog.find_element("css selector", "#confirm-ok").click()
     wait_text(browser, "#outcome", "task")
     wait_text(browser, "#tasks tr[data-task]", "completed", timeout=15)
-    assert "3/3" in browser.find_element("css selector", "#tasks tr[data-task]").text
+    wait_text(browser, "#tasks tr[data-task]", "3/3")
     assert api(broker, "/api/v1/queues/invoices")["messages"] == 3
 
 

@@ -17,30 +17,15 @@ from proton import Message
 from support.client import Capabilities, connect, reject_with
 from support.http import basic_auth, raw_request
 from support.metrics import scrape
-from support.process import BrokerProcess, start_broker
+from support.process import BrokerProcess, console_security, start_broker
 from support.waiting import wait_until
-
-from amqpbroker.security import hash_password
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 QUEUE = Capabilities("queue")
 ADMIN = basic_auth("admin", "admin-pw")
 VIEWER = basic_auth("viewer", "viewer-pw")
-CONFIG = f"""
-security:
-  enabled: true
-  users:
-    admin: {{password-hash: "{hash_password("admin-pw")}", roles: [admin]}}
-    viewer: {{password-hash: "{hash_password("viewer-pw")}", roles: [viewer]}}
-  security-settings:
-    "#": {{send: [admin], consume: [admin], browse: [admin], manage: [admin],
-          create-address: [admin], create-durable-queue: [admin],
-          create-non-durable-queue: [admin]}}
-    activemq.management: {{browse: [admin, viewer], manage: [admin]}}
-address-settings:
-  "#": {{dead-letter-address: DLA, auto-create-dead-letter-resources: true}}
-"""
+CONFIG = console_security()
 
 
 def dead_letters(broker: BrokerProcess, address: str, count: int) -> None:

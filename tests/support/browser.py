@@ -13,12 +13,16 @@ import shutil
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 WINDOW = (1400, 900)
+# The console redraws its refreshed parts every few seconds: an element found just before
+# a redraw is gone after it, so waits look again.
+STALE = (StaleElementReferenceException,)
 
 
 def chromium() -> WebDriver:
@@ -71,7 +75,7 @@ def statuses(session: WebDriver, url: str) -> list[int]:
 
 def wait_for(session: WebDriver, css: str, *, timeout: float = 10) -> WebElement:
     """The first element matching `css`, once there is one."""
-    found: WebElement = WebDriverWait(session, timeout).until(
+    found: WebElement = WebDriverWait(session, timeout, ignored_exceptions=STALE).until(
         lambda s: (s.find_elements("css selector", css) or [None])[0],
         message=f"no element {css}",
     )
@@ -87,7 +91,7 @@ def wait_text(session: WebDriver, css: str, text: str, *, timeout: float = 10) -
                 return element
         return None
 
-    found: WebElement = WebDriverWait(session, timeout).until(
+    found: WebElement = WebDriverWait(session, timeout, ignored_exceptions=STALE).until(
         find, message=f"no {css} with text {text!r}"
     )
     return found

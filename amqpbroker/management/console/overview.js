@@ -45,16 +45,20 @@ function queueTable(id, caption, sortState) {
   const table = h("table", { class: "grid", id },
     h("caption", {}, caption), h("thead", {}, head), body);
   let rows = [];
+  let shownFilter = "";
+  const drawHead = () => fill(head, COLUMNS.map((col) => h("th", {
+    class: `${col.text ? "" : "num"} sortable${sortState.key === col.key ? ` sorted ${sortState.dir}` : ""}`,
+    dataset: { key: col.key },
+    onclick: () => {
+      sortState.dir = sortState.key === col.key && sortState.dir === "asc" ? "desc" : "asc";
+      sortState.key = col.key;
+      drawHead();
+      render(shownFilter);
+    },
+  }, col.label)));
+  drawHead();
   const render = (filter) => {
-    fill(head, COLUMNS.map((col) => h("th", {
-      class: `${col.text ? "" : "num"} sortable${sortState.key === col.key ? ` sorted ${sortState.dir}` : ""}`,
-      dataset: { key: col.key },
-      onclick: () => {
-        sortState.dir = sortState.key === col.key && sortState.dir === "asc" ? "desc" : "asc";
-        sortState.key = col.key;
-        render(filter);
-      },
-    }, col.label)));
+    shownFilter = filter;
     const col = COLUMNS.find((c) => c.key === sortState.key) || COLUMNS[0];
     const needle = filter.trim().toLowerCase();
     const shown = rows.filter((r) => !needle || [r.name, r.address, r.kind.join(" ")]

@@ -15,11 +15,10 @@ from typing import Any
 import pytest
 from support.core_harness import Harness
 from support.hostile import SPELLINGS
-from support.http import InlineBridge
+from support.http import InlineBridge, api_request
 from support.http import basic_auth as basic
 
 from amqpbroker.management import BasicAuth, ManagementApi
-from amqpbroker.management.api import Reply
 
 USERS = {"admin": "admin-pw", "app": "app-pw", "viewer": "viewer-pw"}
 # What each user is granted on activemq.management (issue 24: browse reads, manage acts).
@@ -58,27 +57,7 @@ def make_api(*, secured: bool = True) -> tuple[ManagementApi, Harness]:
     return api, h
 
 
-def request(
-    api: ManagementApi,
-    method: str,
-    target: str,
-    *,
-    authorization: str | None = None,
-    body: dict[str, Any] | None = None,
-    csrf_token: str | None = "test",
-    origin: str | None = None,
-) -> Reply:
-    raw = json.dumps(body).encode() if body is not None else b""
-    return api.respond(
-        method,
-        target,
-        authorization=authorization,
-        client="10.0.0.1",
-        read_body=lambda: raw,
-        csrf_token=csrf_token,
-        origin=origin,
-        host="127.0.0.1:8161",
-    )
+request = api_request
 
 
 # (method, path, body) of every endpoint, plus paths that are no endpoint.

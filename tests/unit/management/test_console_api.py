@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from support.core_harness import Harness
-from support.http import InlineBridge
+from support.http import InlineBridge, api_request
 from support.http import basic_auth as basic
 
 from amqpbroker.core import AddressSettings, Rejected
@@ -77,13 +77,12 @@ def call(
     csrf: str | None = "console",
     origin: str | None = None,
 ) -> Reply:
-    raw = json.dumps(body).encode() if body is not None else b""
-    return api.respond(
+    return api_request(
+        api,
         method,
         target,
         authorization=auth,
-        client="c",
-        read_body=lambda: raw,
+        body=body,
         csrf_token=csrf,
         origin=origin,
         host=HOST,

@@ -65,6 +65,7 @@ class Task:
     not_found: list[int] = field(default_factory=list)
     error: str | None = None
     finished_ms: int | None = None
+    _definition: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def total(self) -> int:
@@ -92,19 +93,45 @@ class Task:
             answer["not_found"] = self.not_found
         return answer
 
-    def to_json(self) -> dict[str, Any]:
-        record = {k: v for k, v in vars(self).items() if k != "expect"}
-        record["expect"] = (
-            None if self.expect is None else {str(k): v for k, v in self.expect.items()}
-        )
-        return record
+    def record(self) -> str:
+        """The task as saved: its definition (encoded once: the ids may be millions, and
+        progress is saved every second) and its progress."""
+        if self._definition is None:
+            definition = {k: getattr(self, k) for k in DEFINITION if k != "expect"}
+            definition["expect"] = (
+                None if self.expect is None else {str(k): v for k, v in self.expect.items()}
+            )
+            self._definition = json.dumps(definition)
+        progress = json.dumps({k: getattr(self, k) for k in PROGRESS})
+        return f'{{"definition": {self._definition}, "progress": {progress}}}'
 
     @classmethod
-    def from_json(cls, record: dict[str, Any]) -> Task:
-        expect = record.pop("expect", None)
-        task = cls(**record)
+    def from_record(cls, record: dict[str, Any]) -> Task:
+        values = {**record["definition"], **record["progress"]}
+        expect = values.pop("expect", None)
+        task = cls(**{k: values[k] for k in (*DEFINITION, *PROGRESS) if k in values})
         task.expect = None if expect is None else {int(k): v for k, v in expect.items()}
         return task
+
+
+DEFINITION = (
+    "id",
+    "kind",
+    "queue",
+    "ids",
+    "rate",
+    "created_ms",
+    "to_queue",
+    "filter",
+    "expect",
+    "by_id",
+)
+PROGRESS = ("status", "done", "moved", "skipped", "not_found", "error", "finished_ms")
+
+
+def tasks_text(tasks: list[Task]) -> str:
+    """DATA_DIR/tasks.json: a JSON list of task records."""
+    return "[" + ",\n".join(task.record() for task in tasks) + "]\n"
 
 
 class TaskFile:
@@ -124,10 +151,10 @@ class TaskFile:
         """The saved tasks; a file that does not read is set aside, not fatal."""
         try:
             records = json.loads(self.path.read_text())
-            return [Task.from_json(dict(r)) for r in records]
+            return [Task.from_record(r) for r in records]
         except FileNotFoundError:
             return []
-        except (OSError, ValueError, TypeError) as e:
+        except (OSError, ValueError, TypeError, KeyError) as e:
             aside = self.path.with_suffix(".json.unreadable")
             log.warning("%s does not read (%s): moved to %s", self.path, e, aside)
             with contextlib.suppress(OSError):
@@ -366,7 +393,7 @@ class TaskRunner:
                 self._save_handle = self._call_later(delay, self._deferred_save)
             return
         self._last_save = t
-        self._save(json.dumps([task.to_json() for task in self.tasks.values()]))
+        self._save(tasks_text(list(self.tasks.values())))
 
     def _deferred_save(self) -> None:
         self._save_handle = None

@@ -83,8 +83,8 @@ def test_a_paced_retry_task_resumes_after_a_restart(tmp_path: Path) -> None:
         wait_until(lambda: http(broker, f"/api/v1/tasks/{task['id']}")[1]["done"] >= 4)
         assert broker.stop() == 0, broker.log()
         saved = json.loads((broker.data_dir / "tasks.json").read_text())
-        assert saved[0]["status"] == "running"
-        assert 4 <= saved[0]["done"] < 12
+        assert saved[0]["progress"]["status"] == "running"
+        assert 4 <= saved[0]["progress"]["done"] < 12
         broker = start_broker(tmp_path, durable, log_level="info")
         wait_until(
             lambda: http(broker, f"/api/v1/tasks/{task['id']}")[1]["status"] == "completed",

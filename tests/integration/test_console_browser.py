@@ -35,9 +35,13 @@ INJECTION = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</scr
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    directory = tmp_path_factory.mktemp("console")
+    report = directory / "report.html"
+    report.write_text("<html><body><h1>Dead-letter triage</h1></body></html>")
     running = start_broker(
-        tmp_path_factory.mktemp("console"),
-        'http: {bind: "127.0.0.1:0", sample-interval: 200}\n' + console_security(),
+        directory,
+        f'http: {{bind: "127.0.0.1:0", sample-interval: 200, analyze-report: "{report}"}}\n'
+        + console_security(),
         log_level="info",
     )
     traffic(running)
@@ -155,6 +159,16 @@ def test_the_overview_shows_queues_and_dead_letter_queues_apart(
     wait_for(browser, "#queues th.sorted.desc[data-key='messages']")
     ordered = list(rows(browser, "queues"))
     assert ordered[0] == "payments", ordered
+
+
+def test_the_header_links_the_analyze_report(browser: WebDriver, broker: BrokerProcess) -> None:
+    """Issue 24: with `http.analyze-report` configured the header links the report."""
+    browser.get(console(broker))
+    link = wait_for(browser, "#report-link:not([hidden])")
+    href = link.get_attribute("href")
+    assert href == console(broker) + "report"
+    browser.get(href)
+    wait_text(browser, "h1", "Dead-letter triage")
 
 
 def test_a_dlq_page_shows_why_messages_died_and_escapes_everything(

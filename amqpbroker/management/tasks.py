@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 FILE_NAME = "tasks.json"
 CHUNK_MAX = 100  # ids per step: one step holds the loop for ~1 ms
 KEEP_FINISHED = 50  # finished tasks listed (and kept in the file), newest first
+MAX_RUNNING = 100  # running at once: each is a timer and a list of ids in memory
 MAX_RATE = 100_000.0  # msg/s
 SAVE_INTERVAL_S = 1.0  # progress is saved at most this often (state changes at once)
 KINDS = ("retry", "move")
@@ -243,6 +244,8 @@ class TaskRunner:
         """A new running task over the matching waiting messages (or `ids`)."""
         if kind not in KINDS:
             raise ClientError(f"'kind' must be one of {', '.join(KINDS)}")
+        if sum(t.status == RUNNING for t in self.tasks.values()) >= MAX_RUNNING:
+            raise ClientError(f"{MAX_RUNNING} tasks are running: cancel one or wait")
         if not 0 < rate <= MAX_RATE:
             raise ClientError(f"'rate' must be more than 0 and at most {MAX_RATE:g} msg/s")
         if queue not in self.broker.queues:

@@ -186,6 +186,7 @@ export function queuePage(name) {
       text = `Purge ${what} from ${name}? They are deleted and cannot be recovered.`;
       url = `${path}/purge`;
     }
+    if (view.all) text += " Messages out with a consumer right now are left where they are.";
     if (!(await confirmAction(kind[0].toUpperCase() + kind.slice(1), text, `${kind[0].toUpperCase() + kind.slice(1)} ${num(n)}`))) return;
     try {
       const result = await post(url, body);

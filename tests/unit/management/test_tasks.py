@@ -183,6 +183,12 @@ def test_bad_tasks_are_refused() -> None:
         run.create("retry", "DLQ.orders", rate=0)
     with pytest.raises(ClientError):
         run.create("move", "DLQ.orders", rate=1, to_queue="DLQ.orders")
+    with pytest.raises(ClientError, match="Invalid filter"):
+        run.create("retry", "DLQ.orders", rate=1, filter="color = ")
+    for _ in range(tasks.MAX_RUNNING):
+        run.create("retry", "DLQ.orders", rate=1)
+    with pytest.raises(ClientError, match="tasks are running"):
+        run.create("retry", "DLQ.orders", rate=1)
 
 
 def test_a_task_whose_queue_goes_away_fails_with_the_reason() -> None:

@@ -345,22 +345,18 @@ def _progress(done: int, total: int) -> None:
 def _cmd_retry(args: argparse.Namespace) -> int:
     path = f"/api/v1/queues/{_quoted(args.queue)}/retry"
     ids, expect = _read_ids(args.ids) if args.ids else (None, {})
+    body: dict[str, object] = {"filter": args.filter}
+    if ids is not None:
+        body["ids"] = ids
+        if expect:
+            body["expect"] = expect
     if args.rate is None:
-        body: dict[str, object] = {"filter": args.filter}
-        if ids is not None:
-            body["ids"] = ids
-            if expect:
-                body["expect"] = expect
         result = _api(args.url, path, body)
         assert isinstance(result, dict)
         _out(args, result, _retry_summary(args.queue, result))
         return 0
     # Throttled: a replay task on the broker (issue 24); follow its progress until done.
-    body = {"filter": args.filter, "rate": args.rate}
-    if ids is not None:
-        body["ids"] = ids
-        if expect:
-            body["expect"] = expect
+    body["rate"] = args.rate
     answer = _api(args.url, path, body)
     assert isinstance(answer, dict)
     started = answer["task"]

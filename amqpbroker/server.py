@@ -377,6 +377,7 @@ class BrokerServer:
         self._fd_limit = None if soft == resource.RLIM_INFINITY else soft
         self.http: HttpServer | None = None
         self.tasks: TaskRunner | None = None
+        self.sampler = Sampler()  # the console's rates and charts (issue 24)
         self.tasks_file: TaskFile | None = None
         self._sampler_timer: asyncio.TimerHandle | None = None
         self._started_s = time.monotonic()
@@ -495,7 +496,6 @@ class BrokerServer:
             lambda: bridge.call(self.snapshot), artemis_names=self.config.metrics.artemis_names
         )
         http = self.config.http
-        self.sampler = Sampler()
         self.tasks_file = TaskFile(self.data_dir / tasks.FILE_NAME)
         self.tasks = TaskRunner(
             self.broker,

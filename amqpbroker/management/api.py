@@ -315,9 +315,7 @@ class ManagementApi:
             body = read_body()
             if found is None:
                 raise HttpError(HTTPStatus.NOT_FOUND, f"no such endpoint: {target.path}")
-            if found[0] == "broker":
-                return json_reply(HTTPStatus.OK, self._broker_info(authorization))
-            return self._route(method, target, *found, body)
+            return self._route(method, target, *found, body, authorization)
         except BadTarget as e:
             return json_reply(HTTPStatus.BAD_REQUEST, {"error": str(e)})
         except HttpError as e:
@@ -333,7 +331,13 @@ class ManagementApi:
             return json_reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error"})
 
     def _route(
-        self, method: str, target: Target, endpoint: str, name: str | None, raw_body: bytes
+        self,
+        method: str,
+        target: Target,
+        endpoint: str,
+        name: str | None,
+        raw_body: bytes,
+        authorization: str | None,
     ) -> Reply:
         allowed = _METHODS[endpoint]
         if method not in allowed and not ("GET" in allowed and method == "HEAD"):
@@ -350,6 +354,8 @@ class ManagementApi:
             raise HttpError(HTTPStatus.SERVICE_UNAVAILABLE, "not accepting connections")
         if endpoint == "metrics":
             return Reply(HTTPStatus.OK, self.metrics(), "text/plain; version=0.0.4; charset=utf-8")
+        if endpoint == "broker":
+            return json_reply(HTTPStatus.OK, self._broker_info(authorization))
         if endpoint == "console":
             assert name is not None
             return console_file(name)

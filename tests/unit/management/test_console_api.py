@@ -139,6 +139,7 @@ def test_no_action_by_get() -> None:
         reply = call(api, "GET", f"/api/v1/queues/DLQ.orders/{path}")
         assert reply.status == HTTPStatus.METHOD_NOT_ALLOWED
     assert call(api, "GET", "/api/v1/tasks/x/cancel").status == HTTPStatus.METHOD_NOT_ALLOWED
+    assert call(api, "POST", "/api/v1/broker", body={}).status == HTTPStatus.METHOD_NOT_ALLOWED
     assert h.queue("DLQ.orders").message_count == 3
 
 

@@ -54,6 +54,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
             admin: {{password-hash: "{hash_password("admin-pw")}", roles: [admin]}}
             app: {{password-hash: "{hash_password("app-pw")}", roles: [app]}}
             ops: {{password-hash: "{hash_password(OPS_PASSWORD)}", roles: [admin]}}
+            viewer: {{password-hash: "{hash_password("viewer-pw")}", roles: [viewer]}}
           security-settings:
             "#":
               send: [admin, app]
@@ -63,6 +64,8 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
               create-durable-queue: [admin, app]
               create-non-durable-queue: [admin, app]
               manage: [admin]
+            # Issue 24: reading the API needs `browse` here, acting `manage`.
+            activemq.management: {{browse: [admin, viewer], manage: [admin]}}
         """,
         log_level="info",
     )
@@ -180,7 +183,8 @@ def send_head(broker: BrokerProcess, head: str, body: bytes = b"") -> tuple[int,
 def post_head(content_length: str, *, authorization: str = ADMIN, extra: str = "") -> str:
     return (
         "POST /api/v1/queues/Q/purge HTTP/1.1\r\nHost: x\r\n"
-        f"Authorization: {authorization}\r\nContent-Length: {content_length}\r\n{extra}\r\n"
+        f"Authorization: {authorization}\r\nContent-Length: {content_length}\r\n"
+        f"X-Requested-By: test\r\n{extra}\r\n"
     )
 
 

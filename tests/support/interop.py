@@ -322,5 +322,6 @@ STACKS: dict[str, Stack] = {
     for s in [
         Stack("proton-python", "pp", "proton-python", _python_module("proton", "")),
         Stack("rhea", "rh", "rhea", _npm("rhea", "rhea"), {"transactions": NO_TX}),
+        Stack("amqp10", "a10", "amqp10", _npm("amqp10", "amqp10"), {"transactions": NO_TX}),
     ]
 }

@@ -6,6 +6,7 @@ A stack that cannot express a case leaves it out (interop/README.md says why).
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 import os
@@ -26,11 +27,11 @@ USER, PASSWORD = "app", "app-pw"
 LARGE = 5 * 1024 * 1024
 
 
-def ensure_apt(*packages: str, probe: str) -> None:
-    """Install Debian packages when `probe` (a path) is missing; fail with the reason."""
-    if Path(probe).exists():
+def ensure_apt(*packages: str, probes: tuple[str, ...]) -> None:
+    """Install Debian packages when a `probes` path is missing; fail with the reason."""
+    if all(Path(p).exists() for p in probes):
         return
-    assert os.geteuid() == 0, f"{probe} missing; `apt-get install {' '.join(packages)}` as root"
+    assert os.geteuid() == 0, f"{probes} missing; `apt-get install {' '.join(packages)}` as root"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
@@ -38,7 +39,16 @@ def ensure_apt(*packages: str, probe: str) -> None:
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=240)
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, f"apt-get install failed:\n{done.stderr}"
-    assert Path(probe).exists(), f"{probe} still missing after apt-get install"
+    missing = [p for p in probes if not Path(p).exists()]
+    assert not missing, f"{missing} still missing after apt-get install {' '.join(packages)}"
+
+
+def cache_dir(name: str) -> Path:
+    """Built clients live outside the tree, keyed by what they were built from."""
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    path = root / "amqpbroker-interop" / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 def npm_ci(directory: Path, module: str) -> Path:
@@ -316,6 +326,30 @@ def _npm(directory: str, module: str) -> Callable[[], list[str]]:
     return install
 
 
+def _proton_cpp() -> list[str]:
+    """apt-get the Proton C++ headers (and nlohmann-json for the job file), compile once."""
+    ensure_apt(
+        "libqpid-proton-cpp12-dev",
+        "nlohmann-json3-dev",
+        "g++",
+        probes=(
+            "/usr/include/proton/container.hpp",
+            "/usr/include/nlohmann/json.hpp",
+            "/usr/bin/g++",
+        ),
+    )
+    source = INTEROP / "proton-cpp" / "driver.cpp"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:16]
+    binary = cache_dir("proton-cpp") / f"driver-{digest}"
+    if not binary.exists():
+        built = binary.with_suffix(".tmp")
+        cmd = ["g++", "-std=c++17", "-O1", str(source), "-o", str(built), "-lqpid-proton-cpp"]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, f"compiling the Proton C++ driver failed:\n{done.stderr}"
+        built.rename(binary)
+    return [str(binary)]
+
+
 NO_TX = "the client has no transaction API"
 STACKS: dict[str, Stack] = {
     s.name: s
@@ -323,5 +357,15 @@ STACKS: dict[str, Stack] = {
         Stack("proton-python", "pp", "proton-python", _python_module("proton", "")),
         Stack("rhea", "rh", "rhea", _npm("rhea", "rhea"), {"transactions": NO_TX}),
         Stack("amqp10", "a10", "amqp10", _npm("amqp10", "amqp10"), {"transactions": NO_TX}),
+        Stack(
+            "proton-cpp",
+            "cpp",
+            "proton-cpp",
+            _proton_cpp,
+            {
+                "transactions": "Proton C++ 0.37 has no transaction API",
+                "modified": "Proton C++ 0.37's delivery::modify() cannot set delivery-failed",
+            },
+        ),
     ]
 }

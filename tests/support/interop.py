@@ -119,7 +119,7 @@ def spec(broker: BrokerProcess, cert_dir: Path, prefix: str, **extra: Any) -> di
 
 
 def run_driver(
-    cmd: list[str], job: dict[str, Any], *, cwd: Path, timeout: float = 60
+    cmd: list[str], job: dict[str, Any], *, cwd: Path, timeout: float = 150
 ) -> dict[str, Any]:
     """Run one driver process with the job as JSON on stdin; its last stdout line is JSON."""
     done = subprocess.run(
@@ -351,12 +351,20 @@ def _proton_cpp() -> list[str]:
 
 
 NO_TX = "the client has no transaction API"
+PYAMQP_WHY = "(azure-servicebus 7.x carries the pure-Python AMQP stack)"
 STACKS: dict[str, Stack] = {
     s.name: s
     for s in [
         Stack("proton-python", "pp", "proton-python", _python_module("proton", "")),
         Stack("rhea", "rh", "rhea", _npm("rhea", "rhea"), {"transactions": NO_TX}),
         Stack("amqp10", "a10", "amqp10", _npm("amqp10", "amqp10"), {"transactions": NO_TX}),
+        Stack(
+            "pyamqp",
+            "pya",
+            "pyamqp",
+            _python_module("azure.servicebus._pyamqp", PYAMQP_WHY),
+            {"transactions": NO_TX},
+        ),
         Stack(
             "proton-cpp",
             "cpp",

@@ -1,5 +1,5 @@
 // Qpid Proton C++ (Debian libqpid-proton-cpp12-dev, 0.37) against amqpbroker (issue 21).
-// Build: g++ -std=c++17 -O1 driver.cpp -o driver -lqpid-proton-cpp
+// Build: g++ -std=c++17 -O1 driver.cpp -o driver -lqpid-proton-cpp -pthread
 // Usage: ./driver < job.json -> one JSON line. job["mode"]: cases | send | recv.
 // Proton C++ has no blocking API: each step is a Plan (connections, receivers, one batch
 // of sends) run to completion by its own container.
@@ -19,15 +19,19 @@
 #include <proton/tracker.hpp>
 #include <proton/transport.hpp>
 #include <proton/types.hpp>
+#include <proton/work_queue.hpp>
 
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <iostream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 using json = nlohmann::json;
@@ -102,6 +106,7 @@ class Runner : public proton::messaging_handler {
             }
             conns_.push_back(c.connect(url, o));
         }
+
         for (auto& r : plan_.recvs) {
             proton::receiver_options ro;
             ro.auto_accept(false).credit_window(10);
@@ -149,6 +154,7 @@ class Runner : public proton::messaging_handler {
     }
 
     void on_transport_error(proton::transport& t) override { fail(t.error().what()); }
+
     void on_connection_error(proton::connection& c) override { fail(c.error().what()); }
     void on_receiver_error(proton::receiver& r) override { fail(r.error().what()); }
     void on_sender_error(proton::sender& s) override { fail(s.error().what()); }
@@ -177,13 +183,23 @@ class Runner : public proton::messaging_handler {
         finish();
     }
 
+    // Each connection is closed from its own work queue: the proactor only looks at a
+    // connection when something happens on it, so a close made while handling another
+    // connection's event would wait for the broker's next frame.
     void finish() {
         if (finished_) return;
         finished_ = true;
-        if (plan_.unsubscribe)
-            for (auto& r : plan_.recvs)
-                if (r.link.active()) r.link.close();
-        for (auto& c : conns_) c.close();
+        for (auto& c : conns_) {
+            std::vector<proton::receiver> links;
+            if (plan_.unsubscribe)
+                for (auto& r : plan_.recvs)
+                    if (r.link.connection() == c) links.push_back(r.link);
+            c.work_queue().add([c, links]() mutable {
+                for (auto& l : links)
+                    if (l.active()) l.close();
+                c.close();
+            });
+        }
     }
 
     Plan& plan_;
@@ -192,9 +208,22 @@ class Runner : public proton::messaging_handler {
     bool sender_opened_ = false, finished_ = false;
 };
 
+// Bounded: a watchdog thread stops the container (stop() is thread-safe) after 20 s.
 static void run(Plan& plan) {
     Runner runner(plan);
-    proton::container(runner).run();
+    proton::container container(runner);
+    std::atomic<bool> done{false}, timed_out{false};
+    std::thread watchdog([&] {
+        for (int i = 0; i < 200 && !done; i++) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (!done) {
+            timed_out = true;
+            container.stop();
+        }
+    });
+    container.run();
+    done = true;
+    watchdog.join();
+    if (timed_out) throw std::runtime_error("timed out after 20 s");
     if (!plan.error.empty()) throw std::runtime_error(plan.error);
 }
 

@@ -343,7 +343,16 @@ def _proton_cpp() -> list[str]:
     binary = cache_dir("proton-cpp") / f"driver-{digest}"
     if not binary.exists():
         built = binary.with_suffix(".tmp")
-        cmd = ["g++", "-std=c++17", "-O1", str(source), "-o", str(built), "-lqpid-proton-cpp"]
+        cmd = [
+            "g++",
+            "-std=c++17",
+            "-O1",
+            str(source),
+            "-o",
+            str(built),
+            "-lqpid-proton-cpp",
+            "-pthread",
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
         assert done.returncode == 0, f"compiling the Proton C++ driver failed:\n{done.stderr}"
         built.rename(binary)
@@ -364,6 +373,16 @@ STACKS: dict[str, Stack] = {
             "pyamqp",
             _python_module("azure.servicebus._pyamqp", PYAMQP_WHY),
             {"transactions": NO_TX},
+        ),
+        Stack(
+            "uamqp",
+            "ua",
+            "uamqp",
+            _python_module("uamqp", "(uamqp 1.6.11 wheels)"),
+            {
+                "transactions": NO_TX,
+                "shared": "uamqp's Source has no capabilities field, so no `shared`",
+            },
         ),
         Stack(
             "proton-cpp",

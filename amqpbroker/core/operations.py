@@ -37,6 +37,7 @@ class QueueStats:
     expired: int
     killed: int
     returned: int
+    size_bytes: int = 0  # encoded size of the messages held (Artemis persistent.size)
     dead_lettered_by_reason: tuple[tuple[str, int], ...] = ()
     killed_by_reason: tuple[tuple[str, int], ...] = ()
     returned_by_reason: tuple[tuple[str, int], ...] = ()
@@ -64,6 +65,7 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
                 expired=c.expired,
                 killed=c.killed,
                 returned=c.returned,
+                size_bytes=queue.size_bytes,
                 dead_lettered_by_reason=tuple(c.dead_lettered_by_reason.items()),
                 killed_by_reason=tuple(c.killed_by_reason.items()),
                 returned_by_reason=tuple(c.returned_by_reason.items()),

@@ -6,8 +6,8 @@ const rhea = require('rhea');
 
 const JOB = JSON.parse(fs.readFileSync(0, 'utf8'));
 
-// rhea 3.0.5 reads the one-byte boolean encoding (0x56 0x01, which azure's pyamqp and
-// uamqp send) as the number 1. Recorded before the fix, then fixed as a user would: by
+// rhea 3.0.5 reads the one-byte boolean encoding (0x56 0x01, which azure's pyamqp sends
+// for every boolean) as the number 1. Recorded before the fix, then fixed as a user would: by
 // giving that type code a boolean reader (interop/README.md, "Client bugs").
 const decode = (bytes) => new rhea.types.Reader(Buffer.from(bytes)).read().valueOf();
 const BOOLEAN_0x56_BEFORE_FIX = decode([0x56, 0x01]);

@@ -26,5 +26,5 @@ def test_rhea(results: dict[str, Any], case: str) -> None:
 
 def test_rhea_reads_the_one_byte_boolean_as_a_number(results: dict[str, Any]) -> None:
     """The rhea 3.0.5 bug the drivers work around (interop/README.md): `0x56 0x01` (true,
-    as pyamqp and uamqp encode it) decodes as 1. When rhea fixes it, drop the fix."""
+    as azure's pyamqp encodes it) decodes as 1. When rhea fixes it, drop the fix."""
     assert results["bool_0x56_decoded_as"] == 1

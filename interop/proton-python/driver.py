@@ -6,11 +6,10 @@ Usage: `python driver.py < job.json` -> one JSON line on stdout. job["mode"] is 
 
 from __future__ import annotations
 
-import hashlib
-import json
 import sys
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import proton._handlers as handlers
@@ -19,7 +18,10 @@ from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container, DurableSubscription, ReceiverOption
 from proton.utils import BlockingConnection, BlockingReceiver
 
-JOB: dict[str, Any] = json.load(sys.stdin)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # interop/common.py
+from common import emit, payload, read_job, run_cases, same_payload
+
+JOB = read_job()
 P = JOB["prefix"]
 
 
@@ -133,13 +135,10 @@ def tls_plain() -> Any:
 
 
 def large(conn: BlockingConnection) -> Any:
-    payload = bytes(range(256)) * (JOB["large"] // 256)
-    conn.create_sender(f"q.{P}.large").send(Message(body=payload))
+    sent = payload(JOB["large"])
+    conn.create_sender(f"q.{P}.large").send(Message(body=sent))
     got = take(conn.create_receiver(f"q.{P}.large"), 1)[0].body
-    return {
-        "size": len(got),
-        "same": hashlib.sha256(got).digest() == hashlib.sha256(payload).digest(),
-    }
+    return same_payload(got, sent)
 
 
 def durable(conn: BlockingConnection) -> Any:
@@ -334,7 +333,7 @@ def main() -> None:
         conn = connect()
         result = send(conn) if JOB["mode"] == "send" else recv(conn)
         conn.close()
-        sys.stdout.write(json.dumps(result) + "\n")
+        emit(result)
         return
     cases: dict[str, Callable[[BlockingConnection], Any]] = {
         "queue": queue_order,
@@ -348,16 +347,20 @@ def main() -> None:
         "shared": shared,
         "transactions": transactions,
     }
-    result = {}
-    for name, case in cases.items():
-        conn = connect()  # one connection per case: a failure stays in its case
+    emit(run_cases({name: own_connection(case) for name, case in cases.items()}))
+
+
+def own_connection(case: Callable[[BlockingConnection], Any]) -> Callable[[], Any]:
+    """One connection per case: a failure stays in its case."""
+
+    def run() -> Any:
+        conn = connect()
         try:
-            result[name] = case(conn)
-        except Exception as exc:
-            result[name] = {"error": f"{type(exc).__name__}: {exc}"}
+            return case(conn)
         finally:
             conn.close()
-    sys.stdout.write(json.dumps(result) + "\n")
+
+    return run
 
 
 if __name__ == "__main__":

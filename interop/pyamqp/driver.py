@@ -6,12 +6,11 @@ Usage: `python driver.py < job.json` -> one JSON line; job["mode"] is cases, sen
 
 from __future__ import annotations
 
-import hashlib
-import json
 import ssl
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from azure.servicebus._pyamqp import ReceiveClient, SendClient
@@ -22,7 +21,10 @@ from azure.servicebus._pyamqp.error import AMQPError
 from azure.servicebus._pyamqp.message import Message, Properties
 from azure.servicebus._pyamqp.types import TYPE, VALUE, AMQPTypes
 
-JOB: dict[str, Any] = json.load(sys.stdin)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # interop/common.py
+from common import decoded, emit, payload, read_job, run_cases, same_payload, text
+
+JOB = read_job()
 P = JOB["prefix"]
 
 
@@ -121,11 +123,6 @@ def take(source: Any, count: int, **kw: Any) -> list[Message]:
     return out
 
 
-def text(value: Any) -> Any:
-    """pyamqp decodes AMQP string and binary alike to bytes: read text as UTF-8."""
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def body(message: Message) -> Any:
     return text(message.value) if message.value is not None else b"".join(message.data)
 
@@ -190,13 +187,10 @@ def tls_plain() -> Any:
 
 
 def large() -> Any:
-    payload = bytes(range(256)) * (JOB["large"] // 256)
-    send(f"q.{P}.large", [Message(data=[payload])])
+    sent = payload(JOB["large"])
+    send(f"q.{P}.large", [Message(data=[sent])])
     got = body(take(f"q.{P}.large", 1)[0])
-    return {
-        "size": len(got),
-        "same": hashlib.sha256(got).digest() == hashlib.sha256(payload).digest(),
-    }
+    return same_payload(got, sent)
 
 
 def source(address: str, *caps: str) -> Source:
@@ -260,19 +254,6 @@ def native(typed: dict[str, Any]) -> Any:
     return v
 
 
-def plain(value: Any) -> Any:
-    if isinstance(value, bytes):
-        try:
-            return value.decode()
-        except UnicodeDecodeError:
-            return {"hex": value.hex()}
-    if isinstance(value, dict):
-        return {str(plain(k)): plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
-    return value
-
-
 def make(spec: dict[str, Any]) -> Message:
     value = native(spec["body"]["value"])
     sections = {"data": [value]} if spec["body"]["kind"] == "data" else {"value": value}
@@ -296,9 +277,9 @@ def matrix_recv() -> Any:
             {
                 "id": text(m.properties.message_id),
                 "content_type": text(m.properties.content_type),
-                "props": plain(m.application_properties or {}),
+                "props": decoded(m.application_properties or {}),
                 "body": (
-                    {"kind": "value", "value": plain(m.value)}
+                    {"kind": "value", "value": decoded(m.value)}
                     if m.value is not None
                     else {"kind": "data", "value": {"hex": b"".join(m.data).hex()}}
                 ),
@@ -325,13 +306,8 @@ def main() -> None:
             "durable": durable,
             "shared": shared,
         }
-        result = {}
-        for name, case in cases.items():
-            try:
-                result[name] = case()
-            except Exception as exc:
-                result[name] = {"error": f"{type(exc).__name__}: {exc}"}
-    sys.stdout.write(json.dumps(result) + "\n")
+        result = run_cases(cases)
+    emit(result)
 
 
 if __name__ == "__main__":

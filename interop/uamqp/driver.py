@@ -6,12 +6,11 @@ uamqp only speaks TLS: every connection is amqps to `localhost` with the CA from
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import uamqp
@@ -20,7 +19,10 @@ from uamqp.address import Source, Target
 from uamqp.message import DataBody, MessageProperties
 from uamqp.types import AMQPInt, AMQPLong, AMQPType
 
-JOB: dict[str, Any] = json.load(sys.stdin)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # interop/common.py
+from common import decoded, emit, payload, read_job, run_cases, same_payload, text
+
+JOB = read_job()
 P = JOB["prefix"]
 # uamqp offers max-frame-size 63488 and refuses a bigger frame from the broker unless its
 # own limit is raised (interop/README.md): a user moving 5 MiB messages raises it.
@@ -126,10 +128,6 @@ def take(source: Any, count: int, **kw: Any) -> list[uamqp.Message]:
     return out
 
 
-def text(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def value(text_body: str) -> uamqp.Message:
     return uamqp.Message(text_body, body_type=constants.MessageBodyType.Value)
 
@@ -201,13 +199,10 @@ def tls_plain() -> Any:
 
 
 def large() -> Any:
-    payload = bytes(range(256)) * (JOB["large"] // 256)
-    send(f"q.{P}.large", [uamqp.Message(payload)])
+    sent = payload(JOB["large"])
+    send(f"q.{P}.large", [uamqp.Message(sent)])
     got = body(take(f"q.{P}.large", 1)[0])
-    return {
-        "size": len(got),
-        "same": hashlib.sha256(got).digest() == hashlib.sha256(payload).digest(),
-    }
+    return same_payload(got, sent)
 
 
 def durable() -> Any:
@@ -252,19 +247,6 @@ def native(typed: dict[str, Any], *, in_body: bool = False) -> Any:
     return v
 
 
-def plain(item: Any) -> Any:
-    if isinstance(item, bytes):
-        try:
-            return item.decode()
-        except UnicodeDecodeError:
-            return {"hex": item.hex()}
-    if isinstance(item, dict):
-        return {str(plain(k)): plain(v) for k, v in item.items()}
-    if isinstance(item, list | tuple):
-        return [plain(v) for v in item]
-    return item
-
-
 def make(spec: dict[str, Any]) -> uamqp.Message:
     data = spec["body"]["kind"] == "data"
     return uamqp.Message(
@@ -288,11 +270,11 @@ def matrix_recv() -> Any:
             {
                 "id": text(m.properties.message_id),
                 "content_type": text(m.properties.content_type),
-                "props": plain(m.application_properties or {}),
+                "props": decoded(m.application_properties or {}),
                 "body": (
                     {"kind": "data", "value": {"hex": body(m).hex()}}
                     if isinstance(m._body, DataBody)
-                    else {"kind": "value", "value": plain(m.get_data())}
+                    else {"kind": "value", "value": decoded(m.get_data())}
                 ),
             }
             for m in take(src, JOB["count"])
@@ -318,14 +300,8 @@ def main() -> None:
             "large": large,
             "durable": durable,
         }
-        result = {}
-        for name, case in cases.items():
-            try:
-                result[name] = case()
-            except Exception as exc:
-                result[name] = {"error": f"{type(exc).__name__}: {exc}"}
-    sys.stdout.write(json.dumps(result) + "\n")
-    sys.stdout.flush()
+        result = run_cases(cases)
+    emit(result)
     # uamqp's C objects can segfault when the interpreter's final collection frees them
     # (seen once in four runs, after all output, "Garbage-collecting"): leave without it.
     os._exit(0)

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from proton import ConnectionException, SSLDomain
 from proton.utils import BlockingConnection
 from support.client import receive_bodies, send
-from support.process import BrokerProcess, start_broker
+from support.process import BrokerProcess, create_certs, start_broker
 
 from amqpbroker.security import hash_password
 
@@ -19,26 +17,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 @pytest.fixture(scope="module")
 def cert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("certs")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "amqpbroker",
-            "certs",
-            "create",
-            "--out",
-            str(out),
-            "--host",
-            "localhost",
-            "--client",
-            "app-1",
-        ],
-        check=True,
-        timeout=60,
-        capture_output=True,
-    )
-    return out
+    return create_certs(tmp_path_factory.mktemp("certs"), "--client", "app-1")
 
 
 @pytest.fixture(scope="module")

@@ -6,37 +6,18 @@ run by one driver process, the cross matrix driven by one send and one receive p
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support.interop import broker_config
-from support.process import BrokerProcess, start_broker
+from support.process import BrokerProcess, create_certs, start_broker
 
 
 @pytest.fixture(scope="session")
 def cert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A CA and a server certificate for `localhost` (`amqpbroker certs create`)."""
-    out = tmp_path_factory.mktemp("interop-certs")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "amqpbroker",
-            "certs",
-            "create",
-            "--out",
-            str(out),
-            "--host",
-            "localhost",
-        ],
-        check=True,
-        timeout=60,
-        capture_output=True,
-    )
-    return out
+    return create_certs(tmp_path_factory.mktemp("interop-certs"))
 
 
 @pytest.fixture(scope="module")

@@ -52,7 +52,10 @@ def cache_dir(name: str) -> Path:
 
 
 def npm_ci(directory: Path, module: str) -> Path:
-    """`npm ci` once from the lockfile (node_modules is git-ignored); npm is required."""
+    """`npm ci` once from the lockfile (node_modules is git-ignored); node and npm come
+    from Debian when root and missing."""
+    if shutil.which("npm") is None or shutil.which("node") is None:
+        ensure_apt("nodejs", "npm", probes=("/usr/bin/node", "/usr/bin/npm"))
     npm = shutil.which("npm")
     assert npm is not None, "interop tests need node and npm on PATH (apt-get install npm)"
     if not (directory / "node_modules" / module).exists():

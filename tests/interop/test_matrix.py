@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.interop import STACKS, expected, matrix_messages
+from support.interop import STACKS, bare_message, expected, matrix_messages
 from support.process import BrokerProcess
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(300)]
@@ -52,7 +52,7 @@ def matrix(broker: BrokerProcess, cert_dir: Path) -> dict[str, Any]:
 def test_matrix(matrix: dict[str, Any], sender: str, receiver: str) -> None:
     """Each message arrives with the same body, id, content-type and properties."""
     got = [
-        {k: v for k, v in m.items() if k != "bare"}
+        {k: v for k, v in m.items() if k != "raw"}
         for m in matrix["received"][receiver][queue(sender, receiver)]
     ]
     want = [expected(m) for m in matrix_messages(sender)]
@@ -64,10 +64,14 @@ def strict(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def test_proton_bare_message_is_byte_exact(matrix: dict[str, Any]) -> None:
+@pytest.mark.parametrize("sender", ["proton-python", "proton-cpp"])
+def test_proton_bare_message_is_byte_exact(matrix: dict[str, Any], sender: str) -> None:
     """proton -> proton: the bare message (properties to body) arrives byte for byte as
-    it was encoded; the broker adds annotations only outside it (B-060)."""
-    target = queue("proton-python", "proton-python")
-    sent = matrix["sent"]["proton-python"][target]
-    got = [m["bare"] for m in matrix["received"]["proton-python"][target]]
+    the sender encoded it; the broker adds annotations only outside it (B-060)."""
+    target = queue(sender, "proton-python")
+    sent = [bare_message(bytes.fromhex(m)) for m in matrix["sent"][sender][target]]
+    got = [
+        bare_message(bytes.fromhex(m["raw"])) for m in matrix["received"]["proton-python"][target]
+    ]
+    assert len(got) == 4
     assert got == sent

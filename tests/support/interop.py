@@ -285,6 +285,27 @@ def expected(message: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def bare_message(raw: bytes) -> bytes:
+    """The bare message of an encoded one: its sections from properties up to the body,
+    without header, annotations and footer (what a broker may add or change)."""
+    from proton import Data
+
+    offset, start, end = 0, None, len(raw)
+    while offset < len(raw):
+        data = Data()
+        used = data.decode(raw[offset:])
+        data.next()
+        data.enter()
+        data.next()
+        code = data.get_object()
+        if start is None and code >= 0x73:  # properties, application-properties, body
+            start = offset
+        if code == 0x78:  # footer
+            end = offset
+        offset += used
+    return raw[start:end]
+
+
 @dataclass(frozen=True)
 class Stack:
     """One client stack: how to install it, how to run its driver, what it cannot do."""

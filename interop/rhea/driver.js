@@ -162,6 +162,27 @@ const cases = {
   },
 };
 
+// rhea 3.0.5 merges dispositions issued in the same tick into one range with the first
+// outcome: `modified` for one delivery and `rejected` for the next go out as one
+// modified(first=n, last=n+1). Both come back, nothing is dead-lettered (README).
+async function dispositionMerge(conn) {
+  const address = `q.${P}.merge`;
+  await send(conn, address, [{ body: 'first' }, { body: 'second' }]);
+  const link = await receiver(conn, address);
+  const [a, b] = [await link.next(), await link.next()];
+  a.delivery.modified({ delivery_failed: true });
+  b.delivery.reject({ condition: 'app:bad', description: 'rejected in the same tick' });
+  const back = [];
+  for (let i = 0; i < 2; i++) {
+    try {
+      const { message, delivery } = await link.next(2000);
+      delivery.accept();
+      back.push({ body: message.body, delivery_count: message.delivery_count || 0 });
+    } catch (e) { /* not redelivered: rhea did send the reject */ }
+  }
+  return back;
+}
+
 async function redelivery(conn, address, settle) {
   await send(conn, address, [{ body: 'again' }]);
   const link = await receiver(conn, address);
@@ -230,6 +251,9 @@ async function main() {
   let result = {};
   if (JOB.mode === 'cases') {
     result.bool_0x56_decoded_as = BOOLEAN_0x56_BEFORE_FIX;
+    const probe = await connect();
+    result.disposition_merge = await dispositionMerge(probe).catch((e) => ({ error: String(e) }));
+    probe.close();
     for (const [name, run] of Object.entries(cases)) {
       let conn;
       try {

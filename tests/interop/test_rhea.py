@@ -28,3 +28,14 @@ def test_rhea_reads_the_one_byte_boolean_as_a_number(results: dict[str, Any]) ->
     """The rhea 3.0.5 bug the drivers work around (interop/README.md): `0x56 0x01` (true,
     as azure's pyamqp encodes it) decodes as 1. When rhea fixes it, drop the fix."""
     assert results["bool_0x56_decoded_as"] == 1
+
+
+def test_rhea_merges_dispositions_settled_in_one_tick(results: dict[str, Any]) -> None:
+    """The other rhea 3.0.5 bug (interop/README.md): `modified` for one delivery and
+    `rejected` for the next, in the same tick, leave as one modified disposition over both,
+    so the rejected one comes back (delivery-count 1, B-044) instead of being dead-lettered.
+    The broker applies what it receives; the drivers settle one delivery at a time."""
+    assert results["disposition_merge"] == [
+        {"body": "first", "delivery_count": 1},
+        {"body": "second", "delivery_count": 1},
+    ]

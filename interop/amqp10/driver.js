@@ -152,6 +152,18 @@ const cases = {
   },
 };
 
+// How amqp10 reports a wrong password: the connect() promise and the client event apart.
+function saslFailureReport() {
+  const client = new Client(Policy.merge({ reconnect: null }));
+  const seen = { event: null, promise: null };
+  client.on('client:errorReceived', (e) => { seen.event = seen.event || String(e); });
+  const url = `amqp://${JOB.user}:wrong@${JOB.host}:${JOB.port}`;
+  return client.connect(url).then(
+    () => ({ ...seen, promise: 'resolved' }),
+    (e) => ({ ...seen, promise: e && e.name }),
+  );
+}
+
 async function redelivery(c, address, settle) {
   await send(c, address, [{ body: 'again' }]);
   const link = await receiver(c, address);
@@ -211,6 +223,7 @@ async function matrixRecv(c) {
 async function main() {
   let result = {};
   if (JOB.mode === 'cases') {
+    result.sasl_failure_report = await saslFailureReport();
     for (const [name, run] of Object.entries(cases)) {
       let c;
       try {

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import uamqp
-from uamqp import authentication, c_uamqp, constants
+from uamqp import authentication, c_uamqp, constants, errors
 from uamqp.address import Source, Target
 from uamqp.message import DataBody, MessageProperties
 from uamqp.types import AMQPInt, AMQPLong, AMQPType
@@ -51,8 +51,19 @@ def node(kind: type[Source] | type[Target], name: str) -> Any:
     return address
 
 
-def send(address: str, messages: list[uamqp.Message], *, password: str | None = None) -> None:
-    client = uamqp.SendClient(node(Target, address), auth=auth(password), max_frame_size=FRAME)
+def send(
+    address: str,
+    messages: list[uamqp.Message],
+    *,
+    password: str | None = None,
+    frame: int | None = FRAME,
+) -> None:
+    client = uamqp.SendClient(
+        node(Target, address),
+        auth=auth(password),
+        max_frame_size=frame,
+        error_policy=errors.ErrorPolicy(max_retries=0),  # a failure is the answer, not retried
+    )
     try:
         for message in messages:
             client.queue_message(message)
@@ -221,6 +232,36 @@ def durable() -> Any:
     return [body(m) for m in take(source(), 2, link_name="sub", client_name=cid)]
 
 
+def modify_as_documented() -> Any:
+    """The inversion seen from the broker (B-045): modify(failed=True, deliverable=True)
+    arrives as undeliverable-here=true, so this link never gets the message again while a
+    second link does, with delivery-count 1."""
+    address = f"q.{P}.modify-probe"
+    send(address, [value("probe")])
+    first = Receiver(address)
+    first.next().modify(True, True)
+    try:
+        first.next(timeout=1.5)
+        same_link_again = True
+    except TimeoutError:
+        same_link_again = False
+    other = Receiver(address)
+    again = other.next()
+    again.accept()
+    for r in (first, other):
+        r.close()
+    return {"same_link_again": same_link_again, "other_link_count": delivery_count(again)}
+
+
+def default_frame_size() -> Any:
+    """200 KiB with uamqp's default max_frame_size: its frame codec refuses the frames."""
+    try:
+        send(f"q.{P}.frame-probe", [uamqp.Message(bytes(200 * 1024))], frame=None)
+        return "sent"
+    except RuntimeError as exc:
+        return str(exc)
+
+
 # --- cross matrix ---------------------------------------------------------------------
 
 
@@ -301,6 +342,9 @@ def main() -> None:
             "durable": durable,
         }
         result = run_cases(cases)
+        result["probes"] = run_cases(
+            {"modify": modify_as_documented, "default_frame_size": default_frame_size}
+        )
     emit(result)
     # uamqp's C objects can segfault when the interpreter's final collection frees them
     # (seen once in four runs, after all output, "Garbage-collecting"): leave without it.

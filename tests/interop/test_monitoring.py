@@ -131,7 +131,7 @@ def test_every_metric_the_kit_uses_is_exported(broker: BrokerProcess) -> None:
     and never fires: each name must be in a live scrape (`up` is Prometheus's own)."""
     have = exported(broker) | PROMETHEUS_OWN
     used = used_by_kit()
-    assert len(used) == 12 + 8
+    assert len(used) == 13 + 8
     missing = {where: sorted(names - have) for where, names in used.items() if names - have}
     assert missing == {}
     assert all(used.values())  # every panel and rule names at least one metric

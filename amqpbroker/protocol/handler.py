@@ -156,6 +156,7 @@ _PN_ACCEPTED = lib.PN_ACCEPTED
 _PN_RELEASED = lib.PN_RELEASED
 _PN_MODIFIED = lib.PN_MODIFIED
 _PN_REJECTED = lib.PN_REJECTED
+_UNKNOWN_PROTOCOL = "Unknown protocol detected"
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
 _ROUTING_TYPE_BYTES = {0: RoutingType.MULTICAST, 1: RoutingType.ANYCAST}
 _JMS_DEST = {
@@ -646,12 +647,12 @@ class AmqpConnection:
 
     def _on_transport_error(self, event: Event) -> None:
         condition = self.transport.condition
-        log.warning(
-            "connection %s from %s: transport error %s",
-            self.id,
-            self.peer,
-            condition.description if condition else "",
-        )
+        description = condition.description if condition else ""
+        if description.startswith(_UNKNOWN_PROTOCOL):
+            # Proton quotes the peer's first bytes: after the broker's SASL outcome, a
+            # second sasl-init with its password (issue 15 attack pass). Never log them.
+            description = f"{_UNKNOWN_PROTOCOL} (the bytes are not logged)"
+        log.warning("connection %s from %s: transport error %s", self.id, self.peer, description)
 
     def _on_tail_closed(self, event: Event) -> None:
         """The engine reads no more input. Unless the peer closed or the socket is gone,

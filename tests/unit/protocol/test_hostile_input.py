@@ -486,3 +486,16 @@ def test_declares_beyond_1024_open_transactions_are_rejected(peer: F.RawPeer) ->
     peer.send(F.frame(F.transfer(delivery_id=1026, tag=b"n"), payload=F.declare()))
     assert len(peer.connection.transactions) == 1024
     assert len(peer.errors()) == 1
+
+
+def test_unknown_protocol_bytes_are_not_logged(
+    peer: F.RawPeer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 15 attack pass: a client that sent a second sasl-init after the broker's
+    SASL outcome had Proton quote it, password included, in a WARNING log line
+    ("Unknown protocol detected: '...PLAIN...nobody-pw'"). The bytes are no longer logged."""
+    second_init = F.frame(F.sasl_init("PLAIN", F.plain("nobody", "nobody-pw")), kind=F.SASL_FRAME)
+    peer.send(second_init, header=b"")
+    assert F.close_condition(peer.received) == "amqp:connection:framing-error"
+    assert "Unknown protocol detected (the bytes are not logged)" in caplog.text
+    assert "nobody-pw" not in caplog.text

@@ -65,7 +65,8 @@ JOURNAL_COMMIT_DELAY_S = 0.02
 ENGINE_TICK_S = 1.0
 ENGINE_MIN_TICK_S = 0.05
 # Descriptors kept free for the journal, the event log and the HTTP server: a new socket
-# is closed at once when fewer than this remain below RLIMIT_NOFILE (issue 15 item 7).
+# is closed at once when fewer than this remain below RLIMIT_NOFILE (issue 15 item 7); a
+# quarter of a small limit, so that a broker under a tiny limit still takes connections.
 FD_RESERVE = 64
 REFUSED_LOG_PERIOD_S = 10.0  # at most one warning per period about refused connections
 # Password checks (security/logins.py): threads beside the loop, and how many may wait.
@@ -673,7 +674,8 @@ class BrokerServer:
             return False
         sock = transport.get_extra_info("socket")
         limit = self._fd_limit
-        if sock is not None and limit is not None and sock.fileno() >= limit - FD_RESERVE:
+        reserve = min(FD_RESERVE, limit // 4) if limit is not None else 0
+        if sock is not None and limit is not None and sock.fileno() >= limit - reserve:
             # Descriptors are allocated lowest first: fd k open means k are in use.
             self.count_refused("file-descriptors", peer=peer, acceptor=acceptor.name)
             return False

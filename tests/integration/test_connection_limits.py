@@ -185,8 +185,9 @@ def test_sockets_cannot_take_the_last_descriptors(
     tmp_path: Path, spawn: Callable[..., BrokerProcess]
 ) -> None:
     """Issue 15 item 7: `amqpbroker run` raises the soft open-files limit to the hard one,
-    and once fewer than FD_RESERVE (a quarter of a small limit) would remain a new socket is closed at
-    once, so the journal (persistence on here) can still open files; freed, it serves."""
+    and once fewer than FD_RESERVE (a quarter of a small limit) would remain a new socket
+    is closed at once, so the journal (persistence on here) can still open files; freed,
+    it serves."""
     broker = spawn(tmp_path, "persistence:\n  enabled: true\n", python=("-c", LOW_DESCRIPTOR_LIMIT))
     assert _open_files(broker)[1] == 160  # raised from 100
     held = [open_socket(broker.ports["amqp"]) for _ in range(140)]

@@ -1,4 +1,4 @@
-"""The HTTP server of /metrics, /healthz and /api/v1: bytes in, `ManagementApi` replies out.
+"""The HTTP server of /metrics, /healthz, /api/v1 and /console: bytes in, replies out.
 
 Threading rule: requests are served on `ThreadingHTTPServer` threads, which never touch
 core state: `ManagementApi` hands every command to the event loop (`LoopBridge.call`).
@@ -23,7 +23,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from amqpbroker.management.api import HttpError, ManagementApi
+from amqpbroker.management.api import CSRF_HEADER, HttpError, ManagementApi
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,9 @@ def _handler_class(api: ManagementApi, read_timeout_s: float) -> type[BaseHTTPRe
                 authorization=self.headers.get("Authorization"),
                 client=self.client_address[0],
                 read_body=self._read_body,
+                csrf_token=self.headers.get(CSRF_HEADER),
+                origin=self.headers.get("Origin"),
+                host=self.headers.get("Host"),
             )
             if reply.status >= 400:
                 # The body may be unread (refused before reading): never guess where the

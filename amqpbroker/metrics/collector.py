@@ -172,6 +172,16 @@ class BrokerCollector:
             names.QUEUE_SCHEDULED, "Messages waiting for a redelivery delay.", lambda q: q.scheduled
         )
         yield queue_gauge(names.QUEUE_CONSUMERS, "Consumers attached.", lambda q: q.consumers)
+        oldest = GaugeMetricFamily(
+            names.QUEUE_OLDEST_AGE,
+            "Age of the oldest waiting message (since the broker first accepted it); "
+            "0 when none waits.",
+            labels=ql,
+        )
+        for q in s.queues:
+            age = 0.0 if q.oldest_ts is None else max(0, s.taken_ms - q.oldest_ts) / 1000
+            oldest.add_metric([q.address, q.name], age)
+        yield oldest
         yield queue_counter(names.QUEUE_ADDED, "Messages added to the queue.", lambda q: q.added)
         yield queue_counter(
             names.QUEUE_ACKNOWLEDGED, "Messages acknowledged (accepted).", lambda q: q.acknowledged

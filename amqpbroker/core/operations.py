@@ -38,6 +38,7 @@ class QueueStats:
     expired: int
     killed: int
     returned: int
+    size_bytes: int = 0  # encoded size of the messages held (Artemis persistent.size)
     oldest_ts: int | None = None  # first_ts of the oldest waiting message (issue 24)
     dead_lettered_by_reason: tuple[tuple[str, int], ...] = ()
     killed_by_reason: tuple[tuple[str, int], ...] = ()
@@ -66,6 +67,7 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
                 expired=c.expired,
                 killed=c.killed,
                 returned=c.returned,
+                size_bytes=queue.size_bytes,
                 oldest_ts=queue.oldest_waiting_ts(),
                 dead_lettered_by_reason=tuple(c.dead_lettered_by_reason.items()),
                 killed_by_reason=tuple(c.killed_by_reason.items()),

@@ -91,8 +91,12 @@ def _body_preview(data: bytes, limit: int = 200) -> tuple[str, str | None]:
         start = sections.scan(data).body_start
         if start >= len(data):
             return "", None
-        value = sections.decode_value(data[start:])
-        body = getattr(value, "value", value)
+        if data[start] != 0:
+            raise sections.SectionError(f"no described section at offset {start}")
+        # The section's value counts its nesting from 0, as the door's check does
+        # (issue 15): a body the broker accepted is never shown as too deep.
+        _, value_start = sections.decode_first(data, start + 1)  # the descriptor
+        body, _ = sections.decode_first(data, value_start)
     except _UNDECODABLE as e:
         return "<unreadable body>", f"body: {e}"
     if isinstance(body, bytes | bytearray | memoryview):

@@ -135,3 +135,17 @@ def start_broker(
         raise
     ports = json.loads(ports_file.read_text())
     return BrokerProcess(proc, data_dir, ports, log_path)
+
+
+def create_certs(out: Path, *extra: str) -> Path:
+    """`amqpbroker certs create` for `localhost` into `out` (a CA, a server certificate,
+    and whatever `extra` asks for, e.g. `--client NAME`)."""
+    cli = [sys.executable, "-m", "amqpbroker", "certs", "create"]
+    result = subprocess.run(
+        [*cli, "--out", str(out), "--host", "localhost", *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return out

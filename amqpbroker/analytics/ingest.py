@@ -13,9 +13,15 @@ the names of the files compacted (listed before the stream started, so `availabl
 read them all), which a broker with `event-log.keep-until-analyzed: true` never deletes
 before (issue 17; docs/analytics.md).
 
-Malformed lines never stop the job: the JSON reader runs PERMISSIVE with a corrupt-record
-column, and such rows are stored with their text so they can be counted (and inspected)
-later; every table reads `valid_events()` only.
+Malformed lines never stop the job: each line is parsed on its own (`from_json`, PERMISSIVE
+with a corrupt-record column), and such rows are stored with their text so they can be
+counted (and inspected) later; every table reads `valid_events()` only. A line holding a
+JSON array is one malformed line, not several events (issue 22 item 6: the JSON file
+reader would split it). Each row keeps the name of its `file`: a file never spans two
+runs of the broker, which is how restarts and `seq` gaps are found (item 2).
+
+One `--out` belongs to one events directory: SOURCE_FILE records which, and a run with
+another directory is refused (item 6: it would merge two logs).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ EVENT_FILES = ("*.jsonl", "*.jsonl.gz")
 # amqpbroker.eventlog_retention.COMPACTED_MARKER (a test checks they agree; the broker's
 # modules are not imported here).
 COMPACTED_MARKER = ".compacted.json"
+SOURCE_FILE = "source.json"  # in --out: the events directory this store was made from
 _NO_DICTIONARY = ("ts", "seq", "msg_id", "first_ts", "copy_msg_id", "amqp_message_id", "body_hash")
 
 
@@ -60,16 +67,55 @@ def event_files(events_dir: Path) -> list[str]:
     return sorted(p.name for pattern in EVENT_FILES for p in events_dir.glob(pattern))
 
 
+def open_files(events_dir: Path) -> list[Path]:
+    """The `.part` files: being written (or left by a crash), never read (B-170)."""
+    return sorted(events_dir.glob("*.jsonl.part"))
+
+
+def claim(store: Store, events_dir: Path) -> None:
+    """Record that `store` is made from `events_dir`, or refuse another directory.
+
+    Raises:
+        ValueError: the store was made from another directory (the message says which).
+    """
+    source = store.out / SOURCE_FILE
+    mine = str(events_dir.resolve())
+    try:
+        recorded = json.loads(source.read_text()).get("events")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if recorded is None and store.events.exists():
+        raise ValueError(
+            f"{store.out} holds compacted events of an unknown events directory "
+            "(no source.json): use a new --out"
+        )
+    if recorded is not None and recorded != mine:
+        raise ValueError(
+            f"{store.out} holds the events of {recorded}, not {mine}: use another --out "
+            "(one report directory per event log, or two logs are merged)"
+        )
+    if recorded is None:
+        store.out.mkdir(parents=True, exist_ok=True)
+        source.write_text(json.dumps({"events": mine}) + "\n")
+
+
 def compact(spark: SparkSession, events_dir: Path, store: Store) -> int:
     """Append the lines of not-yet-read event files to the store; return how many."""
-    source = (
-        spark.readStream.schema(RAW_SCHEMA)
-        .option("mode", "PERMISSIVE")
-        .option("columnNameOfCorruptRecord", CORRUPT_RECORD)
+    lines = (
+        spark.readStream
         # The default (7 days, relative to the newest file) would silently skip an old
         # file copied in later; the seen-files log is small next to the events.
         .option("maxFileAge", "3650d")
-        .json(str(events_dir.resolve() / "*.{jsonl,jsonl.gz}"))
+        .text(str(events_dir.resolve() / "*.{jsonl,jsonl.gz}"))
+        .where(F.trim("value") != "")
+    )
+    parsed = F.from_json(
+        "value",
+        RAW_SCHEMA,
+        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_RECORD},
+    )
+    source = lines.select(parsed.alias("e"), F.col("_metadata.file_name").alias("file")).select(
+        "e.*", "file"
     )
     writer = (
         source.withColumn("date", F.to_date(F.timestamp_millis("ts")))

@@ -296,7 +296,7 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
             F.count("body_hash").alias("hashed"),
         ).first()
     with progress.step("redrive candidates"):
-        copies = tables.still_queued_copies(dead, events)
+        copies = tables.still_queued_copies(dead, events, report.last_starts(files))
         outage_msgs = tables.outage_messages(runs, outages)
         classified = save(
             "dead_letters", tables.classify_dead_letters(copies, outage_msgs, poison, settings)

@@ -102,6 +102,15 @@ def broker_runs(files: Sequence[dict[str, Any]]) -> list[BrokerRun]:
     return runs
 
 
+def last_starts(files: Sequence[dict[str, Any]]) -> dict[str, int]:
+    """Broker -> the start (first ts) of its last run, for brokers that restarted."""
+    seen: dict[str, list[BrokerRun]] = {}
+    for r in broker_runs(files):
+        if r.broker is not None and r.first_ts is not None:
+            seen.setdefault(r.broker, []).append(r)
+    return {b: int(runs[-1].first_ts or 0) for b, runs in seen.items() if len(runs) > 1}
+
+
 @dataclass
 class Results:
     """What the job collected for the report (lists of plain dicts, rows of the tables)."""

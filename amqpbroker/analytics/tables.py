@@ -73,7 +73,7 @@ class TriageSettings:
     transient_conditions: tuple[str, ...] = DEFAULT_TRANSIENT_CONDITIONS
     outage_min_failures: int = 10
     outage_failure_rate: float = 0.5
-    outage_gap_ms: int = 10_000
+    outage_gap_ms: int = 60_000
     poison_min_failures: int = 3
     poison_min_messages: int = 2
     top_errors: int = 10
@@ -170,6 +170,8 @@ def triage_events(events: DataFrame) -> DataFrame:
     return events.where(F.col("event").isin("returned", "dead-lettered")).select(
         "ts",
         "event",
+        "broker",
+        "durable",
         "msg_id",
         "queue",
         "address",
@@ -430,12 +432,23 @@ def outage_messages(runs: DataFrame, outages: DataFrame) -> DataFrame:
     )
 
 
-def still_queued_copies(dead: DataFrame, events: DataFrame) -> DataFrame:
+def still_queued_copies(
+    dead: DataFrame, events: DataFrame, last_start: dict[str, int] | None = None
+) -> DataFrame:
     """One row per dead letter whose copy is still queued somewhere (B-171: no later
     event removed it there): `queue`, the one to drain (the per-address DLQ rather than
     the dead-letter address's own queue), and `also_in`, the other queues that hold the
-    same copy (module docstring, issue 22 item 4)."""
-    copies = dead.where(F.col("copy_msg_id").isNotNull()).select(
+    same copy (module docstring, issue 22 item 4).
+
+    `last_start` maps a broker to the start of its last run (issue 22 item 2): a
+    non-durable copy dead-lettered before it did not survive the restart."""
+    lost = F.lit(False)
+    if last_start:
+        start = F.create_map(*[F.lit(x) for kv in sorted(last_start.items()) for x in kv])
+        lost = ~F.coalesce(F.col("durable"), F.lit(False)) & (
+            F.col("ts") < F.coalesce(F.try_element_at(start, F.col("broker")), F.lit(0))
+        )
+    copies = dead.where(F.col("copy_msg_id").isNotNull() & ~lost).select(
         F.col("msg_id").alias("original_msg_id"),
         F.col("copy_msg_id").alias("msg_id"),
         F.explode("target_queues").alias("dlq"),

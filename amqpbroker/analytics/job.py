@@ -286,7 +286,7 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
         failed = tables.failures(triage).cache()
         saved.cached.append(failed)
         errors = save("errors", tables.top_errors(tables.error_counts(failed), settings.top_errors))
-        runs = tables.failure_runs(failed, settings).cache()
+        runs = tables.failure_runs(failed, events, settings).cache()
         saved.cached.append(runs)
         outages = save("outages", tables.outages(runs, events, settings))
         poison = save("poison", tables.poison_candidates(failed, events, settings))

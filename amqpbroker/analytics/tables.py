@@ -10,12 +10,12 @@ the report, summary.json and the redrive list all depend on them:
   back without trying it.
 * failure_rate = failures / (acked + failures): the share of settled attempts that
   failed; null when nothing was settled.
-* An *outage* (issue 22 item 5) is a run of failures on one queue: failures sorted by
-  time, a new run starting wherever two failures are more than `outage_gap_ms` apart (so
-  a run starts at its first failure, wherever the window boundaries fall), with at least
-  `outage_min_failures` failures and a failure rate of at least `outage_failure_rate`
-  counting the acks on the queue between its first and last failure. It has *ended* when
-  the queue acked a message after its last failure.
+* An *outage* (issue 22 item 5) is a run of failures on one queue: the failures whose
+  sliding `window_ms` (centred on their second) holds at least `outage_min_failures`
+  failures at a failure rate of at least `outage_failure_rate`, merged into one run while
+  no more than `outage_gap_ms` apart (failure_runs), so a run starts at its first failure
+  wherever window boundaries fall. Its failure rate counts the queue's acks between its
+  first and last failure. It has *ended* when the queue acked a message after it.
 * A *poison candidate* is a payload (body_hash) or an application message id
   (amqp_message_id) that failed at least `poison_min_failures` times on at least
   `poison_min_messages` broker messages, and was never acked on a queue where it failed
@@ -340,21 +340,45 @@ def poison_candidates(failed: DataFrame, events: DataFrame, settings: TriageSett
     return candidates.join(went_through, ["key_type", "key"], "left_anti")
 
 
-def failure_runs(failed: DataFrame, settings: TriageSettings) -> DataFrame:
-    """The failures with `run`: the number of their run of failures on the queue (a new
-    run wherever two failures are more than `outage_gap_ms` apart; module docstring)."""
-    order = Window.partitionBy("queue").orderBy("ts", "msg_id")
-    previous = F.lag("ts").over(order)
-    starts = (previous.isNull() | (F.col("ts") - previous > settings.outage_gap_ms)).cast("long")
-    return (
-        failed.where(F.col("queue").isNotNull())
-        .withColumn("_starts", starts)
-        .withColumn(
-            "run",
-            F.sum("_starts").over(order.rowsBetween(Window.unboundedPreceding, Window.currentRow)),
-        )
-        .drop("_starts")
+def failure_runs(failed: DataFrame, events: DataFrame, settings: TriageSettings) -> DataFrame:
+    """The failures with `run`: the number of their outage run on the queue, or null.
+
+    Sliding windows, merged (issue 22 item 5): per queue and second, the failures and
+    acks in the `window_ms` centred on it; a second with failures is *hot* when that
+    window has at least `outage_min_failures` failures at a rate of at least
+    `outage_failure_rate`. Hot seconds no more than `outage_gap_ms` apart form one run.
+    So a run starts at its first failure wherever window boundaries fall, and sporadic
+    failures (never hot) do not chain into one long diluted run."""
+    half = max(1, settings.window_ms // 2000)
+    gap = max(1, settings.outage_gap_ms // 1000)
+    second = F.floor(F.col("ts") / 1000).alias("sec")
+    failed = failed.where(F.col("queue").isNotNull()).withColumn("sec", second)
+    per_failed = failed.groupBy("queue", "sec").agg(F.count(F.lit(1)).alias("f"))
+    per_acked = (
+        events.where((F.col("event") == "acked") & F.col("queue").isNotNull())
+        .groupBy("queue", second)
+        .agg(F.count(F.lit(1)).alias("a"))
     )
+    around = Window.partitionBy("queue").orderBy("sec").rangeBetween(-half, half)
+    seconds = (
+        per_failed.join(per_acked, ["queue", "sec"], "full")
+        .fillna(0, ["f", "a"])
+        .withColumn("wf", F.sum("f").over(around))
+        .withColumn("wa", F.sum("a").over(around))
+    )
+    hot = seconds.where(
+        (F.col("f") > 0)
+        & (F.col("wf") >= settings.outage_min_failures)
+        & (F.col("wf") / (F.col("wf") + F.col("wa")) >= settings.outage_failure_rate)
+    ).select("queue", "sec")
+    order = Window.partitionBy("queue").orderBy("sec")
+    previous = F.lag("sec").over(order)
+    starts = (previous.isNull() | (F.col("sec") - previous > gap)).cast("long")
+    runs = hot.withColumn("_starts", starts).withColumn(
+        "run",
+        F.sum("_starts").over(order.rowsBetween(Window.unboundedPreceding, Window.currentRow)),
+    )
+    return failed.join(runs.select("queue", "sec", "run"), ["queue", "sec"], "left").drop("sec")
 
 
 def outages(runs: DataFrame, events: DataFrame, settings: TriageSettings) -> DataFrame:
@@ -362,7 +386,8 @@ def outages(runs: DataFrame, events: DataFrame, settings: TriageSettings) -> Dat
     start_ms, end_ms, failures, messages, acked (between start and end), failure_rate,
     failing (rate at or over the threshold) and ended_ms (the queue's next ack, or null)."""
     candidates = (
-        runs.groupBy("queue", "run")
+        runs.where(F.col("run").isNotNull())
+        .groupBy("queue", "run")
         .agg(
             F.min("address").alias("address"),
             F.min("ts").alias("start_ms"),

@@ -121,7 +121,7 @@ def classify(
     """copy msg_id -> (queue to drain, also_in, basis, held_back) over the whole chain."""
     frame_ = frame(spark, *events)
     failed = tables.failures(frame_)
-    runs = tables.failure_runs(failed, settings)
+    runs = tables.failure_runs(failed, frame_, settings)
     outages = tables.outages(runs, frame_, settings)
     classified = tables.classify_dead_letters(
         tables.still_queued_copies(tables.dead_letters(frame_), frame_),
@@ -133,7 +133,7 @@ def classify(
 
 
 SETTINGS = TriageSettings(window_ms=MINUTE, outage_min_failures=6, outage_gap_ms=10_000)
-HEALTHY_AFTER = [ev("acked", 900 + n, ts=T0 + 5 * MINUTE + n, reason="accepted") for n in range(3)]
+HEALTHY_AFTER = [ev("acked", 900 + n, ts=T0 + 20 * MINUTE + n, reason="accepted") for n in range(3)]
 
 
 def test_redrive_takes_ended_outages_and_transient_conditions_never_poison(
@@ -161,7 +161,7 @@ def test_redrive_takes_ended_outages_and_transient_conditions_never_poison(
             error_condition="amqp:resource-limit-exceeded",
         )
     ]
-    still_failing = [e for m in (11, 12, 13) for e in _victim(m, T0 + 9 * MINUTE + m)]
+    still_failing = [e for m in (11, 12, 13) for e in _victim(m, T0 + 30 * MINUTE + m)]
     got = classify(
         spark,
         [*outage, *consumed_copy, *transient, *poison, *HEALTHY_AFTER, *still_failing],
@@ -212,14 +212,28 @@ def test_outage_runs_start_at_the_first_failure_not_a_window_boundary(
     """Issue 22 item 5: an outage starting 5 s before a minute boundary keeps its first
     victims (fixed windows put them in a window with too few failures). The outage is
     reported with its start, end and failures."""
-    start = T0 + MINUTE - 5_000
+    start = 10 * MINUTE + T0 + MINUTE - 5_000
     victims = [e for m in range(1, 11) for e in _victim(m, start + 2_000 * m, body=f"p{m}")]
-    settings = TriageSettings(window_ms=MINUTE, outage_min_failures=10, outage_gap_ms=10_000)
-    got = classify(spark, [*victims, *HEALTHY_AFTER], settings)
+    # Sporadic failures every 40 s before, between acks: never an outage, and no chain
+    # that would pull the outage's start back or dilute its rate.
+    sporadic = [
+        e
+        for k in range(1, 15)
+        for e in (
+            ev("returned", 100 + k, ts=start - 40_000 * k, reason="modified-failed"),
+            *[
+                ev("acked", 200 + 10 * k + n, ts=start - 40_000 * k + n, reason="accepted")
+                for n in range(10)
+            ],
+        )
+    ]
+    settings = TriageSettings(window_ms=MINUTE, outage_min_failures=10, outage_gap_ms=60_000)
+    everything = [*sporadic, *victims, *HEALTHY_AFTER]
+    got = classify(spark, everything, settings)
     assert {k: v[2] for k, v in got.items()} == {1000 + m: "outage-window" for m in range(1, 11)}
-    failed = tables.failures(frame(spark, *victims, *HEALTHY_AFTER))
-    runs = tables.failure_runs(failed, settings)
-    [outage] = tables.outages(runs, frame(spark, *victims, *HEALTHY_AFTER), settings).collect()
+    events = frame(spark, *everything)
+    runs = tables.failure_runs(tables.failures(events), events, settings)
+    [outage] = tables.outages(runs, events, settings).collect()
     assert (outage.queue, outage.start_ms, outage.end_ms, outage.failures, outage.acked) == (
         "q",
         start + 2_000,
@@ -227,7 +241,7 @@ def test_outage_runs_start_at_the_first_failure_not_a_window_boundary(
         30,
         0,
     )
-    assert (outage.failing, outage.ended_ms) == (True, T0 + 5 * MINUTE)
+    assert (outage.failing, outage.ended_ms) == (True, T0 + 20 * MINUTE)
 
 
 def test_a_payload_acked_meanwhile_is_not_poison(spark: SparkSession) -> None:

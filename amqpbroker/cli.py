@@ -287,13 +287,9 @@ def _cmd_messages(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_ids(
-    path: str, queue: str | None = None
-) -> tuple[list[int], dict[str, dict[str, object]]]:
+def _read_ids(path: str) -> tuple[list[int], dict[str, dict[str, object]]]:
     """A redrive list: JSON lines with `msg_id` (and what the line says about the message,
-    checked by the broker), or one id per line (CONTRACT). With `queue`, a JSON line that
-    names another `queue` is left out: one redrive list serves every DLQ, each dead letter
-    on one line naming the queue to drain (issue 22 item 4)."""
+    checked by the broker), or one id per line (CONTRACT)."""
     from amqpbroker.core.operations import EXPECT_FIELDS  # what the broker checks
 
     ids = []
@@ -311,9 +307,6 @@ def _read_ids(
             msg_id = int(value["msg_id"] if isinstance(value, dict) else value)
         except (ValueError, KeyError, TypeError):
             raise CommandError(f"{path}:{number}: expected a msg_id: {line[:60]!r}") from None
-        named = value.get("queue") if isinstance(value, dict) else None
-        if queue is not None and isinstance(named, str) and named != queue:
-            continue
         ids.append(msg_id)
         if isinstance(value, dict):
             fields = {k: value[k] for k in EXPECT_FIELDS if isinstance(value.get(k), str)}
@@ -332,7 +325,7 @@ def _progress(done: int, total: int) -> None:
 
 def _cmd_retry(args: argparse.Namespace) -> int:
     path = f"/api/v1/queues/{_quoted(args.queue)}/retry"
-    ids, expect = _read_ids(args.ids, args.queue) if args.ids else (None, {})
+    ids, expect = _read_ids(args.ids) if args.ids else (None, {})
     if args.rate is None:
         body: dict[str, object] = {"filter": args.filter}
         if ids is not None:

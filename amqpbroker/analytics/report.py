@@ -12,14 +12,17 @@ import html
 import json
 import math
 import shlex
+import shutil
+import urllib.parse
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from amqpbroker.analytics.tables import TriageSettings
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+PER_QUEUE_DIR = "redrive"  # in --out: redrive/<DLQ, URL-quoted>.jsonl
 QUEUE_KEYS = ("enqueued", "dispatched", "acked", "returned", "dead_lettered", "expired", "killed")
 
 
@@ -251,11 +254,31 @@ def write_redrive(path: Path, rows: Iterable[dict[str, Any]]) -> int:
         "dead_lettered_ts",
     )
     count = 0
-    with path.open("w", encoding="utf-8") as out:
-        for row in rows:
-            out.write(json.dumps({k: row[k] for k in keys}) + "\n")
-            count += 1
+    per_queue = path.parent / PER_QUEUE_DIR  # the lines of one DLQ each: what its retry takes
+    if per_queue.exists():
+        shutil.rmtree(per_queue)
+    per_queue.mkdir()
+    files: dict[str, TextIO] = {}
+    try:
+        with path.open("w", encoding="utf-8") as out:
+            for row in rows:
+                line = json.dumps({k: row[k] for k in keys}) + "\n"
+                out.write(line)
+                queue = str(row["queue"])
+                if queue not in files:
+                    files[queue] = queue_list(path.parent, queue).open("w", encoding="utf-8")
+                files[queue].write(line)
+                count += 1
+    finally:
+        for f in files.values():
+            f.close()
     return count
+
+
+def queue_list(out: Path | str, queue: str) -> Path:
+    """The redrive lines naming `queue`: `retry QUEUE --ids` on the whole list would
+    report every other DLQ's line as skipped."""
+    return Path(out) / PER_QUEUE_DIR / (urllib.parse.quote(queue, safe="") + ".jsonl")
 
 
 def _iso(ms: int | None) -> str:
@@ -319,8 +342,8 @@ def terminal_summary(results: Results, out: Path) -> str:
 
 
 def retry_command(queue: str, out: Path | str) -> str:
-    """The ready-to-run retry of one DLQ's lines (the CLI takes the lines naming it)."""
-    return shlex.join(["amqpbroker", "retry", queue, "--ids", str(Path(out) / "redrive.jsonl")])
+    """The ready-to-run retry of one DLQ's lines."""
+    return shlex.join(["amqpbroker", "retry", queue, "--ids", str(queue_list(out, queue))])
 
 
 def messages_command(addresses: Sequence[str], amqp_message_id: str | None) -> str:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +24,7 @@ from proton import Message
 from pyspark.sql import SparkSession
 from support.client import Capabilities, connect, reject_with, settle_modified
 from support.event_files import read_events
-from support.process import BrokerProcess, start_broker
+from support.process import BrokerProcess, retry_ids, start_broker
 from support.waiting import wait_until
 
 from amqpbroker.analytics.job import JobOptions, run
@@ -267,22 +265,7 @@ def test_retry_with_the_redrive_list_puts_back_exactly_those_messages(analyzed: 
         "basis": "transient-condition",
         "also_in": [],
     }
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "amqpbroker",
-            "retry",
-            "DLQ.orders",
-            "--ids",
-            str(out / "redrive.jsonl"),
-            "--url",
-            f"http://127.0.0.1:{broker.ports['http']}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = retry_ids(broker, "DLQ.orders", out / "redrive.jsonl")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "retried 1 message(s) from DLQ.orders"
     back = [m["body_preview"] for m in api(broker, "/api/v1/queues/orders/messages")]

@@ -66,7 +66,11 @@ def test_commands_are_ready_to_run() -> None:
     """The retry per DLQ and the `messages --filter` per poison payload, shell-quoted
     (an id with a quote stays one selector literal)."""
     assert report.retry_command("DLQ.orders", "/tmp/r") == (
-        "amqpbroker retry DLQ.orders --ids /tmp/r/redrive.jsonl"
+        "amqpbroker retry DLQ.orders --ids /tmp/r/redrive/DLQ.orders.jsonl"
+    )
+    assert (
+        report.retry_command("a/b c", "/r")
+        == "amqpbroker retry 'a/b c' --ids /r/redrive/a%2Fb%20c.jsonl"
     )
     assert shlex.split(report.messages_command(["orders"], "it's")) == [
         "amqpbroker",

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from proton import Message
 from pyspark.sql import SparkSession
-from support.client import Capabilities, connect, reject_with, settle_modified
+from support.client import Capabilities, connect, settle_as
 from support.event_files import read_events
 from support.process import BrokerProcess, retry_ids, start_broker
 from support.waiting import wait_until
@@ -64,13 +64,7 @@ def run_scenario(broker: BrokerProcess) -> None:
         receiver = conn.create_receiver(address, name=f"{address}-worker", options=QUEUE)
         while any(plan.values()):
             message = receiver.receive(timeout=5)
-            action, condition = plan[message.id].pop(0)
-            if action == "accept":
-                receiver.accept()
-            elif action == "fail":
-                settle_modified(receiver)
-            else:
-                reject_with(receiver, condition or "", action)
+            settle_as(receiver, *plan[message.id].pop(0))
         receiver.close()
 
     send(

@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from proton import Message
 from pyspark.sql import SparkSession
-from support.client import Capabilities, connect, reject_with, settle_modified
+from support.client import Capabilities, connect, settle_as
 from support.process import BrokerProcess, retry_ids, start_broker
 from support.waiting import wait_until
 
@@ -72,13 +72,7 @@ def consume(broker: BrokerProcess, address: str, settlements: int, decide: Decid
     receiver = conn.create_receiver(address, name=f"{address}-worker", options=QUEUE)
     for _ in range(settlements):
         message = receiver.receive(timeout=10)
-        action, condition = decide(message)
-        if action == "accept":
-            receiver.accept()
-        elif action == "fail":
-            settle_modified(receiver)
-        else:
-            reject_with(receiver, condition or "", action)
+        settle_as(receiver, *decide(message))
     conn.close()
 
 

@@ -286,10 +286,13 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
         failed = tables.failures(triage).cache()
         saved.cached.append(failed)
         errors = save("errors", tables.top_errors(tables.error_counts(failed), settings.top_errors))
-        runs = tables.failure_runs(failed, events, settings).cache()
+        # The acks, narrowed and kept: outages and poison read them three times.
+        acks = tables.acks(events).cache()
+        saved.cached.append(acks)
+        runs = tables.failure_runs(failed, acks, settings).cache()
         saved.cached.append(runs)
-        outages = save("outages", tables.outages(runs, events, settings))
-        poison = save("poison", tables.poison_candidates(failed, events, settings))
+        outages = save("outages", tables.outages(runs, acks, settings))
+        poison = save("poison", tables.poison_candidates(failed, acks, settings))
         per_queue = save("queue_failures", tables.queue_failures(failed))
         hashed = failed.agg(
             F.count(F.lit(1)).alias("failures"),

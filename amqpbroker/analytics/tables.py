@@ -263,6 +263,14 @@ def top_errors(errors: DataFrame, top: int) -> DataFrame:
     return errors.withColumn("rank", F.row_number().over(order)).where(F.col("rank") <= top)
 
 
+def acks(events: DataFrame) -> DataFrame:
+    """The `acked` events on a queue, with the columns outages and poison read (they take
+    this or the whole log alike)."""
+    return events.where((F.col("event") == "acked") & F.col("queue").isNotNull()).select(
+        "event", "queue", "ts", "body_hash", "amqp_message_id"
+    )
+
+
 def _acked_keys(events: DataFrame) -> DataFrame:
     """(key_type, key, queue, ts) of every ack, by body_hash and by amqp_message_id."""
     acked = events.where((F.col("event") == "acked") & F.col("queue").isNotNull())

@@ -39,6 +39,21 @@ def _setup_logging(level: str) -> None:
     )
 
 
+def raise_descriptor_limit() -> None:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (issue 15 item 7): every connection
+    holds a descriptor, and a default soft limit of 1024 starves a busy broker."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError) as e:
+            log.warning("cannot raise the open-files limit from %d to %d: %s", soft, hard, e)
+            return
+    log.info("open-files limit: %d", hard)
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from amqpbroker.config import ConfigError, default_config_path, load_config
     from amqpbroker.server import BrokerServer, StartupError, tune_gc
@@ -55,6 +70,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"amqpbroker: cannot read config {path}: {e.strerror}", file=sys.stderr)  # noqa: T201
         return 1
     data_dir = Path(args.data_dir or config.data_dir or "./data")
+    raise_descriptor_limit()
 
     async def serve() -> None:
         server = BrokerServer(

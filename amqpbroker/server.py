@@ -14,6 +14,7 @@ import ipaddress
 import json
 import logging
 import os
+import resource
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,13 +39,13 @@ from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.metrics.collector import EventLogFiles, journal_sync_histogram
 from amqpbroker.protocol import moves
 from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell
-from amqpbroker.protocol.sasl import SaslServer
+from amqpbroker.protocol.sasl import Credentials, Identity, Outcome, SaslServer, Verdict
 from amqpbroker.security import (
     TlsFileError,
     acceptor_context,
-    verify_password,
     verify_password_or_dummy,
 )
+from amqpbroker.security.logins import PasswordChecks
 from amqpbroker.store import idblock
 from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
 from amqpbroker.store.recovery import LoopJournal, recover
@@ -57,7 +58,20 @@ MANAGEMENT_ADDRESS = "activemq.management"  # where `manage` is granted (B-104, 
 # or more wait for one writer pass (FileJournal.commit_delay_seconds): bench/durable.sh
 # went from 9.4k to ~15.6k durable msg/s; a few synchronous senders never wait for it.
 JOURNAL_COMMIT_DELAY_S = 0.02
-ENGINE_TICK_S = 1.0  # heartbeats / idle-timeout checks of the proton engines
+# Proton engines are ticked at the deadline `transport.tick` returns (heartbeats owed to
+# the peer, its idle-timeout), by one timer for all connections: at least every
+# ENGINE_TICK_S, and never more often than ENGINE_MIN_TICK_S however small a peer's
+# idle-timeout (a peer asking for heartbeats every millisecond does not get a busy loop).
+ENGINE_TICK_S = 1.0
+ENGINE_MIN_TICK_S = 0.05
+# Descriptors kept free for the journal, the event log and the HTTP server: a new socket
+# is closed at once when fewer than this remain below RLIMIT_NOFILE (issue 15 item 7); a
+# quarter of a small limit, so that a broker under a tiny limit still takes connections.
+FD_RESERVE = 64
+REFUSED_LOG_PERIOD_S = 10.0  # at most one warning per period about refused connections
+# Password checks (security/logins.py): threads beside the loop, and how many may wait.
+PASSWORD_CHECK_WORKERS = max(1, min(4, (os.cpu_count() or 2) - 1))
+PASSWORD_CHECKS_WAITING = 64  # ~4.5 s of queue at ~70 ms a check on one worker
 # Allocations between young-generation collections (CPython's default is 700). In flight a
 # message is a few dozen objects, alive for a group commit or an event-log frame (~10 ms):
 # at 700 most are traversed and promoted, at 10,000 most die first (-8.5k instructions a
@@ -161,60 +175,142 @@ class StartupError(Exception):
 
 
 class _AmqpProtocol(asyncio.Protocol):
-    """Bridges one socket to one `AmqpConnection`."""
+    """Bridges one socket to one `AmqpConnection`. Exceptions stop here: whatever goes
+    wrong with one connection is logged and closes that connection only."""
 
     def __init__(self, server: BrokerServer, acceptor: AcceptorConfig) -> None:
         self.server = server
         self.acceptor = acceptor
         self.transport: asyncio.Transport | None = None
         self.amqp: AmqpConnection | None = None
+        self.peer = "?"
+        self._handshake_timer: asyncio.TimerHandle | None = None
         self.paused = False  # over the write high-water mark: take no more engine output
+        self._auth_paused = False  # credentials being checked: input waits in the kernel
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)
         peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if not self.server.admit(self.acceptor, transport, self.peer):
+            transport.abort()
+            self.transport = None
+            return
+        transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)
+        acceptor = self.acceptor
         self.amqp = AmqpConnection(
             self.server.shell,
-            peer=f"{peer[0]}:{peer[1]}" if peer else "?",
-            anycast_prefix=self.acceptor.anycast_prefix,
-            multicast_prefix=self.acceptor.multicast_prefix,
-            sasl=self.server.sasl_factory(transport, peer[0] if peer else ""),
-            reject_as_modified=self.acceptor.amqp_treat_reject_as_unmodified_delivery_failed,
-            duplicate_detection=self.acceptor.amqp_duplicate_detection,
-            max_message_size=self.acceptor.max_message_size,
+            peer=self.peer,
+            anycast_prefix=acceptor.anycast_prefix,
+            multicast_prefix=acceptor.multicast_prefix,
+            sasl=self.server.sasl_factory(
+                transport, peer[0] if peer else "", after_check=self._check_finished
+            ),
+            reject_as_modified=acceptor.amqp_treat_reject_as_unmodified_delivery_failed,
+            duplicate_detection=acceptor.amqp_duplicate_detection,
+            idle_timeout_ms=max(acceptor.amqp_idle_timeout, 0),
+            max_message_size=acceptor.max_message_size,
         )
         self.server.sockets[self.amqp] = self
+        if acceptor.handshake_timeout > 0:
+            self._handshake_timer = asyncio.get_running_loop().call_later(
+                acceptor.handshake_timeout, self._handshake_expired
+            )
 
     def data_received(self, data: bytes) -> None:
-        assert self.amqp is not None
-        self.amqp.feed(data)
-        self.server.flush()
+        amqp = self.amqp
+        if amqp is None:
+            return
+        try:
+            amqp.feed(data)
+            if amqp.awaiting_authentication and not self._auth_paused:
+                self._auth_paused = True
+                self._update_reading()
+            self.server.flush()
+        except Exception:
+            self._internal_error("reading from")
+
+    def _check_finished(self) -> None:
+        """A credentials check ended (later, on the loop): write the outcome, read again."""
+        try:
+            self._auth_paused = False
+            self._update_reading()
+            self.server.flush()
+        except Exception:
+            self._internal_error("authenticating")
+
+    def _internal_error(self, doing: str) -> None:
+        """The last-resort boundary: log, then drop this connection only."""
+        log.exception(
+            "internal error %s connection %s from %s: closing it",
+            doing,
+            self.amqp.id if self.amqp is not None else "-",
+            self.peer,
+        )
+        if self.transport is not None:
+            self.transport.abort()  # connection_lost follows and cleans up
+
+    def opened(self) -> None:
+        """The peer's AMQP open arrived: the handshake is over."""
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+
+    def _handshake_expired(self) -> None:
+        self._handshake_timer = None
+        amqp = self.amqp
+        if amqp is None or amqp.opened or self.transport is None:
+            return
+        self.server.count_refused("handshake-timeout")
+        log.info(
+            "closing connection %s from %s: no AMQP open within handshake-timeout=%d s",
+            amqp.id,
+            self.peer,
+            self.acceptor.handshake_timeout,
+        )
+        self.transport.abort()
 
     def eof_received(self) -> bool | None:
         return None  # close the socket; connection_lost follows
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self.amqp is not None:
-            self.server.sockets.pop(self.amqp, None)
-            self.amqp.socket_closed()
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        amqp = self.amqp
+        if amqp is None:
+            return
+        self.server.release(self.acceptor)
+        self.server.sockets.pop(amqp, None)
+        try:
+            amqp.socket_closed()
             self.server.flush()
+        except Exception:
+            log.exception("internal error closing connection %s from %s", amqp.id, self.peer)
+        self.amqp = None
 
     def pause_writing(self) -> None:
         # The peer reads slower than we write: stop reading from it until it catches up,
         # so neither its transfers nor our dispositions pile up in memory.
         self.paused = True
-        if self.transport is not None:
-            self.transport.pause_reading()
+        self._update_reading()
 
     def resume_writing(self) -> None:
         self.paused = False
-        if self.transport is not None:
-            self.transport.resume_reading()
+        self._update_reading()
         if self.amqp is not None:  # the engine may hold more output: write it now
             self.server.shell.dirty.add(self.amqp)
             self.server.flush()
+
+    def _update_reading(self) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if self.paused or self._auth_paused:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
 
     def write(self, data: bytes) -> None:
         if self.transport is not None and not self.transport.is_closing():
@@ -260,12 +356,21 @@ class BrokerServer:
         self.shell.roles_for = lambda user: (
             frozenset(users[user].roles) if user in users else frozenset()
         )
+        self.shell.on_opened = self._on_opened
         self.sockets: dict[AmqpConnection, _AmqpProtocol] = {}
         self.ports: dict[str, int] = {}
         self._servers: list[asyncio.Server] = []
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at_ms: int | None = None
-        self._engine_ticker: asyncio.Task[None] | None = None
+        self._engine_timer: asyncio.TimerHandle | None = None
+        self._engine_timer_at_s = 0.0
+        self.password_checks: PasswordChecks | None = None
+        self._connections_per_acceptor: dict[str, int] = {}
+        self.refused: dict[str, int] = {}  # reason -> connections closed at once, in total
+        self._refused_unlogged = 0
+        self._refused_logged_at_s = -REFUSED_LOG_PERIOD_S
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        self._fd_limit = None if soft == resource.RLIM_INFINITY else soft
         self.http: HttpServer | None = None
         self._accepting = False
         self._stopped = asyncio.Event()
@@ -275,6 +380,10 @@ class BrokerServer:
         if self.config.persistence.enabled:
             self._open_journal(loop)
         self._reserve_message_ids()
+        if self.config.security.enabled:
+            self.password_checks = PasswordChecks(
+                loop, workers=PASSWORD_CHECK_WORKERS, max_waiting=PASSWORD_CHECKS_WAITING
+            )
         for acceptor in self.config.acceptors:
             context = None
             if acceptor.tls is not None:
@@ -288,6 +397,10 @@ class BrokerServer:
                 acceptor.port,
                 reuse_address=True,
                 ssl=context,
+                # The TLS handshake counts against handshake-timeout as well.
+                ssl_handshake_timeout=acceptor.handshake_timeout
+                if context is not None and acceptor.handshake_timeout > 0
+                else None,
             )
             self._servers.append(server)
             port = server.sockets[0].getsockname()[1]
@@ -305,7 +418,7 @@ class BrokerServer:
             await self._start_http(loop)
         self._accepting = True
         self._write_ports()
-        self._engine_ticker = asyncio.create_task(self._tick_engines())
+        self._schedule_engine_tick(loop.time() + ENGINE_TICK_S)
         self._schedule_tick()
         log.info("broker %s started", self.broker.name)
 
@@ -415,8 +528,17 @@ class BrokerServer:
 
         return BasicAuth(verify=verify, may_manage=may_manage)
 
-    def sasl_factory(self, transport: asyncio.Transport, peer_host: str) -> SaslFactory | None:
-        """The SASL layer for a new connection, or None when security is disabled."""
+    def sasl_factory(
+        self,
+        transport: asyncio.Transport,
+        peer_host: str,
+        *,
+        after_check: Callable[[], None] = lambda: None,
+    ) -> SaslFactory | None:
+        """The SASL layer for a new connection, or None when security is disabled.
+
+        `after_check` runs on the loop when a password check ends (the outcome is then
+        ready to write and the socket may be read again)."""
         security = self.config.security
         if not security.enabled:
             return None
@@ -435,22 +557,39 @@ class BrokerServer:
                 continue
             offered.append(mechanism)
         users = security.users
+        checks = self.password_checks
 
-        def authenticate(
-            mechanism: str, name: str | None, password: str | None, cn: str | None
-        ) -> str | None:
-            if mechanism == "PLAIN" and name in users and password is not None:
-                return name if verify_password(password, users[name].password_hash) else None
-            if mechanism == "EXTERNAL" and cn in users:
-                return cn
-            return None
+        def verify(credentials: Credentials, done: Callable[[Verdict], None]) -> Callable[[], None]:
+            if credentials.mechanism == "EXTERNAL":
+                cn = credentials.peer_cn
+                done(cn if cn is not None and cn in users else Outcome.AUTH)
+                return lambda: None
+            name, password = credentials.authcid, credentials.password
+            if checks is None or name is None or password is None:
+                done(Outcome.SYS)
+                return lambda: None
+            user = users.get(name)
 
-        def make(forward: Callable[[bytes], None], failed: Callable[[str], None]) -> SaslServer:
+            def checked(ok: bool | None) -> None:
+                if ok is None:
+                    done(Outcome.SYS_TEMP)
+                else:
+                    done(name if ok else Outcome.AUTH)
+                after_check()
+
+            # An unknown user costs a full check too (no enumeration by timing).
+            return checks.check(
+                peer_host, password, user.password_hash if user is not None else None, checked
+            )
+
+        def make(
+            authenticated: Callable[[Identity, bytes], None], failed: Callable[[str], None]
+        ) -> SaslServer:
             return SaslServer(
                 mechanisms=tuple(offered),
-                authenticate=authenticate,
+                verify=verify,
                 peer_cn=peer_cn,
-                forward=forward,
+                on_authenticated=authenticated,
                 on_failure=failed,
             )
 
@@ -470,6 +609,7 @@ class BrokerServer:
             now_ms=time.time_ns() // 1_000_000,  # file times are wall-clock, whatever the broker's
             journal_failed=self.journal is not None and self.journal.failure is not None,
             journal_errors=self.journal.errors if self.journal else 0,
+            connections_refused=self.refused,
         )
 
     def _after_command(self) -> None:
@@ -524,15 +664,93 @@ class BrokerServer:
         self.shell.apply_effects()
         self.flush()
 
-    async def _tick_engines(self) -> None:
-        while True:
-            await asyncio.sleep(ENGINE_TICK_S)
-            now_s = time.monotonic()
-            for amqp in list(self.sockets):
-                with contextlib.suppress(Exception):
-                    amqp.transport.tick(now_s)
+    # -- connections: admission, heartbeats ------------------------------------------
+    def admit(self, acceptor: AcceptorConfig, transport: asyncio.Transport, peer: str) -> bool:
+        """Whether a new socket may become a connection (issue 15 item 7): the acceptor's
+        connections-allowed, and a reserve of descriptors for the journal and the rest."""
+        count = self._connections_per_acceptor.get(acceptor.name, 0)
+        if 0 < acceptor.connections_allowed <= count:
+            self.count_refused("connections-allowed", peer=peer, acceptor=acceptor.name)
+            return False
+        sock = transport.get_extra_info("socket")
+        limit = self._fd_limit
+        reserve = min(FD_RESERVE, limit // 4) if limit is not None else 0
+        if sock is not None and limit is not None and sock.fileno() >= limit - reserve:
+            # Descriptors are allocated lowest first: fd k open means k are in use.
+            self.count_refused("file-descriptors", peer=peer, acceptor=acceptor.name)
+            return False
+        self._connections_per_acceptor[acceptor.name] = count + 1
+        return True
+
+    def release(self, acceptor: AcceptorConfig) -> None:
+        self._connections_per_acceptor[acceptor.name] -= 1
+
+    def count_refused(self, reason: str, *, peer: str = "", acceptor: str = "") -> None:
+        """Count a connection closed by a limit; warn at most once per period."""
+        self.refused[reason] = self.refused.get(reason, 0) + 1
+        if reason == "handshake-timeout":
+            return  # logged per connection at info level
+        self._refused_unlogged += 1
+        now_s = time.monotonic()
+        if now_s - self._refused_logged_at_s >= REFUSED_LOG_PERIOD_S:
+            log.warning(
+                "refused %d connection(s) in the last %.0f s, the latest from %s on acceptor "
+                "%s: %s limit reached (totals: %s)",
+                self._refused_unlogged,
+                min(now_s - self._refused_logged_at_s, REFUSED_LOG_PERIOD_S),
+                peer,
+                acceptor,
+                reason,
+                ", ".join(f"{k}={v}" for k, v in sorted(self.refused.items())),
+            )
+            self._refused_unlogged = 0
+            self._refused_logged_at_s = now_s
+
+    def _on_opened(self, amqp: AmqpConnection) -> None:
+        """An AMQP open arrived: end the handshake timer, tick for the first deadline
+        (the peer's idle-timeout sets when heartbeats are due)."""
+        sock = self.sockets.get(amqp)
+        if sock is not None:
+            sock.opened()
+        now_s = asyncio.get_running_loop().time()
+        amqp.tick_at_s = amqp.transport.tick(now_s)
+        if amqp.tick_at_s and amqp.tick_at_s < self._engine_timer_at_s:
+            self._schedule_engine_tick(amqp.tick_at_s)
+
+    def _schedule_engine_tick(self, at_s: float) -> None:
+        loop = asyncio.get_running_loop()
+        at_s = max(at_s, loop.time() + ENGINE_MIN_TICK_S)
+        if self._engine_timer is not None:
+            self._engine_timer.cancel()
+        self._engine_timer_at_s = at_s
+        self._engine_timer = loop.call_at(at_s, self._tick_engines)
+
+    def _tick_engines(self) -> None:
+        """Tick the engines whose deadline has come (one timer for all connections):
+        heartbeats go out, and a peer silent for the idle-timeout is dropped (B-054)."""
+        self._engine_timer = None
+        now_s = asyncio.get_running_loop().time()
+        next_s = now_s + ENGINE_TICK_S
+        failed = []
+        for amqp in list(self.sockets):
+            at_s = amqp.tick_at_s
+            if not at_s:
+                continue
+            if at_s <= now_s + 0.001:
+                try:
+                    at_s = amqp.tick_at_s = amqp.transport.tick(now_s)
                     amqp.process()
-            self.flush()
+                except Exception:
+                    log.exception("internal error ticking connection %s: closing it", amqp.id)
+                    failed.append(amqp)
+            if at_s:
+                next_s = min(next_s, at_s)
+        self.flush()  # heartbeats; an expired connection's close frame, then its socket
+        for amqp in failed:
+            sock = self.sockets.get(amqp)
+            if sock is not None:
+                sock.close()
+        self._schedule_engine_tick(next_s)
 
     # -- stopping ---------------------------------------------------------------------
     async def stop(self) -> None:
@@ -551,8 +769,10 @@ class BrokerServer:
             sock.close()
         for server in self._servers:
             await server.wait_closed()
-        if self._engine_ticker is not None:
-            self._engine_ticker.cancel()
+        if self._engine_timer is not None:
+            self._engine_timer.cancel()
+        if self.password_checks is not None:
+            self.password_checks.close()
         if self._timer is not None:
             self._timer.cancel()
         if self.event_log is not None:

@@ -91,6 +91,9 @@ _ACCEPTOR_PARAMETERS: dict[str, tuple[str, type]] = {
         bool,
     ),
     "amqpDuplicateDetection": ("amqp-duplicate-detection", bool),
+    "handshake-timeout": ("handshake-timeout", int),
+    "amqpIdleTimeout": ("amqp-idle-timeout", int),
+    "connectionsAllowed": ("connections-allowed", int),
 }
 _TLS_PARAMETERS = (
     "sslEnabled",

@@ -96,6 +96,10 @@ def _acceptor(a: AcceptorConfig) -> str:
         text += " amqp-duplicate-detection=false"
     if a.max_message_size:
         text += f" max-message-size={a.max_message_size}"
+    text += (
+        f" handshake-timeout={a.handshake_timeout}s amqp-idle-timeout={a.amqp_idle_timeout}ms"
+        f" connections-allowed={a.connections_allowed}"
+    )
     return text
 
 

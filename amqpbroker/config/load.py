@@ -539,6 +539,11 @@ def _message_size(value: int) -> str | None:
     return f"must be 0 (no limit) or a size in bytes below 2^64: {value!r}"
 
 
+def _uint_ms_or_off(value: int) -> str | None:
+    """An AMQP idle-timeout is a uint of ms; -1 and 0 turn it off (Artemis)."""
+    return None if -1 <= value <= 0xFFFFFFFF else f"must be -1, 0 (off) or 1..4294967295: {value}"
+
+
 def _acceptor(c: Checker, node: yaml.Node, path: str) -> Any:
     def name(n: yaml.Node, p: str) -> Any:
         value = c.named("acceptor")(n, p)
@@ -559,6 +564,9 @@ def _acceptor(c: Checker, node: yaml.Node, path: str) -> Any:
             "amqp-treat-reject-as-unmodified-delivery-failed": c.typed(bool),
             "amqp-duplicate-detection": c.typed(bool),
             "max-message-size": c.typed(int, _message_size),  # B-152
+            "handshake-timeout": c.typed(int, Range(-1, 86_400, span=True)),  # s
+            "amqp-idle-timeout": c.typed(int, _uint_ms_or_off),
+            "connections-allowed": c.typed(int, Range(1, INT32_MAX, "off")),
         },
         required=("name", "url"),
     )

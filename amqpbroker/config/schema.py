@@ -9,6 +9,9 @@ Keys beyond CONTRACT.md's example (all optional):
 
     acceptors[].amqp-treat-reject-as-unmodified-delivery-failed   false  (B-047)
     acceptors[].amqp-duplicate-detection                          true   (B-012)
+    acceptors[].handshake-timeout      10     s; AMQP open due by then (<= 0: off)
+    acceptors[].amqp-idle-timeout      60000  ms; Artemis amqpIdleTimeout (0 or -1: off)
+    acceptors[].connections-allowed    -1     Artemis connectionsAllowed (-1: unlimited)
     wildcard-addresses.enabled                                    true   (B-104)
     id-cache-size                                                 20000  (B-012)
 """
@@ -47,6 +50,13 @@ class AcceptorConfig:
     amqp_duplicate_detection: bool = True  # B-012: Artemis amqpDuplicateDetection
     # B-152: the largest message (bytes) a producer may send here; 0: no limit.
     max_message_size: int = 0
+    # Issue 15. Artemis handshake-timeout (s): a connection whose AMQP open has not
+    # arrived by then (TLS and SASL included) is closed; <= 0 turns it off.
+    handshake_timeout: int = 10
+    # Artemis amqpIdleTimeout (ms; default connection-ttl 60000): the open advertises
+    # half, and a peer silent for the whole of it is dropped (B-054); 0 or -1: off.
+    amqp_idle_timeout: int = 60_000
+    connections_allowed: int = -1  # Artemis connectionsAllowed; -1: unlimited
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -4,8 +4,10 @@ An address has one or two routing types and the queues bound to it. Routing a me
 address A with effective routing type R (B-002): every filter-matching MULTICAST queue
 gets a reference when R is MULTICAST or none; exactly one filter-matching ANYCAST queue
 when R is ANYCAST or none, chosen round-robin with a preference for queues that have a
-consumer able to take the message (B-003). Queues bound to a wildcard address (`news.#`)
-also receive messages sent to every concrete address it matches (B-011).
+consumer able to take the message (B-003). MULTICAST queues bound to a wildcard address
+(`news.#`) also receive messages sent to every concrete address it matches (B-011); an
+ANYCAST queue on a wildcard address never competes with the concrete address's own queues
+(issue 15: a consumer on `#` took every other message of every queue; docs/decisions.md).
 """
 
 from __future__ import annotations
@@ -84,14 +86,20 @@ class PostOffice:
         """The queues that get a reference (B-002); the caller adds the message to them."""
         targets: list[Queue] = []
         anycast: list[Queue] = []
-        sources = [address, *self._wildcard_matches(address.name)]
-        for source in sources:
-            for queue in source.queues:
-                if queue.routing_type is RoutingType.MULTICAST:
-                    if routing_type is not RoutingType.ANYCAST and queue.accepts_message(message):
+        for queue in address.queues:
+            if queue.routing_type is RoutingType.MULTICAST:
+                if routing_type is not RoutingType.ANYCAST and queue.accepts_message(message):
+                    targets.append(queue)
+            elif routing_type is not RoutingType.MULTICAST and queue.accepts_message(message):
+                anycast.append(queue)
+        if routing_type is not RoutingType.ANYCAST:
+            # Wildcard routing reaches subscriptions only (issue 15, decisions.md).
+            for source in self._wildcard_matches(address.name):
+                for queue in source.queues:
+                    if queue.routing_type is RoutingType.MULTICAST and queue.accepts_message(
+                        message
+                    ):
                         targets.append(queue)
-                elif routing_type is not RoutingType.MULTICAST and queue.accepts_message(message):
-                    anycast.append(queue)
         if anycast:
             targets.append(self._pick_anycast(address, anycast, message))
         return targets

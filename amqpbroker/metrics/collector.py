@@ -76,6 +76,7 @@ class BrokerSnapshot:
     # Copies made for this snapshot: per address across incarnations, and broker-wide.
     address_totals: tuple[tuple[str, QueueCounters], ...] = ()
     broker_totals: QueueCounters = field(default_factory=QueueCounters)
+    connections_refused: tuple[tuple[str, int], ...] = ()  # (reason, total)
 
     @classmethod
     def take(
@@ -92,6 +93,7 @@ class BrokerSnapshot:
         now_ms: int = 0,
         journal_failed: bool = False,
         journal_errors: int = 0,
+        connections_refused: dict[str, int] | None = None,
     ) -> BrokerSnapshot:
         per_address, everything = broker.totals.totals(broker.queues.values())
         return cls(
@@ -113,6 +115,7 @@ class BrokerSnapshot:
             journal_errors=journal_errors,
             address_totals=tuple(per_address.items()),
             broker_totals=everything,
+            connections_refused=tuple(sorted((connections_refused or {}).items())),
         )
 
 
@@ -219,6 +222,14 @@ class BrokerCollector:
             "SASL authentications refused.",
             value=s.authentication_failures,
         )
+        refused = CounterMetricFamily(
+            names.CONNECTIONS_REFUSED,
+            "AMQP connections closed by a limit (connections-allowed, descriptors, handshake).",
+            labels=["reason"],
+        )
+        for reason, total in s.connections_refused:
+            refused.add_metric([reason], total)
+        yield refused
         yield from s.journal_sync
         yield GaugeMetricFamily(
             names.JOURNAL_SIZE_BYTES, "Bytes the journal holds on disk.", value=s.journal_size_bytes

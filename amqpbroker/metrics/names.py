@@ -38,6 +38,8 @@ EVENT_LOG_OLDEST_FILE_AGE = "amqpbroker_event_log_oldest_file_age_seconds"
 EVENT_LOG_FILES_DELETED = "amqpbroker_event_log_files_deleted"  # _total{compacted}
 EVENT_LOG_DELETED_BYTES = "amqpbroker_event_log_deleted_bytes"  # _total{compacted}
 AUTHENTICATION_FAILURES = "amqpbroker_authentication_failures"  # _total
+# _total{reason}: connections-allowed, file-descriptors, handshake-timeout (issue 15)
+CONNECTIONS_REFUSED = "amqpbroker_connections_refused"
 BUILD_INFO = "amqpbroker_build_info"
 
 # The ActiveMQ Artemis Prometheus plugin names (metrics.artemis-names: true).

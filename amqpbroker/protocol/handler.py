@@ -21,8 +21,12 @@ Errors: one boundary per event. A `ClientError` refuses the link with its condit
 other exception is logged with the connection and link and closes that connection only,
 with `amqp:internal-error`.
 
-The SASL/TLS seam: `AmqpConnection.feed`/`output` carry the raw socket bytes; a later layer
-(broker-checked SASL, Python `ssl`) wraps them before they reach the engine.
+The SASL/TLS seam: `AmqpConnection.feed`/`output` carry the socket bytes (TLS is undone by
+Python `ssl` below). With security enabled the broker's own `SaslServer` reads them first
+and the engine gets nothing until the outcome is ok and the user and roles are set (issue
+15); with security disabled Proton's built-in SASL offers ANONYMOUS and `roles` is None.
+The server ticks each engine at `tick_at_s` (heartbeats, idle-timeout) and closes a
+connection whose AMQP open has not arrived within the acceptor's handshake-timeout.
 
 Loop thread only.
 """
@@ -32,6 +36,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import struct
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -77,12 +82,24 @@ from amqpbroker.core import (
 from amqpbroker.protocol import sections
 from amqpbroker.protocol.dispositions import outcome_of
 from amqpbroker.protocol.links import (
+    TerminusFields,
+    answer_terminus,
     consumer_request,
     echo_source_filter,
     producer_request,
+    read_terminus,
     recovered_source,
 )
-from amqpbroker.protocol.sasl import SaslServer
+from amqpbroker.protocol.peer import (
+    PeerInvalidField,
+    data_at,
+    name_for_log,
+    read_link_name,
+    read_symbol_map,
+    read_symbols,
+    read_text,
+)
+from amqpbroker.protocol.sasl import MAX_SASL_FRAME_BYTES, Identity, SaslServer
 from amqpbroker.protocol.transactions import (
     TRANSACTIONAL_STATE,
     UNKNOWN_ID,
@@ -97,8 +114,8 @@ from amqpbroker.protocol.transactions import (
     txn_id_of,
 )
 
-# Makes the SASL layer of one connection: (forward, on_failure) -> SaslServer
-SaslFactory = Callable[[Callable[[bytes], None], Callable[[str], None]], SaslServer]
+# Makes the SASL layer of one connection: (on_authenticated, on_failure) -> SaslServer
+SaslFactory = Callable[[Callable[[Identity, bytes], None], Callable[[str], None]], SaslServer]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +132,10 @@ MAX_FRAME_SIZE = 131072  # B-021
 # What one `output()` call collects at most: the server writes it and asks again unless the
 # socket is over its high-water mark, so a slow reader never makes us copy a whole backlog.
 OUTPUT_CHUNK_BYTES = 1024 * 1024
+# Until the peer's open arrives (SASL included), frames are at most this big: before the
+# open exchange a peer may send only 512-byte frames (AMQP 1.0 §2.4.1), and a peer that
+# has proven nothing must not make the broker buffer 128 KiB per socket (issue 15 item 5).
+HANDSHAKE_MAX_FRAME_SIZE = MAX_SASL_FRAME_BYTES
 # Transaction ids are unique in the broker process, not per connection: the event log's
 # `txn` (B-170) must tell two connections' transactions apart.
 _TXN_IDS = itertools.count(1)
@@ -122,6 +143,7 @@ _TXN_IDS = itertools.count(1)
 FAILED = Modified(delivery_failed=True)
 _DUPLICATE_ID_KEY = b"_AMQ_DUPL_ID"
 _PN_DELIVERY = lib.PN_DELIVERY
+_PN_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
 _PN_LINK_FLOW = lib.PN_LINK_FLOW
 _PN_ACCEPTED = lib.PN_ACCEPTED
 _PN_RELEASED = lib.PN_RELEASED
@@ -189,6 +211,9 @@ class Shell:
         self._held: deque[list[Effect]] = deque()  # B-097: effects waiting for a write
         # The roles of an authenticated user (security enabled); none for anonymous.
         self.roles_for: Callable[[str | None], frozenset[str]] = lambda user: frozenset()
+        # Told when a connection's AMQP open arrived: the server ends its handshake timer
+        # and ticks the engine, whose heartbeat deadline the peer's idle-timeout sets.
+        self.on_opened: Callable[[AmqpConnection], None] = lambda connection: None
 
     def new_connection_id(self) -> ConnectionId:
         self._next_connection_id += 1
@@ -264,6 +289,7 @@ class AmqpConnection:
         reject_as_modified: bool = False,
         duplicate_detection: bool = True,
         max_message_size: int = 0,
+        idle_timeout_ms: int = 0,
     ) -> None:
         self.shell = shell
         self.max_message_size = max_message_size  # B-152: 0 for no limit
@@ -275,17 +301,24 @@ class AmqpConnection:
         self.anycast_prefix = anycast_prefix
         self.multicast_prefix = multicast_prefix
         self.transport = Transport(Transport.SERVER)
-        self.transport.max_frame_size = MAX_FRAME_SIZE
+        self.transport.max_frame_size = HANDSHAKE_MAX_FRAME_SIZE  # MAX_FRAME_SIZE at open
+        if idle_timeout_ms > 0:  # Artemis amqpIdleTimeout: the open advertises half of it
+            self.transport.idle_timeout = idle_timeout_ms / 1000
+        self.tick_at_s = 0.0  # when the server must next call transport.tick (0: never)
+        self.opened = False  # the peer's AMQP open has arrived (the handshake is over)
         self.connection = Connection()
         self.collector = Collector()
         self.connection.collect(self.collector)
         self.transport.bind(self.connection)
-        # Broker-checked SASL (security enabled) or Proton's built-in ANONYMOUS.
+        # Broker-checked SASL (security enabled) or Proton's built-in ANONYMOUS. Security
+        # is enabled exactly when the server hands over a SASL layer; then nothing
+        # reaches the engine before authentication has set the user and roles.
         self.sasl: SaslServer | None = None
+        self.security_enabled = sasl is not None
         self.user: str | None = None
-        self.roles: frozenset[str] | None = None  # None: security disabled
+        self._roles: frozenset[str] = frozenset()
         if sasl is not None:
-            self.sasl = sasl(self._push, self._sasl_failed)
+            self.sasl = sasl(self._authenticated, self._sasl_failed)
         else:
             self._setup_sasl()
         self.container_id = ""
@@ -298,6 +331,10 @@ class AmqpConnection:
         self._collector_impl = self.collector._impl
         self.closed = False  # the broker side is done with this connection
         self._orderly = False
+        self._socket_gone = False
+        # Issue 15: after a framing error the socket closes once the close frame is out.
+        self._hang_up = False
+        self._input_closed = False  # the engine reads no more (framing error, idle-timeout)
         self._handlers: dict[int, Callable[[Event], None]] = {
             lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_open,
             lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_close,
@@ -307,6 +344,7 @@ class AmqpConnection:
             lib.PN_LINK_REMOTE_DETACH: self._on_link_detach,
             lib.PN_LINK_REMOTE_CLOSE: self._on_link_close,
             lib.PN_TRANSPORT_ERROR: self._on_transport_error,
+            lib.PN_TRANSPORT_TAIL_CLOSED: self._on_tail_closed,
             lib.PN_TRANSPORT_CLOSED: self._on_transport_closed,
         }
         shell.connections[self.id] = self
@@ -318,24 +356,43 @@ class AmqpConnection:
         sasl.allowed_mechs("ANONYMOUS")
         sasl.done(SASL.OK)
 
+    @property
+    def roles(self) -> frozenset[str] | None:
+        """What the core checks permissions against: None only when security is disabled
+        (B-154); with security on, no roles until authentication has finished."""
+        if not self.security_enabled:
+            return None
+        return self._roles
+
+    @property
+    def awaiting_authentication(self) -> bool:
+        """Credentials are being checked: stop reading the socket until they are."""
+        return self.sasl is not None and self.sasl.checking
+
     # -- bytes in and out ---------------------------------------------------------------
     def feed(self, data: bytes) -> None:
         """Socket bytes in: through the SASL layer first when the broker checks it."""
         sasl = self.sasl
         if sasl is not None and not sasl.done:
-            sasl.feed(data)
-            if sasl.done and self.user is None and sasl.identity is not None:
-                self.user = sasl.identity.user
-                self.roles = self.shell.roles_for(self.user)
+            sasl.feed(data)  # the bytes after a successful outcome go to _authenticated
             self.shell.dirty.add(self)
             return
         self._push(data)
+
+    def _authenticated(self, identity: Identity, rest: bytes) -> None:
+        """The SASL outcome is ok: the identity first, then the engine gets the bytes."""
+        self.user = identity.user
+        self._roles = self.shell.roles_for(identity.user)
+        self.shell.dirty.add(self)
+        if rest:
+            self._push(rest)
 
     def _sasl_failed(self, why: str) -> None:
         self.shell.auth_failures += 1
         log.warning("connection %s from %s: %s; closing it", self.id, self.peer, why)
         self.closed = True
         self.shell.connections.pop(self.id, None)
+        self.shell.dirty.add(self)  # the outcome goes out, then the socket is closed
 
     def _push(self, data: bytes) -> None:
         """Push bytes into the engine and handle what they caused."""
@@ -352,9 +409,11 @@ class AmqpConnection:
     @property
     def finished(self) -> bool:
         """Whether the socket can be closed once `output()` has been written."""
-        if self.sasl is not None and self.sasl.failed:
+        if self._hang_up or (self.sasl is not None and self.sasl.failed):
             return True
-        return self.closed and self.transport.pending() < 0
+        # Once the engine reads no more (a framing error, an expired idle-timeout), the
+        # socket goes as soon as the engine has written its last bytes.
+        return (self.closed or self._input_closed) and self.transport.pending() < 0
 
     def output(self, limit: int = OUTPUT_CHUNK_BYTES) -> bytes:
         """Bytes to send now: the SASL layer's, then up to about `limit` of the engine's.
@@ -384,10 +443,17 @@ class AmqpConnection:
             chunks.append(bytes(transport.peek(pending)))
             transport.pop(pending)
             size += pending
+        if self._hang_up and size < limit and transport.pending() >= 0:
+            # Proton writes no close frame on a connection the peer never opened: ours.
+            chunks.append(_close_frame(self.connection.condition))
+            transport.close_head()
         return b"".join(chunks)
 
     def socket_closed(self) -> None:
         """The socket is gone. Without a close frame first, that is an abrupt loss (B-054)."""
+        self._socket_gone = True
+        if self.sasl is not None:
+            self.sasl.abandon()
         if not self.closed:
             self.transport.close_tail()
             self.process()
@@ -415,12 +481,20 @@ class AmqpConnection:
         null = ffi.NULL
         while (event := peek(collector)) != null:
             kind = event_type(event)
+            if self.closed and kind != _PN_TRANSPORT_CLOSED:
+                pop(collector)  # issue 15: nothing a peer sends after the end is acted on
+                continue
             try:
                 if kind == _PN_DELIVERY:
                     delivery = lib.pn_event_delivery(event)
                     link = lib.pn_delivery_link(delivery)
                     if lib.pn_link_is_receiver(link):
                         self._on_transfer(delivery, link)
+                    elif lib.pn_link_current(link) == delivery:  # ours are never current
+                        # The peer sent on a link it receives on; proton keeps that
+                        # delivery as the link's next to send and would hold back a
+                        # detach behind it, so the connection ends (issue 15).
+                        self._refuse(_wrong_direction(), None)
                     else:
                         self._on_disposition(delivery, link)
                 elif kind == _PN_LINK_FLOW:
@@ -429,6 +503,13 @@ class AmqpConnection:
                     handler = handlers.get(kind)
                     if handler is not None:
                         handler(Event.wrap(event))
+            except ClientError as e:  # issue 15: a field of the peer's is malformed
+                self._refuse(
+                    e,
+                    lib.pn_delivery_link(lib.pn_event_delivery(event))
+                    if kind == _PN_DELIVERY
+                    else None,
+                )
             except Exception:
                 log.exception(
                     "internal error on connection %s (%s) at event %s: closing it",
@@ -442,7 +523,20 @@ class AmqpConnection:
         self.shell.apply_effects()
         self.shell.dirty.add(self)
 
+    def _refuse(self, error: ClientError, link: Any) -> None:
+        """A malformed or mistyped field: on a delivery, end its link with the error;
+        elsewhere (open, begin, ...) close the connection with it."""
+        log.info("connection %s from %s: %s %s", self.id, self.peer, error.condition, error)
+        if link is None:
+            self._fail(error.condition, str(error))
+            return
+        consumer = self.consumers.get(link)
+        if consumer is not None:
+            self._drop_consumer(link, consumer, closed=True)
+        self.close_link(Link.wrap(link), error.condition, str(error))
+
     def _fail(self, condition: str, description: str) -> None:
+        self._hang_up = True
         self.connection.condition = Condition(condition, description)
         self.connection.close()
         self._finish(abrupt=True)
@@ -470,14 +564,35 @@ class AmqpConnection:
 
     def _on_connection_open(self, event: Event) -> None:
         connection = self.connection
-        self.container_id = connection.remote_container or ""
+        self.transport.max_frame_size = MAX_FRAME_SIZE  # what our open advertises (B-021)
         connection.container = self.broker.name
         connection.offered_capabilities = OFFERED_CAPABILITIES
-        desired = {str(c) for c in (connection.remote_desired_capabilities or ())}
+        try:  # issue 15: the open's fields are the peer's, checked before use
+            self.container_id = (
+                read_text(lambda: connection.remote_container, "open.container-id") or ""
+            )
+            impl = connection._impl
+            desired = read_symbols(
+                data_at(lib.pn_connection_remote_desired_capabilities(impl)),
+                "open.desired-capabilities",
+            )
+            read_symbols(
+                data_at(lib.pn_connection_remote_offered_capabilities(impl)),
+                "open.offered-capabilities",
+            )
+            read_symbol_map(data_at(lib.pn_connection_remote_properties(impl)), "open.properties")
+            read_text(lambda: connection.remote_hostname, "open.hostname")
+        except ClientError as e:
+            log.info("refusing connection %s from %s: %s", self.id, self.peer, e)
+            connection.open()
+            self._fail(e.condition, str(e))
+            return
         if SOLE_CONNECTION in desired and self._container_connected_elsewhere():
             self._refuse_duplicate_container()
             return
         connection.open()
+        self.opened = True
+        self.shell.on_opened(self)
         log.info(
             "connection %s from %s opened (container %s)",
             self.id,
@@ -513,6 +628,9 @@ class AmqpConnection:
         self._finish(abrupt=False)
 
     def _on_connection_close(self, event: Event) -> None:
+        if self.connection.state & Endpoint.LOCAL_UNINIT:
+            self._framing_error("close before open")  # issue 15: proton would not answer it
+            return
         self._orderly = True
         self.connection.close()
         self._finish(abrupt=False)  # B-053: an AMQP close is orderly
@@ -526,11 +644,43 @@ class AmqpConnection:
             condition.description if condition else "",
         )
 
+    def _on_tail_closed(self, event: Event) -> None:
+        """The engine reads no more input. Unless the peer closed or the socket is gone,
+        that is a framing error, which proton may leave unanswered: answer it now with
+        `amqp:connection:framing-error`, then hang up (issue 15). An expired idle-timeout
+        ends here too, with proton's own condition (B-054: an abrupt loss)."""
+        self._input_closed = True
+        if self._orderly or self._socket_gone or self._hang_up:
+            return
+        self._hang_up = True
+        condition = self.transport.condition
+        if condition is None:  # proton stopped reading without saying why
+            log.warning("connection %s from %s: undecodable frame; closing it", self.id, self.peer)
+            self.connection.condition = Condition(
+                "amqp:connection:framing-error", "undecodable frame"
+            )
+        else:  # proton has written its own close frame (PN_TRANSPORT_ERROR logged it)
+            self.connection.condition = condition
+        self.connection.close()
+        self._finish(abrupt=True)
+
     def _on_transport_closed(self, event: Event) -> None:
         self._finish(abrupt=not self._orderly)
 
     def _on_session_open(self, event: Event) -> None:
+        if self.connection.state & Endpoint.REMOTE_UNINIT:
+            # Proton accepts a begin before the open; AMQP does not (issue 15).
+            self._framing_error("begin before open")
+            return
         event.session.open()
+
+    def _framing_error(self, description: str) -> None:
+        log.warning("connection %s from %s: %s; closing it", self.id, self.peer, description)
+        self._hang_up = True
+        self.connection.condition = Condition("amqp:connection:framing-error", description)
+        self.connection.close()
+        self.transport.close_tail()
+        self._finish(abrupt=True)
 
     def _on_session_close(self, event: Event) -> None:
         session: Session = event.session
@@ -547,6 +697,7 @@ class AmqpConnection:
         if link.state & Endpoint.LOCAL_ACTIVE:
             return
         try:
+            read_link_name(link)
             if link.is_receiver:
                 self._attach_producer(link)
             else:
@@ -554,7 +705,7 @@ class AmqpConnection:
         except BrokerError as e:
             log.info(
                 "refusing attach of link %r on connection %s (%s): %s %s",
-                link.name,
+                name_for_log(link),
                 self.id,
                 self.container_id or "-",
                 e.condition,
@@ -563,12 +714,15 @@ class AmqpConnection:
             self.close_link(link, e.condition, str(e))
 
     def _attach_producer(self, link: Link) -> None:
-        if link.remote_target.type == Terminus.COORDINATOR:
-            self._attach_coordinator(link)
+        # Issue 15: read and check the peer's termini first; answer with our own.
+        source = read_terminus(link.remote_source, "source")
+        remote_target = read_terminus(link.remote_target, "target")
+        if remote_target.type == Terminus.COORDINATOR:
+            self._attach_coordinator(link, source, remote_target)
             return
         target = self.broker.attach_producer(
             producer_request(
-                link,
+                remote_target,
                 self.id,
                 anycast_prefix=self.anycast_prefix,
                 multicast_prefix=self.multicast_prefix,
@@ -576,10 +730,12 @@ class AmqpConnection:
                 roles=self.roles,
             )
         )
-        link.source.copy(link.remote_source)
-        link.target.copy(link.remote_target)
-        if link.remote_target.dynamic:
-            link.target.address = target.address
+        answer_terminus(link.source, source, address=source.address)
+        answer_terminus(
+            link.target,
+            remote_target,
+            address=target.address if remote_target.dynamic else remote_target.address,
+        )
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST  # B-021: `second` is answered with `first`
         if self.max_message_size:
@@ -588,10 +744,12 @@ class AmqpConnection:
         self.producers[link._impl] = ProducerLink(link, target)
         link.flow(PRODUCER_CREDIT)
 
-    def _attach_coordinator(self, link: Link) -> None:
+    def _attach_coordinator(
+        self, link: Link, source: TerminusFields, target: TerminusFields
+    ) -> None:
         """B-140: a transaction coordinator; declare/discharge arrive as transfers."""
-        link.source.copy(link.remote_source)
-        link.target.copy(link.remote_target)
+        answer_terminus(link.source, source, address=source.address)
+        answer_terminus(link.target, target, address=None)
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST
         link.open()
@@ -599,9 +757,12 @@ class AmqpConnection:
         link.flow(PRODUCER_CREDIT)
 
     def _attach_consumer(self, link: Link) -> None:
+        source = read_terminus(link.remote_source, "source")
+        target = read_terminus(link.remote_target, "target")
         attached = self.broker.attach_consumer(
             consumer_request(
                 link,
+                source,
                 self.id,
                 self.container_id,
                 anycast_prefix=self.anycast_prefix,
@@ -610,13 +771,13 @@ class AmqpConnection:
                 roles=self.roles,
             )
         )
-        link.source.copy(link.remote_source)
-        link.source.address = attached.address
+        answer_terminus(link.source, source, address=attached.address)
         if attached.recovered:
+            link.source.address = attached.address
             recovered_source(link, attached.selector)
         else:
-            echo_source_filter(link, attached.selector, no_local=attached.no_local)
-        link.target.copy(link.remote_target)
+            echo_source_filter(link, source.filters, attached.selector, no_local=attached.no_local)
+        answer_terminus(link.target, target, address=target.address)
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST
         link.open()
@@ -711,7 +872,7 @@ class AmqpConnection:
             log.info(
                 "rejecting malformed message on connection %s link %r: %s",
                 self.id,
-                producer.link.name,
+                name_for_log(producer.link),
                 e,
             )
             self._reject(delivery, "amqp:decode-error", str(e))
@@ -831,7 +992,7 @@ class AmqpConnection:
     def _transactional_outcome(self, delivery: Delivery, consumer: ConsumerLink) -> None:
         txn_id = txn_id_of(delivery)
         txn = self.transactions.get(txn_id) if txn_id is not None else None
-        delivery_id = DeliveryId(int(delivery.tag))
+        delivery_id = _delivery_id(delivery._impl)
         if txn is None:
             log.info(
                 "connection %s: disposition in unknown transaction %r ignored", self.id, txn_id
@@ -946,9 +1107,22 @@ class AmqpConnection:
                 lib.pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
             return
         assert consumer is not None
-        tag = lib.pn_delivery_tag(delivery)
-        self.broker.settle(consumer.id, DeliveryId(int(ffi.unpack(tag.start, tag.size))), outcome)
+        self.broker.settle(consumer.id, _delivery_id(delivery), outcome)
         lib.pn_delivery_settle(delivery)
+
+
+def _close_frame(condition: Condition | None) -> bytes:
+    """An AMQP close frame carrying `condition` (for when proton will not write one)."""
+    error = (
+        None
+        if condition is None
+        else sections.Described(
+            sections.ULong(0x1D),
+            [sections.Symbol(condition.name), condition.description or ""],
+        )
+    )
+    body = sections.encode_value(sections.Described(sections.ULong(0x18), [error]))
+    return struct.pack(">IBBH", 8 + len(body), 2, 0, 0) + body
 
 
 def message_of(scanned: sections.Scanned, *, origin_container: str | None = None) -> Message:
@@ -979,6 +1153,24 @@ def _scheduled_delivery(annotations: dict[str, Any], now_ms: int) -> int:
     if isinstance(delay, int) and not isinstance(delay, bool) and delay > 0:
         return now_ms + delay
     return 0
+
+
+def _wrong_direction() -> PeerInvalidField:
+    return PeerInvalidField("transfer", "a transfer on a link the broker sends on")
+
+
+def _delivery_id(delivery: Any) -> DeliveryId:
+    """The id of a delivery the broker sent: its tag is the id in decimal (`ConsumerLink`).
+
+    Raises:
+        PeerInvalidField: the peer made this delivery: a transfer on a link the broker
+            sends on (proton accepts one), which has no id of ours (issue 15).
+    """
+    tag = lib.pn_delivery_tag(delivery)
+    raw = ffi.unpack(tag.start, tag.size) if tag.size <= 20 else b""
+    if not raw.isdigit():
+        raise _wrong_direction()
+    return DeliveryId(int(raw))
 
 
 def _outcome(delivery: Any, state: int) -> Outcome | None:

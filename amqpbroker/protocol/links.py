@@ -5,11 +5,22 @@ Only translation lives here: which queue a link gets is decided by `core.Broker`
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
+from cproton_ffi import lib
 from proton import Data, Described, Link, Terminus, symbol
 
 from amqpbroker.core import ConnectionId, ConsumerRequest, ProducerRequest
+from amqpbroker.protocol.peer import (
+    PeerInvalidField,
+    data_at,
+    read_filter_set,
+    read_link_name,
+    read_symbol_map,
+    read_symbols,
+    read_text,
+)
 
 SELECTOR_FILTER = symbol("apache.org:selector-filter:string")
 SELECTOR_DESCRIPTOR_CODE = 0x0000468C00000004
@@ -24,30 +35,79 @@ _EXPIRY_POLICIES = {
 }
 
 
-def symbols(data: Data | None) -> tuple[str, ...]:
-    """The symbols of a capabilities field (a single symbol or an array of them)."""
-    if data is None:
-        return ()
-    data.rewind()
-    if not data.next():
-        return ()
-    value = data.get_object()
-    if isinstance(value, str):
-        return (str(value),)
-    try:
-        return tuple(str(v) for v in value)
-    except TypeError:
-        return ()
+@dataclass(frozen=True, slots=True)
+class TerminusFields:
+    """A remote source or target, every field read and checked (protocol/peer.py).
+
+    The broker answers an attach with a terminus built from these values, never with a
+    copy of the peer's (issue 15: a copied malformed field crashes the engine).
+    """
+
+    type: int
+    address: str | None
+    durability: int
+    expiry_policy: int
+    timeout: int
+    dynamic: bool
+    distribution_mode: int
+    capabilities: tuple[str, ...]
+    outcomes: tuple[str, ...]
+    filters: dict[Any, Any]
 
 
-def filter_map(data: Data | None) -> dict[Any, Any]:
-    if data is None:
-        return {}
-    data.rewind()
-    if not data.next():
-        return {}
-    value = data.get_object()
-    return dict(value) if isinstance(value, dict) else {}
+def read_terminus(remote: Terminus, field: str) -> TerminusFields:
+    """Read `remote` (the attach's `source` or `target`, named by `field`) safely.
+
+    Raises:
+        PeerDecodeError, PeerInvalidField: a malformed or wrongly typed field.
+    """
+    kind = remote.type
+    return TerminusFields(
+        type=kind,
+        address=read_text(lambda: remote.address, f"{field}.address"),
+        durability=remote.durability,
+        expiry_policy=remote.expiry_policy,
+        timeout=remote.timeout,
+        dynamic=bool(remote.dynamic),
+        distribution_mode=remote.distribution_mode,
+        capabilities=read_symbols(remote.capabilities, f"{field}.capabilities"),
+        outcomes=read_symbols(remote.outcomes, f"{field}.outcomes")
+        if kind == Terminus.SOURCE
+        else (),
+        filters=read_filter_set(remote.filter, f"{field}.filter")
+        if kind == Terminus.SOURCE
+        else {},
+    )
+
+
+def answer_terminus(local: Terminus, fields: TerminusFields, *, address: str | None) -> None:
+    """The broker's terminus: the checked fields echoed, with the broker's `address`.
+
+    Filters are not echoed here: `echo_source_filter` answers only those honoured.
+    """
+    if fields.type == Terminus.UNSPECIFIED:
+        return  # a null source or target stays null
+    local.type = fields.type
+    if address is not None:
+        local.address = address
+    local.durability = fields.durability
+    local.expiry_policy = fields.expiry_policy
+    local.timeout = fields.timeout
+    local.dynamic = fields.dynamic
+    if fields.type == Terminus.SOURCE:
+        local.distribution_mode = fields.distribution_mode
+    _put_symbols(local.capabilities, fields.capabilities)
+    _put_symbols(local.outcomes, fields.outcomes)
+
+
+def _put_symbols(data: Data, values: tuple[str, ...]) -> None:
+    data.clear()
+    if values:
+        data.put_array(False, Data.SYMBOL)
+        data.enter()
+        for value in values:
+            data.put_symbol(symbol(value))
+        data.exit()
 
 
 def _is_filter(value: Any, name: symbol, code: int) -> bool:
@@ -67,7 +127,7 @@ def has_no_local(filters: dict[Any, Any]) -> bool:
 
 
 def producer_request(
-    link: Link,
+    target: TerminusFields,
     connection: ConnectionId,
     *,
     anycast_prefix: str | None,
@@ -75,12 +135,11 @@ def producer_request(
     user: str | None = None,
     roles: frozenset[str] | None = None,
 ) -> ProducerRequest:
-    target = link.remote_target
     return ProducerRequest(
         connection=connection,
         address=target.address,
-        capabilities=symbols(target.capabilities),
-        dynamic=bool(target.dynamic),
+        capabilities=target.capabilities,
+        dynamic=target.dynamic,
         anycast_prefix=anycast_prefix,
         multicast_prefix=multicast_prefix,
         user=user,
@@ -90,6 +149,7 @@ def producer_request(
 
 def consumer_request(
     link: Link,
+    source: TerminusFields,
     connection: ConnectionId,
     container_id: str,
     *,
@@ -98,20 +158,19 @@ def consumer_request(
     user: str | None = None,
     roles: frozenset[str] | None = None,
 ) -> ConsumerRequest:
-    source = link.remote_source
-    filters = filter_map(source.filter)
+    filters = source.filters
     selector = selector_of(filters)
     return ConsumerRequest(
         connection=connection,
         container_id=container_id,
-        link_name=link.name,
+        link_name=read_link_name(link),
         address=source.address,
-        capabilities=symbols(source.capabilities),
-        dynamic=bool(source.dynamic),
+        capabilities=source.capabilities,
+        dynamic=source.dynamic,
         durable=source.durability in (Terminus.CONFIGURATION, Terminus.DELIVERIES),
         expiry_policy=_EXPIRY_POLICIES.get(source.expiry_policy, "session-end"),
         browse=source.distribution_mode == Terminus.DIST_MODE_COPY,
-        selector=str(selector[1].value) if selector else None,
+        selector=_selector_text(selector[1]) if selector else None,
         no_local=has_no_local(filters),
         presettled=link.remote_snd_settle_mode == Link.SND_SETTLED,
         priority=_priority(link),
@@ -124,19 +183,27 @@ def consumer_request(
     )
 
 
+def _selector_text(filter_value: Any) -> str:
+    value = filter_value.value
+    if not isinstance(value, str):
+        raise PeerInvalidField("source.filter", "the selector filter's value is not a string")
+    return str(value)
+
+
 def _priority(link: Link) -> int | None:
     """B-035: the attach `properties` key `priority` (int, byte or uint accepted)."""
-    properties = link.remote_properties
-    if not properties:
-        return None
-    value = properties.get(symbol("priority"), properties.get("priority"))
+    properties = read_symbol_map(
+        data_at(lib.pn_link_remote_properties(link._impl)), "attach.properties"
+    )
+    value = properties.get("priority")
     return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def echo_source_filter(link: Link, selector: str | None, *, no_local: bool = False) -> None:
+def echo_source_filter(
+    link: Link, filters: dict[Any, Any], selector: str | None, *, no_local: bool = False
+) -> None:
     """Answer only the filters the broker honours (B-032, B-034): the selector, if used,
-    and no-local on subscriptions."""
-    filters = filter_map(link.remote_source.filter)
+    and no-local on subscriptions. `filters` are the checked ones (`read_terminus`)."""
     answer = {}
     found = selector_of(filters)
     if selector is not None and found is not None:

@@ -39,6 +39,7 @@ from typing import Any, Final, Literal, NamedTuple
 
 __all__ = [
     "KEEP",
+    "MAX_DEPTH",
     "PROPERTY_NAMES",
     "READER",
     "Array",
@@ -63,6 +64,7 @@ __all__ = [
     "UInt",
     "ULong",
     "UShort",
+    "decode_first",
     "decode_value",
     "encode_annotations",
     "encode_header",
@@ -263,7 +265,7 @@ def _kind(code: int) -> int:
 _KIND: Final = tuple(_kind(code) for code in range(256))
 
 
-def _skip(buf: bytes, pos: int) -> int:
+def _skip(buf: bytes, pos: int, depth: int = 0) -> int:
     """End offset of the value at `pos`, from its constructor and size field alone."""
     kind = _KIND[buf[pos]]
     if kind >= 0:
@@ -273,7 +275,9 @@ def _skip(buf: bytes, pos: int) -> int:
     elif kind == -4:
         end = pos + 5 + _U32.unpack_from(buf, pos + 1)[0]
     elif kind == -2:
-        return _skip(buf, _skip(buf, pos + 1))
+        if depth >= MAX_DEPTH:
+            raise _too_deep(pos)
+        return _skip(buf, _skip(buf, pos + 1, depth + 1), depth + 1)
     else:
         raise SectionError(f"invalid constructor 0x{buf[pos]:02x} at offset {pos}")
     if end > len(buf):
@@ -283,19 +287,44 @@ def _skip(buf: bytes, pos: int) -> int:
 
 # -- Decoding values --------------------------------------------------------------------------
 
-_Decoder = Callable[[bytes, int], tuple[Any, int]]
+# Nesting limit: each list, map, array or described value opens one level; the value of a
+# section is at level 0. Deeper input is refused with `SectionError` (issue 15), so no
+# decoder, walker or later consumer (management JSON, event log) recurses without bound.
+# Real messages nest a few levels; 32 leaves room and keeps recursion far below Python's.
+MAX_DEPTH: Final = 32
+
+# (buf, offset after the constructor, nesting level of the value) -> (value, end)
+_Decoder = Callable[[bytes, int, int], tuple[Any, int]]
 
 
-def _decode(buf: bytes, pos: int) -> tuple[Any, int]:
-    """The value at `pos` and the offset after it."""
+def _too_deep(pos: int) -> SectionError:
+    return SectionError(f"value at offset {pos} nests deeper than {MAX_DEPTH} levels")
+
+
+def _decode(buf: bytes, pos: int, depth: int = 0) -> tuple[Any, int]:
+    """The value at `pos` (at nesting level `depth`) and the offset after it."""
     decoder = _DECODERS[buf[pos]]
     if decoder is None:
         raise SectionError(f"invalid constructor 0x{buf[pos]:02x} at offset {pos}")
-    return decoder(buf, pos + 1)
+    return decoder(buf, pos + 1, depth)
+
+
+def decode_first(buf: bytes, pos: int = 0) -> tuple[Any, int]:
+    """The value at `pos` of `buf` and the offset after it (bytes may follow).
+
+    Raises:
+        SectionError: the value is malformed or nests deeper than `MAX_DEPTH`.
+    """
+    try:
+        return _decode(buf, pos)
+    except SectionError:
+        raise
+    except _MALFORMED as e:
+        raise SectionError(f"malformed AMQP value: {e!r}") from None
 
 
 def _constant(value: Any) -> _Decoder:
-    def decode(buf: bytes, pos: int) -> tuple[Any, int]:
+    def decode(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
         return value, pos
 
     return decode
@@ -306,19 +335,19 @@ def _fixed(fmt: str, wrap: Callable[[Any], Any] | None) -> _Decoder:
     unpack, size = codec.unpack_from, codec.size
     if wrap is None:
 
-        def decode_plain(buf: bytes, pos: int) -> tuple[Any, int]:
+        def decode_plain(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
             return unpack(buf, pos)[0], pos + size
 
         return decode_plain
 
-    def decode(buf: bytes, pos: int) -> tuple[Any, int]:
+    def decode(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
         return wrap(unpack(buf, pos)[0]), pos + size
 
     return decode
 
 
 def _raw(size: int, wrap: Callable[[bytes], Any]) -> _Decoder:
-    def decode(buf: bytes, pos: int) -> tuple[Any, int]:
+    def decode(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
         end = pos + size
         if end > len(buf):
             raise SectionError(f"value at offset {pos - 1} runs past the end")
@@ -328,7 +357,7 @@ def _raw(size: int, wrap: Callable[[bytes], Any]) -> _Decoder:
 
 
 def _variable(size_width: int, convert: Callable[[bytes], Any]) -> _Decoder:
-    def decode(buf: bytes, pos: int) -> tuple[Any, int]:
+    def decode(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
         if size_width == 1:
             start = pos + 1
             end = start + buf[pos]
@@ -358,12 +387,16 @@ def _compound_bounds(buf: bytes, pos: int, size_width: int) -> tuple[int, int, i
     return count, first, end
 
 
-def _elements(buf: bytes, pos: int, count: int, end: int) -> list[Any]:
+def _elements(buf: bytes, pos: int, count: int, end: int, depth: int) -> list[Any]:
+    """`count` values from `pos` at level `depth` + 1 (the compound holding them is at `depth`)."""
     if count > end - pos:  # every element takes at least its constructor byte
         raise SectionError(f"compound at offset {pos} claims {count} elements in {end - pos} bytes")
+    if depth >= MAX_DEPTH:
+        raise _too_deep(pos)
     items = []
+    depth += 1
     for _ in range(count):
-        value, pos = _decode(buf, pos)
+        value, pos = _decode(buf, pos, depth)
         items.append(value)
     if pos != end:
         raise SectionError(f"compound ends at offset {pos}, its size says {end}")
@@ -371,19 +404,19 @@ def _elements(buf: bytes, pos: int, count: int, end: int) -> list[Any]:
 
 
 def _list_decoder(size_width: int) -> _Decoder:
-    def decode(buf: bytes, pos: int) -> tuple[Any, int]:
+    def decode(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
         count, first, end = _compound_bounds(buf, pos, size_width)
-        return _elements(buf, first, count, end), end
+        return _elements(buf, first, count, end, depth), end
 
     return decode
 
 
 def _map_decoder(size_width: int) -> _Decoder:
-    def decode(buf: bytes, pos: int) -> tuple[Any, int]:
+    def decode(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
         count, first, end = _compound_bounds(buf, pos, size_width)
         if count % 2:
             raise SectionError(f"map at offset {pos - 1} has an odd element count {count}")
-        items = _elements(buf, first, count, end)
+        items = _elements(buf, first, count, end, depth)
         try:
             return dict(zip(items[::2], items[1::2], strict=True)), end
         except TypeError:
@@ -393,11 +426,14 @@ def _map_decoder(size_width: int) -> _Decoder:
 
 
 def _array_decoder(size_width: int) -> _Decoder:
-    def decode(buf: bytes, pos: int) -> tuple[Any, int]:
+    def decode(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
         count, p, end = _compound_bounds(buf, pos, size_width)
+        if depth >= MAX_DEPTH:
+            raise _too_deep(pos - 1)
+        depth += 1
         descriptor = None
         if buf[p] == 0x00:
-            descriptor, p = _decode(buf, p + 1)
+            descriptor, p = _decode(buf, p + 1, depth)
         code = buf[p]
         decoder = _DECODERS[code]
         if decoder is None or code == 0x00:
@@ -408,7 +444,7 @@ def _array_decoder(size_width: int) -> _Decoder:
             raise SectionError(f"array at offset {pos - 1} claims {count} elements")
         items = []
         for _ in range(count):
-            value, p = decoder(buf, p)
+            value, p = decoder(buf, p, depth)
             items.append(value)
         if p != end:
             raise SectionError(f"array ends at offset {p}, its size says {end}")
@@ -417,9 +453,11 @@ def _array_decoder(size_width: int) -> _Decoder:
     return decode
 
 
-def _decode_described(buf: bytes, pos: int) -> tuple[Any, int]:
-    descriptor, pos = _decode(buf, pos)
-    value, pos = _decode(buf, pos)
+def _decode_described(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
+    if depth >= MAX_DEPTH:
+        raise _too_deep(pos - 1)
+    descriptor, pos = _decode(buf, pos, depth + 1)
+    value, pos = _decode(buf, pos, depth + 1)
     return Described(descriptor, value), pos
 
 
@@ -439,7 +477,7 @@ def _bytes(raw: bytes) -> bytes:
     return bytes(raw)
 
 
-def _empty_list(buf: bytes, pos: int) -> tuple[Any, int]:
+def _empty_list(buf: bytes, pos: int, depth: int) -> tuple[Any, int]:
     return [], pos  # a fresh list each time: callers may mutate what they get
 
 
@@ -1038,6 +1076,77 @@ def _absolute_expiry_time(buf: bytes, vpos: int, end: int) -> int | None:
     return int(value)
 
 
+# Constructors that open a nesting level: described, list8/32, map8/32, array8/32.
+_NESTING: Final = (0x00, 0xC0, 0xC1, 0xD0, 0xD1, 0xE0, 0xF0)
+_NESTING_BYTES: Final = tuple(bytes((code,)) for code in _NESTING)
+
+
+def _check_nesting(buf: bytes, vpos: int, end: int) -> None:
+    """Refuse a section value that nests deeper than `MAX_DEPTH` (issue 15).
+
+    Each level needs one of the `_NESTING` constructor bytes, so a value with fewer than
+    `MAX_DEPTH` of them in its bytes cannot be too deep: counting them is a C loop per
+    byte value, and only the rare value with that many is walked (no decoding).
+    """
+    if buf[vpos] not in _NESTING:
+        return
+    if sum(buf.count(b, vpos, end) for b in _NESTING_BYTES) < MAX_DEPTH:
+        return
+    if _walk(buf, vpos, 0) != end:
+        raise SectionError(f"section value at offset {vpos} does not end at {end}")
+
+
+def _walk(buf: bytes, pos: int, depth: int) -> int:
+    """End of the value at `pos` (level `depth`), descending into every nested value."""
+    code = buf[pos]
+    if code == 0x00:
+        if depth >= MAX_DEPTH:
+            raise _too_deep(pos)
+        return _walk(buf, _walk(buf, pos + 1, depth + 1), depth + 1)
+    return _walk_body(buf, pos + 1, code, depth)
+
+
+def _walk_body(buf: bytes, pos: int, code: int, depth: int) -> int:
+    """End of the value of constructor `code` whose bytes start at `pos` (arrays share one)."""
+    if code not in _NESTING:
+        kind = _KIND[code]
+        if kind >= 0:
+            end = pos + kind
+        elif kind == -1:
+            end = pos + 1 + buf[pos]
+        elif kind == -4:
+            end = pos + 4 + _U32.unpack_from(buf, pos)[0]
+        else:
+            raise SectionError(f"invalid constructor 0x{code:02x} at offset {pos - 1}")
+        if end > len(buf):
+            raise SectionError(f"value at offset {pos - 1} runs past the end")
+        return end
+    count, p, end = _compound_bounds(buf, pos, 1 if code in (0xC0, 0xC1, 0xE0) else 4)
+    if depth >= MAX_DEPTH:
+        raise _too_deep(pos - 1)
+    depth += 1
+    if code in (0xE0, 0xF0):
+        if buf[p] == 0x00:
+            p = _walk(buf, p + 1, depth)
+        element = buf[p]
+        p += 1
+        if _KIND[element] >= 0 and element not in _NESTING:
+            p += count * _KIND[element]  # fixed width: no need to visit each one
+        elif count > end - p:
+            raise SectionError(f"array at offset {pos - 1} claims {count} elements")
+        else:
+            for _ in range(count):
+                p = _walk_body(buf, p, element, depth)
+    else:
+        if count > end - p:
+            raise SectionError(f"compound at offset {pos - 1} claims {count} elements")
+        for _ in range(count):
+            p = _walk(buf, p, depth)
+    if p != end:
+        raise SectionError(f"compound at offset {pos - 1} ends at {p}, its size says {end}")
+    return end
+
+
 def scan(raw: bytes) -> Scanned:
     """Find the sections of an incoming message in one pass; decode only the header.
 
@@ -1077,6 +1186,8 @@ def scan(raw: bytes) -> Scanned:
                 raise SectionError(f"section at offset {pos} runs past the end ({end} > {n})")
             if (code << 8 | constructor) not in valid:
                 raise _bad_section(code, constructor, pos)
+            if code != DATA:
+                _check_nesting(raw, vpos, end)
             if code > rank:
                 if code <= APPLICATION_PROPERTIES:
                     rank = code

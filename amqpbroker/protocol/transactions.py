@@ -26,17 +26,20 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proton import Condition, Delivery, Described, Message, ulong
+from cproton_ffi import lib
+from proton import Condition, Delivery, Described, ulong
 
 from amqpbroker.core import ConsumerId, DeliveryId
+from amqpbroker.protocol import sections
+from amqpbroker.protocol.peer import PeerInvalidField, data_at, read_data
 
 log = logging.getLogger(__name__)
 
 DECLARED = 0x33
 TRANSACTIONAL_STATE = 0x34
 _ACCEPTED_LIST = 0x24
-_DECLARE = (ulong(0x31), "amqp:declare:list")
-_DISCHARGE = (ulong(0x32), "amqp:discharge:list")
+_DECLARE = (0x31, "amqp:declare:list")
+_DISCHARGE = (0x32, "amqp:discharge:list")
 UNKNOWN_ID = "amqp:transaction:unknown-id"
 
 
@@ -60,18 +63,29 @@ class Transaction:
 
 
 def control_request(raw: bytes) -> tuple[str, list[Any]]:
-    """Decode a coordinator transfer: ("declare", fields) or ("discharge", fields)."""
-    message = Message()
+    """Decode a coordinator transfer: ("declare", fields) or ("discharge", fields).
+
+    Decoded by the bounded section codec (issue 15); a discharge's fields are checked:
+    txn-id binary, fail boolean or null.
+    """
     try:
-        message.decode(raw)
-    except Exception as e:
+        scanned = sections.scan(raw)
+        data = scanned.data
+        start = scanned.body_start
+        if data[start : start + 3] != b"\x00\x53\x77":
+            raise sections.SectionError("the body is not one amqp-value section")
+        body, _ = sections.decode_first(data, start + 3)
+    except (sections.SectionError, IndexError) as e:
         raise ControlError("amqp:decode-error", f"undecodable coordinator message: {e}") from e
-    body = message.body
-    if isinstance(body, Described):
-        fields = list(body.value) if isinstance(body.value, list | tuple) else []
+    if isinstance(body, sections.Described) and type(body.value) is list:
+        fields = body.value
         if body.descriptor in _DECLARE:
             return "declare", fields
         if body.descriptor in _DISCHARGE:
+            if not fields or as_txn_id(fields[0]) is None:
+                raise ControlError("amqp:invalid-field", "discharge.txn-id is not a binary")
+            if len(fields) > 1 and fields[1] is not None and type(fields[1]) is not bool:
+                raise ControlError("amqp:invalid-field", "discharge.fail is not a boolean")
             return "discharge", fields
     raise ControlError("amqp:not-implemented", "expected a declare or discharge")
 
@@ -83,18 +97,40 @@ def as_txn_id(value: object) -> bytes | None:
     return None
 
 
+def _state_fields(delivery: Delivery) -> list[Any]:
+    """The fields of the peer's `transactional-state`, checked (issue 15).
+
+    Raises:
+        PeerDecodeError, PeerInvalidField: the state is malformed or not a list.
+    """
+    field = "transactional-state"
+    value = read_data(
+        data_at(lib.pn_disposition_data(lib.pn_delivery_remote(delivery._impl))), field
+    )
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise PeerInvalidField(field, "not a list")
+    return value
+
+
 def txn_id_of(delivery: Delivery) -> bytes | None:
     """The txn-id of a `transactional-state` (the first field of its list)."""
-    data = delivery.remote.data
-    return as_txn_id(data[0]) if data else None
+    fields = _state_fields(delivery)
+    if not fields:
+        return None
+    txn_id = as_txn_id(fields[0])
+    if txn_id is None:
+        raise PeerInvalidField("transactional-state.txn-id", "not a binary")
+    return txn_id
 
 
 def is_accepted(delivery: Delivery) -> bool:
     """Whether a consumer's `transactional-state` carries the `accepted` outcome."""
-    data = delivery.remote.data
-    if not data or len(data) < 2 or not isinstance(data[1], Described):
+    fields = _state_fields(delivery)
+    if len(fields) < 2 or not isinstance(fields[1], Described):
         return False
-    return data[1].descriptor in (ulong(_ACCEPTED_LIST), "amqp:accepted:list")
+    return fields[1].descriptor in (ulong(_ACCEPTED_LIST), "amqp:accepted:list")
 
 
 def answer_declared(delivery: Delivery, txn_id: bytes) -> None:

@@ -41,6 +41,7 @@ class SmallSegments(FileJournal):
         kw["max_segment_bytes"] = segment_bytes
         super().__init__(*args, **kw)
 server.FileJournal = SmallSegments
+server.FD_RESERVE = 0  # let sockets take every descriptor: the journal's own recovery
 sys.argv[0] = "amqpbroker"
 runpy.run_module("amqpbroker", run_name="__main__")
 """

@@ -233,3 +233,15 @@ def test_the_xml_itself(text: str, expected: str) -> None:
     with pytest.raises(ConfigError) as info:
         parse_artemis_xml(text, source="b.xml")
     assert [str(p) for p in info.value.problems] == [expected]
+
+
+def test_connection_limit_parameters_of_an_acceptor() -> None:
+    """Issue 15 item 8: Artemis handshake-timeout, amqpIdleTimeout, connectionsAllowed."""
+    body = """\
+        <acceptors>
+          <acceptor name="a">tcp://0.0.0.0:5672?handshake-timeout=5;amqpIdleTimeout=0;connectionsAllowed=100</acceptor>
+        </acceptors>
+        """
+    (acceptor,) = parse_artemis_xml(HEAD + textwrap.dedent(body) + TAIL).acceptors
+    assert (acceptor.handshake_timeout, acceptor.amqp_idle_timeout) == (5, 0)
+    assert acceptor.connections_allowed == 100

@@ -84,7 +84,8 @@ def test_broker_level_values_are_listed() -> None:
     text = format_effective(parse_config(CONFIG, source="c.yaml"))
     assert text.startswith("# c.yaml: OK\nname: amqpbroker\n")
     for line in [
-        "  - amqp: amqp://127.0.0.1:0 anycast-prefix='anycast://'",
+        "  - amqp: amqp://127.0.0.1:0 anycast-prefix='anycast://' handshake-timeout=10s"
+        " amqp-idle-timeout=60000ms connections-allowed=-1",
         "http: 127.0.0.1:0 read-timeout=10000 max-connections=100",
         "persistence: enabled=true sync=false persist-delivery-count-before-delivery=false",
         "message-expiry-scan-period: 30000",

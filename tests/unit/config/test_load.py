@@ -759,3 +759,35 @@ def test_acceptor_max_message_size_defaults_to_unlimited_and_is_range_checked() 
         "below 2^64: 18446744073709551616",
         "b.yaml:4: acceptors[2].max-message-size: not an integer: '1 MB'",
     ]
+
+
+def test_connection_limits_of_an_acceptor_and_their_defaults() -> None:
+    """Issue 15 item 8: Artemis defaults (handshake-timeout 10 s, amqpIdleTimeout 60000 ms
+    = connection-ttl, connectionsAllowed -1) unless set."""
+    config = parse("""\
+        acceptors:
+          - {name: a, url: "amqp://127.0.0.1:0"}
+          - name: b
+            url: amqp://127.0.0.1:0
+            handshake-timeout: 0
+            amqp-idle-timeout: 2000
+            connections-allowed: 500
+        """)
+    a, b = config.acceptors
+    assert (a.handshake_timeout, a.amqp_idle_timeout, a.connections_allowed) == (10, 60_000, -1)
+    assert (b.handshake_timeout, b.amqp_idle_timeout, b.connections_allowed) == (0, 2000, 500)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("handshake-timeout", "-2", "must be between -1 and 86400: -2"),
+        ("handshake-timeout", "ten", "not an integer: 'ten'"),
+        ("amqp-idle-timeout", "4294967296", "must be -1, 0 (off) or 1..4294967295: 4294967296"),
+        ("connections-allowed", "0", "must be -1 (off) or >= 1: 0"),
+        ("connections-allowed", "1.5", "not an integer: 1.5"),
+    ],
+)
+def test_connection_limits_are_range_checked(key: str, value: str, message: str) -> None:
+    text = f"acceptors:\n  - name: a\n    url: amqp://127.0.0.1:0\n    {key}: {value}\n"
+    assert problems(text) == [f"b.yaml:4: acceptors[0].{key}: {message}"]

@@ -850,3 +850,32 @@ def test_duplicate_id_is_not_routed_twice_while_cached() -> None:
     assert h.broker.post_office.addresses["q"].unrouted == 1
     send("c")  # the cache (2 ids) drops "a"
     assert send("a") == 1
+
+
+def test_anycast_consumer_on_hash_does_not_steal_from_queues() -> None:
+    """Issue 15 / B-011 decision: with security off, a `queue` consumer on `#` auto-creates
+    an ANYCAST queue `#`; it must not compete with `orders` (it took the odd messages)."""
+    h = Harness()
+    thief = h.consumer("#", "queue")
+    target = h.producer("orders", "queue")
+    for i in range(10):
+        h.send(target, b"%d" % i)
+    assert h.take(thief) == []
+    assert h.queue("orders").message_count == 10
+    assert h.queue("#").message_count == 0
+
+
+@pytest.mark.parametrize(
+    ("subscription", "address"), [("#", "orders"), ("news.#", "news.eu"), ("news.*", "news.eu")]
+)
+def test_wildcard_subscription_still_gets_a_copy_beside_queues(
+    subscription: str, address: str
+) -> None:
+    """B-011: a MULTICAST subscription on a wildcard address still receives what is sent
+    (without a routing type) to a matching address, beside that address's own queue."""
+    h = Harness()
+    sub = h.consumer(subscription, "topic")
+    h.producer(address, "queue")  # creates the ANYCAST queue of the address
+    h.send(h.producer(address), b"x")
+    assert bodies(h.take(sub)) == [b"x"]
+    assert h.queue(address).message_count == 1

@@ -6,6 +6,7 @@ A client `proton.Transport` is pumped against `AmqpConnection` so the wire behav
 
 from __future__ import annotations
 
+import struct
 from random import Random
 from typing import Any
 
@@ -27,7 +28,7 @@ from proton import (
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
 from amqpbroker.protocol import moves
 from amqpbroker.protocol.handler import AmqpConnection, Shell
-from amqpbroker.protocol.links import symbols
+from amqpbroker.protocol.peer import read_symbols
 
 
 class Client:
@@ -542,7 +543,7 @@ def test_null_source_recovers_a_durable_subscription(shell: Shell) -> None:
     assert source.address == "app.audit"
     assert source.durability == Terminus.DELIVERIES
     assert source.expiry_policy == Terminus.EXPIRE_NEVER
-    assert symbols(source.capabilities) == ("topic",)
+    assert read_symbols(source.capabilities, "source.capabilities") == ("topic",)
     assert client.received[-1][0].body == "while-away"
 
 
@@ -696,3 +697,52 @@ def test_a_receiver_never_gets_more_than_its_max_message_size(shell: Shell) -> N
     client.pump()
     assert [bytes(m.body) for m, _ in client.received] == [b"y" * 100]
     assert shell.broker.queues["q"].ready_count == 1
+
+
+def test_security_disabled_is_explicit_and_no_roles_before_authentication(
+    shell: Shell,
+) -> None:
+    """Issue 15 item 1, B-154: roles are None (everything allowed) only when the server
+    gives no SASL layer; with one, a connection has no roles until authenticated, and the
+    engine gets nothing (not even the pipelined open) until then."""
+    from collections.abc import Callable
+
+    from amqpbroker.protocol import sections
+    from amqpbroker.protocol.sasl import SASL_HEADER, Credentials, SaslServer, Verdict
+
+    assert AmqpConnection(shell, peer="memory").roles is None
+    pending: list[Callable[[Verdict], None]] = []
+
+    def verify(credentials: Credentials, done: Callable[[Verdict], None]) -> Callable[[], None]:
+        pending.append(done)
+        return lambda: None
+
+    def sasl(authenticated: Any, failed: Any) -> SaslServer:
+        return SaslServer(
+            mechanisms=("PLAIN",),
+            verify=verify,
+            peer_cn=None,
+            on_authenticated=authenticated,
+            on_failure=failed,
+        )
+
+    shell.roles_for = lambda user: frozenset({"app"}) if user == "u" else frozenset()
+    secured = AmqpConnection(shell, peer="memory", sasl=sasl)
+    assert secured.roles == frozenset()
+    client = Transport()  # no SASL layer: AMQP header and open
+    client_connection = Connection()
+    client.bind(client_connection)
+    client_connection.container = "pipelined"
+    client_connection.open()
+    amqp = bytes(client.peek(client.pending()))
+    init = sections.encode_value(
+        sections.Described(sections.ULong(0x41), [sections.Symbol("PLAIN"), b"\x00u\x00p"])
+    )
+    secured.feed(SASL_HEADER + struct.pack(">IBBH", 8 + len(init), 2, 1, 0) + init + amqp)
+    assert secured.awaiting_authentication
+    assert not secured.opened  # the engine saw nothing
+    assert secured.container_id == ""
+    pending.pop()("u")
+    assert (secured.user, secured.roles) == ("u", frozenset({"app"}))
+    assert secured.opened
+    assert secured.container_id == "pipelined"

@@ -19,6 +19,7 @@ from proton import UNDESCRIBED, Data
 
 from amqpbroker.protocol.sections import (
     KEEP,
+    MAX_DEPTH,
     READER,
     Array,
     Byte,
@@ -691,7 +692,7 @@ def test_long_descriptor_forms_are_understood(descriptor: bytes) -> None:
         (_section(HEADER, [True, None, None, "yes"]), "first-acquirer"),
         (_section(HEADER, [True, None, None, None, proton.ulong(2**32)]), "delivery-count"),
         (_section(PROPS, [None] * 8 + ["soon"]), "absolute-expiry-time"),
-        (b"\x00\x53\x77\x00" * 5000, "malformed"),  # described within described, deeply
+        (b"\x00\x53\x77\x00" * 5000, "deeper than 32 levels"),  # described in described
         (b"\x00\x53\x77\xff", "invalid constructor"),
         (b"\x00\x53\x77\xb0\xff\xff\xff\xff", "past the end"),
     ],
@@ -1076,3 +1077,65 @@ def test_the_widest_header_fits_the_cores_allowance() -> None:
         durable=True, priority=255, ttl=2**32 - 1, first_acquirer=True, delivery_count=2**32 - 1
     )
     assert len(sections.encode_header(widest)) == MAX_HEADER_BYTES
+
+
+# -- Nesting depth (issue 15): bounded everywhere we decode ----------------------------------
+
+
+def _nest(kind: str, depth: int) -> Any:
+    """A value whose innermost leaf sits `depth` levels down (each wrapper is one level)."""
+    value: Any = "leaf"
+    for _ in range(depth):
+        if kind == "list":
+            value = [value]
+        elif kind == "map":
+            value = {"k": value}
+        elif kind == "array":
+            if isinstance(value, str):
+                value = Array([Symbol(value)], element_type=Symbol)
+            else:
+                value = Array([value], element_type=Array)
+        else:
+            value = Described(Symbol("d"), value)
+    return value
+
+
+@pytest.mark.parametrize("kind", ["list", "map", "array", "described"])
+@pytest.mark.parametrize("code", [VALUE, SEQUENCE, AP, MA, FOOTER])
+def test_nesting_deeper_than_the_limit_is_refused_at_scan(kind: str, code: int) -> None:
+    """Issue 15: a transfer nesting 33 levels is malformed (rejected at the door with
+    amqp:decode-error); 32 levels still pass, so legitimate messages are unaffected."""
+    assert MAX_DEPTH == 32
+    for depth, ok in ((MAX_DEPTH, True), (MAX_DEPTH + 1, False)):
+        value = _nest(kind, depth)
+        if code in (AP, MA, FOOTER):
+            value = {Symbol("k"): value}
+            depth += 1
+            if depth > MAX_DEPTH:
+                ok = False
+        if code == SEQUENCE and type(value) is not list:
+            continue
+        raw = b"\x00\x53" + bytes((code,)) + encode_value(value)
+        if ok:
+            scan(raw)
+            assert decode_value(raw[3:]) == value
+        else:
+            with pytest.raises(SectionError, match="deeper than 32 levels"):
+                scan(raw)
+            with pytest.raises(SectionError, match="deeper than 32 levels"):
+                decode_value(raw[3:])
+
+
+def test_reader_refuses_deep_nesting_without_recursion_error() -> None:
+    """Issue 15: stored bytes (recovered from an older journal) are bounded too."""
+    deep = encode_annotations({"x-opt-deep": _nest("list", 100)})
+    raw = b"\x00\x53\x72" + deep + b"\x00\x53\x77\x40"
+    with pytest.raises(SectionError, match="deeper than 32 levels"):
+        READER.message_annotations(raw)
+
+
+def test_shallow_value_full_of_nesting_bytes_is_accepted() -> None:
+    """The cheap byte count only triggers the walk: zero bytes in longs are not levels."""
+    value = [Long(i) for i in range(200)] + [{"m": [1, [2, [3]]]}]
+    raw = b"\x00\x53\x77" + encode_value(value)
+    assert scan(raw).body_start == 0

@@ -1,0 +1,125 @@
+"""Hostile input against the real broker over loopback (issue 15)."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from proton import Message
+from proton.utils import SendException
+from support import frames as F
+from support.client import Capabilities, connect, receive_bodies
+from support.process import BrokerProcess, start_broker
+
+from amqpbroker.protocol.sections import MAX_DEPTH
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    running = start_broker(tmp_path_factory.mktemp("hostile"), log_level="info")
+    yield running
+    assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()
+
+
+def _exchange(broker: BrokerProcess, data: bytes, *, timeout_s: float = 1.0) -> tuple[bytes, bool]:
+    """Send `data`; read for up to `timeout_s`: (what the broker sent, whether it hung up)."""
+    with socket.create_connection(("127.0.0.1", broker.ports["amqp"]), timeout=5) as sock:
+        sock.sendall(data)
+        deadline = time.monotonic() + timeout_s
+        received = b""
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            try:
+                chunk = sock.recv(65536)
+            except TimeoutError:
+                break
+            if not chunk:
+                return received, True
+            received += chunk
+        return received, False
+
+
+def _round_trip(broker: BrokerProcess, address: str) -> list[object]:
+    conn = connect(broker.url)
+    try:
+        sender = conn.create_sender(address, options=Capabilities("queue"))
+        sender.send(Message(body="still here"))
+        return receive_bodies(conn.create_receiver(address, options=Capabilities("queue")), 1)
+    finally:
+        conn.close()
+
+
+def test_lying_capabilities_array_is_refused_and_the_broker_lives(broker: BrokerProcess) -> None:
+    """Issue 15: `e0 08 09 a3 05 queue` in a source killed the broker with SIGSEGV; now
+    the attach is refused with amqp:decode-error and other clients are served."""
+    source = F.source("q")
+    source.fields[-1] = b"\xe0\x08\x09\xa3\x05queue"  # capabilities
+    attach = F.attach("l", role_receiver=True, source=source, target=F.target(None))
+    data = F.AMQP_HEADER + F.frame(F.open_()) + F.frame(F.begin()) + F.frame(attach)
+    received, _ = _exchange(broker, data + F.frame(F.close()))
+    errors = [F.error_of(p) for _, _, p in F.read_frames(received)]
+    assert any(e is not None and e[0] == "amqp:decode-error" for e in errors), errors
+    assert broker.proc.poll() is None
+    assert _round_trip(broker, "after-lying-array") == ["still here"]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        F.AMQP_HEADER + F.frame(b"\x00\x53\x10\xd0\x00\x00\x00\xff\x00\x00\x00\x09"),
+        F.AMQP_HEADER + F.frame(F.begin()),
+        F.AMQP_HEADER
+        + F.frame(F.open_())
+        + F.frame(F.begin())
+        + F.frame(b"\x00\x53\x12\xc0\x03\x02\x40"),
+    ],
+    ids=["undecodable-open", "begin-before-open", "undecodable-attach"],
+)
+def test_framing_error_closes_the_connection_within_a_second(
+    broker: BrokerProcess, data: bytes
+) -> None:
+    """Issue 15 / B-153: these were left open and unanswered; now the close frame
+    (amqp:connection:framing-error) and the socket close come within a second."""
+    started = time.monotonic()
+    received, hung_up = _exchange(broker, data)
+    assert hung_up
+    assert time.monotonic() - started < 1.0
+    assert F.close_condition(received) == "amqp:connection:framing-error"
+
+
+def test_deeply_nested_message_is_rejected_at_the_door(broker: BrokerProcess) -> None:
+    """Issue 15: a body nesting deeper than MAX_DEPTH is rejected (amqp:decode-error)
+    instead of being stored and breaking the management API later."""
+    conn = connect(broker.url)
+    try:
+        sender = conn.create_sender("nested", options=Capabilities("queue"))
+        with pytest.raises(SendException) as refused:
+            sender.send(Message(body=F.nested_lists(MAX_DEPTH + 10)))
+        assert "amqp:decode-error" in str(refused.value.state) or refused.value.state
+        sender.send(Message(body=F.nested_lists(5)))
+        receiver = conn.create_receiver("nested", options=Capabilities("queue"))
+        assert receive_bodies(receiver, 1) == [F.nested_lists(5)]
+    finally:
+        conn.close()
+
+
+def test_consumer_on_hash_does_not_steal_from_orders(broker: BrokerProcess) -> None:
+    """Issue 15 / B-011 decision: a `queue` consumer on `#` (security off) no longer
+    competes with the `orders` queue: all 10 messages stay in `orders`."""
+    thief_conn = connect(broker.url)
+    conn = connect(broker.url)
+    try:
+        thief_conn.create_receiver("#", credit=10, options=Capabilities("queue"))
+        sender = conn.create_sender("orders", options=Capabilities("queue"))
+        for i in range(10):
+            sender.send(Message(body=i))
+        receiver = conn.create_receiver("orders", credit=10, options=Capabilities("queue"))
+        assert receive_bodies(receiver, 10) == list(range(10))
+    finally:
+        conn.close()
+        thief_conn.close()

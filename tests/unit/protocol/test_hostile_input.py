@@ -1,0 +1,386 @@
+"""Hostile input through the real handler (issue 15): raw frames, no sockets.
+
+Every field the peer sends may have any type, size or nesting, and every declared count
+may lie. The broker answers with `amqp:decode-error` (not a well-formed value) or
+`amqp:invalid-field` (a type the field cannot have), naming the field: link fields
+refuse the link, connection fields close the connection. `amqp:internal-error` is never
+the answer, and the engine never crashes.
+"""
+
+from __future__ import annotations
+
+from random import Random
+
+import pytest
+from support import frames as F
+
+from amqpbroker.core import Broker, ManualClock, SettingsRepository
+from amqpbroker.protocol import moves
+from amqpbroker.protocol.handler import AmqpConnection, Shell
+from amqpbroker.protocol.sections import MAX_DEPTH, Described, Symbol, UInt, ULong
+
+LYING_ARRAY = b"\xe0\x08\x09\xa3\x05queue"  # array8, count 9, one symbol (the issue's input)
+NOT_UTF8 = b"\xa1\x03\xff\xfe\xfd"
+NOT_ASCII_SYMBOL = b"\xa3\x03\xe9\xe9\xe9"
+
+
+@pytest.fixture
+def peer() -> F.RawPeer:
+    broker = Broker(
+        settings=SettingsRepository(), clock=ManualClock(), rng=Random(0), copier=moves.COPIER
+    )
+    return F.RawPeer(AmqpConnection(Shell(broker), peer="memory"))
+
+
+SOURCE_FIELDS = (
+    "address",
+    "durable",
+    "expiry-policy",
+    "timeout",
+    "dynamic",
+    "dynamic-node-properties",
+    "distribution-mode",
+    "filter",
+    "default-outcome",
+    "outcomes",
+    "capabilities",
+)
+TARGET_FIELDS = (*SOURCE_FIELDS[:6], "capabilities")
+
+
+def _with(node: F.Node, names: tuple[str, ...], fields: dict[str, bytes]) -> F.Node:
+    for name, value in fields.items():
+        node.fields[names.index(name.replace("_", "-"))] = value
+    return node
+
+
+def _source(**fields: bytes) -> F.Node:
+    """A `queue` source on `q`, with the given raw fields (by AMQP field name)."""
+    return _with(F.source("q", "queue"), SOURCE_FIELDS, fields)
+
+
+def _target(**fields: bytes) -> F.Node:
+    return _with(F.target("q", "queue"), TARGET_FIELDS, fields)
+
+
+def _consumer(
+    source: F.Node | None = None, *, target: F.Node | bytes = F.NULL, properties: bytes = F.NULL
+) -> bytes:
+    node = F.attach(
+        "c", role_receiver=True, source=source or _source(), target=target, properties=properties
+    )
+    return F.frame(node)
+
+
+def _producer(target: F.Node | None = None, *, name: bytes | None = None) -> bytes:
+    node = F.attach("p", role_receiver=False, source=F.source("s"), target=target or _target())
+    if name is not None:
+        node.fields[0] = name
+    return F.frame(node)
+
+
+def _refusal(peer: F.RawPeer) -> tuple[int | None, tuple[str, str] | None]:
+    [refusal] = peer.errors()
+    return refusal
+
+
+def test_lying_capabilities_array_refuses_the_link_and_the_engine_survives(
+    peer: F.RawPeer,
+) -> None:
+    """Issue 15: `e0 08 09 a3 05 queue` crashed the engine (SIGSEGV) once copied into the
+    broker's own source. Now the attach is refused with decode-error and the connection
+    still works: a well-formed consumer attaches and the close is answered."""
+    peer.opened()
+    peer.send(_consumer(_source(capabilities=LYING_ARRAY)))
+    code, error = _refusal(peer)
+    assert code == F.DETACH
+    assert error is not None
+    assert error[0] == "amqp:decode-error"
+    assert error[1].startswith("source.capabilities: ")
+    answers = peer.send(
+        F.frame(F.attach("ok", handle=1, role_receiver=True, source=_source(), target=F.NULL))
+    )
+    assert [F.performative_code(p) for p in answers] == [F.ATTACH]
+    peer.send(F.frame(F.close()))
+    assert F.close_condition(peer.received) == ""
+
+
+LINK_FIELDS = [
+    (
+        _consumer(_source(capabilities=F.enc(UInt(5)))),
+        "amqp:invalid-field",
+        "source.capabilities",
+    ),
+    (
+        _consumer(_source(capabilities=F.enc({"a": 1}))),
+        "amqp:invalid-field",
+        "source.capabilities",
+    ),
+    (_consumer(_source(outcomes=LYING_ARRAY)), "amqp:decode-error", "source.outcomes"),
+    (
+        _consumer(_source(capabilities=NOT_ASCII_SYMBOL)),
+        "amqp:decode-error",
+        "source.capabilities",
+    ),
+    (_consumer(_source(outcomes=F.enc(UInt(1)))), "amqp:invalid-field", "source.outcomes"),
+    (_consumer(_source(filter=F.enc(["x"]))), "amqp:invalid-field", "source.filter"),
+    (
+        _consumer(_source(filter=F.enc({Symbol("f"): "not described"}))),
+        "amqp:invalid-field",
+        "source.filter",
+    ),
+    (
+        _consumer(
+            _source(filter=F.enc({Symbol("s"): Described(ULong(0x0000468C00000004), UInt(7))}))
+        ),
+        "amqp:invalid-field",
+        "source.filter",
+    ),
+    (_consumer(_source(filter=LYING_ARRAY)), "amqp:decode-error", "source.filter"),
+    (_consumer(_source(address=NOT_UTF8)), "amqp:decode-error", "source.address"),
+    (
+        _consumer(target=_target(address=F.NULL, capabilities=F.enc(UInt(3)))),
+        "amqp:invalid-field",
+        "target.capabilities",
+    ),
+    (_consumer(properties=F.enc(["priority", 5])), "amqp:invalid-field", "attach.properties"),
+    (_consumer(properties=F.enc({UInt(1): 5})), "amqp:invalid-field", "attach.properties"),
+    (
+        _consumer(properties=F.enc({Symbol("p"): F.nested_lists(MAX_DEPTH + 5)})),
+        "amqp:decode-error",
+        "attach.properties",
+    ),
+    (
+        _producer(_target(capabilities=LYING_ARRAY)),
+        "amqp:decode-error",
+        "target.capabilities",
+    ),
+    (
+        _producer(_target(capabilities=F.enc(True))),
+        "amqp:invalid-field",
+        "target.capabilities",
+    ),
+    (_producer(name=NOT_UTF8), "amqp:decode-error", "attach.name"),
+    (_producer(name=F.NULL), "amqp:invalid-field", "attach.name"),
+]
+
+
+@pytest.mark.parametrize(
+    ("attach", "condition", "field"),
+    LINK_FIELDS,
+    ids=[f"{field}-{i}" for i, (_, _, field) in enumerate(LINK_FIELDS)],
+)
+def test_wrongly_typed_link_field_refuses_the_link_naming_it(
+    peer: F.RawPeer, attach: bytes, condition: str, field: str
+) -> None:
+    """Issue 15 / B-153: each attach field x bad value gets a link refusal naming the field,
+    never amqp:internal-error; the connection stays open."""
+    peer.opened()
+    peer.send(attach)
+    code, error = _refusal(peer)
+    assert code == F.DETACH
+    assert error is not None
+    assert (error[0], error[1].split(":")[0]) == (condition, field)
+    assert not peer.connection.closed
+
+
+OPEN_FIELDS = [
+    (
+        [F.enc("c"), F.NULL, F.NULL, F.NULL, F.NULL, F.NULL, F.NULL, F.NULL, F.enc(UInt(9))],
+        "amqp:invalid-field",
+        "open.desired-capabilities",
+    ),
+    (
+        [F.enc("c"), F.NULL, F.NULL, F.NULL, F.NULL, F.NULL, F.NULL, LYING_ARRAY],
+        "amqp:decode-error",
+        "open.offered-capabilities",
+    ),
+    (
+        [
+            F.enc("c"),
+            F.NULL,
+            F.NULL,
+            F.NULL,
+            F.NULL,
+            F.NULL,
+            F.NULL,
+            F.NULL,
+            F.NULL,
+            F.enc([1]),
+        ],
+        "amqp:invalid-field",
+        "open.properties",
+    ),
+    ([NOT_UTF8], "amqp:decode-error", "open.container-id"),
+]
+
+
+@pytest.mark.parametrize(
+    ("fields", "condition", "field"), OPEN_FIELDS, ids=[field for _, _, field in OPEN_FIELDS]
+)
+def test_wrongly_typed_open_field_closes_the_connection_naming_it(
+    peer: F.RawPeer, fields: list[bytes], condition: str, field: str
+) -> None:
+    """Issue 15 / B-153: connection-level fields are answered with a close naming the field."""
+    peer.send(F.frame(F.described_list(F.OPEN, fields)))
+    code, error = _refusal(peer)
+    assert code == F.CLOSE
+    assert error is not None
+    assert (error[0], error[1].split(":")[0]) == (condition, field)
+    assert peer.connection.finished
+
+
+def _received_one(peer: F.RawPeer) -> None:
+    """A message in `q` and a consumer that has received it (delivery-id 0)."""
+    peer.opened()
+    peer.send(_producer(), F.frame(F.transfer(handle=0, delivery_id=0), payload=F.message("m")))
+    answers = peer.send(
+        F.frame(F.attach("c", handle=1, role_receiver=True, source=_source(), target=F.NULL)),
+        F.frame(F.flow(handle=1, credit=5)),
+    )
+    assert F.TRANSFER in [F.performative_code(p) for p in answers]
+
+
+@pytest.mark.parametrize(
+    ("error", "field"),
+    [
+        (F.described_list(F.ERROR, [NOT_ASCII_SYMBOL]), "rejected.error.condition"),
+        (F.described_list(F.ERROR, [F.enc(Symbol("x:y")), NOT_UTF8]), "rejected.error.description"),
+        (
+            F.described_list(F.ERROR, [F.enc(Symbol("x:y")), F.NULL, F.enc([1, 2])]),
+            "rejected.error.info",
+        ),
+    ],
+    ids=["condition", "description", "info"],
+)
+def test_malformed_rejected_outcome_ends_the_consumer_link(
+    peer: F.RawPeer, error: bytes, field: str
+) -> None:
+    """Issue 15: an outcome's fields are checked before the core sees them (the error
+    would become a dead-letter annotation); the consumer link ends naming the field."""
+    _received_one(peer)
+    peer.send(F.frame(F.disposition(state=F.outcome(F.REJECTED, [error]))))
+    [(_, refusal)] = [e for e in peer.errors() if e[0] == F.DETACH]
+    assert refusal is not None
+    assert refusal[1].split(":")[0] == field
+    assert refusal[0] in ("amqp:invalid-field", "amqp:decode-error")
+    assert not peer.connection.closed
+
+
+def test_transfer_with_a_non_binary_txn_id_ends_the_link(peer: F.RawPeer) -> None:
+    """Issue 15: transactional-state.txn-id must be binary (was: TypeError, internal-error)."""
+    peer.opened()
+    peer.send(_producer())
+    state = F.described_list(F.TRANSACTIONAL_STATE, [F.enc(UInt(1))])
+    peer.send(F.frame(F.transfer(handle=0, state=state), payload=F.message()))
+    [(code, error)] = peer.errors()
+    assert (code, error) == (
+        F.DETACH,
+        ("amqp:invalid-field", "transactional-state.txn-id: not a binary"),
+    )
+
+
+@pytest.mark.parametrize(
+    ("body", "condition"),
+    [
+        (
+            b"\x00\x53\x77" + F.described_list(F.DISCHARGE, [F.enc(b"txn:1"), F.enc("yes")]),
+            "amqp:invalid-field",
+        ),
+        (b"\x00\x53\x77" + F.described_list(F.DISCHARGE, [F.enc(UInt(1))]), "amqp:invalid-field"),
+        (b"\x00\x53\x77" + F.enc(F.nested_lists(MAX_DEPTH + 1)), "amqp:decode-error"),
+        (b"\x00\x53\x77\xc0\x05\x09\x40", "amqp:decode-error"),
+    ],
+    ids=["fail-not-boolean", "txn-id-not-binary", "too-deep", "lying-list"],
+)
+def test_malformed_control_body_is_rejected(peer: F.RawPeer, body: bytes, condition: str) -> None:
+    """Issue 15: coordinator bodies are decoded by the bounded codec and type-checked;
+    the transfer is rejected with the condition, the coordinator link stays."""
+    peer.opened()
+    coordinator = F.attach("txn", role_receiver=False, source=F.source("s"), target=F.coordinator())
+    peer.send(F.frame(coordinator))
+    peer.send(F.frame(F.transfer(handle=0), payload=body))
+    [(code, error)] = peer.errors()
+    assert code == F.DISPOSITION
+    assert error is not None
+    assert error[0] == condition
+
+
+@pytest.mark.parametrize(("depth", "accepted"), [(MAX_DEPTH, True), (MAX_DEPTH + 1, False)])
+def test_deeply_nested_message_is_rejected_at_the_door(
+    peer: F.RawPeer, depth: int, accepted: bool
+) -> None:
+    """Issue 15: a body nesting deeper than MAX_DEPTH is rejected with amqp:decode-error
+    (it broke the management API later); MAX_DEPTH levels are still accepted."""
+    peer.opened()
+    peer.send(_producer())
+    answers = peer.send(F.frame(F.transfer(handle=0), payload=F.message(F.nested_lists(depth))))
+    [disposition] = [p for p in answers if F.performative_code(p) == F.DISPOSITION]
+    state = disposition.value[4]
+    if accepted:
+        assert F.performative_code(state) == F.ACCEPTED
+    else:
+        assert F.performative_code(state) == F.REJECTED
+        assert F.error_of(disposition) is not None
+        assert F.error_of(disposition)[0] == "amqp:decode-error"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        F.frame(b"\x00\x53\x10\xd0\x00\x00\x00\xff\x00\x00\x00\x09"),  # open, size lies
+        F.frame(F.begin()),  # a begin before the open
+        F.frame(F.open_()) + F.frame(F.begin()) + F.frame(b"\x00\x53\x12\xc0\x03\x02\x40"),
+        b"\xff" * 16,
+    ],
+    ids=["undecodable-open", "begin-before-open", "undecodable-attach", "garbage"],
+)
+def test_framing_error_is_answered_with_close_at_once(peer: F.RawPeer, data: bytes) -> None:
+    """Issue 15 / B-153: ~2,600 connections were left open after a malformed frame. The close
+    frame (amqp:connection:framing-error) is in the very next output, and the socket may
+    be closed right after it (`finished`), without waiting for the engine's tick."""
+    peer.send(data)
+    assert F.close_condition(peer.received) == "amqp:connection:framing-error"
+    assert peer.connection.finished
+
+
+def test_begin_pipelined_with_open_and_close_is_no_framing_error(peer: F.RawPeer) -> None:
+    """Issue 15: a begin is refused only when it really precedes the open; a client that
+    sends open, begin, attach and close in one write gets its answers and a plain close."""
+    peer.send(F.frame(F.open_()), F.frame(F.begin()), _consumer(), F.frame(F.close()))
+    codes = [F.performative_code(p) for _, _, p in F.read_frames(peer.received)]
+    assert codes == [F.OPEN, F.BEGIN, F.ATTACH, F.CLOSE]
+    assert F.close_condition(peer.received) == ""
+
+
+def test_close_before_open_is_a_framing_error(peer: F.RawPeer) -> None:
+    """Issue 15 / B-153 (fuzzer): a close sent before the open got no answer at all."""
+    peer.send(F.frame(F.close()), F.frame(F.open_()), F.frame(F.begin()))
+    assert F.close_condition(peer.received) == "amqp:connection:framing-error"
+    assert peer.connection.finished
+
+
+def test_nothing_after_a_refused_open_is_acted_on(peer: F.RawPeer) -> None:
+    """Issue 15: frames pipelined after an open the broker refuses (here a lying
+    capabilities array) must not attach consumers to the dead connection: they would
+    never be detached."""
+    bad_open = F.open_(desired=LYING_ARRAY)
+    peer.send(F.frame(bad_open), F.frame(F.begin()), _consumer())
+    assert F.close_condition(peer.received) == "amqp:decode-error"
+    assert "q" not in peer.connection.broker.queues
+    assert not peer.connection.shell.consumers
+
+
+@pytest.mark.parametrize("tag", [b"x", b"0"])
+def test_transfer_on_a_consumer_link_closes_the_connection(peer: F.RawPeer, tag: bytes) -> None:
+    """Issue 15 (fuzzer): proton accepts a peer's transfer on a link the broker sends on;
+    its tag was parsed as one of the broker's delivery ids (ValueError: internal-error).
+    Now the connection closes with amqp:invalid-field at once."""
+    peer.opened()
+    peer.send(_consumer(), F.frame(F.flow(credit=5)))
+    accepted = F.outcome(F.ACCEPTED)
+    peer.send(F.frame(F.transfer(tag=tag, state=accepted), payload=F.message()))
+    assert peer.errors() == [
+        (F.CLOSE, ("amqp:invalid-field", "transfer: a transfer on a link the broker sends on"))
+    ]
+    assert peer.connection.finished

@@ -271,28 +271,16 @@ def acks(events: DataFrame) -> DataFrame:
     )
 
 
-def _acked_keys(events: DataFrame) -> DataFrame:
-    """(key_type, key, queue, ts) of every ack, by body_hash and by amqp_message_id."""
-    acked = events.where((F.col("event") == "acked") & F.col("queue").isNotNull())
-    return acked.select(
-        "queue",
-        "ts",
-        F.explode(
-            F.array(
-                F.struct(F.lit("body_hash").alias("key_type"), F.col("body_hash").alias("key")),
-                F.struct(
-                    F.lit("amqp_message_id").alias("key_type"),
-                    F.col("amqp_message_id").alias("key"),
-                ),
-            )
-        ).alias("k"),
-    ).select("k.key_type", "k.key", "queue", "ts")
-
-
 def poison_candidates(failed: DataFrame, events: DataFrame, settings: TriageSettings) -> DataFrame:
     """Payloads and application message ids that fail across messages and did not go
     through where they failed meanwhile (module docstring). With an example
     amqp_message_id, the last error condition and description, for the report."""
+    last_error = F.max(
+        F.when(
+            F.col("error_condition").isNotNull(),
+            F.struct("ts", "error_condition", "error_description"),
+        )
+    )
 
     def by(key: str) -> DataFrame:
         return (
@@ -306,46 +294,58 @@ def poison_candidates(failed: DataFrame, events: DataFrame, settings: TriageSett
                 F.array_sort(F.collect_set("address")).alias("addresses"),
                 F.min("ts").alias("first_ts"),
                 F.max("ts").alias("last_ts"),
-                F.min_by("amqp_message_id", "ts").alias("example_amqp_message_id"),
-                F.max_by(
-                    "error_condition", F.when(F.col("error_condition").isNotNull(), F.col("ts"))
-                ).alias("error_condition"),
-                F.max_by(
-                    "error_description", F.when(F.col("error_condition").isNotNull(), F.col("ts"))
-                ).alias("error_description"),
+                F.min(F.struct("ts", "amqp_message_id")).alias("first"),
+                last_error.alias("last_error"),
             )
-            .select(F.lit(key).alias("key_type"), "*")
+            .select(
+                F.lit(key).alias("key_type"),
+                "key",
+                "failures",
+                "messages",
+                "consumers",
+                "queues",
+                "addresses",
+                "first_ts",
+                "last_ts",
+                F.col("first.amqp_message_id").alias("example_amqp_message_id"),
+                F.col("last_error.error_condition").alias("error_condition"),
+                F.col("last_error.error_description").alias("error_description"),
+            )
+            .where(
+                (F.col("failures") >= settings.poison_min_failures)
+                & (F.col("messages") >= settings.poison_min_messages)
+            )
         )
 
-    candidates = (
-        by("body_hash")
-        .unionByName(by("amqp_message_id"))
-        .where(
-            (F.col("failures") >= settings.poison_min_failures)
-            & (F.col("messages") >= settings.poison_min_messages)
+    def went_through(candidates: DataFrame, key: str) -> DataFrame:
+        spans = F.broadcast(
+            candidates.select(
+                F.col("key").alias(key),
+                "key_type",
+                "queues",
+                (F.col("first_ts") - settings.window_ms).alias("from_ts"),
+                (F.col("last_ts") + settings.window_ms).alias("to_ts"),
+            )
         )
-        .cache()
-    )
-    spans = F.broadcast(
-        candidates.select(
-            "key_type",
-            "key",
-            "queues",
-            (F.col("first_ts") - settings.window_ms).alias("from_ts"),
-            (F.col("last_ts") + settings.window_ms).alias("to_ts"),
+        acked = events.where((F.col("event") == "acked") & F.col(key).isNotNull())
+        return (
+            acked.select(key, "queue", "ts")
+            .join(spans, key)
+            .where(
+                F.col("ts").between(F.col("from_ts"), F.col("to_ts"))
+                & F.array_contains(F.col("queues"), F.col("queue"))
+            )
+            .select("key_type", F.col(key).alias("key"))
+            .distinct()
         )
-    )
-    acked = _acked_keys(events).where(F.col("key").isNotNull())
-    went_through = (
-        acked.join(spans, ["key_type", "key"])
-        .where(
-            F.col("ts").between(F.col("from_ts"), F.col("to_ts"))
-            & F.array_contains(F.col("queues"), F.col("queue"))
+
+    results = []
+    for key in ("body_hash", "amqp_message_id"):
+        candidates = by(key)
+        results.append(
+            candidates.join(went_through(candidates, key), ["key_type", "key"], "left_anti")
         )
-        .select("key_type", "key")
-        .distinct()
-    )
-    return candidates.join(went_through, ["key_type", "key"], "left_anti")
+    return results[0].unionByName(results[1])
 
 
 def failure_runs(failed: DataFrame, events: DataFrame, settings: TriageSettings) -> DataFrame:

@@ -30,6 +30,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -174,14 +175,35 @@ def valid_events(stored: DataFrame) -> DataFrame:
     return stored.where(_valid()).drop(CORRUPT_RECORD)
 
 
-def overview(stored: DataFrame) -> tuple[int, int, int | None, int | None]:
-    """(valid events, malformed lines, first ts, last ts) in one scan."""
+def overview(stored: DataFrame) -> tuple[int, int, int | None, int | None, list[dict[str, Any]]]:
+    """(valid events, malformed lines, first ts, last ts, per-file rows) in one scan.
+
+    A per-file row has the file's broker, first and last `seq`, `events` (lines with a
+    seq), `valid`, `malformed`, `first_ts`, `last_ts`: what report.broker_runs reads to
+    find restarts and seq gaps (B-170: seq starts at 1 with every writer, a file never
+    spans two runs)."""
     valid = _valid()
-    row = stored.agg(
-        F.sum(F.when(valid, 1).otherwise(0)).alias("events"),
-        F.sum(F.when(valid, 0).otherwise(1)).alias("malformed"),
-        F.min(F.when(valid, F.col("ts"))).alias("first_ts"),
-        F.max(F.when(valid, F.col("ts"))).alias("last_ts"),
-    ).first()
-    assert row is not None
-    return int(row["events"] or 0), int(row["malformed"] or 0), row["first_ts"], row["last_ts"]
+    rows = (
+        stored.groupBy("file")
+        .agg(
+            F.first("broker", ignorenulls=True).alias("broker"),
+            F.min("seq").alias("first_seq"),
+            F.max("seq").alias("last_seq"),
+            F.count("seq").alias("events"),
+            F.sum(F.when(valid, 1).otherwise(0)).alias("valid"),
+            F.sum(F.when(valid, 0).otherwise(1)).alias("malformed"),
+            F.min(F.when(valid, F.col("ts"))).alias("first_ts"),
+            F.max(F.when(valid, F.col("ts"))).alias("last_ts"),
+        )
+        .collect()
+    )
+    files = [row.asDict() for row in rows]
+    firsts = [f["first_ts"] for f in files if f["first_ts"] is not None]
+    lasts = [f["last_ts"] for f in files if f["last_ts"] is not None]
+    return (
+        sum(int(f["valid"] or 0) for f in files),
+        sum(int(f["malformed"] or 0) for f in files),
+        min(firsts, default=None),
+        max(lasts, default=None),
+        files,
+    )

@@ -257,13 +257,12 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
     stored = ingest.stored_events(spark, store)
     events = ingest.valid_events(stored)
     with progress.step("counting events, broker runs"):
-        total, malformed, first_ts, last_ts = ingest.overview(stored)
+        total, malformed, first_ts, last_ts, files = ingest.overview(stored)
         if total == 0:
             raise AnalyzeError(
                 f"no valid event in {options.events} ({malformed:,} malformed lines): "
                 "nothing to analyze"
             )
-        files = _rows(tables.file_runs(stored), "first_ts", "file")
     with progress.step("per-queue counters, attempts"):
         counts = tables.event_counts(events, settings.window_ms).cache()
         saved.cached.append(counts)

@@ -64,7 +64,7 @@ class BrokerRun:
 
 
 def broker_runs(files: Sequence[dict[str, Any]]) -> list[BrokerRun]:
-    """The runs in per-file rows (tables.file_runs), in time order: a file whose first
+    """The runs in per-file rows (ingest.overview), in time order: a file whose first
     `seq` is 1, or not after the last one's, starts a new run (issue 22 item 2)."""
     runs: list[BrokerRun] = []
     ordered = sorted(

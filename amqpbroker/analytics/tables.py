@@ -620,17 +620,3 @@ def queue_failures(failed: DataFrame) -> DataFrame:
             5,
         ).alias("consumers"),
     )
-
-
-def file_runs(stored: DataFrame) -> DataFrame:
-    """Per event file: broker, first and last seq, lines, first and last ts: what
-    `broker_runs` reads (B-170: `seq` starts at 1 with every writer, one file never
-    spans two runs of the broker)."""
-    return stored.groupBy("file").agg(
-        F.first("broker", ignorenulls=True).alias("broker"),
-        F.min("seq").alias("first_seq"),
-        F.max("seq").alias("last_seq"),
-        F.count("seq").alias("events"),
-        F.min("ts").alias("first_ts"),
-        F.max("ts").alias("last_ts"),
-    )

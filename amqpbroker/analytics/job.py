@@ -292,7 +292,7 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
         saved.cached.append(runs)
         outages = save("outages", tables.outages(runs, acks, settings))
         poison = save("poison", tables.poison_candidates(failed, acks, settings))
-        per_queue = save("queue_failures", tables.queue_failures(failed))
+        per_queue = save("queue_failures", tables.queue_failures(failed, events))
         hashed = failed.agg(
             F.count(F.lit(1)).alias("failures"),
             F.count("body_hash").alias("hashed"),

@@ -353,8 +353,10 @@ def messages_command(addresses: Sequence[str], amqp_message_id: str | None) -> s
     if amqp_message_id is None:
         return shlex.join(["amqpbroker", "messages", dlq])
     user_id = amqp_message_id if amqp_message_id.startswith("ID:") else "ID:" + amqp_message_id
-    literal = "'" + user_id.replace("'", "''") + "'"
-    return shlex.join(["amqpbroker", "messages", dlq, "--filter", f"AMQUserID = {literal}"])
+    selector = "AMQUserID = '" + user_id.replace("'", "''") + "'"
+    # Double quotes read better around a selector's quotes, when nothing in it expands.
+    quoted = f'"{selector}"' if not set(selector) & set('"$`\\!') else shlex.quote(selector)
+    return f"{shlex.join(['amqpbroker', 'messages', dlq])} --filter {quoted}"
 
 
 # -- SVG plots -----------------------------------------------------------------------

@@ -593,10 +593,28 @@ def redrive_candidates(classified: DataFrame) -> DataFrame:
     )
 
 
-def queue_failures(failed: DataFrame) -> DataFrame:
+def queue_failures(failed: DataFrame, events: DataFrame) -> DataFrame:
     """Per queue: first and last failure, and who failed or rejected (connection =
-    container-id, link) with how many failures, most first (item 7)."""
-    by_consumer = failed.groupBy("queue", "connection", "link").agg(
+    container-id, link) with how many failures, most first (item 7). A dead letter of a
+    reject or of max-delivery-attempts is the broker's event (no connection): the consumer
+    is the one its last dispatch went to."""
+    broker_side = failed.where(F.col("connection").isNull()).select("msg_id", "queue").distinct()
+    last_dispatch = (
+        events.where(F.col("event") == "dispatched")
+        .select("msg_id", "queue", "ts", "connection", "link")
+        .join(F.broadcast(broker_side), ["msg_id", "queue"], "left_semi")
+        .groupBy("msg_id", "queue")
+        .agg(F.max(F.struct("ts", "connection", "link")).alias("d"))
+    )
+    who = failed.join(last_dispatch, ["msg_id", "queue"], "left").select(
+        "queue",
+        "ts",
+        F.coalesce(F.col("connection"), F.col("d.connection")).alias("connection"),
+        F.when(F.col("connection").isNull(), F.col("d.link"))
+        .otherwise(F.col("link"))
+        .alias("link"),
+    )
+    by_consumer = who.groupBy("queue", "connection", "link").agg(
         F.count(F.lit(1)).alias("failures"),
         F.min("ts").alias("first_ms"),
         F.max("ts").alias("last_ms"),

@@ -200,6 +200,12 @@ def test_report_names_the_restart_outages_poison_and_groups(analyzed: Any) -> No
     assert f"amqpbroker retry DLQ.orders --ids {out}/redrive/DLQ.orders.jsonl" in html
     assert "AMQUserID = " in html
     assert results.hashed_failures == results.failures  # keyed body hash by default
+    who = {
+        q["queue"]: {(c["connection"], c["link"], c["failures"]) for c in q["consumers"]}
+        for q in results.queue_failures
+    }
+    assert who["billing"] == {("worker-billing", "billing-worker", 12)}  # the rejecter
+    assert who["orders"] == {("worker-orders", "orders-worker", 60)}
 
 
 def test_retry_of_one_dlq_takes_only_its_lines(analyzed: Any) -> None:

@@ -264,7 +264,14 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
                 "nothing to analyze"
             )
     with progress.step("per-queue counters, attempts"):
-        counts = tables.event_counts(events, settings.window_ms).cache()
+        counts = ingest.incremental_counts(
+            spark,
+            store,
+            events,
+            [f["file"] for f in files if f["file"] is not None],
+            settings.window_ms,
+            tables.event_counts,
+        ).cache()
         saved.cached.append(counts)
         windows = save("queue_windows", tables.queue_windows(counts))
         totals = save("queue_totals", tables.queue_totals(windows))

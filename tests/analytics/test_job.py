@@ -107,7 +107,8 @@ def test_compacted_marker_name_is_the_brokers() -> None:
 
 
 def test_second_run_reads_only_new_files(spark: SparkSession, tmp_path: Path) -> None:
-    """Incremental compaction: seen files are skipped, .part files are never read."""
+    """Incremental compaction: seen files are skipped, .part files are never read; the
+    counters are merged with the new file's (issue 22 item 8)."""
     events, out = tmp_path / "events", tmp_path / "out"
     events.mkdir()
     (events / "events-1.jsonl").write_text(lines((1, "enqueued"), (2, "enqueued")))
@@ -122,6 +123,11 @@ def test_second_run_reads_only_new_files(spark: SparkSession, tmp_path: Path) ->
     assert summary["queues"]["q"]["enqueued"] == 3
     assert summary["queues"]["q"]["acked"] == 1
     assert list((out / "events").glob("date=2026-01-01"))
+    # Issue 22 item 8: the counters of the second run are the first run's plus those of
+    # the new file only, merged (the sums above are what a full recount gives).
+    state = json.loads((out / "_state" / "counts.json").read_text())
+    assert (state["files"], state["generation"]) == (["events-1.jsonl", "events-2.jsonl"], 2)
+    assert [p.name for p in (out / "_state").glob("counts-*")] == ["counts-2"]
 
 
 @pytest.mark.parametrize(

@@ -25,6 +25,7 @@ run: $(STAMP)
 	$(BIN)/amqpbroker run --config config/broker.yaml --data-dir ./data
 
 test: $(DEV_STAMP)
+	sh tests/support/install-browser.sh  # chromium + chromium-driver for the console tests
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy

@@ -205,7 +205,10 @@ def _read_password(args: argparse.Namespace, user: str) -> str:
 def _api(url: Endpoint, path: str, body: dict[str, object] | None = None) -> object:
     """Call the broker's HTTP API; errors become one-line CommandErrors."""
     data = json.dumps(body).encode() if body is not None else None
-    headers = {"Content-Type": "application/json"} if data is not None else {}
+    # POSTs carry the API's CSRF header (issue 24): the CLI is no cross-site page.
+    headers = {"Content-Type": "application/json", "X-Requested-By": "amqpbroker-cli"}
+    if data is None:
+        headers = {}
     if url.authorization is not None:
         headers["Authorization"] = url.authorization
     try:
@@ -342,50 +345,53 @@ def _progress(done: int, total: int) -> None:
 def _cmd_retry(args: argparse.Namespace) -> int:
     path = f"/api/v1/queues/{_quoted(args.queue)}/retry"
     ids, expect = _read_ids(args.ids) if args.ids else (None, {})
+    body: dict[str, object] = {"filter": args.filter}
+    if ids is not None:
+        body["ids"] = ids
+        if expect:
+            body["expect"] = expect
     if args.rate is None:
-        body: dict[str, object] = {"filter": args.filter}
-        if ids is not None:
-            body["ids"] = ids
-            if expect:
-                body["expect"] = expect
         result = _api(args.url, path, body)
         assert isinstance(result, dict)
         _out(args, result, _retry_summary(args.queue, result))
         return 0
-    # Throttled: resolve the ids, then send paced chunks with a progress bar.
-    by_id = ids is not None
-    if ids is None:
-        rows = _api(
-            args.url,
-            f"/api/v1/queues/{_quoted(args.queue)}/messages?limit=1000000"
-            + (f"&filter={urllib.parse.quote(args.filter)}" if args.filter else ""),
+    # Throttled: a replay task on the broker (issue 24); follow its progress until done.
+    body["rate"] = args.rate
+    answer = _api(args.url, path, body)
+    assert isinstance(answer, dict)
+    started = answer["task"]
+    sys.stderr.write(
+        f"task {started['id']}: {started['total']} message(s) at {args.rate:g} msg/s; it runs "
+        "on the broker (GET /api/v1/tasks/ID, POST /api/v1/tasks/ID/cancel)\n"
+    )
+    task = _follow_task(args.url, started)
+    if task["status"] != "completed":
+        raise CommandError(
+            f"task {task['id']} {task['status']} at {task['done']}/{task['total']}"
+            + (f": {task['error']}" if task.get("error") else "")
         )
-        assert isinstance(rows, list)
-        ids = [r["msg_id"] for r in rows]
-    total: dict[str, Any] = {"retried": 0, "skipped": [], "not_found": []}
-    chunk = max(1, min(100, int(args.rate)))
-    started = time.monotonic()
-    for i in range(0, len(ids), chunk):
-        part = ids[i : i + chunk]
-        body = {"ids": part}
-        wanted = {str(n): expect[str(n)] for n in part if str(n) in expect}
-        if wanted:
-            body["expect"] = wanted
-        result = _api(args.url, path, body)
-        assert isinstance(result, dict)
-        total["retried"] += int(result["retried"])
-        total["skipped"] += result.get("skipped", [])
-        total["not_found"] += result.get("not_found", [])
-        _progress(i + len(part), len(ids))
-        pause = started + (i + len(part)) / args.rate - time.monotonic()
-        if pause > 0:
-            time.sleep(pause)
-    if sys.stderr.isatty() and ids:
-        sys.stderr.write("\n")
-    if not by_id:  # ids the CLI listed itself: gone meanwhile is no news
-        total = {"retried": total["retried"]}
-    _out(args, total, _retry_summary(args.queue, total))
+    keys: tuple[str, ...] = ("retried", "skipped", "not_found")
+    summary = {k: task[k] for k in keys if k in task}
+    _out(args, summary, _retry_summary(args.queue, summary))
     return 0
+
+
+TASK_POLL_S = 0.2
+
+
+def _follow_task(url: Endpoint, task: dict[str, Any]) -> dict[str, Any]:
+    """Poll a replay task until it is no longer running, drawing its progress bar. The
+    task runs on the broker: interrupting the CLI does not stop it (cancel does)."""
+    while task["status"] == "running":
+        _progress(task["done"], task["total"])
+        time.sleep(TASK_POLL_S)
+        polled = _api(url, f"/api/v1/tasks/{_quoted(task['id'])}")
+        assert isinstance(polled, dict)
+        task = polled
+    _progress(task["done"], task["total"])
+    if sys.stderr.isatty() and task["total"]:
+        sys.stderr.write("\n")
+    return task
 
 
 def _retry_summary(queue: str, result: dict[str, Any]) -> str:

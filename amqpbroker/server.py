@@ -21,6 +21,7 @@ from pathlib import Path
 from random import Random
 from typing import Any
 
+from amqpbroker import __version__
 from amqpbroker.config import AcceptorConfig, BrokerConfig
 from amqpbroker.core import (
     Broker,
@@ -31,10 +32,14 @@ from amqpbroker.core import (
     SettingsRepository,
     SystemClock,
 )
+from amqpbroker.core import operations as ops
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.eventlog import EventLogWriter
-from amqpbroker.management import BasicAuth, HttpServer, LoopBridge, ManagementApi
+from amqpbroker.management import BasicAuth, HttpServer, LoopBridge, ManagementApi, tasks
+from amqpbroker.management.api import ConsoleContext
+from amqpbroker.management.samples import Sampler
+from amqpbroker.management.tasks import TaskFile, TaskRunner
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.metrics.collector import EventLogFiles, journal_sync_histogram
 from amqpbroker.protocol import moves
@@ -372,6 +377,11 @@ class BrokerServer:
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self._fd_limit = None if soft == resource.RLIM_INFINITY else soft
         self.http: HttpServer | None = None
+        self.tasks: TaskRunner | None = None
+        self.sampler = Sampler()  # the console's rates and charts (issue 24)
+        self.tasks_file: TaskFile | None = None
+        self._sampler_timer: asyncio.TimerHandle | None = None
+        self._started_s = time.monotonic()
         self._accepting = False
         self._stopped = asyncio.Event()
 
@@ -486,14 +496,31 @@ class BrokerServer:
         collector = BrokerCollector(
             lambda: bridge.call(self.snapshot), artemis_names=self.config.metrics.artemis_names
         )
+        http = self.config.http
+        self.tasks_file = TaskFile(self.data_dir / tasks.FILE_NAME)
+        self.tasks = TaskRunner(
+            self.broker,
+            now=time.monotonic,
+            call_later=loop.call_later,
+            save=self.tasks_file.save,
+            after=self._after_command,
+        )
+        self.tasks.resume(self.tasks_file.load())
+        self._sample()
         api = ManagementApi(
             bridge,
             metrics=lambda: render(collector),
             healthy=lambda: self._accepting,
             auth=self._http_auth(bridge) if self.config.security.enabled else None,
+            console=ConsoleContext(
+                info=self._console_info,
+                sampler=self.sampler,
+                tasks=self.tasks,
+                analyze_report=http.analyze_report,
+                sample_interval_s=http.sample_interval / 1000,
+            ),
         )
         api.bridge_broker = self.broker
-        http = self.config.http
         self.http = await loop.run_in_executor(
             None,
             functools.partial(
@@ -508,25 +535,47 @@ class BrokerServer:
         self.http.start()
         self.ports["http"] = self.http.port
         log.info(
-            "HTTP (metrics, health, management API) on http://%s:%d", http.host, self.http.port
+            "HTTP (metrics, health, management API, console at /console/) on http://%s:%d",
+            http.host,
+            self.http.port,
         )
 
+    def _sample(self) -> None:
+        """Record the queues for the console's rates and charts, then again later."""
+        self.sampler.take(time.time(), ops.queue_stats(self.broker))
+        self._sampler_timer = asyncio.get_running_loop().call_later(
+            self.config.http.sample_interval / 1000, self._sample
+        )
+
+    def _console_info(self) -> dict[str, Any]:
+        """The console's header: loop thread only."""
+        return {
+            "name": self.broker.name,
+            "version": __version__,
+            "uptime_s": time.monotonic() - self._started_s,
+            "now_ms": self.broker.clock.now_ms(),
+            "connections": len(self.shell.connections),
+            "queues": len(self.broker.queues),
+            "addresses": len(self.broker.post_office.addresses),
+        }
+
     def _http_auth(self, bridge: LoopBridge) -> BasicAuth:
-        """HTTP basic auth for /api/v1: a configured user with `manage` (CONTRACT)."""
+        """HTTP basic auth for /api/v1 and /console: a configured user with `browse` to
+        read, `manage` for the rest (CONTRACT, issue 24)."""
         users = self.config.security.users
 
         def verify(user: str, password: str) -> bool:
             known = users.get(user)
             return verify_password_or_dummy(password, known.password_hash if known else None)
 
-        def may_manage(user: str) -> bool:
-            roles = frozenset(users[user].roles)
+        def permitted(user: str, permission: str) -> bool:
+            roles = frozenset(users[user].roles) if user in users else frozenset()
             # The security repository caches per address: read it on the loop only.
             return bridge.call(
-                lambda: self.broker.security.allowed(roles, "manage", MANAGEMENT_ADDRESS)
+                lambda: self.broker.security.allowed(roles, permission, MANAGEMENT_ADDRESS)
             )
 
-        return BasicAuth(verify=verify, may_manage=may_manage)
+        return BasicAuth(verify=verify, permitted=permitted)
 
     def sasl_factory(
         self,
@@ -760,6 +809,11 @@ class BrokerServer:
             server.close()
         if self.http is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.http.stop)
+        if self._sampler_timer is not None:
+            self._sampler_timer.cancel()
+        if self.tasks is not None and self.tasks_file is not None:
+            self.tasks.stop()  # running tasks resume at the next start
+            await asyncio.get_running_loop().run_in_executor(None, self.tasks_file.close)
         for amqp in list(self.sockets):
             if not amqp.closed:
                 amqp.connection.close()

@@ -27,7 +27,8 @@ def format_effective(config: BrokerConfig) -> str:
     http = config.http
     lines.append(
         f"http: {http.host}:{http.port} read-timeout={http.read_timeout} "
-        f"max-connections={http.max_connections}"
+        f"max-connections={http.max_connections} sample-interval={http.sample_interval}"
+        + (f" analyze-report={http.analyze_report}" if http.analyze_report else "")
         if http.enabled
         else "http: disabled"
     )

@@ -206,6 +206,7 @@ NUMERIC_KEYS: dict[str, Range] = {
     "event-log.min-free-bytes": Range(0, INT64_MAX),
     "http.read-timeout": Range(100, 600_000, span=True),  # ms
     "http.max-connections": Range(1, 10_000, span=True),
+    "http.sample-interval": Range(100, 60_000, span=True),  # ms (issue 24)
     "queue.max-consumers": Range(0, INT32_MAX, "unlimited"),
     "queue.ring-size": Range(0, INT64_MAX, "off"),
 }
@@ -692,6 +693,15 @@ def _addresses(c: Checker, node: yaml.Node, path: str) -> Any:
     return tuple(out)
 
 
+def _report_path(value: str) -> str | None:
+    """`http.analyze-report`: a report.html (or summary.json) `amqpbroker analyze` wrote."""
+    if not value or "\x00" in value:
+        return "must be a non-empty path"
+    if not value.endswith((".html", ".json")):
+        return f"must name an analyze report (.html or .json): {value!r}"
+    return None
+
+
 def _http(c: Checker, node: yaml.Node, path: str) -> Any:
     values = c.mapping(
         node,
@@ -701,6 +711,8 @@ def _http(c: Checker, node: yaml.Node, path: str) -> Any:
             "enabled": c.typed(bool),
             "read-timeout": c.typed(int, NUMERIC_KEYS["http.read-timeout"]),  # ms
             "max-connections": c.typed(int, NUMERIC_KEYS["http.max-connections"]),
+            "sample-interval": c.typed(int, NUMERIC_KEYS["http.sample-interval"]),  # ms
+            "analyze-report": c.typed(str, _report_path, nullable=True),
         },
     )
     bind = values.pop("bind", None)

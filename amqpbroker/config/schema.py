@@ -70,6 +70,9 @@ class HttpConfig:
     # an idle keep-alive connection is closed after as long.
     read_timeout: int = 10_000  # ms
     max_connections: int = 100  # served at once (a thread each); more get a 503
+    # Issue 24: how often the broker samples its queues for the console's charts and rates.
+    sample_interval: int = 5_000  # ms
+    analyze_report: str | None = None  # served read-only at /console/report
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

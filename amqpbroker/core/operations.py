@@ -37,6 +37,8 @@ class QueueStats:
     expired: int
     killed: int
     returned: int
+    size_bytes: int = 0  # encoded size of the messages held (Artemis persistent.size)
+    oldest_ts: int | None = None  # first_ts of the oldest waiting message (issue 24)
     dead_lettered_by_reason: tuple[tuple[str, int], ...] = ()
     killed_by_reason: tuple[tuple[str, int], ...] = ()
     returned_by_reason: tuple[tuple[str, int], ...] = ()
@@ -64,6 +66,8 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
                 expired=c.expired,
                 killed=c.killed,
                 returned=c.returned,
+                size_bytes=queue.size_bytes,
+                oldest_ts=queue.oldest_waiting_ts(),
                 dead_lettered_by_reason=tuple(c.dead_lettered_by_reason.items()),
                 killed_by_reason=tuple(c.killed_by_reason.items()),
                 returned_by_reason=tuple(c.returned_by_reason.items()),
@@ -110,10 +114,30 @@ def browse(
     return refs[offset : offset + limit]
 
 
-def purge(broker: Broker, queue_name: str, *, selector: str | None = None) -> int:
+def waiting_ids(broker: Broker, queue_name: str, *, selector: str | None = None) -> list[int]:
+    """The ids of the waiting messages that match, in order (what a task will work on)."""
+    return [ref.message.msg_id for ref in _waiting(_queue(broker, queue_name), selector)]
+
+
+def count(broker: Broker, queue_name: str, *, selector: str | None = None) -> int:
+    """How many messages `browse` would list without a limit."""
+    queue = _queue(broker, queue_name)
+    if not selector:
+        return sum(1 for _ in queue.refs())
+    match = parse_selector(selector).matches
+    return sum(1 for r in queue.refs() if match(r.message))
+
+
+def purge(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> int:
     """Delete waiting messages; counted as killed (B-161), event `killed`/`purge`."""
     queue = _queue(broker, queue_name)
-    refs = _waiting(queue, selector)
+    refs = _waiting(queue, selector, ids)
     for ref in refs:
         queue.take(ref)
         queue.counters.killed += 1

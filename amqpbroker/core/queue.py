@@ -294,6 +294,26 @@ class Queue:
         held.sort()
         return held
 
+    def oldest_waiting_ts(self) -> int | None:
+        """When the broker first accepted (`first_ts`, epoch ms) the oldest message waiting
+        at the head of this queue; None when nothing waits (issue 24: a DLQ ageing).
+
+        The heads of each priority level and of its returned references, and the
+        scheduled ones: O(levels + scheduled), not O(messages), as a scrape needs."""
+        oldest: int | None = None
+        heads: list[Ref] = []
+        for level in range(_LEVELS):
+            heads.extend(itertools.islice((r for r in self._fresh[level] if r.waiting), 1))
+            returned = self._returned[level]
+            if returned:
+                heads.extend(itertools.islice((r for r in returned if r.waiting), 1))
+        heads.extend(entry[2] for entry in self._scheduled if entry[2].waiting)
+        for ref in heads:
+            ts = ref.message.first_ts
+            if ts and (oldest is None or ts < oldest):
+                oldest = ts
+        return oldest
+
     # -- arrival ----------------------------------------------------------------------
     def accepts_message(self, message: Message) -> bool:
         """Whether the queue filter lets the message in (B-002)."""

@@ -1,4 +1,5 @@
-"""Management: the HTTP API (/api/v1, /healthz, /metrics) over the core operations."""
+"""Management: the HTTP API (/api/v1, /healthz, /metrics) over the core operations, the
+web console (/console/) and replay tasks."""
 
 from amqpbroker.management.api import LoopBridge, ManagementApi
 from amqpbroker.management.auth import BasicAuth

@@ -10,28 +10,28 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
 import json
 import logging
-import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any, Protocol, TypeVar
 
 from amqpbroker.core import BrokerError, ClientError, NotFound
 from amqpbroker.core import operations as ops
-from amqpbroker.core.queue import Ref
-from amqpbroker.management.auth import BasicAuth, Refusal
+from amqpbroker.core.queue import Queue, Ref
+from amqpbroker.management.auth import BasicAuth, Refusal, basic_credentials
+from amqpbroker.management.console import console_file, report_file
 from amqpbroker.management.paths import BadTarget, Target, parse_target
+from amqpbroker.management.samples import Sampler
+from amqpbroker.management.tasks import TaskRunner
 from amqpbroker.protocol import sections
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 COMMAND_TIMEOUT_S = 30.0
-RETRY_CHUNK = 100
 MAX_JSON_DEPTH = 16  # deeper values of a browsed message are shown as "…"
 
 
@@ -87,8 +87,12 @@ def _body_preview(data: bytes, limit: int = 200) -> tuple[str, str | None]:
         start = sections.scan(data).body_start
         if start >= len(data):
             return "", None
-        value = sections.decode_value(data[start:])
-        body = getattr(value, "value", value)
+        if data[start] != 0:
+            raise sections.SectionError(f"no described section at offset {start}")
+        # The section's value counts its nesting from 0, as the door's check does
+        # (issue 15): a body the broker accepted is never shown as too deep.
+        _, value_start = sections.decode_first(data, start + 1)  # the descriptor
+        body, _ = sections.decode_first(data, value_start)
     except _UNDECODABLE as e:
         return "<unreadable body>", f"body: {e}"
     if isinstance(body, bytes | bytearray | memoryview):
@@ -116,6 +120,7 @@ def message_view(ref: Ref) -> dict[str, Any]:
         "priority": m.priority,
         "size": m.size,
         "expiration": m.expiration_ms,
+        "first_ts": m.first_ts,  # epoch ms the broker first accepted it (its age)
     }
     errors = []
     readers = (
@@ -187,32 +192,80 @@ def _refused(refusal: Refusal) -> Reply:
     return json_reply(refusal.status, {"error": refusal.message}, headers)
 
 
-# Endpoints by name: the method each takes. GET endpoints answer HEAD too.
-_METHODS = {
-    "healthz": "GET",
-    "metrics": "GET",
-    "addresses": "GET",
-    "queues": "GET",
-    "queue": "GET",
-    "messages": "GET",
-    "purge": "POST",
-    "move": "POST",
-    "retry": "POST",
+# Endpoints by name: the methods each takes. GET endpoints answer HEAD too.
+_METHODS: dict[str, tuple[str, ...]] = {
+    "healthz": ("GET",),
+    "metrics": ("GET",),
+    "console": ("GET",),
+    "report": ("GET",),
+    "broker": ("GET",),
+    "addresses": ("GET",),
+    "queues": ("GET",),
+    "overview": ("GET",),
+    "queue": ("GET",),
+    "messages": ("GET",),
+    "samples": ("GET",),
+    "purge": ("POST",),
+    "move": ("POST",),
+    "retry": ("POST",),
+    "tasks": ("GET", "POST"),
+    "task": ("GET",),
+    "cancel": ("POST",),
 }
 PUBLIC = frozenset({"healthz", "metrics"})  # unauthenticated GET/HEAD (docs/decisions.md)
+READ_METHODS = frozenset({"GET", "HEAD"})  # need `browse`; every other method `manage`
+# Issue 24 (CSRF): every other method must carry this header, which a cross-site form
+# cannot send and a cross-site script cannot send without a CORS preflight we never allow.
+CSRF_HEADER = "X-Requested-By"
 
 
 def endpoint_of(segments: tuple[str, ...]) -> tuple[str, str | None] | None:
-    """(endpoint, queue name) for a normalised path, or None when there is no such path."""
+    """(endpoint, queue, task or console file name) for a normalised path, or None."""
     match segments:
         case ("healthz" | "metrics" as name,):
             return name, None
-        case ("api", "v1", "addresses" | "queues" as name):
+        case ("console",):
+            return "console", "index.html"
+        case ("console", "report"):
+            return "report", None
+        case ("console", file):
+            return "console", file
+        case ("api", "v1", "broker" | "addresses" | "queues" | "overview" | "tasks" as name):
             return name, None
         case ("api", "v1", "queues", queue):
             return "queue", queue
-        case ("api", "v1", "queues", queue, "messages" | "purge" | "move" | "retry" as name):
+        case (
+            "api",
+            "v1",
+            "queues",
+            queue,
+            "messages" | "purge" | "move" | "retry" | "samples" as name,
+        ):
             return name, queue
+        case ("api", "v1", "tasks", task):
+            return "task", task
+        case ("api", "v1", "tasks", task, "cancel"):
+            return "cancel", task
+    return None
+
+
+def csrf_refusal(
+    method: str, token: str | None, origin: str | None, host: str | None
+) -> str | None:
+    """Why a state-changing request may be a cross-site forgery (None: it is not).
+
+    Basic auth credentials are sent by the browser on any request to the broker, from
+    any page: a POST must prove it comes from a script of the same origin (the console,
+    or a non-browser client such as the CLI) by carrying `CSRF_HEADER`, and a browser's
+    `Origin`, when sent, must be this server's."""
+    if method in READ_METHODS:
+        return None
+    if not token:
+        return f"the {CSRF_HEADER} header is required on {method} (CSRF defence)"
+    if origin is not None:
+        origin_host = origin.partition("://")[2]
+        if origin == "null" or not host or origin_host.lower() != host.strip().lower():
+            return f"cross-origin {method} refused (Origin {origin[:100]!r})"
     return None
 
 
@@ -226,11 +279,13 @@ class ManagementApi:
         metrics: Callable[[], bytes],
         healthy: Callable[[], bool],
         auth: BasicAuth | None = None,
+        console: ConsoleContext | None = None,
     ) -> None:
         self.bridge = bridge
         self.metrics = metrics
         self.healthy = healthy
         self.auth = auth  # None: security disabled
+        self.console = console or ConsoleContext()
 
     # Set by the server: the Broker, read only on the loop through the bridge.
     bridge_broker: Any = None
@@ -243,20 +298,28 @@ class ManagementApi:
         authorization: str | None,
         client: str,
         read_body: Callable[[], bytes],
+        csrf_token: str | None = None,
+        origin: str | None = None,
+        host: str | None = None,
     ) -> Reply:
-        """The whole of one request: target, authentication, body, route; never raises."""
+        """The whole of one request: target, authentication (`browse` to read, `manage`
+        for anything else), CSRF check, body, route; never raises."""
         try:
             target = parse_target(raw_target)
             found = endpoint_of(target.segments)
-            public = found is not None and found[0] in PUBLIC and method in ("GET", "HEAD")
+            public = found is not None and found[0] in PUBLIC and method in READ_METHODS
+            permission = "browse" if method in READ_METHODS else "manage"
             if not public and self.auth is not None:
-                refusal = self.auth.check(authorization, client)
+                refusal = self.auth.check(authorization, client, permission)
                 if refusal is not None:
                     return _refused(refusal)
+            forged = csrf_refusal(method, csrf_token, origin, host)
+            if forged is not None and not public:
+                raise HttpError(HTTPStatus.FORBIDDEN, forged)
             body = read_body()
             if found is None:
                 raise HttpError(HTTPStatus.NOT_FOUND, f"no such endpoint: {target.path}")
-            return self._route(method, target, *found, body)
+            return self._route(method, target, *found, body, authorization)
         except BadTarget as e:
             return json_reply(HTTPStatus.BAD_REQUEST, {"error": str(e)})
         except HttpError as e:
@@ -272,11 +335,17 @@ class ManagementApi:
             return json_reply(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error"})
 
     def _route(
-        self, method: str, target: Target, endpoint: str, name: str | None, raw_body: bytes
+        self,
+        method: str,
+        target: Target,
+        endpoint: str,
+        name: str | None,
+        raw_body: bytes,
+        authorization: str | None,
     ) -> Reply:
         allowed = _METHODS[endpoint]
-        if method != allowed and not (allowed == "GET" and method == "HEAD"):
-            allow = "GET, HEAD" if allowed == "GET" else allowed
+        if method not in allowed and not ("GET" in allowed and method == "HEAD"):
+            allow = ", ".join(m for a in allowed for m in ((a, "HEAD") if a == "GET" else (a,)))
             raise HttpError(
                 HTTPStatus.METHOD_NOT_ALLOWED,
                 f"{target.path} takes {allow}",
@@ -289,42 +358,156 @@ class ManagementApi:
             raise HttpError(HTTPStatus.SERVICE_UNAVAILABLE, "not accepting connections")
         if endpoint == "metrics":
             return Reply(HTTPStatus.OK, self.metrics(), "text/plain; version=0.0.4; charset=utf-8")
+        if endpoint == "broker":
+            return json_reply(HTTPStatus.OK, self._broker_info(authorization))
+        if endpoint == "console":
+            assert name is not None
+            return console_file(name)
+        if endpoint == "report":
+            return report_file(self.console.analyze_report)
         if endpoint == "addresses":
             return json_reply(HTTPStatus.OK, self.bridge.call(self._addresses))
         if endpoint == "queues":
             return json_reply(HTTPStatus.OK, [queue_view(q) for q in self._stats()])
+        if endpoint == "overview":
+            return json_reply(HTTPStatus.OK, self.bridge.call(self._queue_rows))
+        if endpoint == "tasks" and method != "POST":
+            return json_reply(HTTPStatus.OK, self.bridge.call(lambda: self._tasks().views()))
+        if endpoint == "tasks":
+            return self._create_task(_json_body(raw_body))
         assert name is not None
+        if endpoint == "task":
+            return json_reply(
+                HTTPStatus.OK, self.bridge.call(lambda: self._tasks().get(name).view())
+            )
+        if endpoint == "cancel":
+            return json_reply(
+                HTTPStatus.OK, self.bridge.call(lambda: self._tasks().cancel(name).view())
+            )
         if endpoint == "queue":
             return json_reply(HTTPStatus.OK, self.bridge.call(lambda: self._queue(name)))
+        if endpoint == "samples":
+            return json_reply(HTTPStatus.OK, self.bridge.call(lambda: self._samples(name)))
         if endpoint == "messages":
             limit = _int_param(query, "limit", 100)
             offset = _int_param(query, "offset", 0)
-            selector = query.get("filter", [None])[0]
-            views = self.bridge.call(
-                lambda: [
-                    message_view(r)
-                    for r in ops.browse(
-                        self.bridge_broker, name, selector=selector, limit=limit, offset=offset
-                    )
-                ]
+            selector = query.get("filter", [None])[0] or None
+            total, views = self.bridge.call(
+                lambda: (
+                    ops.count(self.bridge_broker, name, selector=selector),
+                    [
+                        message_view(r)
+                        for r in ops.browse(
+                            self.bridge_broker, name, selector=selector, limit=limit, offset=offset
+                        )
+                    ],
+                )
             )
-            return json_reply(HTTPStatus.OK, views)
+            return json_reply(HTTPStatus.OK, views, {"X-Total-Count": str(total)})
         body = _json_body(raw_body)
         selector = _opt_str(body, "filter")
+        ids = _ids(body)
         if endpoint == "purge":
             removed = self.bridge.call(
-                lambda: ops.purge(self.bridge_broker, name, selector=selector)
+                lambda: ops.purge(self.bridge_broker, name, selector=selector, ids=ids)
             )
             return json_reply(HTTPStatus.OK, {"removed": removed})
         if endpoint == "move":
             to_queue = _opt_str(body, "to-queue")
             if not to_queue:
                 raise HttpError(HTTPStatus.BAD_REQUEST, "'to-queue' is required")
+            if body.get("rate") is not None:
+                return self._create_task({**body, "kind": "move", "queue": name})
             moved = self.bridge.call(
-                lambda: ops.move(self.bridge_broker, name, to_queue=to_queue, selector=selector)
+                lambda: ops.move(
+                    self.bridge_broker, name, to_queue=to_queue, selector=selector, ids=ids
+                )
             )
             return json_reply(HTTPStatus.OK, {"moved": moved})
+        if body.get("rate") is not None:
+            return self._create_task({**body, "kind": "retry", "queue": name})
         return json_reply(HTTPStatus.OK, self._retry(name, selector, body))
+
+    # -- console and tasks (issue 24) ---------------------------------------------------
+    def _tasks(self) -> TaskRunner:
+        if self.console.tasks is None:
+            raise HttpError(HTTPStatus.SERVICE_UNAVAILABLE, "replay tasks are not running")
+        return self.console.tasks
+
+    def _create_task(self, body: dict[str, Any]) -> Reply:
+        """POST /api/v1/tasks (and retry or move with `rate`): 202 and the task."""
+        kind = _opt_str(body, "kind")
+        queue = _opt_str(body, "queue")
+        if kind not in ("retry", "move") or not queue:
+            raise HttpError(
+                HTTPStatus.BAD_REQUEST, "'kind' (retry or move) and 'queue' are required"
+            )
+        rate = body.get("rate")
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+            raise HttpError(HTTPStatus.BAD_REQUEST, "'rate' must be a positive number")
+        ids = _ids(body)
+        expect = _expectations(body.get("expect"))
+        if expect is not None and ids is None:
+            raise HttpError(HTTPStatus.BAD_REQUEST, "'expect' needs 'ids'")
+        selector = _opt_str(body, "filter")
+        to_queue = _opt_str(body, "to-queue")
+        if kind == "move" and not to_queue:
+            raise HttpError(HTTPStatus.BAD_REQUEST, "'to-queue' is required")
+        runner = self._tasks()
+        task = self.bridge.call(
+            lambda: runner.create(
+                kind,
+                queue,
+                rate=float(rate),
+                filter=selector,
+                ids=ids,
+                expect=expect,
+                to_queue=to_queue,
+            ).view()
+        )
+        return json_reply(HTTPStatus.ACCEPTED, {"task": task})
+
+    def _broker_info(self, authorization: str | None) -> dict[str, Any]:
+        """GET /api/v1/broker: what the console's header shows, and what the user may do."""
+        info = self.bridge.call(self.console.info)
+        credentials = basic_credentials(authorization)
+        user = credentials[0] if credentials else None
+        if self.auth is None:
+            may_manage = True
+        else:
+            may_manage = user is not None and self.auth.permitted(user, "manage")
+        return {
+            **info,
+            "user": user,
+            "may_manage": may_manage,
+            "analyze_report": self.console.analyze_report is not None,
+            "sample_interval_s": self.console.sample_interval_s,
+            "tasks": self.console.tasks is not None,
+        }
+
+    def _queue_rows(self) -> list[dict[str, Any]]:
+        """GET /api/v1/overview: every queue as in /api/v1/queues, plus what the console
+        shows: `kind`, `role` (dlq, expiry or null), `oldest_age_s`, `rates`, `growing`."""
+        broker = self.bridge_broker
+        roles = _special_addresses(broker)
+        now_ms = broker.clock.now_ms()
+        return [self._row(s, roles, now_ms) for s in ops.queue_stats(broker)]
+
+    def _row(self, stats: ops.QueueStats, roles: dict[str, str], now_ms: int) -> dict[str, Any]:
+        queue = self.bridge_broker.queues[stats.name]
+        view = queue_view(stats)
+        view["kind"] = queue_kinds(queue)
+        view["role"] = roles.get(stats.address)
+        view["oldest_age_s"] = (
+            None if stats.oldest_ts is None else max(0, now_ms - stats.oldest_ts) / 1000
+        )
+        view.update(self.console.sampler.rates(stats.name))
+        return view
+
+    def _samples(self, name: str) -> list[dict[str, Any]]:
+        if name not in self.bridge_broker.queues:
+            raise NotFound(f"queue {name} does not exist")
+        return self.console.sampler.series(name)
 
     def _stats(self) -> list[ops.QueueStats]:
         return self.bridge.call(lambda: ops.queue_stats(self.bridge_broker))
@@ -347,57 +530,76 @@ class ManagementApi:
         if queue is None:
             raise NotFound(f"queue {name} does not exist")
         stats = next(s for s in ops.queue_stats(broker) if s.name == name)
-        view = queue_view(stats)
+        view = self._row(stats, _special_addresses(broker), broker.clock.now_ms())
         view["filter"] = queue.config.filter
         view["settings"] = broker.settings_for(queue.address).to_config()
         return view
 
     def _retry(self, name: str, selector: str | None, body: dict[str, Any]) -> dict[str, Any]:
         """`{"retried": N}`; with `ids` also `skipped` ([{msg_id, reason}]) and `not_found`
-        (ids not waiting in the queue). `expect` checks each id against its redrive line."""
-        ids = body.get("ids")
-        if ids is not None and (not isinstance(ids, list) or not all(type(i) is int for i in ids)):
-            raise HttpError(HTTPStatus.BAD_REQUEST, "'ids' must be a list of msg_id integers")
+        (ids not waiting in the queue). `expect` checks each id against its redrive line.
+        With `rate` the retry is a task instead (`_create_task`)."""
+        ids = _ids(body)
         expect = _expectations(body.get("expect"))
         if expect is not None and ids is None:
             raise HttpError(HTTPStatus.BAD_REQUEST, "'expect' needs 'ids'")
-        rate = body.get("rate")
-        if rate is None:
-            result = self.bridge.call(
-                lambda: ops.retry(
-                    self.bridge_broker, name, selector=selector, ids=ids, expect=expect
-                )
-            )
-            return _retry_answer([result], ids is not None)
-        if not isinstance(rate, int | float) or rate <= 0:
-            raise HttpError(HTTPStatus.BAD_REQUEST, "'rate' must be a positive number")
-        # Throttled (msg/s): take the matching ids, then retry them in small paced chunks.
-        wanted = self.bridge.call(
-            lambda: [
-                r.message.msg_id
-                for r in ops.browse(self.bridge_broker, name, selector=selector, limit=1_000_000)
-            ]
+        result = self.bridge.call(
+            lambda: ops.retry(self.bridge_broker, name, selector=selector, ids=ids, expect=expect)
         )
-        results = []
-        if ids is not None:
-            present = set(wanted)
-            asked = set(ids)
-            wanted = [i for i in wanted if i in asked]
-            missing = tuple(dict.fromkeys(i for i in ids if i not in present))
-            results.append(ops.RetryResult(0, not_found=missing))
-        started = time.monotonic()
-        chunk = max(1, min(RETRY_CHUNK, int(rate)))
-        for i in range(0, len(wanted), chunk):
-            part = wanted[i : i + chunk]
-            results.append(
-                self.bridge.call(
-                    functools.partial(ops.retry, self.bridge_broker, name, ids=part, expect=expect)
-                )
-            )
-            pause = started + (i + len(part)) / rate - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-        return _retry_answer(results, ids is not None)
+        return _retry_answer([result], ids is not None)
+
+
+@dataclass
+class ConsoleContext:
+    """What the console's endpoints need besides the broker (issue 24); the defaults
+    serve a broker without tasks or samples (unit tests)."""
+
+    info: Callable[[], dict[str, Any]] = lambda: {}
+    sampler: Sampler = field(default_factory=Sampler)
+    tasks: TaskRunner | None = None
+    analyze_report: str | None = None
+    sample_interval_s: float = 5.0
+
+
+def queue_kinds(queue: Queue) -> list[str]:
+    """What the queue's configuration makes it (issue 24: the console's kind column)."""
+    c = queue.config
+    kinds = []
+    if c.last_value_key:
+        kinds.append("LVQ")
+    if c.ring_size is not None and c.ring_size > 0:
+        kinds.append("ring")
+    if c.exclusive:
+        kinds.append("exclusive")
+    if c.non_destructive:
+        kinds.append("non-destructive")
+    if c.purge_on_no_consumers:
+        kinds.append("purge-on-no-consumers")
+    if c.filter:
+        kinds.append("filtered")
+    if queue.owner is not None:
+        kinds.append("temporary")
+    return kinds
+
+
+def _special_addresses(broker: Any) -> dict[str, str]:
+    """Address -> "dlq" or "expiry": the dead-letter and expiry addresses that the
+    effective settings of the existing addresses name."""
+    roles: dict[str, str] = {}
+    for address in broker.post_office.addresses:
+        settings = broker.settings_for(address)
+        if settings.expiry_address:
+            roles.setdefault(settings.expiry_address, "expiry")
+        if settings.dead_letter_address:
+            roles[settings.dead_letter_address] = "dlq"
+    return roles
+
+
+def _ids(body: dict[str, Any]) -> list[int] | None:
+    ids = body.get("ids")
+    if ids is not None and (not isinstance(ids, list) or not all(type(i) is int for i in ids)):
+        raise HttpError(HTTPStatus.BAD_REQUEST, "'ids' must be a list of msg_id integers")
+    return ids
 
 
 def _expectations(value: Any) -> dict[int, dict[str, str | None]] | None:

@@ -1,4 +1,7 @@
-"""HTTP basic authentication for the management API (CONTRACT: the `manage` role).
+"""HTTP basic authentication for the management API and the console.
+
+Issue 24: reading (GET, HEAD) needs the `browse` permission and everything else the
+`manage` permission, both as granted on `activemq.management` by security-settings.
 
 Issue 15: the API ran scrypt (~50 ms of CPU) on every request, so a dashboard polling
 every second burned a core's worth of hashing, and an unknown user answered faster than
@@ -42,7 +45,10 @@ class Refusal:
 
 
 UNAUTHENTICATED = Refusal(HTTPStatus.UNAUTHORIZED, "authentication required")
-FORBIDDEN = Refusal(HTTPStatus.FORBIDDEN, "the 'manage' permission is required")
+
+
+def forbidden(permission: str) -> Refusal:
+    return Refusal(HTTPStatus.FORBIDDEN, f"the {permission!r} permission is required")
 
 
 def basic_credentials(header: str | None) -> tuple[str, str] | None:
@@ -67,18 +73,21 @@ class BasicAuth:
         self,
         *,
         verify: Callable[[str, str], bool],
-        may_manage: Callable[[str], bool],
+        permitted: Callable[[str, str], bool],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._verify = verify  # (user, password) -> valid; as slow for unknown users
-        self._may_manage = may_manage  # user -> has `manage` on the management address
+        # (user, "browse" or "manage") -> granted on the management address
+        self.permitted = permitted
         self._clock = clock
         self._lock = threading.Lock()
         self._verified: OrderedDict[tuple[str, bytes], float] = OrderedDict()  # -> expiry
         self._failures: OrderedDict[str, deque[float]] = OrderedDict()  # client -> times
 
-    def check(self, authorization: str | None, client: str) -> Refusal | None:
-        """None when the request may go on; otherwise the refusal to answer with."""
+    def check(
+        self, authorization: str | None, client: str, permission: str = "manage"
+    ) -> Refusal | None:
+        """None when the request may go on with `permission`; otherwise the refusal."""
         credentials = basic_credentials(authorization)
         if credentials is None:
             return UNAUTHENTICATED
@@ -100,7 +109,7 @@ class BasicAuth:
                 self._verified.move_to_end(key)
                 while len(self._verified) > CACHE_ENTRIES:
                     self._verified.popitem(last=False)
-        return None if self._may_manage(user) else FORBIDDEN
+        return None if self.permitted(user, permission) else forbidden(permission)
 
     def _throttled(self, client: str, now: float) -> int | None:
         times = self._failures.get(client)

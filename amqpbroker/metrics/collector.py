@@ -172,6 +172,16 @@ class BrokerCollector:
             names.QUEUE_SCHEDULED, "Messages waiting for a redelivery delay.", lambda q: q.scheduled
         )
         yield queue_gauge(names.QUEUE_CONSUMERS, "Consumers attached.", lambda q: q.consumers)
+        oldest = GaugeMetricFamily(
+            names.QUEUE_OLDEST_AGE,
+            "Age of the oldest waiting message (since the broker first accepted it); "
+            "0 when none waits.",
+            labels=ql,
+        )
+        for q in s.queues:
+            age = 0.0 if q.oldest_ts is None else max(0, s.taken_ms - q.oldest_ts) / 1000
+            oldest.add_metric([q.address, q.name], age)
+        yield oldest
         yield queue_counter(names.QUEUE_ADDED, "Messages added to the queue.", lambda q: q.added)
         yield queue_counter(
             names.QUEUE_ACKNOWLEDGED, "Messages acknowledged (accepted).", lambda q: q.acknowledged
@@ -251,10 +261,11 @@ class BrokerCollector:
     @staticmethod
     def _artemis_metrics(s: BrokerSnapshot) -> Iterator[Metric]:
         """The Artemis Prometheus plugin names, so existing dashboards work unchanged."""
-        a = names.ARTEMIS
+        a, help_ = names.ARTEMIS, names.ARTEMIS_HELP
         labels = ["broker", "address", "queue"]
         fields = (
             ("messages", "messages"),
+            ("persistent_size", "size_bytes"),
             ("added", "added"),
             ("killed", "killed"),
             ("expired", "expired"),
@@ -264,16 +275,22 @@ class BrokerCollector:
             ("consumers", "consumers"),
         )
         for key, attr in fields:
-            family = GaugeMetricFamily(a[key], f"Artemis {a[key]}", labels=labels)
+            family = GaugeMetricFamily(a[key], help_[key], labels=labels)
             for q in s.queues:
                 family.add_metric([s.broker, q.address, q.name], getattr(q, attr))
             yield family
         for key, attr in (("routed", "routed"), ("unrouted", "unrouted")):
-            family = GaugeMetricFamily(a[key], f"Artemis {a[key]}", labels=["broker", "address"])
+            family = GaugeMetricFamily(a[key], help_[key], labels=["broker", "address"])
             for addr in s.addresses:
                 family.add_metric([s.broker, addr.name], getattr(addr, attr))
             yield family
-        yield _single(a["connections"], s.broker, s.connections)
+        for key, value in (
+            ("connections", s.connections),
+            ("total_connections", s.connections_opened),
+        ):
+            family = GaugeMetricFamily(a[key], help_[key], labels=["broker"])
+            family.add_metric([s.broker], value)
+            yield family
 
 
 def _event_log_files(f: EventLogFiles, now_ms: int) -> Iterator[Metric]:
@@ -343,12 +360,6 @@ def _broker_totals(totals: QueueCounters) -> Iterator[Metric]:
     for reason, count in totals.killed_by_reason.items():
         killed.add_metric([reason], count)
     yield killed
-
-
-def _single(name: str, broker: str, value: int) -> GaugeMetricFamily:
-    family = GaugeMetricFamily(name, f"Artemis {name}", labels=["broker"])
-    family.add_metric([broker], value)
-    return family
 
 
 def render(collector: BrokerCollector) -> bytes:

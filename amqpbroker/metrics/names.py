@@ -5,6 +5,7 @@ QUEUE_MESSAGES = "amqpbroker_queue_messages"
 QUEUE_DELIVERING = "amqpbroker_queue_delivering_messages"
 QUEUE_SCHEDULED = "amqpbroker_queue_scheduled_messages"
 QUEUE_CONSUMERS = "amqpbroker_queue_consumers"
+QUEUE_OLDEST_AGE = "amqpbroker_queue_oldest_message_age_seconds"  # issue 24
 QUEUE_ADDED = "amqpbroker_queue_messages_added"  # _total
 QUEUE_ACKNOWLEDGED = "amqpbroker_queue_messages_acknowledged"  # _total
 QUEUE_EXPIRED = "amqpbroker_queue_messages_expired"  # _total
@@ -42,9 +43,13 @@ AUTHENTICATION_FAILURES = "amqpbroker_authentication_failures"  # _total
 CONNECTIONS_REFUSED = "amqpbroker_connections_refused"
 BUILD_INFO = "amqpbroker_build_info"
 
-# The ActiveMQ Artemis Prometheus plugin names (metrics.artemis-names: true).
+# The ActiveMQ Artemis Prometheus plugin names (metrics.artemis-names: true): those whose
+# meaning this broker has, with help text saying what Artemis means by them (QueueControl,
+# AddressControl, BrokerMetricNames). The ones that cannot apply, and why, are listed in
+# docker/README.md ("Artemis metric names").
 ARTEMIS = {
     "messages": "artemis_message_count",
+    "persistent_size": "artemis_persistent_size",
     "added": "artemis_messages_added",
     "killed": "artemis_messages_killed",
     "expired": "artemis_messages_expired",
@@ -55,4 +60,22 @@ ARTEMIS = {
     "routed": "artemis_routed_message_count",
     "unrouted": "artemis_unrouted_message_count",
     "connections": "artemis_connection_count",
+    "total_connections": "artemis_total_connection_count",
+}
+ARTEMIS_HELP = {
+    "messages": "Messages in this queue now, scheduled and in-delivery ones included.",
+    "persistent_size": "Encoded size in bytes of the messages in this queue now, durable or"
+    " not, scheduled and in-delivery ones included.",
+    "added": "Messages added to this queue since it was created.",
+    "killed": "Messages removed from this queue since it was created because they exceeded"
+    " the max delivery attempts.",
+    "expired": "Messages expired from this queue since it was created.",
+    "acknowledged": "Messages acknowledged from this queue since it was created.",
+    "delivering": "Messages this queue is delivering to its consumers now.",
+    "scheduled": "Scheduled messages in this queue.",
+    "consumers": "Consumers receiving from this queue.",
+    "routed": "Messages routed to one or more queues of this address.",
+    "unrouted": "Messages sent to this address that no queue took.",
+    "connections": "Clients connected to this broker now.",
+    "total_connections": "Clients that connected to this broker since it started.",
 }

@@ -136,6 +136,13 @@ OUTPUT_CHUNK_BYTES = 1024 * 1024
 # open exchange a peer may send only 512-byte frames (AMQP 1.0 §2.4.1), and a peer that
 # has proven nothing must not make the broker buffer 128 KiB per socket (issue 15 item 5).
 HANDSHAKE_MAX_FRAME_SIZE = MAX_SASL_FRAME_BYTES
+# Issue 15: what one connection may hold open, as RabbitMQ 4 bounds it by default
+# (session_max_per_connection 64, link_max_per_session 256). Proton would take 32768
+# sessions (~3.7 KB each) and 2**31 handles per session, and finds a link by name with a
+# linear search: one peer could use gigabytes and seconds of loop time per attach.
+MAX_SESSIONS = 64  # the open's channel-max is one less; Proton refuses a higher channel
+MAX_LINKS_PER_SESSION = 256  # a 257th attach on a session closes the connection
+MAX_TRANSACTIONS = 1024  # declared and not yet discharged, per connection
 # Transaction ids are unique in the broker process, not per connection: the event log's
 # `txn` (B-170) must tell two connections' transactions apart.
 _TXN_IDS = itertools.count(1)
@@ -149,6 +156,7 @@ _PN_ACCEPTED = lib.PN_ACCEPTED
 _PN_RELEASED = lib.PN_RELEASED
 _PN_MODIFIED = lib.PN_MODIFIED
 _PN_REJECTED = lib.PN_REJECTED
+_UNKNOWN_PROTOCOL = "Unknown protocol detected"
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
 _ROUTING_TYPE_BYTES = {0: RoutingType.MULTICAST, 1: RoutingType.ANYCAST}
 _JMS_DEST = {
@@ -302,6 +310,7 @@ class AmqpConnection:
         self.multicast_prefix = multicast_prefix
         self.transport = Transport(Transport.SERVER)
         self.transport.max_frame_size = HANDSHAKE_MAX_FRAME_SIZE  # MAX_FRAME_SIZE at open
+        self.transport.channel_max = MAX_SESSIONS - 1
         if idle_timeout_ms > 0:  # Artemis amqpIdleTimeout: the open advertises half of it
             self.transport.idle_timeout = idle_timeout_ms / 1000
         self.tick_at_s = 0.0  # when the server must next call transport.tick (0: never)
@@ -328,6 +337,7 @@ class AmqpConnection:
         self._awaiting: list[Any] | None = None  # durable sends of this loop step
         self.coordinators: set[Any] = set()  # transaction coordinator links (B-140)
         self.transactions: dict[bytes, Transaction] = {}
+        self._links_per_session: dict[Any, int] = {}  # pn_session_t -> links not yet ended
         self._collector_impl = self.collector._impl
         self.closed = False  # the broker side is done with this connection
         self._orderly = False
@@ -637,12 +647,12 @@ class AmqpConnection:
 
     def _on_transport_error(self, event: Event) -> None:
         condition = self.transport.condition
-        log.warning(
-            "connection %s from %s: transport error %s",
-            self.id,
-            self.peer,
-            condition.description if condition else "",
-        )
+        description = condition.description if condition else ""
+        if description.startswith(_UNKNOWN_PROTOCOL):
+            # Proton quotes the peer's first bytes: after the broker's SASL outcome, a
+            # second sasl-init with its password (issue 15 attack pass). Never log them.
+            description = f"{_UNKNOWN_PROTOCOL} (the bytes are not logged)"
+        log.warning("connection %s from %s: transport error %s", self.id, self.peer, description)
 
     def _on_tail_closed(self, event: Event) -> None:
         """The engine reads no more input. Unless the peer closed or the socket is gone,
@@ -689,12 +699,27 @@ class AmqpConnection:
                 self._drop_consumer(impl, consumer, closed=False)
         for impl in [i for i, p in self.producers.items() if p.link.session == session]:
             del self.producers[impl]
+        for impl in [i for i in self.coordinators if lib.pn_link_session(i) == session._impl]:
+            self.coordinators.discard(impl)
+        self._links_per_session.pop(session._impl, None)
         session.close()
+        # Issue 15: ended on both sides, so Proton may forget it and its links (else a
+        # peer that begins and ends sessions, or attaches and detaches links, on one
+        # long-lived connection grows the broker by ~3 KB each time).
+        session.free()
 
     # -- links --------------------------------------------------------------------------
     def _on_link_open(self, event: Event) -> None:
         link: Link = event.link
         if link.state & Endpoint.LOCAL_ACTIVE:
+            return
+        session = lib.pn_link_session(link._impl)
+        count = self._links_per_session.get(session, 0) + 1
+        self._links_per_session[session] = count
+        if count > MAX_LINKS_PER_SESSION:
+            description = f"more than {MAX_LINKS_PER_SESSION} links on one session"
+            log.warning("connection %s from %s: %s; closing it", self.id, self.peer, description)
+            self._fail("amqp:resource-limit-exceeded", description)
             return
         try:
             read_link_name(link)
@@ -813,11 +838,17 @@ class AmqpConnection:
         if consumer is not None:
             self._drop_consumer(link._impl, consumer, closed=closed)
         self.producers.pop(link._impl, None)
+        self.coordinators.discard(link._impl)
         if link.state & Endpoint.LOCAL_ACTIVE:
             if closed:
                 link.close()
             else:
                 link.detach()
+        session = lib.pn_link_session(link._impl)
+        count = self._links_per_session.get(session, 0)
+        if count > 0:
+            self._links_per_session[session] = count - 1
+        link.free()  # issue 15: ended on both sides (see _on_session_close)
 
     def _on_link_flow(self, link: Any) -> None:
         consumer = self.consumers.get(link)
@@ -916,6 +947,11 @@ class AmqpConnection:
         try:
             kind, fields = control_request(raw)
             if kind == "declare":
+                if len(self.transactions) >= MAX_TRANSACTIONS:
+                    raise ControlError(
+                        "amqp:resource-limit-exceeded",
+                        f"more than {MAX_TRANSACTIONS} transactions on one connection",
+                    )
                 new_id = b"txn:%d" % next(_TXN_IDS)
                 self.transactions[new_id] = Transaction(new_id)
                 answer_declared(delivery, new_id)

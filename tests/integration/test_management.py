@@ -42,6 +42,7 @@ def http(broker: BrokerProcess, path: str, body: dict[str, Any] | None = None) -
         f"http://127.0.0.1:{broker.ports['http']}{path}",
         data=data,
         method="POST" if data else "GET",
+        headers={"X-Requested-By": "test"},
     )
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
@@ -260,6 +261,7 @@ def test_bad_json_is_400(broker: BrokerProcess) -> None:
         f"http://127.0.0.1:{broker.ports['http']}/api/v1/queues/DLQ.shop/purge",
         data=b"{not json",
         method="POST",
+        headers={"X-Requested-By": "test"},
     )
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=10)

@@ -172,7 +172,10 @@ def test_retry_endpoint_validates_expect(spawn: Any, tmp_path: Path) -> None:
     url = f"http://127.0.0.1:{broker.ports['http']}/api/v1/queues/DLQ.orders/retry"
     for expect in ([], {"x": {}}, {"1": {"color": "red"}}, {"1": {"queue": 5}}, {"1": []}):
         request = urllib.request.Request(
-            url, data=json.dumps({"ids": [1], "expect": expect}).encode(), method="POST"
+            url,
+            data=json.dumps({"ids": [1], "expect": expect}).encode(),
+            method="POST",
+            headers={"X-Requested-By": "test"},
         )
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=10)

@@ -17,7 +17,7 @@ import pytest
 from proton import ConnectionException, Endpoint, SSLDomain
 from proton.utils import BlockingConnection
 from support.client import Capabilities, receive_bodies, send
-from support.process import BrokerProcess, start_broker
+from support.process import BrokerProcess, create_certs, start_broker
 from support.raw import RawClient, open_socket, plain_sasl, read_sasl_outcome, sasl_init
 from support.waiting import wait_until
 
@@ -29,26 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 @pytest.fixture(scope="module")
 def cert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("certs")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "amqpbroker",
-            "certs",
-            "create",
-            "--out",
-            str(out),
-            "--host",
-            "localhost",
-            "--client",
-            "app-1",
-        ],
-        check=True,
-        timeout=60,
-        capture_output=True,
-    )
-    return out
+    return create_certs(tmp_path_factory.mktemp("certs"), "--client", "app-1")
 
 
 @pytest.fixture(scope="module")

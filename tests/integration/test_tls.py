@@ -10,31 +10,12 @@ import pytest
 from proton import ConnectionException, SSLDomain
 from proton.utils import BlockingConnection
 from support.client import receive_bodies, send
-from support.process import start_broker
+from support.process import create_certs, start_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-def certs(out: Path, *extra: str) -> Path:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "amqpbroker",
-            "certs",
-            "create",
-            "--out",
-            str(out),
-            "--host",
-            "localhost",
-            *extra,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stderr
-    return out
+certs = create_certs
 
 
 def tls_broker(tmp_path: Path, cert_dir: Path, client_auth: str = "none"):  # type: ignore[no-untyped-def]

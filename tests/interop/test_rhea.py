@@ -1,98 +1,41 @@
-"""rhea (Node.js AMQP 1.0) against the real broker process: any AMQP 1.0 client works."""
+"""rhea 3.0.5 (Node.js) against the real broker: every case, one driver process (issue 21)."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
-from support.process import start_broker
+from support.interop import STACKS, check
+from support.process import BrokerProcess
 
 pytestmark = [pytest.mark.interop, pytest.mark.timeout(120)]
-
-RHEA = Path(__file__).resolve().parents[2] / "interop" / "rhea"
+STACK = STACKS["rhea"]
 
 
 @pytest.fixture(scope="module")
-def rhea_installed() -> Path:
-    """`npm ci` once (the lockfile pins rhea); node and npm are required, not optional."""
-    npm = shutil.which("npm")
-    assert npm is not None, "interop tests need node and npm on PATH"
-    if not (RHEA / "node_modules" / "rhea").exists():
-        subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund"],
-            cwd=RHEA,
-            check=True,
-            capture_output=True,
-            timeout=100,
-        )
-    return RHEA
+def results(broker: BrokerProcess, cert_dir: Path) -> dict[str, Any]:
+    return STACK.run(broker, cert_dir, mode="cases")
 
 
-def test_rhea_modified_then_dead_letter(rhea_installed: Path, tmp_path: Path) -> None:
-    """B-044/B-046/B-074/B-090 with rhea: modified(delivery-failed) comes back with
-    delivery_count 1; rejected lands in DLA::DLQ.<address> with the ORIG annotations."""
-    broker = start_broker(
-        tmp_path,
-        """
-        address-settings:
-          "#": {dead-letter-address: DLA, auto-create-dead-letter-resources: true}
-        """,
-    )
-    try:
-        result = subprocess.run(
-            ["node", "roundtrip.js", str(broker.ports["amqp"]), "interop.orders"],
-            cwd=rhea_installed,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-    finally:
-        assert broker.stop() == 0
-    assert result.returncode == 0, result.stdout + result.stderr + broker.log()
-    seen = json.loads(result.stdout.strip().splitlines()[-1])
-    assert seen["accepted_by_broker"] == 2
-    assert {"body": "fail-once", "delivery_count": 0} in seen["deliveries"]
-    assert {"body": "fail-once", "delivery_count": 1} in seen["deliveries"]
-    dead = seen["dead"]
-    assert dead["body"] == "poison"
-    assert dead["delivery_count"] == 0
-    assert dead["annotations"]["x-opt-ORIG-ADDRESS"] == "interop.orders"
-    assert dead["annotations"]["x-opt-DLQ-REASON"] == "rejected"
-    assert dead["annotations"]["x-opt-DLQ-ERROR-CONDITION"] == "app:poison"
+@pytest.mark.parametrize("case", STACK.cases())
+def test_rhea(results: dict[str, Any], case: str) -> None:
+    """Each case in support/interop.py as rhea expresses it (B-020…B-143)."""
+    check(results, case, STACK.prefix)
 
 
-def test_rhea_sasl_plain(rhea_installed: Path, tmp_path: Path) -> None:
-    """Issue 8: an independent AMQP stack authenticates with PLAIN; a wrong password is
-    refused."""
-    from amqpbroker.security import hash_password
+def test_rhea_reads_the_one_byte_boolean_as_a_number(results: dict[str, Any]) -> None:
+    """The rhea 3.0.5 bug the drivers work around (interop/README.md): `0x56 0x01` (true,
+    as azure's pyamqp encodes it) decodes as 1. When rhea fixes it, drop the fix."""
+    assert results["bool_0x56_decoded_as"] == 1
 
-    broker = start_broker(
-        tmp_path,
-        f"""
-        security:
-          enabled: true
-          sasl-mechanisms: [PLAIN]
-          users: {{app: {{password-hash: "{hash_password("pw")}", roles: [app]}}}}
-          security-settings:
-            "#": {{send: [app], create-address: [app], create-durable-queue: [app]}}
-        """,
-    )
-    try:
 
-        def run(password: str) -> dict[str, object]:
-            result = subprocess.run(
-                ["node", "plain.js", str(broker.ports["amqp"]), "app", password],
-                cwd=rhea_installed,
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-            return dict(json.loads(result.stdout.strip().splitlines()[-1]))
-
-        assert run("pw") == {"accepted": True}
-        assert "accepted" not in run("wrong")
-    finally:
-        assert broker.stop() == 0
+def test_rhea_merges_dispositions_settled_in_one_tick(results: dict[str, Any]) -> None:
+    """The other rhea 3.0.5 bug (interop/README.md): `modified` for one delivery and
+    `rejected` for the next, in the same tick, leave as one modified disposition over both,
+    so the rejected one comes back (delivery-count 1, B-044) instead of being dead-lettered.
+    The broker applies what it receives; the drivers settle one delivery at a time."""
+    assert results["disposition_merge"] == [
+        {"body": "first", "delivery_count": 1},
+        {"body": "second", "delivery_count": 1},
+    ]

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import base64
+import json
 import socket
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from amqpbroker.management import ManagementApi
+    from amqpbroker.management.api import Reply
 
 T = TypeVar("T")
 
@@ -20,6 +25,31 @@ class InlineBridge:
 def basic_auth(user: str, password: str) -> str:
     """The value of an `Authorization: Basic` header."""
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def api_request(
+    api: ManagementApi,
+    method: str,
+    target: str,
+    *,
+    authorization: str | None = None,
+    body: dict[str, Any] | None = None,
+    csrf_token: str | None = "test",
+    origin: str | None = None,
+    host: str = "127.0.0.1:8161",
+) -> Reply:
+    """One request through `ManagementApi.respond`, with the CSRF header by default."""
+    raw = json.dumps(body).encode() if body is not None else b""
+    return api.respond(
+        method,
+        target,
+        authorization=authorization,
+        client="10.0.0.1",
+        read_body=lambda: raw,
+        csrf_token=csrf_token,
+        origin=origin,
+        host=host,
+    )
 
 
 def raw_request(

@@ -23,6 +23,25 @@ BASE_SECTIONS = {
 }
 
 
+def console_security() -> str:
+    """Config text (issue 24): security on, `admin` may do anything, `viewer` (password
+    viewer-pw) may only browse the management address; dead letters to DLA."""
+    from amqpbroker.security import hash_password
+
+    return (
+        "security:\n  enabled: true\n  users:\n"
+        f'    admin: {{password-hash: "{hash_password("admin-pw")}", roles: [admin]}}\n'
+        f'    viewer: {{password-hash: "{hash_password("viewer-pw")}", roles: [viewer]}}\n'
+        "  security-settings:\n"
+        '    "#": {send: [admin], consume: [admin], browse: [admin], manage: [admin],\n'
+        "          create-address: [admin], create-durable-queue: [admin],\n"
+        "          create-non-durable-queue: [admin]}\n"
+        "    activemq.management: {browse: [admin, viewer], manage: [admin]}\n"
+        "address-settings:\n"
+        '  "#": {dead-letter-address: DLA, auto-create-dead-letter-resources: true}\n'
+    )
+
+
 @dataclass
 class BrokerProcess:
     """A running broker subprocess; stopped by PID with SIGTERM."""
@@ -140,3 +159,17 @@ def retry_ids(
         text=True,
         timeout=30,
     )
+
+
+def create_certs(out: Path, *extra: str) -> Path:
+    """`amqpbroker certs create` for `localhost` into `out` (a CA, a server certificate,
+    and whatever `extra` asks for, e.g. `--client NAME`)."""
+    cli = [sys.executable, "-m", "amqpbroker", "certs", "create"]
+    result = subprocess.run(
+        [*cli, "--out", str(out), "--host", "localhost", *extra],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return out

@@ -86,7 +86,7 @@ def test_broker_level_values_are_listed() -> None:
     for line in [
         "  - amqp: amqp://127.0.0.1:0 anycast-prefix='anycast://' handshake-timeout=10s"
         " amqp-idle-timeout=60000ms connections-allowed=-1",
-        "http: 127.0.0.1:0 read-timeout=10000 max-connections=100",
+        "http: 127.0.0.1:0 read-timeout=10000 max-connections=100 sample-interval=5000",
         "persistence: enabled=true sync=false persist-delivery-count-before-delivery=false",
         "message-expiry-scan-period: 30000",
         "max-redelivery-records: 10",

@@ -315,6 +315,20 @@ ERRORS = [
         "http:\n  max-connections: 0\n",
         "b.yaml:2: http.max-connections: must be between 1 and 10000: 0",
     ),
+    # issue 24: the console's samples and the analyze report link
+    (
+        "http:\n  sample-interval: 50\n",
+        "b.yaml:2: http.sample-interval: must be between 100 and 60000: 50",
+    ),
+    (
+        "http:\n  analyze-report: /etc/passwd\n",
+        "b.yaml:2: http.analyze-report: must name an analyze report (.html or .json): "
+        "'/etc/passwd'",
+    ),
+    (
+        "http:\n  analyze-report: 5\n",
+        "b.yaml:2: http.analyze-report: not a string: 5",
+    ),
     # B-101: '#' only as the last word of a pattern
     (
         "address-settings:\n  'a.#.b': {}\n",

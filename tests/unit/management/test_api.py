@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 from support.core_harness import Harness
 from support.hostile import SPELLINGS
-from support.http import InlineBridge
+from support.http import InlineBridge, api_request
 from support.http import basic_auth as basic
 
 from amqpbroker.management import BasicAuth, ManagementApi
-from amqpbroker.management.api import Reply
 
-USERS = {"admin": "admin-pw", "app": "app-pw"}
+USERS = {"admin": "admin-pw", "app": "app-pw", "viewer": "viewer-pw"}
+# What each user is granted on activemq.management (issue 24: browse reads, manage acts).
+GRANTS = {"admin": {"browse", "manage"}, "viewer": {"browse"}, "app": set()}
 
 
 CREDENTIALS = {
@@ -31,6 +32,7 @@ CREDENTIALS = {
     "not-basic": "Bearer abc",
     "no-colon": "Basic " + base64.b64encode(b"admin").decode(),
     "no-manage": basic("app", "app-pw"),
+    "browse-only": basic("viewer", "viewer-pw"),
     "manage": basic("admin", "admin-pw"),
 }
 
@@ -43,7 +45,7 @@ def make_api(*, secured: bool = True) -> tuple[ManagementApi, Harness]:
     h.producer("Q2", "queue")
     auth = BasicAuth(
         verify=lambda user, password: USERS.get(user) == password,
-        may_manage=lambda user: user == "admin",
+        permitted=lambda user, permission: permission in GRANTS.get(user, set()),
     )
     api = ManagementApi(
         InlineBridge(),
@@ -55,18 +57,7 @@ def make_api(*, secured: bool = True) -> tuple[ManagementApi, Harness]:
     return api, h
 
 
-def request(
-    api: ManagementApi,
-    method: str,
-    target: str,
-    *,
-    authorization: str | None = None,
-    body: dict[str, Any] | None = None,
-) -> Reply:
-    raw = json.dumps(body).encode() if body is not None else b""
-    return api.respond(
-        method, target, authorization=authorization, client="10.0.0.1", read_body=lambda: raw
-    )
+request = api_request
 
 
 # (method, path, body) of every endpoint, plus paths that are no endpoint.
@@ -235,6 +226,11 @@ def test_bodies_that_are_not_a_json_object_are_400(body: bytes, status: HTTPStat
     """Issue 15: JSON nested 100,000 deep is a 400, not a RecursionError 500."""
     api, _ = make_api(secured=False)
     reply = api.respond(
-        "POST", "/api/v1/queues/Q/purge", authorization=None, client="c", read_body=lambda: body
+        "POST",
+        "/api/v1/queues/Q/purge",
+        authorization=None,
+        client="c",
+        read_body=lambda: body,
+        csrf_token="test",
     )
     assert reply.status == status

@@ -37,7 +37,7 @@ class Verifier:
 
 def make() -> tuple[BasicAuth, Verifier, Clock]:
     verify, clock = Verifier(), Clock()
-    auth = BasicAuth(verify=verify, may_manage=lambda user: user == "admin", clock=clock)
+    auth = BasicAuth(verify=verify, permitted=lambda user, permission: user == "admin", clock=clock)
     return auth, verify, clock
 
 
@@ -82,7 +82,7 @@ def test_requests_without_credentials_are_not_failures() -> None:
 
 
 def test_a_user_without_manage_is_403() -> None:
-    auth = BasicAuth(verify=lambda user, password: True, may_manage=lambda user: False)
+    auth = BasicAuth(verify=lambda user, password: True, permitted=lambda user, p: False)
     refusal = auth.check(basic("app", "x"), "c")
     assert refusal is not None
     assert refusal.status == HTTPStatus.FORBIDDEN

@@ -12,6 +12,7 @@ from __future__ import annotations
 from random import Random
 
 import pytest
+from cproton_ffi import ffi, lib
 from support import frames as F
 
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
@@ -384,3 +385,117 @@ def test_transfer_on_a_consumer_link_closes_the_connection(peer: F.RawPeer, tag:
         (F.CLOSE, ("amqp:invalid-field", "transfer: a transfer on a link the broker sends on"))
     ]
     assert peer.connection.finished
+
+
+# -- What one connection may hold (issue 15 attack pass) -------------------------------------
+
+
+def _proton_endpoints(connection: AmqpConnection) -> tuple[int, int]:
+    """(sessions, links) Proton still keeps for the connection, in any state."""
+    impl = connection.connection._impl
+    sessions = links = 0
+    session = lib.pn_session_head(impl, 0)
+    while session != ffi.NULL:
+        sessions += 1
+        session = lib.pn_session_next(session, 0)
+    link = lib.pn_link_head(impl, 0)
+    while link != ffi.NULL:
+        links += 1
+        link = lib.pn_link_next(link, 0)
+    return sessions, links
+
+
+def test_the_open_offers_64_sessions_and_a_higher_channel_is_a_framing_error(
+    peer: F.RawPeer,
+) -> None:
+    """Issue 15: the open advertised channel-max 32767 and Proton took that many begins
+    (~3.7 KB each: 120 MB for one connection). Now channel-max is 63 (64 sessions, as
+    RabbitMQ 4's session_max_per_connection) and a begin on channel 64 ends it."""
+    [opened, _] = peer.opened()
+    assert F.performative_code(opened) == F.OPEN
+    assert opened.value[3] == 63
+    peer.send(*(F.frame(F.begin(), channel=c) for c in range(1, 64)))
+    assert F.close_condition(peer.received) is None
+    peer.send(F.frame(F.begin(), channel=64))
+    assert F.close_condition(peer.received) == "amqp:connection:framing-error"
+
+
+def test_a_257th_link_on_one_session_closes_the_connection(peer: F.RawPeer) -> None:
+    """Issue 15: a session took 2**31 handles, and Proton finds a link by name with a
+    linear search, so 20,000 consumer attaches on one connection cost 100 s of loop time
+    and 90 MB. Now 256 links fit on a session (RabbitMQ 4's link_max_per_session) and the
+    257th closes the connection with amqp:resource-limit-exceeded."""
+    peer.opened()
+    attaches = [
+        F.frame(F.attach(f"c{h}", handle=h, role_receiver=True, source=_source()))
+        for h in range(256)
+    ]
+    peer.send(*attaches)
+    assert F.close_condition(peer.received) is None
+    assert len(peer.connection.consumers) == 256
+    peer.send(F.frame(F.attach("c256", handle=256, role_receiver=True, source=_source())))
+    assert F.close_condition(peer.received) == "amqp:resource-limit-exceeded"
+    assert peer.connection.finished
+    assert not peer.connection.shell.consumers
+
+
+def test_links_detached_by_the_peer_free_their_place_on_the_session(peer: F.RawPeer) -> None:
+    """Issue 15: a link or session ended on both sides stayed in Proton until the
+    connection closed (~3 KB each): a client that attaches a sender per request leaked
+    memory on a long-lived connection. Now both are freed, and 1,000 attach/detach
+    cycles on one session fit within the 256-link cap."""
+    peer.opened()
+    cycles = [
+        F.frame(F.attach(f"p{n}", role_receiver=False, source=F.source("s"), target=_target()))
+        + F.frame(F.detach())
+        for n in range(1000)
+    ]
+    sessions = [
+        F.frame(F.begin(), channel=1)
+        + F.frame(F.attach(f"s{n}", role_receiver=True, source=_source()), channel=1)
+        + F.frame(F.end(), channel=1)
+        for n in range(100)
+    ]
+    for start in range(0, 1000, 100):
+        peer.send(*cycles[start : start + 100], *sessions[start // 10 : start // 10 + 10])
+    assert F.close_condition(peer.received) is None
+    assert _proton_endpoints(peer.connection) == (1, 0)
+    assert not peer.connection.consumers
+    assert not peer.connection.producers
+
+
+def test_declares_beyond_1024_open_transactions_are_rejected(peer: F.RawPeer) -> None:
+    """Issue 15: every declare added a transaction to the connection, without a bound.
+    Now a declare beyond 1024 open transactions is rejected with
+    amqp:resource-limit-exceeded; the coordinator stays, and a discharge frees a place."""
+    peer.opened()
+    coordinator = F.attach("txn", role_receiver=False, source=F.source("s"), target=F.coordinator())
+    peer.send(F.frame(coordinator))
+    declares = [
+        F.frame(F.transfer(delivery_id=n, tag=b"%d" % n), payload=F.declare()) for n in range(1025)
+    ]
+    for start in range(0, len(declares), 200):  # within the coordinator's credit
+        peer.send(*declares[start : start + 200])
+    errors = peer.errors()
+    assert len(peer.connection.transactions) == 1024
+    assert [e for _, e in errors] == [
+        ("amqp:resource-limit-exceeded", "more than 1024 transactions on one connection")
+    ]
+    first = next(iter(peer.connection.transactions))
+    peer.send(F.frame(F.transfer(delivery_id=1025, tag=b"d"), payload=F.discharge(first)))
+    peer.send(F.frame(F.transfer(delivery_id=1026, tag=b"n"), payload=F.declare()))
+    assert len(peer.connection.transactions) == 1024
+    assert len(peer.errors()) == 1
+
+
+def test_unknown_protocol_bytes_are_not_logged(
+    peer: F.RawPeer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 15 attack pass: a client that sent a second sasl-init after the broker's
+    SASL outcome had Proton quote it, password included, in a WARNING log line
+    ("Unknown protocol detected: '...PLAIN...nobody-pw'"). The bytes are no longer logged."""
+    second_init = F.frame(F.sasl_init("PLAIN", F.plain("nobody", "nobody-pw")), kind=F.SASL_FRAME)
+    peer.send(second_init, header=b"")
+    assert F.close_condition(peer.received) == "amqp:connection:framing-error"
+    assert "Unknown protocol detected (the bytes are not logged)" in caplog.text
+    assert "nobody-pw" not in caplog.text

@@ -13,17 +13,26 @@ the names of the files compacted (listed before the stream started, so `availabl
 read them all), which a broker with `event-log.keep-until-analyzed: true` never deletes
 before (issue 17; docs/analytics.md).
 
-Malformed lines never stop the job: the JSON reader runs PERMISSIVE with a corrupt-record
-column, and such rows are stored with their text so they can be counted (and inspected)
-later; every table reads `valid_events()` only.
+Malformed lines never stop the job: each line is parsed on its own (`from_json`, PERMISSIVE
+with a corrupt-record column), and such rows are stored with their text so they can be
+counted (and inspected) later; every table reads `valid_events()` only. A line holding a
+JSON array is one malformed line, not several events (issue 22 item 6: the JSON file
+reader would split it). Each row keeps the name of its `file`: a file never spans two
+runs of the broker, which is how restarts and `seq` gaps are found (item 2).
+
+One `--out` belongs to one events directory: SOURCE_FILE records which, and a run with
+another directory is refused (item 6: it would merge two logs).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -37,6 +46,7 @@ EVENT_FILES = ("*.jsonl", "*.jsonl.gz")
 # amqpbroker.eventlog.retention.COMPACTED_MARKER (a test checks they agree; the broker's
 # modules are not imported here).
 COMPACTED_MARKER = ".compacted.json"
+SOURCE_FILE = "source.json"  # in --out: the events directory this store was made from
 _NO_DICTIONARY = ("ts", "seq", "msg_id", "first_ts", "copy_msg_id", "amqp_message_id", "body_hash")
 
 
@@ -54,22 +64,135 @@ class Store:
     def checkpoint(self) -> Path:
         return self.out / "_checkpoint" / "compact"
 
+    @property
+    def counts(self) -> Path:
+        """The per-window counters so far (incremental_counts)."""
+        return self.out / "_state" / "counts"
+
+
+def incremental_counts(
+    spark: SparkSession,
+    store: Store,
+    events: DataFrame,
+    files: list[str],
+    window_ms: int,
+    count: Callable[[DataFrame, int], DataFrame],
+) -> DataFrame:
+    """`count(events, window_ms)` (an additive aggregate with an `events` column) over
+    the whole store, computed only over the files not counted before and merged with the
+    earlier result (issue 22 item 8): a second run costs what its new files cost.
+
+    `_state/counts.json` names the counted files and the result's directory; the merged
+    result goes to a new directory and the JSON is replaced after it is written, so a run
+    killed halfway leaves the last complete state. A changed window, or a store that no
+    longer holds a counted file, counts everything again."""
+    state_file = store.counts.with_suffix(".json")
+    try:
+        state = json.loads(state_file.read_text())
+    except (OSError, ValueError):
+        state = {}
+    counted = set(state.get("files", [])) if isinstance(state, dict) else set()
+    previous = store.counts.parent / str(state.get("dir", "")) if counted else None
+    usable = (
+        previous is not None
+        and state.get("window_ms") == window_ms
+        and counted <= set(files)
+        and previous.is_dir()
+    )
+    new = sorted(set(files) - counted)
+    if not usable:
+        fresh: DataFrame | None = count(events, window_ms)
+    else:
+        fresh = count(events.where(F.col("file").isin(new)), window_ms) if new else None
+    if usable and previous is not None:
+        old = spark.read.parquet(str(previous.resolve()))
+        if fresh is None:
+            return old
+        keys = [c for c in old.columns if c not in ("events", "address")]
+        merged = (
+            old.unionByName(fresh)
+            .groupBy(*keys)
+            .agg(F.min("address").alias("address"), F.sum("events").alias("events"))
+            .select(*old.columns)
+        )
+    else:
+        assert fresh is not None
+        merged = fresh
+    generation = int(state.get("generation", 0)) + 1 if isinstance(state, dict) else 1
+    target = store.counts.parent / f"counts-{generation}"
+    merged.write.mode("overwrite").parquet(str(target.resolve()))
+    tmp = state_file.with_name(state_file.name + ".tmp")
+    tmp.write_text(
+        json.dumps(
+            {
+                "files": sorted(set(files)),
+                "dir": target.name,
+                "window_ms": window_ms,
+                "generation": generation,
+            }
+        )
+        + "\n"
+    )
+    os.replace(tmp, state_file)
+    if previous is not None and previous.is_dir() and previous != target:
+        shutil.rmtree(previous, ignore_errors=True)
+    return spark.read.parquet(str(target.resolve()))
+
 
 def event_files(events_dir: Path) -> list[str]:
     """Names of the finished event files in `events_dir`."""
     return sorted(p.name for pattern in EVENT_FILES for p in events_dir.glob(pattern))
 
 
+def open_files(events_dir: Path) -> list[Path]:
+    """The `.part` files: being written (or left by a crash), never read (B-170)."""
+    return sorted(events_dir.glob("*.jsonl.part"))
+
+
+def claim(store: Store, events_dir: Path) -> None:
+    """Record that `store` is made from `events_dir`, or refuse another directory.
+
+    Raises:
+        ValueError: the store was made from another directory (the message says which).
+    """
+    source = store.out / SOURCE_FILE
+    mine = str(events_dir.resolve())
+    try:
+        recorded = json.loads(source.read_text()).get("events")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if recorded is None and store.events.exists():
+        raise ValueError(
+            f"{store.out} holds compacted events of an unknown events directory "
+            "(no source.json): use a new --out"
+        )
+    if recorded is not None and recorded != mine:
+        raise ValueError(
+            f"{store.out} holds the events of {recorded}, not {mine}: use another --out "
+            "(one report directory per event log, or two logs are merged)"
+        )
+    if recorded is None:
+        store.out.mkdir(parents=True, exist_ok=True)
+        source.write_text(json.dumps({"events": mine}) + "\n")
+
+
 def compact(spark: SparkSession, events_dir: Path, store: Store) -> int:
     """Append the lines of not-yet-read event files to the store; return how many."""
-    source = (
-        spark.readStream.schema(RAW_SCHEMA)
-        .option("mode", "PERMISSIVE")
-        .option("columnNameOfCorruptRecord", CORRUPT_RECORD)
+    lines = (
+        spark.readStream
         # The default (7 days, relative to the newest file) would silently skip an old
         # file copied in later; the seen-files log is small next to the events.
         .option("maxFileAge", "3650d")
-        .json(str(events_dir.resolve() / "*.{jsonl,jsonl.gz}"))
+        .text(str(events_dir.resolve() / "*.{jsonl,jsonl.gz}"))
+        .where(F.trim("value") != "")
+    )
+    parsed = F.from_json(
+        "value",
+        RAW_SCHEMA,
+        {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_RECORD},
+    )
+    source = lines.select(parsed.alias("e"), F.col("_metadata.file_name").alias("file")).select(
+        "e.*", "file"
     )
     writer = (
         source.withColumn("date", F.to_date(F.timestamp_millis("ts")))
@@ -128,14 +251,35 @@ def valid_events(stored: DataFrame) -> DataFrame:
     return stored.where(_valid()).drop(CORRUPT_RECORD)
 
 
-def overview(stored: DataFrame) -> tuple[int, int, int | None, int | None]:
-    """(valid events, malformed lines, first ts, last ts) in one scan."""
+def overview(stored: DataFrame) -> tuple[int, int, int | None, int | None, list[dict[str, Any]]]:
+    """(valid events, malformed lines, first ts, last ts, per-file rows) in one scan.
+
+    A per-file row has the file's broker, first and last `seq`, `events` (lines with a
+    seq), `valid`, `malformed`, `first_ts`, `last_ts`: what report.broker_runs reads to
+    find restarts and seq gaps (B-170: seq starts at 1 with every writer, a file never
+    spans two runs)."""
     valid = _valid()
-    row = stored.agg(
-        F.sum(F.when(valid, 1).otherwise(0)).alias("events"),
-        F.sum(F.when(valid, 0).otherwise(1)).alias("malformed"),
-        F.min(F.when(valid, F.col("ts"))).alias("first_ts"),
-        F.max(F.when(valid, F.col("ts"))).alias("last_ts"),
-    ).first()
-    assert row is not None
-    return int(row["events"] or 0), int(row["malformed"] or 0), row["first_ts"], row["last_ts"]
+    rows = (
+        stored.groupBy("file")
+        .agg(
+            F.first("broker", ignorenulls=True).alias("broker"),
+            F.min("seq").alias("first_seq"),
+            F.max("seq").alias("last_seq"),
+            F.count("seq").alias("events"),
+            F.sum(F.when(valid, 1).otherwise(0)).alias("valid"),
+            F.sum(F.when(valid, 0).otherwise(1)).alias("malformed"),
+            F.min(F.when(valid, F.col("ts"))).alias("first_ts"),
+            F.max(F.when(valid, F.col("ts"))).alias("last_ts"),
+        )
+        .collect()
+    )
+    files = [row.asDict() for row in rows]
+    firsts = [f["first_ts"] for f in files if f["first_ts"] is not None]
+    lasts = [f["last_ts"] for f in files if f["last_ts"] is not None]
+    return (
+        sum(int(f["valid"] or 0) for f in files),
+        sum(int(f["malformed"] or 0) for f in files),
+        min(firsts, default=None),
+        max(lasts, default=None),
+        files,
+    )

@@ -85,6 +85,14 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         "--outage-failure-rate", type=float, default=defaults.outage_failure_rate, metavar="R"
     )
     parser.add_argument(
+        "--outage-gap",
+        type=float,
+        default=defaults.outage_gap_ms / 1000,
+        metavar="SECONDS",
+        help="failures further apart than this start a new run (outage detection; "
+        "default %(default)g)",
+    )
+    parser.add_argument(
         "--poison-min-failures", type=int, default=defaults.poison_min_failures, metavar="N"
     )
     parser.add_argument(
@@ -96,6 +104,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
 def options_from(args: argparse.Namespace) -> JobOptions:
     if args.window <= 0:
         raise AnalyzeError("--window must be positive")
+    if args.outage_gap <= 0:
+        raise AnalyzeError("--outage-gap must be positive")
     return JobOptions(
         events=args.events,
         out=args.out,
@@ -108,6 +118,7 @@ def options_from(args: argparse.Namespace) -> JobOptions:
             ),
             outage_min_failures=args.outage_min_failures,
             outage_failure_rate=args.outage_failure_rate,
+            outage_gap_ms=int(args.outage_gap * 1000),
             poison_min_failures=args.poison_min_failures,
             poison_min_messages=args.poison_min_messages,
         ),
@@ -214,7 +225,12 @@ class _Tables:
 
 
 def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr) -> report.Results:
-    """The whole job on `spark`; returns what it reported."""
+    """The whole job on `spark`; returns what it reported.
+
+    Raises:
+        AnalyzeError: bad input (CONTRACT: exit 1): `--out` made from another events
+            directory, or no valid event at all.
+    """
     started = time.monotonic()
     check_input(options)
     settings = options.settings
@@ -222,11 +238,16 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
     out.mkdir(parents=True, exist_ok=True)
     configure(spark)
     store = ingest.Store(out)
+    try:
+        ingest.claim(store, options.events)
+    except ValueError as e:
+        raise AnalyzeError(str(e)) from None
     progress = Progress(spark.sparkContext, total_steps=STEPS, stream=stream)
     saved = _Tables(out)
     save = saved.save
 
     with progress.step("compacting new event files into Parquet"):
+        open_files = [report.OpenFile.of(p) for p in ingest.open_files(options.events)]
         listed = ingest.event_files(options.events)  # availableNow reads at least these
         new_lines = ingest.compact(spark, options.events, store)
     try:
@@ -235,10 +256,22 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
         stream.write(f"warning: cannot record the compacted files in {options.events}: {e}\n")
     stored = ingest.stored_events(spark, store)
     events = ingest.valid_events(stored)
-    with progress.step("counting events"):
-        total, malformed, first_ts, last_ts = ingest.overview(stored)
+    with progress.step("counting events, broker runs"):
+        total, malformed, first_ts, last_ts, files = ingest.overview(stored)
+        if total == 0:
+            raise AnalyzeError(
+                f"no valid event in {options.events} ({malformed:,} malformed lines): "
+                "nothing to analyze"
+            )
     with progress.step("per-queue counters, attempts"):
-        counts = tables.event_counts(events, settings.window_ms).cache()
+        counts = ingest.incremental_counts(
+            spark,
+            store,
+            events,
+            [f["file"] for f in files if f["file"] is not None],
+            settings.window_ms,
+            tables.event_counts,
+        ).cache()
         saved.cached.append(counts)
         windows = save("queue_windows", tables.queue_windows(counts))
         totals = save("queue_totals", tables.queue_totals(windows))
@@ -255,20 +288,43 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
         histogram = save(
             "time_to_dead_letter_histogram", tables.time_to_dead_letter_histogram(dead)
         )
-    with progress.step("errors and poison candidates"):
+    with progress.step("errors, outages and poison candidates"):
         failed = tables.failures(triage).cache()
         saved.cached.append(failed)
         errors = save("errors", tables.top_errors(tables.error_counts(failed), settings.top_errors))
-        poison = save("poison", tables.poison_candidates(failed, settings))
+        # The acks, narrowed and kept: outages and poison read them three times.
+        acks = tables.acks(events).cache()
+        saved.cached.append(acks)
+        runs = tables.failure_runs(failed, acks, settings).cache()
+        saved.cached.append(runs)
+        outages = save("outages", tables.outages(runs, acks, settings))
+        poison = save("poison", tables.poison_candidates(failed, acks, settings))
+        per_queue = save("queue_failures", tables.queue_failures(failed, events))
+        hashed = failed.agg(
+            F.count(F.lit(1)).alias("failures"),
+            F.count("body_hash").alias("hashed"),
+        ).first()
     with progress.step("redrive candidates"):
-        copies = tables.still_queued_copies(dead, events)
-        outages = tables.outage_messages(failed, windows, settings)
-        redrive = save("redrive", tables.redrive_candidates(copies, outages, poison, settings))
+        copies = tables.still_queued_copies(dead, events, report.last_starts(files))
+        outage_msgs = tables.outage_messages(runs, outages)
+        classified = save(
+            "dead_letters", tables.classify_dead_letters(copies, outage_msgs, poison, settings)
+        )
+        redrive = save("redrive", tables.redrive_candidates(classified))
+        groups = classified.groupBy("queue", "basis", "held_back").agg(
+            F.count(F.lit(1)).alias("messages"),
+            F.array_sort(F.collect_set("original_address")).alias("original_addresses"),
+            F.array_sort(F.collect_set("error_condition")).alias("error_conditions"),
+            F.array_sort(F.array_distinct(F.flatten(F.collect_list("also_in")))).alias("also_in"),
+            F.min("dead_lettered_ts").alias("first_ms"),
+            F.max("dead_lettered_ts").alias("last_ms"),
+        )
     with progress.step("writing report.html, summary.json, redrive.jsonl"):
         ordered = redrive.orderBy("queue", "msg_id")
         redrive_count = report.write_redrive(
             out / "redrive.jsonl", (row.asDict() for row in ordered.toLocalIterator())
         )
+        assert hashed is not None
         results = report.Results(
             events=total,
             malformed_lines=malformed,
@@ -294,6 +350,16 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
             poison=sorted(_rows(poison, "key_type", "key"), key=lambda r: -int(r["failures"])),
             redrive_count=redrive_count,
             redrive_sample=_rows(ordered.limit(50), "queue", "msg_id"),
+            outages=_rows(outages.where("failing"), "queue", "start_ms"),
+            queue_failures=_rows(per_queue, "queue"),
+            redrive_groups=_rows(groups, "queue", "basis", "held_back"),
+            files=files,
+            open_files=open_files,
+            failures=int(hashed["failures"]),
+            hashed_failures=int(hashed["hashed"]),
+            settings=settings,
+            events_dir=str(options.events),
+            out_dir=str(out),
         )
         saved.release()
         (out / "summary.json").write_text(json.dumps(report.summary(results), indent=2) + "\n")

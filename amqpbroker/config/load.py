@@ -796,6 +796,19 @@ def _security(c: Checker, wildcards: WildcardConfig | None) -> Converter:
     return convert
 
 
+def _body_hash(c: Checker) -> Converter:
+    """`event-log.body-hash`: true, false or keyed (EventLogConfig)."""
+
+    def convert(node: yaml.Node, path: str) -> Any:
+        value = c.value(node) if isinstance(node, yaml.ScalarNode) else None
+        if value is True or value is False or value == "keyed":
+            return value
+        c.problem(node, path, f"must be true, false or keyed: {value!r}")
+        return _MISSING
+
+    return convert
+
+
 def _event_log(c: Checker, node: yaml.Node, path: str) -> Any:
     s = c.typed
     values = c.mapping(
@@ -805,7 +818,7 @@ def _event_log(c: Checker, node: yaml.Node, path: str) -> Any:
             "enabled": s(bool),
             "level": c.choice(EVENT_LOG_LEVELS),
             "properties": c.strings,
-            "body-hash": s(bool),
+            "body-hash": _body_hash(c),
             "max-file-bytes": s(int, NUMERIC_KEYS["event-log.max-file-bytes"]),
             "max-file-age": s(int, NUMERIC_KEYS["event-log.max-file-age"]),
             "compress": s(bool),

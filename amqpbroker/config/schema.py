@@ -91,7 +91,10 @@ class EventLogConfig:
     enabled: bool = True
     level: str = "lifecycle"  # off | failures | lifecycle
     properties: tuple[str, ...] = ()
-    body_hash: bool = False
+    # false | true (SHA-256, B-170) | "keyed" (HMAC-SHA-256 with a random key kept in
+    # DATA_DIR/event-log.key: payload identity for poison detection without exposing the
+    # content to a dictionary attack; issue 22 item 3, docs/decisions.md).
+    body_hash: bool | str = "keyed"
     max_file_bytes: int = 64 * 1024 * 1024
     max_file_age: int = 300_000  # ms
     # Retention and the disk budget (issue 17; eventlog/retention.py, docs/decisions.md).

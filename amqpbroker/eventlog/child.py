@@ -59,6 +59,7 @@ import contextlib
 import datetime
 import gzip
 import hashlib
+import hmac
 import json
 import logging
 import os
@@ -243,7 +244,9 @@ class ChildWriter:
         self.broker_json = _encode_string(config["broker"])
         self.template = template({"broker": self.broker_json})
         self.properties: tuple[str, ...] = tuple(config["properties"])
-        self.body_hash: bool = config["body_hash"]
+        keyed = config["body_hash"] == "keyed"
+        self.body_hash: bool = keyed or bool(config["body_hash"])
+        self.body_key: bytes | None = None
         self.max_file_bytes: int = config["max_file_bytes"]
         self.max_file_age: int = config["max_file_age"]  # ms
         self.compress: bool = config.get("compress", False)
@@ -254,6 +257,9 @@ class ChildWriter:
         self.dropped_total = 0
         self.failed = False
         self.logs: list[tuple[int, str]] = []
+        if keyed:
+            self.body_key = self._body_key(Path(config["body_key_file"]))
+            self.body_hash = self.body_key is not None
         # Retention and the free-space floor (issue 17): `None` limits are a share of the
         # data directory's file system, worked out once here.
         fs_bytes = self._fs_bytes()
@@ -486,6 +492,35 @@ class ChildWriter:
         self._shapes[key] = texts
         return texts
 
+    def _body_key(self, path: Path) -> bytes | None:
+        """The key of `body-hash: keyed` (issue 22 item 3): 32 random bytes in `path`,
+        made on first use (mode 0600, O_EXCL: two writers never make two keys). None, and
+        an error logged, when it cannot be read or made: events then carry no body_hash
+        (and `analyze` says so) rather than a hash nobody can compare."""
+        for _ in range(2):
+            try:
+                key = path.read_bytes()
+                if len(key) >= 16:
+                    return key
+                raise OSError(f"{path} is too short ({len(key)} bytes)")
+            except FileNotFoundError:
+                try:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                except FileExistsError:
+                    continue
+                except OSError as e:
+                    self.log(logging.ERROR, f"event log: cannot create {path} ({e}): no body_hash")
+                    return None
+                with os.fdopen(fd, "wb") as f:
+                    f.write(os.urandom(32))
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError as e:
+                self.log(logging.ERROR, f"event log: cannot read {path} ({e}): no body_hash")
+                return None
+        return None
+
     def _message_info(self, msg_id: int, data: bytes, size: int) -> tuple[str, str, str]:
         info = self._info.get(msg_id)
         return self._decode(data, size, msg_id) if info is None else info
@@ -506,7 +541,10 @@ class ChildWriter:
             body_hash = "null"
             if self.body_hash:
                 body = data[sections.scan(data).body_start :]
-                body_hash = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+                if self.body_key is None:
+                    body_hash = '"' + hashlib.sha256(body).hexdigest()[:16] + '"'
+                else:
+                    body_hash = '"' + hmac.digest(self.body_key, body, "sha256").hex()[:16] + '"'
             info = (amqp_json, props, body_hash)
         except ValueError as e:  # sections.SectionError: bytes the decoder rejects
             # The head of a long message (Emitter.data_limit) may end inside a section:

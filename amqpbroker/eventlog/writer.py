@@ -80,6 +80,7 @@ PIPE_BYTES = 1 << 20  # asked of the kernel for the frame pipe (Linux; 64 KiB ot
 # Without props or body_hash an event needs only the head of a message, where
 # properties.message-id is: a megabyte message costs the hand-off no more than a small one.
 HEAD_BYTES = 64 << 10
+BODY_KEY_FILE = "event-log.key"  # in DATA_DIR: the key of `body-hash: keyed`
 DiskFigures = tuple[int, int, int | None, int, int, int, int]  # see EventLogWriter.disk
 NO_FILES: DiskFigures = (0, 0, None, 0, 0, 0, 0)  # before the writer process reports
 
@@ -200,6 +201,9 @@ class EventLogWriter:
                 "broker": self.broker,
                 "properties": list(self.config.properties),
                 "body_hash": self.config.body_hash,
+                # The key of a keyed hash: read (or made) by the writer process, never
+                # passed on its command line.
+                "body_key_file": str(self.directory.parent / BODY_KEY_FILE),
                 "max_file_bytes": self.config.max_file_bytes,
                 "max_file_age": self.config.max_file_age,
                 "compress": self.config.compress,

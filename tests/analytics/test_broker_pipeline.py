@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,9 +22,9 @@ from typing import Any
 import pytest
 from proton import Message
 from pyspark.sql import SparkSession
-from support.client import Capabilities, connect, reject_with, settle_modified
+from support.client import Capabilities, connect, settle_as
 from support.event_files import read_events
-from support.process import BrokerProcess, start_broker
+from support.process import BrokerProcess, retry_ids, start_broker
 from support.waiting import wait_until
 
 from amqpbroker.analytics.job import JobOptions, run
@@ -66,13 +64,7 @@ def run_scenario(broker: BrokerProcess) -> None:
         receiver = conn.create_receiver(address, name=f"{address}-worker", options=QUEUE)
         while any(plan.values()):
             message = receiver.receive(timeout=5)
-            action, condition = plan[message.id].pop(0)
-            if action == "accept":
-                receiver.accept()
-            elif action == "fail":
-                settle_modified(receiver)
-            else:
-                reject_with(receiver, condition or "", action)
+            settle_as(receiver, *plan[message.id].pop(0))
         receiver.close()
 
     send(
@@ -155,7 +147,7 @@ def test_every_line_of_the_real_log_is_stored_field_for_field(
     """B-170 types: the explicit schema reads what the broker writes, nothing lost."""
     broker, out, _ = analyzed
     lines = events_on_disk(broker)
-    stored = spark.read.parquet(str(out / "events")).drop("date", "_corrupt_record")
+    stored = spark.read.parquet(str(out / "events")).drop("date", "_corrupt_record", "file")
     rows = sorted((r.asDict(recursive=True) for r in stored.collect()), key=lambda r: r["seq"])
     assert rows == lines
     assert {e["event"] for e in lines} >= {"sent", "dead-lettered", "expired", "acked"}
@@ -254,6 +246,8 @@ def test_retry_with_the_redrive_list_puts_back_exactly_those_messages(analyzed: 
     entry = json.loads(line)
     copies = api(broker, "/api/v1/queues/DLQ.orders/messages")
     by_body = {m["body_preview"]: m["msg_id"] for m in copies}
+    assert entry.pop("original_msg_id") < entry["msg_id"]
+    assert entry.pop("dead_lettered_ts") > 0
     assert entry == {
         "msg_id": by_body["order-3"],
         "queue": "DLQ.orders",
@@ -262,23 +256,10 @@ def test_retry_with_the_redrive_list_puts_back_exactly_those_messages(analyzed: 
         "reason": "rejected",
         "error_condition": TRANSIENT,
         "amqp_message_id": "o-3",
+        "basis": "transient-condition",
+        "also_in": [],
     }
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "amqpbroker",
-            "retry",
-            "DLQ.orders",
-            "--ids",
-            str(out / "redrive.jsonl"),
-            "--url",
-            f"http://127.0.0.1:{broker.ports['http']}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    result = retry_ids(broker, "DLQ.orders", out / "redrive.jsonl")
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "retried 1 message(s) from DLQ.orders"
     back = [m["body_preview"] for m in api(broker, "/api/v1/queues/orders/messages")]

@@ -14,7 +14,8 @@ from pyspark.sql import SparkSession
 from support.synth_events import generate
 
 from amqpbroker.analytics.ingest import COMPACTED_MARKER
-from amqpbroker.analytics.job import JobOptions, main, run
+from amqpbroker.analytics.job import AnalyzeError, JobOptions, main, run
+from amqpbroker.analytics.report import terminal_summary
 from amqpbroker.analytics.tables import TriageSettings
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
@@ -106,7 +107,8 @@ def test_compacted_marker_name_is_the_brokers() -> None:
 
 
 def test_second_run_reads_only_new_files(spark: SparkSession, tmp_path: Path) -> None:
-    """Incremental compaction: seen files are skipped, .part files are never read."""
+    """Incremental compaction: seen files are skipped, .part files are never read; the
+    counters are merged with the new file's (issue 22 item 8)."""
     events, out = tmp_path / "events", tmp_path / "out"
     events.mkdir()
     (events / "events-1.jsonl").write_text(lines((1, "enqueued"), (2, "enqueued")))
@@ -121,6 +123,11 @@ def test_second_run_reads_only_new_files(spark: SparkSession, tmp_path: Path) ->
     assert summary["queues"]["q"]["enqueued"] == 3
     assert summary["queues"]["q"]["acked"] == 1
     assert list((out / "events").glob("date=2026-01-01"))
+    # Issue 22 item 8: the counters of the second run are the first run's plus those of
+    # the new file only, merged (the sums above are what a full recount gives).
+    state = json.loads((out / "_state" / "counts.json").read_text())
+    assert (state["files"], state["generation"]) == (["events-1.jsonl", "events-2.jsonl"], 2)
+    assert [p.name for p in (out / "_state").glob("counts-*")] == ["counts-2"]
 
 
 @pytest.mark.parametrize(
@@ -173,3 +180,64 @@ def test_the_broker_never_imports_pyspark() -> None:
         "'amqpbroker.analytics') for m in sys.modules))"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0
+
+
+def seq_lines(*events: tuple[int, int, str]) -> str:
+    """(ts offset, seq, event) lines of queue q, msg_id = ts offset."""
+    return "".join(
+        LINE.format(ts=1_767_225_600_000 + t, seq=s, event=e, msg=t, queue='"q"')
+        for t, s, e in events
+    )
+
+
+def test_restarts_seq_gaps_and_the_open_file_are_reported(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Issue 22 items 2 and 6 (B-170): `seq` starting again at 1 is a restart, a gap in
+    `seq` is dropped events; the `.part` file (the incident in progress) is named with
+    its size, never skipped without a word; a JSON array on one line is one malformed
+    line, not several events. All on stdout too."""
+    events, out = tmp_path / "events", tmp_path / "out"
+    events.mkdir()
+    (events / "events-1.jsonl").write_text(seq_lines((1, 1, "enqueued"), (2, 2, "acked")))
+    (events / "events-2.jsonl").write_text(seq_lines((3, 3, "enqueued"), (9, 7, "acked")))
+    restart = seq_lines((20, 1, "enqueued"), (21, 2, "acked"))
+    array = "[" + ",".join(restart.splitlines()) + "]\n"
+    (events / "events-3.jsonl").write_text(restart + array)
+    (events / "events-4.jsonl.part").write_text(seq_lines((30, 3, "enqueued")))
+    results = run(JobOptions(events=events, out=out), spark, stream=io.StringIO())
+    stdout = terminal_summary(results, out)  # what `main` prints
+    results_runs = json.loads((out / "summary.json").read_text())
+    assert (results_runs["events"], results_runs["malformed_lines"]) == (6, 1)
+    assert "WARNING: the broker restarted 1 time(s) (at 2026-01-01 00:00:00Z)" in stdout
+    assert "WARNING: 3 event(s) missing (seq gaps" in stdout
+    assert "WARNING: NOT ANALYZED: events-4.jsonl.part is still being written (1 lines" in stdout
+    html = (out / "report.html").read_text()
+    assert "events-4.jsonl.part" in html
+    assert "restarted 1 time" in html
+
+
+def test_an_out_directory_of_another_event_log_is_refused(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Issue 22 item 6: one --out holds one event log; reusing it for another directory
+    would merge two logs: refused (exit 1 from the command line)."""
+    first, second, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
+    for d in (first, second):
+        d.mkdir()
+        (d / "events-1.jsonl").write_text(lines((1, "enqueued")))
+    run(JobOptions(events=first, out=out), spark, stream=io.StringIO())
+    stored = sorted((out / "events").rglob("*.parquet"))
+    with pytest.raises(AnalyzeError, match=r"holds the events of .*/a, not .*/b"):
+        run(JobOptions(events=second, out=out), spark, stream=io.StringIO())
+    assert sorted((out / "events").rglob("*.parquet")) == stored  # nothing merged
+
+
+def test_a_log_without_one_valid_event_is_bad_input(spark: SparkSession, tmp_path: Path) -> None:
+    """Issue 22 item 6, CONTRACT: a run that read no valid event is an error (exit 1),
+    not an empty report."""
+    events = tmp_path / "events"
+    events.mkdir()
+    (events / "events-1.jsonl").write_text('{oops\n[{"ts": 1}]\n')
+    with pytest.raises(AnalyzeError, match=r"no valid event in .* \(2 malformed lines\)"):
+        run(JobOptions(events=events, out=tmp_path / "out"), spark, stream=io.StringIO())

@@ -87,7 +87,7 @@ def test_poison_needs_the_same_payload_failing_on_several_messages(spark: SparkS
         ev("dead-lettered", 2, reason="rejected", body_hash="bbb", connection=None),
         ev("dead-lettered", 3, reason="rejected", body_hash="bbb", queue="r"),
     )
-    poison = tables.poison_candidates(tables.failures(events), TriageSettings())
+    poison = tables.poison_candidates(tables.failures(events), events, TriageSettings())
     rows = [
         (r.key_type, r.key, r.failures, r.messages, r.consumers, r.queues) for r in poison.collect()
     ]
@@ -100,63 +100,189 @@ def _dead_letter(msg_id: int, copy: int, *, ts: int, **more: Any) -> dict[str, A
         msg_id,
         ts=ts,
         copy_msg_id=copy,
-        target_queues=["DLQ.q"],
-        **{"reason": "max-attempts", **more},
+        **{"reason": "max-attempts", "target_address": "DLA", "target_queues": ["DLQ.q"], **more},
     )
+
+
+def _victim(msg_id: int, ts: int, *, body: str | None = "", **more: Any) -> list[dict[str, Any]]:
+    """A message failing three times in a row: max-delivery-attempts, no error. Its own
+    body unless `body` is given."""
+    body = body if body != "" else f"body-{msg_id}"
+    return [
+        ev("returned", msg_id, ts=ts, reason="modified-failed", body_hash=body, **more),
+        ev("returned", msg_id, ts=ts + 1, reason="modified-failed", body_hash=body, **more),
+        _dead_letter(msg_id, 1000 + msg_id, ts=ts + 2, body_hash=body, **more),
+    ]
+
+
+def classify(
+    spark: SparkSession, events: list[dict[str, Any]], settings: TriageSettings
+) -> dict[int, tuple[str, list[str], str | None, str | None]]:
+    """copy msg_id -> (queue to drain, also_in, basis, held_back) over the whole chain."""
+    frame_ = frame(spark, *events)
+    failed = tables.failures(frame_)
+    runs = tables.failure_runs(failed, frame_, settings)
+    outages = tables.outages(runs, frame_, settings)
+    classified = tables.classify_dead_letters(
+        tables.still_queued_copies(tables.dead_letters(frame_), frame_),
+        tables.outage_messages(runs, outages),
+        tables.poison_candidates(failed, frame_, settings),
+        settings,
+    )
+    return {r.msg_id: (r.queue, r.also_in, r.basis, r.held_back) for r in classified.collect()}
+
+
+SETTINGS = TriageSettings(window_ms=MINUTE, outage_min_failures=6, outage_gap_ms=10_000)
+HEALTHY_AFTER = [ev("acked", 900 + n, ts=T0 + 20 * MINUTE + n, reason="accepted") for n in range(3)]
 
 
 def test_redrive_takes_ended_outages_and_transient_conditions_never_poison(
     spark: SparkSession,
 ) -> None:
-    """B-171 copies still in the DLQ; outage over (a healthy window follows); no poison."""
-    settings = TriageSettings(window_ms=MINUTE, outage_min_failures=2)
-    outage = [
-        e
-        for m in (1, 2)
-        for e in (
-            ev("returned", m, ts=T0 + m, reason="modified-failed"),
-            _dead_letter(m, 100 + m, ts=T0 + 10 + m),
-        )
-    ]
-    healthy_later = [ev("acked", 3, ts=T0 + 2 * MINUTE, reason="accepted")]
-    consumed_copy = [ev("acked", 102, ts=T0 + 3 * MINUTE, queue="DLQ.q", reason="accepted")]
+    """B-171 copies still in the DLQ; outage over (an ack follows); no poison."""
+    outage = [e for m in (1, 2, 3) for e in _victim(m, T0 + 1000 * m)]
+    consumed_copy = [ev("acked", 1002, ts=T0 + 3 * MINUTE, queue="DLQ.q", reason="accepted")]
     transient = [
         _dead_letter(
             4,
-            104,
+            1004,
             ts=T0 + 5 * MINUTE,
             reason="rejected",
             error_condition="amqp:resource-limit-exceeded",
-        ),
-        ev("acked", 6, ts=T0 + 5 * MINUTE, reason="accepted"),
-        ev("acked", 7, ts=T0 + 5 * MINUTE, reason="accepted"),
+        )
     ]
-    poison = [
-        _dead_letter(m, 100 + m, ts=T0 + 6 * MINUTE, reason="rejected", body_hash="bad")
-        for m in (8, 9)
+    poison = [e for m in (8, 9) for e in _victim(m, T0 + 2 * MINUTE + m, body="bad")] + [
+        _dead_letter(
+            10,
+            1010,
+            ts=T0 + 2 * MINUTE,
+            reason="rejected",
+            body_hash="bad",
+            error_condition="amqp:resource-limit-exceeded",
+        )
     ]
-    still_failing = [
-        _dead_letter(10, 110, ts=T0 + 7 * MINUTE),
-        _dead_letter(11, 111, ts=T0 + 7 * MINUTE),
-    ]
-    events = frame(
-        spark, *outage, *healthy_later, *consumed_copy, *transient, *poison, *still_failing
+    still_failing = [e for m in (11, 12, 13) for e in _victim(m, T0 + 30 * MINUTE + m)]
+    got = classify(
+        spark,
+        [*outage, *consumed_copy, *transient, *poison, *HEALTHY_AFTER, *still_failing],
+        SETTINGS,
     )
-    counts = tables.event_counts(events, MINUTE)
-    windows = tables.queue_windows(counts)
-    failed = tables.failures(events)
-    dead = tables.dead_letters(events)
-    redrive = tables.redrive_candidates(
-        tables.still_queued_copies(dead, events),
-        tables.outage_messages(failed, windows, settings),
-        tables.poison_candidates(failed, TriageSettings(poison_min_failures=2)),
-        settings,
-    )
-    rows = sorted((r.msg_id, r.queue, r.original_queue, r.basis) for r in redrive.collect())
-    assert rows == [
-        (101, "DLQ.q", "q", "outage-window"),
-        (104, "DLQ.q", "q", "transient-condition"),
+    assert got == {
+        1001: ("DLQ.q", [], "outage-window", None),
+        1003: ("DLQ.q", [], "outage-window", None),
+        1004: ("DLQ.q", [], "transient-condition", None),
+        1008: ("DLQ.q", [], "outage-window", "poison"),
+        1009: ("DLQ.q", [], "outage-window", "poison"),
+        1010: ("DLQ.q", [], "transient-condition", "poison"),
+        1011: ("DLQ.q", [], None, None),  # no ack after: the outage has not ended
+        1012: ("DLQ.q", [], None, None),
+        1013: ("DLQ.q", [], None, None),
+    }
+
+
+def test_an_outage_never_overrides_an_explicit_non_transient_rejection(
+    spark: SparkSession,
+) -> None:
+    """Issue 22 item 1: a bad deploy rejects 12 different messages `app:schema-violation`
+    in a few seconds (a run of failures at 100%, then healthy acks): none is listed;
+    max-attempts victims of the same run are."""
+    deploy = [
+        _dead_letter(
+            m,
+            1000 + m,
+            ts=T0 + 100 * m,
+            reason="rejected",
+            error_condition="app:schema-violation",
+            body_hash=f"b{m}",
+        )
+        for m in range(1, 13)
     ]
+    victims = [e for m in (20, 21) for e in _victim(m, T0 + 1300 + m, body=f"v{m}")]
+    got = classify(spark, [*deploy, *victims, *HEALTHY_AFTER], SETTINGS)
+    assert {k: v[2] for k, v in got.items()} == {
+        **{1000 + m: None for m in range(1, 13)},
+        1020: "outage-window",
+        1021: "outage-window",
+    }
+
+
+def test_outage_runs_start_at_the_first_failure_not_a_window_boundary(
+    spark: SparkSession,
+) -> None:
+    """Issue 22 item 5: an outage starting 5 s before a minute boundary keeps its first
+    victims (fixed windows put them in a window with too few failures). The outage is
+    reported with its start, end and failures."""
+    start = 10 * MINUTE + T0 + MINUTE - 5_000
+    victims = [e for m in range(1, 11) for e in _victim(m, start + 2_000 * m, body=f"p{m}")]
+    # Sporadic failures every 40 s before, between acks: never an outage, and no chain
+    # that would pull the outage's start back or dilute its rate.
+    sporadic = [
+        e
+        for k in range(1, 15)
+        for e in (
+            ev("returned", 100 + k, ts=start - 40_000 * k, reason="modified-failed"),
+            *[
+                ev("acked", 200 + 10 * k + n, ts=start - 40_000 * k + n, reason="accepted")
+                for n in range(10)
+            ],
+        )
+    ]
+    settings = TriageSettings(window_ms=MINUTE, outage_min_failures=10, outage_gap_ms=60_000)
+    everything = [*sporadic, *victims, *HEALTHY_AFTER]
+    got = classify(spark, everything, settings)
+    assert {k: v[2] for k, v in got.items()} == {1000 + m: "outage-window" for m in range(1, 11)}
+    events = frame(spark, *everything)
+    runs = tables.failure_runs(tables.failures(events), events, settings)
+    [outage] = tables.outages(runs, events, settings).collect()
+    assert (outage.queue, outage.start_ms, outage.end_ms, outage.failures, outage.acked) == (
+        "q",
+        start + 2_000,
+        start + 20_002,
+        30,
+        0,
+    )
+    assert (outage.failing, outage.ended_ms) == (True, T0 + 20 * MINUTE)
+
+
+def test_a_payload_acked_meanwhile_is_not_poison(spark: SparkSession) -> None:
+    """Issue 22 item 5: a shared body (`{"op":"refresh"}`) that an outage failed on five
+    messages, but that was acked on the queue in the same period, is no poison: its
+    victims are listed. A body never acked stays poison and is held back."""
+    refresh = [e for m in range(1, 6) for e in _victim(m, T0 + 1000 * m, body="refresh")]
+    poison = [e for m in (6, 7) for e in _victim(m, T0 + 1000 * m, body="bad")]
+    acked_before = [ev("acked", 50, ts=T0 - 30_000, reason="accepted", body_hash="refresh")]
+    got = classify(spark, [*refresh, *poison, *acked_before, *HEALTHY_AFTER], SETTINGS)
+    assert {k: (v[2], v[3]) for k, v in got.items()} == {
+        **{1000 + m: ("outage-window", None) for m in range(1, 6)},
+        1006: ("outage-window", "poison"),
+        1007: ("outage-window", "poison"),
+    }
+
+
+def test_an_unchecked_payload_is_held_back(spark: SparkSession) -> None:
+    """Issue 22 item 3: without a body_hash (body-hash off) an outage victim's payload was
+    not checked for poison: held back, never listed."""
+    victims = [e for m in (1, 2, 3) for e in _victim(m, T0 + 1000 * m, body=None)]
+    got = classify(spark, [*victims, *HEALTHY_AFTER], SETTINGS)
+    assert {v[3] for v in got.values()} == {"payload-not-checked"}
+
+
+def test_one_line_per_dead_letter_naming_the_queue_to_drain(spark: SparkSession) -> None:
+    """Issue 22 item 4: with the shipped config the copy sits in `DLA` and `DLQ.q` (one
+    copy id): one line, draining `DLQ.q`, `also_in` the DLA queue; a copy consumed from
+    DLQ.q but still in DLA is named in DLA."""
+    both = ["DLA", "DLQ.q"]
+    rejected = {"reason": "rejected", "error_condition": "amqp:resource-limit-exceeded"}
+    events = [
+        _dead_letter(1, 101, ts=T0, target_queues=both, **rejected),
+        _dead_letter(2, 102, ts=T0, target_queues=both, **rejected),
+        ev("acked", 102, ts=T0 + 5, queue="DLQ.q", reason="accepted"),
+    ]
+    got = classify(spark, events, SETTINGS)
+    assert got == {
+        101: ("DLQ.q", ["DLA"], "transient-condition", None),
+        102: ("DLA", [], "transient-condition", None),
+    }
 
 
 def test_attempts_and_time_to_dead_letter(spark: SparkSession) -> None:

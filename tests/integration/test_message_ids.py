@@ -7,8 +7,6 @@ started again at the journal's high-water mark after a restart.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,7 +15,7 @@ from typing import Any
 import pytest
 from proton import Message
 from support.client import Capabilities, connect
-from support.process import BrokerProcess
+from support.process import BrokerProcess, retry_ids
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -99,24 +97,7 @@ def redrive_lines(broker: BrokerProcess, dlq: str) -> list[dict[str, Any]]:
 
 
 def retry_cli(broker: BrokerProcess, queue: str, ids_file: Path, *more: str) -> str:
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "amqpbroker",
-            "retry",
-            queue,
-            "--ids",
-            str(ids_file),
-            *more,
-            "--url",
-            f"http://127.0.0.1:{broker.ports['http']}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    done = retry_ids(broker, queue, ids_file, *more)
     assert done.returncode == 0, done.stderr
     return done.stdout
 

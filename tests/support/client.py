@@ -100,6 +100,18 @@ def reject_with(receiver: BlockingReceiver, condition: str, description: str) ->
     receiver.settle(Delivery.REJECTED)
 
 
+def settle_as(receiver: BlockingReceiver, action: str, condition: str | None) -> None:
+    """Settle the oldest received message as a scripted consumer says: "accept", "fail"
+    (modified, delivery-failed) or, with a condition, a reject with `action` as its
+    description."""
+    if action == "accept":
+        receiver.accept()
+    elif action == "fail":
+        settle_modified(receiver)
+    else:
+        reject_with(receiver, condition or "", action)
+
+
 def drain(
     url: str, address: str, *, first_timeout: float = 2, credit: int = 100
 ) -> list[tuple[Any, int]]:

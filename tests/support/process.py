@@ -137,6 +137,30 @@ def start_broker(
     return BrokerProcess(proc, data_dir, ports, log_path)
 
 
+def retry_ids(
+    broker: BrokerProcess, queue: str, ids: Path, *more: str
+) -> subprocess.CompletedProcess[str]:
+    """`amqpbroker retry QUEUE --ids FILE [MORE...]` against `broker`, as an operator runs
+    it."""
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "amqpbroker",
+            "retry",
+            queue,
+            "--ids",
+            str(ids),
+            *more,
+            "--url",
+            f"http://127.0.0.1:{broker.ports['http']}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
 def create_certs(out: Path, *extra: str) -> Path:
     """`amqpbroker certs create` for `localhost` into `out` (a CA, a server certificate,
     and whatever `extra` asks for, e.g. `--client NAME`)."""

@@ -170,6 +170,14 @@ ERRORS = [
         "b.yaml:3: address-settings.\"#\".config-delete-queues: must be one of OFF, FORCE: 'NEVER'",
     ),
     (
+        "event-log:\n  body-hash: sha1\n",
+        "b.yaml:2: event-log.body-hash: must be true, false or keyed: 'sha1'",
+    ),
+    (
+        "event-log:\n  body-hash: [x]\n",
+        "b.yaml:2: event-log.body-hash: must be true, false or keyed: None",
+    ),
+    (
         "event-log:\n  level: verbose\n",
         "b.yaml:2: event-log.level: must be one of off, failures, lifecycle: 'verbose'",
     ),
@@ -512,6 +520,14 @@ def test_event_log_disk_budget_keys_and_their_defaults() -> None:
     assert (config.compress, config.max_total_bytes, config.max_age) == (False, 1000, -1)
     assert (config.keep_until_analyzed, config.min_free_bytes) == (True, 0)
     assert parse_config("event-log: {max-total-bytes: null}").event_log.max_total_bytes is None
+
+
+def test_body_hash_is_keyed_by_default_and_takes_true_false_keyed() -> None:
+    """Issue 22 item 3: payload identity for poison detection by default, as a keyed hash
+    (no dictionary attack on the content); `true` is the plain SHA-256 of B-170."""
+    assert parse_config("").event_log.body_hash == "keyed"
+    for value, expected in (("true", True), ("false", False), ("keyed", "keyed")):
+        assert parse_config(f"event-log: {{body-hash: {value}}}").event_log.body_hash == expected
 
 
 def test_all_address_settings_at_once_resolve_to_the_defaults() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import hmac
 import json
 import os
 import resource
@@ -37,6 +38,7 @@ from amqpbroker.core import FAILURE_EVENTS, LifecycleEvent, RawEvent
 from amqpbroker.core.lifecycle import EVENT_FIELDS, EVENT_TYPES, Emitter
 from amqpbroker.eventlog import HEAD_BYTES, EventLogWriter, child
 from amqpbroker.eventlog import writer as writer_module
+from amqpbroker.eventlog.writer import BODY_KEY_FILE
 
 
 def event(kind: str = "acked", **kw: Any) -> RawEvent:
@@ -374,20 +376,50 @@ def test_props_are_the_allow_listed_values_as_strings(tmp_path: Path) -> None:
     first, second, third = records(tmp_path)
     assert first["props"] == {"tenant": "42", "region": "eu"}
     assert first["amqp_message_id"] == "m-1"
-    assert first["body_hash"] is None  # body-hash is off by default
+    assert first["body_hash"] is not None  # body-hash is keyed by default (issue 22)
     assert second["props"] == {}
     assert second["amqp_message_id"] is None
     assert third["props"] is None  # no message to read
 
 
-def test_props_and_body_hash_are_off_by_default(tmp_path: Path) -> None:
-    """B-170: the allow-list is empty and body-hash false by default: both null."""
-    w = writer(tmp_path)
+def test_props_are_off_and_body_hash_keyed_by_default(tmp_path: Path) -> None:
+    """B-170: the allow-list is empty by default. Issue 22 item 3: body_hash is on by
+    default as an HMAC-SHA-256 with a random key made in DATA_DIR/event-log.key (0600):
+    the same body gives the same hash, and without the key the hash says nothing about
+    the content (not the plain SHA-256 a dictionary attack could match)."""
+    data_dir = tmp_path / "data"
+    events = data_dir / "events"
+    events.mkdir(parents=True)
+    w = writer(events)
     w.start()
-    w.submit([event(data=encoded(body=b"x", properties={"a": 1}))])
+    w.submit([event(msg_id=1, data=encoded(body=b"x", properties={"a": 1}))])
+    w.submit([event(msg_id=2, data=encoded(body=b"x"))])
     w.close()
-    [record] = records(tmp_path)
-    assert (record["props"], record["body_hash"]) == (None, None)
+    first, second = records(events)
+    key = (data_dir / BODY_KEY_FILE).read_bytes()
+    assert len(key) == 32
+    assert (data_dir / BODY_KEY_FILE).stat().st_mode & 0o777 == 0o600
+    body = encoded(body=b"x")[sections.scan(encoded(body=b"x")).body_start :]
+    assert first["props"] is None
+    assert first["body_hash"] == hmac.digest(key, body, "sha256").hex()[:16]
+    assert first["body_hash"] != hashlib.sha256(body).hexdigest()[:16]
+    assert second["body_hash"] == first["body_hash"]
+    again = writer(events)  # a restart keeps the key: hashes compare across runs
+    again.start()
+    again.submit([event(msg_id=3, data=encoded(body=b"x"))])
+    again.close()
+    assert {r["body_hash"] for r in records(events)} == {first["body_hash"]}
+
+
+def test_body_hash_false_writes_null(tmp_path: Path) -> None:
+    """`body-hash: false`: no hash, no key file."""
+    w = writer(tmp_path / "events", body_hash=False)
+    w.start()
+    w.submit([event(data=encoded(body=b"x"))])
+    w.close()
+    [record] = records(tmp_path / "events")
+    assert record["body_hash"] is None
+    assert not (tmp_path / BODY_KEY_FILE).exists()
 
 
 def test_body_hash_is_sha256_prefix_of_the_encoded_body_sections(tmp_path: Path) -> None:
@@ -414,8 +446,9 @@ def test_a_long_message_hands_over_only_its_head_without_props_or_body_hash(
     """Cost: without props or body_hash an event carries only the head of the message
     (where properties.message-id is); amqp_message_id and size are still right."""
     data = encoded(id="big-1", body=b"x" * (2 * HEAD_BYTES))
-    plain = writer(tmp_path)
+    plain = writer(tmp_path, body_hash=False)
     assert plain.data_limit == HEAD_BYTES
+    assert writer(tmp_path).data_limit > len(data)  # keyed by default: the whole body
     assert writer(tmp_path, properties=("a",)).data_limit > len(data)
     assert writer(tmp_path, body_hash=True).data_limit > len(data)
     emitter = Emitter()
@@ -805,7 +838,7 @@ def test_events_carry_only_the_head_of_a_message_up_to_its_properties(tmp_path: 
     without = message_of(sections.scan(encoded(body=b"y" * 500, durable=True)))
     assert 0 < with_id.head_end < 100
     assert 0 < without.head_end < 100
-    w = writer(tmp_path)
+    w = writer(tmp_path, body_hash=False)
     assert w.heads_only
     assert not writer(tmp_path, properties=("a",)).heads_only
     h = Harness()

@@ -221,7 +221,8 @@ def test_no_import_cycles_between_modules() -> None:
     ],
 )
 def test_a_back_edge_is_reported(edge: tuple[str, str]) -> None:
-    """Each of these is a back-edge of the drawing (the first three existed before #18)."""
+    """Each of these is a back-edge of the drawing (the first three existed before #18;
+    `protocol.sections`, the codec's old home, is gone, but the edge must still fail)."""
     source, target = edge
     assert layer_violations({source: {target}}) == [f"{source} -> {target}"]
 

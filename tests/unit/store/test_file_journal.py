@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 from support.waiting import wait_until
 
-import amqpbroker.store.journal as journal_module
+import amqpbroker.store.file_journal as file_journal
+import amqpbroker.store.segments as segment_format
 from amqpbroker.core.model import RoutingType
 from amqpbroker.core.records import (
     AckRef,
@@ -29,6 +30,7 @@ from amqpbroker.core.records import (
     AddMessage,
     AddQueue,
     AddRef,
+    DeleteQueue,
     Record,
     RecordType,
     UpdateDeliveryCount,
@@ -43,6 +45,7 @@ from amqpbroker.store import (
     codec,
     export_jsonl,
 )
+from amqpbroker.store.liveness import _ignore_dead, _LiveSet, _short_lived
 
 LOGGER = "amqpbroker.store.journal"
 FRAME = struct.Struct("<IIHH")
@@ -289,7 +292,7 @@ def test_record_of_an_unknown_type_is_never_truncated(tmp_path: Path) -> None:
     (segment,) = segments(tmp_path)
     size = segment.stat().st_size
     with segment.open("ab") as f:
-        f.write(journal_module._frame(999, journal_module.BATCH_END, b"\x00"))
+        f.write(segment_format._frame(999, segment_format.BATCH_END, b"\x00"))
     with pytest.raises(JournalCorrupt, match="unknown record type 999"):
         open_journal(tmp_path)
     assert segment.stat().st_size > size
@@ -462,13 +465,13 @@ def test_disk_full_fails_durable_appends_and_keeps_synced_records(
     journal = open_journal(tmp_path)
     append(journal, [message(1), AddRef(queue="q", msg_id=1)])
     size = journal.size_bytes
-    real_write = journal_module._write_fd
+    real_write = file_journal._write_fd
 
     def disk_full(fd: int, data: bytes | memoryview) -> None:
         real_write(fd, bytes(data)[: len(data) // 2])  # a partial write, then the error
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(journal_module, "_write_fd", disk_full)
+    monkeypatch.setattr(file_journal, "_write_fd", disk_full)
     errors: list[JournalFailed | None] = []
     failed = threading.Event()
 
@@ -564,7 +567,8 @@ def test_a_roll_needs_no_new_descriptor_and_a_failed_roll_recovers(
     still takes the roll; the roll after it fails (no spare could be made), and once
     descriptors come back the journal resumes by itself and the next append works."""
     no_fds = _NoDescriptors()
-    monkeypatch.setattr(journal_module, "os", no_fds)
+    monkeypatch.setattr(file_journal, "os", no_fds)
+    monkeypatch.setattr(segment_format, "os", no_fds)
     journal = open_journal(tmp_path, max_segment_bytes=256)
     journals.append(journal)
     resumed = threading.Event()
@@ -725,7 +729,7 @@ def test_tombstone_written_during_a_compaction_outlives_the_copy(
         append(journal, [message(dead, 100), AddRef(queue="q", msg_id=dead)])
         append(journal, [AckRef(queue="q", msg_id=dead)])
         dead += 1
-    real_write = journal_module._write_fd
+    real_write = file_journal._write_fd
     main = threading.current_thread()
     acked = []
 
@@ -735,7 +739,7 @@ def test_tombstone_written_during_a_compaction_outlives_the_copy(
             append(journal, [AckRef(queue="q", msg_id=1)])  # written by the writer thread
         real_write(fd, data)
 
-    monkeypatch.setattr(journal_module, "_write_fd", ack_during_copy)
+    monkeypatch.setattr(file_journal, "_write_fd", ack_during_copy)
     assert journal.compact().segments_rewritten == 1
     monkeypatch.undo()
     assert acked
@@ -959,7 +963,7 @@ def test_commit_delay_lets_a_heavy_backlog_share_one_fsync(
 def test_short_lived_messages_are_those_added_and_fully_acked_in_the_batch() -> None:
     """The rule behind skipping records in the index: only a message whose every
     reference added in the batch is acked in it, and that the index did not know."""
-    live = journal_module._LiveSet(journal_module._ignore_dead)
+    live = _LiveSet(_ignore_dead)
     live.apply(message(9), None)  # known before the batch
     records: list[Record] = [
         message(1),
@@ -985,9 +989,9 @@ def test_short_lived_messages_are_those_added_and_fully_acked_in_the_batch() -> 
         AckRef(queue="q", msg_id=9),  # known
         message(6),  # no reference at all: stays for the full rules (dropped on reopen)
     ]
-    assert journal_module._short_lived(records, live) == {1, 3}
-    with_delete = [*records, journal_module.DeleteQueue(name="r")]
-    assert journal_module._short_lived(with_delete, live) == set()
+    assert _short_lived(records, live) == {1, 3}
+    with_delete = [*records, DeleteQueue(name="r")]
+    assert _short_lived(with_delete, live) == set()
 
 
 def test_lagging_index_and_compaction_keep_every_live_record(
@@ -1026,7 +1030,7 @@ def test_lagging_index_and_compaction_keep_every_live_record(
             queue, counted = rng.choice(live_refs)
             records.append(UpdateDeliveryCount(queue=queue, msg_id=counted, delivery_count=2))
         if msg_id == 1000:
-            records.append(journal_module.DeleteQueue(name="s"))
+            records.append(DeleteQueue(name="s"))
             live_refs = [ref for ref in live_refs if ref[0] != "s"]
         journal.append(records, sync=rng.random() < 0.7)
         appended.extend(records)

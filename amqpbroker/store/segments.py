@@ -1,0 +1,178 @@
+"""The segment file format: frames, their checks, and the helpers that write them.
+
+Theory of operation
+-------------------
+A directory of segment files, `journal-<n>.seg` (n zero-padded, increasing), plus
+`journal.lock` (an flock: one broker per directory; read-only opens share it). Replay
+reads the segments in order of n. A segment is::
+
+    file header (16 bytes): magic b"AMQPBJNL", u16 version (1), u16 flags (0), u32 n
+    frame*:  u32 payload length | u32 crc32 | u16 record type | u16 flags | payload
+
+all little-endian. The crc32 (zlib) covers the frame except the crc field itself: length,
+type, flags and payload, in that order. Flag bit 0 (`BATCH_END`) marks the last record of
+an `append()` call. The payload is `store/codec.py`'s encoding of the record's fields. Only
+the last segment is ever appended to; it rolls to n+1 (after an fsync of the old one) when
+the next append would take it past `max_segment_bytes`. An append is never split across
+segments, so an append bigger than the limit gets a segment of its own.
+
+Reading checks every frame (`_check_frame`: length, crc, known type and flags); a bad
+frame is `_Bad`, and `_next_sound_frame` finds where valid frames start again. What a bad
+frame means (a torn tail or corruption) is the file journal's call (`store/file_journal.py`).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import zlib
+from pathlib import Path
+
+import amqpbroker.store.codec as codec
+from amqpbroker.core.records import (
+    RECORD_CLASSES,
+    Record,
+)
+
+MAGIC = b"AMQPBJNL"
+VERSION = 1
+BATCH_END = 0x1
+_FLAGS_KNOWN = BATCH_END
+_FILE_HEADER = struct.Struct("<8sHHI")
+_FRAME = struct.Struct("<IIHH")  # payload length, crc32, record type, flags
+_CRC_FIELDS = struct.Struct("<IHH")  # what the crc covers before the payload
+HEADER_BYTES = _FILE_HEADER.size
+FRAME_BYTES = _FRAME.size
+_MAX_PAYLOAD = 1 << 30
+_KNOWN_TYPES = frozenset(int(t) for t in RECORD_CLASSES)
+_SEGMENT_GLOB = "journal-*.seg"
+_TEMP_SUFFIX = ".compact"
+_NEXT_SUFFIX = ".next"  # the spare next segment, opened ahead of need
+
+
+class _Segment:
+    __slots__ = ("items", "live_bytes", "number", "path", "size_bytes", "skips")
+
+    def __init__(self, number: int, path: Path, size_bytes: int) -> None:
+        self.number = number
+        self.path = path
+        self.size_bytes = size_bytes  # bytes on disk, header included
+        self.live_bytes = 0  # of live records and needed tombstones
+        self.items: dict[int, _Loc] = {}  # offset -> live record or needed tombstone
+        self.skips: list[tuple[int, int]] = []  # corrupt ranges skipped (skip_corrupt)
+
+    def __repr__(self) -> str:
+        return f"<segment {self.number} {self.size_bytes}B live={self.live_bytes}B>"
+
+
+class _Loc:
+    """Where one live record (or needed tombstone) is."""
+
+    __slots__ = ("copying", "offset", "seg", "size", "targets")
+
+    def __init__(self, seg: _Segment, offset: int, size: int) -> None:
+        self.seg = seg
+        self.offset = offset
+        self.size = size
+        self.targets: set[_Segment] | None = None  # tombstone: segments it must outlive
+        self.copying = False  # being copied by compaction
+
+
+def _crc(length: int, type_id: int, flags: int, payload: bytes | memoryview) -> int:
+    return zlib.crc32(payload, zlib.crc32(_CRC_FIELDS.pack(length, type_id, flags)))
+
+
+def _frame(type_id: int, flags: int, payload: bytes) -> bytes:
+    n = len(payload)
+    return _FRAME.pack(n, _crc(n, type_id, flags, payload), type_id, flags) + payload
+
+
+def _segment_path(directory: Path, number: int) -> Path:
+    return directory / f"journal-{number:08d}.seg"
+
+
+def _segment_number(path: Path) -> int | None:
+    digits = path.name[len("journal-") : -len(".seg")]
+    return int(digits) if digits.isdigit() else None
+
+
+def _write_fd(fd: int, data: bytes | memoryview) -> None:
+    """Write all of `data` (tests replace this to simulate a full disk)."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _default_fsync(fd: int) -> None:
+    # fdatasync also syncs the file size, all an append needs; macOS has only fsync.
+    sync = getattr(os, "fdatasync", os.fsync)
+    sync(fd)
+
+
+def _sync_directory(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _Bad:
+    """Why the frame at an offset is unusable; `end` is where it claims to end, or -1.
+
+    `intact`: the checksum matches, so the bytes are what a writer wrote (a newer version,
+    or a bug): never a torn write, never truncated.
+    """
+
+    __slots__ = ("end", "intact", "reason")
+
+    def __init__(self, reason: str, end: int, *, intact: bool = False) -> None:
+        self.reason = reason
+        self.end = end
+        self.intact = intact
+
+
+def _check_frame(data: bytes, pos: int) -> tuple[int, int, int] | _Bad:
+    """(end, type id, flags) of a sound frame at `pos`, or why it is not one."""
+    if len(data) - pos < FRAME_BYTES:
+        return _Bad("truncated frame header", -1)
+    length, crc, type_id, flags = _FRAME.unpack_from(data, pos)
+    if flags & ~_FLAGS_KNOWN or length > _MAX_PAYLOAD:
+        return _Bad("implausible frame header", -1)
+    end = pos + FRAME_BYTES + length
+    if end > len(data):
+        return _Bad(f"frame of {length} bytes runs past the end of the file", end)
+    if _crc(length, type_id, flags, memoryview(data)[pos + FRAME_BYTES : end]) != crc:
+        return _Bad("checksum mismatch", end)
+    if type_id not in _KNOWN_TYPES:
+        return _Bad(
+            f"unknown record type {type_id} (written by a newer amqpbroker?)", end, intact=True
+        )
+    return end, type_id, flags
+
+
+# What bytes 8..11 of a frame (type id, flags) can be: candidates for `_next_sound_frame`.
+_TYPE_AND_FLAGS = re.compile(
+    b"(?:"
+    + b"|".join(re.escape(struct.pack("<H", t)) for t in sorted(_KNOWN_TYPES))
+    + b")[\\x00\\x01]\\x00"
+)
+
+
+def _next_sound_frame(data: bytes, start: int) -> int:
+    """Offset of the first sound frame at or after `start`, or -1."""
+    offset = FRAME_BYTES - 4  # of the type id in a frame
+    for match in _TYPE_AND_FLAGS.finditer(data, start + offset):
+        pos = match.start() - offset
+        if not isinstance(_check_frame(data, pos), _Bad):
+            return pos
+    return -1
+
+
+def _decode_at(data: bytes, pos: int, end: int, type_id: int) -> Record | _Bad:
+    try:
+        return codec.decode(type_id, data[pos + FRAME_BYTES : end])
+    except codec.CodecError as e:
+        return _Bad(f"undecodable record: {e}", end, intact=True)

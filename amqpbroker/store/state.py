@@ -1,0 +1,109 @@
+"""Recovery's view of a journal: `JournalState`, the state a sequence of records describes.
+
+Theory of operation
+-------------------
+Nothing in a journal is updated in place, so the state after a restart is what applying
+`replay()` in order computes. `JournalState` keeps it with the same `_LiveSet` as the
+journals' compaction (`store/liveness.py`): a message left without references is dead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from amqpbroker.core.records import (
+    AddAddress,
+    AddMessage,
+    AddQueue,
+    AddRef,
+    Record,
+    ScheduledDelivery,
+    UpdateDeliveryCount,
+)
+from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveredRef:
+    """A message reference after replay: where it is, and its persisted counters."""
+
+    queue: str
+    msg_id: int
+    delivery_count: int  # B-095: the last persisted count; the next dispatch adds 1
+    scheduled_at_ms: int = 0  # not before this epoch ms (B-065); 0 = now
+
+
+class JournalState:
+    """The durable state a sequence of records describes: what recovery rebuilds.
+
+    Apply `journal.replay()` (or use `JournalState.of(journal.replay())`), then read
+    `addresses`, `queues`, `messages` and `refs()`, each in append order.
+    `max_msg_id` is the largest message id in the records replayed, live or not: a
+    restarted broker numbers new messages above it. Compaction can drop the records of
+    the newest messages once they are all acknowledged, so it is a floor, not a counter.
+    """
+
+    # One thread.
+
+    def __init__(self) -> None:
+        self._live: _LiveSet[Record] = _LiveSet(_ignore_dead)
+        self.max_msg_id = 0
+
+    @classmethod
+    def of(cls, records: Iterable[Record]) -> JournalState:
+        state = cls()
+        for record in records:
+            state.apply(record)
+        return state
+
+    def apply(self, record: Record) -> None:
+        if isinstance(record, _WITH_MSG_ID) and record.msg_id > self.max_msg_id:
+            self.max_msg_id = record.msg_id
+        self._live.apply(record, record)
+
+    @property
+    def addresses(self) -> list[AddAddress]:
+        return [r for r in self._live.addresses.values() if isinstance(r, AddAddress)]
+
+    @property
+    def queues(self) -> list[AddQueue]:
+        return [r for r in self._live.queues.values() if isinstance(r, AddQueue)]
+
+    @property
+    def messages(self) -> dict[int, AddMessage]:
+        """Live messages by id: those with at least one reference."""
+        return {
+            msg_id: slot.item
+            for msg_id, slot in self._live.messages.items()
+            if slot.refs and isinstance(slot.item, AddMessage)
+        }
+
+    def refs(self, queue: str | None = None) -> list[RecoveredRef]:
+        """References in the order they were added (of one queue, or of all)."""
+        live = self._live
+        keys: Iterable[tuple[str, int]] = (
+            live.refs
+            if queue is None
+            else [(queue, msg_id) for msg_id in live.queue_refs.get(queue, ())]
+        )
+        result = []
+        for name, msg_id in keys:
+            slot = live.refs[name, msg_id]
+            add, count, scheduled = slot.add, slot.count, slot.scheduled
+            assert isinstance(add, AddRef)
+            result.append(
+                RecoveredRef(
+                    queue=name,
+                    msg_id=msg_id,
+                    delivery_count=(
+                        count.delivery_count
+                        if isinstance(count, UpdateDeliveryCount)
+                        else add.delivery_count
+                    ),
+                    scheduled_at_ms=scheduled.at_ms
+                    if isinstance(scheduled, ScheduledDelivery)
+                    else 0,
+                )
+            )
+        return result

@@ -42,56 +42,28 @@ and open ahead of need (`journal-<n>.seg.next`, renamed into place at the roll),
 roll needs no new descriptor: a process that ran out of them (idle sockets) cannot make
 the journal fail at a roll. The spare is made again after each roll, when it can be.
 
-Recovery (opening a `FileJournal`)
-~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
-Segments are read in order and every frame is checked (length, crc, decodable payload).
-In the last segment, a bad frame with nothing valid after it is a torn tail: a write the
-crash cut short (a frame running past the end of the file), zeros, or a damaged last
-record. The segment is truncated to the end of the last complete append (records of an
-append without its `BATCH_END` go too) and a warning says how many bytes and records were
-lost: never silently. A bad frame followed by valid ones, or any bad frame in an earlier
-segment (sealed segments were synced before the roll), is corruption in the middle:
-`JournalCorrupt` names the file and offset, and the broker should refuse to start. So is
-a frame whose checksum is right but whose type or payload this version cannot read (a
-newer writer): it is never truncated. With `skip_corrupt=True` the bad bytes are skipped
-to the next valid frame, with an error log. Compaction temp files (`*.compact`) and the
-spare next segment (`*.seg.next`) left by a crash are deleted; a message left without
-references is dead (as in `JournalState`).
-
-Compaction
-~~~~~~~~~~
+The index
+~~~~~~~~~
 The file journal keeps an index of where each live record is (`_Loc`: segment, offset,
 size), and per segment the bytes of live records and needed tombstones. The writer
 updates it once records are synced, never before: compaction must not delete a message's
 segment on the strength of an ack that is not on disk yet. It may lag a few syncs behind
 (`_index_synced`), so that a message added and acked within the window costs the index
 nothing (`_short_lived`); a segment is fully indexed before it is sealed, and `compact()`
-indexes what is synced first. `compact()` (on the caller's
-thread, or on the compactor thread after each segment roll when `auto_compact=True`):
+indexes what is synced first.
 
-1. deletes every sealed segment with no live bytes (repeating: a deleted segment can make
-   the tombstones aimed at it unnecessary, and their segment dead);
-2. rewrites runs of adjacent sealed segments that are mostly dead (live bytes below
-   `compact_live_ratio` of their records) or small: their live records and needed
-   tombstones, copied verbatim in order, go to a temp file, which is fsynced and renamed
-   over the run's *last* segment; then the run's other segments are deleted. Replay order
-   is preserved, so queue order survives compaction (copying live records into the
-   current segment instead would reorder them, and could put an old tombstone after a
-   newer add of the same key). A crash between the rename and the deletes leaves records
-   twice, in the same order, which replays to the same state.
-
-The current segment is never compacted. Compaction reads only sealed segments, so the
-writer keeps appending meanwhile; the index is shared under a lock, held only briefly.
+The journal's other parts are mixins in their own modules: opening and the recovery of a
+torn tail (`_Opening`, `store/opening.py`), failure and retry (`_Failure`,
+`store/failure.py`), compaction (`_Compaction`, `store/compaction.py`, on the caller's
+thread or on the compactor thread after each segment roll when `auto_compact=True`).
 
 Thread rules are at the top of each class. `replay()` is for recovery and export: call it
-before the broker starts appending. While a replay is being read, `compact()` does nothing.
+before the broker starts appending.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import logging
 import os
 import threading
@@ -104,20 +76,18 @@ from amqpbroker.core.records import (
     Record,
 )
 from amqpbroker.store.api import (
-    CompactionResult,
     JournalClosed,
     JournalCorrupt,
-    JournalError,
     JournalFailed,
     OnDurable,
 )
+from amqpbroker.store.compaction import _Compaction
+from amqpbroker.store.failure import RETRY_FIRST_SECONDS, _Failure
 from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
+from amqpbroker.store.opening import _Opening
 from amqpbroker.store.segments import (
     _FILE_HEADER,
-    _FRAME,
     _NEXT_SUFFIX,
-    _SEGMENT_GLOB,
-    _TEMP_SUFFIX,
     BATCH_END,
     FRAME_BYTES,
     HEADER_BYTES,
@@ -129,46 +99,23 @@ from amqpbroker.store.segments import (
     _default_fsync,
     _frame,
     _Loc,
-    _next_sound_frame,
+    _Pending,
     _Segment,
-    _segment_number,
     _segment_path,
-    _sync_directory,
     _write_fd,
 )
 
 log = logging.getLogger("amqpbroker.store.journal")  # one logger for the journal
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
-RETRY_FIRST_SECONDS = 0.1  # first retry after a failure; doubles up to retry_max_seconds
-FAILURE_LOG_EVERY_SECONDS = 60.0  # "still failing" at most this often
 HELD_MAX_BYTES = 16 * 1024 * 1024  # unwaited appends kept while failed; beyond: dropped
-_PROBE = bytes(4096)  # what a retry writes (and truncates off) to test the disk
-
-
-class _Pending:
-    __slots__ = ("callback", "data", "records", "sizes", "sync")
-
-    def __init__(
-        self,
-        records: tuple[Record, ...],
-        data: bytes,
-        sizes: list[int],
-        sync: bool,
-        callback: OnDurable | None,
-    ) -> None:
-        self.records = records
-        self.data = data
-        self.sizes = sizes
-        self.sync = sync
-        self.callback = callback
 
 
 # How many syncs the index may lag behind (see `FileJournal._index_synced`).
 INDEX_EVERY_SYNCS = 8
 
 
-class FileJournal:
+class FileJournal(_Opening, _Failure, _Compaction):
     """The journal in segment files, with group commit and compaction (see module doc).
 
     Args:
@@ -293,175 +240,7 @@ class FileJournal:
                 self._compactor.daemon = True
                 self._compactor.start()
 
-    # --- opening and recovery ---
-
-    def _lock_directory(self) -> int:
-        if self.read_only:
-            if not self.directory.is_dir():
-                raise JournalError(f"no journal at {self.directory}")
-        else:
-            self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / "journal.lock"
-        flags = os.O_RDONLY if self.read_only and path.exists() else os.O_RDWR | os.O_CREAT
-        try:
-            fd = os.open(path, flags, 0o644)
-        except OSError as e:
-            if self.read_only and e.errno in (errno.EACCES, errno.EROFS):
-                return -1  # a read-only copy of a journal: nobody can be writing it
-            raise
-        try:
-            fcntl.flock(fd, (fcntl.LOCK_SH if self.read_only else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise JournalError(
-                f"journal {self.directory} is in use by another process (is the broker running?)"
-            ) from None
-        return fd
-
-    def _open_segments(self) -> None:
-        paths = sorted(
-            (n, p)
-            for p in self.directory.glob(_SEGMENT_GLOB)
-            if (n := _segment_number(p)) is not None
-        )
-        if not self.read_only:
-            for leftover in self.directory.glob("*" + _TEMP_SUFFIX):
-                log.warning("journal %s: deleting unfinished compaction file", leftover)
-                leftover.unlink()
-            for spare in self.directory.glob("*.seg" + _NEXT_SUFFIX):
-                spare.unlink()  # an unused spare segment: made again below
-        for i, (number, path) in enumerate(paths):
-            self._scan_segment(number, path, last=i == len(paths) - 1)
-        # A message with no reference after replay is dead (JournalState drops it too):
-        # its references went with segments compaction deleted, or never made it to disk.
-        for msg_id, slot in list(self._live.messages.items()):
-            if not slot.refs:
-                del self._live.messages[msg_id]
-                self._on_dead(slot.item, False)
-        if not self._segments and not self.read_only:
-            self._segments.append(self._create_segment(1))
-
-    def _create_segment(self, number: int) -> _Segment:
-        path = _segment_path(self.directory, number)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            _write_fd(fd, _FILE_HEADER.pack(MAGIC, VERSION, 0, number))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        _sync_directory(self.directory)
-        return _Segment(number, path, HEADER_BYTES)
-
-    def _scan_segment(self, number: int, path: Path, *, last: bool) -> None:
-        data = path.read_bytes()
-        seg = _Segment(number, path, len(data))
-        if len(data) < HEADER_BYTES or data[:HEADER_BYTES] == bytes(HEADER_BYTES):
-            if not last:
-                raise JournalCorrupt(path, 0, "file header missing")
-            # A crash while the segment was being created: it holds nothing.
-            log.warning("journal %s: segment header incomplete (crash while rolling)", path)
-            if self.read_only:
-                return
-            path.unlink()
-            self._segments.append(self._create_segment(number))
-            return
-        magic, version, _, header_number = _FILE_HEADER.unpack_from(data)
-        if magic != MAGIC:
-            raise JournalCorrupt(path, 0, "not a journal segment (bad magic)")
-        if version != VERSION:
-            raise JournalCorrupt(path, 0, f"segment version {version}, this broker reads 1")
-        if header_number != number:
-            raise JournalCorrupt(path, 0, f"header says segment {header_number}")
-        self._segments.append(seg)
-        batch: list[tuple[Record, int, int]] = []  # records of an unfinished append
-        batch_start = pos = HEADER_BYTES
-        while pos < len(data):
-            checked = _check_frame(data, pos)
-            record: Record | _Bad = (
-                checked if isinstance(checked, _Bad) else _decode_at(data, pos, *checked[:2])
-            )
-            if isinstance(record, _Bad):
-                if last and self._is_tail(data, pos, record):
-                    self._truncate_tail(seg, data, batch_start, pos, record, len(batch))
-                    return
-                if not self.skip_corrupt:
-                    raise JournalCorrupt(path, pos, record.reason)
-                pos = self._skip(seg, data, pos, record)
-                continue
-            assert not isinstance(checked, _Bad)
-            end, _, flags = checked
-            batch.append((record, pos, end - pos))
-            pos = end
-            if flags & BATCH_END:
-                self._index_batch(seg, batch)
-                batch = []
-                batch_start = pos
-        if batch and last:
-            self._truncate_tail(seg, data, batch_start, pos, None, len(batch))
-        elif batch:
-            self._index_batch(seg, batch)
-
-    @staticmethod
-    def _is_tail(data: bytes, pos: int, bad: _Bad) -> bool:
-        """Whether a bad frame in the last segment is its tail rather than its middle."""
-        if bad.intact:
-            return False
-        if bad.end > len(data) or data.count(0, pos) == len(data) - pos:
-            return True  # cut short by a crash, or zeros the crash left
-        if bad.end >= 0:
-            if bad.end == len(data):
-                return True  # the last record is damaged
-            if not isinstance(_check_frame(data, bad.end), _Bad):
-                return False  # a sound frame follows where this one ends
-        return _next_sound_frame(data, pos + 1) < 0
-
-    def _truncate_tail(
-        self, seg: _Segment, data: bytes, keep: int, bad_at: int, bad: _Bad | None, whole: int
-    ) -> None:
-        lost = len(data) - keep
-        what = f"{whole} complete record(s) of an unfinished append"
-        if bad is not None:
-            what += f" and a damaged record at offset {bad_at} ({bad.reason})"
-        if self.read_only:
-            log.warning(
-                "journal %s: torn tail: ignoring the last %d bytes (%s); read-only, not truncated",
-                seg.path,
-                lost,
-                what,
-            )
-        else:
-            log.warning(
-                "journal %s: torn tail: truncated to offset %d, losing %d bytes (%s)",
-                seg.path,
-                keep,
-                lost,
-                what,
-            )
-            with open(seg.path, "r+b") as f:
-                f.truncate(keep)
-                f.flush()
-                os.fsync(f.fileno())
-        seg.size_bytes = keep
-
-    def _skip(self, seg: _Segment, data: bytes, pos: int, bad: _Bad) -> int:
-        if 0 <= bad.end <= len(data) and (
-            bad.end == len(data) or not isinstance(_check_frame(data, bad.end), _Bad)
-        ):
-            resume = bad.end
-        else:
-            resume = _next_sound_frame(data, pos + 1)
-            if resume < 0:
-                resume = len(data)
-        log.error(
-            "journal %s: skipping %d corrupt bytes at offset %d (%s): skip_corrupt is set; "
-            "the records there are lost",
-            seg.path,
-            resume - pos,
-            pos,
-            bad.reason,
-        )
-        seg.skips.append((pos, resume))
-        return resume
+    # opening and recovery: `_Opening` (store/opening.py)
 
     # --- the index ---
 
@@ -783,103 +562,6 @@ class FileJournal:
             with contextlib.suppress(OSError):
                 spare.unlink()
 
-    def _fail(self, error: Exception) -> None:
-        """Take back what this pass wrote and refuse appends until a retry works."""
-        seg, size, unindexed, unsynced = self._mark
-        assert seg is not None  # set before anything is written
-        with self._lock:
-            del self._unindexed[unindexed:]  # not on disk, so never indexed
-            self._synced_unindexed = min(self._synced_unindexed, len(self._unindexed))
-            seg.size_bytes = size
-        self._unsynced_bytes = unsynced
-        failure = JournalFailed(f"journal {self.directory}: write failed: {error}")
-        failure.__cause__ = error
-        self._failure = failure
-        self.errors += 1
-        now = time.monotonic()
-        self._failed_at = self._logged_at = now
-        self._retry_delay = RETRY_FIRST_SECONDS
-        self._retry_at = now + RETRY_FIRST_SECONDS
-        log.log(
-            logging.WARNING if isinstance(error, OSError) else logging.ERROR,
-            "journal failed: %s: %s; appends waited for are refused and the others held "
-            "until it can write again (records synced before are kept); retrying with backoff",
-            self.directory,
-            error,
-            exc_info=not isinstance(error, OSError),
-        )
-        if seg is self._segments[-1]:
-            try:  # drop the partial write, so the file ends on a whole record
-                os.ftruncate(self._fd, size)
-            except OSError as e:
-                log.warning(
-                    "journal %s: could not drop the partial write yet: %s", self.directory, e
-                )
-
-    def _retry(self) -> bool:
-        """Whether the journal works again (writer thread, while failed)."""
-        now = time.monotonic()
-        try:
-            seg = self._segments[-1]
-            if os.fstat(self._fd).st_size != seg.size_bytes:
-                os.ftruncate(self._fd, seg.size_bytes)  # what the failed pass left
-            self._probe()
-        except Exception as e:
-            self.errors += 1
-            self._retry_delay = min(self._retry_delay * 2, self.retry_max_seconds)
-            self._retry_at = time.monotonic() + self._retry_delay
-            if now - self._logged_at >= FAILURE_LOG_EVERY_SECONDS:
-                self._logged_at = now
-                log.warning(
-                    "journal %s: still failing after %.0f s: %s (%d appends held, %d dropped); "
-                    "retrying every %.1f s",
-                    self.directory,
-                    now - self._failed_at,
-                    e,
-                    len(self._held),
-                    self._held_dropped,
-                    self._retry_delay,
-                )
-            return False
-        log.info(
-            "journal %s: writing again after %.1f s (%d errors); appends are accepted, "
-            "%d held appends written, %d dropped while failed (those may be redelivered "
-            "after a restart)",
-            self.directory,
-            now - self._failed_at,
-            self.errors,
-            len(self._held),
-            self._held_dropped,
-        )
-        self._held_dropped = 0
-        for callback in self._resumed:
-            try:
-                callback()
-            except Exception:
-                log.exception("journal %s: on_resume callback failed", self.directory)
-        # Last: whoever reads `failure` as None finds the callbacks already posted.
-        self._failure = None
-        return True
-
-    def _probe(self) -> None:
-        """Write and sync a block in the spare segment, then take it back: the disk takes
-        writes, and a descriptor was there for the spare if it had to be made again."""
-        if self._next is None:
-            self._prepare_next(self._segments[-1].number + 1)
-        assert self._next is not None
-        fd = self._next[2]
-        try:
-            _write_fd(fd, _PROBE)
-            self._fsync(fd)
-            os.ftruncate(fd, HEADER_BYTES)
-            os.fsync(self._dir_fd)
-        except BaseException:
-            self._drop_next()
-            raise
-
-    def on_resume(self, callback: Callable[[], None]) -> None:
-        self._resumed.append(callback)
-
     @property
     def failure(self) -> JournalFailed | None:
         return self._failure
@@ -929,165 +611,7 @@ class FileJournal:
                 yield record
                 pos = end
 
-    # --- compaction ---
-
-    def _compact_loop(self) -> None:
-        while True:
-            self._compact_wanted.wait()
-            self._compact_wanted.clear()
-            if self._stopping:
-                return
-            try:
-                self.compact()
-            except Exception:
-                log.exception("journal %s: compaction failed", self.directory)
-
-    def compact(self) -> CompactionResult:
-        with self._compact_lock:
-            before = self.size_bytes
-            with self._lock:
-                replaying = self._readers > 0
-                if not replaying:
-                    self._index_synced()  # act on every ack that is on disk
-            if replaying or self._failure is not None or self.read_only or self._closed:
-                return CompactionResult(size_bytes_before=before, size_bytes_after=before)
-            deleted = rewritten = 0
-            try:
-                deleted += self._delete_dead()
-                for run in self._plan_runs():
-                    rewritten += self._rewrite(run)
-                deleted += self._delete_dead()
-            except OSError as e:
-                # Every step leaves a journal that replays to the same state, so stopping
-                # anywhere is safe; what is left over goes at the next compaction.
-                log.error("journal %s: compaction stopped: %s", self.directory, e)
-            return CompactionResult(
-                segments_deleted=deleted,
-                segments_rewritten=rewritten,
-                size_bytes_before=before,
-                size_bytes_after=self.size_bytes,
-            )
-
-    def _delete_dead(self) -> int:
-        deleted = 0
-        while True:
-            with self._lock:
-                dead = [s for s in self._segments[:-1] if s.live_bytes == 0]
-            if not dead:
-                return deleted
-            for seg in dead:
-                seg.path.unlink()
-                with self._lock:
-                    self._segments.remove(seg)
-                    self._retire(seg)
-                deleted += 1
-            _sync_directory(self.directory)
-
-    def _plan_runs(self) -> list[list[_Segment]]:
-        small = self.max_segment_bytes // 4
-        runs: list[list[_Segment]] = []
-        run: list[_Segment] = []
-        run_live = 0
-        with self._lock:
-            for seg in self._segments[:-1]:
-                records = seg.size_bytes - HEADER_BYTES
-                wanted = seg.live_bytes < self.compact_live_ratio * records or (
-                    seg.size_bytes < small
-                )
-                if not wanted or run_live + seg.live_bytes > self.max_segment_bytes:
-                    if run:
-                        runs.append(run)
-                    run, run_live = [], 0
-                if wanted:
-                    run.append(seg)
-                    run_live += seg.live_bytes
-            if run:
-                runs.append(run)
-        # One segment that is all live gains nothing from a rewrite.
-        return [r for r in runs if len(r) > 1 or r[0].live_bytes < r[0].size_bytes - HEADER_BYTES]
-
-    def _rewrite(self, run: list[_Segment]) -> int:
-        """Copy the live records of `run` into a file that replaces its last segment."""
-        last = run[-1]
-        with self._lock:
-            snapshot = [(seg, sorted(seg.items.items())) for seg in run]
-            for _, items in snapshot:
-                for _, item in items:
-                    item.copying = True
-        temp = last.path.with_name(last.path.name + _TEMP_SUFFIX)
-        copied: list[tuple[_Loc, int]] = []
-        try:
-            parts = [_FILE_HEADER.pack(MAGIC, VERSION, 0, last.number)]
-            offset = HEADER_BYTES
-            for seg, items in snapshot:
-                with open(seg.path, "rb") as f:
-                    data = f.read(seg.size_bytes)
-                for item_offset, item in items:
-                    frame = data[item_offset : item_offset + item.size]
-                    checked = _check_frame(frame, 0)
-                    if isinstance(checked, _Bad):
-                        raise JournalCorrupt(seg.path, item_offset, checked.reason)
-                    parts.append(frame)
-                    copied.append((item, offset))
-                    offset += item.size
-            if copied:  # end on a whole append, as every sealed segment does
-                _, _, type_id, flags = _FRAME.unpack_from(parts[-1])
-                if not flags & BATCH_END:
-                    parts[-1] = _frame(type_id, flags | BATCH_END, parts[-1][FRAME_BYTES:])
-            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                _write_fd(fd, b"".join(parts))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            os.replace(temp, last.path)
-        except BaseException:
-            with self._lock:
-                for _, items in snapshot:
-                    for _, item in items:
-                        item.copying = False
-                self._late_tombstones.clear()
-            temp.unlink(missing_ok=True)
-            raise
-        # The rename is the commit point: from here on the index describes the new file.
-        with self._lock:
-            new = _Segment(last.number, last.path, offset)
-            for item, new_offset in copied:
-                item.copying = False
-                if item.seg.items.get(item.offset) is item:  # still live (or needed)
-                    del item.seg.items[item.offset]
-                    item.seg = new
-                    item.offset = new_offset
-                    new.items[new_offset] = item
-                    new.live_bytes += item.size
-            for _, items in snapshot:
-                for _, item in items:
-                    item.copying = False
-            # Tombstones written while we copied, for records we copied: they must now
-            # outlive the new file.
-            for tombstone in self._late_tombstones:
-                assert tombstone.targets is not None
-                tombstone.targets.add(new)
-                self._targeted_by.setdefault(new, set()).add(tombstone)
-            self._late_tombstones.clear()
-            at = self._segments.index(last)
-            self._segments[at] = new
-            for seg in run[:-1]:
-                self._segments.remove(seg)
-            for seg in run:
-                self._retire(seg)
-        _sync_directory(self.directory)  # the rename is durable before any delete is
-        for seg in run[:-1]:
-            seg.path.unlink()
-        _sync_directory(self.directory)
-        log.info(
-            "journal %s: compacted segments %s into %s (%d live bytes)",
-            self.directory,
-            ", ".join(str(s.number) for s in run),
-            last.path.name,
-            new.live_bytes,
-        )
-        return len(run)
+    # compaction: `_Compaction` (store/compaction.py)
 
     # --- closing ---
 

@@ -12,8 +12,9 @@ in its own module:
 - `state.py`: `JournalState` and `RecoveredRef`, what recovery rebuilds;
 - `memory.py`: `MemoryJournal`;
 - `segments.py`: the segment file format, frame checks and write helpers;
-- `file_journal.py`: `FileJournal` (group commit, failure and retry, recovery of a torn
-  tail, the liveness index, compaction);
+- `file_journal.py`: `FileJournal` (group commit, held appends, the liveness index), with
+  its parts `opening.py` (the lock, reading segments back, a torn tail), `failure.py`
+  (taking a failed pass back, retry with backoff) and `compaction.py`;
 - `export.py`: `export_jsonl`.
 """
 

@@ -19,6 +19,7 @@ segments, so an append bigger than the limit gets a segment of its own.
 Reading checks every frame (`_check_frame`: length, crc, known type and flags); a bad
 frame is `_Bad`, and `_next_sound_frame` finds where valid frames start again. What a bad
 frame means (a torn tail or corruption) is the file journal's call (`store/file_journal.py`).
+`_Segment`, `_Loc` and `_Pending` are the small structures the journal's parts share.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from amqpbroker.core.records import (
     RECORD_CLASSES,
     Record,
 )
+from amqpbroker.store.api import OnDurable
 
 MAGIC = b"AMQPBJNL"
 VERSION = 1
@@ -77,6 +79,26 @@ class _Loc:
         self.size = size
         self.targets: set[_Segment] | None = None  # tombstone: segments it must outlive
         self.copying = False  # being copied by compaction
+
+
+class _Pending:
+    """One `append()` waiting for the writer: its records, their framed bytes, sizes."""
+
+    __slots__ = ("callback", "data", "records", "sizes", "sync")
+
+    def __init__(
+        self,
+        records: tuple[Record, ...],
+        data: bytes,
+        sizes: list[int],
+        sync: bool,
+        callback: OnDurable | None,
+    ) -> None:
+        self.records = records
+        self.data = data
+        self.sizes = sizes
+        self.sync = sync
+        self.callback = callback
 
 
 def _crc(length: int, type_id: int, flags: int, payload: bytes | memoryview) -> int:

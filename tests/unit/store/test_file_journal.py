@@ -21,7 +21,10 @@ from pathlib import Path
 import pytest
 from support.waiting import wait_until
 
+import amqpbroker.store.compaction as compaction
+import amqpbroker.store.failure as failure
 import amqpbroker.store.file_journal as file_journal
+import amqpbroker.store.opening as opening
 import amqpbroker.store.segments as segment_format
 from amqpbroker.core.model import RoutingType
 from amqpbroker.core.records import (
@@ -471,7 +474,8 @@ def test_disk_full_fails_durable_appends_and_keeps_synced_records(
         real_write(fd, bytes(data)[: len(data) // 2])  # a partial write, then the error
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(file_journal, "_write_fd", disk_full)
+    for module in (file_journal, failure):  # the writer and its retry probe
+        monkeypatch.setattr(module, "_write_fd", disk_full)
     errors: list[JournalFailed | None] = []
     failed = threading.Event()
 
@@ -567,8 +571,8 @@ def test_a_roll_needs_no_new_descriptor_and_a_failed_roll_recovers(
     still takes the roll; the roll after it fails (no spare could be made), and once
     descriptors come back the journal resumes by itself and the next append works."""
     no_fds = _NoDescriptors()
-    monkeypatch.setattr(file_journal, "os", no_fds)
-    monkeypatch.setattr(segment_format, "os", no_fds)
+    for module in (file_journal, segment_format, opening, failure):  # as the journal sees it
+        monkeypatch.setattr(module, "os", no_fds)
     journal = open_journal(tmp_path, max_segment_bytes=256)
     journals.append(journal)
     resumed = threading.Event()
@@ -739,7 +743,7 @@ def test_tombstone_written_during_a_compaction_outlives_the_copy(
             append(journal, [AckRef(queue="q", msg_id=1)])  # written by the writer thread
         real_write(fd, data)
 
-    monkeypatch.setattr(file_journal, "_write_fd", ack_during_copy)
+    monkeypatch.setattr(compaction, "_write_fd", ack_during_copy)
     assert journal.compact().segments_rewritten == 1
     monkeypatch.undo()
     assert acked

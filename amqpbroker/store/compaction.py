@@ -1,0 +1,250 @@
+"""Compaction of the file journal: deleting dead segments, rewriting mostly dead runs.
+
+Theory of operation
+-------------------
+The file journal keeps an index of where each live record is (`_Loc`: segment, offset,
+size), and per segment the bytes of live records and needed tombstones. The writer
+updates it once records are synced, never before: compaction must not delete a message's
+segment on the strength of an ack that is not on disk yet. It may lag a few syncs behind
+(`_index_synced`), so that a message added and acked within the window costs the index
+nothing (`_short_lived`); a segment is fully indexed before it is sealed, and `compact()`
+indexes what is synced first. `compact()` (on the caller's
+thread, or on the compactor thread after each segment roll when `auto_compact=True`):
+
+1. deletes every sealed segment with no live bytes (repeating: a deleted segment can make
+   the tombstones aimed at it unnecessary, and their segment dead);
+2. rewrites runs of adjacent sealed segments that are mostly dead (live bytes below
+   `compact_live_ratio` of their records) or small: their live records and needed
+   tombstones, copied verbatim in order, go to a temp file, which is fsynced and renamed
+   over the run's *last* segment; then the run's other segments are deleted. Replay order
+   is preserved, so queue order survives compaction (copying live records into the
+   current segment instead would reorder them, and could put an old tombstone after a
+   newer add of the same key). A crash between the rename and the deletes leaves records
+   twice, in the same order, which replays to the same state.
+
+The current segment is never compacted. Compaction reads only sealed segments, so the
+writer keeps appending meanwhile; the index is shared under a lock, held only briefly.
+
+While a replay is being read, `compact()` does nothing. `_Compaction` is a part of
+`FileJournal` (a mixin): it declares the journal state it reads, which
+`FileJournal.__init__` sets.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+
+from amqpbroker.store.api import (
+    CompactionResult,
+    JournalCorrupt,
+    JournalFailed,
+)
+from amqpbroker.store.segments import (
+    _FILE_HEADER,
+    _FRAME,
+    _TEMP_SUFFIX,
+    BATCH_END,
+    FRAME_BYTES,
+    HEADER_BYTES,
+    MAGIC,
+    VERSION,
+    _Bad,
+    _check_frame,
+    _frame,
+    _Loc,
+    _Segment,
+    _sync_directory,
+    _write_fd,
+)
+
+log = logging.getLogger("amqpbroker.store.journal")  # one logger for the journal
+
+
+class _Compaction:
+    """`FileJournal`'s compaction (see the module docstring)."""
+
+    directory: Path
+    read_only: bool
+    max_segment_bytes: int
+    compact_live_ratio: float
+    _lock: threading.Lock
+    _compact_lock: threading.Lock
+    _segments: list[_Segment]
+    _late_tombstones: list[_Loc]
+    _targeted_by: dict[_Segment, set[_Loc]]
+    _compact_wanted: threading.Event
+    _stopping: bool
+    _readers: int
+    _failure: JournalFailed | None
+    _closed: bool
+
+    @property
+    def size_bytes(self) -> int:
+        raise NotImplementedError  # FileJournal's
+
+    def _retire(self, seg: _Segment) -> None:
+        raise NotImplementedError  # FileJournal's
+
+    def _index_synced(self) -> None:
+        raise NotImplementedError  # FileJournal's
+
+    def _compact_loop(self) -> None:
+        while True:
+            self._compact_wanted.wait()
+            self._compact_wanted.clear()
+            if self._stopping:
+                return
+            try:
+                self.compact()
+            except Exception:
+                log.exception("journal %s: compaction failed", self.directory)
+
+    def compact(self) -> CompactionResult:
+        with self._compact_lock:
+            before = self.size_bytes
+            with self._lock:
+                replaying = self._readers > 0
+                if not replaying:
+                    self._index_synced()  # act on every ack that is on disk
+            if replaying or self._failure is not None or self.read_only or self._closed:
+                return CompactionResult(size_bytes_before=before, size_bytes_after=before)
+            deleted = rewritten = 0
+            try:
+                deleted += self._delete_dead()
+                for run in self._plan_runs():
+                    rewritten += self._rewrite(run)
+                deleted += self._delete_dead()
+            except OSError as e:
+                # Every step leaves a journal that replays to the same state, so stopping
+                # anywhere is safe; what is left over goes at the next compaction.
+                log.error("journal %s: compaction stopped: %s", self.directory, e)
+            return CompactionResult(
+                segments_deleted=deleted,
+                segments_rewritten=rewritten,
+                size_bytes_before=before,
+                size_bytes_after=self.size_bytes,
+            )
+
+    def _delete_dead(self) -> int:
+        deleted = 0
+        while True:
+            with self._lock:
+                dead = [s for s in self._segments[:-1] if s.live_bytes == 0]
+            if not dead:
+                return deleted
+            for seg in dead:
+                seg.path.unlink()
+                with self._lock:
+                    self._segments.remove(seg)
+                    self._retire(seg)
+                deleted += 1
+            _sync_directory(self.directory)
+
+    def _plan_runs(self) -> list[list[_Segment]]:
+        small = self.max_segment_bytes // 4
+        runs: list[list[_Segment]] = []
+        run: list[_Segment] = []
+        run_live = 0
+        with self._lock:
+            for seg in self._segments[:-1]:
+                records = seg.size_bytes - HEADER_BYTES
+                wanted = seg.live_bytes < self.compact_live_ratio * records or (
+                    seg.size_bytes < small
+                )
+                if not wanted or run_live + seg.live_bytes > self.max_segment_bytes:
+                    if run:
+                        runs.append(run)
+                    run, run_live = [], 0
+                if wanted:
+                    run.append(seg)
+                    run_live += seg.live_bytes
+            if run:
+                runs.append(run)
+        # One segment that is all live gains nothing from a rewrite.
+        return [r for r in runs if len(r) > 1 or r[0].live_bytes < r[0].size_bytes - HEADER_BYTES]
+
+    def _rewrite(self, run: list[_Segment]) -> int:
+        """Copy the live records of `run` into a file that replaces its last segment."""
+        last = run[-1]
+        with self._lock:
+            snapshot = [(seg, sorted(seg.items.items())) for seg in run]
+            for _, items in snapshot:
+                for _, item in items:
+                    item.copying = True
+        temp = last.path.with_name(last.path.name + _TEMP_SUFFIX)
+        copied: list[tuple[_Loc, int]] = []
+        try:
+            parts = [_FILE_HEADER.pack(MAGIC, VERSION, 0, last.number)]
+            offset = HEADER_BYTES
+            for seg, items in snapshot:
+                with open(seg.path, "rb") as f:
+                    data = f.read(seg.size_bytes)
+                for item_offset, item in items:
+                    frame = data[item_offset : item_offset + item.size]
+                    checked = _check_frame(frame, 0)
+                    if isinstance(checked, _Bad):
+                        raise JournalCorrupt(seg.path, item_offset, checked.reason)
+                    parts.append(frame)
+                    copied.append((item, offset))
+                    offset += item.size
+            if copied:  # end on a whole append, as every sealed segment does
+                _, _, type_id, flags = _FRAME.unpack_from(parts[-1])
+                if not flags & BATCH_END:
+                    parts[-1] = _frame(type_id, flags | BATCH_END, parts[-1][FRAME_BYTES:])
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                _write_fd(fd, b"".join(parts))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, last.path)
+        except BaseException:
+            with self._lock:
+                for _, items in snapshot:
+                    for _, item in items:
+                        item.copying = False
+                self._late_tombstones.clear()
+            temp.unlink(missing_ok=True)
+            raise
+        # The rename is the commit point: from here on the index describes the new file.
+        with self._lock:
+            new = _Segment(last.number, last.path, offset)
+            for item, new_offset in copied:
+                item.copying = False
+                if item.seg.items.get(item.offset) is item:  # still live (or needed)
+                    del item.seg.items[item.offset]
+                    item.seg = new
+                    item.offset = new_offset
+                    new.items[new_offset] = item
+                    new.live_bytes += item.size
+            for _, items in snapshot:
+                for _, item in items:
+                    item.copying = False
+            # Tombstones written while we copied, for records we copied: they must now
+            # outlive the new file.
+            for tombstone in self._late_tombstones:
+                assert tombstone.targets is not None
+                tombstone.targets.add(new)
+                self._targeted_by.setdefault(new, set()).add(tombstone)
+            self._late_tombstones.clear()
+            at = self._segments.index(last)
+            self._segments[at] = new
+            for seg in run[:-1]:
+                self._segments.remove(seg)
+            for seg in run:
+                self._retire(seg)
+        _sync_directory(self.directory)  # the rename is durable before any delete is
+        for seg in run[:-1]:
+            seg.path.unlink()
+        _sync_directory(self.directory)
+        log.info(
+            "journal %s: compacted segments %s into %s (%d live bytes)",
+            self.directory,
+            ", ".join(str(s.number) for s in run),
+            last.path.name,
+            new.live_bytes,
+        )
+        return len(run)

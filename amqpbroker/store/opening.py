@@ -1,0 +1,246 @@
+"""Opening a file journal: the directory lock, and reading every segment back in.
+
+Theory of operation
+-------------------
+Segments are read in order and every frame is checked (length, crc, decodable payload).
+In the last segment, a bad frame with nothing valid after it is a torn tail: a write the
+crash cut short (a frame running past the end of the file), zeros, or a damaged last
+record. The segment is truncated to the end of the last complete append (records of an
+append without its `BATCH_END` go too) and a warning says how many bytes and records were
+lost: never silently. A bad frame followed by valid ones, or any bad frame in an earlier
+segment (sealed segments were synced before the roll), is corruption in the middle:
+`JournalCorrupt` names the file and offset, and the broker should refuse to start. So is
+a frame whose checksum is right but whose type or payload this version cannot read (a
+newer writer): it is never truncated. With `skip_corrupt=True` the bad bytes are skipped
+to the next valid frame, with an error log. Compaction temp files (`*.compact`) and the
+spare next segment (`*.seg.next`) left by a crash are deleted; a message left without
+references is dead (as in `JournalState`).
+
+The frame format and checks are in `store/segments.py`. `_Opening` is a part of
+`FileJournal` (a mixin): it declares the journal state it uses, which
+`FileJournal.__init__` sets.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from amqpbroker.core.records import (
+    Record,
+)
+from amqpbroker.store.api import (
+    JournalCorrupt,
+    JournalError,
+)
+from amqpbroker.store.liveness import _LiveSet
+from amqpbroker.store.segments import (
+    _FILE_HEADER,
+    _NEXT_SUFFIX,
+    _SEGMENT_GLOB,
+    _TEMP_SUFFIX,
+    BATCH_END,
+    HEADER_BYTES,
+    MAGIC,
+    VERSION,
+    _Bad,
+    _check_frame,
+    _decode_at,
+    _Loc,
+    _next_sound_frame,
+    _Segment,
+    _segment_number,
+    _segment_path,
+    _sync_directory,
+    _write_fd,
+)
+
+log = logging.getLogger("amqpbroker.store.journal")  # one logger for the journal
+
+
+class _Opening:
+    """`FileJournal`'s opening (see the module docstring)."""
+
+    directory: Path
+    read_only: bool
+    skip_corrupt: bool
+    _segments: list[_Segment]
+    _live: _LiveSet[_Loc]
+
+    def _on_dead(self, item: _Loc, needs_tombstone: bool) -> None:
+        raise NotImplementedError  # FileJournal's
+
+    def _index_batch(self, seg: _Segment, batch: Iterable[tuple[Record, int, int]]) -> None:
+        raise NotImplementedError  # FileJournal's
+
+    def _lock_directory(self) -> int:
+        if self.read_only:
+            if not self.directory.is_dir():
+                raise JournalError(f"no journal at {self.directory}")
+        else:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / "journal.lock"
+        flags = os.O_RDONLY if self.read_only and path.exists() else os.O_RDWR | os.O_CREAT
+        try:
+            fd = os.open(path, flags, 0o644)
+        except OSError as e:
+            if self.read_only and e.errno in (errno.EACCES, errno.EROFS):
+                return -1  # a read-only copy of a journal: nobody can be writing it
+            raise
+        try:
+            fcntl.flock(fd, (fcntl.LOCK_SH if self.read_only else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise JournalError(
+                f"journal {self.directory} is in use by another process (is the broker running?)"
+            ) from None
+        return fd
+
+    def _open_segments(self) -> None:
+        paths = sorted(
+            (n, p)
+            for p in self.directory.glob(_SEGMENT_GLOB)
+            if (n := _segment_number(p)) is not None
+        )
+        if not self.read_only:
+            for leftover in self.directory.glob("*" + _TEMP_SUFFIX):
+                log.warning("journal %s: deleting unfinished compaction file", leftover)
+                leftover.unlink()
+            for spare in self.directory.glob("*.seg" + _NEXT_SUFFIX):
+                spare.unlink()  # an unused spare segment: made again below
+        for i, (number, path) in enumerate(paths):
+            self._scan_segment(number, path, last=i == len(paths) - 1)
+        # A message with no reference after replay is dead (JournalState drops it too):
+        # its references went with segments compaction deleted, or never made it to disk.
+        for msg_id, slot in list(self._live.messages.items()):
+            if not slot.refs:
+                del self._live.messages[msg_id]
+                self._on_dead(slot.item, False)
+        if not self._segments and not self.read_only:
+            self._segments.append(self._create_segment(1))
+
+    def _create_segment(self, number: int) -> _Segment:
+        path = _segment_path(self.directory, number)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _write_fd(fd, _FILE_HEADER.pack(MAGIC, VERSION, 0, number))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _sync_directory(self.directory)
+        return _Segment(number, path, HEADER_BYTES)
+
+    def _scan_segment(self, number: int, path: Path, *, last: bool) -> None:
+        data = path.read_bytes()
+        seg = _Segment(number, path, len(data))
+        if len(data) < HEADER_BYTES or data[:HEADER_BYTES] == bytes(HEADER_BYTES):
+            if not last:
+                raise JournalCorrupt(path, 0, "file header missing")
+            # A crash while the segment was being created: it holds nothing.
+            log.warning("journal %s: segment header incomplete (crash while rolling)", path)
+            if self.read_only:
+                return
+            path.unlink()
+            self._segments.append(self._create_segment(number))
+            return
+        magic, version, _, header_number = _FILE_HEADER.unpack_from(data)
+        if magic != MAGIC:
+            raise JournalCorrupt(path, 0, "not a journal segment (bad magic)")
+        if version != VERSION:
+            raise JournalCorrupt(path, 0, f"segment version {version}, this broker reads 1")
+        if header_number != number:
+            raise JournalCorrupt(path, 0, f"header says segment {header_number}")
+        self._segments.append(seg)
+        batch: list[tuple[Record, int, int]] = []  # records of an unfinished append
+        batch_start = pos = HEADER_BYTES
+        while pos < len(data):
+            checked = _check_frame(data, pos)
+            record: Record | _Bad = (
+                checked if isinstance(checked, _Bad) else _decode_at(data, pos, *checked[:2])
+            )
+            if isinstance(record, _Bad):
+                if last and self._is_tail(data, pos, record):
+                    self._truncate_tail(seg, data, batch_start, pos, record, len(batch))
+                    return
+                if not self.skip_corrupt:
+                    raise JournalCorrupt(path, pos, record.reason)
+                pos = self._skip(seg, data, pos, record)
+                continue
+            assert not isinstance(checked, _Bad)
+            end, _, flags = checked
+            batch.append((record, pos, end - pos))
+            pos = end
+            if flags & BATCH_END:
+                self._index_batch(seg, batch)
+                batch = []
+                batch_start = pos
+        if batch and last:
+            self._truncate_tail(seg, data, batch_start, pos, None, len(batch))
+        elif batch:
+            self._index_batch(seg, batch)
+
+    @staticmethod
+    def _is_tail(data: bytes, pos: int, bad: _Bad) -> bool:
+        """Whether a bad frame in the last segment is its tail rather than its middle."""
+        if bad.intact:
+            return False
+        if bad.end > len(data) or data.count(0, pos) == len(data) - pos:
+            return True  # cut short by a crash, or zeros the crash left
+        if bad.end >= 0:
+            if bad.end == len(data):
+                return True  # the last record is damaged
+            if not isinstance(_check_frame(data, bad.end), _Bad):
+                return False  # a sound frame follows where this one ends
+        return _next_sound_frame(data, pos + 1) < 0
+
+    def _truncate_tail(
+        self, seg: _Segment, data: bytes, keep: int, bad_at: int, bad: _Bad | None, whole: int
+    ) -> None:
+        lost = len(data) - keep
+        what = f"{whole} complete record(s) of an unfinished append"
+        if bad is not None:
+            what += f" and a damaged record at offset {bad_at} ({bad.reason})"
+        if self.read_only:
+            log.warning(
+                "journal %s: torn tail: ignoring the last %d bytes (%s); read-only, not truncated",
+                seg.path,
+                lost,
+                what,
+            )
+        else:
+            log.warning(
+                "journal %s: torn tail: truncated to offset %d, losing %d bytes (%s)",
+                seg.path,
+                keep,
+                lost,
+                what,
+            )
+            with open(seg.path, "r+b") as f:
+                f.truncate(keep)
+                f.flush()
+                os.fsync(f.fileno())
+        seg.size_bytes = keep
+
+    def _skip(self, seg: _Segment, data: bytes, pos: int, bad: _Bad) -> int:
+        if 0 <= bad.end <= len(data) and (
+            bad.end == len(data) or not isinstance(_check_frame(data, bad.end), _Bad)
+        ):
+            resume = bad.end
+        else:
+            resume = _next_sound_frame(data, pos + 1)
+            if resume < 0:
+                resume = len(data)
+        log.error(
+            "journal %s: skipping %d corrupt bytes at offset %d (%s): skip_corrupt is set; "
+            "the records there are lost",
+            seg.path,
+            resume - pos,
+            pos,
+            bad.reason,
+        )
+        seg.skips.append((pos, resume))
+        return resume

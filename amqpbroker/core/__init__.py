@@ -7,12 +7,8 @@ from amqpbroker.core.broker import (
     Broker,
     ConsumerAttached,
     ConsumerRequest,
-    MessageCopier,
-    MoveAnnotations,
     ProducerRequest,
     ProducerTarget,
-    kept_annotations,
-    move_annotation_values,
 )
 from amqpbroker.core.clock import Clock, ManualClock, SystemClock
 from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Dispatch, Drained, Effect
@@ -43,6 +39,12 @@ from amqpbroker.core.model import (
     RoutingType,
     SectionReader,
     annotated_routing_type,
+)
+from amqpbroker.core.moves import (
+    MessageCopier,
+    MoveAnnotations,
+    kept_annotations,
+    move_annotation_values,
 )
 from amqpbroker.core.outcomes import (
     ACCEPTED,

@@ -9,7 +9,7 @@ from support.annotations import annotation_types
 
 from amqpbroker.amqp import sections
 from amqpbroker.core import Message, MoveAnnotations
-from amqpbroker.core.broker import MOVE_ANNOTATIONS, move_annotation_values
+from amqpbroker.core.moves import MOVE_ANNOTATIONS, move_annotation_values
 from amqpbroker.protocol.moves import COPIER
 
 EVERY_FIELD = MoveAnnotations(

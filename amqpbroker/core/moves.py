@@ -1,0 +1,114 @@
+"""What a moved copy says about where it came from, and who writes it.
+
+Theory of operation
+-------------------
+A dead-letter, expiry or management move routes a *copy* of the message (B-076): the
+copy keeps the original's annotations except earlier hops' `x-opt-ORIG-*` / `x-opt-DLQ-*`
+entries and `x-opt-routing-type` (`kept_annotations`), and gains the ones a
+`MoveAnnotations` describes, in the order of `MOVE_ANNOTATIONS`, the one list of their
+names and AMQP types (B-076, B-079, B-090). The core knows only the values: the protocol
+codec (`protocol/moves.py`) implements `MessageCopier`, re-encoding the annotations with
+their AMQP types; `_BytesCopier` is the fallback for tests without a codec.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from amqpbroker.core.model import Message
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MoveAnnotations:
+    """What a moved copy must say about where it came from (B-076, B-079, B-090).
+
+    The protocol codec knows the AMQP type of each annotation; the core only the values.
+    """
+
+    orig_address: str
+    orig_queue: str | None
+    orig_message_id: int
+    orig_routing_type: int | None = None  # 0 MULTICAST, 1 ANYCAST
+    actual_expiry: int | None = None
+    dlq_reason: str | None = None
+    dlq_error_condition: str | None = None
+    dlq_error_description: str | None = None
+    dlq_delivery_count: int | None = None
+    routing_type: int | None = None  # x-opt-routing-type on the copy (B-090 exception)
+
+
+class MessageCopier(Protocol):
+    """Rewrites encoded messages (implemented by the protocol codec)."""
+
+    def copy(self, message: Message, move: MoveAnnotations) -> Message:
+        """The copy a dead-letter, expiry or management move routes (B-076)."""
+        ...
+
+    def set_expiration(self, message: Message, expiration_ms: int) -> None:
+        """B-083: write absolute-expiry-time (or remove it for 0) and drop header.ttl."""
+        ...
+
+
+class _BytesCopier:
+    """Fallback for tests without a codec: the copy shares the original bytes."""
+
+    def copy(self, message: Message, move: MoveAnnotations) -> Message:
+        annotations = kept_annotations(message.get_annotations())
+        annotations.update(move_annotation_values(move))
+        return Message(
+            message.data,
+            durable=message.durable,
+            priority=message.priority,
+            header_end=message.header_end,
+            annotations=annotations,
+            properties=message.properties,
+            application_properties=message.application_properties,
+            reader=message.reader,
+        )
+
+    def set_expiration(self, message: Message, expiration_ms: int) -> None:
+        message.expiration_ms = expiration_ms
+
+
+def kept_annotations(annotations: dict[Any, Any]) -> dict[Any, Any]:
+    """The annotations a moved copy keeps: all but earlier hops' `x-opt-ORIG-*` /
+    `x-opt-DLQ-*` entries and `x-opt-routing-type` (B-076, B-079, B-090)."""
+    return {
+        key: value
+        for key, value in annotations.items()
+        if not (isinstance(key, str) and key.startswith(("x-opt-ORIG-", "x-opt-DLQ-")))
+        and key != "x-opt-routing-type"
+    }
+
+
+# The annotations of a moved copy (B-076, B-079, B-090), in the order they are written:
+# (name, `MoveAnnotations` field, AMQP type). The one list of their names; the protocol
+# codec maps the type names to its wrappers (`protocol/moves.py`).
+MOVE_ANNOTATIONS: tuple[tuple[str, str, str], ...] = (
+    ("x-opt-ORIG-QUEUE", "orig_queue", "string"),
+    ("x-opt-ORIG-ADDRESS", "orig_address", "string"),
+    ("x-opt-ORIG-MESSAGE-ID", "orig_message_id", "long"),
+    ("x-opt-ORIG-ROUTING-TYPE", "orig_routing_type", "byte"),
+    ("x-opt-ACTUAL-EXPIRY", "actual_expiry", "long"),
+    ("x-opt-DLQ-REASON", "dlq_reason", "string"),
+    ("x-opt-DLQ-ERROR-CONDITION", "dlq_error_condition", "symbol"),
+    ("x-opt-DLQ-ERROR-DESCRIPTION", "dlq_error_description", "string"),
+    ("x-opt-DLQ-DELIVERY-COUNT", "dlq_delivery_count", "uint"),
+    ("x-opt-routing-type", "routing_type", "byte"),
+)
+
+
+def move_annotation_values(
+    move: MoveAnnotations, typed: Mapping[str, Callable[[Any], Any]] | None = None
+) -> dict[str, Any]:
+    """The `x-opt-*` annotation values of a move, absent entries left out (B-090); each
+    passed through `typed[its AMQP type]` when there is one."""
+    values: dict[str, Any] = {}
+    for name, attribute, kind in MOVE_ANNOTATIONS:
+        value = getattr(move, attribute)
+        if value is not None:
+            wrap = typed.get(kind) if typed is not None else None
+            values[name] = value if wrap is None else wrap(value)
+    return values

@@ -17,11 +17,21 @@ Loop thread only.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 from amqpbroker.core.postoffice import Address
 from amqpbroker.core.queue import Queue, QueueCounters
 
 RETIRED_ADDRESSES_MAX = 10_000
+
+
+@dataclass(slots=True)
+class BrokerStats:
+    """Broker-wide counters (per-queue and per-address ones live with those)."""
+
+    unrouted: int = 0
+    routed: int = 0
+    killed_no_dla: int = 0
 
 
 class CounterTotals:

@@ -44,6 +44,7 @@ from amqpbroker.core.outcomes import Modified, Outcome
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Consumer, Queue
+from amqpbroker.core.reaper import _Reaper
 from amqpbroker.core.refs import DELIVERING, Ref
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
@@ -128,7 +129,7 @@ class _ConsumerInfo:
     kind: str  # "queue", "durable", "shared-volatile", "volatile", "dynamic"
 
 
-class Broker(_Moving):
+class Broker(_Moving, _Reaper):
     """The broker: addresses, queues, consumers and every message state change."""
 
     def __init__(
@@ -1089,52 +1090,7 @@ class Broker(_Moving):
             self.delete_address(name)
 
     # -- dead letters (B-070…B-076) and expiry (B-084…B-087): `_Moving`, core/moving.py
-    # -- auto-delete (B-111…B-114) ----------------------------------------------------
-    def reap(self, now_ms: int) -> None:
-        """One reaper pass: delete what qualified on this and the previous pass."""
-        for queue in list(self.queues.values()):
-            if self._queue_reapable(queue, now_ms):
-                if queue.swept:
-                    log.info("auto-deleting queue %s", queue.name)
-                    self.delete_queue(queue.name, reason="auto-deleted")
-                else:
-                    queue.swept = True
-            else:
-                queue.swept = False
-        for address in list(self.post_office.addresses.values()):
-            if self._address_reapable(address, now_ms):
-                if address.swept:
-                    log.info("auto-deleting address %s", address.name)
-                    self._remove_address(address.name)
-                else:
-                    address.swept = True
-            else:
-                address.swept = False
-
-    def _queue_reapable(self, queue: Queue, now_ms: int) -> bool:
-        config = queue.config
-        if not config.auto_created or config.configured or config.temporary:
-            return False
-        settings = self.settings.resolve(queue.address)
-        if not settings.auto_delete_queues or queue.consumers:
-            return False
-        limit = settings.auto_delete_queues_message_count
-        if limit >= 0 and queue.message_count > limit:
-            return False
-        if not (queue.used or settings.auto_delete_queues_skip_usage_check):
-            return False
-        return now_ms - queue.idle_since_ms >= settings.auto_delete_queues_delay
-
-    def _address_reapable(self, address: Address, now_ms: int) -> bool:
-        if not address.auto_created or address.temporary or address.queues:
-            return False
-        settings = self.settings.resolve(address.name)
-        if not settings.auto_delete_addresses:
-            return False
-        if not (address.used or settings.auto_delete_addresses_skip_usage_check):
-            return False
-        return now_ms - address.idle_since_ms >= settings.auto_delete_addresses_delay
-
+    # -- auto-delete (B-111…B-114): `_Reaper`, core/reaper.py
     # -- helpers ------------------------------------------------------------------------
     def _random_name(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))

@@ -3,13 +3,13 @@
 Only the standard library is imported here; adapters call `Broker` and apply its effects.
 """
 
-from amqpbroker.core.broker import (
-    Broker,
+from amqpbroker.core.attach import (
     ConsumerAttached,
     ConsumerRequest,
     ProducerRequest,
     ProducerTarget,
 )
+from amqpbroker.core.broker import Broker
 from amqpbroker.core.clock import Clock, ManualClock, SystemClock
 from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Dispatch, Drained, Effect
 from amqpbroker.core.errors import (

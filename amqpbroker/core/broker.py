@@ -44,7 +44,7 @@ from amqpbroker.core.names import advisory_characters, parse_address
 from amqpbroker.core.outcomes import Modified, Outcome, Rejected
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
-from amqpbroker.core.queue import Consumer, Queue
+from amqpbroker.core.queue import Consumer, Queue, Window
 from amqpbroker.core.refs import DELIVERING, Ref
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
@@ -201,6 +201,7 @@ class ConsumerRequest:
     anycast_prefix: str | None = None
     multicast_prefix: str | None = None
     max_message_size: int = 0  # the receiver's attach max-message-size; 0: none
+    window: Window | None = None  # the connection's write window (issue 15); None: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -900,6 +901,7 @@ class Broker:
             presettled=request.presettled,
             priority=_consumer_priority(request),
             max_message_size=request.max_message_size,
+            window=request.window if request.window is not None else Window(),
         )
         queue.add_consumer(consumer)
         self._consumers[consumer.id] = _ConsumerInfo(consumer, request, kind)
@@ -934,6 +936,7 @@ class Broker:
             container=container,
             presettled=request.presettled,
             max_message_size=request.max_message_size,
+            window=request.window if request.window is not None else Window(),
         )
         queue.add_consumer(consumer)
         self._consumers[consumer.id] = _ConsumerInfo(
@@ -1138,6 +1141,13 @@ class Broker:
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.set_credit(info.consumer, credit, drain, self._effects)
+
+    def resume(self, consumer_id: ConsumerId) -> None:
+        """The consumer's connection wrote what it was handed and its window has room
+        again: dispatch to it, with the credit and drain it kept (issue 15)."""
+        info = self._consumers.get(consumer_id)
+        if info is not None:
+            info.consumer.queue.dispatch(self._effects)
 
     def settle(self, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome) -> None:
         """Apply a consumer's outcome; ignore deliveries no longer held (B-055)."""

@@ -102,7 +102,13 @@ class RawClient:
         return out
 
     def push(self, data: bytes) -> None:
-        self.transport.push(data)
+        """Feed the engine at most its capacity at a time (it takes a read in parts)."""
+        while data:
+            capacity = self.transport.capacity()
+            if capacity <= 0:
+                raise ConnectionError("the client engine takes no more input")
+            self.transport.push(data[:capacity])
+            data = data[capacity:]
 
     def pump(self, until: Callable[[], bool], *, timeout: float = 10.0) -> None:
         """Exchange bytes with the broker until `until()` holds (or fail after timeout)."""

@@ -44,14 +44,7 @@ def test_a_consumer_that_never_reads_holds_a_bounded_amount(broker: BrokerProces
     before = broker.rss_bytes()
 
     client = RawClient(open_socket(broker.ports["amqp"]))
-    client.transport.sasl().allowed_mechs("ANONYMOUS")
-    client.connection.open()
-    session = client.connection.session()
-    session.open()
-    receiver = session.receiver("hoarder")
-    receiver.source.address = "hoard"
-    receiver.open()
-    receiver.flow(100_000)
+    receiver = client.anonymous_receiver("hoarder", "hoard", 100_000)
     client.pump(lambda: receiver.state & receiver.REMOTE_ACTIVE != 0)
     # From now on the client reads nothing: what the broker sends stays in its buffers.
     wait_until(lambda: _delivering(broker, "hoard") > 0, message="dispatch began")

@@ -14,7 +14,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from proton import Collector, Connection, Transport
+from proton import Collector, Connection, Link, Transport
 
 from amqpbroker.amqp import sections
 from amqpbroker.amqp.sections import Described, Symbol, ULong
@@ -92,6 +92,19 @@ class RawClient:
         self.collector = Collector()
         self.connection.collect(self.collector)
         self.transport.bind(self.connection)
+
+    def anonymous_receiver(self, name: str, address: str, credit: int) -> Link:
+        """Open the connection (SASL ANONYMOUS), a session and a receiver granting
+        `credit`; nothing is sent until the test pumps."""
+        self.transport.sasl().allowed_mechs("ANONYMOUS")
+        self.connection.open()
+        session = self.connection.session()
+        session.open()
+        receiver = session.receiver(name)
+        receiver.source.address = address
+        receiver.open()
+        receiver.flow(credit)
+        return receiver
 
     def pending_output(self) -> bytes:
         pending = self.transport.pending()

@@ -54,7 +54,7 @@ def test_a_consumer_that_never_reads_holds_a_bounded_amount(broker: BrokerProces
         seen.append(_delivering(broker, "hoard"))
         return len(seen) > 3 and seen[-1] == seen[-4]
 
-    wait_until(settled_down, message="dispatch stopped")
+    wait_until(settled_down, interval=0.1, message="dispatch stopped")
     grown = broker.rss_bytes() - before
     assert grown < 40 * 1024 * 1024, f"grew {grown / 2**20:.1f} MiB; delivering {seen[-1]}"
     assert seen[-1] < COUNT

@@ -55,7 +55,7 @@ from amqpbroker.core.outcomes import (
     Rejected,
     Released,
 )
-from amqpbroker.core.queue import Queue
+from amqpbroker.core.queue import Queue, Window
 from amqpbroker.core.settings import AddressSettings, ResolvedSettings, SettingsRepository
 from amqpbroker.core.wildcard import WildcardConfig
 
@@ -108,6 +108,7 @@ __all__ = [
     "SettingsRepository",
     "SystemClock",
     "WildcardConfig",
+    "Window",
     "annotated_routing_type",
     "kept_annotations",
     "move_annotation_values",

@@ -42,7 +42,7 @@ from amqpbroker.core.model import (
 )
 from amqpbroker.core.names import parse_address
 from amqpbroker.core.postoffice import Address, PostOffice
-from amqpbroker.core.queue import Consumer, Queue
+from amqpbroker.core.queue import Consumer, Queue, Window
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
@@ -99,6 +99,7 @@ class ConsumerRequest:
     anycast_prefix: str | None = None
     multicast_prefix: str | None = None
     max_message_size: int = 0  # the receiver's attach max-message-size; 0: none
+    window: Window | None = None  # the connection's write window (issue 15); None: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +301,7 @@ class _Attach:
             presettled=request.presettled,
             priority=_consumer_priority(request),
             max_message_size=request.max_message_size,
+            window=request.window if request.window is not None else Window(),
         )
         queue.add_consumer(consumer)
         self._consumers[consumer.id] = _ConsumerInfo(consumer, request, kind)
@@ -334,6 +336,7 @@ class _Attach:
             container=container,
             presettled=request.presettled,
             max_message_size=request.max_message_size,
+            window=request.window if request.window is not None else Window(),
         )
         queue.add_consumer(consumer)
         self._consumers[consumer.id] = _ConsumerInfo(

@@ -621,6 +621,13 @@ class Broker(_Attach, _Moving, _Reaper):
         if info is not None:
             info.consumer.queue.set_credit(info.consumer, credit, drain, self._effects)
 
+    def resume(self, consumer_id: ConsumerId) -> None:
+        """The consumer's connection wrote what it was handed and its window has room
+        again: dispatch to it, with the credit and drain it kept (issue 15)."""
+        info = self._consumers.get(consumer_id)
+        if info is not None:
+            info.consumer.queue.dispatch(self._effects)
+
     def settle(self, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome) -> None:
         """Apply a consumer's outcome; ignore deliveries no longer held (B-055)."""
         info = self._consumers.get(consumer_id)

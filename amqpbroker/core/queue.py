@@ -72,6 +72,21 @@ def wire_size(message: Message, delivery_count: int) -> int:
     return message.size - message.header_end + MAX_HEADER_BYTES
 
 
+# A window that never closes: a consumer no adapter bounds (the core's own tests, tools).
+UNBOUNDED = 1 << 62
+
+
+class Window:
+    """The bytes a connection's consumers may still be handed before its socket catches
+    up (issue 15): dispatch stops once `room` is spent and the adapter refills it when the
+    engine's output is written, so credit alone cannot buffer a whole queue in memory."""
+
+    __slots__ = ("room",)
+
+    def __init__(self, room: int = UNBOUNDED) -> None:
+        self.room = room
+
+
 @dataclass(eq=False, slots=True, kw_only=True)
 class Consumer:
     """A consumer link as the core sees it."""
@@ -89,6 +104,7 @@ class Consumer:
     max_message_size: int = 0
     credit: int = 0
     drain: bool = False
+    window: Window = field(default_factory=Window)  # shared by the connection's consumers
     unsettled: dict[DeliveryId, Ref] = field(default_factory=dict)
     browsed_seq: int = -1  # a browser has seen every reference up to this seq
     # Its events' `lifecycle.By`, and the shapes of the common ones, built once.
@@ -424,14 +440,15 @@ class Queue:
     def dispatch(self, out: list[Effect]) -> None:
         """Hand ready references to consumers with credit, round-robin."""
         consumers = self.consumers
-        browsers = [c for c in consumers if c.browser and c.credit > 0]
+        browsers = [c for c in consumers if c.browser and c.credit > 0 and c.window.room > 0]
         if browsers:
             self._browse(browsers, out)
-        active = [c for c in consumers if c.credit > 0 and not c.browser]
+        active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
         if active and self._ready:
             self._deliver(active, out)
         for consumer in consumers:
-            if consumer.drain and consumer.credit > 0:
+            # A stalled consumer drains once its window reopens: what is ready goes first.
+            if consumer.drain and consumer.credit > 0 and consumer.window.room > 0:
                 consumer.credit = 0
                 consumer.drain = False
                 out.append(Drained(consumer.id))
@@ -468,6 +485,8 @@ class Queue:
             self._send(chosen, ref, out)
             if chosen.credit == 0:
                 active.remove(chosen)
+            if chosen.window.room <= 0:  # issue 15: its connection has enough to write
+                active = [c for c in active if c.window.room > 0]
         for ref in skipped:
             self._put_back(ref)
 
@@ -491,6 +510,7 @@ class Queue:
 
     def _send(self, consumer: Consumer, ref: Ref, out: list[Effect]) -> None:
         consumer.credit -= 1
+        consumer.window.room -= ref.message.size
         ref.state = DELIVERING
         ref.delivery_count += 1  # B-040: before the transfer is written
         if ref.stored_count is not None and self.store is not None and self.store.before_delivery:
@@ -516,7 +536,7 @@ class Queue:
             if refs is None:
                 refs = self.refs()
             for ref in refs:
-                if browser.credit <= 0:
+                if browser.credit <= 0 or browser.window.room <= 0:
                     break
                 if ref.seq <= browser.browsed_seq or not browser.accepts(ref):
                     continue
@@ -525,6 +545,7 @@ class Queue:
                     continue  # B-084: never sent, not even to a browser
                 browser.browsed_seq = ref.seq
                 browser.credit -= 1
+                browser.window.room -= ref.message.size
                 delivery = DeliveryId(next(self._delivery_ids))
                 out.append(Dispatch(browser.id, delivery, ref.message, ref.delivery_count, True))
 

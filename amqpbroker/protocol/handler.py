@@ -76,6 +76,7 @@ from amqpbroker.core import (
     ProducerTarget,
     RawEvent,
     Rejected,
+    Window,
     annotated_routing_type,
 )
 from amqpbroker.protocol.dispositions import outcome_at, outcome_of
@@ -130,6 +131,10 @@ MAX_FRAME_SIZE = 131072  # B-021
 # What one `output()` call collects at most: the server writes it and asks again unless the
 # socket is over its high-water mark, so a slow reader never makes us copy a whole backlog.
 OUTPUT_CHUNK_BYTES = 1024 * 1024
+# Issue 15: what a connection's consumers may be handed (copied into the engine) before
+# its output has been written; credit alone would let one non-reading consumer buffer a
+# whole queue. Refilled when `output()` finds the engine empty (the socket took it all).
+ENGINE_WINDOW_BYTES = 4 * 1024 * 1024
 # Until the peer's open arrives (SASL included), frames are at most this big: before the
 # open exchange a peer may send only 512-byte frames (AMQP 1.0 §2.4.1), and a peer that
 # has proven nothing must not make the broker buffer 128 KiB per socket (issue 15 item 5).
@@ -328,6 +333,8 @@ class AmqpConnection:
         self._links_per_session: dict[Any, int] = {}  # pn_session_t -> links not yet ended
         self._collector_impl = self.collector._impl
         self.closed = False  # the broker side is done with this connection
+        self.window = Window(ENGINE_WINDOW_BYTES)  # issue 15: shared by its consumers
+        self._resume_from = 0
         self._orderly = False
         self._socket_gone = False
         # Issue 15: after a framing error the socket closes once the close frame is out.
@@ -441,11 +448,28 @@ class AmqpConnection:
             chunks.append(bytes(transport.peek(pending)))
             transport.pop(pending)
             size += pending
+        if not size and self.window.room < ENGINE_WINDOW_BYTES:
+            self._reopen_window()
         if self._hang_up and size < limit and transport.pending() >= 0:
             # Proton writes no close frame on a connection the peer never opened: ours.
             chunks.append(_close_frame(self.connection.condition))
             transport.close_head()
         return b"".join(chunks)
+
+    def _reopen_window(self) -> None:
+        """The engine holds no output (the socket took it all): the window is whole again,
+        and consumers it stopped are dispatched to, with the credit and drain request they
+        kept (issue 15); what that hands the engine, the next `output()` returns."""
+        stalled = self.window.room <= 0
+        self.window.room = ENGINE_WINDOW_BYTES
+        if stalled and not self.closed:
+            consumers = list(self.consumers.values())
+            if consumers:  # a different first one each time: one queue cannot starve another
+                self._resume_from = start = (self._resume_from + 1) % len(consumers)
+                for consumer in consumers[start:] + consumers[:start]:
+                    self.broker.resume(consumer.id)
+            self.shell.apply_effects()
+            self.shell.dirty.add(self)
 
     def socket_closed(self) -> None:
         """The socket is gone. Without a close frame first, that is an abrupt loss (B-054)."""
@@ -782,6 +806,7 @@ class AmqpConnection:
                 multicast_prefix=self.multicast_prefix,
                 user=self.user,
                 roles=self.roles,
+                window=self.window,
             )
         )
         answer_terminus(link.source, source, address=attached.address)

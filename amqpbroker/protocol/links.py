@@ -11,7 +11,7 @@ from typing import Any
 from cproton_ffi import lib
 from proton import Data, Described, Link, Terminus, symbol
 
-from amqpbroker.core import ConnectionId, ConsumerRequest, ProducerRequest
+from amqpbroker.core import ConnectionId, ConsumerRequest, ProducerRequest, Window
 from amqpbroker.protocol.peer import (
     PeerInvalidField,
     data_at,
@@ -157,6 +157,7 @@ def consumer_request(
     multicast_prefix: str | None,
     user: str | None = None,
     roles: frozenset[str] | None = None,
+    window: Window | None = None,
 ) -> ConsumerRequest:
     filters = source.filters
     selector = selector_of(filters)
@@ -180,6 +181,7 @@ def consumer_request(
         anycast_prefix=anycast_prefix,
         multicast_prefix=multicast_prefix,
         max_message_size=link.remote_max_message_size or 0,  # AMQP 2.7.3
+        window=window,
     )
 
 

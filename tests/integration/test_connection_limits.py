@@ -67,14 +67,7 @@ def test_a_silent_consumer_is_dropped_and_its_deliveries_return(broker: BrokerPr
     send(producer, "frozen", *[f"m{i}" for i in range(200)], caps=("queue",))
 
     client = RawClient(open_socket(broker.ports["amqp"]), idle_timeout_s=2.0)
-    client.transport.sasl().allowed_mechs("ANONYMOUS")
-    client.connection.open()
-    session = client.connection.session()
-    session.open()
-    receiver = session.receiver("frozen-consumer")
-    receiver.source.address = "frozen"
-    receiver.open()
-    receiver.flow(200)
+    receiver = client.anonymous_receiver("frozen-consumer", "frozen", 200)
     client.pump(lambda: receiver.queued >= 200)
     assert client.transport.remote_idle_timeout == 1.0  # half of amqp-idle-timeout
     # From now on the client neither reads nor writes (as if stopped by SIGSTOP).

@@ -162,13 +162,6 @@ def test_metrics_and_healthz_need_no_credentials_and_answer_head(broker: BrokerP
     assert headers["content-length"] == str(len(b'{"status": "ok"}'))
 
 
-def rss_bytes(broker: BrokerProcess) -> int:
-    for line in Path(f"/proc/{broker.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def send_head(broker: BrokerProcess, head: str, body: bytes = b"") -> tuple[int, bytes, float]:
     """Send a request head (and maybe part of a body); the status, the answer and how
     long it took, without ever sending what the head promises."""
@@ -192,12 +185,12 @@ def post_head(content_length: str, *, authorization: str = ADMIN, extra: str = "
 
 def test_a_300_mb_body_is_refused_without_reading_it(broker: BrokerProcess) -> None:
     """Issue 15: 413 at once; the broker does not grow; nothing purged."""
-    before = rss_bytes(broker)
+    before = broker.rss_bytes()
     status, answer, took = send_head(broker, post_head("300000000"), b"{" * 65536)
     assert status == 413
     assert "limited to 1048576 bytes" in json.loads(answer)["error"]
     assert took < READ_TIMEOUT_S  # answered, not waited for
-    assert rss_bytes(broker) - before < 16 * 1024 * 1024
+    assert broker.rss_bytes() - before < 16 * 1024 * 1024
     assert messages_in(broker, "Q") == 3
 
 
@@ -315,7 +308,7 @@ def test_a_request_head_over_64_kib_is_refused_with_431(broker: BrokerProcess) -
     status, _, _ = raw_request(port(broker), "GET", "/healthz", headers={"X-Pad": "a" * 60_000})
     assert status == 200
     assert send_head(broker, f"GET /healthz HTTP/1.1\r\nHost: x\r\n{big}\r\n")[0] == 431
-    before = rss_bytes(broker)
+    before = broker.rss_bytes()
     for _ in range(20):
         status, _, took = send_head(broker, "GET /healthz HTTP/1.1\r\n" + "X-a: b\r\n" * 100_000)
         assert status == 431
@@ -325,7 +318,7 @@ def test_a_request_head_over_64_kib_is_refused_with_431(broker: BrokerProcess) -
             contextlib.suppress(OSError),  # refused before all of it is sent
         ):
             sock.sendall(b"GET /healthz HTTP/1.1\r\nX-a: " + b"a" * 10_000_000)
-    assert rss_bytes(broker) - before < 20 * 1024 * 1024
+    assert broker.rss_bytes() - before < 20 * 1024 * 1024
 
 
 def test_a_message_nested_10000_deep_is_refused_and_its_queue_stays_browsable(

@@ -68,6 +68,13 @@ class BrokerProcess:
                 self.proc.wait(timeout=timeout)
         return self.proc.returncode
 
+    def rss_bytes(self) -> int:
+        """The broker's resident memory (VmRSS), for the issue 15 memory bounds."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()

@@ -14,7 +14,7 @@ import struct
 import time
 from collections.abc import Callable
 
-from proton import Collector, Connection, Transport
+from proton import Collector, Connection, Link, Transport
 
 from amqpbroker.amqp import sections
 from amqpbroker.amqp.sections import Described, Symbol, ULong
@@ -93,6 +93,19 @@ class RawClient:
         self.connection.collect(self.collector)
         self.transport.bind(self.connection)
 
+    def anonymous_receiver(self, name: str, address: str, credit: int) -> Link:
+        """Open the connection (SASL ANONYMOUS), a session and a receiver granting
+        `credit`; nothing is sent until the test pumps."""
+        self.transport.sasl().allowed_mechs("ANONYMOUS")
+        self.connection.open()
+        session = self.connection.session()
+        session.open()
+        receiver = session.receiver(name)
+        receiver.source.address = address
+        receiver.open()
+        receiver.flow(credit)
+        return receiver
+
     def pending_output(self) -> bytes:
         pending = self.transport.pending()
         if pending <= 0:
@@ -102,7 +115,13 @@ class RawClient:
         return out
 
     def push(self, data: bytes) -> None:
-        self.transport.push(data)
+        """Feed the engine at most its capacity at a time (it takes a read in parts)."""
+        while data:
+            capacity = self.transport.capacity()
+            if capacity <= 0:
+                raise ConnectionError("the client engine takes no more input")
+            self.transport.push(data[:capacity])
+            data = data[capacity:]
 
     def pump(self, until: Callable[[], bool], *, timeout: float = 10.0) -> None:
         """Exchange bytes with the broker until `until()` holds (or fail after timeout)."""

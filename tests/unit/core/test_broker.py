@@ -22,6 +22,7 @@ from amqpbroker.core import (
     QueueConfig,
     Rejected,
     RoutingType,
+    Window,
 )
 
 # -- routing and attach ------------------------------------------------------------------
@@ -230,6 +231,35 @@ def test_no_dispatch_without_credit_then_drain() -> None:
     h.broker.set_credit(c, 5, drain=True)
     assert len(h.take(c)) == 1
     assert h.drained == [c]
+
+
+def test_a_spent_write_window_stops_dispatch_until_resumed() -> None:
+    """Issue 15, B-037: consumers sharing a connection's window get nothing more once it
+    is spent, whatever their credit, and a drain waits; `resume` after the adapter
+    refills it goes on in order, then answers the drain."""
+    h = Harness()
+    window = Window(250)
+    first = h.consumer("a", "queue", credit=0, window=window)
+    second = h.consumer("b", "queue", credit=0, window=window)
+    for address in ("a", "b"):
+        target = h.producer(address, "queue")
+        for i in range(5):
+            h.send(target, b"%s%d" % (address.encode(), i) + b"x" * 90)
+    h.broker.set_credit(first, 100, drain=True)
+    h.broker.set_credit(second, 100)
+    got = h.take(first)
+    assert bodies(got) == [b"a%d" % i + b"x" * 90 for i in range(len(got))]
+    assert 0 < len(got) < 5
+    assert h.take(second) == []
+    assert h.drained == []
+    assert window.room <= 0
+    window.room = 10_000
+    h.broker.resume(first)
+    h.broker.resume(second)
+    rest = h.take(first)
+    assert bodies(got + rest) == [b"a%d" % i + b"x" * 90 for i in range(5)]
+    assert len(h.take(second)) == 5
+    assert h.drained == [first]
 
 
 def test_priority_then_fifo() -> None:

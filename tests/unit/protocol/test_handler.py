@@ -26,7 +26,7 @@ from proton import (
 )
 
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
-from amqpbroker.protocol import moves
+from amqpbroker.protocol import handler, moves
 from amqpbroker.protocol.handler import AmqpConnection, Shell
 from amqpbroker.protocol.peer import read_symbols
 
@@ -69,6 +69,8 @@ class Client:
                 moved = True
                 if out:
                     self._collect()
+            if self.server in self.server.shell.dirty:  # e.g. its write window reopened
+                moved = True
             if not moved:
                 break
         self._collect()
@@ -734,3 +736,74 @@ def test_security_disabled_is_explicit_and_no_roles_before_authentication(
     assert (secured.user, secured.roles) == ("u", frozenset({"app"}))
     assert secured.opened
     assert secured.container_id == "pipelined"
+
+
+# -- issue 15: the write window of a consumer that does not read --------------------------
+
+
+def _write_only(client: Client) -> None:
+    """The client's frames reach the broker; the broker's output is left unread."""
+    pending = client.transport.pending()
+    if pending > 0:
+        data = bytes(client.transport.peek(pending))
+        client.transport.pop(pending)
+        client.server.feed(data)
+
+
+def _stalled_consumer(
+    shell: Shell, monkeypatch: pytest.MonkeyPatch, *, settled: bool
+) -> tuple[Client, Link]:
+    """50 messages of 2 KB queued; a consumer grants 1000 credit and reads nothing."""
+    monkeypatch.setattr(handler, "ENGINE_WINDOW_BYTES", 10_000)
+    client = Client(shell)
+    sender = client.sender("w", "queue")
+    for i in range(50):
+        client.send(sender, Message(body=b"%02d" % i + b"x" * 2000))
+    receiver = client.session.receiver("r-w")
+    receiver.source.address = "w"
+    _put_caps(receiver.source, ("queue",))
+    if settled:
+        receiver.snd_settle_mode = Link.SND_SETTLED
+    receiver.open()
+    receiver.flow(1000)
+    _write_only(client)
+    return client, receiver
+
+
+def _handed(shell: Shell, *, settled: bool) -> int:
+    queue = shell.broker.queues["w"]
+    return 50 - queue.message_count if settled else queue.delivering
+
+
+@pytest.mark.parametrize("settled", [False, True])
+def test_a_consumer_is_handed_a_window_of_bytes_then_the_rest_as_it_reads(
+    shell: Shell, monkeypatch: pytest.MonkeyPatch, settled: bool
+) -> None:
+    """Issue 15, B-037: with 1000 credit and nothing read, the engine gets about its
+    window (10,000 bytes here: 5 transfers of 2 KB), not the 50 messages; reading resumes
+    the consumer with the credit it kept, until all 50 arrive in order."""
+    client, _ = _stalled_consumer(shell, monkeypatch, settled=settled)
+    assert _handed(shell, settled=settled) == 5
+    client.server.feed(b"")  # more steps without reading: still nothing more
+    assert _handed(shell, settled=settled) == 5
+    client.pump()
+    assert [bytes(m.body[:2]) for m, _ in client.received] == [b"%02d" % i for i in range(50)]
+    assert _handed(shell, settled=settled) == 50
+
+
+def test_a_drain_while_stalled_is_answered_after_what_was_ready(
+    shell: Shell, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15, B-037: a drain that arrives while the window is spent is neither lost
+    nor answered early: once the client reads, all 50 messages come, then drained
+    (the client's credit is 0)."""
+    client, receiver = _stalled_consumer(shell, monkeypatch, settled=False)
+    receiver.drain(0)
+    _write_only(client)
+    assert _handed(shell, settled=False) == 5
+    client.pump()
+    assert [bytes(m.body[:2]) for m, _ in client.received] == [b"%02d" % i for i in range(50)]
+    assert receiver.credit == 0
+    assert shell.broker.queues["w"].delivering == 50
+    client.send(client.sender("w", "queue"), Message(body=b"after the drain"))
+    assert len(client.received) == 50  # no credit left: the drain was answered

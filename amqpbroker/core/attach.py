@@ -1,20 +1,20 @@
-"""Attaching producers and consumers: what a link is bound to (B-030…B-046 and friends).
+"""Attaching producers and consumers: what a link is bound to (B-022…B-038, B-053).
 
 Theory of operation
 -------------------
-The protocol adapter describes a link as a request (`ProducerRequest`,
-`ConsumerRequest`); the broker answers with what it is bound to (`ProducerTarget`,
-`ConsumerAttached`) or raises a `ClientError`. A producer's target is an address, made on
-first use when `auto-create-addresses` allows (its routing type from the capabilities,
-`x-opt-jms-dest` or the settings), or a dynamic (temporary) node. A consumer's source is
-a queue: named (FQQN `address::queue`), the address's anycast queue, a subscription
-queue for multicast (durable by container and link name, shared or not), or a dynamic
-node; the queue is made on first use when `auto-create-queues` allows. Filters
-(selectors) are parsed here, and `detach_consumer` undoes an attach (closing a
-non-durable subscription's queue). Permissions are checked for the user the request
-acts for (`_acting_for`). Dispatch, credit and settling stay in `Broker` and `Queue`.
-`_Attach` is a part of `Broker` (a mixin): it declares the broker state it uses, which
-`Broker.__init__` sets.
+The protocol adapter describes a link as a request (`ProducerRequest`, B-022;
+`ConsumerRequest`, B-024…B-036); the broker answers with what it is bound to
+(`ProducerTarget`, `ConsumerAttached`) or raises a `ClientError`. A producer's target is
+an address, made on first use when the settings allow (its routing type from a
+capability, a prefix or the settings, B-008), or a temporary node (B-030). A consumer's
+source is a queue: a named one (FQQN, B-006), the address's anycast queue, a
+subscription queue for multicast (durable by container id and link name, shared or not;
+a null source recovers one, B-029), or a temporary queue (B-030); selectors are parsed
+here. `detach_consumer` returns the link's deliveries (B-053/B-054) and deletes the
+subscription or temporary queue its expiry policy ends (B-028/B-030). Permissions are
+checked for the user the request acts for (`_acting_for`). Dispatch, credit and
+settling stay in `Broker` and `Queue`. `_Attach` is a part of `Broker` (a mixin): it
+declares the broker state it uses, which `Broker.__init__` sets.
 """
 
 from __future__ import annotations

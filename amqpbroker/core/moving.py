@@ -3,18 +3,19 @@
 Theory of operation
 -------------------
 A message that has failed `max-delivery-attempts` times, or that a consumer rejected,
-is dead-lettered (`_dead_letter`); one that is past its expiration is expired
-(`expire_due`, `_on_expired`). Either way the reference leaves its queue and, when the
-address settings name a dead-letter or expiry address, a *copy* of the message is routed
-there (`_move_to_dla`): the copy carries `MoveAnnotations` (`core/moves.py`), written by
-the injected `MessageCopier`, and the target's queues are created on first use when
-`auto-create-dead-letter-resources` / `auto-create-expiry-resources` ask for it
-(`_ensure_move_resources`). Without such an address the message is dropped, with one
-warning per address. Expiry is indexed (`_track_expiry`): a heap of (expiration, n,
-queue, ref), so a scan pops only what is due instead of walking every message. The same
-copy path serves management moves (`copy_for_move`, `deliver_copy`, `hop`).
-`_Moving` is a part of `Broker` (a mixin): it declares the broker state it uses, which
-`Broker.__init__` sets.
+is dead-lettered (`_dead_letter`); one past its expiration is expired (`expire_due`,
+`_on_expired`). Either way the reference leaves its queue and, when the address settings
+name a dead-letter or expiry address, a *copy* of the message is routed there
+(`_move_to_dla`): the copy carries `MoveAnnotations` (`core/moves.py`), written by the
+injected `MessageCopier`; the target address and its `<prefix><origin><suffix>` queue
+are made on first use when the settings ask for it (`_ensure_move_resources`,
+B-074/B-086), acting for the broker, not the client. Without a dead-letter address the
+message is dropped with a warning (B-071/B-072); an expired message with nowhere to go
+is dropped, warned once per queue. Expiry is indexed (`_track_expiry`): a heap of
+(expiration, n, queue, ref), so a scan pops only what is due instead of walking every
+message. The same copy path serves management moves (`copy_for_move`, `deliver_copy`,
+`hop`). `_Moving` is a part of `Broker` (a mixin): it declares the broker state it uses,
+which `Broker.__init__` sets.
 """
 
 from __future__ import annotations

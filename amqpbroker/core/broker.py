@@ -124,8 +124,24 @@ class Broker(_Attach, _Moving, _Reaper):
         effects, self._effects = self._effects, []
         return effects
 
-    def _add_deadline(self, at_ms: int) -> None:
+    # -- what its queues need from it (`queue.QueueOwner`; also `dead_letter`,
+    # `track_expiry` and `expired`, in core/moving.py) ---------------------------------
+    @property
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    def queue_settings(self, queue: Queue) -> ResolvedSettings:
+        return self.settings.resolve(queue.address)
+
+    def schedule(self, at_ms: int) -> None:
         heapq.heappush(self._deadlines, at_ms)
+
+    def size_changed(self, queue: Queue, delta_bytes: int) -> None:
+        address = self.post_office.addresses.get(queue.address)
+        if address is not None:
+            address.size_bytes += delta_bytes
+            if delta_bytes < 0 and address.blocked:
+                self._check_unblocked(address)
 
     def next_deadline_ms(self) -> int | None:
         """When `tick()` next has work: a redelivery, the reaper or the expiry scan. O(1)."""
@@ -260,26 +276,13 @@ class Broker(_Attach, _Moving, _Reaper):
                 f"address {config.address} does not support {config.routing_type.value}"
             )
         selector = parse_selector(config.filter) if config.filter else None
-        queue_address = config.address
-
-        def on_size(delta_bytes: int) -> None:
-            address.size_bytes += delta_bytes
-            if delta_bytes < 0 and address.blocked:
-                self._check_unblocked(address)
-
         queue = Queue(
             config,
-            settings=lambda: self.settings.resolve(queue_address),
+            owner=self,
             selector=selector,
             rng=self.rng,
             delivery_ids=self._delivery_ids,
-            dead_letter=self._dead_letter,
-            on_schedule=self._add_deadline,
             emitter=self.emitter,
-            clock_ms=self.clock.now_ms,
-            on_size=on_size,
-            on_expiring=self._track_expiry,
-            expired=self._on_expired,
         )
         queue.idle_since_ms = self.clock.now_ms()
         queue.owner = owner

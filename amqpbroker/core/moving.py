@@ -3,15 +3,15 @@
 Theory of operation
 -------------------
 A message that has failed `max-delivery-attempts` times, or that a consumer rejected,
-is dead-lettered (`_dead_letter`); one past its expiration is expired (`expire_due`,
-`_on_expired`). Either way the reference leaves its queue and, when the address settings
+is dead-lettered (`dead_letter`); one past its expiration is expired (`expire_due`,
+`expired`). Either way the reference leaves its queue and, when the address settings
 name a dead-letter or expiry address, a *copy* of the message is routed there
 (`_move_to_dla`): the copy carries `MoveAnnotations` (`core/moves.py`), written by the
 injected `MessageCopier`; the target address and its `<prefix><origin><suffix>` queue
 are made on first use when the settings ask for it (`_ensure_move_resources`,
 B-074/B-086), acting for the broker, not the client. Without a dead-letter address the
 message is dropped with a warning (B-071/B-072); an expired message with nowhere to go
-is dropped, warned once per queue. Expiry is indexed (`_track_expiry`): a heap of
+is dropped, warned once per queue. Expiry is indexed (`track_expiry`): a heap of
 (expiration, n, queue, ref), so a scan pops only what is due instead of walking every
 message. The same copy path serves management moves (`copy_for_move`, `deliver_copy`,
 `hop`). `_Moving` is a part of `Broker` (a mixin): it declares the broker state it uses,
@@ -106,7 +106,7 @@ class _Moving:
     ) -> Address:
         raise NotImplementedError  # Broker's
 
-    def _dead_letter(self, queue: Queue, ref: Ref, reason: str, rejection: Rejected | None) -> None:
+    def dead_letter(self, queue: Queue, ref: Ref, reason: str, rejection: Rejected | None) -> None:
         """B-070…B-076: copy the message to the queue's DLA, or drop it (B-071/B-072)."""
         settings = self.settings.resolve(queue.address)
         message = ref.message
@@ -247,7 +247,7 @@ class _Moving:
         self._deliver_to(copy, address, queues, self.clock.now_ms(), reason="move")
         return copy
 
-    def _track_expiry(self, queue: Queue, ref: Ref) -> None:
+    def track_expiry(self, queue: Queue, ref: Ref) -> None:
         heapq.heappush(
             self._expiries, (ref.message.expiration_ms, next(self._expiry_seq), queue, ref)
         )
@@ -270,7 +270,7 @@ class _Moving:
                     queue.dispatch(self._effects)
         return expired
 
-    def _on_expired(self, queue: Queue, ref: Ref) -> None:
+    def expired(self, queue: Queue, ref: Ref) -> None:
         """B-085: move a copy to the expiry address (with x-opt-ACTUAL-EXPIRY), or drop."""
         message = ref.message
         now_ms = self.clock.now_ms()

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from amqpbroker.core.clock import Clock
+from amqpbroker.core.clock import Clock, entry
 from amqpbroker.core.effects import Effect
 from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter
@@ -61,6 +61,8 @@ class _Moving:
     _msg_ids: MessageIds
     clock: Clock
     copier: MessageCopier
+    in_call: bool
+    now_ms: int
     emitter: Emitter
     post_office: PostOffice
     queues: dict[str, Queue]
@@ -153,12 +155,13 @@ class _Moving:
         copy.first_ts = message.first_ts
         return copy
 
+    @entry
     def deliver_copy(
         self, copy: Message, address: str, queues: list[Queue], *, reason: str
     ) -> None:
         """Route a prepared copy to `queues` of `address` (overrides apply, B-082)."""
         copy.address = address
-        now_ms = self.clock.now_ms()
+        now_ms = self.now_ms
         self._set_expiration(copy, address, now_ms)
         target = self.post_office.addresses.get(address)
         if target is not None:
@@ -220,7 +223,7 @@ class _Moving:
         copy.msg_id = next(self._msg_ids)
         copy.first_ts = message.first_ts
         copy.address = dla
-        self._set_expiration(copy, dla, self.clock.now_ms())
+        self._set_expiration(copy, dla, self.now_ms)
         routing_type = ROUTING_TYPE_OF_BYTE.get(move.routing_type)
         queues = self.post_office.route(copy, address, routing_type) if address else []
         if not queues:
@@ -244,7 +247,7 @@ class _Moving:
                 error_condition=move.dlq_error_condition,
                 error_description=move.dlq_error_description,
             )
-        self._deliver_to(copy, address, queues, self.clock.now_ms(), reason="move")
+        self._deliver_to(copy, address, queues, self.now_ms, reason="move")
         return copy
 
     def track_expiry(self, queue: Queue, ref: Ref) -> None:
@@ -252,8 +255,10 @@ class _Moving:
             self._expiries, (ref.message.expiration_ms, next(self._expiry_seq), queue, ref)
         )
 
+    @entry
     def expire_due(self, now_ms: int) -> int:
-        """The periodic scan (B-084): expire every waiting reference whose time is up.
+        """The periodic scan (B-084): expire every waiting reference whose time is up
+        (`now_ms`: the call's time, `tick`'s).
 
         Pops only due entries of the expiry index: O(expired x log n), not O(messages).
         References being delivered are skipped; they are indexed again if they return.
@@ -273,7 +278,7 @@ class _Moving:
     def expired(self, queue: Queue, ref: Ref) -> None:
         """B-085: move a copy to the expiry address (with x-opt-ACTUAL-EXPIRY), or drop."""
         message = ref.message
-        now_ms = self.clock.now_ms()
+        now_ms = self.now_ms
         settings = self.settings.resolve(message.address or queue.address)
         target = settings.expiry_address
         if target and settings.auto_create_expiry_resources and message.address != target:

@@ -344,14 +344,10 @@ class Queue:
         """
         message = ref.message
         emitter = self.emitter
-        ts = emitter.step_ms
-        if ts is None:
-            clock_ns = emitter.clock_ns
-            ts = self._owner.now_ms if clock_ns is None else clock_ns() // 1_000_000
         emitter.events.append(
             (
                 shape,
-                ts,
+                self._owner.now_ms,  # the time of the call into the broker (clock.entry)
                 message.event_part or emitter.message_part(message),
                 ref.delivery_count,
                 extra,

@@ -17,7 +17,7 @@ import pytest
 from proton import ConnectionException, Endpoint, SSLDomain
 from proton.utils import BlockingConnection
 from support.client import Capabilities, receive_bodies, send
-from support.process import BrokerProcess, create_certs, start_broker
+from support.process import BrokerProcess, create_certs, sign_client_cert, start_broker
 from support.raw import RawClient, open_socket, plain_sasl, read_sasl_outcome, sasl_init
 from support.waiting import wait_until
 
@@ -63,6 +63,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory, cert_dir: Path) -> BrokerPr
               manage: [admin]
             "by-cert":
               send: [app]
+              consume: [admin]
               create-address: [app]
               create-durable-queue: [app]
             "public.#":  # the most specific match decides alone: admin is listed again
@@ -112,20 +113,62 @@ def test_anonymous_is_refused_when_security_is_on(broker: BrokerProcess) -> None
         BlockingConnection(broker.url, timeout=10, allowed_mechs="ANONYMOUS")
 
 
-def test_external_with_a_client_certificate(broker: BrokerProcess, cert_dir: Path) -> None:
-    """EXTERNAL: the TLS client certificate's CN (app-1) names the user."""
+def external(broker: BrokerProcess, certs: Path) -> BlockingConnection:
+    """A TLS connection that authenticates with SASL EXTERNAL and `certs`' client.pem."""
     domain = SSLDomain(SSLDomain.MODE_CLIENT)
-    domain.set_trusted_ca_db(str(cert_dir / "ca.pem"))
+    domain.set_trusted_ca_db(str(certs / "ca.pem"))
     domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
-    domain.set_credentials(str(cert_dir / "client.pem"), str(cert_dir / "client.key"), None)
-    conn = BlockingConnection(
+    domain.set_credentials(str(certs / "client.pem"), str(certs / "client.key"), None)
+    return BlockingConnection(
         f"amqps://localhost:{broker.ports['amqps']}",
         timeout=10,
         ssl_domain=domain,
         allowed_mechs="EXTERNAL",
     )
-    send(conn, "by-cert", "x", caps=("queue",))
-    conn.close()
+
+
+def test_external_with_a_client_certificate(broker: BrokerProcess, cert_dir: Path) -> None:
+    """EXTERNAL (B-154): the TLS client certificate's CN, app-1, is the user, with its
+    roles: it may send to `by-cert` (role app), and the refusal to consume there (admin
+    only) names it; admin gets what it sent."""
+    from proton.utils import LinkDetached
+
+    conn = external(broker, cert_dir)
+    try:
+        send(conn, "by-cert", "from app-1", caps=("queue",))
+        with pytest.raises(LinkDetached, match="user app-1 does not have permission 'consume'"):
+            conn.create_receiver("by-cert", options=Capabilities("queue"))
+    finally:
+        conn.close()
+    admin = plain(broker, "admin", "right-pw")
+    try:
+        receiver = admin.create_receiver("by-cert", options=Capabilities("queue"))
+        assert receive_bodies(receiver, 1) == ["from app-1"]
+    finally:
+        admin.close()
+
+
+def test_external_with_a_certificate_of_no_user_is_refused(
+    broker: BrokerProcess, cert_dir: Path, tmp_path: Path
+) -> None:
+    """EXTERNAL (B-154): a certificate the broker's CA signed, whose CN names no configured
+    user, is refused (outcome auth), and so is EXTERNAL without a client certificate."""
+    refused = "authentication failed with mechanism EXTERNAL"
+    before = broker.log().count(refused)
+    stranger = sign_client_cert(cert_dir, "stranger", tmp_path / "stranger")
+    with pytest.raises(ConnectionException):
+        external(broker, stranger)
+    wait_until(lambda: broker.log().count(refused) == before + 1, message="the refusal logged")
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)  # no client certificate
+    domain.set_trusted_ca_db(str(cert_dir / "ca.pem"))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+    with pytest.raises(ConnectionException):
+        BlockingConnection(
+            f"amqps://localhost:{broker.ports['amqps']}",
+            timeout=10,
+            ssl_domain=domain,
+            allowed_mechs="EXTERNAL",
+        )
 
 
 def http_status(broker: BrokerProcess, user: str | None, password: str | None) -> int:

@@ -7,39 +7,30 @@ message expires when the test advances the broker's clock, not after a wall-cloc
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from proton import Data, Message
 from proton.utils import BlockingConnection
-from support.client import Capabilities, nothing_more, send
-from support.inproc import ThreadBroker, start_in_thread
+from support.client import QUEUE, nothing_more, send
+from support.inproc import ThreadBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-QUEUE = Capabilities("queue")
 
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadBroker]:
-    running = start_in_thread(
-        tmp_path_factory.mktemp("expiry"),
-        """
-        message-expiry-scan-period: 100
-        address-settings:
-          "#":
-            expiry-address: ExpiryQueue
-            auto-create-expiry-resources: true
-          "noexp.#":
-            expiry-address: ""
-        addresses:
-          - name: ExpiryQueue
-            anycast:
-              - name: ExpiryQueue
-        """,
-    )
-    yield running
-    assert running.stop() == 0, running.log()
+BROKER_CONFIG = """
+message-expiry-scan-period: 100
+address-settings:
+  "#":
+    expiry-address: ExpiryQueue
+    auto-create-expiry-resources: true
+  "noexp.#":
+    expiry-address: ""
+addresses:
+  - name: ExpiryQueue
+    anycast:
+      - name: ExpiryQueue
+"""
+BROKER_IN_THREAD = True  # on a manual clock: broker.advance_clock(ms)
 
 
 def test_expired_message_moves_to_exp_queue_with_annotations(

@@ -4,22 +4,16 @@ to a drain, not a silence (B-015, B-037)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from proton import Message, ulong
 from proton.utils import BlockingConnection
-from support.client import Capabilities, drain, is_empty, nothing_more, send
-from support.inproc import ThreadBroker, start_in_thread
+from support.client import QUEUE, drain, is_empty, nothing_more, send
+from support.inproc import ThreadBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadBroker]:
-    running = start_in_thread(tmp_path_factory.mktemp("inproc"))
-    yield running
-    assert running.stop() == 0
+BROKER_IN_THREAD = True  # on a manual clock: broker.advance_clock(ms)
 
 
 def test_a_scheduled_message_waits_for_the_broker_clock(
@@ -27,8 +21,8 @@ def test_a_scheduled_message_waits_for_the_broker_clock(
 ) -> None:
     """B-015: x-opt-delivery-delay counts from the broker's receipt on the broker's clock:
     5 s of it pass in two steps and no wall-clock time."""
-    receiver = conn.create_receiver("later", credit=5, options=Capabilities("queue"))
-    sender = conn.create_sender("later", options=Capabilities("queue"))
+    receiver = conn.create_receiver("later", credit=5, options=QUEUE)
+    sender = conn.create_sender("later", options=QUEUE)
     sender.send(Message(body="soon", annotations={"x-opt-delivery-delay": ulong(5000)}))
     broker.advance_clock(4999)
     assert nothing_more(conn, receiver)

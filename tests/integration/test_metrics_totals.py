@@ -11,37 +11,28 @@ from __future__ import annotations
 import json
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from proton import Message
-from support.client import Capabilities, connect, receive_bodies
-from support.process import BrokerProcess, start_broker
+from support.client import QUEUE, connect, receive_bodies
+from support.process import BrokerProcess
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-QUEUE = Capabilities("queue")
 Sample = tuple[str, frozenset[tuple[str, str]]]
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    running = start_broker(
-        tmp_path_factory.mktemp("broker"),
-        """
-        address-queue-scan-period: 50
-        address-settings:
-          "#":
-            dead-letter-address: DLA
-            auto-create-dead-letter-resources: true
-            auto-delete-queues: true
-            auto-delete-addresses: true
-        """,
-    )
-    yield running
-    assert running.stop() == 0, running.log()
+BROKER_CONFIG = """
+address-queue-scan-period: 50
+address-settings:
+  "#":
+    dead-letter-address: DLA
+    auto-create-dead-letter-resources: true
+    auto-delete-queues: true
+    auto-delete-addresses: true
+"""
 
 
 def metrics(broker: BrokerProcess) -> dict[Sample, float]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from proton import ConnectionException, Endpoint, SSLDomain
 from proton.utils import BlockingConnection
-from support.client import Capabilities, receive_bodies, send
+from support.client import QUEUE, receive_bodies, send
 from support.process import BrokerProcess, create_certs, sign_client_cert, start_broker
 from support.raw import RawClient, open_socket, plain_sasl, read_sasl_outcome, sasl_init
 from support.waiting import wait_until
@@ -137,12 +137,12 @@ def test_external_with_a_client_certificate(broker: BrokerProcess, cert_dir: Pat
     try:
         send(conn, "by-cert", "from app-1", caps=("queue",))
         with pytest.raises(LinkDetached, match="user app-1 does not have permission 'consume'"):
-            conn.create_receiver("by-cert", options=Capabilities("queue"))
+            conn.create_receiver("by-cert", options=QUEUE)
     finally:
         conn.close()
     admin = plain(broker, "admin", "right-pw")
     try:
-        receiver = admin.create_receiver("by-cert", options=Capabilities("queue"))
+        receiver = admin.create_receiver("by-cert", options=QUEUE)
         assert receive_bodies(receiver, 1) == ["from app-1"]
     finally:
         admin.close()
@@ -213,19 +213,18 @@ def test_permissions_are_checked_at_attach(
     """B-154: send/consume/create refused with amqp:unauthorized-access naming the
     permission; the most specific security-settings match decides."""
     from proton.utils import LinkDetached
-    from support.client import Capabilities
 
     if action == "consume":  # the queue exists, created by admin
         admin = plain(broker, "admin", "right-pw")
-        admin.create_sender(address, options=Capabilities("queue")).close()
+        admin.create_sender(address, options=QUEUE).close()
         admin.close()
     conn = plain(broker, user, password)
 
     def attempt() -> None:
         if action in ("send", "create"):
-            conn.create_sender(address, options=Capabilities("queue"))
+            conn.create_sender(address, options=QUEUE)
         else:
-            conn.create_receiver(address, options=Capabilities("queue"))
+            conn.create_receiver(address, options=QUEUE)
 
     try:
         if allowed:
@@ -273,7 +272,7 @@ def test_frames_pipelined_behind_sasl_init_are_authorized_as_the_user(
     client.close()
 
     conn = plain(broker, "admin", "right-pw")
-    receiver = conn.create_receiver("secret", options=Capabilities("queue"))
+    receiver = conn.create_receiver("secret", options=QUEUE)
     assert receive_bodies(receiver, 3) == ["s1", "s2", "s3"]
     conn.close()
 
@@ -356,8 +355,8 @@ def test_guessing_clients_do_not_slow_down_the_others(broker: BrokerProcess) -> 
     child process so they do not share this process's GIL with the measuring client)
     while a logged-in client's round trip stays within 2x of what it is when idle."""
     conn = plain(broker, "admin", "right-pw")
-    sender = conn.create_sender("rtt", options=Capabilities("queue"))
-    receiver = conn.create_receiver("rtt", options=Capabilities("queue"))
+    sender = conn.create_sender("rtt", options=QUEUE)
+    receiver = conn.create_receiver("rtt", options=QUEUE)
     for _ in range(5):
         _round_trip_s(conn, sender, receiver)  # warm up
     idle = statistics.median(_round_trip_s(conn, sender, receiver) for _ in range(21))

@@ -10,12 +10,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 
 import pytest
 from proton.utils import BlockingConnection
 from support.client import (
-    Capabilities,
+    QUEUE,
     connect,
     is_empty,
     nothing_more,
@@ -23,29 +22,21 @@ from support.client import (
     send,
     settle_modified,
 )
-from support.inproc import ThreadBroker, start_in_thread
+from support.inproc import ThreadBroker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-QUEUE = Capabilities("queue")
 
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ThreadBroker]:
-    running = start_in_thread(
-        tmp_path_factory.mktemp("undeliverable"),
-        """
-        address-settings:
-          "#":
-            dead-letter-address: DLA
-            auto-create-dead-letter-resources: true
-            max-delivery-attempts: 2
-          "slow.#":
-            redelivery-delay: 600
-        """,
-    )
-    yield running
-    assert running.stop() == 0, running.log()
+BROKER_CONFIG = """
+address-settings:
+  "#":
+    dead-letter-address: DLA
+    auto-create-dead-letter-resources: true
+    max-delivery-attempts: 2
+  "slow.#":
+    redelivery-delay: 600
+"""
+BROKER_IN_THREAD = True  # on a manual clock: broker.advance_clock(ms)
 
 
 def test_redelivery_delay_holds_only_the_failed_message(

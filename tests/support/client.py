@@ -25,6 +25,11 @@ class Capabilities(LinkOption):
         terminus.capabilities.exit()
 
 
+# The terminus capabilities tests use most (B-008): the one definition of each.
+QUEUE = Capabilities("queue")
+TOPIC = Capabilities("topic")
+
+
 class Durable(LinkOption):
     """A durable subscription source: durability unsettled-state, expiry never (B-026)."""
 
@@ -137,9 +142,7 @@ def drain_round(conn: BlockingConnection, receiver: BlockingReceiver, credit: in
 def is_empty(conn: BlockingConnection, address: str) -> bool:
     """Whether the anycast queue `address` has no message ready for a new consumer, asked
     with a credit drain (B-037). A message it had is returned to it, uncounted (B-053)."""
-    receiver = conn.create_receiver(
-        address, name=f"is-empty-{uuid.uuid4()}", options=Capabilities("queue")
-    )
+    receiver = conn.create_receiver(address, name=f"is-empty-{uuid.uuid4()}", options=QUEUE)
     try:
         return not drain_round(conn, receiver, 1)
     finally:
@@ -164,7 +167,7 @@ def drain(
     conn = connect(url, timeout=first_timeout)
     got = []
     try:
-        receiver = conn.create_receiver(address, options=Capabilities("queue"))
+        receiver = conn.create_receiver(address, options=QUEUE)
         while True:
             batch = drain_round(conn, receiver, credit)
             for message in batch:

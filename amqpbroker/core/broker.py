@@ -196,6 +196,7 @@ class Broker(_Attach, _Moving, _Reaper):
             queue.store = self.persistence
             self.persistence.queue_added(queue.config)
 
+    @entry  # a call into the broker: the journal's answer, posted to the loop
     def _unstored(self, refs: list[tuple[str, Ref]]) -> None:
         """The journal failed to store these: take back those not yet delivered (their
         producers are told `resource-limit-exceeded`; at-least-once for the rest)."""

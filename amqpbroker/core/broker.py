@@ -405,7 +405,6 @@ class Broker(_Attach, _Moving, _Reaper):
             )
 
     # -- producers (attaching them: `_Attach`, core/attach.py) ------------------------
-    @entry
     def publish(
         self,
         message: Message,
@@ -424,6 +423,8 @@ class Broker(_Attach, _Moving, _Reaper):
             NotFound: anonymous relay to an address that cannot be auto-created.
             ClientError: anonymous relay without `to`, or to a wildcard address.
         """
+        if not self.in_call:  # a hot entry point (core/clock.py)
+            self.now_ms = self.clock.now_ms()
         now_ms = self.now_ms
         if message.durable and self.persistence is not None and self.persistence.failure:
             raise ResourceLimitExceeded(
@@ -624,24 +625,27 @@ class Broker(_Attach, _Moving, _Reaper):
         return len(queues)
 
     # -- consumers (attaching them: `_Attach`, core/attach.py) ------------------------
-    @entry
     def set_credit(self, consumer_id: ConsumerId, credit: int, *, drain: bool = False) -> None:
         """The link credit the consumer now has (B-037)."""
+        if not self.in_call:  # a hot entry point (core/clock.py)
+            self.now_ms = self.clock.now_ms()
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.set_credit(info.consumer, credit, drain, self._effects)
 
-    @entry
     def resume(self, consumer_id: ConsumerId) -> None:
         """The consumer's connection wrote what it was handed and its window has room
         again: dispatch to it, with the credit and drain it kept (issue 15)."""
+        if not self.in_call:  # a hot entry point (core/clock.py)
+            self.now_ms = self.clock.now_ms()
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.dispatch(self._effects)
 
-    @entry
     def settle(self, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome) -> None:
         """Apply a consumer's outcome; ignore deliveries no longer held (B-055)."""
+        if not self.in_call:  # a hot entry point (core/clock.py)
+            self.now_ms = self.clock.now_ms()
         info = self._consumers.get(consumer_id)
         if info is None:
             log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)

@@ -455,7 +455,9 @@ class Broker(_Attach, _Moving, _Reaper):
         settings = self.settings.resolve(address_name)
         if message.ttl_ms or message.expiration_ms or settings.has_expiry_overrides:
             self._set_expiration(message, address_name, now_ms)
-        if settings.max_size_bytes >= 0 and not self._has_room(address, message, now_ms):
+        if (
+            settings.max_size_bytes >= 0 or settings.max_size_bytes_reject_threshold >= 0
+        ) and not self._has_room(address, message, now_ms):
             return 0
         if fqqn_queue is not None:
             queue = self.queues.get(fqqn_queue)
@@ -491,12 +493,19 @@ class Broker(_Attach, _Moving, _Reaper):
 
     def _has_room(self, address: Address, message: Message, now_ms: int) -> bool:
         """B-151: enforce max-size-bytes with FAIL (raise) and DROP (False); BLOCK lets
-        this message in and marks the address so producers get no more credit."""
+        this message in and marks the address so producers get no more credit, and
+        refuses it as FAIL does once the address holds more than
+        max-size-bytes-reject-threshold (Artemis `isRejectingMessages`: BLOCK only)."""
         settings = self.settings.resolve(address.name)
+        policy = settings.address_full_policy
+        threshold = settings.max_size_bytes_reject_threshold
+        if policy == "BLOCK" and 0 <= threshold < address.size_bytes:
+            raise ResourceLimitExceeded(
+                f"address {address.name} is over max-size-bytes-reject-threshold={threshold}"
+            )
         limit = settings.max_size_bytes
         if limit < 0 or address.size_bytes < limit:
             return True
-        policy = settings.address_full_policy
         if policy == "FAIL":
             raise ResourceLimitExceeded(f"address {address.name} is full: max-size-bytes={limit}")
         if policy == "DROP":

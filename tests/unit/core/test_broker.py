@@ -708,6 +708,34 @@ def test_address_full_block_withholds_credit_until_it_drains() -> None:
     assert h.broker.producer_may_send(target)
 
 
+def test_block_refuses_past_the_reject_threshold() -> None:
+    """B-151 BLOCK with max-size-bytes-reject-threshold: a producer that still has credit
+    is let in up to the threshold, then refused as under FAIL until the address drains."""
+    from amqpbroker.core import ResourceLimitExceeded
+
+    settings = AddressSettings.of(
+        max_size_bytes=3, address_full_policy="BLOCK", max_size_bytes_reject_threshold=5
+    )
+    h = Harness({"#": settings})
+    target = h.producer("q", "queue")
+    h.send(target, b"abcd")
+    h.send(target, b"ef")  # full (blocked), not yet over the threshold: let in
+    assert not h.broker.producer_may_send(target)
+    with pytest.raises(ResourceLimitExceeded, match="max-size-bytes-reject-threshold=5"):
+        h.send(target, b"g")
+    assert h.queue("q").message_count == 2
+
+
+def test_reject_threshold_applies_to_block_only() -> None:
+    """Artemis isRejectingMessages: the threshold means nothing under another policy."""
+    settings = AddressSettings.of(address_full_policy="DROP", max_size_bytes_reject_threshold=1)
+    h = Harness({"#": settings})
+    target = h.producer("q", "queue")
+    for body in (b"abc", b"def"):
+        h.send(target, body)
+    assert h.queue("q").message_count == 2
+
+
 # -- consumer priority (B-035) and no-local (B-034) -------------------------------------
 
 

@@ -39,6 +39,7 @@ from amqpbroker.core.errors import (
 from amqpbroker.core.expiry import apply_expiry_overrides, initial_expiration
 from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter, EventLevel, Extra, Shape
+from amqpbroker.core.management import MANAGEMENT_ADDRESS, ManagementHandler
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -117,6 +118,8 @@ class Broker(_Attach, _Moving, _Reaper):
         self._expiry_scan_period_ms = message_expiry_scan_period_ms
         self._next_expiry_scan_ms = clock.now_ms() + max(message_expiry_scan_period_ms, 0)
         self._expiry_drop_warned: set[str] = set()
+        # B-160: answers requests to the management address (server.py sets it).
+        self.management: ManagementHandler | None = None
 
     # -- effects and time -----------------------------------------------------------
     def take_effects(self) -> list[Effect]:
@@ -228,6 +231,8 @@ class Broker(_Attach, _Moving, _Reaper):
         owner: ConnectionId | None = None,
     ) -> Address:
         """Create the address, or add routing types to an existing one."""
+        if auto_created and name == MANAGEMENT_ADDRESS:
+            raise NotFound(f"{name} is the management address: it is never auto-created")
         existing = self.post_office.addresses.get(name)
         if existing is not None:
             if not routing_types <= existing.routing_types:
@@ -433,6 +438,8 @@ class Broker(_Attach, _Moving, _Reaper):
             if self.settings.wildcards.has_wildcard(parsed.address):
                 raise ClientError(f"cannot send to wildcard address {parsed.address} (B-011)")
             address_name, fqqn_queue = parsed.address, parsed.queue
+            if address_name == MANAGEMENT_ADDRESS:
+                return self._management_request(message, target)
             routing_type = target.link_routing_type or message_routing_type or parsed.routing_type
             address = self.post_office.addresses.get(address_name)
             with self._acting_for(target.user, target.roles):
@@ -443,6 +450,8 @@ class Broker(_Attach, _Moving, _Reaper):
                     except NotFound as e:
                         raise NotFound(f"target address {address_name} does not exist") from e
         else:
+            if target.management:
+                return self._management_request(message, target)
             address = self.post_office.addresses.get(address_name)
             if address is None:  # deleted since attach: re-create as attach would
                 address = self._prepare_target(address_name, fqqn_queue, routing_type)
@@ -465,6 +474,17 @@ class Broker(_Attach, _Moving, _Reaper):
         else:
             queues = self.post_office.route(message, address, routing_type)
         return self._deliver_to(message, address, queues, now_ms)
+
+    def _management_request(self, message: Message, target: ProducerTarget) -> int:
+        """B-160: a request to the management address is answered, never routed; the
+        sender needs `manage` (B-154), checked per message as `send` is on the relay."""
+        with self._acting_for(target.user, target.roles):
+            self._check("manage", MANAGEMENT_ADDRESS)
+        if self.management is None:
+            raise NotFound(f"{MANAGEMENT_ADDRESS} is not served by this broker")
+        message.address = MANAGEMENT_ADDRESS
+        self.management.handle(message)
+        return 1
 
     def _is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
         """B-012: seen among the address's last `id-cache-size` ids? Remembers it if not."""
@@ -636,6 +656,10 @@ class Broker(_Attach, _Moving, _Reaper):
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.dispatch(self._effects)
+
+    def redispatch(self, queue: Queue) -> None:
+        """Hand what is ready to the queue's consumers (B-161 resume())."""
+        queue.dispatch(self._effects)
 
     def settle(self, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome) -> None:
         """Apply a consumer's outcome; ignore deliveries no longer held (B-055)."""

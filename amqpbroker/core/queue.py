@@ -224,6 +224,7 @@ class Queue:
         self.counters = QueueCounters()
         self.consumers: list[Consumer] = []
         self.used = False
+        self.paused = False  # B-161 pause(): no dispatch to consumers (browsers go on)
         self.swept = False  # first reaper pass passed (B-111)
         self.idle_since_ms = 0
         self.owner: ConnectionId | None = None  # temporary queues die with their connection
@@ -444,7 +445,7 @@ class Queue:
         if browsers:
             self._browse(browsers, out)
         active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
-        if active and self._ready:
+        if active and self._ready and not self.paused:
             self._deliver(active, out)
         for consumer in consumers:
             # A stalled consumer drains once its window reopens: what is ready goes first.

@@ -49,9 +49,6 @@ UNSUPPORTED_SETTINGS: dict[str, str] = {
     "slow_consumer_policy": "",
     "slow_consumer_check_period": "",
     "redistribution_delay": "a cluster setting",
-    # Implemented with the AMQP management address (h-mgmt, issue 19): B-160, B-162.
-    "management_browse_page_size": "",
-    "auto_delete_created_queues": "",
 }
 
 # Queue options of `addresses[].anycast[]` / `multicast[]` (`QueueDef` field names).

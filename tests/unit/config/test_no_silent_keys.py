@@ -35,9 +35,13 @@ ROOT = Path(amqpbroker.__file__).parent
 # Modules that check, default, list or print configuration: a read there has no effect.
 NOT_EFFECTS = ("config/", "core/settings.py", "core/unsupported.py")
 # Functions that copy configuration into a QueueConfig (keyword or dict key = the field).
-COPIERS = {("core/broker.py", "_auto_queue"), ("server.py", "build_broker")}
-# Functions that only display configuration (the console's kind column).
-REPORTERS = {("management/api.py", "queue_kinds")}
+COPIERS = {("core/broker.py", "_auto_queue"), ("config/schema.py", "queue_config")}
+# Functions that only display configuration (the console's kind column, management
+# attributes).
+REPORTERS = {
+    ("management/api.py", "queue_kinds"),
+    ("management/amqp_address.py", "queue_attributes"),
+}
 
 
 def _scan() -> tuple[set[str], dict[str, set[str]]]:
@@ -46,8 +50,6 @@ def _scan() -> tuple[set[str], dict[str, set[str]]]:
     flows: dict[str, set[str]] = defaultdict(set)
     for path in sorted(ROOT.rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith(NOT_EFFECTS):
-            continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         skip: set[int] = set()
         for func in ast.walk(tree):
@@ -72,6 +74,8 @@ def _scan() -> tuple[set[str], dict[str, set[str]]]:
                         if isinstance(sub, ast.Attribute):
                             flows[sub.attr].add(target)
                             skip.add(id(sub))
+        if rel.startswith(NOT_EFFECTS):
+            continue  # its copiers count (above), its reads do not
         for node in ast.walk(tree):
             is_load = isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load)
             if is_load and id(node) not in skip:

@@ -365,3 +365,23 @@ def delete_address(broker: Broker, name: str, *, force: bool = False) -> None:
     if address.queues and not force:
         raise IllegalState(f"address {name} has {len(address.queues)} queue(s)")
     broker.delete_address(name)
+
+
+def change_priority(
+    broker: Broker,
+    queue_name: str,
+    *,
+    priority: int,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> int:
+    """B-161 changeMessagesPriority: waiting messages get `priority` (0..9), in their
+    header too, and go to the tail of that level (not persisted, as in Artemis)."""
+    if not 0 <= priority <= 9:
+        raise ClientError(f"a priority is 0..9, not {priority}")
+    queue = _queue(broker, queue_name)
+    refs = _waiting(queue, selector, ids)
+    queue.change_priority(
+        [(ref, broker.copier.with_priority(ref.message, priority)) for ref in refs]
+    )
+    return len(refs)

@@ -723,6 +723,26 @@ class Queue:
             self._removed(ref)
         return taken
 
+    def change_priority(self, changed: list[tuple[Ref, Message]]) -> None:
+        """B-161 changeMessagesPriority: each waiting reference takes its re-prioritized
+        message and a ready one goes to the tail of its new level (Artemis `addTail`); a
+        scheduled one takes its level when due. Not journaled, as in Artemis."""
+        moving = {id(ref) for ref, _ in changed if ref.state == READY}
+        if moving:
+            for level in range(_LEVELS):
+                self._fresh[level] = deque(r for r in self._fresh[level] if id(r) not in moving)
+                returned = [r for r in self._returned[level] if id(r) not in moving]
+                heapq.heapify(returned)
+                self._returned[level] = returned
+        for ref, message in changed:
+            delta = message.size - ref.message.size
+            ref.message = message
+            self.size_bytes += delta
+            self._on_size(delta)
+            if id(ref) in moving:
+                ref.seq = next(self._seq)
+                self._fresh[message.priority].append(ref)
+
     def take(self, ref: Ref) -> None:
         """Remove a waiting (ready or scheduled) reference, for management (B-161)."""
         if ref.state == READY:

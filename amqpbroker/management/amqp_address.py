@@ -182,12 +182,6 @@ def _move(broker: Broker, queue: str, args: Args, *, one: bool) -> int | bool:
     return ops.move(broker, queue, to_queue=target, selector=_filter(args[0]))
 
 
-def _change_priority(broker: Broker, queue: str, args: Args) -> int:
-    _filter(args[0])
-    _int(args[1], "newPriority")
-    raise RequestError("changeMessagesPriority is not supported by amqpbroker")
-
-
 QueueOperation = Callable[[Broker, str, Args], Any]
 # name -> number of arguments -> what it does (Artemis QueueControl, B-161)
 QUEUE_OPERATIONS: dict[str, dict[int, QueueOperation]] = {
@@ -222,7 +216,17 @@ QUEUE_OPERATIONS: dict[str, dict[int, QueueOperation]] = {
     "countDeliveringMessages": {
         1: lambda b, q, a: ops.count_delivering(b, q, selector=_filter(a[0])),
     },
-    "changeMessagesPriority": {2: _change_priority},
+    "changeMessagesPriority": {
+        2: lambda b, q, a: ops.change_priority(
+            b, q, selector=_filter(a[0]), priority=_int(a[1], "newPriority")
+        ),
+    },
+    "changeMessagePriority": {
+        2: lambda b, q, a: (
+            ops.change_priority(b, q, ids=[_message_id(a[0])], priority=_int(a[1], "newPriority"))
+            == 1
+        ),
+    },
     "pause": {0: lambda b, q, a: ops.pause(b, q, paused=True)},
     "resume": {0: lambda b, q, a: ops.pause(b, q, paused=False)},
 }

@@ -252,13 +252,21 @@ def test_count_messages_and_count_delivering(manager: Manager) -> None:
     receiver.accept()
 
 
-def test_change_messages_priority_is_refused(manager: Manager) -> None:
-    """B-161 changeMessagesPriority: not implemented; a failure reply, never a pretence."""
-    fill(manager.conn, "prio", "a")
-    assert manager.call("queue.prio", "changeMessagesPriority", None, 9) == (
-        False,
-        "changeMessagesPriority is not supported by amqpbroker",
-    )
+def test_change_messages_priority_and_change_message_priority(manager: Manager) -> None:
+    """B-161 changeMessagesPriority(filter, p) / changeMessagePriority(id, p): the
+    messages take the priority, in the header the consumer receives too."""
+    fill(manager.conn, "prio", "red", "blue", "green")
+    assert manager.ok("queue.prio", "changeMessagesPriority", "color = 'green'", 9) == 1
+    red = ids(manager, "prio", "color = 'red'")[0]
+    assert manager.ok("queue.prio", "changeMessagePriority", red, 0) is True
+    assert manager.call("queue.prio", "changeMessagesPriority", None, 10)[0] is False
+    receiver = manager.conn.create_receiver("prio", options=QUEUE)
+    got = []
+    for _ in range(3):
+        message = receiver.receive(timeout=5)
+        receiver.accept()
+        got.append((message.body, message.priority))
+    assert got == [("green-body", 9), ("blue-body", 4), ("red-body", 0)]
 
 
 def test_pause_and_resume(manager: Manager) -> None:

@@ -304,3 +304,30 @@ def test_the_management_address_needs_manage_and_is_never_auto_created() -> None
             )
         )
     assert "activemq.management" not in h.broker.post_office.addresses
+
+
+def test_change_priority_moves_messages_to_the_tail_of_the_new_level() -> None:
+    """B-161 changeMessagesPriority: matching waiting messages take the new priority and
+    queue behind what already waits at that level (Artemis addTail)."""
+    from amqpbroker.core.operations import change_priority
+
+    h = Harness()
+    target = h.producer("q", "queue")
+    h.send(target, b"low-1", priority=1)
+    h.send(target, b"high", priority=7)
+    h.send(target, b"low-2", priority=1)
+    assert change_priority(h.broker, "q", selector="JMSPriority = 1", priority=7) == 2
+    c = h.consumer("q", "queue")
+    delivered = h.take(c)
+    assert [d.message.data for d in delivered] == [b"high", b"low-1", b"low-2"]
+    assert [d.message.priority for d in delivered] == [7, 7, 7]
+
+
+def test_change_priority_refuses_a_priority_outside_0_to_9() -> None:
+    from amqpbroker.core import ClientError
+    from amqpbroker.core.operations import change_priority
+
+    h = Harness()
+    h.send(h.producer("q", "queue"))
+    with pytest.raises(ClientError, match="0..9"):
+        change_priority(h.broker, "q", priority=10)

@@ -464,6 +464,8 @@ class Broker(_Attach, _Moving, _Reaper):
         settings = self.settings.resolve(address_name)
         if message.ttl_ms or message.expiration_ms or settings.has_expiry_overrides:
             self._set_expiration(message, address_name, now_ms)
+        if settings.enable_ingress_timestamp:  # B-018 (d)
+            self.copier.set_ingress_time(message, now_ms)
         if (
             settings.max_size_bytes >= 0 or settings.max_size_bytes_reject_threshold >= 0
         ) and not self._has_room(address, message, now_ms):

@@ -39,6 +39,9 @@ class MoveAnnotations:
     routing_type: int | None = None  # x-opt-routing-type on the copy (B-090 exception)
 
 
+INGRESS_TIME = "x-opt-ingress-time"  # B-018 (d): when the broker accepted it, epoch ms
+
+
 class MessageCopier(Protocol):
     """Rewrites encoded messages (implemented by the protocol codec)."""
 
@@ -48,6 +51,10 @@ class MessageCopier(Protocol):
 
     def set_expiration(self, message: Message, expiration_ms: int) -> None:
         """B-083: write absolute-expiry-time (or remove it for 0) and drop header.ttl."""
+        ...
+
+    def set_ingress_time(self, message: Message, now_ms: int) -> None:
+        """B-018 (d) `enable-ingress-timestamp`: annotate `x-opt-ingress-time` (epoch ms)."""
         ...
 
     def with_priority(self, message: Message, priority: int) -> Message:
@@ -75,6 +82,9 @@ class _BytesCopier:
 
     def set_expiration(self, message: Message, expiration_ms: int) -> None:
         message.expiration_ms = expiration_ms
+
+    def set_ingress_time(self, message: Message, now_ms: int) -> None:
+        message.annotations = {**message.get_annotations(), INGRESS_TIME: now_ms}
 
     def with_priority(self, message: Message, priority: int) -> Message:
         return reprioritized(message, message.data, priority, message.header_end)

@@ -44,7 +44,6 @@ UNSUPPORTED_SETTINGS: dict[str, str] = {
     # Refused (h-mgmt, issue 19; docs/decisions.md "No silent keys").
     "config_delete_queues": "the configuration is not reloaded at runtime",
     "config_delete_addresses": "the configuration is not reloaded at runtime",
-    "enable_ingress_timestamp": "",
     "slow_consumer_threshold": "",
     "slow_consumer_policy": "",
     "slow_consumer_check_period": "",

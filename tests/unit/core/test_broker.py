@@ -937,3 +937,14 @@ def test_wildcard_subscription_still_gets_a_copy_beside_queues(
     h.send(h.producer(address), b"x")
     assert bodies(h.take(sub)) == [b"x"]
     assert h.queue(address).message_count == 1
+
+
+def test_enable_ingress_timestamp_annotates_at_publish() -> None:
+    """B-018 (d): with enable-ingress-timestamp, x-opt-ingress-time = when the broker
+    took the message; without it the message is not touched."""
+    h = Harness({"stamped.#": AddressSettings.of(enable_ingress_timestamp=True)})
+    h.clock.advance(5_000)
+    stamped = h.send(h.producer("stamped.q", "queue"))
+    plain = h.send(h.producer("plain", "queue"))
+    assert stamped.get_annotations()["x-opt-ingress-time"] == h.clock.now_ms()
+    assert "x-opt-ingress-time" not in plain.get_annotations()

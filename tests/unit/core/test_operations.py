@@ -329,5 +329,5 @@ def test_change_priority_refuses_a_priority_outside_0_to_9() -> None:
 
     h = Harness()
     h.send(h.producer("q", "queue"))
-    with pytest.raises(ClientError, match="0..9"):
+    with pytest.raises(ClientError, match=r"0\.\.9"):
         change_priority(h.broker, "q", priority=10)

@@ -10,7 +10,7 @@ route it, then remove the original, in one step of the event loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from amqpbroker.core.broker import Broker
@@ -140,11 +140,20 @@ def purge(
     ids: Iterable[int] | None = None,
 ) -> int:
     """Delete waiting messages; counted as killed (B-161), event `killed`/`purge`."""
+    return _on_waiting(broker, queue_name, selector, ids, lambda q, r: q.kill(r, "purge"))
+
+
+def _on_waiting(
+    broker: Broker,
+    queue_name: str,
+    selector: str | None,
+    ids: Iterable[int] | None,
+    act: Callable[[Queue, Ref], bool | None],
+) -> int:
+    """Apply `act` to each matching waiting message: how many it acted on (an `act`
+    answering False did not)."""
     queue = _queue(broker, queue_name)
-    refs = _waiting(queue, selector, ids)
-    for ref in refs:
-        queue.kill(ref, "purge")
-    return len(refs)
+    return sum(1 for ref in _waiting(queue, selector, ids) if act(queue, ref) is not False)
 
 
 def move(
@@ -286,11 +295,7 @@ def dead_letter(
     ids: Iterable[int] | None = None,
 ) -> int:
     """B-161 sendMessagesToDeadLetterAddress: waiting messages dead-lettered now (B-070)."""
-    queue = _queue(broker, queue_name)
-    refs = _waiting(queue, selector, ids)
-    for ref in refs:
-        broker.dead_letter_waiting(queue, ref)
-    return len(refs)
+    return _on_waiting(broker, queue_name, selector, ids, broker.dead_letter_waiting)
 
 
 def expire(
@@ -302,8 +307,7 @@ def expire(
 ) -> int:
     """B-161 expireMessages: waiting messages expired now (B-085); none on a queue whose
     expiry address is its own (B-087)."""
-    queue = _queue(broker, queue_name)
-    return sum(1 for ref in _waiting(queue, selector, ids) if queue.expire(ref))
+    return _on_waiting(broker, queue_name, selector, ids, lambda q, r: q.expire(r))
 
 
 def count_delivering(broker: Broker, queue_name: str, *, selector: str | None = None) -> int:

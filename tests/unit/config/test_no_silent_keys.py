@@ -116,19 +116,19 @@ def _broker_fields() -> list[str]:
     return sorted(out)
 
 
-@pytest.mark.parametrize("name", SETTINGS)
-def test_every_address_setting_is_read_or_refused(name: str) -> None:
-    """Issue 19: an accepted address-setting takes effect, or is in the refused table."""
-    if name in UNSUPPORTED_SETTINGS:
-        assert not is_read(name), f"{name} is read by code: delete it from core/unsupported.py"
-    else:
-        assert is_read(name), f"{name} is accepted but no code reads it: implement or refuse"
+KEYS = [(name, UNSUPPORTED_SETTINGS) for name in SETTINGS] + [
+    (name, UNSUPPORTED_QUEUE_OPTIONS) for name in QUEUE_OPTIONS
+]
+KEY_IDS = [f"{'queue' if t is UNSUPPORTED_QUEUE_OPTIONS else 'setting'}:{n}" for n, t in KEYS]
 
 
-@pytest.mark.parametrize("name", QUEUE_OPTIONS)
-def test_every_queue_option_is_read_or_refused(name: str) -> None:
-    """Issue 19: an accepted queue option takes effect, or is in the refused table."""
-    if name in UNSUPPORTED_QUEUE_OPTIONS:
+@pytest.mark.parametrize(("name", "refused"), KEYS, ids=KEY_IDS)
+def test_every_setting_and_queue_option_is_read_or_refused(
+    name: str, refused: dict[str, str]
+) -> None:
+    """Issue 19: an accepted address-setting or queue option takes effect, or is in the
+    refused table (and then no code reads it)."""
+    if name in refused:
         assert not is_read(name), f"{name} is read by code: delete it from core/unsupported.py"
     else:
         assert is_read(name), f"{name} is accepted but no code reads it: implement or refuse"

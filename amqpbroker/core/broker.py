@@ -50,7 +50,7 @@ from amqpbroker.core.model import (
 from amqpbroker.core.moves import MessageCopier, MoveAnnotations, _BytesCopier
 from amqpbroker.core.moving import _Moving
 from amqpbroker.core.names import advisory_characters, parse_address
-from amqpbroker.core.outcomes import Modified, Outcome
+from amqpbroker.core.outcomes import FAILED, Outcome
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
@@ -64,8 +64,6 @@ from amqpbroker.core.totals import BrokerStats, CounterTotals
 log = logging.getLogger(__name__)
 
 _SENT_SHAPES = 1000  # `sent` shapes kept per address (one per producer container)
-
-_ROLLBACK = Modified(delivery_failed=True)  # B-143: a rollback counts as a failed attempt
 
 
 class Broker(_Attach, _Moving, _Reaper):
@@ -652,7 +650,7 @@ class Broker(_Attach, _Moving, _Reaper):
             info.consumer.queue.settle(
                 info.consumer,
                 delivery,
-                _ROLLBACK,
+                FAILED,  # B-143: a rollback counts as a failed attempt
                 self.clock.now_ms(),
                 self._effects,
                 reason="tx-rollback",

@@ -39,7 +39,7 @@ from amqpbroker.core.model import (
     RoutingType,
     annotated_routing_type,
 )
-from amqpbroker.core.moves import MessageCopier, MoveAnnotations
+from amqpbroker.core.moves import ORIG_ROUTING_TYPE, MessageCopier, MoveAnnotations
 from amqpbroker.core.outcomes import Rejected
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
@@ -167,7 +167,7 @@ class _Moving:
     def hop(self, queue: Queue, message: Message, **extra: Any) -> MoveAnnotations:
         """The B-090 annotations of a move out of `queue`: where it came from, and the
         original routing type carried forward when it was moved before."""
-        internal = message.get_annotations().get("x-opt-ORIG-ROUTING-TYPE")
+        internal = message.get_annotations().get(ORIG_ROUTING_TYPE)
         return MoveAnnotations(
             orig_address=queue.address,
             orig_queue=queue.name,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.errors import ClientError, NotFound
 from amqpbroker.core.model import Message, annotated_routing_type
+from amqpbroker.core.moves import ORIG_ADDRESS, ORIG_QUEUE
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.refs import DELIVERING, GONE, Ref
 from amqpbroker.core.selector import parse_selector
@@ -188,8 +189,8 @@ def _mismatch(message: Message, queue: Queue, expected: Mapping[str, str | None]
     amqp_id = message.get_properties().get("message-id")
     actual = {
         "queue": queue.name,
-        "original_address": annotations.get("x-opt-ORIG-ADDRESS"),
-        "original_queue": annotations.get("x-opt-ORIG-QUEUE"),
+        "original_address": annotations.get(ORIG_ADDRESS),
+        "original_queue": annotations.get(ORIG_QUEUE),
         "amqp_message_id": None if amqp_id is None else str(amqp_id),
     }
     for key, want in expected.items():
@@ -226,8 +227,8 @@ def retry(
             skipped.append((message.msg_id, why))
             continue
         annotations = message.get_annotations()
-        address_name = annotations.get("x-opt-ORIG-ADDRESS")
-        queue_name_orig = annotations.get("x-opt-ORIG-QUEUE")
+        address_name = annotations.get(ORIG_ADDRESS)
+        queue_name_orig = annotations.get(ORIG_QUEUE)
         if not isinstance(address_name, str) or not isinstance(queue_name_orig, str):
             if wanted is not None:  # named ones are reported; a filter's are left quietly
                 skipped.append((message.msg_id, "no x-opt-ORIG-ADDRESS/x-opt-ORIG-QUEUE"))

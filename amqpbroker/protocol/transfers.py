@@ -40,11 +40,11 @@ from proton import Condition, Delivery, Link
 
 from amqpbroker.amqp import sections
 from amqpbroker.core import (
+    FAILED,
     Broker,
     ClientError,
     ConnectionId,
     Message,
-    Modified,
     Rejected,
     annotated_routing_type,
 )
@@ -57,7 +57,6 @@ log = logging.getLogger("amqpbroker.protocol.connection")  # the connection's on
 
 PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
-FAILED = Modified(delivery_failed=True)
 _DUPLICATE_ID_KEY = b"_AMQ_DUPL_ID"
 _PN_ACCEPTED = lib.PN_ACCEPTED
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")

@@ -5,7 +5,9 @@ AMQP management address (`management/`) both call these: one place per operation
 They act only on messages waiting in the queue (ready or scheduled): a message being
 delivered to a consumer belongs to that consumer until it settles. Moves and retries make
 a copy with the B-090 annotations of the latest hop (`x-opt-DLQ-*` are dropped, B-079),
-route it, then remove the original, in one step of the event loop.
+route it, then remove the original, in one step of the event loop. Each operation that
+changes a queue is a call into the broker (`clock.entry`): one clock reading for its events
+and moves.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from amqpbroker.core.broker import Broker
+from amqpbroker.core.clock import entry
 from amqpbroker.core.errors import ClientError, IllegalState, NotFound
 from amqpbroker.core.model import Message, QueueConfig, annotated_routing_type
+from amqpbroker.core.moves import ORIG_ADDRESS, ORIG_QUEUE
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.reaper import CREATED_AUTO_DELETE
 from amqpbroker.core.refs import DELIVERING, GONE, Ref
@@ -132,6 +136,7 @@ def count(broker: Broker, queue_name: str, *, selector: str | None = None) -> in
     return sum(1 for r in queue.refs() if match(r.message))
 
 
+@entry
 def purge(
     broker: Broker,
     queue_name: str,
@@ -156,6 +161,7 @@ def _on_waiting(
     return sum(1 for ref in _waiting(queue, selector, ids) if act(queue, ref) is not False)
 
 
+@entry
 def move(
     broker: Broker,
     queue_name: str,
@@ -200,8 +206,8 @@ def _mismatch(message: Message, queue: Queue, expected: Mapping[str, str | None]
     amqp_id = message.get_properties().get("message-id")
     actual = {
         "queue": queue.name,
-        "original_address": annotations.get("x-opt-ORIG-ADDRESS"),
-        "original_queue": annotations.get("x-opt-ORIG-QUEUE"),
+        "original_address": annotations.get(ORIG_ADDRESS),
+        "original_queue": annotations.get(ORIG_QUEUE),
         "amqp_message_id": None if amqp_id is None else str(amqp_id),
     }
     for key, want in expected.items():
@@ -210,6 +216,7 @@ def _mismatch(message: Message, queue: Queue, expected: Mapping[str, str | None]
     return None
 
 
+@entry
 def retry(
     broker: Broker,
     queue_name: str,
@@ -238,8 +245,8 @@ def retry(
             skipped.append((message.msg_id, why))
             continue
         annotations = message.get_annotations()
-        address_name = annotations.get("x-opt-ORIG-ADDRESS")
-        queue_name_orig = annotations.get("x-opt-ORIG-QUEUE")
+        address_name = annotations.get(ORIG_ADDRESS)
+        queue_name_orig = annotations.get(ORIG_QUEUE)
         if not isinstance(address_name, str) or not isinstance(queue_name_orig, str):
             if wanted is not None:  # named ones are reported; a filter's are left quietly
                 skipped.append((message.msg_id, "no x-opt-ORIG-ADDRESS/x-opt-ORIG-QUEUE"))
@@ -287,6 +294,7 @@ def _complete_move(
     broker.deliver_copy(copy, address, targets, reason="move")
 
 
+@entry
 def dead_letter(
     broker: Broker,
     queue_name: str,
@@ -298,6 +306,7 @@ def dead_letter(
     return _on_waiting(broker, queue_name, selector, ids, broker.dead_letter_waiting)
 
 
+@entry
 def expire(
     broker: Broker,
     queue_name: str,
@@ -322,6 +331,7 @@ def count_delivering(broker: Broker, queue_name: str, *, selector: str | None = 
     )
 
 
+@entry
 def pause(broker: Broker, queue_name: str, *, paused: bool) -> None:
     """B-161 pause()/resume(): stop or restart dispatch to the queue's consumers (not
     persisted, as Artemis `pause()` without `persist`)."""
@@ -331,6 +341,7 @@ def pause(broker: Broker, queue_name: str, *, paused: bool) -> None:
         broker.redispatch(queue)
 
 
+@entry
 def create_queue(
     broker: Broker,
     config: QueueConfig,
@@ -352,6 +363,7 @@ def create_queue(
     return broker.create_queue(replace(config, auto_created=False, configured=False, extra=extra))
 
 
+@entry
 def destroy_queue(broker: Broker, queue_name: str, *, remove_consumers: bool = False) -> None:
     """B-162 destroyQueue: refused while consumers are attached unless `remove_consumers`
     (they are detached, B-038)."""
@@ -361,6 +373,7 @@ def destroy_queue(broker: Broker, queue_name: str, *, remove_consumers: bool = F
     broker.delete_queue(queue_name, reason="destroyed by management")
 
 
+@entry
 def delete_address(broker: Broker, name: str, *, force: bool = False) -> None:
     """B-162 deleteAddress: refused while it has queues unless `force` (they go too)."""
     address = broker.post_office.addresses.get(name)
@@ -371,6 +384,7 @@ def delete_address(broker: Broker, name: str, *, force: bool = False) -> None:
     broker.delete_address(name)
 
 
+@entry
 def change_priority(
     broker: Broker,
     queue_name: str,

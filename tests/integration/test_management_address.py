@@ -12,7 +12,8 @@ or be dropped while the broker carries on.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -564,3 +565,33 @@ def test_a_symbol_resource_name_reads_as_a_string(manager: Manager) -> None:
     """An application property sent as a symbol is a string to the broker: answered."""
     props = {"_AMQ_ResourceName": symbol("broker"), "_AMQ_Attribute": "name"}
     assert raw_request(manager, props, "[]") == (True, "test-broker")
+
+
+def test_created_queues_survive_a_restart_with_their_auto_delete(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
+    """B-162 createQueue makes a durable queue like any other (journaled with its
+    messages), and its auto-delete (B-113, from auto-delete-created-queues unless given)
+    is still its own after a restart."""
+    config = (
+        "persistence: {enabled: true}\n"
+        'address-settings:\n  "auto.#": {auto-delete-created-queues: true}\n'
+    )
+    broker = spawn(tmp_path, config)
+    conn = connect(broker.url)
+    manager = Manager(conn)
+    for name in ("kept", "auto.q"):
+        spec = {"name": name, "routing-type": "ANYCAST", "auto-create-address": True}
+        assert manager.ok("broker", "createQueue", json.dumps(spec))
+    conn.create_sender("kept").send(Message(body="durable", durable=True))
+    conn.close()
+    assert broker.stop() == 0
+    broker = spawn(tmp_path, config)
+    conn = connect(broker.url)
+    manager = Manager(conn)
+    assert manager.attribute("queue.kept", "autoDelete") is False
+    assert manager.attribute("queue.auto.q", "autoDelete") is True
+    assert manager.attribute("queue.kept", "autoCreated") is False
+    assert bodies(conn, "kept", 1) == ["durable"]
+    conn.close()
+    assert broker.stop() == 0

@@ -495,6 +495,10 @@ class Broker(_Attach, _Moving, _Reaper):
         self.management.handle(message)
         return 1
 
+    def is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
+        """B-012 for a management move with rejectDuplicates (B-161)."""
+        return self._is_duplicate(address, duplicate_id)
+
     def _is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
         """B-012: seen among the address's last `id-cache-size` ids? Remembers it if not."""
         cache = address.duplicate_ids

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.clock import entry
 from amqpbroker.core.errors import ClientError, IllegalState, NotFound
-from amqpbroker.core.model import Message, QueueConfig, annotated_routing_type
+from amqpbroker.core.model import DUPLICATE_ID, Message, QueueConfig, annotated_routing_type
 from amqpbroker.core.moves import ORIG_ADDRESS, ORIG_QUEUE
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.reaper import CREATED_AUTO_DELETE
@@ -169,16 +169,26 @@ def move(
     to_queue: str,
     selector: str | None = None,
     ids: Iterable[int] | None = None,
+    reject_duplicates: bool = False,
 ) -> int:
-    """B-161 moveMessages: copies into `to_queue` with B-090 annotations."""
+    """B-161 moveMessages: copies into `to_queue` with B-090 annotations. With
+    `reject_duplicates`, a message whose duplicate id (`_AMQ_DUPL_ID`, B-012) the target
+    address has already seen is removed without its copy being routed (Artemis routes
+    the copy with rejectDuplicates), and the ids of the others are remembered there."""
     queue = _queue(broker, queue_name)
     target = _queue(broker, to_queue)
     if target is queue:
         raise ClientError("cannot move messages to the same queue")
+    address = broker.post_office.addresses[target.address]
     refs = _waiting(queue, selector, ids)
     for ref in refs:
         copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
-        _complete_move(broker, queue, ref, copy, target.address, [target], reason="move")
+        targets = [target]
+        if reject_duplicates:
+            duplicate_id = ref.message.get_application_properties().get(DUPLICATE_ID)
+            if isinstance(duplicate_id, str | bytes) and broker.is_duplicate(address, duplicate_id):
+                targets = []
+        _complete_move(broker, queue, ref, copy, target.address, targets, reason="move")
     return len(refs)
 
 

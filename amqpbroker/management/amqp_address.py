@@ -114,12 +114,6 @@ def _jsonable(value: Any) -> bool:
     return value is None or isinstance(value, bool | int | float | str)
 
 
-def _no_duplicates_rejection(value: Any) -> None:
-    """moveMessages' `rejectDuplicates`: only false is done (docs/decisions.md)."""
-    if _flag(value, "rejectDuplicates"):
-        raise RequestError("rejectDuplicates=true is not supported by amqpbroker")
-
-
 def _routing_types(value: Any) -> set[RoutingType]:
     """`ANYCAST`, `MULTICAST` or both comma-separated (Artemis), or a JSON list of them."""
     items = value.split(",") if isinstance(value, str) else value
@@ -173,13 +167,13 @@ def _list_messages(broker: Broker, queue: str, args: Args) -> list[dict[str, Any
 
 
 def _move(broker: Broker, queue: str, args: Args, *, one: bool) -> int | bool:
-    if len(args) == 3:
-        _no_duplicates_rejection(args[2])
+    reject = _flag(args[2], "rejectDuplicates") if len(args) == 3 else False
     target = _name(args[1], "otherQueueName")
     if one:
         ids = [_message_id(args[0])]
-        return ops.move(broker, queue, to_queue=target, ids=ids) == 1
-    return ops.move(broker, queue, to_queue=target, selector=_filter(args[0]))
+        return ops.move(broker, queue, to_queue=target, ids=ids, reject_duplicates=reject) == 1
+    selector = _filter(args[0])
+    return ops.move(broker, queue, to_queue=target, selector=selector, reject_duplicates=reject)
 
 
 QueueOperation = Callable[[Broker, str, Args], Any]

@@ -179,12 +179,24 @@ def test_move_messages_and_move_message(manager: Manager) -> None:
     blue = ids(manager, "move.from", "color = 'blue'")[0]
     assert manager.ok("queue.move.from", "moveMessage", blue, "move.to") is True
     assert manager.ok("queue.move.from", "moveMessages", None, "move.to", False) == 1
-    assert manager.call("queue.move.to", "moveMessages", None, "move.from", True) == (
-        False,
-        "rejectDuplicates=true is not supported by amqpbroker",
-    )
     assert count(manager, "move.from") == 0
     assert sorted(bodies(conn, "move.to", 3)) == ["blue-body", "green-body", "red-body"]
+
+
+def test_move_messages_rejecting_duplicates(manager: Manager) -> None:
+    """B-161 moveMessages(filter, queue, rejectDuplicates=true): a message whose
+    _AMQ_DUPL_ID the target address has seen (B-012) is removed, not copied there."""
+    conn = manager.conn
+    conn.create_sender("dedup.to", options=QUEUE).send(
+        Message(body="first", properties={"_AMQ_DUPL_ID": "d1"})
+    )
+    sender = conn.create_sender("dedup.from", options=QUEUE)
+    for dup in ("d1", "d2"):
+        sender.send(Message(body=f"{dup}-moved", properties={"_AMQ_DUPL_ID": dup}))
+    assert manager.ok("queue.dedup.from", "moveMessages", None, "dedup.to", True) == 2
+    assert count(manager, "dedup.from") == 0
+    assert count(manager, "dedup.to") == 2
+    assert bodies(conn, "dedup.to", 2) == ["first", "d2-moved"]
 
 
 def test_send_messages_to_dead_letter_address(manager: Manager) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from support.core_harness import Harness
 
-from amqpbroker.core import AddressSettings, NotFound, Rejected
+from amqpbroker.core import AddressSettings, Message, NotFound, Rejected
 from amqpbroker.core.operations import browse, move, purge, queue_stats, retry
 
 DLA = {"#": AddressSettings.of(dead_letter_address="DLA", auto_create_dead_letter_resources=True)}
@@ -331,3 +331,17 @@ def test_change_priority_refuses_a_priority_outside_0_to_9() -> None:
     h.send(h.producer("q", "queue"))
     with pytest.raises(ClientError, match=r"0\.\.9"):
         change_priority(h.broker, "q", priority=10)
+
+
+def test_move_with_reject_duplicates_drops_what_the_target_has_seen() -> None:
+    """B-161 moveMessages(filter, queue, rejectDuplicates=true): a message whose
+    _AMQ_DUPL_ID the target address has seen (B-012) leaves its queue without a copy
+    being routed; the ids of the moved ones are remembered (a second one is dropped)."""
+    h = Harness()
+    h.broker.publish(Message(b"seen", annotations={}), h.producer("t", "queue"), duplicate_id="a")
+    source = h.producer("q", "queue")
+    for body, dup in ((b"a", "a"), (b"b", "b"), (b"b-again", "b"), (b"none", None)):
+        h.send(source, body, props={} if dup is None else {"_AMQ_DUPL_ID": dup})
+    assert move(h.broker, "q", to_queue="t", reject_duplicates=True) == 4
+    assert h.queue("q").message_count == 0
+    assert [r.message.data for r in h.queue("t").refs()] == [b"seen", b"b", b"none"]

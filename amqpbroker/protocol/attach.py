@@ -45,7 +45,7 @@ from amqpbroker.protocol.peer import name_for_log, read_link_name
 from amqpbroker.protocol.shell import ConsumerLink, ProducerLink, Shell
 from amqpbroker.protocol.transfers import PRODUCER_CREDIT
 
-log = logging.getLogger("amqpbroker.protocol.connection")  # the connection's one logger
+log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
 
 MAX_LINKS_PER_SESSION = 256  # a 257th attach on a session closes the connection (issue 15)
 

@@ -67,7 +67,7 @@ from amqpbroker.protocol.transfers import _Transfers
 # Makes the SASL layer of one connection: (on_authenticated, on_failure) -> SaslServer
 SaslFactory = Callable[[Callable[[Identity, bytes], None], Callable[[str], None]], SaslServer]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
 
 OFFERED_CAPABILITIES = [
     symbol("sole-connection-for-container"),

@@ -44,7 +44,7 @@ from amqpbroker.protocol.dispositions import outcome_of
 from amqpbroker.protocol.peer import PeerInvalidField, data_at, read_data
 from amqpbroker.protocol.shell import ConsumerLink, ProducerLink, delivery_id_of
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
 
 DECLARED = 0x33
 TRANSACTIONAL_STATE = 0x34

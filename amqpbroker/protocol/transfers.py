@@ -54,7 +54,7 @@ from amqpbroker.protocol.peer import name_for_log
 from amqpbroker.protocol.shell import ConsumerLink, ProducerLink, Shell, delivery_id_of
 from amqpbroker.protocol.transactions import TRANSACTIONAL_STATE
 
-log = logging.getLogger("amqpbroker.protocol.connection")  # the connection's one logger
+log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
 
 PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits

@@ -25,19 +25,19 @@ from proton.utils import (
     LinkDetached,
     SendException,
 )
-from support.client import Capabilities, connect
+from support.client import QUEUE, connect
 from support.process import BrokerProcess, start_broker
 
 from amqpbroker.security import hash_password
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-QUEUE = Capabilities("queue")
 MANAGEMENT = "activemq.management"
 
 
 @pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """The module broker, with a log check at the end (hence not conftest's)."""
     running = start_broker(
         tmp_path_factory.mktemp("amqp-mgmt"),
         """

@@ -354,8 +354,6 @@ class BrokerServer:
             )
             self.broker.emitter.data_limit = self.event_log.data_limit
             self.broker.emitter.heads_only = self.event_log.heads_only
-            if type(self.broker.clock) is SystemClock:  # the same ms, read cheaper
-                self.broker.emitter.clock_ns = time.time_ns
             self.shell.event_sink = self.event_log.submit
         users = config.security.users
         self.shell.roles_for = lambda user: (

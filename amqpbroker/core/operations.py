@@ -3,7 +3,9 @@
 They act only on messages waiting in the queue (ready or scheduled): a message being
 delivered to a consumer belongs to that consumer until it settles. Moves and retries make
 a copy with the B-090 annotations of the latest hop (`x-opt-DLQ-*` are dropped, B-079),
-route it, then remove the original, in one step of the event loop.
+route it, then remove the original, in one step of the event loop. Each operation that
+changes a queue is a call into the broker (`clock.entry`): one clock reading for its events
+and moves.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from amqpbroker.core.broker import Broker
+from amqpbroker.core.clock import entry
 from amqpbroker.core.errors import ClientError, NotFound
 from amqpbroker.core.model import Message, annotated_routing_type
 from amqpbroker.core.moves import ORIG_ADDRESS, ORIG_QUEUE
@@ -130,6 +133,7 @@ def count(broker: Broker, queue_name: str, *, selector: str | None = None) -> in
     return sum(1 for r in queue.refs() if match(r.message))
 
 
+@entry
 def purge(
     broker: Broker,
     queue_name: str,
@@ -145,6 +149,7 @@ def purge(
     return len(refs)
 
 
+@entry
 def move(
     broker: Broker,
     queue_name: str,
@@ -199,6 +204,7 @@ def _mismatch(message: Message, queue: Queue, expected: Mapping[str, str | None]
     return None
 
 
+@entry
 def retry(
     broker: Broker,
     queue_name: str,

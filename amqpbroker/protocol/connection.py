@@ -313,13 +313,7 @@ class AmqpConnection(_Transfers, _Attach, _Transactions, Engine):
         Transfers, dispositions and flow are read with the C API (no wrapper objects per
         message); the rare events go through proton's wrappers.
         """
-        emitter = self.broker.emitter
-        if emitter.failures:  # one clock reading for this step's events (B-170 ts)
-            emitter.step_ms = self.broker.clock.now_ms()
-        try:
-            self._process_events()
-        finally:
-            emitter.step_ms = None
+        self._process_events()
 
     def _process_events(self) -> None:
         collector = self._collector_impl

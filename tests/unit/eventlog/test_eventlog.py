@@ -34,7 +34,7 @@ from support.waiting import wait_until
 
 from amqpbroker.amqp import sections
 from amqpbroker.config import EventLogConfig
-from amqpbroker.core import FAILURE_EVENTS, LifecycleEvent, RawEvent
+from amqpbroker.core import FAILURE_EVENTS, Accepted, LifecycleEvent, RawEvent
 from amqpbroker.core.lifecycle import EVENT_FIELDS, EVENT_TYPES, Emitter
 from amqpbroker.eventlog import HEAD_BYTES, EventLogWriter, child
 from amqpbroker.eventlog import writer as writer_module
@@ -795,15 +795,22 @@ def test_the_writer_process_module_loads_no_broker_code() -> None:
     assert child.__name__ == writer_module.CHILD_MODULE
 
 
-def test_queue_events_read_the_fast_clock_when_the_server_sets_it() -> None:
-    """With the system clock the server hands the emitter `time.time_ns` (cheaper per
-    event); queue events then carry the same epoch ms as the broker's clock would."""
+def test_events_carry_the_time_of_their_call_into_the_broker() -> None:
+    """B-170 `ts` (epoch ms, as the schema says) comes from the broker's one clock, read
+    once per call into the broker (issue 18: no second time source for events); a later
+    call's events carry its later time."""
     h = Harness()
-    h.broker.emitter.clock_ns = lambda: 1_700_000_000_123_999_999
-    h.send(h.producer("q", "queue"))
+    h.clock.advance(123)
+    target = h.producer("q", "queue")
+    h.send(target)
     sent, enqueued = h.broker.emitter.take()
-    assert enqueued.ts == 1_700_000_000_123
-    assert sent.ts == h.clock.now_ms()  # publish's own reading of the broker's clock
+    assert sent.ts == enqueued.ts == h.clock.now_ms() == 1_700_000_000_123
+    c = h.consumer("q", "queue")
+    [d] = h.take(c)
+    h.clock.advance(5)
+    h.settle(c, d, Accepted())
+    dispatched, acked = h.broker.emitter.take()
+    assert (dispatched.ts, acked.ts) == (1_700_000_000_123, 1_700_000_000_128)
 
 
 def test_sent_events_share_a_shape_per_address_and_producer_container() -> None:

@@ -555,10 +555,10 @@ class _TickingClock(ManualClock):
         return super().now_ms()
 
 
-def test_the_events_of_one_step_share_one_clock_reading() -> None:
-    """B-170 `ts`: the handler reads the broker's clock once for the frames of a step
-    (`Emitter.step_ms`), so a step's events cost no clock call each and carry one time,
-    in order; a later step has a later time; outside a step, events read the clock."""
+def test_the_events_of_one_call_share_one_clock_reading() -> None:
+    """B-170 `ts`: the broker reads its clock once per call (`clock.entry`, issue 18), so
+    a call's events cost no clock call each and carry one time, in order; a later call
+    has a later time."""
     from amqpbroker.core import LifecycleEvent, RawEvent
 
     clock = _TickingClock()
@@ -573,9 +573,8 @@ def test_the_events_of_one_step_share_one_clock_reading() -> None:
     events = [LifecycleEvent.of(e) for e in raw]
     assert [e.event for e in events] == ["sent", "enqueued", "dispatched", "acked"]
     sent, enqueued, dispatched, acked = events
-    assert sent.ts == enqueued.ts == dispatched.ts  # one step: the transfer
-    assert acked.ts > dispatched.ts  # the next: the disposition
-    assert broker.emitter.step_ms is None
+    assert sent.ts == enqueued.ts == dispatched.ts  # one call: the transfer's publish
+    assert acked.ts > dispatched.ts  # the next: the disposition's settle
 
 
 def test_messages_leave_no_reference_cycles_behind() -> None:

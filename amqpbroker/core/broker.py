@@ -39,6 +39,7 @@ from amqpbroker.core.errors import (
 from amqpbroker.core.expiry import apply_expiry_overrides, initial_expiration
 from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter, EventLevel, Extra, Shape
+from amqpbroker.core.management import MANAGEMENT_ADDRESS, ManagementHandler
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -50,7 +51,7 @@ from amqpbroker.core.model import (
 from amqpbroker.core.moves import MessageCopier, MoveAnnotations, _BytesCopier
 from amqpbroker.core.moving import _Moving
 from amqpbroker.core.names import advisory_characters, parse_address
-from amqpbroker.core.outcomes import Modified, Outcome
+from amqpbroker.core.outcomes import FAILED, Outcome
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
@@ -64,8 +65,6 @@ from amqpbroker.core.totals import BrokerStats, CounterTotals
 log = logging.getLogger(__name__)
 
 _SENT_SHAPES = 1000  # `sent` shapes kept per address (one per producer container)
-
-_ROLLBACK = Modified(delivery_failed=True)  # B-143: a rollback counts as a failed attempt
 
 
 class Broker(_Attach, _Moving, _Reaper):
@@ -120,6 +119,8 @@ class Broker(_Attach, _Moving, _Reaper):
         self._expiry_scan_period_ms = message_expiry_scan_period_ms
         self._next_expiry_scan_ms = self.now_ms + max(message_expiry_scan_period_ms, 0)
         self._expiry_drop_warned: set[str] = set()
+        # B-160: answers requests to the management address (server.py sets it).
+        self.management: ManagementHandler | None = None
 
     # -- effects and time -----------------------------------------------------------
     def take_effects(self) -> list[Effect]:
@@ -247,6 +248,8 @@ class Broker(_Attach, _Moving, _Reaper):
         owner: ConnectionId | None = None,
     ) -> Address:
         """Create the address, or add routing types to an existing one."""
+        if auto_created and name == MANAGEMENT_ADDRESS:
+            raise NotFound(f"{name} is the management address: it is never auto-created")
         existing = self.post_office.addresses.get(name)
         if existing is not None:
             if not routing_types <= existing.routing_types:
@@ -444,6 +447,8 @@ class Broker(_Attach, _Moving, _Reaper):
             if self.settings.wildcards.has_wildcard(parsed.address):
                 raise ClientError(f"cannot send to wildcard address {parsed.address} (B-011)")
             address_name, fqqn_queue = parsed.address, parsed.queue
+            if address_name == MANAGEMENT_ADDRESS:
+                return self._management_request(message, target)
             routing_type = target.link_routing_type or message_routing_type or parsed.routing_type
             address = self.post_office.addresses.get(address_name)
             with self._acting_for(target.user, target.roles):
@@ -454,6 +459,8 @@ class Broker(_Attach, _Moving, _Reaper):
                     except NotFound as e:
                         raise NotFound(f"target address {address_name} does not exist") from e
         else:
+            if target.management:
+                return self._management_request(message, target)
             address = self.post_office.addresses.get(address_name)
             if address is None:  # deleted since attach: re-create as attach would
                 address = self._prepare_target(address_name, fqqn_queue, routing_type)
@@ -466,7 +473,11 @@ class Broker(_Attach, _Moving, _Reaper):
         settings = self.settings.resolve(address_name)
         if message.ttl_ms or message.expiration_ms or settings.has_expiry_overrides:
             self._set_expiration(message, address_name, now_ms)
-        if settings.max_size_bytes >= 0 and not self._has_room(address, message, now_ms):
+        if settings.enable_ingress_timestamp:  # B-018 (d)
+            self.copier.set_ingress_time(message, now_ms)
+        if (
+            settings.max_size_bytes >= 0 or settings.max_size_bytes_reject_threshold >= 0
+        ) and not self._has_room(address, message, now_ms):
             return 0
         if fqqn_queue is not None:
             queue = self.queues.get(fqqn_queue)
@@ -474,6 +485,21 @@ class Broker(_Attach, _Moving, _Reaper):
         else:
             queues = self.post_office.route(message, address, routing_type)
         return self._deliver_to(message, address, queues, now_ms)
+
+    def _management_request(self, message: Message, target: ProducerTarget) -> int:
+        """B-160: a request to the management address is answered, never routed; the
+        sender needs `manage` (B-154), checked per message as `send` is on the relay."""
+        with self._acting_for(target.user, target.roles):
+            self._check("manage", MANAGEMENT_ADDRESS)
+        if self.management is None:
+            raise NotFound(f"{MANAGEMENT_ADDRESS} is not served by this broker")
+        message.address = MANAGEMENT_ADDRESS
+        self.management.handle(message)
+        return 1
+
+    def is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
+        """B-012 for a management move with rejectDuplicates (B-161)."""
+        return self._is_duplicate(address, duplicate_id)
 
     def _is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
         """B-012: seen among the address's last `id-cache-size` ids? Remembers it if not."""
@@ -502,12 +528,19 @@ class Broker(_Attach, _Moving, _Reaper):
 
     def _has_room(self, address: Address, message: Message, now_ms: int) -> bool:
         """B-151: enforce max-size-bytes with FAIL (raise) and DROP (False); BLOCK lets
-        this message in and marks the address so producers get no more credit."""
+        this message in and marks the address so producers get no more credit, and
+        refuses it as FAIL does once the address holds more than
+        max-size-bytes-reject-threshold (Artemis `isRejectingMessages`: BLOCK only)."""
         settings = self.settings.resolve(address.name)
+        policy = settings.address_full_policy
+        threshold = settings.max_size_bytes_reject_threshold
+        if policy == "BLOCK" and 0 <= threshold < address.size_bytes:
+            raise ResourceLimitExceeded(
+                f"address {address.name} is over max-size-bytes-reject-threshold={threshold}"
+            )
         limit = settings.max_size_bytes
         if limit < 0 or address.size_bytes < limit:
             return True
-        policy = settings.address_full_policy
         if policy == "FAIL":
             raise ResourceLimitExceeded(f"address {address.name} is full: max-size-bytes={limit}")
         if policy == "DROP":
@@ -642,6 +675,11 @@ class Broker(_Attach, _Moving, _Reaper):
         if info is not None:
             info.consumer.queue.dispatch(self._effects)
 
+    @entry
+    def redispatch(self, queue: Queue) -> None:
+        """Hand what is ready to the queue's consumers (B-161 resume())."""
+        queue.dispatch(self._effects)
+
     def settle(self, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome) -> None:
         """Apply a consumer's outcome; ignore deliveries no longer held (B-055)."""
         if not self.in_call:  # a hot entry point (core/clock.py)
@@ -669,7 +707,7 @@ class Broker(_Attach, _Moving, _Reaper):
             info.consumer.queue.settle(
                 info.consumer,
                 delivery,
-                _ROLLBACK,
+                FAILED,  # B-143: a rollback counts as a failed attempt
                 self.now_ms,
                 self._effects,
                 reason="tx-rollback",

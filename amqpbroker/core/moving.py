@@ -39,7 +39,7 @@ from amqpbroker.core.model import (
     RoutingType,
     annotated_routing_type,
 )
-from amqpbroker.core.moves import MessageCopier, MoveAnnotations
+from amqpbroker.core.moves import ORIG_ROUTING_TYPE, MessageCopier, MoveAnnotations
 from amqpbroker.core.outcomes import Rejected
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
@@ -120,8 +120,8 @@ class _Moving:
                 "dropping message %s from queue %s: %s and no dead-letter-address is set",
                 message.msg_id,
                 queue.name,
-                "rejected"
-                if reason == "rejected"
+                reason
+                if reason in ("rejected", "management")
                 else f"max-delivery-attempts={settings.max_delivery_attempts} reached",
             )
             return
@@ -148,6 +148,13 @@ class _Moving:
         if copy is None:
             queue.killed(ref, "dla-no-bindings")
 
+    def dead_letter_waiting(self, queue: Queue, ref: Ref) -> None:
+        """B-161 sendMessageToDeadLetterAddress: a waiting message dead-lettered now, as a
+        delivery failure would (B-070), with reason `management` (B-171)."""
+        queue.take(ref)
+        queue.counters.killed += 1
+        self.dead_letter(queue, ref, "management", None)
+
     def copy_for_move(self, message: Message, queue: Queue, move: MoveAnnotations) -> Message:
         """A copy with a new id carrying `move` (B-076/B-090), not yet routed."""
         copy = self.copier.copy(message, move)
@@ -170,7 +177,7 @@ class _Moving:
     def hop(self, queue: Queue, message: Message, **extra: Any) -> MoveAnnotations:
         """The B-090 annotations of a move out of `queue`: where it came from, and the
         original routing type carried forward when it was moved before."""
-        internal = message.get_annotations().get("x-opt-ORIG-ROUTING-TYPE")
+        internal = message.get_annotations().get(ORIG_ROUTING_TYPE)
         return MoveAnnotations(
             orig_address=queue.address,
             orig_queue=queue.name,

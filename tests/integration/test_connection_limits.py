@@ -198,13 +198,13 @@ def test_sockets_cannot_take_the_last_descriptors(
 
 FAULTY_FEED = """
 import runpy, sys
-from amqpbroker.protocol import handler
-real = handler.AmqpConnection.feed
+from amqpbroker.protocol import AmqpConnection
+real = AmqpConnection.feed
 def feed(self, data):
     if data.startswith(b"BOOM"):
         raise RuntimeError("injected fault")
     real(self, data)
-handler.AmqpConnection.feed = feed
+AmqpConnection.feed = feed
 sys.argv[0] = "amqpbroker"
 runpy.run_module("amqpbroker", run_name="__main__")
 """

@@ -817,7 +817,7 @@ def test_sent_events_share_a_shape_per_address_and_producer_container() -> None:
     """Cost (B-171): `sent`, one a message, reuses the shape of its address and producer
     container (marshal writes it once a frame); another container gets its own, and the
     readable event still names each one's connection."""
-    from amqpbroker.protocol.handler import message_of
+    from amqpbroker.protocol import message_of
 
     h = Harness()
     target = h.producer("q", "queue")
@@ -839,7 +839,7 @@ def test_events_carry_only_the_head_of_a_message_up_to_its_properties(tmp_path: 
     """Cost: without props or body_hash an event carries the message only up to the end of
     its properties section (`Message.head_end`, found by the scan at arrival); the writer
     still gets amqp_message_id from it, and a message without properties gets null."""
-    from amqpbroker.protocol.handler import message_of
+    from amqpbroker.protocol import message_of
 
     with_id = message_of(sections.scan(encoded(id="m-1", body=b"x" * 500, durable=True)))
     without = message_of(sections.scan(encoded(body=b"y" * 500, durable=True)))
@@ -883,7 +883,7 @@ def test_events_of_a_message_whose_expiry_the_broker_rewrote_carry_the_new_head(
     added to properties), which moves the end of its head; its events carry the new head
     (not a stale cut of the old bytes), and the writer still reads its message-id."""
     from amqpbroker.core import AddressSettings
-    from amqpbroker.protocol.handler import message_of
+    from amqpbroker.protocol import message_of
     from amqpbroker.protocol.moves import COPIER
 
     message = message_of(sections.scan(encoded(id="m-7", body=b"z" * 200, durable=True)))

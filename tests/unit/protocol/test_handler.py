@@ -26,8 +26,7 @@ from proton import (
 )
 
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
-from amqpbroker.protocol import handler, moves
-from amqpbroker.protocol.handler import AmqpConnection, Shell
+from amqpbroker.protocol import AmqpConnection, Shell, connection, moves
 from amqpbroker.protocol.peer import read_symbols
 
 
@@ -753,7 +752,7 @@ def _stalled_consumer(
     shell: Shell, monkeypatch: pytest.MonkeyPatch, *, settled: bool
 ) -> tuple[Client, Link]:
     """50 messages of 2 KB queued; a consumer grants 1000 credit and reads nothing."""
-    monkeypatch.setattr(handler, "ENGINE_WINDOW_BYTES", 10_000)
+    monkeypatch.setattr(connection, "ENGINE_WINDOW_BYTES", 10_000)
     client = Client(shell)
     sender = client.sender("w", "queue")
     for i in range(50):

@@ -416,11 +416,14 @@ class Broker(_Attach, _Moving, _Reaper):
         to: str | None = None,
         message_routing_type: RoutingType | None = None,
         duplicate_id: str | bytes | None = None,
+        delivery_delay_ms: int = 0,
     ) -> int:
         """Route a message; returns how many queues took it (0: unrouted, B-004).
 
         `to` is `properties.to`, used only on an anonymous relay (B-009/B-010);
-        `message_routing_type` is the message's `x-opt-routing-type` (B-008 rule 2).
+        `message_routing_type` is the message's `x-opt-routing-type` (B-008 rule 2);
+        `delivery_delay_ms` its `x-opt-delivery-delay`, counted from this call's time
+        (B-015; `deliver_at_ms` already holds an `x-opt-delivery-time`, which wins).
 
         Raises:
             NotFound: anonymous relay to an address that cannot be auto-created.
@@ -429,6 +432,8 @@ class Broker(_Attach, _Moving, _Reaper):
         if not self.in_call:  # a hot entry point (core/clock.py)
             self.now_ms = self.clock.now_ms()
         now_ms = self.now_ms
+        if delivery_delay_ms > 0 and not message.deliver_at_ms:
+            message.deliver_at_ms = now_ms + delivery_delay_ms
         if message.durable and self.persistence is not None and self.persistence.failure:
             raise ResourceLimitExceeded(
                 f"the broker cannot store durable messages: {self.persistence.failure}"

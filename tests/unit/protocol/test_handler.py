@@ -577,6 +577,27 @@ def test_the_events_of_one_call_share_one_clock_reading() -> None:
     assert acked.ts > dispatched.ts  # the next: the disposition's settle
 
 
+def test_a_delivery_delay_counts_from_the_publish_own_clock_reading() -> None:
+    """B-015 x-opt-delivery-delay, issue 18 (one clock reading per call): the scheduled
+    time is the publish call's time plus the delay, the time its `sent` event carries;
+    the adapter reads no clock of its own for it."""
+    from proton import symbol
+
+    from amqpbroker.core import LifecycleEvent, RawEvent
+
+    clock = _TickingClock()
+    broker = Broker(settings=SettingsRepository(), clock=clock, rng=Random(0), copier=moves.COPIER)
+    shell = Shell(broker)
+    raw: list[RawEvent] = []
+    shell.event_sink = raw.extend
+    client = Client(shell)
+    sender = client.sender("later", "queue")
+    client.send(sender, Message(body="x", annotations={symbol("x-opt-delivery-delay"): 5000}))
+    [sent] = [e for e in map(LifecycleEvent.of, raw) if e.event == "sent"]
+    [ref] = broker.queues["later"].refs()
+    assert ref.message.deliver_at_ms == sent.ts + 5000
+
+
 def test_messages_leave_no_reference_cycles_behind() -> None:
     """`server.tune_gc` relies on it: a message's whole path through the handler and the
     core (send, dispatch, every outcome, redelivery, lifecycle events) is freed by

@@ -71,29 +71,27 @@ _R = TypeVar("_R")
 def entry(method: Callable[Concatenate[_T, _P], _R]) -> Callable[Concatenate[_T, _P], _R]:
     """Mark a call into the broker (a method, or a function whose first argument is the
     broker): the outermost one reads the clock once and sets `now_ms` for all it does."""
-
-    @functools.wraps(method)
-    def call(timed: _T, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        if timed.in_call:
-            return method(timed, *args, **kwargs)
-        timed.now_ms = timed.clock.now_ms()
-        timed.in_call = True
-        try:
-            return method(timed, *args, **kwargs)
-        finally:
-            timed.in_call = False
-
-    return call
+    return _marked(method, reads=True)
 
 
 def within_call(method: Callable[Concatenate[_T, _P], _R]) -> Callable[Concatenate[_T, _P], _R]:
     """Mark a way from a hot entry point (which reads the clock without `entry`'s wrapper)
     into other entry points: they run inside the call and read no clock."""
+    return _marked(method, reads=False)
+
+
+def _marked(
+    method: Callable[Concatenate[_T, _P], _R], *, reads: bool
+) -> Callable[Concatenate[_T, _P], _R]:
+    """`method` run inside a call (`in_call` set), reading the clock first if `reads` and
+    the call starts here."""
 
     @functools.wraps(method)
     def call(timed: _T, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         if timed.in_call:
             return method(timed, *args, **kwargs)
+        if reads:
+            timed.now_ms = timed.clock.now_ms()
         timed.in_call = True
         try:
             return method(timed, *args, **kwargs)

@@ -48,12 +48,12 @@ class ThreadBroker:
     is safe to call from the test's thread."""
 
     def __init__(self, directory: Path, extra_config: str = "") -> None:
+        self.config = load_config(write_config(directory, extra_config))
         self._log = _Log()
         self._logger = logging.getLogger("amqpbroker")
         self._level = self._logger.level
         self._logger.addHandler(self._log)
         self._logger.setLevel(logging.DEBUG)
-        self.config = load_config(write_config(directory, extra_config))
         self.data_dir = directory / "data"
         self.clock = ManualClock(start_ms=time.time_ns() // 1_000_000)
         self.loop = asyncio.new_event_loop()

@@ -8,7 +8,8 @@ they must happen. Never blocks, sleeps, reads the time except through the inject
 duplicate ids, admission and address-full) and consumers' credit and settling; its other
 parts are mixins, each in its own module with its theory of operation: attaching links
 (`_Attach`, `core/attach.py`), dead letters, expiry and moved copies (`_Moving`,
-`core/moving.py`), the auto-delete pass (`_Reaper`, `core/reaper.py`). Management
+`core/moving.py`), the auto-delete pass (`_Reaper`, `core/reaper.py`), retroactive
+addresses (`_Retroactive`, `core/retroactive.py`). Management
 operations are `core/operations.py`; the moved copy's annotations `core/moves.py`.
 """
 
@@ -54,8 +55,10 @@ from amqpbroker.core.outcomes import Modified, Outcome
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
+from amqpbroker.core.queuekinds import kind_of
 from amqpbroker.core.reaper import _Reaper
 from amqpbroker.core.refs import DELIVERING, Ref
+from amqpbroker.core.retroactive import _Retroactive
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
@@ -68,7 +71,7 @@ _SENT_SHAPES = 1000  # `sent` shapes kept per address (one per producer containe
 _ROLLBACK = Modified(delivery_failed=True)  # B-143: a rollback counts as a failed attempt
 
 
-class Broker(_Attach, _Moving, _Reaper):
+class Broker(_Attach, _Moving, _Reaper, _Retroactive):
     """The broker: addresses, queues, consumers and every message state change."""
 
     def __init__(
@@ -117,6 +120,7 @@ class Broker(_Attach, _Moving, _Reaper):
         self._expiry_scan_period_ms = message_expiry_scan_period_ms
         self._next_expiry_scan_ms = clock.now_ms() + max(message_expiry_scan_period_ms, 0)
         self._expiry_drop_warned: set[str] = set()
+        self._retroactive: dict[str, dict[RoutingType, str]] = {}  # B-124, core/retroactive.py
 
     # -- effects and time -----------------------------------------------------------
     def take_effects(self) -> list[Effect]:
@@ -245,6 +249,7 @@ class Broker(_Attach, _Moving, _Reaper):
         self.totals.address_created(address)
         self.post_office.add(address)
         self._journal_address(address)
+        self._make_retroactive(address)
         log.debug("created address %s %s", name, sorted(t.value for t in routing_types))
         return address
 
@@ -281,11 +286,16 @@ class Broker(_Attach, _Moving, _Reaper):
             on_expiring=self._track_expiry,
             expired=self._on_expired,
         )
+        kind = kind_of(queue, config)
+        if kind is not None:
+            queue.set_kind(kind)  # B-120, B-121, B-123
         queue.idle_since_ms = self.clock.now_ms()
         queue.owner = owner
         self._journal_queue(queue)
         self.queues[config.name] = queue
         address.queues.append(queue)
+        if self._retroactive:
+            self._copy_retained(queue)  # B-124
         log.debug(
             "created queue %s on %s (%s)", config.name, config.address, config.routing_type.value
         )
@@ -326,6 +336,8 @@ class Broker(_Attach, _Moving, _Reaper):
         for queue in list(address.queues):
             self.delete_queue(queue.name)
         self._remove_address(name)
+        if self._retroactive:
+            self._drop_retroactive(name)  # B-124
         if self.persistence is not None and not address.temporary:
             self.persistence.address_deleted(name)
 
@@ -462,6 +474,8 @@ class Broker(_Attach, _Moving, _Reaper):
             queues = [queue] if queue is not None and queue.accepts_message(message) else []
         else:
             queues = self.post_office.route(message, address, routing_type)
+            if self._retroactive:
+                self._retain(message, address, routing_type)  # B-124: the divert
         return self._deliver_to(message, address, queues, now_ms)
 
     def _is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:

@@ -31,6 +31,7 @@ from amqpbroker.core import (
     RoutingType,
     SettingsRepository,
     SystemClock,
+    last_value_key,
 )
 from amqpbroker.core import operations as ops
 from amqpbroker.core.persistence import OnStored, Persistence
@@ -148,8 +149,7 @@ def build_broker(
                         max_consumers=q.max_consumers,
                         purge_on_no_consumers=q.purge_on_no_consumers,
                         exclusive=q.exclusive,
-                        last_value_key=q.last_value_key
-                        or ("_AMQ_LVQ_NAME" if q.last_value else None),
+                        last_value_key=last_value_key(q.last_value_key, q.last_value),
                         non_destructive=q.non_destructive,
                         ring_size=q.ring_size,
                         configured=True,

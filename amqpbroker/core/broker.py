@@ -55,7 +55,7 @@ from amqpbroker.core.outcomes import Modified, Outcome
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
-from amqpbroker.core.queuekinds import kind_of
+from amqpbroker.core.queuekinds import kind_of, last_value_key
 from amqpbroker.core.reaper import _Reaper
 from amqpbroker.core.refs import DELIVERING, Ref
 from amqpbroker.core.retroactive import _Retroactive
@@ -387,8 +387,9 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             "max_consumers": settings.default_max_consumers,
             "purge_on_no_consumers": settings.default_purge_on_no_consumers,
             "exclusive": settings.default_exclusive_queue,
-            "last_value_key": settings.default_last_value_key
-            or ("_AMQ_LVQ_NAME" if settings.default_last_value_queue else None),
+            "last_value_key": last_value_key(
+                settings.default_last_value_key, settings.default_last_value_queue
+            ),
             "non_destructive": settings.default_non_destructive,
             "ring_size": settings.default_ring_size,
             "auto_created": True,

@@ -59,11 +59,17 @@ from amqpbroker.core.model import DeliveryId, QueueConfig
 from amqpbroker.core.queue import Consumer, Queue
 from amqpbroker.core.refs import DELIVERING, GONE, READY, Ref
 
-__all__ = ["LVQ_DEFAULT_KEY", "QueueKind", "kind_of"]
+__all__ = ["LVQ_DEFAULT_KEY", "QueueKind", "kind_of", "last_value_key"]
 
 # Artemis Message.HDR_LAST_VALUE_NAME: the key of `last-value: true` (B-120).
 LVQ_DEFAULT_KEY = "_AMQ_LVQ_NAME"
 _COMPACT_MIN = 64  # gone references tolerated before a compaction is worth it
+
+
+def last_value_key(key: str | None, last_value: bool) -> str | None:
+    """The key of a queue configured with `last-value-key` and/or `last-value` (B-120):
+    the named key, else _AMQ_LVQ_NAME when `last-value` is true, else None (not an LVQ)."""
+    return key or (LVQ_DEFAULT_KEY if last_value else None)
 
 
 def kind_of(queue: Queue, config: QueueConfig) -> QueueKind | None:

@@ -453,3 +453,29 @@ def test_a_retroactive_address_is_never_auto_deleted() -> None:
     h.advance(100)
     h.advance(100)
     assert "news.a" in h.broker.post_office.addresses
+
+
+def test_subscription_queues_take_the_default_settings() -> None:
+    """B-110 (Artemis applies the dynamic defaults to every queue it creates): a topic's
+    subscription queue is a last-value, ring or non-destructive queue by default-*."""
+    h = Harness(
+        {
+            "prices": AddressSettings.of(default_last_value_key="sym"),
+            "feed": AddressSettings.of(default_ring_size=1, default_non_destructive=True),
+        }
+    )
+    prices = h.consumer("prices", "topic", credit=0)
+    feed = h.consumer("feed", "topic", credit=0)
+    topic = h.producer("prices", "topic")
+    h.send(topic, b"a1", props={"sym": "A"})
+    h.send(topic, b"a2", props={"sym": "A"})
+    h.send(h.producer("feed", "topic"), b"f1")
+    h.send(h.producer("feed", "topic"), b"f2")
+    h.broker.set_credit(prices, 10)
+    h.broker.set_credit(feed, 10)
+    assert bodies(h.take(prices)) == [b"a2"]
+    [f2] = h.take(feed)
+    assert bodies([f2]) == [b"f2"]
+    h.settle(feed, f2, ACCEPTED)
+    [subscription] = h.broker.post_office.addresses["feed"].queues
+    assert subscription.message_count == 1  # non-destructive: still there

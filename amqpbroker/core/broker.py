@@ -475,8 +475,10 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             queues = [queue] if queue is not None and queue.accepts_message(message) else []
         else:
             queues = self.post_office.route(message, address, routing_type)
-            if self._retroactive:
-                self._retain(message, address, routing_type)  # B-124: the divert
+            if self._retroactive:  # B-124: the divert, after the route's own events
+                routed = self._deliver_to(message, address, queues, now_ms)
+                self._retain(message, address, routing_type)
+                return routed
         return self._deliver_to(message, address, queues, now_ms)
 
     def _is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:

@@ -90,8 +90,8 @@ class _Retroactive:
 
     def _make_retroactive(self, address: Address) -> None:
         """B-124: create A's internal address and ring queues (or find them recovered)."""
-        if address.temporary or address.name.startswith(INTERNAL_PREFIX):
-            return
+        if address.temporary or address.wildcard or address.name.startswith(INTERNAL_PREFIX):
+            return  # a wildcard address is a subscription pattern, never sent to (B-011)
         count = self.settings.resolve(address.name).retroactive_message_count
         if count <= 0:
             return

@@ -479,3 +479,21 @@ def test_subscription_queues_take_the_default_settings() -> None:
     h.settle(feed, f2, ACCEPTED)
     [subscription] = h.broker.post_office.addresses["feed"].queues
     assert subscription.message_count == 1  # non-destructive: still there
+
+
+def test_the_kept_reference_is_enqueued_after_the_message_was_sent() -> None:
+    """B-124, B-171: `sent` and the route's `enqueued` come first, then the divert's."""
+    h = Harness(RETRO)
+    h.consumer("news.a", "topic")
+    h.broker.emitter.take()
+    h.send(h.producer("news.a", "topic"), b"1")
+    kinds = [(e.event, (e.queue or "").startswith("$.")) for e in h.broker.emitter.take()]
+    assert kinds.index(("sent", False)) < kinds.index(("enqueued", False))
+    assert kinds.index(("enqueued", False)) < kinds.index(("enqueued", True))
+
+
+def test_a_wildcard_subscription_address_is_not_retroactive() -> None:
+    """B-124 with B-011: a consumer on `news.#` makes a pattern address, not a retained one."""
+    h = Harness(RETRO)
+    h.consumer("news.#", "topic")
+    assert not [a for a in h.broker.post_office.addresses if a.startswith("$.")]

@@ -432,11 +432,13 @@ class Queue:
                 self.emitter.txn_extra,
             )
         kind = self.kind
-        if kind is not None:
+        if kind is None:
+            if self.consumers:
+                self.dispatch(out)
+        else:  # B-120/B-123: index and log it; B-121: trim once it had its chance
             kind.arrived(ref)
-        if self.consumers:
-            self.dispatch(out)
-        if kind is not None:
+            if self.consumers:
+                self.dispatch(out)
             kind.trim()
         return ref
 

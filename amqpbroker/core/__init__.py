@@ -48,6 +48,7 @@ from amqpbroker.core.moves import (
 )
 from amqpbroker.core.outcomes import (
     ACCEPTED,
+    FAILED,
     RELEASED,
     Accepted,
     Modified,
@@ -64,6 +65,7 @@ __all__ = [
     "ACCEPTED",
     "DEFAULT_PRIORITY",
     "EVENT_TYPES",
+    "FAILED",
     "FAILURE_EVENTS",
     "RELEASED",
     "Accepted",

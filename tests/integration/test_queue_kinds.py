@@ -5,22 +5,20 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from proton import Message
 from proton.utils import BlockingConnection, BlockingReceiver
-from support.client import Capabilities, connect, send
+from support.client import QUEUE, TOPIC, connect, drain_round, send
 from support.event_files import read_events
 from support.metrics import scrape
 from support.process import BrokerProcess, start_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-QUEUE = Capabilities("queue")
-TOPIC = Capabilities("topic")
 
 CONFIG = """
 address-settings:
@@ -42,14 +40,8 @@ addresses:
 """
 
 
+BROKER_CONFIG = CONFIG  # the module broker (tests/integration/conftest.py)
 PERSISTENT = "persistence: {enabled: true, sync: true}\n" + CONFIG
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    running = start_broker(tmp_path_factory.mktemp("kinds"), CONFIG)
-    yield running
-    assert running.stop() == 0, running.log()
 
 
 def _queue(broker: BrokerProcess, name: str) -> dict[str, Any]:
@@ -71,20 +63,13 @@ def _replaced(broker: BrokerProcess, queue: str, reason: str) -> float:
     return scrape(broker.ports["http"])[("amqpbroker_queue_messages_replaced_total", labels)]
 
 
-def _receive_all(receiver: BlockingReceiver, *, accept: bool = True) -> list[Any]:
-    """Everything the queue has for this receiver now: drain its credit (B-037) and take
-    what came before the broker said it is drained; deterministic, no wait for silence."""
-    link, fetcher = receiver.link, receiver.fetcher
-    assert fetcher is not None
+def _receive_all(receiver: BlockingReceiver) -> list[Any]:
+    """Accept everything the queue has for this receiver now (a credit drain, B-037)."""
     got = []
-    link.drain(100)
-    while True:
-        receiver.connection.wait(lambda: fetcher.has_message or link.credit == 0, timeout=5)
-        if not fetcher.has_message:
-            return got
-        got.append(fetcher.pop().body)
-        if accept:
-            receiver.accept()
+    for message in drain_round(receiver.connection, receiver, 100):
+        got.append(message.body)
+        receiver.accept()
+    return got
 
 
 def _props(conn: BlockingConnection, address: str, *items: tuple[str, dict[str, Any]]) -> None:

@@ -23,7 +23,7 @@ from amqpbroker.core import (
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.records import AckRef
 from amqpbroker.core.refs import Ref
-from amqpbroker.protocol.handler import message_of
+from amqpbroker.protocol import message_of
 from amqpbroker.store.journal import JournalState, MemoryJournal
 from amqpbroker.store.recovery import recover
 

@@ -22,8 +22,9 @@ the waiting set (arrival, return, redelivery due) is compared with the current o
 A message scheduled at send (B-015) takes part once it is due, as in Artemis (it is not
 "in the queue" before). Arrival order decides "newer" throughout (Decision: Artemis lets
 a delayed redelivery displace a newer value; we never let an older value win).
-The index keeps a reference until its key is sent again (bounded by the number of keys,
-as the Artemis map); a gone reference found there counts as absent.
+A gone reference found in the index counts as absent; the index forgets gone ones when
+they outnumber the messages held, so a stream of distinct keys that consumers take does
+not keep their messages in memory.
 
 **Ring (B-121).** After an arrival has had its chance to be dispatched, and after a
 reference became ready again, the queue drops references from its head (the next one
@@ -148,9 +149,14 @@ class QueueKind:
         value = self.value_of(ref)
         if value is None:
             return True
-        current = self.index.get(value)
+        index = self.index
+        current = index.get(value)
         if current is None or current is ref or current.state == GONE:
-            self.index[value] = ref
+            index[value] = ref
+            queue = self.queue
+            held = queue.ready_count + queue.scheduled_count + queue.delivering
+            if len(index) > 2 * held + _COMPACT_MIN:  # consumed values: forget them
+                self.index = {k: r for k, r in index.items() if r.state != GONE}
             return True
         if current.seq > ref.seq:  # a newer value exists (waiting or in delivery)
             self._take(ref)

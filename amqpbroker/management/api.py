@@ -552,7 +552,7 @@ def queue_kinds(queue: Queue) -> list[str]:
     kinds = []
     if c.last_value_key:
         kinds.append("LVQ")
-    if c.ring_size is not None and c.ring_size > 0:
+    if c.ring_size is not None and c.ring_size >= 0:  # B-121: 0 is a ring too
         kinds.append("ring")
     if c.exclusive:
         kinds.append("exclusive")

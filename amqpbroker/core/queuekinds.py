@@ -138,9 +138,14 @@ class QueueKind:
 
     # -- last value (B-120) -------------------------------------------------------------
     def value_of(self, ref: Ref) -> str | None:
-        """The reference's last-value key value: a string application-property, else None."""
+        """The reference's last-value key value: a string application-property, else None
+        (also when the section does not decode: such a message is never replaced, as a
+        selector does not match it, B-130)."""
         assert self.key is not None
-        value = ref.message.get_application_properties().get(self.key)
+        try:
+            value = ref.message.get_application_properties().get(self.key)
+        except ValueError:  # amqp.sections.SectionError: malformed bytes from the producer
+            return None
         return value if isinstance(value, str) else None
 
     def _admit(self, ref: Ref) -> bool:

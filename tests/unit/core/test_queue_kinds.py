@@ -511,3 +511,26 @@ def test_consumed_values_are_forgotten() -> None:
             h.settle(c, d, ACCEPTED)
     assert queue.kind is not None
     assert len(queue.kind.index) < 200  # type: ignore[attr-defined]
+
+
+class _Malformed:
+    """A section reader over bytes whose application-properties do not decode."""
+
+    def properties(self, data: bytes) -> dict[str, Any]:
+        return {}
+
+    def application_properties(self, data: bytes) -> dict[str, Any]:
+        raise ValueError("malformed section 0x74")
+
+    def message_annotations(self, data: bytes) -> dict[str, Any]:
+        return {}
+
+
+def test_a_message_whose_properties_do_not_decode_is_kept_as_a_plain_one() -> None:
+    """B-120 (hostile input): undecodable application-properties mean "no key"."""
+    h = Harness()
+    queue = _queue(h, last_value_key="sym")
+    target = h.producer("q", "queue")
+    for body in (b"1", b"2"):
+        h.broker.publish(Message(body, reader=_Malformed()), target)
+    assert queue.message_count == 2

@@ -50,6 +50,8 @@ class QueueStats:
     dead_lettered_by_reason: tuple[tuple[str, int], ...] = ()
     killed_by_reason: tuple[tuple[str, int], ...] = ()
     returned_by_reason: tuple[tuple[str, int], ...] = ()
+    replaced: int = 0  # ring and last-value removals (B-120, B-121)
+    replaced_by_reason: tuple[tuple[str, int], ...] = ()
 
 
 def queue_stats(broker: Broker) -> list[QueueStats]:
@@ -79,6 +81,8 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
                 dead_lettered_by_reason=tuple(c.dead_lettered_by_reason.items()),
                 killed_by_reason=tuple(c.killed_by_reason.items()),
                 returned_by_reason=tuple(c.returned_by_reason.items()),
+                replaced=c.replaced,
+                replaced_by_reason=tuple(c.replaced_by_reason.items()),
             )
         )
     return rows

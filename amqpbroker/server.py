@@ -52,7 +52,7 @@ from amqpbroker.security import (
     verify_password_or_dummy,
 )
 from amqpbroker.security.logins import PasswordChecks
-from amqpbroker.store import idblock
+from amqpbroker.store import idblock, sysmem
 from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
 from amqpbroker.store.recovery import recover
 
@@ -125,6 +125,9 @@ def build_broker(
         else EventLevel.OFF,
         security=security,
         id_cache_size=config.id_cache_size,
+        global_max_size=config.global_max_size
+        if config.global_max_size >= 0
+        else sysmem.default_global_max_size(),
     )
     for address in config.addresses:
         types = set()
@@ -385,6 +388,7 @@ class BrokerServer:
         self._started_s = time.monotonic()
         self._accepting = False
         self._stopped = asyncio.Event()
+        self.memory = sysmem.MemoryReturner()  # issue 23: freed heap back to the system
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -665,6 +669,7 @@ class BrokerServer:
     def _after_command(self) -> None:
         self.shell.apply_effects()
         self.flush()
+        self.memory.check(self.broker.memory_bytes)  # a purge may have freed a lot
 
     def _write_ports(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -796,6 +801,7 @@ class BrokerServer:
             if at_s:
                 next_s = min(next_s, at_s)
         self.flush()  # heartbeats; an expired connection's close frame, then its socket
+        self.memory.check(self.broker.memory_bytes)  # issue 23: a drain freed a lot?
         for amqp in failed:
             sock = self.sockets.get(amqp)
             if sock is not None:

@@ -51,6 +51,7 @@ from amqpbroker.core.moves import MessageCopier, MoveAnnotations, _BytesCopier
 from amqpbroker.core.moving import _Moving
 from amqpbroker.core.names import advisory_characters, parse_address
 from amqpbroker.core.outcomes import Modified, Outcome
+from amqpbroker.core.paging import full_reason
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
@@ -85,8 +86,14 @@ class Broker(_Attach, _Moving, _Reaper):
         security: SecurityRepository | None = None,
         id_cache_size: int = 20_000,
         persistence: Persistence | None = None,
+        global_max_size: int = -1,
     ) -> None:
         self.name = name
+        # B-151: the bytes all queues may hold in memory (-1: no broker-wide limit), what
+        # they hold, and whether a BLOCK address hit it (producers and relays wait).
+        self.global_max_size = global_max_size
+        self.memory_bytes = 0
+        self.global_blocked = False
         self.persistence = persistence  # None: memory only
         self.emitter = Emitter(event_level)
         self.security = security or SecurityRepository({})
@@ -264,8 +271,12 @@ class Broker(_Attach, _Moving, _Reaper):
 
         def on_size(delta_bytes: int) -> None:
             address.size_bytes += delta_bytes
-            if delta_bytes < 0 and address.blocked:
-                self._check_unblocked(address)
+            self.memory_bytes += delta_bytes
+            if delta_bytes < 0:
+                if address.blocked:
+                    self._check_unblocked(address)
+                if self.global_blocked:
+                    self._check_global_unblocked()
 
         queue = Queue(
             config,
@@ -455,14 +466,22 @@ class Broker(_Attach, _Moving, _Reaper):
         settings = self.settings.resolve(address_name)
         if message.ttl_ms or message.expiration_ms or settings.has_expiry_overrides:
             self._set_expiration(message, address_name, now_ms)
-        if settings.max_size_bytes >= 0 and not self._has_room(address, message, now_ms):
+        limited = (
+            settings.max_size_bytes >= 0
+            or settings.max_size_messages >= 0
+            or 0 <= self.global_max_size <= self.memory_bytes + message.size
+        )
+        if limited and not self._has_room(address, message, now_ms):
             return 0
         if fqqn_queue is not None:
             queue = self.queues.get(fqqn_queue)
             queues = [queue] if queue is not None and queue.accepts_message(message) else []
         else:
             queues = self.post_office.route(message, address, routing_type)
-        return self._deliver_to(message, address, queues, now_ms)
+        routed = self._deliver_to(message, address, queues, now_ms)
+        if limited and settings.address_full_policy == "BLOCK":
+            self._has_room(address, message, now_ms)  # full now: no more credit at once
+        return routed
 
     def _is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
         """B-012: seen among the address's last `id-cache-size` ids? Remembers it if not."""
@@ -489,41 +508,74 @@ class Broker(_Attach, _Moving, _Reaper):
             message.expiration_ms = overridden
             message.ttl_ms = None
 
+    def _full_reason(self, address: Address, settings: ResolvedSettings) -> str | None:
+        """B-151: which limit makes `address` full now (`paging.full_reason`), or None."""
+        return full_reason(
+            settings,
+            address_bytes=address.size_bytes,
+            address_messages=sum(q.memory_count for q in address.queues)
+            if settings.max_size_messages >= 0
+            else None,
+            memory_bytes=self.memory_bytes,
+            global_max_size=self.global_max_size,
+        )
+
     def _has_room(self, address: Address, message: Message, now_ms: int) -> bool:
-        """B-151: enforce max-size-bytes with FAIL (raise) and DROP (False); BLOCK lets
-        this message in and marks the address so producers get no more credit."""
+        """B-151: enforce the limits with FAIL (raise) and DROP (False); BLOCK lets this
+        message in and marks the address (or the broker, for global-max-size) so producers
+        get no more credit; PAGE lets it in (`_deliver_to` writes it to page files)."""
         settings = self.settings.resolve(address.name)
-        limit = settings.max_size_bytes
-        if limit < 0 or address.size_bytes < limit:
+        reason = self._full_reason(address, settings)
+        if reason is None:
             return True
         policy = settings.address_full_policy
         if policy == "FAIL":
-            raise ResourceLimitExceeded(f"address {address.name} is full: max-size-bytes={limit}")
+            raise ResourceLimitExceeded(f"address {address.name} is full: {reason}")
         if policy == "DROP":
             address.unrouted += 1
             if self.emitter.failures:
                 self._message_event("unrouted", message, now_ms, reason="dropped-full")
             return False
-        if policy == "BLOCK" and not address.blocked:
-            address.blocked = True
-            log.info(
-                "address %s is full (max-size-bytes=%d): blocking its producers",
-                address.name,
-                limit,
-            )
+        if policy == "BLOCK":
+            if reason.startswith("global-max-size"):
+                if not self.global_blocked:
+                    self.global_blocked = True
+                    log.info("the broker is full (%s): blocking producers", reason)
+            elif not address.blocked:
+                address.blocked = True
+                log.info("address %s is full (%s): blocking its producers", address.name, reason)
         return True
 
     def _check_unblocked(self, address: Address) -> None:
-        limit = self.settings.resolve(address.name).max_size_bytes
-        if limit < 0 or address.size_bytes < limit:
+        settings = self.settings.resolve(address.name)
+        reason = self._full_reason(address, settings)
+        if reason is None or reason.startswith("global-max-size"):
             address.blocked = False
             self._effects.append(AddressUnblocked(address.name))
 
-    def producer_may_send(self, target: ProducerTarget) -> bool:
-        """Whether a producer link to `target` may be given more credit (B-151 BLOCK)."""
-        if target.address is None:
-            return True  # the anonymous relay is paced per message, not per address
-        address = self.post_office.addresses.get(target.address)
+    def _check_global_unblocked(self) -> None:
+        if not 0 <= self.global_max_size <= self.memory_bytes:
+            self.global_blocked = False
+            self._effects.append(AddressUnblocked(None))
+
+    def producer_may_send(self, target: ProducerTarget, *, to: str | None = None) -> bool:
+        """Whether a producer link to `target` may be given more credit (B-151 BLOCK).
+
+        The anonymous relay (`target.address` None) is paced by the broker-wide limit and
+        by the address its last message went to (`to`, its `properties.to`): a relay can
+        no more get past a full address than a link attached to it."""
+        name = target.address
+        if name is None and to:
+            try:
+                name = parse_address(to).address
+            except ClientError:
+                name = None
+        if self.global_blocked and (
+            target.address is None
+            or (name is not None and self.settings.resolve(name).address_full_policy == "BLOCK")
+        ):
+            return False
+        address = self.post_office.addresses.get(name) if name is not None else None
         return address is None or not address.blocked
 
     def _message_event(

@@ -53,6 +53,7 @@ from amqpbroker.core.refs import DELIVERING, GONE, READY, SCHEDULED, Ref
 from amqpbroker.core.settings import ResolvedSettings
 
 if TYPE_CHECKING:
+    from amqpbroker.core.paging import PageStore
     from amqpbroker.core.persistence import Persistence
     from amqpbroker.core.selector import Selector
 
@@ -247,11 +248,20 @@ class Queue:
         self.delivering = 0
         # Set by the broker for a durable queue when persistence is on (B-095).
         self.store: Persistence | None = None
+        # Its page files, once it has paged (B-151 PAGE, core/paging.py).
+        self.pages: PageStore | None = None
 
     # -- state ------------------------------------------------------------------------
     @property
     def message_count(self) -> int:
-        """Ready + scheduled + delivering, as Artemis messageCount (B-161)."""
+        """Ready + scheduled + delivering + paged, as Artemis messageCount (B-161)."""
+        pages = self.pages
+        paged = pages.messages if pages is not None else 0
+        return self._ready + self._scheduled_live + self.delivering + paged
+
+    @property
+    def memory_count(self) -> int:
+        """The messages held in memory: not paged (B-151 max-size-messages)."""
         return self._ready + self._scheduled_live + self.delivering
 
     @property

@@ -189,11 +189,12 @@ class ConsumerLink:
 class ProducerLink:
     """A producer: wraps the proton `Receiver` the broker receives on."""
 
-    __slots__ = ("link", "target")
+    __slots__ = ("last_to", "link", "target")
 
     def __init__(self, link: Link, target: ProducerTarget) -> None:
         self.link = link
         self.target = target
+        self.last_to: str | None = None  # anonymous relay: its last message's `to` (B-151)
 
 
 class Shell:
@@ -951,7 +952,7 @@ class AmqpConnection:
     def _top_up(self, link: Any, producer: ProducerLink | None = None) -> None:
         credit = lib.pn_link_credit(link)
         if credit < PRODUCER_LOW_CREDIT and (
-            producer is None or self.broker.producer_may_send(producer.target)
+            producer is None or self.broker.producer_may_send(producer.target, to=producer.last_to)
         ):
             lib.pn_link_flow(link, PRODUCER_CREDIT - credit)
 
@@ -1055,13 +1056,16 @@ class AmqpConnection:
         if delivery.settled:
             delivery.settle()
 
-    def resume_producers(self, address: str) -> bool:
-        """Top up credit of producer links to an address that has room again (B-151)."""
+    def resume_producers(self, address: str | None) -> bool:
+        """Top up credit of producer links to an address that has room again, of anonymous
+        relays, and of all when the broker-wide limit has room again (None) (B-151)."""
         resumed = False
+        may_send = self.broker.producer_may_send
         for impl, producer in self.producers.items():
-            if producer.target.address == address:
+            target = producer.target
+            if address is None or target.address == address or target.address is None:
                 credit = lib.pn_link_credit(impl)
-                if credit < PRODUCER_LOW_CREDIT:
+                if credit < PRODUCER_LOW_CREDIT and may_send(target, to=producer.last_to):
                     lib.pn_link_flow(impl, PRODUCER_CREDIT - credit)
                     resumed = True
         return resumed
@@ -1117,7 +1121,7 @@ class AmqpConnection:
             )
         if target.address is None and scanned.properties is not None:
             value = message.get_properties().get("to")
-            to = value if isinstance(value, str) else None
+            to = producer.last_to = value if isinstance(value, str) else None
         duplicate_id = None
         app = scanned.application_properties
         if (

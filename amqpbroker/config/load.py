@@ -450,6 +450,8 @@ SETTING_RANGES: dict[str, Range] = {
     "max_size_messages": Range(0, INT64_MAX, "unlimited"),
     "max_size_bytes_reject_threshold": Range(0, INT64_MAX, "off"),
     "page_size_bytes": Range(1, INT32_MAX),
+    "max_read_page_bytes": Range(1, INT64_MAX, "unlimited"),
+    "max_read_page_messages": Range(1, INT64_MAX, "unlimited"),
     "management_browse_page_size": Range(0, INT32_MAX),
     "slow_consumer_threshold": Range(0, INT64_MAX, "off"),
     "slow_consumer_check_period": Range(1, MS_MAX // 1000),  # seconds

@@ -51,7 +51,7 @@ from amqpbroker.core.moves import MessageCopier, MoveAnnotations, _BytesCopier
 from amqpbroker.core.moving import _Moving
 from amqpbroker.core.names import advisory_characters, parse_address
 from amqpbroker.core.outcomes import Modified, Outcome
-from amqpbroker.core.paging import full_reason
+from amqpbroker.core.paging import PageStores, full_reason
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
@@ -94,6 +94,7 @@ class Broker(_Attach, _Moving, _Reaper):
         self.global_max_size = global_max_size
         self.memory_bytes = 0
         self.global_blocked = False
+        self.page_stores: PageStores | None = None  # PAGE writes to disk once set
         self.persistence = persistence  # None: memory only
         self.emitter = Emitter(event_level)
         self.security = security or SecurityRepository({})
@@ -174,6 +175,21 @@ class Broker(_Attach, _Moving, _Reaper):
             self._journal_address(address)
         for queue in self.queues.values():
             self._journal_queue(queue)
+
+    def enable_paging(self, stores: PageStores, *, paged: tuple[str, ...] = ()) -> None:
+        """B-151 PAGE to disk from now on; `paged`: queues whose page files a restart
+        found (recovered after the journal, which holds their cursors)."""
+        self.page_stores = stores
+        for name in paged:
+            queue = self.queues.get(name)
+            if queue is not None and queue.pages is None:
+                self._open_pages(queue)
+
+    def _open_pages(self, queue: Queue) -> None:
+        assert self.page_stores is not None
+        queue.pages = self.page_stores.open(
+            address=queue.address, queue=queue.name, durable=queue.store is not None
+        )
 
     def _journal_address(self, address: Address) -> None:
         if self.persistence is not None and not address.temporary:
@@ -318,6 +334,9 @@ class Broker(_Attach, _Moving, _Reaper):
                 CloseConsumer(consumer.id, "amqp:resource-deleted", f"queue {name} was {reason}")
             )
         queue.consumers.clear()
+        if queue.pages is not None:
+            queue.pages.destroy()
+            queue.pages = None
         if queue.store is not None:
             queue.store.queue_deleted(name)  # covers its references: no ack each
             queue.store = None
@@ -546,6 +565,19 @@ class Broker(_Attach, _Moving, _Reaper):
                 log.info("address %s is full (%s): blocking its producers", address.name, reason)
         return True
 
+    def _must_page(self, address: Address, message: Message) -> bool:
+        """B-151 PAGE: whether a message for `address` goes to page files (it is full)."""
+        settings = self.settings.resolve(address.name)
+        return (
+            settings.address_full_policy == "PAGE"
+            and (
+                settings.max_size_bytes >= 0
+                or settings.max_size_messages >= 0
+                or 0 <= self.global_max_size <= self.memory_bytes + message.size
+            )
+            and self._full_reason(address, settings) is not None
+        )
+
     def _check_unblocked(self, address: Address) -> None:
         settings = self.settings.resolve(address.name)
         reason = self._full_reason(address, settings)
@@ -657,8 +689,15 @@ class Broker(_Attach, _Moving, _Reaper):
         self.stats.routed += 1
         out = self._effects
         waiting = False
+        page = self.page_stores is not None and self._must_page(address, message)
         for queue in queues:
-            if queue.add(message, out, reason=reason).state != DELIVERING:
+            pages = queue.pages
+            if page or (pages is not None and pages.messages):
+                if pages is None:
+                    self._open_pages(queue)
+                queue.page(message, out, reason=reason)  # B-151 PAGE: in order, on disk
+                waiting = True
+            elif queue.add(message, out, reason=reason).state != DELIVERING:
                 waiting = True
         if waiting:
             # A message that waits in a queue keeps no copy of its head for its events

@@ -4,11 +4,17 @@ They act only on messages waiting in the queue (ready or scheduled): a message b
 delivered to a consumer belongs to that consumer until it settles. Moves and retries make
 a copy with the B-090 annotations of the latest hop (`x-opt-DLQ-*` are dropped, B-079),
 route it, then remove the original, in one step of the event loop.
+
+Paged messages (B-151 PAGE) are part of the queue: they come after the ones in memory,
+are read from the page files one at a time as an operation walks them (a large paged
+backlog is never held), and the ones an operation takes leave the page files at its end
+(`Queue.remove_paged`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import itertools
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from amqpbroker.core.broker import Broker
@@ -84,20 +90,23 @@ def _queue(broker: Broker, name: str) -> Queue:
     return queue
 
 
-def _waiting(queue: Queue, selector: str | None, ids: Iterable[int] | None = None) -> list[Ref]:
+def _held(queue: Queue) -> Iterator[Ref]:
+    """Every message of the queue in order: in memory, then paged (B-151)."""
+    return itertools.chain(queue.refs(), queue.paged_refs())
+
+
+def _waiting(queue: Queue, selector: str | None, ids: Iterable[int] | None = None) -> Iterator[Ref]:
     """Waiting references matching the filter (B-130) and, if given, the message ids."""
     match = parse_selector(selector).matches if selector else None
     wanted = set(ids) if ids is not None else None
-    refs = []
-    for ref in queue.refs():
+    for ref in _held(queue):
         if ref.state == DELIVERING or ref.state == GONE:
             continue
         if wanted is not None and ref.message.msg_id not in wanted:
             continue
         if match is not None and not match(ref.message):
             continue
-        refs.append(ref)
-    return refs
+        yield ref
 
 
 def browse(
@@ -111,8 +120,8 @@ def browse(
     """Messages of a queue in order, without acquiring them (delivering ones included)."""
     queue = _queue(broker, queue_name)
     match = parse_selector(selector).matches if selector else None
-    refs = [r for r in queue.refs() if match is None or match(r.message)]
-    return refs[offset : offset + limit]
+    refs = (r for r in _held(queue) if match is None or match(r.message))
+    return list(itertools.islice(refs, offset, offset + limit))
 
 
 def waiting_ids(broker: Broker, queue_name: str, *, selector: str | None = None) -> list[int]:
@@ -124,9 +133,9 @@ def count(broker: Broker, queue_name: str, *, selector: str | None = None) -> in
     """How many messages `browse` would list without a limit."""
     queue = _queue(broker, queue_name)
     if not selector:
-        return sum(1 for _ in queue.refs())
+        return queue.message_count
     match = parse_selector(selector).matches
-    return sum(1 for r in queue.refs() if match(r.message))
+    return sum(1 for r in _held(queue) if match(r.message))
 
 
 def purge(
@@ -138,10 +147,17 @@ def purge(
 ) -> int:
     """Delete waiting messages; counted as killed (B-161), event `killed`/`purge`."""
     queue = _queue(broker, queue_name)
-    refs = _waiting(queue, selector, ids)
-    for ref in refs:
+    if selector is None and ids is None:  # all: the paged ones without a list of ids
+        refs = [r for r in queue.refs() if r.state != DELIVERING and r.state != GONE]
+        for ref in refs:
+            queue.kill(ref, "purge")
+        return len(refs) + queue.purge_paged("purge")
+    removed = 0
+    for ref in _waiting(queue, selector, ids):
         queue.kill(ref, "purge")
-    return len(refs)
+        removed += 1
+    queue.remove_paged()
+    return removed
 
 
 def move(
@@ -157,11 +173,13 @@ def move(
     target = _queue(broker, to_queue)
     if target is queue:
         raise ClientError("cannot move messages to the same queue")
-    refs = _waiting(queue, selector, ids)
-    for ref in refs:
+    moved = 0
+    for ref in _waiting(queue, selector, ids):
         copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
         _complete_move(broker, queue, ref, copy, target.address, [target], reason="move")
-    return len(refs)
+        moved += 1
+    queue.remove_paged()
+    return moved
 
 
 # What a redrive line may say about the message it names (issue 16 item 2), and where
@@ -247,6 +265,7 @@ def retry(
             targets = broker.post_office.route(copy, address, routing_type)
         _complete_move(broker, queue, ref, copy, address.name, targets, reason="retry")
         retried += 1
+    queue.remove_paged()
     not_found = () if wanted is None else tuple(dict.fromkeys(i for i in wanted if i not in seen))
     return RetryResult(retried, tuple(skipped), not_found)
 

@@ -71,6 +71,20 @@ class PageStore(Protocol):
     @property
     def files(self) -> int: ...
 
+    @property
+    def position(self) -> tuple[int, int]:
+        """The read cursor, journaled for a durable queue (`records.PageCursor`)."""
+
+    @property
+    def releasable(self) -> bool:
+        """Whether page files would go once a cursor at `position` is durable."""
+
+    def release(self, position: tuple[int, int]) -> None:
+        """A cursor at `position` is durable: the page files before it may go."""
+
+    def destroy(self) -> None:
+        """The queue is deleted: remove its page files."""
+
     def write(self, message: Message) -> None:
         """Append `message` (durable ones survive a crash once the step is flushed)."""
 
@@ -90,7 +104,8 @@ class PageStore(Protocol):
 class PageStores(Protocol):
     """Opens the page files of a queue (the server hands the broker one)."""
 
-    def open(self, *, address: str, queue: str, durable: bool) -> PageStore: ...
+    def open(self, *, address: str, queue: str, durable: bool) -> PageStore:
+        """The queue's page files; `durable`: its cursor is journaled (kept on restart)."""
 
     def flush(self) -> None:
         """Make this step's durable page writes durable (once per loop step)."""

@@ -49,7 +49,7 @@ from amqpbroker.core.model import (
 )
 from amqpbroker.core.outcomes import Accepted, Modified, Outcome, Rejected, Released
 from amqpbroker.core.redelivery import DeadLetter, decide_redelivery
-from amqpbroker.core.refs import DELIVERING, GONE, READY, SCHEDULED, Ref
+from amqpbroker.core.refs import DELIVERING, GONE, PAGED, READY, SCHEDULED, Ref
 from amqpbroker.core.settings import ResolvedSettings
 
 if TYPE_CHECKING:
@@ -248,8 +248,10 @@ class Queue:
         self.delivering = 0
         # Set by the broker for a durable queue when persistence is on (B-095).
         self.store: Persistence | None = None
-        # Its page files, once it has paged (B-151 PAGE, core/paging.py).
+        # Its page files, once it has paged (B-151 PAGE, core/paging.py), and the paged
+        # messages a management operation took (`take`), until `remove_paged`.
         self.pages: PageStore | None = None
+        self._doomed: set[int] = set()
 
     # -- state ------------------------------------------------------------------------
     @property
@@ -449,6 +451,8 @@ class Queue:
 
     def dispatch(self, out: list[Effect]) -> None:
         """Hand ready references to consumers with credit, round-robin."""
+        if self.pages is not None and self.pages.messages:
+            self._depage()  # B-151 PAGE: the next paged messages, when memory has room
         consumers = self.consumers
         browsers = [c for c in consumers if c.browser and c.credit > 0 and c.window.room > 0]
         if browsers:
@@ -469,6 +473,8 @@ class Queue:
         while active:
             ref = self._pop_next()
             if ref is None:
+                if self.pages is not None and self.pages.messages and self._depage():
+                    continue  # B-151 PAGE: the next slice of the page files
                 break
             expiration = ref.message.expiration_ms
             if expiration and self._clock_ms() >= expiration and self.expire(ref, popped=True):
@@ -733,7 +739,13 @@ class Queue:
         return taken
 
     def take(self, ref: Ref) -> None:
-        """Remove a waiting (ready or scheduled) reference, for management (B-161)."""
+        """Remove a waiting (ready, scheduled or paged) reference, for management (B-161);
+        a paged one goes from the page files at `remove_paged`."""
+        if ref.state == PAGED:
+            self._doomed.add(ref.message.msg_id)
+            ref.state = GONE
+            self.used = True
+            return
         if ref.state == READY:
             self._ready -= 1
         elif ref.state == SCHEDULED:
@@ -761,3 +773,84 @@ class Queue:
         self._removed(ref)
         self._expired(self, ref)
         return True
+
+    # -- paging (B-151 PAGE: core/paging.py) ---------------------------------------------
+    def page(self, message: Message, out: list[Effect], *, reason: str = "route") -> None:
+        """Write `message` to the page files instead of memory: an arrival like `add`'s
+        (counted, event `enqueued`); `dispatch` reads it back in its turn."""
+        pages = self.pages
+        assert pages is not None, "the broker opens the page files first"
+        pages.write(message)
+        if self.store is not None and message.durable:
+            self.store.paged()
+        self.counters.added += 1
+        if self.emitter.all:
+            shape = (
+                self.event_enqueued
+                if reason == "route"
+                else ("enqueued", self.event_where, None, reason)
+            )
+            self.note(shape, Ref(message, -1), self.emitter.txn_extra)
+        if self.consumers:
+            self.dispatch(out)
+
+    def _depage(self) -> bool:
+        """Read paged messages back while the queue's memory is under max-read-page-bytes
+        and -messages; durable ones are journaled as they come in, with the page cursor,
+        in one append (core/persistence.py `page_read`)."""
+        pages = self.pages
+        assert pages is not None
+        settings = self.settings()
+        max_bytes, max_messages = settings.max_read_page_bytes, settings.max_read_page_messages
+        if 0 <= max_bytes <= self.size_bytes or 0 <= max_messages <= self.memory_count:
+            return False
+        messages = pages.read(
+            max_bytes=max_bytes - self.size_bytes if max_bytes >= 0 else -1,
+            max_messages=max_messages - self.memory_count if max_messages >= 0 else -1,
+        )
+        store = self.store
+        for message in messages:
+            ref = self._enqueue(message, 0, message.deliver_at_ms)
+            if store is not None and message.durable:
+                at_ms = message.deliver_at_ms if ref.state == SCHEDULED else 0
+                store.ref_added(self.name, ref, scheduled_at_ms=at_ms)
+        if store is not None and messages:
+            store.page_read(self.name, pages)
+        return bool(messages)
+
+    def paged_refs(self) -> Iterator[Ref]:
+        """The paged messages in order, as references in state PAGED (for management:
+        `take` or `kill` them, then `remove_paged`)."""
+        if self.pages is None:
+            return
+        for message in self.pages.browse():
+            ref = Ref(message, -1)
+            ref.state = PAGED
+            yield ref
+
+    def remove_paged(self) -> None:
+        """Remove the paged messages taken since the last call from the page files."""
+        pages, doomed = self.pages, self._doomed
+        if pages is None or not doomed:
+            return
+        self._doomed = set()
+        pages.remove(doomed)
+        if self.store is not None:
+            self.store.page_read(self.name, pages)
+
+    def purge_paged(self, reason: str) -> int:
+        """Kill every paged message (purge without a filter): counted and evented one by
+        one, as `kill` does, without holding them."""
+        pages = self.pages
+        if pages is None or not pages.messages:
+            return 0
+        killed = 0
+        for ref in self.paged_refs():
+            killed += 1
+            self.counters.killed += 1
+            self.killed(ref, reason)
+        pages.clear()
+        self.used = True
+        if self.store is not None:
+            self.store.page_read(self.name, pages)
+        return killed

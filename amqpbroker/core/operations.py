@@ -49,6 +49,10 @@ class QueueStats:
     dead_lettered_by_reason: tuple[tuple[str, int], ...] = ()
     killed_by_reason: tuple[tuple[str, int], ...] = ()
     returned_by_reason: tuple[tuple[str, int], ...] = ()
+    # B-151 PAGE: what its page files hold (included in `messages`), and how many files.
+    paged_messages: int = 0
+    paged_bytes: int = 0
+    page_files: int = 0
 
 
 def queue_stats(broker: Broker) -> list[QueueStats]:
@@ -56,6 +60,7 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
     rows = []
     for queue in broker.queues.values():
         c = queue.counters
+        pages = queue.pages
         rows.append(
             QueueStats(
                 name=queue.name,
@@ -78,6 +83,9 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
                 dead_lettered_by_reason=tuple(c.dead_lettered_by_reason.items()),
                 killed_by_reason=tuple(c.killed_by_reason.items()),
                 returned_by_reason=tuple(c.returned_by_reason.items()),
+                paged_messages=pages.messages if pages is not None else 0,
+                paged_bytes=pages.size_bytes if pages is not None else 0,
+                page_files=pages.files if pages is not None else 0,
             )
         )
     return rows

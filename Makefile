@@ -34,7 +34,7 @@ test: $(DEV_STAMP)
 # Issue 23: the paging tests at ten times their size (200 MiB backlogs; several minutes).
 PAGING_SCALE ?= 10
 test-paging-long: $(DEV_STAMP)
-	PAGING_SCALE=$(PAGING_SCALE) $(BIN)/pytest -p no:timeout tests/integration/test_paging.py
+	PAGING_SCALE=$(PAGING_SCALE) $(BIN)/pytest tests/integration/test_paging.py
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

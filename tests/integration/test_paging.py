@@ -18,9 +18,8 @@ from support import bulk
 from support.process import BrokerProcess, start_broker
 from support.waiting import wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
-
 SCALE = int(os.environ.get("PAGING_SCALE", "1"))
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180 * SCALE)]
 LIMIT = 2 * 1024 * 1024  # global-max-size
 N = 20_000 * SCALE  # 1 KiB messages: ten times the limit
 SIZE = 1024

@@ -159,12 +159,14 @@ def purge(
         refs = [r for r in queue.refs() if r.state != DELIVERING and r.state != GONE]
         for ref in refs:
             queue.kill(ref, "purge")
+        queue.compact()
         return len(refs) + queue.purge_paged("purge")
     removed = 0
     for ref in _waiting(queue, selector, ids):
         queue.kill(ref, "purge")
         removed += 1
     queue.remove_paged()
+    queue.compact()
     return removed
 
 
@@ -187,6 +189,7 @@ def move(
         _complete_move(broker, queue, ref, copy, target.address, [target], reason="move")
         moved += 1
     queue.remove_paged()
+    queue.compact()
     return moved
 
 
@@ -274,6 +277,7 @@ def retry(
         _complete_move(broker, queue, ref, copy, address.name, targets, reason="retry")
         retried += 1
     queue.remove_paged()
+    queue.compact()
     not_found = () if wanted is None else tuple(dict.fromkeys(i for i in wanted if i not in seen))
     return RetryResult(retried, tuple(skipped), not_found)
 

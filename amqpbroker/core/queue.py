@@ -854,3 +854,20 @@ class Queue:
         if self.store is not None:
             self.store.page_read(self.name, pages)
         return killed
+
+    def compact(self) -> None:
+        """Drop the references removed from the middle of the queue (marked GONE, left in
+        place for `_pop_next`) after a bulk removal, so their messages' memory is freed
+        now rather than when dispatch reaches them (issue 23: RSS after a purge)."""
+        for level in range(_LEVELS):
+            fresh = self._fresh[level]
+            if any(ref.state == GONE for ref in fresh):
+                self._fresh[level] = deque(ref for ref in fresh if ref.state != GONE)
+            returned = self._returned[level]
+            if any(ref.state == GONE for ref in returned):
+                kept = [ref for ref in returned if ref.state != GONE]
+                heapq.heapify(kept)
+                self._returned[level] = kept
+        if any(entry[2].state != SCHEDULED for entry in self._scheduled):
+            self._scheduled = [e for e in self._scheduled if e[2].state == SCHEDULED]
+            heapq.heapify(self._scheduled)

@@ -86,7 +86,7 @@ class MemoryReturner:
     """Calls `malloc_trim` when the queued bytes fell by `threshold_bytes` since the
     highest point after the last trim. Loop thread only (the server's timer)."""
 
-    def __init__(self, *, threshold_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, *, threshold_bytes: int = 16 * 1024 * 1024) -> None:
         self.threshold_bytes = threshold_bytes
         self._trim = _malloc_trim()
         self._peak = 0

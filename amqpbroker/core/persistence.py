@@ -312,4 +312,7 @@ def _add_message(message: Message) -> AddMessage:
         expiration_ms=message.expiration_ms,
         first_ts=message.first_ts,
         priority=message.priority,
+        header_end=message.header_end,
+        head_end=message.head_end,
+        header_count=-1 if message.header is None else message.header.get("delivery-count", 0),
     )

@@ -74,6 +74,11 @@ class AddMessage:
     expiration_ms: int = 0
     first_ts: int = 0
     priority: int = DEFAULT_PRIORITY
+    # What the section scan found (`core.Message` fields), so that recovery need not scan
+    # every message again (issue 23 item 4). header_end -1: not recorded (older journals).
+    header_end: int = -1
+    head_end: int = 0
+    header_count: int = -1  # the producer's header delivery-count; -1: no such header
 
 
 @dataclass(slots=True, kw_only=True)

@@ -27,7 +27,6 @@ from amqpbroker.core import (
     Broker,
     Clock,
     EventLevel,
-    QueueConfig,
     RoutingType,
     SettingsRepository,
     SystemClock,
@@ -37,14 +36,20 @@ from amqpbroker.core.persistence import OnStored, Persistence
 from amqpbroker.core.records import Record
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.eventlog import EventLogWriter
-from amqpbroker.management import BasicAuth, HttpServer, LoopBridge, ManagementApi, tasks
+from amqpbroker.management import (
+    AmqpManagement,
+    BasicAuth,
+    HttpServer,
+    LoopBridge,
+    ManagementApi,
+    tasks,
+)
 from amqpbroker.management.api import ConsoleContext
 from amqpbroker.management.samples import Sampler
 from amqpbroker.management.tasks import TaskFile, TaskRunner
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.metrics.collector import EventLogFiles, journal_sync_histogram
-from amqpbroker.protocol import moves
-from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell, message_of
+from amqpbroker.protocol import AmqpConnection, SaslFactory, Shell, message_of, moves
 from amqpbroker.protocol.sasl import Credentials, Identity, Outcome, SaslServer, Verdict
 from amqpbroker.security import (
     TlsFileError,
@@ -130,6 +135,7 @@ def build_broker(
         if config.global_max_size >= 0
         else sysmem.default_global_max_size(),
     )
+    broker.management = AmqpManagement(broker)  # activemq.management (B-160)
     for address in config.addresses:
         types = set()
         if address.anycast or "ANYCAST" in address.routing_types:
@@ -142,23 +148,7 @@ def build_broker(
             (RoutingType.MULTICAST, address.multicast),
         ):
             for q in queues:
-                broker.create_queue(
-                    QueueConfig(
-                        name=q.name,
-                        address=address.name,
-                        routing_type=routing_type,
-                        durable=q.durable,
-                        filter=q.filter,
-                        max_consumers=q.max_consumers,
-                        purge_on_no_consumers=q.purge_on_no_consumers,
-                        exclusive=q.exclusive,
-                        last_value_key=q.last_value_key
-                        or ("_AMQ_LVQ_NAME" if q.last_value else None),
-                        non_destructive=q.non_destructive,
-                        ring_size=q.ring_size,
-                        configured=True,
-                    )
-                )
+                broker.create_queue(q.queue_config(address.name, routing_type, configured=True))
     return broker
 
 
@@ -349,7 +339,7 @@ class BrokerServer:
         self.journal: FileJournal | None = None
         self.journal_sync = journal_sync_histogram()
         self.broker = build_broker(config, clock=clock, rng=rng)
-        self.shell = Shell(self.broker)
+        self.shell: Shell[AmqpConnection] = Shell(self.broker)
         self.event_log: EventLogWriter | None = None
         if self.broker.emitter.failures:  # some level of the event log is on
             self.event_log = EventLogWriter(
@@ -359,8 +349,6 @@ class BrokerServer:
             )
             self.broker.emitter.data_limit = self.event_log.data_limit
             self.broker.emitter.heads_only = self.event_log.heads_only
-            if type(self.broker.clock) is SystemClock:  # the same ms, read cheaper
-                self.broker.emitter.clock_ns = time.time_ns
             self.shell.event_sink = self.event_log.submit
         users = config.security.users
         self.shell.roles_for = lambda user: (

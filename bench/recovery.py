@@ -27,7 +27,7 @@ from amqpbroker.config import parse_config
 from amqpbroker.core.model import RoutingType
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.records import AddMessage, AddQueue, AddRef, Record
-from amqpbroker.protocol.handler import message_of
+from amqpbroker.protocol import message_of
 from amqpbroker.server import build_broker
 from amqpbroker.store import FileJournal, JournalState
 from amqpbroker.store.recovery import recover

@@ -31,6 +31,7 @@ from amqpbroker.core.lifecycle import (
 )
 from amqpbroker.core.model import (
     DEFAULT_PRIORITY,
+    DUPLICATE_ID,
     ConnectionId,
     ConsumerId,
     DeliveryId,
@@ -48,6 +49,7 @@ from amqpbroker.core.moves import (
 )
 from amqpbroker.core.outcomes import (
     ACCEPTED,
+    FAILED,
     RELEASED,
     Accepted,
     Modified,
@@ -62,7 +64,9 @@ from amqpbroker.core.wildcard import WildcardConfig
 __all__ = [
     "ACCEPTED",
     "DEFAULT_PRIORITY",
+    "DUPLICATE_ID",
     "EVENT_TYPES",
+    "FAILED",
     "FAILURE_EVENTS",
     "RELEASED",
     "Accepted",

@@ -12,7 +12,7 @@ from proton import Message as ProtonMessage
 from amqpbroker.core import AddressSettings
 from amqpbroker.core import operations as ops
 from amqpbroker.core.outcomes import Accepted, Rejected
-from amqpbroker.protocol.handler import message_of
+from amqpbroker.protocol import message_of
 from amqpbroker.store.paging import PageFiles, QueuePages
 from tests.support.core_harness import Harness
 

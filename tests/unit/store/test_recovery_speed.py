@@ -10,7 +10,7 @@ from amqpbroker.amqp import sections
 from amqpbroker.core.model import RoutingType
 from amqpbroker.core.persistence import _add_message
 from amqpbroker.core.records import AddQueue, AddRef, Record
-from amqpbroker.protocol.handler import message_of
+from amqpbroker.protocol import message_of
 from amqpbroker.store import FileJournal
 from amqpbroker.store.recovery import _message
 

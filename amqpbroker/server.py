@@ -27,18 +27,23 @@ from amqpbroker.core import (
     Broker,
     Clock,
     EventLevel,
-    QueueConfig,
     RoutingType,
     SettingsRepository,
     SystemClock,
-    last_value_key,
 )
 from amqpbroker.core import operations as ops
 from amqpbroker.core.persistence import OnStored, Persistence
 from amqpbroker.core.records import Record
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.eventlog import EventLogWriter
-from amqpbroker.management import BasicAuth, HttpServer, LoopBridge, ManagementApi, tasks
+from amqpbroker.management import (
+    AmqpManagement,
+    BasicAuth,
+    HttpServer,
+    LoopBridge,
+    ManagementApi,
+    tasks,
+)
 from amqpbroker.management.api import ConsoleContext
 from amqpbroker.management.samples import Sampler
 from amqpbroker.management.tasks import TaskFile, TaskRunner
@@ -126,6 +131,7 @@ def build_broker(
         security=security,
         id_cache_size=config.id_cache_size,
     )
+    broker.management = AmqpManagement(broker)  # activemq.management (B-160)
     for address in config.addresses:
         types = set()
         if address.anycast or "ANYCAST" in address.routing_types:
@@ -138,22 +144,7 @@ def build_broker(
             (RoutingType.MULTICAST, address.multicast),
         ):
             for q in queues:
-                broker.create_queue(
-                    QueueConfig(
-                        name=q.name,
-                        address=address.name,
-                        routing_type=routing_type,
-                        durable=q.durable,
-                        filter=q.filter,
-                        max_consumers=q.max_consumers,
-                        purge_on_no_consumers=q.purge_on_no_consumers,
-                        exclusive=q.exclusive,
-                        last_value_key=last_value_key(q.last_value_key, q.last_value),
-                        non_destructive=q.non_destructive,
-                        ring_size=q.ring_size,
-                        configured=True,
-                    )
-                )
+                broker.create_queue(q.queue_config(address.name, routing_type, configured=True))
     return broker
 
 

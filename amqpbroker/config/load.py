@@ -60,6 +60,11 @@ from amqpbroker.core.settings import (
     CONFIG_DELETE_POLICIES,
     SLOW_CONSUMER_POLICIES,
 )
+from amqpbroker.core.unsupported import (
+    UNSUPPORTED_QUEUE_OPTIONS,
+    UNSUPPORTED_SETTINGS,
+    unsupported_message,
+)
 
 ROUTING_TYPES = ("ANYCAST", "MULTICAST")
 EVENT_LOG_LEVELS = ("off", "failures", "lifecycle")
@@ -508,11 +513,34 @@ def _patterns(
 def _address_settings(c: Checker, wildcards: WildcardConfig | None) -> Converter:
     handlers = {name.replace("_", "-"): _setting_converter(c, name) for name in SETTING_TABLE}
 
+    defaults = ResolvedSettings()
+
     def entry(node: yaml.Node, path: str) -> AddressSettings:
         values = c.mapping(node, path, handlers)
+        _refuse_unsupported(c, node, path, values, UNSUPPORTED_SETTINGS, defaults)
         return AddressSettings.of(**{k: v for k, v in values.items() if v is not None})
 
     return lambda node, path: _patterns(c, node, path, wildcards, entry)
+
+
+def _refuse_unsupported(
+    c: Checker,
+    node: yaml.Node,
+    path: str,
+    values: dict[str, Any],
+    table: Mapping[str, str],
+    defaults: object,
+) -> None:
+    """Issue 19, no silent keys: a key of `table` (core/unsupported.py) that is set to
+    anything but its default (an attribute of `defaults`) is reported and dropped."""
+    for name in [n for n in values if n in table]:
+        default = getattr(defaults, name)
+        if values[name] is None or values[name] == default:
+            continue
+        key = name.replace("_", "-")
+        message = unsupported_message(table[name], default)
+        c.problem(c.value_node(node, key), join_path(path, key), message)
+        del values[name]
 
 
 # -- acceptors, addresses, the rest -----------------------------------------------------
@@ -622,6 +650,9 @@ def _acceptors(c: Checker, node: yaml.Node, path: str) -> Any:
     return tuple(found)
 
 
+_QUEUE_DEFAULTS = QueueDef(name="")
+
+
 def _queue(c: Checker, node: yaml.Node, path: str) -> Any:
     def selector(n: yaml.Node, p: str) -> Any:
         text = c.scalar(n, p, str, nullable=True)
@@ -650,6 +681,7 @@ def _queue(c: Checker, node: yaml.Node, path: str) -> Any:
         },
         required=("name",),
     )
+    _refuse_unsupported(c, node, path, values, UNSUPPORTED_QUEUE_OPTIONS, _QUEUE_DEFAULTS)
     if "name" not in values:
         return _MISSING
     name, name_node = values["name"], c.value_node(node, "name")

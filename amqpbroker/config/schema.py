@@ -19,8 +19,15 @@ Keys beyond CONTRACT.md's example (all optional):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from amqpbroker.core import AddressSettings, WildcardConfig
+from amqpbroker.core import (
+    AddressSettings,
+    QueueConfig,
+    RoutingType,
+    WildcardConfig,
+    last_value_key,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -146,6 +153,24 @@ class QueueDef:
     last_value: bool = False
     non_destructive: bool = False
     ring_size: int = -1
+
+    def queue_config(self, address: str, routing_type: RoutingType, **flags: Any) -> QueueConfig:
+        """The core's `QueueConfig` of this queue (`last-value: true` keys on
+        `_AMQ_LVQ_NAME`, B-120): for configured queues and management's createQueue."""
+        return QueueConfig(
+            name=self.name,
+            address=address,
+            routing_type=routing_type,
+            durable=self.durable,
+            filter=self.filter,
+            max_consumers=self.max_consumers,
+            purge_on_no_consumers=self.purge_on_no_consumers,
+            exclusive=self.exclusive,
+            last_value_key=last_value_key(self.last_value_key, self.last_value),
+            non_destructive=self.non_destructive,
+            ring_size=self.ring_size,
+            **flags,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

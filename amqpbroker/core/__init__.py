@@ -31,6 +31,7 @@ from amqpbroker.core.lifecycle import (
 )
 from amqpbroker.core.model import (
     DEFAULT_PRIORITY,
+    DUPLICATE_ID,
     ConnectionId,
     ConsumerId,
     DeliveryId,
@@ -64,6 +65,7 @@ from amqpbroker.core.wildcard import WildcardConfig
 __all__ = [
     "ACCEPTED",
     "DEFAULT_PRIORITY",
+    "DUPLICATE_ID",
     "EVENT_TYPES",
     "FAILED",
     "FAILURE_EVENTS",

@@ -34,6 +34,7 @@ from amqpbroker.core.errors import (
     MaxConsumersReached,
     NotFound,
 )
+from amqpbroker.core.management import MANAGEMENT_ADDRESS
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -75,6 +76,7 @@ class ProducerTarget:
     link_routing_type: RoutingType | None = None  # anonymous relay: from link capabilities
     user: str | None = None
     roles: frozenset[str] | None = None  # anonymous relay: `send` is checked per message
+    management: bool = False  # a link to the management address: requests (B-160)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,6 +205,9 @@ class _Attach:
         )
         if self.settings.wildcards.has_wildcard(parsed.address):
             raise ClientError(f"cannot send to wildcard address {parsed.address} (B-011)")
+        if parsed.address == MANAGEMENT_ADDRESS:  # B-160: requests, answered not routed
+            self._check("manage", parsed.address)  # B-154
+            return ProducerTarget(parsed.address, management=True)
         self._check("send", parsed.address)
         routing_type = caps_type or parsed.routing_type
         self._prepare_target(parsed.address, parsed.queue, routing_type)

@@ -40,6 +40,7 @@ from amqpbroker.core.errors import (
 from amqpbroker.core.expiry import apply_expiry_overrides, initial_expiration
 from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter, EventLevel, Extra, Shape
+from amqpbroker.core.management import MANAGEMENT_ADDRESS, ManagementHandler
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -122,6 +123,8 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         self._next_expiry_scan_ms = self.now_ms + max(message_expiry_scan_period_ms, 0)
         self._expiry_drop_warned: set[str] = set()
         self._retroactive: dict[str, dict[RoutingType, str]] = {}  # B-124, core/retroactive.py
+        # B-160: answers requests to the management address (server.py sets it).
+        self.management: ManagementHandler | None = None
 
     # -- effects and time -----------------------------------------------------------
     def take_effects(self) -> list[Effect]:
@@ -248,6 +251,8 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         owner: ConnectionId | None = None,
     ) -> Address:
         """Create the address, or add routing types to an existing one."""
+        if auto_created and name == MANAGEMENT_ADDRESS:
+            raise NotFound(f"{name} is the management address: it is never auto-created")
         existing = self.post_office.addresses.get(name)
         if existing is not None:
             if not routing_types <= existing.routing_types:
@@ -453,6 +458,8 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             if self.settings.wildcards.has_wildcard(parsed.address):
                 raise ClientError(f"cannot send to wildcard address {parsed.address} (B-011)")
             address_name, fqqn_queue = parsed.address, parsed.queue
+            if address_name == MANAGEMENT_ADDRESS:
+                return self._management_request(message, target)
             routing_type = target.link_routing_type or message_routing_type or parsed.routing_type
             address = self.post_office.addresses.get(address_name)
             with self._acting_for(target.user, target.roles):
@@ -463,6 +470,8 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
                     except NotFound as e:
                         raise NotFound(f"target address {address_name} does not exist") from e
         else:
+            if target.management:
+                return self._management_request(message, target)
             address = self.post_office.addresses.get(address_name)
             if address is None:  # deleted since attach: re-create as attach would
                 address = self._prepare_target(address_name, fqqn_queue, routing_type)
@@ -475,7 +484,11 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         settings = self.settings.resolve(address_name)
         if message.ttl_ms or message.expiration_ms or settings.has_expiry_overrides:
             self._set_expiration(message, address_name, now_ms)
-        if settings.max_size_bytes >= 0 and not self._has_room(address, message, now_ms):
+        if settings.enable_ingress_timestamp:  # B-018 (d)
+            self.copier.set_ingress_time(message, now_ms)
+        if (
+            settings.max_size_bytes >= 0 or settings.max_size_bytes_reject_threshold >= 0
+        ) and not self._has_room(address, message, now_ms):
             return 0
         if fqqn_queue is not None:
             queue = self.queues.get(fqqn_queue)
@@ -487,6 +500,21 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
                 self._retain(message, address, routing_type)
                 return routed
         return self._deliver_to(message, address, queues, now_ms)
+
+    def _management_request(self, message: Message, target: ProducerTarget) -> int:
+        """B-160: a request to the management address is answered, never routed; the
+        sender needs `manage` (B-154), checked per message as `send` is on the relay."""
+        with self._acting_for(target.user, target.roles):
+            self._check("manage", MANAGEMENT_ADDRESS)
+        if self.management is None:
+            raise NotFound(f"{MANAGEMENT_ADDRESS} is not served by this broker")
+        message.address = MANAGEMENT_ADDRESS
+        self.management.handle(message)
+        return 1
+
+    def is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
+        """B-012 for a management move with rejectDuplicates (B-161)."""
+        return self._is_duplicate(address, duplicate_id)
 
     def _is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
         """B-012: seen among the address's last `id-cache-size` ids? Remembers it if not."""
@@ -515,12 +543,19 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
 
     def _has_room(self, address: Address, message: Message, now_ms: int) -> bool:
         """B-151: enforce max-size-bytes with FAIL (raise) and DROP (False); BLOCK lets
-        this message in and marks the address so producers get no more credit."""
+        this message in and marks the address so producers get no more credit, and
+        refuses it as FAIL does once the address holds more than
+        max-size-bytes-reject-threshold (Artemis `isRejectingMessages`: BLOCK only)."""
         settings = self.settings.resolve(address.name)
+        policy = settings.address_full_policy
+        threshold = settings.max_size_bytes_reject_threshold
+        if policy == "BLOCK" and 0 <= threshold < address.size_bytes:
+            raise ResourceLimitExceeded(
+                f"address {address.name} is over max-size-bytes-reject-threshold={threshold}"
+            )
         limit = settings.max_size_bytes
         if limit < 0 or address.size_bytes < limit:
             return True
-        policy = settings.address_full_policy
         if policy == "FAIL":
             raise ResourceLimitExceeded(f"address {address.name} is full: max-size-bytes={limit}")
         if policy == "DROP":
@@ -652,6 +687,11 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.dispatch(self._effects)
+
+    @entry
+    def redispatch(self, queue: Queue) -> None:
+        """Hand what is ready to the queue's consumers (B-161 resume())."""
+        queue.dispatch(self._effects)
 
     @entry
     def settle(self, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome) -> None:

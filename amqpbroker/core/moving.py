@@ -120,8 +120,8 @@ class _Moving:
                 "dropping message %s from queue %s: %s and no dead-letter-address is set",
                 message.msg_id,
                 queue.name,
-                "rejected"
-                if reason == "rejected"
+                reason
+                if reason in ("rejected", "management")
                 else f"max-delivery-attempts={settings.max_delivery_attempts} reached",
             )
             return
@@ -147,6 +147,13 @@ class _Moving:
         copy = self._move_to_dla(message, queue.address, settings, move, queue=queue, ref=ref)
         if copy is None:
             queue.killed(ref, "dla-no-bindings")
+
+    def dead_letter_waiting(self, queue: Queue, ref: Ref) -> None:
+        """B-161 sendMessageToDeadLetterAddress: a waiting message dead-lettered now, as a
+        delivery failure would (B-070), with reason `management` (B-171)."""
+        queue.take(ref)
+        queue.counters.killed += 1
+        self.dead_letter(queue, ref, "management", None)
 
     def copy_for_move(self, message: Message, queue: Queue, move: MoveAnnotations) -> Message:
         """A copy with a new id carrying `move` (B-076/B-090), not yet routed."""

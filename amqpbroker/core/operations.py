@@ -1,4 +1,6 @@
-"""Management operations on queues (B-161): browse, purge, move, retry, and a snapshot.
+"""Management operations (B-161, B-162): browse, purge, move, retry, dead-letter, expire,
+pause; creating and destroying queues and addresses; and a snapshot. The HTTP API and the
+AMQP management address (`management/`) both call these: one place per operation.
 
 They act only on messages waiting in the queue (ready or scheduled): a message being
 delivered to a consumer belongs to that consumer until it settles. Moves and retries make
@@ -10,15 +12,16 @@ and moves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.clock import entry
-from amqpbroker.core.errors import ClientError, NotFound
-from amqpbroker.core.model import Message, annotated_routing_type
+from amqpbroker.core.errors import ClientError, IllegalState, NotFound
+from amqpbroker.core.model import DUPLICATE_ID, Message, QueueConfig, annotated_routing_type
 from amqpbroker.core.moves import ORIG_ADDRESS, ORIG_QUEUE
 from amqpbroker.core.queue import Queue
+from amqpbroker.core.reaper import CREATED_AUTO_DELETE
 from amqpbroker.core.refs import DELIVERING, GONE, Ref
 from amqpbroker.core.selector import parse_selector
 
@@ -146,11 +149,20 @@ def purge(
     ids: Iterable[int] | None = None,
 ) -> int:
     """Delete waiting messages; counted as killed (B-161), event `killed`/`purge`."""
+    return _on_waiting(broker, queue_name, selector, ids, lambda q, r: q.kill(r, "purge"))
+
+
+def _on_waiting(
+    broker: Broker,
+    queue_name: str,
+    selector: str | None,
+    ids: Iterable[int] | None,
+    act: Callable[[Queue, Ref], bool | None],
+) -> int:
+    """Apply `act` to each matching waiting message: how many it acted on (an `act`
+    answering False did not)."""
     queue = _queue(broker, queue_name)
-    refs = _waiting(queue, selector, ids)
-    for ref in refs:
-        queue.kill(ref, "purge")
-    return len(refs)
+    return sum(1 for ref in _waiting(queue, selector, ids) if act(queue, ref) is not False)
 
 
 @entry
@@ -161,16 +173,26 @@ def move(
     to_queue: str,
     selector: str | None = None,
     ids: Iterable[int] | None = None,
+    reject_duplicates: bool = False,
 ) -> int:
-    """B-161 moveMessages: copies into `to_queue` with B-090 annotations."""
+    """B-161 moveMessages: copies into `to_queue` with B-090 annotations. With
+    `reject_duplicates`, a message whose duplicate id (`_AMQ_DUPL_ID`, B-012) the target
+    address has already seen is removed without its copy being routed (Artemis routes
+    the copy with rejectDuplicates), and the ids of the others are remembered there."""
     queue = _queue(broker, queue_name)
     target = _queue(broker, to_queue)
     if target is queue:
         raise ClientError("cannot move messages to the same queue")
+    address = broker.post_office.addresses[target.address]
     refs = _waiting(queue, selector, ids)
     for ref in refs:
         copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
-        _complete_move(broker, queue, ref, copy, target.address, [target], reason="move")
+        targets = [target]
+        if reject_duplicates:
+            duplicate_id = ref.message.get_application_properties().get(DUPLICATE_ID)
+            if isinstance(duplicate_id, str | bytes) and broker.is_duplicate(address, duplicate_id):
+                targets = []
+        _complete_move(broker, queue, ref, copy, target.address, targets, reason="move")
     return len(refs)
 
 
@@ -284,3 +306,114 @@ def _complete_move(
             copy_msg_id=copy.msg_id,
         )
     broker.deliver_copy(copy, address, targets, reason="move")
+
+
+@entry
+def dead_letter(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> int:
+    """B-161 sendMessagesToDeadLetterAddress: waiting messages dead-lettered now (B-070)."""
+    return _on_waiting(broker, queue_name, selector, ids, broker.dead_letter_waiting)
+
+
+@entry
+def expire(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> int:
+    """B-161 expireMessages: waiting messages expired now (B-085); none on a queue whose
+    expiry address is its own (B-087)."""
+    return _on_waiting(broker, queue_name, selector, ids, lambda q, r: q.expire(r))
+
+
+def count_delivering(broker: Broker, queue_name: str, *, selector: str | None = None) -> int:
+    """B-161 countDeliveringMessages: messages handed to a consumer and not yet settled."""
+    queue = _queue(broker, queue_name)
+    match = parse_selector(selector).matches if selector else None
+    return sum(
+        1
+        for consumer in queue.consumers
+        for ref in consumer.unsettled.values()
+        if match is None or match(ref.message)
+    )
+
+
+@entry
+def pause(broker: Broker, queue_name: str, *, paused: bool) -> None:
+    """B-161 pause()/resume(): stop or restart dispatch to the queue's consumers (not
+    persisted, as Artemis `pause()` without `persist`)."""
+    queue = _queue(broker, queue_name)
+    queue.paused = paused
+    if not paused and queue.consumers:
+        broker.redispatch(queue)
+
+
+@entry
+def create_queue(
+    broker: Broker,
+    config: QueueConfig,
+    *,
+    auto_create_address: bool = False,
+    auto_delete: bool | None = None,
+) -> Queue:
+    """B-162 createQueue: a queue that is neither configured nor auto-created; its
+    auto-delete defaults to the address's `auto-delete-created-queues` (B-113)."""
+    if auto_delete is None:
+        auto_delete = broker.settings.resolve(config.address).auto_delete_created_queues
+    address = broker.post_office.addresses.get(config.address)
+    if address is None or config.routing_type not in address.routing_types:
+        if not auto_create_address:
+            what = "does not exist" if address is None else "lacks that routing type"
+            raise NotFound(f"address {config.address} {what} (auto-create-address is false)")
+        broker.create_address(config.address, {config.routing_type})
+    extra = {**config.extra, CREATED_AUTO_DELETE: auto_delete}
+    return broker.create_queue(replace(config, auto_created=False, configured=False, extra=extra))
+
+
+@entry
+def destroy_queue(broker: Broker, queue_name: str, *, remove_consumers: bool = False) -> None:
+    """B-162 destroyQueue: refused while consumers are attached unless `remove_consumers`
+    (they are detached, B-038)."""
+    queue = _queue(broker, queue_name)
+    if queue.consumers and not remove_consumers:
+        raise IllegalState(f"queue {queue_name} has {len(queue.consumers)} consumer(s)")
+    broker.delete_queue(queue_name, reason="destroyed by management")
+
+
+@entry
+def delete_address(broker: Broker, name: str, *, force: bool = False) -> None:
+    """B-162 deleteAddress: refused while it has queues unless `force` (they go too)."""
+    address = broker.post_office.addresses.get(name)
+    if address is None:
+        raise NotFound(f"address {name} does not exist")
+    if address.queues and not force:
+        raise IllegalState(f"address {name} has {len(address.queues)} queue(s)")
+    broker.delete_address(name)
+
+
+@entry
+def change_priority(
+    broker: Broker,
+    queue_name: str,
+    *,
+    priority: int,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> int:
+    """B-161 changeMessagesPriority: waiting messages get `priority` (0..9), in their
+    header too, and go to the tail of that level (not persisted, as in Artemis)."""
+    if not 0 <= priority <= 9:
+        raise ClientError(f"a priority is 0..9, not {priority}")
+    queue = _queue(broker, queue_name)
+    refs = _waiting(queue, selector, ids)
+    queue.change_priority(
+        [(ref, broker.copier.with_priority(ref.message, priority)) for ref in refs]
+    )
+    return len(refs)

@@ -283,6 +283,7 @@ class Queue:
         self.counters = QueueCounters()
         self.consumers: list[Consumer] = []
         self.used = False
+        self.paused = False  # B-161 pause(): no dispatch to consumers (browsers go on)
         self.swept = False  # first reaper pass passed (B-111)
         self.idle_since_ms = 0
         self.owner: ConnectionId | None = None  # temporary queues die with their connection
@@ -525,7 +526,7 @@ class Queue:
         if browsers:
             self._browse(browsers, out)
         active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
-        if active and self._ready:
+        if active and self._ready and not self.paused:
             self._deliver_ready(active, out)
         for consumer in consumers:
             # A stalled consumer drains once its window reopens: what is ready goes first.
@@ -807,6 +808,26 @@ class Queue:
         for ref in taken:
             self._removed(ref)
         return taken
+
+    def change_priority(self, changed: list[tuple[Ref, Message]]) -> None:
+        """B-161 changeMessagesPriority: each waiting reference takes its re-prioritized
+        message and a ready one goes to the tail of its new level (Artemis `addTail`); a
+        scheduled one takes its level when due. Not journaled, as in Artemis."""
+        moving = {id(ref) for ref, _ in changed if ref.state == READY}
+        if moving:
+            for level in range(_LEVELS):
+                self._fresh[level] = deque(r for r in self._fresh[level] if id(r) not in moving)
+                returned = [r for r in self._returned[level] if id(r) not in moving]
+                heapq.heapify(returned)
+                self._returned[level] = returned
+        for ref, message in changed:
+            delta = message.size - ref.message.size
+            ref.message = message
+            self.size_bytes += delta
+            self._owner.size_changed(self, delta)
+            if id(ref) in moving:
+                ref.seq = next(self._seq)
+                self._fresh[message.priority].append(ref)
 
     def take(self, ref: Ref) -> None:
         """Remove a waiting (ready or scheduled) reference, for management (B-161)."""

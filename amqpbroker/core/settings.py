@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from amqpbroker.core.model import RoutingType
+from amqpbroker.core.unsupported import UNSUPPORTED_SETTINGS
 from amqpbroker.core.wildcard import WildcardConfig
 
 ADDRESS_FULL_POLICIES = ("PAGE", "BLOCK", "FAIL", "DROP")
@@ -100,9 +101,13 @@ class ResolvedSettings:
         )
 
     def to_config(self) -> dict[str, Any]:
-        """Kebab-case keys and plain values, as in the YAML file and the HTTP API."""
+        """Kebab-case keys and plain values, as in the YAML file and the HTTP API; the keys
+        amqpbroker does not implement (core/unsupported.py) are left out: never shown as
+        effective (issue 19)."""
         out: dict[str, Any] = {}
         for f in fields(self):
+            if f.name in UNSUPPORTED_SETTINGS:
+                continue
             value = getattr(self, f.name)
             out[f.name.replace("_", "-")] = value.value if isinstance(value, RoutingType) else value
         return out

@@ -63,7 +63,7 @@ class LoopBridge:
         return future.result(timeout=COMMAND_TIMEOUT_S)
 
 
-def _json_safe(value: Any, depth: int = 0) -> Any:
+def json_safe(value: Any, depth: int = 0) -> Any:
     """`value` as JSON types; nesting deeper than MAX_JSON_DEPTH becomes "…"."""
     if value is None or isinstance(value, bool | int | float | str):
         return value
@@ -74,9 +74,9 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
     if isinstance(value, dict | list | tuple) and depth >= MAX_JSON_DEPTH:
         return "…"
     if isinstance(value, dict):
-        return {str(k): _json_safe(v, depth + 1) for k, v in value.items()}
+        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v, depth + 1) for v in value]
+        return [json_safe(v, depth + 1) for v in value]
     return str(value)
 
 
@@ -106,7 +106,7 @@ def _body_preview(data: bytes, limit: int = 200) -> tuple[str, str | None]:
         except UnicodeDecodeError:
             text = raw.hex()
     else:
-        text = json.dumps(_json_safe(body)) if not isinstance(body, str) else body
+        text = json.dumps(json_safe(body)) if not isinstance(body, str) else body
     return (text if len(text) <= limit else text[:limit] + "…"), None
 
 
@@ -134,7 +134,7 @@ def message_view(ref: Ref) -> dict[str, Any]:
     )
     for key, read in readers:
         try:
-            view[key] = _json_safe(read())
+            view[key] = json_safe(read())
         except _UNDECODABLE as e:
             view[key] = {}
             errors.append(f"{key}: {e}")

@@ -96,12 +96,19 @@ class BrokerSnapshot:
         connections_refused: dict[str, int] | None = None,
     ) -> BrokerSnapshot:
         per_address, everything = broker.totals.totals(broker.queues.values())
+
+        def metered(address: str) -> bool:
+            """Artemis `enable-metrics`: false leaves the address and its queues out of
+            the per-address and per-queue metrics (broker-wide totals still count them)."""
+            return broker.settings.resolve(address).enable_metrics
+
         return cls(
             broker=broker.name,
-            queues=tuple(queue_stats(broker)),
+            queues=tuple(q for q in queue_stats(broker) if metered(q.address)),
             addresses=tuple(
                 AddressStats(a.name, a.routed, a.unrouted)
                 for a in broker.post_office.addresses.values()
+                if metered(a.name)
             ),
             connections=connections,
             connections_opened=connections_opened,
@@ -113,7 +120,7 @@ class BrokerSnapshot:
             taken_ms=now_ms,
             journal_failed=journal_failed,
             journal_errors=journal_errors,
-            address_totals=tuple(per_address.items()),
+            address_totals=tuple(i for i in per_address.items() if metered(i[0])),
             broker_totals=everything,
             connections_refused=tuple(sorted((connections_refused or {}).items())),
         )

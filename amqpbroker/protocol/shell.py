@@ -9,7 +9,7 @@ server, calls `Shell.apply_effects`, which takes them and applies them in order:
 
 * `Dispatch` -> `ConsumerLink.send`: a transfer on the consumer's proton `Sender`, with the
   stored bytes (only the header re-encoded on a redelivery, B-050) and the delivery id as
-  its tag; `delivery_id` reads that tag back when the consumer settles;
+  its tag; `delivery_id_of` reads that tag back when the consumer settles;
 * `Drained` -> the link's drain is answered; `CloseConsumer` -> the link is closed with
   the condition the core names; `AddressUnblocked` -> every connection tops up the credit
   of its producers to that address (B-151).
@@ -83,7 +83,7 @@ class ConsumerLink(Generic[C]):
             # B-050: re-encode only the header; also when the producer sent a count.
             data = sections.with_delivery_count(data, message.header_end, dispatch.wire_count)
         impl = self.impl
-        tag = b"%d" % dispatch.delivery  # read back by `delivery_id`
+        tag = b"%d" % dispatch.delivery  # read back by `delivery_id_of`
         delivery = lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
         lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
         lib.pn_link_advance(impl)

@@ -40,6 +40,7 @@ from proton import Condition, Delivery, Link
 
 from amqpbroker.amqp import sections
 from amqpbroker.core import (
+    DUPLICATE_ID,
     FAILED,
     Broker,
     ClientError,
@@ -57,7 +58,7 @@ log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the s
 
 PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
-_DUPLICATE_ID_KEY = b"_AMQ_DUPL_ID"
+_DUPLICATE_ID_KEY = DUPLICATE_ID.encode()
 _PN_ACCEPTED = lib.PN_ACCEPTED
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
 
@@ -238,7 +239,7 @@ class _Transfers:
             and app is not None
             and (scanned.data.find(_DUPLICATE_ID_KEY, app[0], app[1]) >= 0)
         ):  # decode only when the key's bytes are there (B-012)
-            value = message.get_application_properties().get("_AMQ_DUPL_ID")
+            value = message.get_application_properties().get(DUPLICATE_ID)
             duplicate_id = value if isinstance(value, str | bytes) else None
         self.broker.publish(
             message,

@@ -321,6 +321,8 @@ def test_queue_attributes(manager: Manager) -> None:
         "autoDelete": True,
         "exclusive": False,
         "lastValue": False,
+        "lastValueKey": None,
+        "nonDestructive": False,
         "ringSize": -1,
         "paused": False,
     }
@@ -382,6 +384,8 @@ def test_create_queue_makes_ring_and_last_value_queues(manager: Manager) -> None
     assert manager.call("broker", "createQueue", json.dumps(spec))[0] is True
     assert manager.attribute("queue.c.6", "ringSize") == 2
     assert manager.attribute("queue.c.6", "lastValue") is True
+    assert manager.attribute("queue.c.6", "lastValueKey") == "_AMQ_LVQ_NAME"
+    assert manager.attribute("queue.c.6", "nonDestructive") is False
 
 
 def test_destroy_queue_with_consumers(broker: BrokerProcess, manager: Manager) -> None:

@@ -279,7 +279,8 @@ def test_a_value_in_delivery_at_a_crash_gives_way_to_the_newer_one(
     tmp_path: Path, spawn: Callable[..., BrokerProcess]
 ) -> None:
     """B-120 across kill -9: A1 was in delivery when A2 came, so both are journaled;
-    recovery keeps A2 and journals A1's removal, so a second restart has only A2 too."""
+    recovery keeps A2, and a second restart has only A2 too (the removal is journaled:
+    tests/unit/store/test_recovery_queue_kinds.py)."""
     broker = spawn(tmp_path, PERSISTENT)
     conn = connect(broker.url)
     _props(conn, "inflight", ("A1", {"sym": "A"}))

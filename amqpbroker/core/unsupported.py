@@ -9,7 +9,7 @@ a key only at its built-in default, the value that describes what the broker doe
 (so a file that spells out the defaults, as CONTRACT.md's example and many Artemis
 broker.xml files do, still loads), and refuses any other value with
 
-    config/broker.yaml:12: address-settings."#".default-ring-size: not supported by amqpbroker
+    config/broker.yaml:12: address-settings."#".slow-consumer-threshold: not supported by amqpbroker
 
 `check-config` and the HTTP API (`settings` of a queue) leave these keys out of the
 effective settings. `tests/unit/config/test_no_silent_keys.py` walks the schema: a key that
@@ -32,9 +32,6 @@ UNSUPPORTED_SETTINGS: dict[str, str] = {
     "default_group_rebalance_pause_dispatch": "",
     "default_group_buckets": "",
     "default_group_first_key": "",
-    # In progress (issue 23) by h-paging.
-    "max_size_messages": "",
-    "page_size_bytes": "",
     # Refused (h-mgmt, issue 19; docs/decisions.md "No silent keys").
     "config_delete_queues": "the configuration is not reloaded at runtime",
     "config_delete_addresses": "the configuration is not reloaded at runtime",

@@ -553,3 +553,15 @@ def test_a_changed_retroactive_count_applies_and_lowering_trims_nothing() -> Non
     h.send(target, b"7")
     assert kept.message_count == 4
     assert [r.message.data for r in kept.refs()] == [b"4", b"5", b"6", b"7"]
+
+
+def test_a_message_sent_to_a_fully_qualified_queue_is_not_kept() -> None:
+    """B-124 (Decision, as Artemis): an FQQN send goes to its queue only, not to the
+    address's bindings, so the divert does not see it."""
+    h = Harness(RETRO)
+    h.broker.create_address("news.a", {MULTICAST})
+    h.broker.create_queue(QueueConfig(name="sub", address="news.a", routing_type=MULTICAST))
+    h.send(h.producer("news.a::sub"), b"direct")
+    h.send(h.producer("news.a", "topic"), b"routed")
+    kept = h.queue("$.artemis.internal.news.a.queue.multicast.retro")
+    assert [r.message.data for r in kept.refs()] == [b"routed"]

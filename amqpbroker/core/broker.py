@@ -536,8 +536,8 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         else:
             queues = self.post_office.route(message, address, routing_type)
         routed = self._deliver_to(message, address, queues, now_ms)
-        if self._retroactive:  # B-124: the divert, after the route's own events
-            self._retain(message, address, routing_type)
+        if self._retroactive and fqqn_queue is None:  # B-124: the divert, after the route's
+            self._retain(message, address, routing_type)  # events; an FQQN bypasses it
         if limited and settings.address_full_policy == "BLOCK":
             reason = self._full_reason(address, settings)
             if reason is not None:

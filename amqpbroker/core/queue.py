@@ -919,11 +919,15 @@ class Queue:
             max_messages=max_messages - self.memory_count if max_messages >= 0 else -1,
         )
         store = self.store
+        kind = self.kind
         for message in messages:
             ref = self._enqueue(message, 0, message.deliver_at_ms)
             if store is not None and message.durable:
                 at_ms = message.deliver_at_ms if ref.state == SCHEDULED else 0
                 store.ref_added(self.name, ref, scheduled_at_ms=at_ms)
+            if kind is not None:  # it enters the queue now (B-120, B-121, B-123)
+                kind.arrived(ref)
+                kind.trim()
         if store is not None and messages:
             store.page_read(self.name, pages)
         return bool(messages)

@@ -311,6 +311,8 @@ def test_queue_attributes(manager: Manager) -> None:
         "autoDelete": True,
         "exclusive": False,
         "lastValue": False,
+        "lastValueKey": None,
+        "nonDestructive": False,
         "ringSize": -1,
         "paused": False,
     }
@@ -362,6 +364,16 @@ def test_create_queue_is_checked_like_a_configured_queue(manager: Manager) -> No
     assert manager.call("broker", "createQueue", json.dumps(auto))[0] is True
 
 
+def test_create_queue_makes_ring_and_last_value_queues(manager: Manager) -> None:
+    """B-162 createQueue with B-120/B-121 options: the queue has them (issue 19)."""
+    spec = {"name": "c.6", "auto-create-address": True, "ring-size": 2, "last-value": True}
+    assert manager.call("broker", "createQueue", json.dumps(spec))[0] is True
+    assert manager.attribute("queue.c.6", "ringSize") == 2
+    assert manager.attribute("queue.c.6", "lastValue") is True
+    assert manager.attribute("queue.c.6", "lastValueKey") == "_AMQ_LVQ_NAME"
+    assert manager.attribute("queue.c.6", "nonDestructive") is False
+
+
 def test_destroy_queue_with_consumers(broker: BrokerProcess, manager: Manager) -> None:
     """B-162 destroyQueue(name[, removeConsumers]): refused while consumed unless asked."""
     consumer = connect(broker.url)
@@ -384,6 +396,7 @@ def test_address_settings_at_runtime(manager: Manager) -> None:
     effective = json.loads(manager.ok("broker", "getAddressSettingsAsJSON", "tuned.x"))
     assert (effective["max-delivery-attempts"], effective["redelivery-delay"]) == (3, 5)
     assert "slow-consumer-threshold" not in effective  # not implemented: never shown
+    assert effective["default-ring-size"] == -1  # implemented (B-121): shown
     bad = json.dumps({"slow-consumer-threshold": 4})
     succeeded, text = manager.call("broker", "addAddressSettings", "tuned.#", bad)
     assert not succeeded

@@ -22,7 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from amqpbroker.core import AddressSettings, QueueConfig, RoutingType, WildcardConfig
+from amqpbroker.core import (
+    AddressSettings,
+    QueueConfig,
+    RoutingType,
+    WildcardConfig,
+    last_value_key,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -161,7 +167,7 @@ class QueueDef:
             max_consumers=self.max_consumers,
             purge_on_no_consumers=self.purge_on_no_consumers,
             exclusive=self.exclusive,
-            last_value_key=self.last_value_key or ("_AMQ_LVQ_NAME" if self.last_value else None),
+            last_value_key=last_value_key(self.last_value_key, self.last_value),
             non_destructive=self.non_destructive,
             ring_size=self.ring_size,
             **flags,

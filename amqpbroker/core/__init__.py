@@ -58,6 +58,7 @@ from amqpbroker.core.outcomes import (
     Released,
 )
 from amqpbroker.core.queue import Queue, Window
+from amqpbroker.core.queuekinds import last_value_key
 from amqpbroker.core.settings import AddressSettings, ResolvedSettings, SettingsRepository
 from amqpbroker.core.wildcard import WildcardConfig
 
@@ -115,5 +116,6 @@ __all__ = [
     "Window",
     "annotated_routing_type",
     "kept_annotations",
+    "last_value_key",
     "move_annotation_values",
 ]

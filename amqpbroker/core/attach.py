@@ -44,6 +44,7 @@ from amqpbroker.core.model import (
 from amqpbroker.core.names import parse_address
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Consumer, Queue, Window
+from amqpbroker.core.queuekinds import last_value_key
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
@@ -502,6 +503,12 @@ class _Attach:
                 filter=selector,
                 temporary=temporary,
                 max_consumers=1 if kind == "durable" and not shared else -1,
+                # B-110 (Artemis applyDynamicDefaults): B-120, B-121, B-123
+                last_value_key=last_value_key(
+                    settings.default_last_value_key, settings.default_last_value_queue
+                ),
+                non_destructive=settings.default_non_destructive,
+                ring_size=settings.default_ring_size,
             ),
             owner=request.connection if temporary else None,
         )

@@ -8,7 +8,8 @@ they must happen. Never blocks, sleeps, reads the time except through the inject
 duplicate ids, admission and address-full) and consumers' credit and settling; its other
 parts are mixins, each in its own module with its theory of operation: attaching links
 (`_Attach`, `core/attach.py`), dead letters, expiry and moved copies (`_Moving`,
-`core/moving.py`), the auto-delete pass (`_Reaper`, `core/reaper.py`). Management
+`core/moving.py`), the auto-delete pass (`_Reaper`, `core/reaper.py`), retroactive
+addresses (`_Retroactive`, `core/retroactive.py`). Management
 operations are `core/operations.py`; the moved copy's annotations `core/moves.py`.
 """
 
@@ -56,8 +57,10 @@ from amqpbroker.core.paging import PageStores, full_reason
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
+from amqpbroker.core.queuekinds import kind_of, last_value_key
 from amqpbroker.core.reaper import _Reaper
 from amqpbroker.core.refs import DELIVERING, Ref
+from amqpbroker.core.retroactive import _Retroactive
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
@@ -68,7 +71,7 @@ log = logging.getLogger(__name__)
 _SENT_SHAPES = 1000  # `sent` shapes kept per address (one per producer container)
 
 
-class Broker(_Attach, _Moving, _Reaper):
+class Broker(_Attach, _Moving, _Reaper, _Retroactive):
     """The broker: addresses, queues, consumers and every message state change."""
 
     def __init__(
@@ -129,6 +132,7 @@ class Broker(_Attach, _Moving, _Reaper):
         self._expiry_drop_warned: set[str] = set()
         # B-160: answers requests to the management address (server.py sets it).
         self.management: ManagementHandler | None = None
+        self._retroactive: dict[str, dict[RoutingType, str]] = {}  # B-124, core/retroactive.py
 
     # -- effects and time -----------------------------------------------------------
     def take_effects(self) -> list[Effect]:
@@ -292,6 +296,7 @@ class Broker(_Attach, _Moving, _Reaper):
         self.totals.address_created(address)
         self.post_office.add(address)
         self._journal_address(address)
+        self._make_retroactive(address)
         log.debug("created address %s %s", name, sorted(t.value for t in routing_types))
         return address
 
@@ -316,11 +321,16 @@ class Broker(_Attach, _Moving, _Reaper):
             delivery_ids=self._delivery_ids,
             emitter=self.emitter,
         )
+        kind = kind_of(queue, config)
+        if kind is not None:
+            queue.set_kind(kind)  # B-120, B-121, B-123
         queue.idle_since_ms = self.now_ms
         queue.owner = owner
         self._journal_queue(queue)
         self.queues[config.name] = queue
         address.queues.append(queue)
+        if self._retroactive:
+            self._copy_retained(queue)  # B-124
         log.debug(
             "created queue %s on %s (%s)", config.name, config.address, config.routing_type.value
         )
@@ -366,6 +376,8 @@ class Broker(_Attach, _Moving, _Reaper):
         for queue in list(address.queues):
             self.delete_queue(queue.name)
         self._remove_address(name)
+        if self._retroactive:
+            self._drop_retroactive(name)  # B-124
         if self.persistence is not None and not address.temporary:
             self.persistence.address_deleted(name)
 
@@ -415,8 +427,9 @@ class Broker(_Attach, _Moving, _Reaper):
             "max_consumers": settings.default_max_consumers,
             "purge_on_no_consumers": settings.default_purge_on_no_consumers,
             "exclusive": settings.default_exclusive_queue,
-            "last_value_key": settings.default_last_value_key
-            or ("_AMQ_LVQ_NAME" if settings.default_last_value_queue else None),
+            "last_value_key": last_value_key(
+                settings.default_last_value_key, settings.default_last_value_queue
+            ),
             "non_destructive": settings.default_non_destructive,
             "ring_size": settings.default_ring_size,
             "auto_created": True,
@@ -516,6 +529,8 @@ class Broker(_Attach, _Moving, _Reaper):
         else:
             queues = self.post_office.route(message, address, routing_type)
         routed = self._deliver_to(message, address, queues, now_ms)
+        if self._retroactive:  # B-124: the divert, after the route's own events
+            self._retain(message, address, routing_type)
         if limited and settings.address_full_policy == "BLOCK":
             reason = self._full_reason(address, settings)
             if reason is not None:

@@ -56,6 +56,8 @@ class QueueStats:
     dead_lettered_by_reason: tuple[tuple[str, int], ...] = ()
     killed_by_reason: tuple[tuple[str, int], ...] = ()
     returned_by_reason: tuple[tuple[str, int], ...] = ()
+    replaced: int = 0  # ring and last-value removals (B-120, B-121)
+    replaced_by_reason: tuple[tuple[str, int], ...] = ()
     # B-151 PAGE: what its page files hold (included in `messages`), and how many files.
     paged_messages: int = 0
     paged_bytes: int = 0
@@ -90,6 +92,8 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
                 dead_lettered_by_reason=tuple(c.dead_lettered_by_reason.items()),
                 killed_by_reason=tuple(c.killed_by_reason.items()),
                 returned_by_reason=tuple(c.returned_by_reason.items()),
+                replaced=c.replaced,
+                replaced_by_reason=tuple(c.replaced_by_reason.items()),
                 paged_messages=pages.messages if pages is not None else 0,
                 paged_bytes=pages.size_bytes if pages is not None else 0,
                 page_files=pages.files if pages is not None else 0,

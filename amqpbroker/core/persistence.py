@@ -92,7 +92,10 @@ class Persistence:
         self.before_delivery = before_delivery
         self.messages_added = 0  # AddMessage records so far: the handler's "must wait?"
         self.failure: BaseException | None = None  # the journal stopped writing
-        self.suspended = False  # recovery: state comes from the journal, write nothing
+        self._suspended = False
+        # References recovery removed (a ring trimmed, a last value replaced): their
+        # AckRefs are written once recovery ends (`suspended` set back to False).
+        self._removed_while_suspended: list[Record] = []
         self._records: list[Record] = []
         self._waiters: list[OnStored] = []
         self._written: list[OnStored] = []  # wait for the write only, not the sync
@@ -109,6 +112,18 @@ class Persistence:
         # fsync) before the step's append, whose waiters settle their producers.
         self.before_flush: Callable[[], None] | None = None
         journal.on_resume(self.resumed)
+
+    @property
+    def suspended(self) -> bool:
+        """Recovery: state comes from the journal, write nothing (but the removals)."""
+        return self._suspended
+
+    @suspended.setter
+    def suspended(self, value: bool) -> None:
+        self._suspended = value
+        if not value and self._removed_while_suspended:
+            self._records.extend(self._removed_while_suspended)
+            self._removed_while_suspended = []
 
     # -- messages -------------------------------------------------------------------------
     def ref_added(self, queue: str, ref: Ref, *, scheduled_at_ms: int = 0) -> None:
@@ -155,8 +170,11 @@ class Persistence:
 
     def ref_removed(self, queue: str, ref: Ref) -> None:
         """Acknowledged, expired, dead-lettered, moved, purged: the reference is gone."""
-        if not self.suspended:
-            self._records.append(AckRef(queue=queue, msg_id=ref.message.msg_id))
+        record = AckRef(queue=queue, msg_id=ref.message.msg_id)
+        if self._suspended:  # recovery removed it (B-120, B-121): journal that afterwards
+            self._removed_while_suspended.append(record)
+        else:
+            self._records.append(record)
         ref.stored_count = None
 
     def count_changed(self, queue: str, ref: Ref) -> None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from random import Random
 from typing import TYPE_CHECKING, Protocol
@@ -109,7 +109,9 @@ class Consumer:
     drain: bool = False
     window: Window = field(default_factory=Window)  # shared by the connection's consumers
     unsettled: dict[DeliveryId, Ref] = field(default_factory=dict)
-    browsed_seq: int = -1  # a browser has seen every reference up to this seq
+    # A browser has seen every reference up to this seq; a consumer of a non-destructive
+    # queue, every one up to this position of its log (core/queuekinds.py).
+    browsed_seq: int = -1
     # Its events' `lifecycle.By`, and the shapes of the common ones, built once.
     event_by: By = field(init=False)
     event_dispatched: Shape = field(init=False)
@@ -143,6 +145,8 @@ KILL_REASONS = (
     "management",
     "journal-failed",
 )
+# B-171 `replaced` reasons (B-120, B-121).
+REPLACE_REASONS = ("ring", "last-value")
 RETURN_OUTCOMES = (
     "released",
     "modified",
@@ -172,6 +176,10 @@ class QueueCounters:
     returned_by_reason: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(RETURN_OUTCOMES, 0)
     )
+    replaced: int = 0  # ring and last-value removals (B-120, B-121)
+    replaced_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(REPLACE_REASONS, 0)
+    )
 
     def count(self, table: dict[str, int], reason: str) -> None:
         table[reason] = table.get(reason, 0) + 1
@@ -184,10 +192,12 @@ class QueueCounters:
         self.dead_lettered += other.dead_lettered
         self.expired += other.expired
         self.returned += other.returned
+        self.replaced += other.replaced
         for mine, theirs in (
             (self.dead_lettered_by_reason, other.dead_lettered_by_reason),
             (self.killed_by_reason, other.killed_by_reason),
             (self.returned_by_reason, other.returned_by_reason),
+            (self.replaced_by_reason, other.replaced_by_reason),
         ):
             for reason, count in theirs.items():
                 mine[reason] = mine.get(reason, 0) + count
@@ -226,6 +236,24 @@ class QueueOwner(Protocol):
     def dead_letter(self, queue: Queue, ref: Ref, reason: str, rejection: Rejected | None) -> None:
         """`ref` left `queue` for the dead-letter address, for `reason` (B-070…B-076)."""
         ...
+
+
+class QueueKind(Protocol):
+    """The hooks of a last-value, ring or non-destructive queue (`core.queuekinds`,
+    which imports this module: the protocol keeps the import one way)."""
+
+    key: str | None  # the last-value key; None: not a last-value queue
+    non_destructive: bool
+
+    def arrived(self, ref: Ref) -> None: ...
+
+    def ready_again(self, ref: Ref) -> None: ...
+
+    def trim(self) -> None: ...
+
+    def settled(self, consumer: Consumer) -> None: ...
+
+    def deliver(self, active: list[Consumer], out: list[Effect]) -> None: ...
 
 
 class Queue:
@@ -278,6 +306,16 @@ class Queue:
         # messages a management operation took (`take`), until `remove_paged`.
         self.pages: PageStore | None = None
         self._doomed: set[int] = set()
+        # Last-value, ring, non-destructive (`set_kind`); None: a plain queue.
+        self.kind: QueueKind | None = None
+        # How ready references reach consumers: taken, or walked by each (B-123).
+        self._deliver_ready: Callable[[list[Consumer], list[Effect]], None] = self._deliver
+
+    def set_kind(self, kind: QueueKind) -> None:
+        """Make this a last-value, ring or non-destructive queue (core/queuekinds.py)."""
+        self.kind = kind
+        if kind.non_destructive:
+            self._deliver_ready = kind.deliver
 
     # -- state ------------------------------------------------------------------------
     def settings(self) -> ResolvedSettings:
@@ -286,9 +324,13 @@ class Queue:
 
     @property
     def message_count(self) -> int:
-        """Ready + scheduled + delivering + paged, as Artemis messageCount (B-161)."""
+        """Ready + scheduled + delivering + paged, as Artemis messageCount (B-161); without
+        the delivering ones on a last-value or non-destructive queue (B-120, B-123)."""
         pages = self.pages
         paged = pages.messages if pages is not None else 0
+        kind = self.kind
+        if kind is not None and (kind.key is not None or kind.non_destructive):
+            return self._ready + self._scheduled_live + paged
         return self._ready + self._scheduled_live + self.delivering + paged
 
     @property
@@ -319,6 +361,8 @@ class Queue:
         for consumer in self.consumers:
             held.extend(consumer.unsettled.values())
         held = [ref for ref in held if ref.state != GONE]
+        if self.kind is not None:  # non-destructive: delivered ones are still ready
+            held = list(dict.fromkeys(held))
         held.sort()
         return held
 
@@ -425,14 +469,24 @@ class Queue:
                 ref,
                 self.emitter.txn_extra,
             )
-        if self.consumers:
-            self.dispatch(out)
+        kind = self.kind
+        if kind is None:
+            if self.consumers:
+                self.dispatch(out)
+        else:  # B-120/B-123: index and log it; B-121: trim once it had its chance
+            kind.arrived(ref)
+            if self.consumers:
+                self.dispatch(out)
+            kind.trim()
         return ref
 
     def restore(self, message: Message, delivery_count: int, scheduled_at_ms: int) -> Ref:
         """A reference recovered from the journal: no event, no count, no dispatch yet."""
         ref = self._enqueue(message, delivery_count, scheduled_at_ms)
         ref.stored_count = delivery_count
+        if self.kind is not None:
+            self.kind.arrived(ref)
+            self.kind.trim()
         return ref
 
     def _enqueue(self, message: Message, delivery_count: int, at_ms: int) -> Ref:
@@ -474,6 +528,8 @@ class Queue:
         self._ready += 1
         if ref.message.expiration_ms:
             self._owner.track_expiry(self, ref)  # B-084: returned, it can expire again
+        if self.kind is not None:
+            self.kind.ready_again(ref)
 
     def dispatch(self, out: list[Effect]) -> None:
         """Hand ready references to consumers with credit, round-robin."""
@@ -485,7 +541,7 @@ class Queue:
             self._browse(browsers, out)
         active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
         if active and self._ready and not self.paused:
-            self._deliver(active, out)
+            self._deliver_ready(active, out)
         for consumer in consumers:
             # A stalled consumer drains once its window reopens: what is ready goes first.
             if consumer.drain and consumer.credit > 0 and consumer.window.room > 0:
@@ -625,7 +681,10 @@ class Queue:
         if ref is None:
             return False
         self.delivering -= 1
-        if isinstance(outcome, Accepted):
+        kind = self.kind
+        if kind is not None and kind.non_destructive:
+            kind.settled(consumer)  # B-123: any outcome only ends the delivery
+        elif isinstance(outcome, Accepted):
             self._acknowledge(ref, consumer)
         elif isinstance(outcome, Rejected):
             self._kill_to_dla(ref, "rejected", outcome)
@@ -737,6 +796,8 @@ class Queue:
         held = sorted(consumer.unsettled.values())
         consumer.unsettled.clear()
         self.delivering -= len(held)
+        if self.kind is not None and self.kind.non_destructive:
+            held = []  # B-123: they never left the queue
         reason = "connection-lost" if abrupt else "link-closed"
         for ref in held:
             if not abrupt:

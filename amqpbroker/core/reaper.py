@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 
+from amqpbroker.core.model import RoutingType
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.settings import SettingsRepository
@@ -30,6 +31,7 @@ class _Reaper:
     """`Broker`'s auto-delete pass (a mixin: it declares the broker state it uses, which
     `Broker.__init__` sets)."""
 
+    _retroactive: dict[str, dict[RoutingType, str]]
     post_office: PostOffice
     queues: dict[str, Queue]
     settings: SettingsRepository
@@ -82,6 +84,8 @@ class _Reaper:
     def _address_reapable(self, address: Address, now_ms: int) -> bool:
         if not address.auto_created or address.temporary or address.queues:
             return False
+        if address.name in self._retroactive:
+            return False  # its divert is a binding (B-124)
         settings = self.settings.resolve(address.name)
         if not settings.auto_delete_addresses:
             return False

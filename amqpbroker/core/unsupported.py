@@ -9,7 +9,7 @@ a key only at its built-in default, the value that describes what the broker doe
 (so a file that spells out the defaults, as CONTRACT.md's example and many Artemis
 broker.xml files do, still loads), and refuses any other value with
 
-    config/broker.yaml:12: address-settings."#".default-ring-size: not supported by amqpbroker
+    config/broker.yaml:12: address-settings."#".slow-consumer-threshold: not supported by amqpbroker
 
 `check-config` and the HTTP API (`settings` of a queue) leave these keys out of the
 effective settings. `tests/unit/config/test_no_silent_keys.py` walks the schema: a key that
@@ -23,12 +23,6 @@ from __future__ import annotations
 
 # Address-settings (`ResolvedSettings` field names).
 UNSUPPORTED_SETTINGS: dict[str, str] = {
-    # In progress (issue 19) by h-lvq: B-120, B-121, B-123, B-124.
-    "default_last_value_queue": "",
-    "default_last_value_key": "",
-    "default_non_destructive": "",
-    "default_ring_size": "",
-    "retroactive_message_count": "",
     # In progress (issue 19) by h-groups: B-122, B-126, B-127, B-128.
     "default_exclusive_queue": "",
     "default_purge_on_no_consumers": "",
@@ -49,11 +43,6 @@ UNSUPPORTED_SETTINGS: dict[str, str] = {
 
 # Queue options of `addresses[].anycast[]` / `multicast[]` (`QueueDef` field names).
 UNSUPPORTED_QUEUE_OPTIONS: dict[str, str] = {
-    # In progress (issue 19) by h-lvq: B-120, B-121, B-123.
-    "last_value": "",
-    "last_value_key": "",
-    "non_destructive": "",
-    "ring_size": "",
     # In progress (issue 19) by h-groups: B-122, B-126.
     "exclusive": "",
     "purge_on_no_consumers": "",

@@ -483,6 +483,7 @@ class ManagementApi:
         view = queue_view(stats)
         view["kind"] = queue_kinds(queue)
         view["role"] = roles.get(stats.address)
+        view["replaced"] = stats.replaced  # ring and last-value removals (B-120, B-121)
         view["oldest_age_s"] = (
             None if stats.oldest_ts is None else max(0, now_ms - stats.oldest_ts) / 1000
         )
@@ -517,6 +518,9 @@ class ManagementApi:
         stats = next(s for s in ops.queue_stats(broker) if s.name == name)
         view = self._row(stats, _special_addresses(broker), broker.clock.now_ms())
         view["filter"] = queue.config.filter
+        view["last_value_key"] = queue.config.last_value_key  # B-120
+        view["ring_size"] = queue.config.ring_size  # B-121
+        view["non_destructive"] = queue.config.non_destructive  # B-123
         view["settings"] = broker.settings_for(queue.address).to_config()
         return view
 
@@ -552,7 +556,7 @@ def queue_kinds(queue: Queue) -> list[str]:
     kinds = []
     if c.last_value_key:
         kinds.append("LVQ")
-    if c.ring_size is not None and c.ring_size > 0:
+    if c.ring_size is not None and c.ring_size >= 0:  # B-121: 0 is a ring too
         kinds.append("ring")
     if c.exclusive:
         kinds.append("exclusive")

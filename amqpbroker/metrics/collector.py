@@ -207,6 +207,12 @@ class BrokerCollector:
             lambda q: q.killed_by_reason,
         )
         yield by_reason(
+            names.QUEUE_REPLACED,
+            "Messages a ring or last-value queue removed, by reason (B-120, B-121).",
+            "reason",
+            lambda q: q.replaced_by_reason,
+        )
+        yield by_reason(
             names.QUEUE_RETURNED,
             "Deliveries returned to the queue, by outcome.",
             "outcome",

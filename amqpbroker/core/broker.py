@@ -760,7 +760,9 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         page = self.page_stores is not None and self._must_page(address, message)
         for queue in queues:
             pages = queue.pages
-            if page or (pages is not None and pages.messages):
+            # Last-value, ring and non-destructive queues stay in memory: replacing,
+            # trimming and their consumers' logs work on what they hold (decisions.md).
+            if (page and queue.kind is None) or (pages is not None and pages.messages):
                 if pages is None:
                     self._open_pages(queue)
                 queue.page(message, out, reason=reason)  # B-151 PAGE: in order, on disk

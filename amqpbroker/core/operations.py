@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.clock import entry
 from amqpbroker.core.errors import ClientError, IllegalState, NotFound
+from amqpbroker.core.management import MANAGEMENT_ADDRESS
 from amqpbroker.core.model import DUPLICATE_ID, Message, QueueConfig, annotated_routing_type
 from amqpbroker.core.moves import ORIG_ADDRESS, ORIG_QUEUE
 from amqpbroker.core.queue import Queue
@@ -365,6 +366,8 @@ def create_queue(
 ) -> Queue:
     """B-162 createQueue: a queue that is neither configured nor auto-created; its
     auto-delete defaults to the address's `auto-delete-created-queues` (B-113)."""
+    if config.address == MANAGEMENT_ADDRESS:  # B-160: answered, never routed or consumed
+        raise ClientError(f"{MANAGEMENT_ADDRESS} is the management address: it has no queues")
     if auto_delete is None:
         auto_delete = broker.settings.resolve(config.address).auto_delete_created_queues
     address = broker.post_office.addresses.get(config.address)

@@ -107,3 +107,18 @@ def test_without_reply_to_the_request_is_dropped_and_not_run() -> None:
     props = {"_AMQ_ResourceName": "queue.q", "_AMQ_OperationName": "removeAllMessages"}
     assert request(h, target, id=1, properties=props, body="[]", reply_to=None) == []
     assert h.queue("q").message_count == 1
+
+
+def test_create_queue_never_makes_the_management_address() -> None:
+    """B-160/B-110: the management address never exists (requests to it are answered,
+    never routed), so createQueue may not create it with auto-create-address, as
+    createAddress may not; a consumer could otherwise attach to a queue on it."""
+    h, target = setup()
+    spec = {"name": "m", "address": "activemq.management", "routingType": "ANYCAST"}
+    props = {"_AMQ_ResourceName": "broker", "_AMQ_OperationName": "createQueue"}
+    body = json.dumps([json.dumps({**spec, "autoCreateAddress": True})])
+    (reply,) = request(h, target, id=1, properties=props, body=body)
+    assert reply.properties == {"_AMQ_OperationSucceeded": False}
+    assert "management address" in json.loads(reply.body)[0]
+    assert "activemq.management" not in h.broker.post_office.addresses
+    assert "m" not in h.broker.queues

@@ -122,3 +122,26 @@ def test_create_queue_never_makes_the_management_address() -> None:
     assert "management address" in json.loads(reply.body)[0]
     assert "activemq.management" not in h.broker.post_office.addresses
     assert "m" not in h.broker.queues
+
+
+def test_a_reply_to_naming_the_management_address_as_a_queue_is_dropped() -> None:
+    """B-160, docs/decisions.md (no loop): `activemq.management::x` is the management
+    address too (the relay parses it so), so the request is dropped and not run; the
+    reply was handed back to the handler as a request of the broker's own."""
+    h, target = setup()
+    handled: list[Message] = []
+    handler = h.broker.management
+    assert handler is not None
+
+    class Counting:
+        def handle(self, request: Message) -> None:
+            handled.append(request)
+            handler.handle(request)
+
+    h.broker.management = Counting()
+    h.send(h.producer("q", "queue"), b"a")
+    props = {"_AMQ_ResourceName": "queue.q", "_AMQ_OperationName": "removeAllMessages"}
+    reply_to = "activemq.management::x"
+    assert request(h, target, id=1, properties=props, body="[]", reply_to=reply_to) == []
+    assert len(handled) == 1
+    assert h.queue("q").message_count == 1

@@ -57,8 +57,9 @@ from amqpbroker.security import (
     verify_password_or_dummy,
 )
 from amqpbroker.security.logins import PasswordChecks
-from amqpbroker.store import idblock
+from amqpbroker.store import idblock, sysmem
 from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
+from amqpbroker.store.paging import PageFiles
 from amqpbroker.store.recovery import recover
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,9 @@ def build_broker(
         else EventLevel.OFF,
         security=security,
         id_cache_size=config.id_cache_size,
+        global_max_size=config.global_max_size
+        if config.global_max_size >= 0
+        else sysmem.default_global_max_size(),
     )
     broker.management = AmqpManagement(broker)  # activemq.management (B-160)
     for address in config.addresses:
@@ -373,11 +377,17 @@ class BrokerServer:
         self._started_s = time.monotonic()
         self._accepting = False
         self._stopped = asyncio.Event()
+        self.pages: PageFiles | None = None  # B-151 PAGE: DATA_DIR/paging
+        self.memory = sysmem.MemoryReturner()  # issue 23: freed heap back to the system
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         if self.config.persistence.enabled:
             self._open_journal(loop)
+        else:
+            pages = self.pages = self._page_files()
+            pages.recover({}, {})  # memory only: nothing paged survives a restart
+            self.broker.enable_paging(pages)
         self._reserve_message_ids()
         if self.config.security.enabled:
             self.password_checks = PasswordChecks(
@@ -440,6 +450,16 @@ class BrokerServer:
         except OSError as e:
             raise StartupError(f"cannot reserve message ids in {path}: {e}") from e
 
+    def _page_files(self) -> PageFiles:
+        """B-151 PAGE: page files under DATA_DIR/paging (store/paging.py)."""
+        settings = self.broker.settings
+        return PageFiles(
+            self.data_dir / "paging",
+            message_of=message_of,
+            page_size_bytes=lambda address: settings.resolve(address).page_size_bytes,
+            sync=self.config.persistence.sync,
+        )
+
     def _open_journal(self, loop: asyncio.AbstractEventLoop) -> None:
         """Recover from DATA_DIR/journal before any client can connect (issue 5)."""
         directory = self.data_dir / "journal"
@@ -470,6 +490,10 @@ class BrokerServer:
         )
         self.broker.enable_persistence(persistence)
         recovered = recover(self.broker, state, message_of)
+        pages = self.pages = self._page_files()
+        durable = {q.name: q.address for q in self.broker.queues.values() if q.store is not None}
+        self.broker.enable_paging(pages, paged=tuple(pages.recover(durable, state.page_cursors)))
+        persistence.before_flush = pages.flush
         persistence.flush()
         log.info(
             "journal %s: recovered %d messages (%d references) in %d queues in %.2f s",
@@ -653,6 +677,7 @@ class BrokerServer:
     def _after_command(self) -> None:
         self.shell.apply_effects()
         self.flush()
+        self.memory.check(self.broker.memory_bytes)  # a purge may have freed a lot
 
     def _write_ports(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -784,6 +809,7 @@ class BrokerServer:
             if at_s:
                 next_s = min(next_s, at_s)
         self.flush()  # heartbeats; an expired connection's close frame, then its socket
+        self.memory.check(self.broker.memory_bytes)  # issue 23: a drain freed a lot?
         for amqp in failed:
             sock = self.sockets.get(amqp)
             if sock is not None:
@@ -826,6 +852,8 @@ class BrokerServer:
             self.shell.apply_effects()  # the last durable changes
             journal = self.journal
             await asyncio.get_running_loop().run_in_executor(None, journal.close)
+        if self.pages is not None:
+            self.pages.close()
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / "ports.json").unlink()
         self._stopped.set()

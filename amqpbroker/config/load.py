@@ -204,6 +204,7 @@ NUMERIC_KEYS: dict[str, Range] = {
     "address-queue-scan-period": _ms(minus_one="off"),  # B-111
     "max-redelivery-records": Range(0, INT32_MAX, "no cap"),  # B-096
     "id-cache-size": Range(0, INT32_MAX),  # B-012
+    "global-max-size": Range(0, INT64_MAX, "half the memory limit"),  # B-151
     "event-log.max-file-bytes": Range(1, INT64_MAX),
     "event-log.max-file-age": _ms(low=1),
     "event-log.max-total-bytes": Range(1, INT64_MAX, "off"),  # issue 17
@@ -454,6 +455,8 @@ SETTING_RANGES: dict[str, Range] = {
     "max_size_messages": Range(0, INT64_MAX, "unlimited"),
     "max_size_bytes_reject_threshold": Range(0, INT64_MAX, "off"),
     "page_size_bytes": Range(1, INT32_MAX),
+    "max_read_page_bytes": Range(1, INT64_MAX, "unlimited"),
+    "max_read_page_messages": Range(1, INT64_MAX, "unlimited"),
     "management_browse_page_size": Range(0, INT32_MAX),
     "slow_consumer_threshold": Range(0, INT64_MAX, "off"),
     "slow_consumer_check_period": Range(1, MS_MAX // 1000),  # seconds
@@ -915,6 +918,7 @@ def check_tree(root: yaml.Node | None, *, source: str) -> BrokerConfig:
             "address-queue-scan-period": s(int, NUMERIC_KEYS["address-queue-scan-period"]),
             "max-redelivery-records": s(int, NUMERIC_KEYS["max-redelivery-records"]),
             "id-cache-size": s(int, NUMERIC_KEYS["id-cache-size"]),
+            "global-max-size": s(int, NUMERIC_KEYS["global-max-size"]),
             "event-log": lambda n, p: _event_log(c, n, p),
             "metrics": _section(c, MetricsConfig, {"artemis-names": s(bool)}),
             "wildcard-addresses": lambda n, p: wildcards or _MISSING,

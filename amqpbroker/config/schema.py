@@ -14,6 +14,7 @@ Keys beyond CONTRACT.md's example (all optional):
     acceptors[].connections-allowed    -1     Artemis connectionsAllowed (-1: unlimited)
     wildcard-addresses.enabled                                    true   (B-104)
     id-cache-size                                                 20000  (B-012)
+    global-max-size     -1: half the memory limit (container or machine)  (B-151)
 """
 
 from __future__ import annotations
@@ -201,6 +202,10 @@ class BrokerConfig:
     address_queue_scan_period: int = 30_000  # ms (B-111)
     max_redelivery_records: int = 10  # B-096
     id_cache_size: int = 20_000  # B-012
+    # B-151: bytes all queues may hold in memory before addresses count as full (PAGE:
+    # to disk); -1: half the memory limit (container or machine), as Artemis takes half
+    # the JVM heap. The server works it out (`store/sysmem.py`).
+    global_max_size: int = -1
     event_log: EventLogConfig = field(default_factory=EventLogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     wildcard_addresses: WildcardConfig = field(default_factory=WildcardConfig)

@@ -53,6 +53,7 @@ from amqpbroker.core.moves import MessageCopier, MoveAnnotations, _BytesCopier
 from amqpbroker.core.moving import _Moving
 from amqpbroker.core.names import advisory_characters, parse_address
 from amqpbroker.core.outcomes import FAILED, Outcome
+from amqpbroker.core.paging import PageStores, full_reason
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
@@ -87,8 +88,15 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         security: SecurityRepository | None = None,
         id_cache_size: int = 20_000,
         persistence: Persistence | None = None,
+        global_max_size: int = -1,
     ) -> None:
         self.name = name
+        # B-151: the bytes all queues may hold in memory (-1: no broker-wide limit), what
+        # they hold, and whether a BLOCK address hit it (producers and relays wait).
+        self.global_max_size = global_max_size
+        self.memory_bytes = 0
+        self.global_blocked = False
+        self.page_stores: PageStores | None = None  # PAGE writes to disk once set
         self.persistence = persistence  # None: memory only
         self.emitter = Emitter(event_level)
         self.security = security or SecurityRepository({})
@@ -141,11 +149,14 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         heapq.heappush(self._deadlines, at_ms)
 
     def size_changed(self, queue: Queue, delta_bytes: int) -> None:
+        self.memory_bytes += delta_bytes  # B-151 global-max-size
         address = self.post_office.addresses.get(queue.address)
         if address is not None:
             address.size_bytes += delta_bytes
             if delta_bytes < 0 and address.blocked:
                 self._check_unblocked(address)
+        if delta_bytes < 0 and self.global_blocked:
+            self._check_global_unblocked()
 
     def next_deadline_ms(self) -> int | None:
         """When `tick()` next has work: a redelivery, the reaper or the expiry scan. O(1)."""
@@ -188,6 +199,21 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             self._journal_address(address)
         for queue in self.queues.values():
             self._journal_queue(queue)
+
+    def enable_paging(self, stores: PageStores, *, paged: tuple[str, ...] = ()) -> None:
+        """B-151 PAGE to disk from now on; `paged`: queues whose page files a restart
+        found (recovered after the journal, which holds their cursors)."""
+        self.page_stores = stores
+        for name in paged:
+            queue = self.queues.get(name)
+            if queue is not None and queue.pages is None:
+                self._open_pages(queue)
+
+    def _open_pages(self, queue: Queue) -> None:
+        assert self.page_stores is not None
+        queue.pages = self.page_stores.open(
+            address=queue.address, queue=queue.name, durable=queue.store is not None
+        )
 
     def _journal_address(self, address: Address) -> None:
         if self.persistence is not None and not address.temporary:
@@ -330,6 +356,9 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
                 CloseConsumer(consumer.id, "amqp:resource-deleted", f"queue {name} was {reason}")
             )
         queue.consumers.clear()
+        if queue.pages is not None:
+            queue.pages.destroy()
+            queue.pages = None
         if queue.store is not None:
             queue.store.queue_deleted(name)  # covers its references: no ack each
             queue.store = None
@@ -489,20 +518,27 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             self._set_expiration(message, address_name, now_ms)
         if settings.enable_ingress_timestamp:  # B-018 (d)
             self.copier.set_ingress_time(message, now_ms)
-        if (
-            settings.max_size_bytes >= 0 or settings.max_size_bytes_reject_threshold >= 0
-        ) and not self._has_room(address, message, now_ms):
+        limited = (
+            settings.max_size_bytes >= 0
+            or settings.max_size_messages >= 0
+            or settings.max_size_bytes_reject_threshold >= 0
+            or 0 <= self.global_max_size <= self.memory_bytes + message.size
+        )
+        if limited and not self._has_room(address, message, now_ms):
             return 0
         if fqqn_queue is not None:
             queue = self.queues.get(fqqn_queue)
             queues = [queue] if queue is not None and queue.accepts_message(message) else []
         else:
             queues = self.post_office.route(message, address, routing_type)
-            if self._retroactive:  # B-124: the divert, after the route's own events
-                routed = self._deliver_to(message, address, queues, now_ms)
-                self._retain(message, address, routing_type)
-                return routed
-        return self._deliver_to(message, address, queues, now_ms)
+        routed = self._deliver_to(message, address, queues, now_ms)
+        if self._retroactive:  # B-124: the divert, after the route's own events
+            self._retain(message, address, routing_type)
+        if limited and settings.address_full_policy == "BLOCK":
+            reason = self._full_reason(address, settings)
+            if reason is not None:
+                self._block(address, reason)  # full now: no more credit at once
+        return routed
 
     def _management_request(self, message: Message, target: ProducerTarget) -> int:
         """B-160: a request to the management address is answered, never routed; the
@@ -544,11 +580,24 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             message.expiration_ms = overridden
             message.ttl_ms = None
 
+    def _full_reason(self, address: Address, settings: ResolvedSettings) -> str | None:
+        """B-151: which limit makes `address` full now (`paging.full_reason`), or None."""
+        return full_reason(
+            settings,
+            address_bytes=address.size_bytes,
+            address_messages=sum(q.memory_count for q in address.queues)
+            if settings.max_size_messages >= 0
+            else None,
+            memory_bytes=self.memory_bytes,
+            global_max_size=self.global_max_size,
+        )
+
     def _has_room(self, address: Address, message: Message, now_ms: int) -> bool:
-        """B-151: enforce max-size-bytes with FAIL (raise) and DROP (False); BLOCK lets
-        this message in and marks the address so producers get no more credit, and
-        refuses it as FAIL does once the address holds more than
-        max-size-bytes-reject-threshold (Artemis `isRejectingMessages`: BLOCK only)."""
+        """B-151: enforce the limits with FAIL (raise) and DROP (False); BLOCK lets this
+        message in and marks the address (or the broker, for global-max-size) so producers
+        get no more credit, and refuses it as FAIL does once the address holds more than
+        max-size-bytes-reject-threshold (Artemis `isRejectingMessages`: BLOCK only); PAGE
+        lets it in (`_deliver_to` writes it to page files)."""
         settings = self.settings.resolve(address.name)
         policy = settings.address_full_policy
         threshold = settings.max_size_bytes_reject_threshold
@@ -556,36 +605,74 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             raise ResourceLimitExceeded(
                 f"address {address.name} is over max-size-bytes-reject-threshold={threshold}"
             )
-        limit = settings.max_size_bytes
-        if limit < 0 or address.size_bytes < limit:
+        reason = self._full_reason(address, settings)
+        if reason is None:
             return True
         if policy == "FAIL":
-            raise ResourceLimitExceeded(f"address {address.name} is full: max-size-bytes={limit}")
+            raise ResourceLimitExceeded(f"address {address.name} is full: {reason}")
         if policy == "DROP":
             address.unrouted += 1
             if self.emitter.failures:
                 self._message_event("unrouted", message, now_ms, reason="dropped-full")
             return False
-        if policy == "BLOCK" and not address.blocked:
-            address.blocked = True
-            log.info(
-                "address %s is full (max-size-bytes=%d): blocking its producers",
-                address.name,
-                limit,
-            )
+        if policy == "BLOCK":
+            self._block(address, reason)
         return True
 
+    def _block(self, address: Address, reason: str) -> None:
+        """B-151 BLOCK: the address (or, for global-max-size, the broker) is full: no more
+        credit for its producers until memory is freed (`AddressUnblocked`)."""
+        if reason.startswith("global-max-size"):
+            if not self.global_blocked:
+                self.global_blocked = True
+                log.info("the broker is full (%s): blocking producers", reason)
+        elif not address.blocked:
+            address.blocked = True
+            log.info("address %s is full (%s): blocking its producers", address.name, reason)
+
+    def _must_page(self, address: Address, message: Message) -> bool:
+        """B-151 PAGE: whether a message for `address` goes to page files (it is full)."""
+        settings = self.settings.resolve(address.name)
+        return (
+            settings.address_full_policy == "PAGE"
+            and (
+                settings.max_size_bytes >= 0
+                or settings.max_size_messages >= 0
+                or 0 <= self.global_max_size <= self.memory_bytes + message.size
+            )
+            and self._full_reason(address, settings) is not None
+        )
+
     def _check_unblocked(self, address: Address) -> None:
-        limit = self.settings.resolve(address.name).max_size_bytes
-        if limit < 0 or address.size_bytes < limit:
+        settings = self.settings.resolve(address.name)
+        reason = self._full_reason(address, settings)
+        if reason is None or reason.startswith("global-max-size"):
             address.blocked = False
             self._effects.append(AddressUnblocked(address.name))
 
-    def producer_may_send(self, target: ProducerTarget) -> bool:
-        """Whether a producer link to `target` may be given more credit (B-151 BLOCK)."""
-        if target.address is None:
-            return True  # the anonymous relay is paced per message, not per address
-        address = self.post_office.addresses.get(target.address)
+    def _check_global_unblocked(self) -> None:
+        if not 0 <= self.global_max_size <= self.memory_bytes:
+            self.global_blocked = False
+            self._effects.append(AddressUnblocked(None))
+
+    def producer_may_send(self, target: ProducerTarget, *, to: str | None = None) -> bool:
+        """Whether a producer link to `target` may be given more credit (B-151 BLOCK).
+
+        The anonymous relay (`target.address` None) is paced by the broker-wide limit and
+        by the address its last message went to (`to`, its `properties.to`): a relay can
+        no more get past a full address than a link attached to it."""
+        name = target.address
+        if name is None and to:
+            try:
+                name = parse_address(to).address
+            except ClientError:
+                name = None
+        if self.global_blocked and (
+            target.address is None
+            or (name is not None and self.settings.resolve(name).address_full_policy == "BLOCK")
+        ):
+            return False
+        address = self.post_office.addresses.get(name) if name is not None else None
         return address is None or not address.blocked
 
     def _message_event(
@@ -666,8 +753,15 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         self.stats.routed += 1
         out = self._effects
         waiting = False
+        page = self.page_stores is not None and self._must_page(address, message)
         for queue in queues:
-            if queue.add(message, out, reason=reason).state != DELIVERING:
+            pages = queue.pages
+            if page or (pages is not None and pages.messages):
+                if pages is None:
+                    self._open_pages(queue)
+                queue.page(message, out, reason=reason)  # B-151 PAGE: in order, on disk
+                waiting = True
+            elif queue.add(message, out, reason=reason).state != DELIVERING:
                 waiting = True
         if waiting:
             # A message that waits in a queue keeps no copy of its head for its events

@@ -8,11 +8,17 @@ a copy with the B-090 annotations of the latest hop (`x-opt-DLQ-*` are dropped, 
 route it, then remove the original, in one step of the event loop. Each operation that
 changes a queue is a call into the broker (`clock.entry`): one clock reading for its events
 and moves.
+
+Paged messages (B-151 PAGE) are part of the queue: they come after the ones in memory,
+are read from the page files one at a time as an operation walks them (a large paged
+backlog is never held), and the ones an operation takes leave the page files at its end
+(`Queue.remove_paged`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 
 from amqpbroker.core.broker import Broker
@@ -23,7 +29,7 @@ from amqpbroker.core.model import DUPLICATE_ID, Message, QueueConfig, annotated_
 from amqpbroker.core.moves import ORIG_ADDRESS, ORIG_QUEUE
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.reaper import CREATED_AUTO_DELETE
-from amqpbroker.core.refs import DELIVERING, GONE, Ref
+from amqpbroker.core.refs import DELIVERING, GONE, PAGED, Ref
 from amqpbroker.core.selector import parse_selector
 
 
@@ -53,6 +59,10 @@ class QueueStats:
     returned_by_reason: tuple[tuple[str, int], ...] = ()
     replaced: int = 0  # ring and last-value removals (B-120, B-121)
     replaced_by_reason: tuple[tuple[str, int], ...] = ()
+    # B-151 PAGE: what its page files hold (included in `messages`), and how many files.
+    paged_messages: int = 0
+    paged_bytes: int = 0
+    page_files: int = 0
 
 
 def queue_stats(broker: Broker) -> list[QueueStats]:
@@ -60,6 +70,7 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
     rows = []
     for queue in broker.queues.values():
         c = queue.counters
+        pages = queue.pages
         rows.append(
             QueueStats(
                 name=queue.name,
@@ -84,6 +95,9 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
                 returned_by_reason=tuple(c.returned_by_reason.items()),
                 replaced=c.replaced,
                 replaced_by_reason=tuple(c.replaced_by_reason.items()),
+                paged_messages=pages.messages if pages is not None else 0,
+                paged_bytes=pages.size_bytes if pages is not None else 0,
+                page_files=pages.files if pages is not None else 0,
             )
         )
     return rows
@@ -96,20 +110,23 @@ def _queue(broker: Broker, name: str) -> Queue:
     return queue
 
 
-def _waiting(queue: Queue, selector: str | None, ids: Iterable[int] | None = None) -> list[Ref]:
+def _held(queue: Queue) -> Iterator[Ref]:
+    """Every message of the queue in order: in memory, then paged (B-151)."""
+    return itertools.chain(queue.refs(), queue.paged_refs())
+
+
+def _waiting(queue: Queue, selector: str | None, ids: Iterable[int] | None = None) -> Iterator[Ref]:
     """Waiting references matching the filter (B-130) and, if given, the message ids."""
     match = parse_selector(selector).matches if selector else None
     wanted = set(ids) if ids is not None else None
-    refs = []
-    for ref in queue.refs():
+    for ref in _held(queue):
         if ref.state == DELIVERING or ref.state == GONE:
             continue
         if wanted is not None and ref.message.msg_id not in wanted:
             continue
         if match is not None and not match(ref.message):
             continue
-        refs.append(ref)
-    return refs
+        yield ref
 
 
 def browse(
@@ -123,8 +140,8 @@ def browse(
     """Messages of a queue in order, without acquiring them (delivering ones included)."""
     queue = _queue(broker, queue_name)
     match = parse_selector(selector).matches if selector else None
-    refs = [r for r in queue.refs() if match is None or match(r.message)]
-    return refs[offset : offset + limit]
+    refs = (r for r in _held(queue) if match is None or match(r.message))
+    return list(itertools.islice(refs, offset, offset + limit))
 
 
 def waiting_ids(broker: Broker, queue_name: str, *, selector: str | None = None) -> list[int]:
@@ -136,9 +153,9 @@ def count(broker: Broker, queue_name: str, *, selector: str | None = None) -> in
     """How many messages `browse` would list without a limit."""
     queue = _queue(broker, queue_name)
     if not selector:
-        return sum(1 for _ in queue.refs())
+        return queue.message_count
     match = parse_selector(selector).matches
-    return sum(1 for r in queue.refs() if match(r.message))
+    return sum(1 for r in _held(queue) if match(r.message))
 
 
 @entry
@@ -150,6 +167,14 @@ def purge(
     ids: Iterable[int] | None = None,
 ) -> int:
     """Delete waiting messages; counted as killed (B-161), event `killed`/`purge`."""
+    queue = _queue(broker, queue_name)
+    if selector is None and ids is None and queue.pages is not None:
+        # All: the paged ones are counted as they are read, never held (B-151).
+        refs = [r for r in queue.refs() if r.state != DELIVERING and r.state != GONE]
+        for ref in refs:
+            queue.kill(ref, "purge")
+        queue.compact()
+        return len(refs) + queue.purge_paged("purge")
     return _on_waiting(broker, queue_name, selector, ids, lambda q, r: q.kill(r, "purge"))
 
 
@@ -163,7 +188,10 @@ def _on_waiting(
     """Apply `act` to each matching waiting message: how many it acted on (an `act`
     answering False did not)."""
     queue = _queue(broker, queue_name)
-    return sum(1 for ref in _waiting(queue, selector, ids) if act(queue, ref) is not False)
+    acted = sum(1 for ref in _waiting(queue, selector, ids) if act(queue, ref) is not False)
+    queue.remove_paged()  # B-151: the paged ones it took leave the page files
+    queue.compact()  # issue 23: the memory of those it took is freed now
+    return acted
 
 
 @entry
@@ -185,8 +213,8 @@ def move(
     if target is queue:
         raise ClientError("cannot move messages to the same queue")
     address = broker.post_office.addresses[target.address]
-    refs = _waiting(queue, selector, ids)
-    for ref in refs:
+    moved = 0
+    for ref in _waiting(queue, selector, ids):
         copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
         targets = [target]
         if reject_duplicates:
@@ -194,7 +222,10 @@ def move(
             if isinstance(duplicate_id, str | bytes) and broker.is_duplicate(address, duplicate_id):
                 targets = []
         _complete_move(broker, queue, ref, copy, target.address, targets, reason="move")
-    return len(refs)
+        moved += 1
+    queue.remove_paged()
+    queue.compact()
+    return moved
 
 
 # What a redrive line may say about the message it names (issue 16 item 2), and where
@@ -281,6 +312,8 @@ def retry(
             targets = broker.post_office.route(copy, address, routing_type)
         _complete_move(broker, queue, ref, copy, address.name, targets, reason="retry")
         retried += 1
+    queue.remove_paged()
+    queue.compact()
     not_found = () if wanted is None else tuple(dict.fromkeys(i for i in wanted if i not in seen))
     return RetryResult(retried, tuple(skipped), not_found)
 
@@ -415,7 +448,8 @@ def change_priority(
     if not 0 <= priority <= 9:
         raise ClientError(f"a priority is 0..9, not {priority}")
     queue = _queue(broker, queue_name)
-    refs = _waiting(queue, selector, ids)
+    # In memory only: a paged message gets its priority when it is read back (B-151).
+    refs = [r for r in _waiting(queue, selector, ids) if r.state != PAGED]
     queue.change_priority(
         [(ref, broker.copier.with_priority(ref.message, priority)) for ref in refs]
     )

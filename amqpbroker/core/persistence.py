@@ -39,12 +39,14 @@ from amqpbroker.core.records import (
     AddRef,
     DeleteAddress,
     DeleteQueue,
+    PageCursor,
     Record,
     ScheduledDelivery,
     UpdateDeliveryCount,
 )
 
 if TYPE_CHECKING:
+    from amqpbroker.core.paging import PageStore
     from amqpbroker.core.refs import Ref
 
 log = logging.getLogger(__name__)
@@ -106,6 +108,9 @@ class Persistence:
         # The durable topology as journaled (recovered ones too): what `resumed` writes.
         self._addresses: dict[str, AddAddress] = {}
         self._queues: dict[str, AddQueue] = {}
+        # B-151 PAGE: makes this step's paged durable messages durable (the page files'
+        # fsync) before the step's append, whose waiters settle their producers.
+        self.before_flush: Callable[[], None] | None = None
         journal.on_resume(self.resumed)
 
     @property
@@ -140,6 +145,28 @@ class Persistence:
             records.append(
                 ScheduledDelivery(queue=queue, msg_id=message.msg_id, at_ms=scheduled_at_ms)
             )
+
+    def paged(self) -> None:
+        """A durable message went to a durable queue's page files (B-151 PAGE): its
+        producer waits for this step's flush, as for a journaled one."""
+        if not self.suspended:
+            self.messages_added += 1
+
+    def page_read(self, queue: str, pages: PageStore) -> None:
+        """Paged messages were read back into `queue` (their AddMessage/AddRef are in
+        this step): journal the cursor with them; once it is on disk the page files
+        before it may go."""
+        if self.suspended:
+            return
+        page, offset = position = pages.position
+        self._records.append(PageCursor(queue=queue, page=page, offset=offset))
+        if pages.releasable:
+
+            def release(error: BaseException | None) -> None:
+                if error is None:
+                    pages.release(position)
+
+            self.when_stored(release)
 
     def ref_removed(self, queue: str, ref: Ref) -> None:
         """Acknowledged, expired, dead-lettered, moved, purged: the reference is gone."""
@@ -237,6 +264,8 @@ class Persistence:
 
     def flush(self) -> None:
         """Append this step's records as one atomic append."""
+        if self.before_flush is not None:
+            self.before_flush()
         records = self._records
         written = self._written  # these wait in append order, even behind an empty append
         waiters = self._waiters + written if written else self._waiters
@@ -301,4 +330,7 @@ def _add_message(message: Message) -> AddMessage:
         expiration_ms=message.expiration_ms,
         first_ts=message.first_ts,
         priority=message.priority,
+        header_end=message.header_end,
+        head_end=message.head_end,
+        header_count=-1 if message.header is None else message.header.get("delivery-count", 0),
     )

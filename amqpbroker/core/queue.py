@@ -51,10 +51,11 @@ from amqpbroker.core.model import (
 )
 from amqpbroker.core.outcomes import Accepted, Modified, Outcome, Rejected, Released
 from amqpbroker.core.redelivery import DeadLetter, decide_redelivery
-from amqpbroker.core.refs import DELIVERING, GONE, READY, SCHEDULED, Ref
+from amqpbroker.core.refs import DELIVERING, GONE, PAGED, READY, SCHEDULED, Ref
 from amqpbroker.core.settings import ResolvedSettings
 
 if TYPE_CHECKING:
+    from amqpbroker.core.paging import PageStore
     from amqpbroker.core.persistence import Persistence
     from amqpbroker.core.selector import Selector
 
@@ -301,6 +302,10 @@ class Queue:
         self.delivering = 0
         # Set by the broker for a durable queue when persistence is on (B-095).
         self.store: Persistence | None = None
+        # Its page files, once it has paged (B-151 PAGE, core/paging.py), and the paged
+        # messages a management operation took (`take`), until `remove_paged`.
+        self.pages: PageStore | None = None
+        self._doomed: set[int] = set()
         # Last-value, ring, non-destructive (`set_kind`); None: a plain queue.
         self.kind: QueueKind | None = None
         # How ready references reach consumers: taken, or walked by each (B-123).
@@ -319,11 +324,18 @@ class Queue:
 
     @property
     def message_count(self) -> int:
-        """Ready + scheduled + delivering, as Artemis messageCount (B-161); without the
-        delivering ones on a last-value or non-destructive queue (B-120, B-123)."""
+        """Ready + scheduled + delivering + paged, as Artemis messageCount (B-161); without
+        the delivering ones on a last-value or non-destructive queue (B-120, B-123)."""
+        pages = self.pages
+        paged = pages.messages if pages is not None else 0
         kind = self.kind
         if kind is not None and (kind.key is not None or kind.non_destructive):
-            return self._ready + self._scheduled_live
+            return self._ready + self._scheduled_live + paged
+        return self._ready + self._scheduled_live + self.delivering + paged
+
+    @property
+    def memory_count(self) -> int:
+        """The messages held in memory: not paged (B-151 max-size-messages)."""
         return self._ready + self._scheduled_live + self.delivering
 
     @property
@@ -521,6 +533,8 @@ class Queue:
 
     def dispatch(self, out: list[Effect]) -> None:
         """Hand ready references to consumers with credit, round-robin."""
+        if self.pages is not None and self.pages.messages:
+            self._depage()  # B-151 PAGE: the next paged messages, when memory has room
         consumers = self.consumers
         browsers = [c for c in consumers if c.browser and c.credit > 0 and c.window.room > 0]
         if browsers:
@@ -541,6 +555,8 @@ class Queue:
         while active:
             ref = self._pop_next()
             if ref is None:
+                if self.pages is not None and self.pages.messages and self._depage():
+                    continue  # B-151 PAGE: the next slice of the page files
                 break
             expiration = ref.message.expiration_ms
             if expiration and self._owner.now_ms >= expiration and self.expire(ref, popped=True):
@@ -832,7 +848,13 @@ class Queue:
                 self._fresh[message.priority].append(ref)
 
     def take(self, ref: Ref) -> None:
-        """Remove a waiting (ready or scheduled) reference, for management (B-161)."""
+        """Remove a waiting (ready, scheduled or paged) reference, for management (B-161);
+        a paged one goes from the page files at `remove_paged`."""
+        if ref.state == PAGED:
+            self._doomed.add(ref.message.msg_id)
+            ref.state = GONE
+            self.used = True
+            return
         if ref.state == READY:
             self._ready -= 1
         elif ref.state == SCHEDULED:
@@ -850,13 +872,114 @@ class Queue:
             return False
         if self.settings().expiry_address == self.address:
             return False  # B-087: expiry address equal to the queue's own address
-        if not popped:
-            if ref.state == READY:
-                self._ready -= 1
-            else:
-                self._scheduled_live -= 1
+        if ref.state == PAGED:
+            self.take(ref)  # B-151: it leaves the page files at `remove_paged`
+        else:
+            if not popped:
+                if ref.state == READY:
+                    self._ready -= 1
+                else:
+                    self._scheduled_live -= 1
+            self._removed(ref)
         self.counters.expired += 1
         self.used = True
-        self._removed(ref)
         self._owner.expired(self, ref)
         return True
+
+    # -- paging (B-151 PAGE: core/paging.py) ---------------------------------------------
+    def page(self, message: Message, out: list[Effect], *, reason: str = "route") -> None:
+        """Write `message` to the page files instead of memory: an arrival like `add`'s
+        (counted, event `enqueued`); `dispatch` reads it back in its turn."""
+        pages = self.pages
+        assert pages is not None, "the broker opens the page files first"
+        pages.write(message)
+        if self.store is not None and message.durable:
+            self.store.paged()
+        self.counters.added += 1
+        if self.emitter.all:
+            shape = (
+                self.event_enqueued
+                if reason == "route"
+                else ("enqueued", self.event_where, None, reason)
+            )
+            self.note(shape, Ref(message, -1), self.emitter.txn_extra)
+        if self.consumers:
+            self.dispatch(out)
+
+    def _depage(self) -> bool:
+        """Read paged messages back while the queue's memory is under max-read-page-bytes
+        and -messages; durable ones are journaled as they come in, with the page cursor,
+        in one append (core/persistence.py `page_read`)."""
+        pages = self.pages
+        assert pages is not None
+        settings = self.settings()
+        max_bytes, max_messages = settings.max_read_page_bytes, settings.max_read_page_messages
+        if 0 <= max_bytes <= self.size_bytes or 0 <= max_messages <= self.memory_count:
+            return False
+        messages = pages.read(
+            max_bytes=max_bytes - self.size_bytes if max_bytes >= 0 else -1,
+            max_messages=max_messages - self.memory_count if max_messages >= 0 else -1,
+        )
+        store = self.store
+        for message in messages:
+            ref = self._enqueue(message, 0, message.deliver_at_ms)
+            if store is not None and message.durable:
+                at_ms = message.deliver_at_ms if ref.state == SCHEDULED else 0
+                store.ref_added(self.name, ref, scheduled_at_ms=at_ms)
+        if store is not None and messages:
+            store.page_read(self.name, pages)
+        return bool(messages)
+
+    def paged_refs(self) -> Iterator[Ref]:
+        """The paged messages in order, as references in state PAGED (for management:
+        `take` or `kill` them, then `remove_paged`)."""
+        if self.pages is None:
+            return
+        for message in self.pages.browse():
+            ref = Ref(message, -1)
+            ref.state = PAGED
+            yield ref
+
+    def remove_paged(self) -> None:
+        """Remove the paged messages taken since the last call from the page files."""
+        pages, doomed = self.pages, self._doomed
+        if pages is None or not doomed:
+            return
+        self._doomed = set()
+        pages.remove(doomed)
+        if self.store is not None:
+            self.store.page_read(self.name, pages)
+
+    def purge_paged(self, reason: str) -> int:
+        """Kill every paged message (purge without a filter): counted and evented one by
+        one, as `kill` does, without holding them."""
+        pages = self.pages
+        if pages is None or not pages.messages:
+            return 0
+        killed = 0
+        for ref in self.paged_refs():
+            killed += 1
+            self.counters.killed += 1
+            self.killed(ref, reason)
+        pages.clear()
+        self.used = True
+        if self.store is not None:
+            self.store.page_read(self.name, pages)
+        return killed
+
+    def compact(self) -> None:
+        """Drop the references removed from the middle of the queue (marked GONE, left in
+        place for `_pop_next`) after a bulk removal, so their messages' memory is freed
+        now rather than when dispatch reaches them (issue 23: RSS after a purge)."""
+        for level in range(_LEVELS):
+            fresh = self._fresh[level]
+            if any(ref.state == GONE for ref in fresh):
+                self._fresh[level] = deque(ref for ref in fresh if ref.state != GONE)
+            returned = self._returned[level]
+            if any(ref.state == GONE for ref in returned):
+                kept = [ref for ref in returned if ref.state != GONE]
+                heapq.heapify(kept)
+                self._returned[level] = kept
+        if any(entry[2].state != SCHEDULED for entry in self._scheduled):
+            self._scheduled = [e for e in self._scheduled if e[2].state == SCHEDULED]
+            heapq.heapify(self._scheduled)

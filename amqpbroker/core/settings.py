@@ -82,6 +82,10 @@ class ResolvedSettings:
     max_size_messages: int = -1
     max_size_bytes_reject_threshold: int = -1
     page_size_bytes: int = 10 * 1024 * 1024
+    # B-151 PAGE: how much is read back from page files into a queue's memory at most
+    # (Artemis: 2 x page-size-bytes; -1 messages: no count limit).
+    max_read_page_bytes: int = 20 * 1024 * 1024
+    max_read_page_messages: int = -1
     enable_metrics: bool = True
     enable_ingress_timestamp: bool = False
     management_browse_page_size: int = 200

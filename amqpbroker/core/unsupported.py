@@ -32,9 +32,6 @@ UNSUPPORTED_SETTINGS: dict[str, str] = {
     "default_group_rebalance_pause_dispatch": "",
     "default_group_buckets": "",
     "default_group_first_key": "",
-    # In progress (issue 23) by h-paging.
-    "max_size_messages": "",
-    "page_size_bytes": "",
     # Refused (h-mgmt, issue 19; docs/decisions.md "No silent keys").
     "config_delete_queues": "the configuration is not reloaded at runtime",
     "config_delete_addresses": "the configuration is not reloaded at runtime",

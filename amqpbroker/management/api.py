@@ -161,6 +161,10 @@ def queue_view(stats: ops.QueueStats) -> dict[str, Any]:
         "dead_lettered": stats.dead_lettered,
         "expired": stats.expired,
         "killed": stats.killed,
+        # B-151 PAGE (issue 23): whether it has messages in page files, and how many.
+        "paging": stats.paged_messages > 0,
+        "paged_messages": stats.paged_messages,
+        "paged_bytes": stats.paged_bytes,
     }
 
 

@@ -231,6 +231,7 @@ class BrokerCollector:
             unrouted.add_metric([a.name], a.unrouted)
         yield routed
         yield unrouted
+        yield from _paging(s)
         yield GaugeMetricFamily(names.CONNECTIONS, "Open AMQP connections.", value=s.connections)
         yield CounterMetricFamily(
             names.CONNECTIONS_OPENED, "AMQP connections opened.", value=s.connections_opened
@@ -332,6 +333,26 @@ def _event_log_files(f: EventLogFiles, now_ms: int) -> Iterator[Metric]:
     deleted_bytes.add_metric(["false"], uncompacted[1])
     yield deleted
     yield deleted_bytes
+
+
+def _paging(s: BrokerSnapshot) -> Iterator[Metric]:
+    """B-151 PAGE: page files per address (its queues' summed), 0 when not paging."""
+    families = (
+        (names.ADDRESS_PAGED_BYTES, "Bytes of messages in page files."),
+        (names.ADDRESS_PAGED_MESSAGES, "Messages in page files."),
+        (names.ADDRESS_PAGE_FILES, "Page files on disk."),
+    )
+    sums: dict[str, list[int]] = {a.name: [0, 0, 0] for a in s.addresses}
+    for q in s.queues:
+        row = sums.setdefault(q.address, [0, 0, 0])
+        row[0] += q.paged_bytes
+        row[1] += q.paged_messages
+        row[2] += q.page_files
+    for i, (name, help_text) in enumerate(families):
+        gauge = GaugeMetricFamily(name, help_text, labels=["address"])
+        for address, row in sums.items():
+            gauge.add_metric([address], row[i])
+        yield gauge
 
 
 def _address_totals(s: BrokerSnapshot) -> Iterator[Metric]:

@@ -165,17 +165,20 @@ class _Transfers:
     def _top_up(self, link: Any, producer: ProducerLink | None = None) -> None:
         credit = lib.pn_link_credit(link)
         if credit < PRODUCER_LOW_CREDIT and (
-            producer is None or self.broker.producer_may_send(producer.target)
+            producer is None or self.broker.producer_may_send(producer.target, to=producer.last_to)
         ):
             lib.pn_link_flow(link, PRODUCER_CREDIT - credit)
 
-    def resume_producers(self, address: str) -> bool:
-        """Top up credit of producer links to an address that has room again (B-151)."""
+    def resume_producers(self, address: str | None) -> bool:
+        """Top up credit of producer links to an address that has room again, of anonymous
+        relays, and of all when the broker-wide limit has room again (None) (B-151)."""
         resumed = False
+        may_send = self.broker.producer_may_send
         for impl, producer in self.producers.items():
-            if producer.target.address == address:
+            target = producer.target
+            if address is None or target.address == address or target.address is None:
                 credit = lib.pn_link_credit(impl)
-                if credit < PRODUCER_LOW_CREDIT:
+                if credit < PRODUCER_LOW_CREDIT and may_send(target, to=producer.last_to):
                     lib.pn_link_flow(impl, PRODUCER_CREDIT - credit)
                     resumed = True
         return resumed
@@ -231,7 +234,7 @@ class _Transfers:
             )
         if target.address is None and scanned.properties is not None:
             value = message.get_properties().get("to")
-            to = value if isinstance(value, str) else None
+            to = producer.last_to = value if isinstance(value, str) else None
         duplicate_id = None
         app = scanned.application_properties
         if (

@@ -404,6 +404,8 @@ def create_queue(
     if auto_delete is None:
         auto_delete = broker.settings.resolve(config.address).auto_delete_created_queues
     address = broker.post_office.addresses.get(config.address)
+    if address is not None and address.temporary:  # it goes with its connection, queues too
+        raise ClientError(f"address {config.address} is temporary: it cannot take a queue")
     if address is None or config.routing_type not in address.routing_types:
         if not auto_create_address:
             what = "does not exist" if address is None else "lacks that routing type"

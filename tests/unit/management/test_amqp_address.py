@@ -145,3 +145,15 @@ def test_a_reply_to_naming_the_management_address_as_a_queue_is_dropped() -> Non
     assert request(h, target, id=1, properties=props, body="[]", reply_to=reply_to) == []
     assert len(handled) == 1
     assert h.queue("q").message_count == 1
+
+
+@pytest.mark.parametrize("reply_to", ["replies.#", "replies.*", "bad\x01name", "a::b::c"])
+def test_a_reply_to_the_reply_cannot_be_sent_to_is_dropped_and_not_run(reply_to: str) -> None:
+    """docs/decisions.md (no reply-to: dropped, not run): a wildcard reply-to (B-011: never
+    sent to) or a name the broker refuses (B-150) is no more usable than none; the
+    operation ran and its reply was lost."""
+    h, target = setup()
+    h.send(h.producer("q", "queue"), b"a")
+    props = {"_AMQ_ResourceName": "queue.q", "_AMQ_OperationName": "removeAllMessages"}
+    assert request(h, target, id=1, properties=props, body="[]", reply_to=reply_to) == []
+    assert h.queue("q").message_count == 1

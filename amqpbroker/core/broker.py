@@ -230,7 +230,9 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
     @entry  # a call into the broker: the journal's answer, posted to the loop
     def _unstored(self, refs: list[tuple[str, Ref]]) -> None:
         """The journal failed to store these: take back those not yet delivered (their
-        producers are told `resource-limit-exceeded`; at-least-once for the rest)."""
+        producers are told `resource-limit-exceeded`; at-least-once for the rest). A call
+        into the broker of its own: the journal's completion callback runs after the call
+        that wrote the records has returned."""
         for name, ref in refs:
             queue = self.queues.get(name)
             if queue is None or not ref.waiting:

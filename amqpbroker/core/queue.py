@@ -762,9 +762,11 @@ class Queue:
         ref = consumer.unsettled.get(delivery)
         if ref is None:
             return False
-        ref.delivery_count += 1
-        if ref.stored_count is not None and self.store is not None:
-            self.store.count_changed(self.name, ref)
+        kind = self.kind
+        if kind is None or not kind.non_destructive:  # B-123: the count is not changed
+            ref.delivery_count += 1
+            if ref.stored_count is not None and self.store is not None:
+                self.store.count_changed(self.name, ref)
         if self.emitter.failures:
             self.event("held", ref, consumer, reason="tx-rollback")
         return True

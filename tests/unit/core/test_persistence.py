@@ -274,6 +274,20 @@ def test_a_failed_journal_refuses_durable_sends_and_keeps_serving() -> None:
     assert [d.message.data for d in h.take(c)] == [b"stored", b"volatile"]
 
 
+def test_a_message_the_journal_lost_is_killed_at_the_time_the_journal_answered() -> None:
+    """Issue 18 (one clock, B-170 ts): the journal's completion callback is a call into
+    the broker of its own, so the `killed`/`journal-failed` event carries the time the
+    failure was heard, not the time of the last call before it (the send's)."""
+    h, journal, persistence = _harness()
+    h.send(h.producer("q", "queue"), b"lost", durable=True)
+    _step(persistence)
+    h.broker.emitter.take()
+    h.clock.advance(5_000)
+    journal.complete(OSError(28, "No space left on device"))
+    (killed,) = [e for e in h.broker.emitter.take() if e.event == "killed"]
+    assert killed.ts == h.clock.now_ms()
+
+
 def test_a_step_nobody_waits_on_is_appended_without_a_callback() -> None:
     """Acks and counts alone: no callback for the journal's writer thread to run (and
     then the loop); a journal that refuses such an append still fails persistence."""

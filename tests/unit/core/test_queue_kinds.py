@@ -305,6 +305,24 @@ def test_a_released_message_stays_and_is_not_sent_again_to_the_same_consumer() -
     assert queue.message_count == 1
 
 
+def test_a_rolled_back_transactional_accept_leaves_the_delivery_count_alone() -> None:
+    """B-123 (docs/decisions.md: the reference's delivery count does not change) with
+    B-142: a rolled-back transactional accept of a non-destructive delivery counts no
+    attempt on the message every other consumer shares: the next consumer gets it as a
+    first delivery."""
+    h = Harness()
+    _queue(h, non_destructive=True)
+    _send(h, (b"1", {}))
+    c1 = h.consumer("q", "queue")
+    [d] = h.take(c1)
+    for _ in range(3):
+        h.broker.hold(c1, d.delivery)  # the transaction of its accept rolled back
+    h.settle(c1, d, ACCEPTED)
+    c2 = h.consumer("q", "queue")
+    [again] = h.take(c2)
+    assert (d.wire_count, again.wire_count) == (0, 0)
+
+
 def test_messages_leave_a_non_destructive_queue_by_expiry() -> None:
     """B-123: expiry (B-084) removes them."""
     h = Harness({"#": AddressSettings.of(expiry_delay=1_000)})

@@ -304,10 +304,11 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
             "outages",
             tables.outages(runs, state.acks_near(stored, runs, acked, settings), settings),
         )
-        suspects = tables.poison_suspects(failed, settings)
+        suspects = tables.poison_suspects(failed, settings).cache()
+        saved.cached.append(suspects)
+        acks_of_suspects = state.acks_of_keys(stored, suspects)
         poison = save(
-            "poison",
-            tables.poison_candidates(failed, state.acks_of_keys(stored, suspects), settings),
+            "poison", tables.poison_candidates(failed, acks_of_suspects, settings, suspects)
         )
         per_queue = save("queue_failures", tables.queue_failures(failed, partial("dispatches")))
         hashed = failed.agg(

@@ -21,8 +21,8 @@ additive over event files or a narrow, append-only selection of rows:
   dispatches in its new files of every such message known so far, and looks the few whose
   dispatch is in an older file up in the store.
 
-A run computes the partials of the store files it has not counted (one cached pass over
-their Parquet rows), writes them to `_state/run-N/<partial>/`, then replaces
+A run computes the partials of the store files it has not counted (a scan of their
+Parquet rows each), writes them to `_state/run-N/<partial>/`, then replaces
 `_state/state.json` (the counted files, the runs, the window): a run killed before that
 leaves the last complete state, and its `run-N` is written again. Reading a partial unions
 its runs and merges them (sum for the additive ones); past FOLD_RUNS runs they are folded
@@ -41,7 +41,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -51,34 +50,6 @@ from amqpbroker.analytics.ingest import valid
 VERSION = 1
 FOLD_RUNS = 16
 PARTIALS = ("files", "counts", "ack_seconds", "triage", "removed", "dispatches")
-
-# The triage columns only returned and dead-lettered events need (nulled elsewhere in the
-# cached pass, so caching them costs nothing for the other 99 rows in 100).
-_TRIAGE_ONLY = (
-    "durable",
-    "target_address",
-    "target_queues",
-    "copy_msg_id",
-    "first_ts",
-    "error_condition",
-    "error_description",
-    "amqp_message_id",
-    "body_hash",
-)
-_COMMON = (
-    "file",
-    "broker",
-    "seq",
-    "ts",
-    "event",
-    "reason",
-    "queue",
-    "address",
-    "delivery_count",
-    "msg_id",
-    "connection",
-    "link",
-)
 
 
 def file_rows(rows: DataFrame) -> DataFrame:
@@ -219,7 +190,9 @@ class Update:
 
 
 def _write(df: DataFrame, path: Path) -> None:
-    df.coalesce(1).write.mode("overwrite").parquet(str(path.resolve()))
+    """One file per partial and run; repartition, not coalesce: coalesce(1) would run the
+    scan that produces `df` in one task."""
+    df.repartition(1).write.mode("overwrite").parquet(str(path.resolve()))
 
 
 def update(spark: SparkSession, root: Path, stored: DataFrame, window_ms: int) -> Update:
@@ -233,35 +206,29 @@ def update(spark: SparkSession, root: Path, stored: DataFrame, window_ms: int) -
     new = sorted(present - set(state.files))
     if not new:
         return Update(state, (), False)
+    # No cache: each partial is one scan of a few Parquet columns of the new files, which
+    # measured faster than building an in-memory copy of them first (1M events: 17 s
+    # against 30 s).
     rows = stored if rebuilt else stored.where(F.col("file").isin(new))
-    triage_row = F.col("event").isin("returned", "dead-lettered")
-    cached = rows.select(
-        *_COMMON,
-        *[F.when(triage_row, F.col(c)).alias(c) for c in _TRIAGE_ONLY],
-        valid().alias("valid"),
-    ).persist(StorageLevel.MEMORY_AND_DISK)
-    try:
-        events = cached.where("valid")
-        triage = tables.triage_events(events).cache()
-        old_triage = state.read(spark, "triage")
-        known = triage if old_triage is None else old_triage.unionByName(triage)
-        run = state.next_run()
-        target = root / run
-        _write(file_rows(cached), target / "files")
-        _write(tables.event_counts(events, window_ms), target / "counts")
-        _write(tables.ack_seconds(events), target / "ack_seconds")
-        _write(triage, target / "triage")
-        copies = F.broadcast(_copy_ids(known))
-        _write(removals(events).join(copies, "msg_id", "left_semi"), target / "removed")
-        failed = F.broadcast(_broker_side(known))
-        found = dispatch_rows(events).join(failed, ["msg_id", "queue"], "left_semi")
-        _write(
-            _with_older_dispatches(stored, found, _broker_side(triage), new, rebuilt),
-            target / "dispatches",
-        )
-        triage.unpersist()
-    finally:
-        cached.unpersist()
+    rows = rows.withColumn("valid", valid())
+    events = rows.where("valid")
+    triage = tables.triage_events(events).cache()
+    old_triage = state.read(spark, "triage")
+    known = triage if old_triage is None else old_triage.unionByName(triage)
+    run = state.next_run()
+    target = root / run
+    _write(file_rows(rows), target / "files")
+    _write(tables.event_counts(events, window_ms), target / "counts")
+    _write(tables.ack_seconds(events), target / "ack_seconds")
+    _write(triage, target / "triage")
+    copies = F.broadcast(_copy_ids(known))
+    _write(removals(events).join(copies, "msg_id", "left_semi"), target / "removed")
+    failed = F.broadcast(_broker_side(known))
+    found = dispatch_rows(events).join(failed, ["msg_id", "queue"], "left_semi").cache()
+    older = _older_dispatches(stored, found, _broker_side(triage), new, rebuilt)
+    _write(found if older is None else found.unionByName(older), target / "dispatches")
+    found.unpersist()
+    triage.unpersist()
     state = State(
         root,
         files=tuple(sorted({*state.files, *new})),
@@ -274,22 +241,20 @@ def update(spark: SparkSession, root: Path, stored: DataFrame, window_ms: int) -
     return Update(state, tuple(new), rebuilt)
 
 
-def _with_older_dispatches(
+def _older_dispatches(
     stored: DataFrame, found: DataFrame, failed_now: DataFrame, new: list[str], rebuilt: bool
-) -> DataFrame:
-    """`found` plus the dispatches in older files of this run's broker-side failures that
-    have none in the new files (a message dispatched before a rotation, failed after)."""
-    found = found.cache()
+) -> DataFrame | None:
+    """The dispatches in older files of this run's broker-side failures that have none in
+    the new files (`found`): a message dispatched before a rotation and failed after."""
     if rebuilt:
-        return found
+        return None
     missing = failed_now.join(found.select("msg_id", "queue"), ["msg_id", "queue"], "left_anti")
     ids = sorted({int(r["msg_id"]) for r in missing.select("msg_id").collect()})
     if not ids:
-        return found
-    older = dispatch_rows(
+        return None
+    return dispatch_rows(
         stored.where(valid() & ~F.col("file").isin(new) & F.col("msg_id").isin(ids))
     ).join(F.broadcast(missing), ["msg_id", "queue"], "left_semi")
-    return found.unionByName(older)
 
 
 def fold(spark: SparkSession, state: State) -> State:

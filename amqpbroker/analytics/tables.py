@@ -319,12 +319,19 @@ def poison_suspects(failed: DataFrame, settings: TriageSettings) -> DataFrame:
     return by("body_hash").unionByName(by("amqp_message_id"))
 
 
-def poison_candidates(failed: DataFrame, events: DataFrame, settings: TriageSettings) -> DataFrame:
+def poison_candidates(
+    failed: DataFrame,
+    events: DataFrame,
+    settings: TriageSettings,
+    suspects: DataFrame | None = None,
+) -> DataFrame:
     """Payloads and application message ids that fail across messages and did not go
     through where they failed meanwhile (module docstring). With an example
     amqp_message_id, the last error condition and description, for the report. `events`
-    needs only the acks of the suspects' keys (state.acks_of_keys)."""
-    suspects = poison_suspects(failed, settings)
+    needs only the acks of the suspects' keys (state.acks_of_keys); `suspects` is
+    poison_suspects(failed, settings), when the caller has it (cached)."""
+    if suspects is None:
+        suspects = poison_suspects(failed, settings)
 
     def went_through(candidates: DataFrame, key: str) -> DataFrame:
         spans = F.broadcast(

@@ -293,16 +293,7 @@ def acks_near(
     the ack_seconds partial), so the acks inside a run and the first one after it are
     exact. A filter by ts ranges: the store is written in time order, so Parquet skips
     every row group outside them."""
-    spans = (
-        runs.where(F.col("run").isNotNull())
-        .groupBy("queue", "run")
-        .agg(
-            F.min("ts").alias("start_ms"),
-            F.max("ts").alias("end_ms"),
-            F.count(F.lit(1)).alias("failures"),
-        )
-        .where(F.col("failures") >= settings.outage_min_failures)
-    )
+    spans = tables.outage_candidates(runs, settings).select("queue", "run", "start_ms", "end_ms")
     after = (
         spans.join(acked, "queue")
         .where(

@@ -416,11 +416,10 @@ def failure_runs(failed: DataFrame, acked: DataFrame, settings: TriageSettings) 
     return failed.join(runs.select("queue", "sec", "run"), ["queue", "sec"], "left").drop("sec")
 
 
-def outages(runs: DataFrame, events: DataFrame, settings: TriageSettings) -> DataFrame:
-    """The runs of failures with at least `outage_min_failures` failures: queue, run,
-    start_ms, end_ms, failures, messages, acked (between start and end), failure_rate,
-    failing (rate at or over the threshold) and ended_ms (the queue's next ack, or null)."""
-    candidates = (
+def outage_candidates(runs: DataFrame, settings: TriageSettings) -> DataFrame:
+    """The runs with at least `outage_min_failures` failures: queue, run, address,
+    start_ms, end_ms, failures, messages."""
+    return (
         runs.where(F.col("run").isNotNull())
         .groupBy("queue", "run")
         .agg(
@@ -431,8 +430,14 @@ def outages(runs: DataFrame, events: DataFrame, settings: TriageSettings) -> Dat
             F.countDistinct("msg_id").alias("messages"),
         )
         .where(F.col("failures") >= settings.outage_min_failures)
-        .cache()
     )
+
+
+def outages(runs: DataFrame, events: DataFrame, settings: TriageSettings) -> DataFrame:
+    """The runs of failures with at least `outage_min_failures` failures: queue, run,
+    start_ms, end_ms, failures, messages, acked (between start and end), failure_rate,
+    failing (rate at or over the threshold) and ended_ms (the queue's next ack, or null)."""
+    candidates = outage_candidates(runs, settings).cache()
     acks = events.where((F.col("event") == "acked") & F.col("queue").isNotNull()).select(
         F.col("queue").alias("q"), F.col("ts")
     )

@@ -24,12 +24,15 @@ run: $(STAMP)
 	@echo "The amqpbroker command is $(BIN)/amqpbroker (not on PATH): run it as $(BIN)/amqpbroker, or 'source $(BIN)/activate' first."
 	$(BIN)/amqpbroker run --config config/broker.yaml --data-dir ./data
 
+# pytest: two xdist workers (groups in tests/conftest.py), then the wall-clock `timing`
+# tests alone, so that no other test competes with them for the cores.
 test: $(DEV_STAMP)
 	sh tests/support/install-browser.sh  # chromium + chromium-driver for the console tests
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m 'not timing'
+	$(BIN)/pytest -m timing
 
 # Issue 23: the paging tests at ten times their size (200 MiB backlogs; several minutes).
 PAGING_SCALE ?= 10

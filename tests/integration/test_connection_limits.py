@@ -77,6 +77,7 @@ def test_a_silent_consumer_is_dropped_and_its_deliveries_return(broker: BrokerPr
     client.close()
 
 
+@pytest.mark.timing  # heartbeats against a wall-clock deadline
 def test_a_connection_that_heartbeats_outlives_the_idle_timeout(broker: BrokerProcess) -> None:
     """Issue 15 item 6: only silence is punished; empty frames keep a connection alive."""
     client = RawClient(open_socket(broker.ports["amqp"]))
@@ -131,6 +132,7 @@ def _metrics(broker: BrokerProcess) -> str:
         return str(response.read().decode())
 
 
+@pytest.mark.timing  # heartbeats against a wall-clock deadline
 def test_heartbeats_go_out_as_often_as_the_peer_asks(broker: BrokerProcess) -> None:
     """Issue 15 item 6: the engines are ticked at proton's deadline, not once a second: a
     client with a 0.4 s idle-timeout (heartbeats due every 0.2 s) that only reads is

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fuzz.amqp_fuzz import fuzz
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]  # 1 s answers
 
 
 @pytest.mark.timeout(90)

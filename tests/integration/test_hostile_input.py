@@ -14,7 +14,7 @@ from support.process import BrokerProcess
 
 from amqpbroker.amqp.sections import MAX_DEPTH
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60), pytest.mark.timing]  # 1 s answers
 
 
 BROKER_LOG_LEVEL = "info"

@@ -182,6 +182,7 @@ def post_head(content_length: str, *, authorization: str = ADMIN, extra: str = "
     )
 
 
+@pytest.mark.timing  # bounds the wall-clock time of an answer
 def test_a_300_mb_body_is_refused_without_reading_it(broker: BrokerProcess) -> None:
     """Issue 15: 413 at once; the broker does not grow; nothing purged."""
     before = broker.rss_bytes()
@@ -193,6 +194,7 @@ def test_a_300_mb_body_is_refused_without_reading_it(broker: BrokerProcess) -> N
     assert messages_in(broker, "Q") == 3
 
 
+@pytest.mark.timing  # bounds the wall-clock time of an answer
 @pytest.mark.parametrize(
     ("content_length", "extra", "status"),
     [
@@ -214,6 +216,7 @@ def test_bad_content_lengths_are_answered_at_once(
     assert took < READ_TIMEOUT_S
 
 
+@pytest.mark.timing  # bounds the wall-clock time of an answer
 def test_a_body_shorter_than_announced_times_out_with_408(broker: BrokerProcess) -> None:
     """Issue 15: the body, too, must arrive within read-timeout."""
     status, _, took = send_head(broker, post_head("100"), b'{"filter"')
@@ -239,6 +242,7 @@ def half_open(broker: BrokerProcess) -> socket.socket:
     return sock
 
 
+@pytest.mark.timing  # bounds the wall-clock time of an answer
 def test_a_half_sent_request_is_closed_after_read_timeout(broker: BrokerProcess) -> None:
     """Issue 15 slowloris: 200 half-sent requests used to stay open for ever."""
     started = time.monotonic()
@@ -247,6 +251,7 @@ def test_a_half_sent_request_is_closed_after_read_timeout(broker: BrokerProcess)
     assert READ_TIMEOUT_S * 0.8 < time.monotonic() - started < READ_TIMEOUT_S * 5
 
 
+@pytest.mark.timing  # bounds the wall-clock time of an answer
 def test_a_trickling_client_is_cut_off_at_the_deadline(broker: BrokerProcess) -> None:
     """Issue 15: one byte every 100 ms never completes a head; the timeout is for the
     whole head, not for each read."""
@@ -263,6 +268,7 @@ def test_a_trickling_client_is_cut_off_at_the_deadline(broker: BrokerProcess) ->
     assert time.monotonic() - started < READ_TIMEOUT_S * 3
 
 
+@pytest.mark.timing  # bounds the wall-clock time of an answer
 def test_requests_are_served_while_50_half_open_ones_wait(broker: BrokerProcess) -> None:
     """Issue 15: one slow client never blocks others; the slow ones are closed later."""
     sockets = [half_open(broker) for _ in range(50)]
@@ -298,6 +304,7 @@ def test_connections_beyond_max_connections_get_503(tmp_path: Path) -> None:
         assert running.stop() == 0
 
 
+@pytest.mark.timing  # bounds the wall-clock time of an answer
 def test_a_request_head_over_64_kib_is_refused_with_431(broker: BrokerProcess) -> None:
     """Issue 15 attack pass: the standard library alone took 99 header lines of 64 KB
     (6.4 MB held per request, times http.max-connections). Now the request line and

@@ -16,7 +16,7 @@ from proton import Collector, Connection, Endpoint, Event, Message, Transport
 from support.client import QUEUE, connect
 from support.process import BrokerProcess
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60), pytest.mark.timing]  # < 1 s
 
 CLIENT_MAX_FRAME = 32 * 1024  # as in the field report's proton-python consumer
 READ_TIMEOUT_S = 5.0  # long enough to see a stall without waiting minutes for it

@@ -298,6 +298,7 @@ def _failed_login_s(broker: BrokerProcess, user: str, source: str) -> float:
     return elapsed
 
 
+@pytest.mark.timing  # compares wall-clock medians
 def test_failed_login_takes_as_long_for_an_unknown_user(broker: BrokerProcess) -> None:
     """Issue 15 item 3: no user enumeration by timing: medians within 2x. Each try comes
     from its own loopback address, so the per-source throttle stays out of it."""
@@ -350,6 +351,7 @@ sys.stdin.read()  # until the test closes stdin
 """
 
 
+@pytest.mark.timing  # compares wall-clock medians
 def test_guessing_clients_do_not_slow_down_the_others(broker: BrokerProcess) -> None:
     """Issue 15 item 4: 16 clients guessing passwords (each from its own address, in a
     child process so they do not share this process's GIL with the measuring client)

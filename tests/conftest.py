@@ -1,0 +1,44 @@
+"""How the suite shares the two cores (`make test`: `pytest -n 2`, then `-m timing`).
+
+`make test` runs the suite in two pytest-xdist workers with `--dist loadgroup`; a worker
+runs a whole group. The groups are set here, once for every tier, so that what tests
+share is set up once:
+
+* `tests/analytics` is one group: the session's one SparkSession (a JVM) starts once;
+* `tests/interop` is one group: the session's certificates are made once, and the
+  client builds (npm ci, apt-get as root) never run twice at the same time;
+* every other module is its own group: its `broker` (scope="module") starts once.
+
+The two long groups come first (`--no-loadscope-reorder` keeps this order), so that the
+modules fill in behind them instead of one long group starting last.
+
+A test that asserts how long something took (an upper bound or a ratio of wall-clock
+times) carries the `timing` marker: `make test` runs those alone afterwards, with no
+other worker competing for the cores. Plain `pytest` runs everything in one process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+# Tiers that are one group each, longest first; everything else is grouped by module.
+WHOLE_TIERS = ("interop", "analytics")
+
+
+def _group(item: pytest.Item) -> tuple[int, str]:
+    """(rank, group name): rank 0 for the whole-tier groups, then the modules."""
+    path = item.path.relative_to(TESTS) if item.path.is_relative_to(TESTS) else item.path
+    if path.parts[0] in WHOLE_TIERS:
+        return WHOLE_TIERS.index(path.parts[0]), path.parts[0]
+    return len(WHOLE_TIERS), path.as_posix()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Give each test its xdist group and put the long groups first (a stable sort:
+    the order inside a group is the collected one)."""
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_group(item)[1]))
+    items.sort(key=lambda item: _group(item)[0])

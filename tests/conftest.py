@@ -4,13 +4,15 @@
 runs a whole group. The groups are set here, once for every tier, so that what tests
 share is set up once:
 
-* `tests/analytics` is one group: the session's one SparkSession (a JVM) starts once;
 * `tests/interop` is one group: the session's certificates are made once, and the
   client builds (npm ci, apt-get as root) never run twice at the same time;
-* every other module is its own group: its `broker` (scope="module") starts once.
+* every other module is its own group: its `broker` (scope="module") starts once, and
+  the analytics modules spread over both workers (each worker starts its own one
+  SparkSession, `local[1]`: at most two JVMs, one core each).
 
-The two long groups come first (`--no-loadscope-reorder` keeps this order), so that the
-modules fill in behind them instead of one long group starting last.
+The tiers go longest first, analytics, interop, integration, unit
+(`--no-loadscope-reorder` keeps this order), so that the short modules fill in behind
+the long ones instead of a long one starting last.
 
 A test that asserts how long something took (an upper bound or a ratio of wall-clock
 times) carries the `timing` marker: `make test` runs those alone afterwards, with no
@@ -24,16 +26,16 @@ from pathlib import Path
 import pytest
 
 TESTS = Path(__file__).parent
-# Tiers that are one group each, longest first; everything else is grouped by module.
-WHOLE_TIERS = ("interop", "analytics")
+ORDER = ("analytics", "interop", "integration")  # the longest tiers first, then the rest
+WHOLE_TIERS = ("interop",)  # one group each; every other module is a group of its own
 
 
 def _group(item: pytest.Item) -> tuple[int, str]:
-    """(rank, group name): rank 0 for the whole-tier groups, then the modules."""
+    """(rank of its tier, its xdist group)."""
     path = item.path.relative_to(TESTS) if item.path.is_relative_to(TESTS) else item.path
-    if path.parts[0] in WHOLE_TIERS:
-        return WHOLE_TIERS.index(path.parts[0]), path.parts[0]
-    return len(WHOLE_TIERS), path.as_posix()
+    tier = path.parts[0]
+    rank = ORDER.index(tier) if tier in ORDER else len(ORDER)
+    return rank, tier if tier in WHOLE_TIERS else path.as_posix()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

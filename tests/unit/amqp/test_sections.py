@@ -410,7 +410,7 @@ def test_out_of_range_value_is_a_value_error(value: Any) -> None:
         encode_value(value)
 
 
-@pytest.mark.parametrize("value", [object(), {1, 2}, 1j], ids=repr)
+@pytest.mark.parametrize("value", [object(), {1, 2}, 1j], ids=["object()", "{1, 2}", "1j"])
 def test_value_without_amqp_type_is_a_type_error(value: Any) -> None:
     with pytest.raises(TypeError):
         encode_value(value)

@@ -762,9 +762,11 @@ class Queue:
         ref = consumer.unsettled.get(delivery)
         if ref is None:
             return False
-        ref.delivery_count += 1
-        if ref.stored_count is not None and self.store is not None:
-            self.store.count_changed(self.name, ref)
+        kind = self.kind
+        if kind is None or not kind.non_destructive:  # B-123: the count is not changed
+            ref.delivery_count += 1
+            if ref.stored_count is not None and self.store is not None:
+                self.store.count_changed(self.name, ref)
         if self.emitter.failures:
             self.event("held", ref, consumer, reason="tx-rollback")
         return True
@@ -924,11 +926,15 @@ class Queue:
             max_messages=max_messages - self.memory_count if max_messages >= 0 else -1,
         )
         store = self.store
+        kind = self.kind
         for message in messages:
             ref = self._enqueue(message, 0, message.deliver_at_ms)
             if store is not None and message.durable:
                 at_ms = message.deliver_at_ms if ref.state == SCHEDULED else 0
                 store.ref_added(self.name, ref, scheduled_at_ms=at_ms)
+            if kind is not None:  # it enters the queue now (B-120, B-121, B-123)
+                kind.arrived(ref)
+                kind.trim()
         if store is not None and messages:
             store.page_read(self.name, pages)
         return bool(messages)

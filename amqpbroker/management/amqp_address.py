@@ -288,6 +288,8 @@ def queue_attributes(broker: Broker, queue: Queue) -> dict[str, Any]:
         "autoDelete": bool(auto_delete) and not config.configured,
         "exclusive": config.exclusive,
         "lastValue": config.last_value_key is not None,
+        "lastValueKey": config.last_value_key,  # B-120
+        "nonDestructive": config.non_destructive,  # B-123
         "ringSize": config.ring_size,
         "paused": queue.paused,
     }

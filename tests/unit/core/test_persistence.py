@@ -259,11 +259,14 @@ def test_a_failed_journal_refuses_durable_sends_and_keeps_serving() -> None:
     answers: list[BaseException | None] = []
     persistence.when_stored(answers.append)
     _step(persistence)
+    h.clock.advance(7)  # the journal answers later: a call into the broker of its own
     error = OSError(28, "No space left on device")
     journal.complete(error)
     assert answers == [error]  # its producer is told (resource-limit-exceeded)
     killed = h.queue("q").counters.killed_by_reason
     assert {reason: n for reason, n in killed.items() if n} == {"journal-failed": 1}
+    [event] = [e for e in h.broker.emitter.take() if e.event == "killed"]
+    assert event.ts == h.clock.now_ms()  # issue 18: the answer's time, not the send's
     with pytest.raises(ResourceLimitExceeded, match="No space left"):
         h.send(target, b"later", durable=True)
     h.send(target, b"volatile")  # non-durable messages still flow

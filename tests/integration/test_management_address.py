@@ -481,11 +481,12 @@ def test_hostile_request_gets_a_failure_reply(
 
 def test_request_without_reply_to_is_dropped_not_run(manager: Manager) -> None:
     """A request nobody can read the answer of is dropped: its operation is not run
-    (docs/decisions.md); the next request is answered."""
+    (docs/decisions.md); the next request is answered. Also a reply-to that names the
+    management address as a queue or is a wildcard (B-011)."""
     fill(manager.conn, "noreply", "a")
     props = {"_AMQ_ResourceName": "queue.noreply", "_AMQ_OperationName": "removeAllMessages"}
     manager.sender.send(Message(id="lost", body="[]", properties=props))
-    for reply_to in (MANAGEMENT, ""):
+    for reply_to in (MANAGEMENT, "", f"{MANAGEMENT}::q", "replies.#"):
         manager.sender.send(Message(id="loop", reply_to=reply_to, body="[]", properties=props))
     assert count(manager, "noreply") == 1
 

@@ -110,19 +110,42 @@ def _queue(broker: Broker, name: str) -> Queue:
     return queue
 
 
-def _held(queue: Queue) -> Iterator[Ref]:
-    """Every message of the queue in order: in memory, then paged (B-151)."""
-    return itertools.chain(queue.refs(), queue.paged_refs())
+def _held(queue: Queue, *, lazy: bool = False) -> Iterator[Ref]:
+    """Every message of the queue in order: in memory, then paged (B-151). `lazy`: read
+    as consumed (a browse page costs the page, `Queue.iter_refs`), for callers that do
+    not change the queue while reading it."""
+    return itertools.chain(queue.iter_refs() if lazy else queue.refs(), queue.paged_refs())
+
+
+def _named(queue: Queue, ids: Iterable[int]) -> list[Ref]:
+    """The references to the messages `ids`, in queue order (as `_held` lists them): the
+    in-memory ones from the queue's id index (O(1) each, `Queue.find`), then, only for
+    ids not found there, the paged ones, read from the page files until all are found
+    (bounded by the paged messages; B-151)."""
+    wanted = dict.fromkeys(ids)
+    found = [ref for ref in map(queue.find, wanted) if ref is not None]
+    found.sort()
+    missing = wanted.keys() - {ref.message.msg_id for ref in found}
+    if missing and queue.pages is not None and queue.pages.messages:
+        for ref in queue.paged_refs():
+            if ref.message.msg_id in missing:
+                found.append(ref)
+                missing.discard(ref.message.msg_id)
+                if not missing:
+                    break
+    return found
 
 
 def _waiting(queue: Queue, selector: str | None, ids: Iterable[int] | None = None) -> Iterator[Ref]:
-    """Waiting references matching the filter (B-130) and, if given, the message ids."""
+    """Waiting references matching the filter (B-130) and, if given, the message ids.
+
+    With ids, O(ids) by the queue's id index, whatever the queue's length; without, the
+    whole queue, taken as a list first, since acting on one may route a copy back into
+    this queue (a dead-letter or retry address bound to it)."""
     match = parse_selector(selector).matches if selector else None
-    wanted = set(ids) if ids is not None else None
-    for ref in _held(queue):
+    refs = _named(queue, ids) if ids is not None else _held(queue)
+    for ref in refs:
         if ref.state == DELIVERING or ref.state == GONE:
-            continue
-        if wanted is not None and ref.message.msg_id not in wanted:
             continue
         if match is not None and not match(ref.message):
             continue
@@ -140,7 +163,7 @@ def browse(
     """Messages of a queue in order, without acquiring them (delivering ones included)."""
     queue = _queue(broker, queue_name)
     match = parse_selector(selector).matches if selector else None
-    refs = (r for r in _held(queue) if match is None or match(r.message))
+    refs = (r for r in _held(queue, lazy=True) if match is None or match(r.message))
     return list(itertools.islice(refs, offset, offset + limit))
 
 
@@ -155,7 +178,7 @@ def count(broker: Broker, queue_name: str, *, selector: str | None = None) -> in
     if not selector:
         return queue.message_count
     match = parse_selector(selector).matches
-    return sum(1 for r in _held(queue) if match(r.message))
+    return sum(1 for r in _held(queue, lazy=True) if match(r.message))
 
 
 @entry
@@ -190,7 +213,7 @@ def _on_waiting(
     queue = _queue(broker, queue_name)
     acted = sum(1 for ref in _waiting(queue, selector, ids) if act(queue, ref) is not False)
     queue.remove_paged()  # B-151: the paged ones it took leave the page files
-    queue.compact()  # issue 23: the memory of those it took is freed now
+    queue.compact(removed=acted)  # issue 23: the memory of many taken is freed now
     return acted
 
 
@@ -224,7 +247,7 @@ def move(
         _complete_move(broker, queue, ref, copy, target.address, targets, reason="move")
         moved += 1
     queue.remove_paged()
-    queue.compact()
+    queue.compact(removed=moved)
     return moved
 
 
@@ -313,7 +336,7 @@ def retry(
         _complete_move(broker, queue, ref, copy, address.name, targets, reason="retry")
         retried += 1
     queue.remove_paged()
-    queue.compact()
+    queue.compact(removed=retried)
     not_found = () if wanted is None else tuple(dict.fromkeys(i for i in wanted if i not in seen))
     return RetryResult(retried, tuple(skipped), not_found)
 

@@ -60,6 +60,9 @@ if TYPE_CHECKING:
     from amqpbroker.core.selector import Selector
 
 _LEVELS = 10
+# At most this many references re-prioritized at once are unlinked one by one (a C scan
+# of their level each); more, and the levels are rebuilt in one pass.
+_FEW = 8
 
 
 # The largest header section the adapter writes when it re-encodes one (B-050): durable,
@@ -310,6 +313,10 @@ class Queue:
         self.kind: QueueKind | None = None
         # How ready references reach consumers: taken, or walked by each (B-123).
         self._deliver_ready: Callable[[list[Consumer], list[Effect]], None] = self._deliver
+        # msg_id -> reference held in memory, built by the first `find` (issue: management
+        # on big queues), kept by `_enqueue` and `_removed` from then on.
+        self._by_id: dict[int, Ref] | None = None
+        self._taken = 0  # taken by management since the last `compact`
 
     def set_kind(self, kind: QueueKind) -> None:
         """Make this a last-value, ring or non-destructive queue (core/queuekinds.py)."""
@@ -365,6 +372,37 @@ class Queue:
             held = list(dict.fromkeys(held))
         held.sort()
         return held
+
+    def iter_refs(self) -> Iterator[Ref]:
+        """`refs()`, lazily: each priority level's fresh deque is already in `seq` order,
+        so they are merged as they are read; only the returned, scheduled and delivering
+        references (few: consumer credit, redelivery delays) are sorted first. A page of
+        a browse costs O(returned + scheduled + delivering + page * log levels), not a
+        sort of the queue. Nothing may be added to the queue while it is being read."""
+        others: list[Ref] = []
+        for returned in self._returned:
+            others.extend(returned)
+        others.extend(entry[2] for entry in self._scheduled)
+        for consumer in self.consumers:
+            others.extend(consumer.unsettled.values())
+        others.sort()
+        previous: Ref | None = None
+        for ref in heapq.merge(*(fresh for fresh in self._fresh if fresh), others):
+            # A non-destructive queue's delivered reference is in both (same seq: adjacent).
+            if ref.state != GONE and ref is not previous:
+                previous = ref
+                yield ref
+
+    def find(self, msg_id: int) -> Ref | None:
+        """The reference to message `msg_id` held in memory (not paged; GONE: none), in
+        O(1) once the index exists. The index is built by the first call, one pass over
+        the queue, so a queue never managed by id pays nothing for it (docs/decisions.md)."""
+        by_id = self._by_id
+        if by_id is None:
+            by_id = self._by_id = {}
+            for ref in self.iter_refs():
+                by_id[ref.message.msg_id] = ref
+        return by_id.get(msg_id)
 
     def oldest_waiting_ts(self) -> int | None:
         """When the broker first accepted (`first_ts`, epoch ms) the oldest message waiting
@@ -499,6 +537,8 @@ class Queue:
         else:
             self._fresh[message.priority].append(ref)
             self._ready += 1
+        if self._by_id is not None:
+            self._by_id[message.msg_id] = ref
         self.size_bytes += message.size
         self._owner.size_changed(self, message.size)
         if message.expiration_ms:
@@ -650,6 +690,9 @@ class Queue:
     # -- settlement -------------------------------------------------------------------
     def _removed(self, ref: Ref) -> None:
         ref.state = GONE
+        by_id = self._by_id
+        if by_id is not None and by_id.get(ref.message.msg_id) is ref:
+            del by_id[ref.message.msg_id]
         if ref.stored_count is not None and self.store is not None:
             self.store.ref_removed(self.name, ref)
         size = ref.message.size
@@ -832,7 +875,11 @@ class Queue:
         message and a ready one goes to the tail of its new level (Artemis `addTail`); a
         scheduled one takes its level when due. Not journaled, as in Artemis."""
         moving = {id(ref) for ref, _ in changed if ref.state == READY}
-        if moving:
+        if 0 < len(moving) <= _FEW:  # by id: out of its level in C, not a rebuild of all
+            for ref, _ in changed:
+                if id(ref) in moving:
+                    _unlink(ref, self._fresh[ref.message.priority], self._returned)
+        elif moving:
             for level in range(_LEVELS):
                 self._fresh[level] = deque(r for r in self._fresh[level] if id(r) not in moving)
                 returned = [r for r in self._returned[level] if id(r) not in moving]
@@ -976,10 +1023,20 @@ class Queue:
             self.store.page_read(self.name, pages)
         return killed
 
-    def compact(self) -> None:
+    def compact(self, *, removed: int | None = None) -> None:
         """Drop the references removed from the middle of the queue (marked GONE, left in
         place for `_pop_next`) after a bulk removal, so their messages' memory is freed
-        now rather than when dispatch reaches them (issue 23: RSS after a purge)."""
+        now rather than when dispatch reaches them (issue 23: RSS after a purge).
+
+        `removed`: how many a management operation just took. The containers are rebuilt
+        only once those taken since the last rebuild are an eighth of what memory holds,
+        so that removing one message by id is O(1) amortized, not a pass over the queue
+        (issue: management on big queues), while a bulk removal still frees at once."""
+        if removed is not None:
+            self._taken += removed
+            if self._taken * 8 < self.memory_count:
+                return
+        self._taken = 0
         for level in range(_LEVELS):
             fresh = self._fresh[level]
             if any(ref.state == GONE for ref in fresh):
@@ -992,3 +1049,13 @@ class Queue:
         if any(entry[2].state != SCHEDULED for entry in self._scheduled):
             self._scheduled = [e for e in self._scheduled if e[2].state == SCHEDULED]
             heapq.heapify(self._scheduled)
+
+
+def _unlink(ref: Ref, fresh: deque[Ref], returned: list[list[Ref]]) -> None:
+    """Take a ready `ref` out of its level: its fresh deque, else its returned heap."""
+    try:
+        fresh.remove(ref)
+    except ValueError:
+        heap = returned[ref.message.priority]
+        heap.remove(ref)
+        heapq.heapify(heap)

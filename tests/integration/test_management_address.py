@@ -612,3 +612,20 @@ def test_created_queues_survive_a_restart_with_their_auto_delete(
     assert bodies(conn, "kept", 1) == ["durable"]
     conn.close()
     assert broker.stop() == 0
+
+
+def test_by_id_and_list_match_the_whole_queue(manager: Manager) -> None:
+    """B-160/B-161 removeMessage(id), changeMessagePriority(id, p), listMessages through
+    `activemq.management` on a queue answered by its id index and a lazy browse (issue:
+    management on big queues): the answers of a walk of the whole queue."""
+    fill(manager.conn, "amqp.big", *(f"c{i}" for i in range(25)))
+    listed = [m["messageID"] for m in manager.ok("queue.amqp.big", "listMessages", None)]
+    assert manager.ok("queue.amqp.big", "removeMessage", listed[4]) is True
+    assert manager.ok("queue.amqp.big", "removeMessage", listed[4]) is False
+    assert manager.ok("queue.amqp.big", "changeMessagePriority", listed[6], 9) is True
+    rows = manager.ok("queue.amqp.big", "listMessages", None)
+    # B-161: a re-prioritized message goes to the tail (listed in arrival order).
+    kept = [i for i in listed if i not in (listed[4], listed[6])]
+    assert [m["messageID"] for m in rows] == [*kept, listed[6]]
+    assert next(m["priority"] for m in rows if m["messageID"] == listed[6]) == 9
+    assert int(manager.ok("queue.amqp.big", "countMessages")) == 24

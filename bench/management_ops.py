@@ -7,7 +7,7 @@ queues): one message by id, one browse page, and the bulk ones, on N 1 KiB messa
 
 `core` calls `core/operations.py` on a broker in this process (no sockets): each figure is
 the time of the call, all of it loop time in a server. It also prints the RSS per queued
-message and what the id index (`Queue.find`) adds to it. `http` starts `amqpbroker run`
+message (run it before and after a change to see what it adds). `http` starts `amqpbroker run`
 on port 0 (memory only), fills the queue over AMQP and times the HTTP requests (each is
 one call onto the loop plus the HTTP round trip); it stops the broker by PID.
 """
@@ -56,25 +56,23 @@ def core() -> None:
     gc.collect()
     rss0 = _rss()
     for i in range(N):
-        h.send(target, BODY, props={"n": i}, priority=4 + i % 2)
+        h.send(target, BODY[8:] + i.to_bytes(8), props={"n": i}, priority=4 + i % 2)
     gc.collect()
     rss1 = _rss()
     print(f"N={N}: RSS per queued 1 KiB message {(rss1 - rss0) / N:.0f} B")
-    queue = h.queue("q")
     middle = ops.browse(h.broker, "q", offset=N // 2, limit=3)
     ids = [r.message.msg_id for r in middle]
     _timed("browse first page (100)", lambda: ops.browse(h.broker, "q", limit=100))
-    if hasattr(queue, "find"):
-        _timed("id index, first use (once)", lambda: queue.find(-1))
-        gc.collect()
-        rss2 = _rss()
-        print(f"id index: {(rss2 - rss1) / N:.0f} B per message")
     _timed("remove one by id", lambda: ops.purge(h.broker, "q", ids=[ids[0]]))
     _timed(
         "change priority of one by id",
         lambda: ops.change_priority(h.broker, "q", priority=9, ids=[ids[1]]),
     )
     _timed("move one by id", lambda: ops.move(h.broker, "q", to_queue="other", ids=[ids[2]]))
+    chunk = [r.message.msg_id for r in ops.browse(h.broker, "q", offset=N // 4, limit=100)]
+    _timed(
+        "move 100 by id (a task step)", lambda: ops.move(h.broker, "q", to_queue="other", ids=chunk)
+    )
     _timed("browse page at offset N/2", lambda: ops.browse(h.broker, "q", offset=N // 2, limit=100))
     _timed("count with a filter", lambda: ops.count(h.broker, "q", selector="n < 10"))
     _timed("purge with a filter (10)", lambda: ops.purge(h.broker, "q", selector="n < 10"))
@@ -111,11 +109,13 @@ def http() -> None:
         )
         try:
             port = broker.ports["http"]
-            bulk.send(broker.url, "q", range(N))
+            rss0 = broker.rss_bytes()
+            bulk.send(broker.url, "q", range(N), durable=lambda i: False)
+            rss1 = broker.rss_bytes()
             base = "/api/v1/queues/q"
             page = _http(port, f"{base}/messages?limit=3&offset={N // 2}")
             ids = [m["msg_id"] for m in page]
-            print(f"N={N} over HTTP (one request each)")
+            print(f"N={N} over HTTP: broker RSS per queued 1 KiB message {(rss1 - rss0) / N:.0f} B")
             _timed("GET messages limit=100", lambda: _http(port, f"{base}/messages?limit=100"))
             _timed("purge one by id", lambda: _http(port, f"{base}/purge", {"ids": [ids[0]]}))
             _timed(

@@ -178,7 +178,7 @@ def count(broker: Broker, queue_name: str, *, selector: str | None = None) -> in
     if not selector:
         return queue.message_count
     match = parse_selector(selector).matches
-    return sum(1 for r in _held(queue, lazy=True) if match(r.message))
+    return sum(1 for r in _held(queue) if match(r.message))  # all of it: the list is faster
 
 
 @entry

@@ -1076,6 +1076,48 @@ def _absolute_expiry_time(buf: bytes, vpos: int, end: int) -> int | None:
     return int(value)
 
 
+_GROUP_ID: Final = PROPERTY_NAMES.index("group-id")
+
+
+def group_fields(buf: bytes, section: tuple[int, int]) -> tuple[str, int] | None:
+    """`properties.group-id` and `group-sequence` (B-127), or None when the message has
+    no group-id. `section` is `Scanned.properties`. O(1) for the common message whose
+    properties list ends before group-id (encoders drop trailing nulls); only a list
+    that reaches field 10 is walked. A group-id that is not a string is no group (as
+    Artemis reads it); a sequence that is not a uint counts as 0.
+    """
+    try:
+        return _group_fields(buf, *section)
+    except (SectionError, *_MALFORMED):
+        return None  # scan() let the section through; a field that does not decode is none
+
+
+def _group_fields(buf: bytes, start: int, end: int) -> tuple[str, int] | None:
+    vpos = (
+        start + 3 if buf[start + 1] == 0x53 and buf[start] == 0x00 else _section_code(buf, start)[1]
+    )
+    code = buf[vpos]
+    if code == 0xC0:
+        count, p = buf[vpos + 2], vpos + 3
+    elif code == 0xD0:
+        count, p = _U32.unpack_from(buf, vpos + 5)[0], vpos + 9
+    else:
+        return None
+    if count <= _GROUP_ID:
+        return None
+    for _ in range(_GROUP_ID):
+        p = _skip(buf, p)
+    group_id, p = _decode(buf, p)
+    if p > end or not isinstance(group_id, str):
+        return None
+    sequence = 0
+    if count > _GROUP_ID + 1:
+        value, p = _decode(buf, p)
+        if p <= end and isinstance(value, int) and not isinstance(value, bool):
+            sequence = int(value)
+    return group_id, sequence
+
+
 # Constructors that open a nesting level: described, list8/32, map8/32, array8/32.
 _NESTING: Final = (0x00, 0xC0, 0xC1, 0xD0, 0xD1, 0xE0, 0xF0)
 _NESTING_BYTES: Final = tuple(bytes((code,)) for code in _NESTING)
@@ -1490,6 +1532,7 @@ def rebuild(
     header: Header | Literal[Keep.KEEP] | None = KEEP,
     message_annotations: Mapping[Any, Any] | Literal[Keep.KEEP] | None = KEEP,
     properties_update: Mapping[str, Any] | None = None,
+    application_properties: Mapping[str, Any] | Literal[Keep.KEEP] = KEEP,
 ) -> bytes:
     """A copy of the message with header, message-annotations or properties fields replaced.
 
@@ -1498,8 +1541,9 @@ def rebuild(
     the complete new map (keys written as symbols), None to drop the section, `KEEP` to
     copy it. `properties_update`: field name -> new value, None removing the field
     (`{"absolute-expiry-time": None}`); the section is created or dropped as needed, other
-    fields are copied as encoded. Delivery annotations are dropped (B-017);
-    application-properties, body and footer are copied byte for byte.
+    fields are copied as encoded. `application_properties`: the complete new map (the
+    group-first-key of B-127), or `KEEP`. Delivery annotations are dropped (B-017);
+    application-properties (when kept), body and footer are copied byte for byte.
 
     Raises:
         SectionError: `data` is not a well-formed message.
@@ -1524,5 +1568,9 @@ def rebuild(
     elif props is not None:
         parts.append(data[props[0] : props[1]])
     ap = scanned.application_properties
-    parts.append(memoryview(data)[ap[0] if ap is not None else scanned.body_start :])
+    if application_properties is KEEP:
+        parts.append(memoryview(data)[ap[0] if ap is not None else scanned.body_start :])
+    else:
+        parts.append(b"\x00\x53\x74" + encode_value(dict(application_properties)))
+        parts.append(memoryview(data)[scanned.body_start :])
     return b"".join(parts)

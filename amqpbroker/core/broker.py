@@ -283,6 +283,7 @@ class Broker(_Attach, _Moving, _Reaper):
         )
         queue.idle_since_ms = self.clock.now_ms()
         queue.owner = owner
+        queue.first_marker = self.copier.with_property  # group-first-key (B-127)
         self._journal_queue(queue)
         self.queues[config.name] = queue
         address.queues.append(queue)
@@ -379,6 +380,12 @@ class Broker(_Attach, _Moving, _Reaper):
             or ("_AMQ_LVQ_NAME" if settings.default_last_value_queue else None),
             "non_destructive": settings.default_non_destructive,
             "ring_size": settings.default_ring_size,
+            "group_rebalance": settings.default_group_rebalance,
+            "group_rebalance_pause_dispatch": settings.default_group_rebalance_pause_dispatch,
+            "group_buckets": settings.default_group_buckets,
+            "group_first_key": settings.default_group_first_key or None,
+            "consumers_before_dispatch": settings.default_consumers_before_dispatch,
+            "delay_before_dispatch": settings.default_delay_before_dispatch,
             "auto_created": True,
         }
         values.update(overrides)

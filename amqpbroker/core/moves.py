@@ -50,6 +50,11 @@ class MessageCopier(Protocol):
         """B-083: write absolute-expiry-time (or remove it for 0) and drop header.ttl."""
         ...
 
+    def with_property(self, message: Message, key: str, value: Any) -> Message:
+        """A copy of `message` whose application-properties also say `key: value` (the
+        group-first-key of B-127: for one delivery, the stored message unchanged)."""
+        ...
+
 
 class _BytesCopier:
     """Fallback for tests without a codec: the copy shares the original bytes."""
@@ -66,10 +71,28 @@ class _BytesCopier:
             properties=message.properties,
             application_properties=message.application_properties,
             reader=message.reader,
+            group_id=message.group_id,  # the copy stays in its group (B-127)
+            group_sequence=message.group_sequence,
         )
 
     def set_expiration(self, message: Message, expiration_ms: int) -> None:
         message.expiration_ms = expiration_ms
+
+    def with_property(self, message: Message, key: str, value: Any) -> Message:
+        properties = dict(message.get_application_properties())
+        properties[key] = value
+        return Message(
+            message.data,
+            msg_id=message.msg_id,
+            durable=message.durable,
+            priority=message.priority,
+            header_end=message.header_end,
+            annotations=message.annotations,
+            properties=message.properties,
+            application_properties=properties,
+            group_id=message.group_id,
+            group_sequence=message.group_sequence,
+        )
 
 
 def kept_annotations(annotations: dict[Any, Any]) -> dict[Any, Any]:

@@ -37,6 +37,12 @@ from dataclasses import dataclass, field
 from random import Random
 from typing import TYPE_CHECKING
 
+from amqpbroker.core.dispatch import (
+    DispatchPolicy,
+    FirstMarker,
+    needs_policy,
+    purge_on_no_consumers,
+)
 from amqpbroker.core.effects import Dispatch, Drained, Effect
 from amqpbroker.core.lifecycle import By, Emitter, Extra, Shape, Where
 from amqpbroker.core.model import (
@@ -247,6 +253,10 @@ class Queue:
         self.delivering = 0
         # Set by the broker for a durable queue when persistence is on (B-095).
         self.store: Persistence | None = None
+        # Exclusive, groups, dispatch gate (B-122, B-127, B-128): core/dispatch.py.
+        self.first_marker: FirstMarker | None = None  # the broker's codec, for group-first-key
+        self.policy = DispatchPolicy(config) if needs_policy(config) else None
+        self.purging = config.purge_on_no_consumers  # B-126: routing skips it while idle
 
     # -- state ------------------------------------------------------------------------
     @property
@@ -265,7 +275,10 @@ class Queue:
     def next_deadline_ms(self) -> int | None:
         while self._scheduled and self._scheduled[0][2].state != SCHEDULED:
             heapq.heappop(self._scheduled)  # expired while waiting
-        return self._scheduled[0][0] if self._scheduled else None
+        due = self._scheduled[0][0] if self._scheduled else None
+        if self.policy is not None and (gate := self.policy.deadline_ms()) is not None:
+            due = gate if due is None else min(due, gate)  # B-128 delay-before-dispatch
+        return due
 
     def refs(self) -> list[Ref]:
         """Every reference held (ready, scheduled, delivering), in arrival order."""
@@ -302,7 +315,10 @@ class Queue:
 
     # -- arrival ----------------------------------------------------------------------
     def accepts_message(self, message: Message) -> bool:
-        """Whether the queue filter lets the message in (B-002)."""
+        """Whether the queue filter lets the message in (B-002), and B-126: a
+        purge-on-no-consumers queue takes nothing while it has no consumers."""
+        if self.purging and not self.consumers:
+            return False
         return self.selector is None or self.selector.matches(message)
 
     def note(self, shape: Shape, ref: Ref, extra: Extra | None) -> None:
@@ -444,7 +460,11 @@ class Queue:
         if browsers:
             self._browse(browsers, out)
         active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
-        if active and self._ready:
+        if (
+            active
+            and self._ready
+            and (self.policy is None or self.policy.may_dispatch(self, self._clock_ms()))
+        ):
             self._deliver(active, out)
         for consumer in consumers:
             # A stalled consumer drains once its window reopens: what is ready goes first.
@@ -467,7 +487,15 @@ class Queue:
             index = self._rr % count
             chosen = None
             prioritized = self._prioritized
-            if prioritized:
+            policy = self.policy
+            if policy is None and ref.message.group_id is not None:
+                policy = self._group_policy()
+            owner = None if policy is None else policy.owner(ref)
+            if owner is not None:  # B-122/B-127: only the owner; the rotation stays put
+                prioritized = True
+                if owner.credit > 0 and owner.window.room > 0 and owner.accepts(ref):
+                    chosen = owner
+            elif prioritized:
                 chosen = self._by_priority(active, ref)  # rotates self._rr itself
             elif not picky and ref.blocked is None:
                 chosen = active[index]
@@ -483,12 +511,24 @@ class Queue:
             if not prioritized:
                 self._rr = index + 1
             self._send(chosen, ref, out)
+            if policy is not None:
+                dispatch = out[-1]
+                assert isinstance(dispatch, Dispatch)
+                policy.sent(chosen, ref, dispatch, self.first_marker)
             if chosen.credit == 0:
                 active.remove(chosen)
             if chosen.window.room <= 0:  # issue 15: its connection has enough to write
                 active = [c for c in active if c.window.room > 0]
         for ref in skipped:
             self._put_back(ref)
+
+    def _group_policy(self) -> DispatchPolicy | None:
+        """B-127: the first message with a group-id gives a plain queue its policy, unless
+        grouping is off (group-buckets 0)."""
+        if self.config.group_buckets == 0:
+            return None
+        self.policy = DispatchPolicy(self.config)
+        return self.policy
 
     @property
     def _prioritized(self) -> bool:
@@ -678,12 +718,16 @@ class Queue:
                 self._scheduled_live -= 1
                 self._put_back(ref)
                 moved = True
-        if moved and self.consumers:
-            self.dispatch(out)
+        if (moved or self.policy is not None) and self.consumers:
+            self.dispatch(out)  # a policy's delay-before-dispatch may be what is due
 
     # -- consumers --------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
+        if self.policy is not None:
+            self.policy.consumer_added(self, consumer, self._clock_ms())
+            if (due := self.policy.deadline_ms()) is not None:
+                self._on_schedule(due)
 
     def remove_consumer(
         self, consumer: Consumer, now_ms: int, out: list[Effect], *, abrupt: bool
@@ -692,6 +736,8 @@ class Queue:
         (abrupt: the loss counts as an attempt). Never delayed."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        if self.policy is not None:
+            self.policy.consumer_removed(self, consumer)
         held = sorted(consumer.unsettled.values())
         consumer.unsettled.clear()
         self.delivering -= len(held)
@@ -702,7 +748,9 @@ class Queue:
             self._return(ref, now_ms, delay=False, reason=reason, consumer=consumer)
         self.used = True
         self.idle_since_ms = now_ms
-        if held and self.consumers:
+        if self.purging and not self.consumers:
+            purge_on_no_consumers(self)  # B-126, after the returns: they go too
+        elif held and self.consumers:
             self.dispatch(out)
 
     def set_credit(self, consumer: Consumer, credit: int, drain: bool, out: list[Effect]) -> None:

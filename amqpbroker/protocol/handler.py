@@ -1170,7 +1170,9 @@ def _close_frame(condition: Condition | None) -> bytes:
 
 def message_of(scanned: sections.Scanned, *, origin_container: str | None = None) -> Message:
     """The core's view of a scanned message: the bytes plus the few fields it reads."""
-    return Message(
+    props = scanned.properties
+    group = None if props is None else sections.group_fields(scanned.data, props)
+    message = Message(
         scanned.data,
         durable=scanned.durable,
         priority=scanned.priority,
@@ -1184,6 +1186,9 @@ def message_of(scanned: sections.Scanned, *, origin_container: str | None = None
         origin_container=origin_container,
         reader=sections.READER,
     )
+    if group is not None:
+        message.group_id, message.group_sequence = group  # B-127
+    return message
 
 
 def _scheduled_delivery(annotations: dict[str, Any], now_ms: int) -> int:

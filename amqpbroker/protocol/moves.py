@@ -49,6 +49,34 @@ class Copier:
             head_end=rescanned.head_end(),
             annotations=annotations,
             reader=sections.READER,
+            group_id=message.group_id,  # the copy stays in its group (B-127)
+            group_sequence=message.group_sequence,
+        )
+
+    def with_property(self, message: Message, key: str, value: Any) -> Message:
+        """B-127 group-first-key: a copy with `key: value` in application-properties, for
+        one delivery (the stored message is unchanged)."""
+        properties = dict(message.get_application_properties())
+        properties[key] = value
+        data = sections.rebuild(message.data, application_properties=properties)
+        rescanned = sections.scan(data)
+        return Message(
+            data,
+            msg_id=message.msg_id,
+            durable=message.durable,
+            priority=message.priority,
+            expiration_ms=message.expiration_ms,
+            header_end=rescanned.header_end,
+            head_end=rescanned.head_end(),
+            header=message.header,
+            annotations=message.annotations,
+            properties=message.properties,
+            application_properties=properties,
+            address=message.address,
+            first_ts=message.first_ts,
+            reader=sections.READER,
+            group_id=message.group_id,
+            group_sequence=message.group_sequence,
         )
 
     def set_expiration(self, message: Message, expiration_ms: int) -> None:

@@ -22,12 +22,13 @@ from random import Random
 from typing import Any
 
 from amqpbroker import __version__
-from amqpbroker.config import AcceptorConfig, BrokerConfig
+from amqpbroker.config import AcceptorConfig, BrokerConfig, QueueDef
 from amqpbroker.core import (
     Broker,
     Clock,
     EventLevel,
     QueueConfig,
+    ResolvedSettings,
     RoutingType,
     SettingsRepository,
     SystemClock,
@@ -137,6 +138,7 @@ def build_broker(
             (RoutingType.ANYCAST, address.anycast),
             (RoutingType.MULTICAST, address.multicast),
         ):
+            resolved = broker.settings_for(address.name)
             for q in queues:
                 broker.create_queue(
                     QueueConfig(
@@ -145,9 +147,7 @@ def build_broker(
                         routing_type=routing_type,
                         durable=q.durable,
                         filter=q.filter,
-                        max_consumers=q.max_consumers,
-                        purge_on_no_consumers=q.purge_on_no_consumers,
-                        exclusive=q.exclusive,
+                        **_queue_options(q, resolved),
                         last_value_key=q.last_value_key
                         or ("_AMQ_LVQ_NAME" if q.last_value else None),
                         non_destructive=q.non_destructive,
@@ -156,6 +156,30 @@ def build_broker(
                     )
                 )
     return broker
+
+
+# The configured queue options that fall back to the address's `default-*` settings.
+_DEFAULTED_OPTIONS = (
+    "max_consumers",
+    "purge_on_no_consumers",
+    "exclusive",
+    "group_rebalance",
+    "group_rebalance_pause_dispatch",
+    "group_buckets",
+    "group_first_key",
+    "consumers_before_dispatch",
+    "delay_before_dispatch",
+)
+
+
+def _queue_options(q: QueueDef, settings: ResolvedSettings) -> dict[str, Any]:
+    """B-122…B-128 options of a configured queue: its own, else the address's default
+    (Artemis applies the address-settings defaults to configured queues too)."""
+    defaults = settings.queue_defaults()
+    return {
+        name: defaults[name] if getattr(q, name) is None else getattr(q, name)
+        for name in _DEFAULTED_OPTIONS
+    }
 
 
 def _is_loopback(host: str) -> bool:

@@ -134,14 +134,21 @@ class SecurityConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueueDef:
-    """A configured queue: configuration-managed, never auto-deleted (B-113)."""
+    """A configured queue: configuration-managed, never auto-deleted (B-113). An option
+    left None takes its address's `default-*` setting, as Artemis applies them."""
 
     name: str
     durable: bool = True
     filter: str | None = None
-    max_consumers: int = -1
-    purge_on_no_consumers: bool = False
-    exclusive: bool = False
+    max_consumers: int | None = None
+    purge_on_no_consumers: bool | None = None
+    exclusive: bool | None = None
+    group_rebalance: bool | None = None
+    group_rebalance_pause_dispatch: bool | None = None
+    group_buckets: int | None = None
+    group_first_key: str | None = None
+    consumers_before_dispatch: int | None = None
+    delay_before_dispatch: int | None = None  # ms
     last_value_key: str | None = None
     last_value: bool = False
     non_destructive: bool = False

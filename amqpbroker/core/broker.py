@@ -373,19 +373,7 @@ class Broker(_Attach, _Moving, _Reaper):
             "address": address,
             "routing_type": routing_type,
             "durable": True,
-            "max_consumers": settings.default_max_consumers,
-            "purge_on_no_consumers": settings.default_purge_on_no_consumers,
-            "exclusive": settings.default_exclusive_queue,
-            "last_value_key": settings.default_last_value_key
-            or ("_AMQ_LVQ_NAME" if settings.default_last_value_queue else None),
-            "non_destructive": settings.default_non_destructive,
-            "ring_size": settings.default_ring_size,
-            "group_rebalance": settings.default_group_rebalance,
-            "group_rebalance_pause_dispatch": settings.default_group_rebalance_pause_dispatch,
-            "group_buckets": settings.default_group_buckets,
-            "group_first_key": settings.default_group_first_key or None,
-            "consumers_before_dispatch": settings.default_consumers_before_dispatch,
-            "delay_before_dispatch": settings.default_delay_before_dispatch,
+            **settings.queue_defaults(),
             "auto_created": True,
         }
         values.update(overrides)

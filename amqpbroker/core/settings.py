@@ -99,6 +99,25 @@ class ResolvedSettings:
             or self.max_expiry_delay >= 0
         )
 
+    def queue_defaults(self) -> dict[str, Any]:
+        """The `QueueConfig` values the `default-*` settings give a queue created on this
+        address (B-110), for what the queue's own options leave unset. The one table."""
+        return {
+            "max_consumers": self.default_max_consumers,
+            "purge_on_no_consumers": self.default_purge_on_no_consumers,
+            "exclusive": self.default_exclusive_queue,
+            "last_value_key": self.default_last_value_key
+            or ("_AMQ_LVQ_NAME" if self.default_last_value_queue else None),
+            "non_destructive": self.default_non_destructive,
+            "ring_size": self.default_ring_size,
+            "group_rebalance": self.default_group_rebalance,
+            "group_rebalance_pause_dispatch": self.default_group_rebalance_pause_dispatch,
+            "group_buckets": self.default_group_buckets,
+            "group_first_key": self.default_group_first_key or None,
+            "consumers_before_dispatch": self.default_consumers_before_dispatch,
+            "delay_before_dispatch": self.default_delay_before_dispatch,
+        }
+
     def to_config(self) -> dict[str, Any]:
         """Kebab-case keys and plain values, as in the YAML file and the HTTP API."""
         out: dict[str, Any] = {}

@@ -46,15 +46,12 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
+from amqpbroker.core.effects import Dispatch
 from amqpbroker.core.model import Message, QueueConfig
-
-if TYPE_CHECKING:
-    from amqpbroker.core.effects import Dispatch
-    from amqpbroker.core.queue import Consumer, Queue
-    from amqpbroker.core.refs import Ref
+from amqpbroker.core.refs import Ref
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +61,27 @@ GROUP_CLOSE_SEQUENCES = frozenset((-1, 0xFFFFFFFF))
 # Writes `key: true` into a copy of the message's application-properties (the protocol
 # codec's `MessageCopier.with_property`); None: the first-key is not written.
 FirstMarker = Callable[[Message, str, Any], Message]
+
+
+class _ConsumerLike(Protocol):
+    """What the policy reads of a `queue.Consumer` (typed apart: queue.py imports this)."""
+
+    @property
+    def browser(self) -> bool: ...
+
+
+C = TypeVar("C", bound=_ConsumerLike)
+
+
+class _Purged(Protocol):
+    """What `purge_on_no_consumers` needs of a `queue.Queue`."""
+
+    @property
+    def name(self) -> str: ...
+
+    def refs(self) -> list[Ref]: ...
+
+    def kill(self, ref: Ref, reason: str) -> None: ...
 
 
 def needs_policy(config: QueueConfig) -> bool:
@@ -77,30 +95,30 @@ def needs_policy(config: QueueConfig) -> bool:
     )
 
 
-class MessageGroups:
+class MessageGroups(Generic[C]):
     """Group owners: by group-id, or by bucket with `buckets` > 0 (B-127)."""
 
     __slots__ = ("_buckets", "_owners")
 
     def __init__(self, buckets: int) -> None:
         self._buckets = buckets
-        self._owners: dict[str | int, Consumer] = {}
+        self._owners: dict[str | int, C] = {}
 
     def key(self, group_id: str) -> str | int:
         if self._buckets <= 0:
             return group_id
         return zlib.crc32(group_id.encode("utf-8", "surrogatepass")) % self._buckets
 
-    def get(self, group_id: str) -> Consumer | None:
+    def get(self, group_id: str) -> C | None:
         return self._owners.get(self.key(group_id))
 
-    def put(self, group_id: str, consumer: Consumer) -> None:
+    def put(self, group_id: str, consumer: C) -> None:
         self._owners[self.key(group_id)] = consumer
 
     def remove(self, group_id: str) -> None:
         self._owners.pop(self.key(group_id), None)
 
-    def release(self, consumer: Consumer) -> None:
+    def release(self, consumer: C) -> None:
         """The consumer left: its groups go to whoever takes their next message."""
         for key in [k for k, owner in self._owners.items() if owner is consumer]:
             del self._owners[key]
@@ -112,7 +130,7 @@ class MessageGroups:
         return len(self._owners)
 
 
-class DispatchPolicy:
+class DispatchPolicy(Generic[C]):
     """The exclusive consumer, group owners and dispatch gate of one queue (B-122, B-127,
     B-128). Loop thread only."""
 
@@ -128,14 +146,14 @@ class DispatchPolicy:
     def __init__(self, config: QueueConfig) -> None:
         self._config = config
         self._grouping = not config.exclusive and config.group_buckets != 0
-        self.groups = MessageGroups(config.group_buckets)
-        self.exclusive_consumer: Consumer | None = None
+        self.groups: MessageGroups[C] = MessageGroups(config.group_buckets)
+        self.exclusive_consumer: C | None = None
         # The gate (B-128): open, or closed until `start_ms` (-1: no delay running).
         self.dispatching = config.consumers_before_dispatch <= 0
         self.start_ms = -1
 
     # -- who takes a message ----------------------------------------------------------
-    def owner(self, ref: Ref) -> Consumer | None:
+    def owner(self, ref: Ref) -> C | None:
         """The consumer that must take `ref` (exclusive or group owner), None if any may."""
         if self._config.exclusive:
             return self.exclusive_consumer
@@ -145,7 +163,7 @@ class DispatchPolicy:
         return self.groups.get(group_id)
 
     def sent(
-        self, consumer: Consumer, ref: Ref, dispatch: Dispatch, first_marker: FirstMarker | None
+        self, consumer: C, ref: Ref, dispatch: Dispatch, first_marker: FirstMarker | None
     ) -> None:
         """`ref` went to `consumer` as `dispatch`: record ownership, close the group, and
         mark a new owner's first message with `group-first-key`."""
@@ -165,7 +183,7 @@ class DispatchPolicy:
             dispatch.message = first_marker(ref.message, key, True)
 
     # -- consumers --------------------------------------------------------------------
-    def consumer_added(self, queue: Queue, consumer: Consumer, now_ms: int) -> None:
+    def consumer_added(self, consumer: C, now_ms: int) -> None:
         if consumer.browser:
             return  # browsers take nothing: not counted, not owners
         config = self._config
@@ -176,26 +194,26 @@ class DispatchPolicy:
         if config.delay_before_dispatch >= 0 and self.start_ms < 0:
             self.start_ms = now_ms + config.delay_before_dispatch
 
-    def consumer_removed(self, queue: Queue, consumer: Consumer) -> None:
+    def consumer_removed(self, consumer: C, remaining: Sequence[C]) -> None:
         """Before its deliveries are returned: they go to the next exclusive consumer or
         group owner, in their order (B-122)."""
         if consumer is self.exclusive_consumer:
             self.exclusive_consumer = None
         self.groups.release(consumer)
-        if not any(not c.browser for c in queue.consumers):
+        if not any(not c.browser for c in remaining):
             self.dispatching = self._config.consumers_before_dispatch <= 0
             self.start_ms = -1
 
     # -- the gate (B-128) ---------------------------------------------------------------
-    def may_dispatch(self, queue: Queue, now_ms: int) -> bool:
+    def may_dispatch(self, consumers: Sequence[C], delivering: int, now_ms: int) -> bool:
         """Artemis `canDispatch`: open stays open; a closed gate opens once nothing is
         in flight and enough consumers are attached or the delay has passed."""
         if self.dispatching:
             return True
-        if queue.delivering:
+        if delivering:
             return False
         config = self._config
-        attached = sum(1 for c in queue.consumers if not c.browser)
+        attached = sum(1 for c in consumers if not c.browser)
         if attached >= config.consumers_before_dispatch or (
             0 <= self.start_ms <= now_ms and attached
         ):
@@ -207,7 +225,19 @@ class DispatchPolicy:
         return None if self.dispatching or self.start_ms < 0 else self.start_ms
 
 
-def purge_on_no_consumers(queue: Queue) -> int:
+def dispatch_options(config: QueueConfig) -> dict[str, Any]:
+    """The queue's B-127/B-128 options, snake_case, for `GET /api/v1/queues/{name}`."""
+    return {
+        "group_buckets": config.group_buckets,
+        "group_rebalance": config.group_rebalance,
+        "group_rebalance_pause_dispatch": config.group_rebalance_pause_dispatch,
+        "group_first_key": config.group_first_key,
+        "consumers_before_dispatch": config.consumers_before_dispatch,
+        "delay_before_dispatch": config.delay_before_dispatch,
+    }
+
+
+def purge_on_no_consumers(queue: _Purged) -> int:
     """B-126: the last consumer left: kill every waiting message (event `killed`, reason
     `purge-on-no-consumers`). Returns how many."""
     waiting = [ref for ref in queue.refs() if ref.waiting]

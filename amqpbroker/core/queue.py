@@ -255,7 +255,9 @@ class Queue:
         self.store: Persistence | None = None
         # Exclusive, groups, dispatch gate (B-122, B-127, B-128): core/dispatch.py.
         self.first_marker: FirstMarker | None = None  # the broker's codec, for group-first-key
-        self.policy = DispatchPolicy(config) if needs_policy(config) else None
+        self.policy: DispatchPolicy[Consumer] | None = (
+            DispatchPolicy(config) if needs_policy(config) else None
+        )
         self.purging = config.purge_on_no_consumers  # B-126: routing skips it while idle
 
     # -- state ------------------------------------------------------------------------
@@ -463,7 +465,10 @@ class Queue:
         if (
             active
             and self._ready
-            and (self.policy is None or self.policy.may_dispatch(self, self._clock_ms()))
+            and (
+                self.policy is None
+                or self.policy.may_dispatch(consumers, self.delivering, self._clock_ms())
+            )
         ):
             self._deliver(active, out)
         for consumer in consumers:
@@ -522,7 +527,7 @@ class Queue:
         for ref in skipped:
             self._put_back(ref)
 
-    def _group_policy(self) -> DispatchPolicy | None:
+    def _group_policy(self) -> DispatchPolicy[Consumer] | None:
         """B-127: the first message with a group-id gives a plain queue its policy, unless
         grouping is off (group-buckets 0)."""
         if self.config.group_buckets == 0:
@@ -725,7 +730,7 @@ class Queue:
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
         if self.policy is not None:
-            self.policy.consumer_added(self, consumer, self._clock_ms())
+            self.policy.consumer_added(consumer, self._clock_ms())
             if (due := self.policy.deadline_ms()) is not None:
                 self._on_schedule(due)
 
@@ -737,7 +742,7 @@ class Queue:
         if consumer in self.consumers:
             self.consumers.remove(consumer)
         if self.policy is not None:
-            self.policy.consumer_removed(self, consumer)
+            self.policy.consumer_removed(consumer, self.consumers)
         held = sorted(consumer.unsettled.values())
         consumer.unsettled.clear()
         self.delivering -= len(held)

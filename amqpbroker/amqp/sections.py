@@ -1034,6 +1034,8 @@ class Scanned(NamedTuple):
     application_properties: tuple[int, int] | None
     body_start: int  # the first body section, else the footer, else len(data)
     absolute_expiry_time: int | None  # properties field, epoch ms, as sent (B-080)
+    # properties group-id and group-sequence (B-127), None: no group-id.
+    group: tuple[str, int] | None = None
 
     def header(self) -> Header | None:
         """The header fields, or None when the message has no header section."""
@@ -1053,69 +1055,52 @@ class Scanned(NamedTuple):
         return self.header_end
 
 
-def _absolute_expiry_time(buf: bytes, vpos: int, end: int) -> int | None:
-    """Field 9 of the properties list, reached by skipping the first 8 (B-080)."""
+_GROUP_ID: Final = PROPERTY_NAMES.index("group-id")
+_NO_PROPERTY_FIELDS: Final = (None, None)
+
+
+def _properties_fields(
+    buf: bytes, vpos: int, end: int
+) -> tuple[int | None, tuple[str, int] | None]:
+    """(absolute-expiry-time, (group-id, group-sequence)) of the properties list at `vpos`,
+    in one walk: field 9 (B-080) and fields 11-12 (B-127), each None when absent.
+
+    A group-id that is not a string (or does not decode) is no group, as Artemis reads
+    it; a group-sequence that is not an integer counts as 0. `scan` calls this only for a
+    list long enough to hold absolute-expiry-time.
+    """
     code = buf[vpos]
     if code == 0xC0:
         count, p = buf[vpos + 2], vpos + 3
     elif code == 0xD0:
         count, p = _U32.unpack_from(buf, vpos + 5)[0], vpos + 9
     else:
-        return None
+        return _NO_PROPERTY_FIELDS
     if count <= _ABSOLUTE_EXPIRY_TIME:
-        return None
+        return _NO_PROPERTY_FIELDS
     for _ in range(_ABSOLUTE_EXPIRY_TIME):
         p = _skip(buf, p)
     value, p = _decode(buf, p)
     if p > end:
         raise SectionError("the properties list runs past its section")
-    if value is None:
-        return None
-    if type(value) is bool or not isinstance(value, int):
+    if value is not None and (type(value) is bool or not isinstance(value, int)):
         raise SectionError(f"absolute-expiry-time is not a timestamp: {value!r}")
-    return int(value)
-
-
-_GROUP_ID: Final = PROPERTY_NAMES.index("group-id")
-
-
-def group_fields(buf: bytes, section: tuple[int, int]) -> tuple[str, int] | None:
-    """`properties.group-id` and `group-sequence` (B-127), or None when the message has
-    no group-id. `section` is `Scanned.properties`. O(1) for the common message whose
-    properties list ends before group-id (encoders drop trailing nulls); only a list
-    that reaches field 10 is walked. A group-id that is not a string is no group (as
-    Artemis reads it); a sequence that is not a uint counts as 0.
-    """
-    try:
-        return _group_fields(buf, *section)
-    except (SectionError, *_MALFORMED):
-        return None  # scan() let the section through; a field that does not decode is none
-
-
-def _group_fields(buf: bytes, start: int, end: int) -> tuple[str, int] | None:
-    vpos = (
-        start + 3 if buf[start + 1] == 0x53 and buf[start] == 0x00 else _section_code(buf, start)[1]
-    )
-    code = buf[vpos]
-    if code == 0xC0:
-        count, p = buf[vpos + 2], vpos + 3
-    elif code == 0xD0:
-        count, p = _U32.unpack_from(buf, vpos + 5)[0], vpos + 9
-    else:
-        return None
+    expiry = None if value is None else int(value)
     if count <= _GROUP_ID:
-        return None
-    for _ in range(_GROUP_ID):
-        p = _skip(buf, p)
-    group_id, p = _decode(buf, p)
-    if p > end or not isinstance(group_id, str):
-        return None
-    sequence = 0
-    if count > _GROUP_ID + 1:
-        value, p = _decode(buf, p)
-        if p <= end and isinstance(value, int) and not isinstance(value, bool):
-            sequence = int(value)
-    return group_id, sequence
+        return expiry, None
+    try:
+        p = _skip(buf, p)  # creation-time
+        group_id, p = _decode(buf, p)
+        if p > end or not isinstance(group_id, str):
+            return expiry, None
+        sequence = 0
+        if count > _GROUP_ID + 1:
+            value, p = _decode(buf, p)
+            if p <= end and isinstance(value, int) and not isinstance(value, bool):
+                sequence = int(value)
+    except _MALFORMED:
+        return expiry, None  # the group is optional; a bad one does not refuse the message
+    return expiry, (group_id, sequence)
 
 
 # Constructors that open a nesting level: described, list8/32, map8/32, array8/32.
@@ -1205,7 +1190,7 @@ def scan(raw: bytes) -> Scanned:
     rank = 0
     header = _NO_HEADER
     header_end = da_start = da_end = 0
-    ma = props = ap = expiry = None
+    ma = props = ap = expiry = group = None
     body_start = footer_start = -1
     body_code = 0
     kinds, valid, unpack_u32 = _KIND, _SECTION_VALUES, _U32.unpack_from
@@ -1240,7 +1225,10 @@ def scan(raw: bytes) -> Scanned:
                         header_end = end
                     elif code == PROPERTIES:
                         props = (pos, end)
-                        expiry = _absolute_expiry_time(raw, vpos, end)
+                        # A list8 that ends before absolute-expiry-time (most messages:
+                        # encoders drop trailing nulls) has none of the fields read here.
+                        if raw[vpos] != 0xC0 or raw[vpos + 2] > _ABSOLUTE_EXPIRY_TIME:
+                            expiry, group = _properties_fields(raw, vpos, end)
                     elif code == MESSAGE_ANNOTATIONS:
                         ma = (pos, end)
                     else:
@@ -1292,6 +1280,7 @@ def scan(raw: bytes) -> Scanned:
             ap,
             body_start,
             expiry,
+            group,
         ),
     )
 

@@ -1170,8 +1170,6 @@ def _close_frame(condition: Condition | None) -> bytes:
 
 def message_of(scanned: sections.Scanned, *, origin_container: str | None = None) -> Message:
     """The core's view of a scanned message: the bytes plus the few fields it reads."""
-    props = scanned.properties
-    group = None if props is None else sections.group_fields(scanned.data, props)
     message = Message(
         scanned.data,
         durable=scanned.durable,
@@ -1186,7 +1184,7 @@ def message_of(scanned: sections.Scanned, *, origin_container: str | None = None
         origin_container=origin_container,
         reader=sections.READER,
     )
-    if group is not None:
+    if (group := scanned.group) is not None:
         message.group_id, message.group_sequence = group  # B-127
     return message
 

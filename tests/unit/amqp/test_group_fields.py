@@ -1,4 +1,5 @@
-"""`sections.group_fields`: properties.group-id / group-sequence for message groups (B-127)."""
+"""`sections.scan(...).group`: properties.group-id / group-sequence for message groups
+(B-127), read in the same walk as absolute-expiry-time."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from amqpbroker.amqp.sections import UInt
 
 
 def _group(message: Message) -> tuple[str, int] | None:
-    scanned = sections.scan(message.encode())
-    assert scanned.properties is not None
-    return sections.group_fields(scanned.data, scanned.properties)
+    return sections.scan(message.encode()).group
+
+
+def _with_properties(fields: list[object]) -> bytes:
+    return b"\x00\x53\x73" + sections.encode_value(fields) + b"\x00\x53\x77\xa1\x01x"
 
 
 def test_group_id_and_sequence_are_read() -> None:
@@ -29,29 +32,43 @@ def test_group_sequence_minus_one_is_read_as_the_uint() -> None:
     assert _group(message) == ("g", 0xFFFFFFFF)
 
 
+def test_group_and_expiry_are_read_together() -> None:
+    """B-080 and B-127 from one walk over the list."""
+    scanned = sections.scan(Message(body="x", expiry_time=5.0, group_id="g").encode())
+    assert (scanned.absolute_expiry_time, scanned.group) == (5000, ("g", 0))
+
+
 @pytest.mark.parametrize(
     "message",
-    [Message(body="x", id="m"), Message(body="x", id="m", creation_time=5.0)],
-    ids=["id-only", "list-ends-before-group-id"],
+    [
+        Message(body="x"),
+        Message(body="x", id="m"),
+        Message(body="x", id="m", creation_time=5.0),
+        Message(body="x", id="m", reply_to_group_id="r"),
+    ],
+    ids=["no-properties", "id-only", "list-ends-before-group-id", "only-reply-to-group"],
 )
 def test_no_group_id_is_none(message: Message) -> None:
-    """A properties list that ends before field 10 has no group (the O(1) common case)."""
+    """A properties list without a group-id has no group."""
     assert _group(message) is None
 
 
 def test_a_group_id_that_is_not_a_string_is_no_group() -> None:
-    """Hostile peer: a group-id of another type is ignored, as Artemis reads it."""
-    fields = [None] * 10 + [UInt(5), UInt(1)]
-    data = b"\x00\x53\x73" + sections.encode_value(fields) + b"\x00\x53\x77\xa1\x01x"
-    scanned = sections.scan(data)
-    assert scanned.properties is not None
-    assert sections.group_fields(scanned.data, scanned.properties) is None
+    """Hostile peer: a group-id of another type is ignored, as Artemis reads it; the
+    message itself is fine."""
+    scanned = sections.scan(_with_properties([None] * 10 + [UInt(5), UInt(1)]))
+    assert (scanned.group, scanned.body_start > 0) == (None, True)
+
+
+def test_a_group_id_that_does_not_decode_is_no_group() -> None:
+    """Hostile peer: a str8 group-id of invalid UTF-8 is no group, not a refused message."""
+    fields = sections.encode_value([None] * 10 + ["g"])
+    bad = fields.replace(b"\xa1\x01g", b"\xa1\x01\xff")
+    scanned = sections.scan(b"\x00\x53\x73" + bad + b"\x00\x53\x77\xa1\x01x")
+    assert scanned.group is None
 
 
 def test_a_sequence_that_is_not_a_uint_counts_as_zero() -> None:
     """Hostile peer: group-sequence of the wrong type counts as 0, the group stands."""
-    fields = [None] * 10 + ["g", "not-a-number"]
-    data = b"\x00\x53\x73" + sections.encode_value(fields) + b"\x00\x53\x77\xa1\x01x"
-    scanned = sections.scan(data)
-    assert scanned.properties is not None
-    assert sections.group_fields(scanned.data, scanned.properties) == ("g", 0)
+    scanned = sections.scan(_with_properties([None] * 10 + ["g", "not-a-number"]))
+    assert scanned.group == ("g", 0)

@@ -1055,52 +1055,60 @@ class Scanned(NamedTuple):
         return self.header_end
 
 
-_GROUP_ID: Final = PROPERTY_NAMES.index("group-id")
-_NO_PROPERTY_FIELDS: Final = (None, None)
-
-
-def _properties_fields(
-    buf: bytes, vpos: int, end: int
-) -> tuple[int | None, tuple[str, int] | None]:
-    """(absolute-expiry-time, (group-id, group-sequence)) of the properties list at `vpos`,
-    in one walk: field 9 (B-080) and fields 11-12 (B-127), each None when absent.
-
-    A group-id that is not a string (or does not decode) is no group, as Artemis reads
-    it; a group-sequence that is not an integer counts as 0. `scan` calls this only for a
-    list long enough to hold absolute-expiry-time.
-    """
+def _absolute_expiry_time(buf: bytes, vpos: int, end: int) -> int | None:
+    """Field 9 of the properties list, reached by skipping the first 8 (B-080)."""
     code = buf[vpos]
     if code == 0xC0:
         count, p = buf[vpos + 2], vpos + 3
     elif code == 0xD0:
         count, p = _U32.unpack_from(buf, vpos + 5)[0], vpos + 9
     else:
-        return _NO_PROPERTY_FIELDS
+        return None
     if count <= _ABSOLUTE_EXPIRY_TIME:
-        return _NO_PROPERTY_FIELDS
+        return None
     for _ in range(_ABSOLUTE_EXPIRY_TIME):
         p = _skip(buf, p)
     value, p = _decode(buf, p)
     if p > end:
         raise SectionError("the properties list runs past its section")
-    if value is not None and (type(value) is bool or not isinstance(value, int)):
+    if value is None:
+        return None
+    if type(value) is bool or not isinstance(value, int):
         raise SectionError(f"absolute-expiry-time is not a timestamp: {value!r}")
-    expiry = None if value is None else int(value)
+    return int(value)
+
+
+_GROUP_ID: Final = PROPERTY_NAMES.index("group-id")
+
+
+def _group(buf: bytes, vpos: int, end: int) -> tuple[str, int] | None:
+    """(group-id, group-sequence), fields 11 and 12 of the properties list (B-127), or
+    None without a group-id. A group-id that is not a string, or does not decode, is no
+    group (as Artemis reads it; the message is not refused); a group-sequence that is not
+    an integer counts as 0. `scan` calls this only for a list long enough to hold one."""
+    code = buf[vpos]
+    if code == 0xC0:
+        count, p = buf[vpos + 2], vpos + 3
+    elif code == 0xD0:
+        count, p = _U32.unpack_from(buf, vpos + 5)[0], vpos + 9
+    else:
+        return None
     if count <= _GROUP_ID:
-        return expiry, None
+        return None
     try:
-        p = _skip(buf, p)  # creation-time
+        for _ in range(_GROUP_ID):
+            p = _skip(buf, p)
         group_id, p = _decode(buf, p)
         if p > end or not isinstance(group_id, str):
-            return expiry, None
+            return None
         sequence = 0
         if count > _GROUP_ID + 1:
             value, p = _decode(buf, p)
             if p <= end and isinstance(value, int) and not isinstance(value, bool):
                 sequence = int(value)
     except _MALFORMED:
-        return expiry, None  # the group is optional; a bad one does not refuse the message
-    return expiry, (group_id, sequence)
+        return None
+    return group_id, sequence
 
 
 # Constructors that open a nesting level: described, list8/32, map8/32, array8/32.
@@ -1226,9 +1234,12 @@ def scan(raw: bytes) -> Scanned:
                     elif code == PROPERTIES:
                         props = (pos, end)
                         # A list8 that ends before absolute-expiry-time (most messages:
-                        # encoders drop trailing nulls) has none of the fields read here.
+                        # encoders drop trailing nulls) has none of the fields read here;
+                        # one that ends before group-id has no group (B-127).
                         if raw[vpos] != 0xC0 or raw[vpos + 2] > _ABSOLUTE_EXPIRY_TIME:
-                            expiry, group = _properties_fields(raw, vpos, end)
+                            expiry = _absolute_expiry_time(raw, vpos, end)
+                            if raw[vpos] != 0xC0 or raw[vpos + 2] > _GROUP_ID:
+                                group = _group(raw, vpos, end)
                     elif code == MESSAGE_ANNOTATIONS:
                         ma = (pos, end)
                     else:

@@ -481,6 +481,7 @@ class Queue:
     def _deliver(self, active: list[Consumer], out: list[Effect]) -> None:
         skipped: list[Ref] = []
         picky = any(c.selector is not None or c.max_message_size for c in active)
+        policy = self.policy  # B-122/B-127/B-128 (core/dispatch.py); None: a plain queue
         while active:
             ref = self._pop_next()
             if ref is None:
@@ -492,10 +493,12 @@ class Queue:
             index = self._rr % count
             chosen = None
             prioritized = self._prioritized
-            policy = self.policy
-            if policy is None and ref.message.group_id is not None:
-                policy = self._group_policy()
-            owner = None if policy is None else policy.owner(ref)
+            if policy is None and ref.message.group_id is None:
+                owner = None  # the plain path: no policy, no group
+            else:
+                if policy is None:
+                    policy = self._group_policy()
+                owner = None if policy is None else policy.owner(ref)
             if owner is not None:  # B-122/B-127: only the owner; the rotation stays put
                 prioritized = True
                 if owner.credit > 0 and owner.window.room > 0 and owner.accepts(ref):

@@ -1055,15 +1055,20 @@ class Scanned(NamedTuple):
         return self.header_end
 
 
-def _absolute_expiry_time(buf: bytes, vpos: int, end: int) -> int | None:
-    """Field 9 of the properties list, reached by skipping the first 8 (B-080)."""
+def _list_head(buf: bytes, vpos: int) -> tuple[int, int]:
+    """(element count, offset of the first element) of the list at `vpos`; (0, vpos) for
+    anything else (list0 or not a list)."""
     code = buf[vpos]
     if code == 0xC0:
-        count, p = buf[vpos + 2], vpos + 3
-    elif code == 0xD0:
-        count, p = _U32.unpack_from(buf, vpos + 5)[0], vpos + 9
-    else:
-        return None
+        return buf[vpos + 2], vpos + 3
+    if code == 0xD0:
+        return _U32.unpack_from(buf, vpos + 5)[0], vpos + 9
+    return 0, vpos
+
+
+def _absolute_expiry_time(buf: bytes, vpos: int, end: int) -> int | None:
+    """Field 9 of the properties list, reached by skipping the first 8 (B-080)."""
+    count, p = _list_head(buf, vpos)
     if count <= _ABSOLUTE_EXPIRY_TIME:
         return None
     for _ in range(_ABSOLUTE_EXPIRY_TIME):
@@ -1086,13 +1091,7 @@ def _group(buf: bytes, vpos: int, end: int) -> tuple[str, int] | None:
     None without a group-id. A group-id that is not a string, or does not decode, is no
     group (as Artemis reads it; the message is not refused); a group-sequence that is not
     an integer counts as 0. `scan` calls this only for a list long enough to hold one."""
-    code = buf[vpos]
-    if code == 0xC0:
-        count, p = buf[vpos + 2], vpos + 3
-    elif code == 0xD0:
-        count, p = _U32.unpack_from(buf, vpos + 5)[0], vpos + 9
-    else:
-        return None
+    count, p = _list_head(buf, vpos)
     if count <= _GROUP_ID:
         return None
     try:

@@ -22,13 +22,11 @@ from random import Random
 from typing import Any
 
 from amqpbroker import __version__
-from amqpbroker.config import AcceptorConfig, BrokerConfig, QueueDef
+from amqpbroker.config import AcceptorConfig, BrokerConfig
 from amqpbroker.core import (
     Broker,
     Clock,
     EventLevel,
-    QueueConfig,
-    ResolvedSettings,
     RoutingType,
     SettingsRepository,
     SystemClock,
@@ -38,14 +36,20 @@ from amqpbroker.core.persistence import OnStored, Persistence
 from amqpbroker.core.records import Record
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.eventlog import EventLogWriter
-from amqpbroker.management import BasicAuth, HttpServer, LoopBridge, ManagementApi, tasks
+from amqpbroker.management import (
+    AmqpManagement,
+    BasicAuth,
+    HttpServer,
+    LoopBridge,
+    ManagementApi,
+    tasks,
+)
 from amqpbroker.management.api import ConsoleContext
 from amqpbroker.management.samples import Sampler
 from amqpbroker.management.tasks import TaskFile, TaskRunner
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.metrics.collector import EventLogFiles, journal_sync_histogram
-from amqpbroker.protocol import moves
-from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell, message_of
+from amqpbroker.protocol import AmqpConnection, SaslFactory, Shell, message_of, moves
 from amqpbroker.protocol.sasl import Credentials, Identity, Outcome, SaslServer, Verdict
 from amqpbroker.security import (
     TlsFileError,
@@ -53,8 +57,9 @@ from amqpbroker.security import (
     verify_password_or_dummy,
 )
 from amqpbroker.security.logins import PasswordChecks
-from amqpbroker.store import idblock
+from amqpbroker.store import idblock, sysmem
 from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
+from amqpbroker.store.paging import PageFiles
 from amqpbroker.store.recovery import recover
 
 log = logging.getLogger(__name__)
@@ -126,7 +131,11 @@ def build_broker(
         else EventLevel.OFF,
         security=security,
         id_cache_size=config.id_cache_size,
+        global_max_size=config.global_max_size
+        if config.global_max_size >= 0
+        else sysmem.default_global_max_size(),
     )
+    broker.management = AmqpManagement(broker)  # activemq.management (B-160)
     for address in config.addresses:
         types = set()
         if address.anycast or "ANYCAST" in address.routing_types:
@@ -141,45 +150,9 @@ def build_broker(
             resolved = broker.settings_for(address.name)
             for q in queues:
                 broker.create_queue(
-                    QueueConfig(
-                        name=q.name,
-                        address=address.name,
-                        routing_type=routing_type,
-                        durable=q.durable,
-                        filter=q.filter,
-                        **_queue_options(q, resolved),
-                        last_value_key=q.last_value_key
-                        or ("_AMQ_LVQ_NAME" if q.last_value else None),
-                        non_destructive=q.non_destructive,
-                        ring_size=q.ring_size,
-                        configured=True,
-                    )
+                    q.queue_config(address.name, routing_type, defaults=resolved, configured=True)
                 )
     return broker
-
-
-# The configured queue options that fall back to the address's `default-*` settings.
-_DEFAULTED_OPTIONS = (
-    "max_consumers",
-    "purge_on_no_consumers",
-    "exclusive",
-    "group_rebalance",
-    "group_rebalance_pause_dispatch",
-    "group_buckets",
-    "group_first_key",
-    "consumers_before_dispatch",
-    "delay_before_dispatch",
-)
-
-
-def _queue_options(q: QueueDef, settings: ResolvedSettings) -> dict[str, Any]:
-    """B-122…B-128 options of a configured queue: its own, else the address's default
-    (Artemis applies the address-settings defaults to configured queues too)."""
-    defaults = settings.queue_defaults()
-    return {
-        name: defaults[name] if getattr(q, name) is None else getattr(q, name)
-        for name in _DEFAULTED_OPTIONS
-    }
 
 
 def _is_loopback(host: str) -> bool:
@@ -369,7 +342,7 @@ class BrokerServer:
         self.journal: FileJournal | None = None
         self.journal_sync = journal_sync_histogram()
         self.broker = build_broker(config, clock=clock, rng=rng)
-        self.shell = Shell(self.broker)
+        self.shell: Shell[AmqpConnection] = Shell(self.broker)
         self.event_log: EventLogWriter | None = None
         if self.broker.emitter.failures:  # some level of the event log is on
             self.event_log = EventLogWriter(
@@ -379,8 +352,6 @@ class BrokerServer:
             )
             self.broker.emitter.data_limit = self.event_log.data_limit
             self.broker.emitter.heads_only = self.event_log.heads_only
-            if type(self.broker.clock) is SystemClock:  # the same ms, read cheaper
-                self.broker.emitter.clock_ns = time.time_ns
             self.shell.event_sink = self.event_log.submit
         users = config.security.users
         self.shell.roles_for = lambda user: (
@@ -409,11 +380,17 @@ class BrokerServer:
         self._started_s = time.monotonic()
         self._accepting = False
         self._stopped = asyncio.Event()
+        self.pages: PageFiles | None = None  # B-151 PAGE: DATA_DIR/paging
+        self.memory = sysmem.MemoryReturner()  # issue 23: freed heap back to the system
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         if self.config.persistence.enabled:
             self._open_journal(loop)
+        else:
+            pages = self.pages = self._page_files()
+            pages.recover({}, {})  # memory only: nothing paged survives a restart
+            self.broker.enable_paging(pages)
         self._reserve_message_ids()
         if self.config.security.enabled:
             self.password_checks = PasswordChecks(
@@ -476,6 +453,16 @@ class BrokerServer:
         except OSError as e:
             raise StartupError(f"cannot reserve message ids in {path}: {e}") from e
 
+    def _page_files(self) -> PageFiles:
+        """B-151 PAGE: page files under DATA_DIR/paging (store/paging.py)."""
+        settings = self.broker.settings
+        return PageFiles(
+            self.data_dir / "paging",
+            message_of=message_of,
+            page_size_bytes=lambda address: settings.resolve(address).page_size_bytes,
+            sync=self.config.persistence.sync,
+        )
+
     def _open_journal(self, loop: asyncio.AbstractEventLoop) -> None:
         """Recover from DATA_DIR/journal before any client can connect (issue 5)."""
         directory = self.data_dir / "journal"
@@ -506,6 +493,10 @@ class BrokerServer:
         )
         self.broker.enable_persistence(persistence)
         recovered = recover(self.broker, state, message_of)
+        pages = self.pages = self._page_files()
+        durable = {q.name: q.address for q in self.broker.queues.values() if q.store is not None}
+        self.broker.enable_paging(pages, paged=tuple(pages.recover(durable, state.page_cursors)))
+        persistence.before_flush = pages.flush
         persistence.flush()
         log.info(
             "journal %s: recovered %d messages (%d references) in %d queues in %.2f s",
@@ -689,6 +680,7 @@ class BrokerServer:
     def _after_command(self) -> None:
         self.shell.apply_effects()
         self.flush()
+        self.memory.check(self.broker.memory_bytes)  # a purge may have freed a lot
 
     def _write_ports(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -820,6 +812,7 @@ class BrokerServer:
             if at_s:
                 next_s = min(next_s, at_s)
         self.flush()  # heartbeats; an expired connection's close frame, then its socket
+        self.memory.check(self.broker.memory_bytes)  # issue 23: a drain freed a lot?
         for amqp in failed:
             sock = self.sockets.get(amqp)
             if sock is not None:
@@ -862,6 +855,8 @@ class BrokerServer:
             self.shell.apply_effects()  # the last durable changes
             journal = self.journal
             await asyncio.get_running_loop().run_in_executor(None, journal.close)
+        if self.pages is not None:
+            self.pages.close()
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / "ports.json").unlink()
         self._stopped.set()

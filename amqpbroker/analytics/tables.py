@@ -146,9 +146,12 @@ def queue_totals(windows: DataFrame) -> DataFrame:
 
 
 def queue_outcomes(counts: DataFrame) -> DataFrame:
-    """Returned by outcome, dead-lettered by reason, expired and killed by reason."""
+    """Returned by outcome, dead-lettered by reason, expired, killed and replaced (ring,
+    last-value: B-120, B-121) by reason."""
     return (
-        counts.where(F.col("event").isin("returned", "dead-lettered", "expired", "killed"))
+        counts.where(
+            F.col("event").isin("returned", "dead-lettered", "expired", "killed", "replaced")
+        )
         .groupBy("queue", "address", "window_start", "event", "reason")
         .agg(F.sum("events").alias("events"))
     )

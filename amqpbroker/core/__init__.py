@@ -32,6 +32,7 @@ from amqpbroker.core.lifecycle import (
 )
 from amqpbroker.core.model import (
     DEFAULT_PRIORITY,
+    DUPLICATE_ID,
     ConnectionId,
     ConsumerId,
     DeliveryId,
@@ -49,6 +50,7 @@ from amqpbroker.core.moves import (
 )
 from amqpbroker.core.outcomes import (
     ACCEPTED,
+    FAILED,
     RELEASED,
     Accepted,
     Modified,
@@ -57,13 +59,16 @@ from amqpbroker.core.outcomes import (
     Released,
 )
 from amqpbroker.core.queue import Queue, Window
+from amqpbroker.core.queuekinds import last_value_key
 from amqpbroker.core.settings import AddressSettings, ResolvedSettings, SettingsRepository
 from amqpbroker.core.wildcard import WildcardConfig
 
 __all__ = [
     "ACCEPTED",
     "DEFAULT_PRIORITY",
+    "DUPLICATE_ID",
     "EVENT_TYPES",
+    "FAILED",
     "FAILURE_EVENTS",
     "RELEASED",
     "Accepted",
@@ -113,5 +118,6 @@ __all__ = [
     "annotated_routing_type",
     "dispatch_options",
     "kept_annotations",
+    "last_value_key",
     "move_annotation_values",
 ]

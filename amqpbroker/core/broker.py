@@ -8,7 +8,8 @@ they must happen. Never blocks, sleeps, reads the time except through the inject
 duplicate ids, admission and address-full) and consumers' credit and settling; its other
 parts are mixins, each in its own module with its theory of operation: attaching links
 (`_Attach`, `core/attach.py`), dead letters, expiry and moved copies (`_Moving`,
-`core/moving.py`), the auto-delete pass (`_Reaper`, `core/reaper.py`). Management
+`core/moving.py`), the auto-delete pass (`_Reaper`, `core/reaper.py`), retroactive
+addresses (`_Retroactive`, `core/retroactive.py`). Management
 operations are `core/operations.py`; the moved copy's annotations `core/moves.py`.
 """
 
@@ -28,7 +29,7 @@ from amqpbroker.core.attach import (
     _Attach,
     _ConsumerInfo,
 )
-from amqpbroker.core.clock import Clock
+from amqpbroker.core.clock import Clock, entry
 from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Effect
 from amqpbroker.core.errors import (
     ClientError,
@@ -39,6 +40,7 @@ from amqpbroker.core.errors import (
 from amqpbroker.core.expiry import apply_expiry_overrides, initial_expiration
 from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter, EventLevel, Extra, Shape
+from amqpbroker.core.management import MANAGEMENT_ADDRESS, ManagementHandler
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -50,12 +52,15 @@ from amqpbroker.core.model import (
 from amqpbroker.core.moves import MessageCopier, MoveAnnotations, _BytesCopier
 from amqpbroker.core.moving import _Moving
 from amqpbroker.core.names import advisory_characters, parse_address
-from amqpbroker.core.outcomes import Modified, Outcome
+from amqpbroker.core.outcomes import FAILED, Outcome
+from amqpbroker.core.paging import PageStores, full_reason
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
+from amqpbroker.core.queuekinds import kind_of, last_value_key
 from amqpbroker.core.reaper import _Reaper
 from amqpbroker.core.refs import DELIVERING, Ref
+from amqpbroker.core.retroactive import _Retroactive
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
@@ -65,10 +70,8 @@ log = logging.getLogger(__name__)
 
 _SENT_SHAPES = 1000  # `sent` shapes kept per address (one per producer container)
 
-_ROLLBACK = Modified(delivery_failed=True)  # B-143: a rollback counts as a failed attempt
 
-
-class Broker(_Attach, _Moving, _Reaper):
+class Broker(_Attach, _Moving, _Reaper, _Retroactive):
     """The broker: addresses, queues, consumers and every message state change."""
 
     def __init__(
@@ -85,8 +88,15 @@ class Broker(_Attach, _Moving, _Reaper):
         security: SecurityRepository | None = None,
         id_cache_size: int = 20_000,
         persistence: Persistence | None = None,
+        global_max_size: int = -1,
     ) -> None:
         self.name = name
+        # B-151: the bytes all queues may hold in memory (-1: no broker-wide limit), what
+        # they hold, and whether a BLOCK address hit it (producers and relays wait).
+        self.global_max_size = global_max_size
+        self.memory_bytes = 0
+        self.global_blocked = False
+        self.page_stores: PageStores | None = None  # PAGE writes to disk once set
         self.persistence = persistence  # None: memory only
         self.emitter = Emitter(event_level)
         self.security = security or SecurityRepository({})
@@ -95,6 +105,9 @@ class Broker(_Attach, _Moving, _Reaper):
         self._principal: tuple[str | None, frozenset[str]] | None = None
         self.settings = settings
         self.clock = clock
+        # The time of the call being handled: one clock reading per call (`clock.entry`).
+        self.now_ms = clock.now_ms()
+        self.in_call = False
         self.rng = rng or Random()
         self.copier: MessageCopier = copier or _BytesCopier()
         self.post_office = PostOffice(settings.wildcards)
@@ -107,7 +120,7 @@ class Broker(_Attach, _Moving, _Reaper):
         self._delivery_ids = itertools.count(1)
         self._consumers: dict[ConsumerId, _ConsumerInfo] = {}
         self._scan_period_ms = address_queue_scan_period_ms
-        self._next_scan_ms = clock.now_ms() + address_queue_scan_period_ms
+        self._next_scan_ms = self.now_ms + address_queue_scan_period_ms
         self._warned_names: set[str] = set()
         self._deadlines: list[int] = []  # may hold stale entries; tick() drops them
         # Expiry index (B-084): (expiration, n, queue, ref) for references that can expire,
@@ -115,8 +128,11 @@ class Broker(_Attach, _Moving, _Reaper):
         self._expiries: list[tuple[int, int, Queue, Ref]] = []
         self._expiry_seq = itertools.count()
         self._expiry_scan_period_ms = message_expiry_scan_period_ms
-        self._next_expiry_scan_ms = clock.now_ms() + max(message_expiry_scan_period_ms, 0)
+        self._next_expiry_scan_ms = self.now_ms + max(message_expiry_scan_period_ms, 0)
         self._expiry_drop_warned: set[str] = set()
+        # B-160: answers requests to the management address (server.py sets it).
+        self.management: ManagementHandler | None = None
+        self._retroactive: dict[str, dict[RoutingType, str]] = {}  # B-124, core/retroactive.py
 
     # -- effects and time -----------------------------------------------------------
     def take_effects(self) -> list[Effect]:
@@ -124,8 +140,23 @@ class Broker(_Attach, _Moving, _Reaper):
         effects, self._effects = self._effects, []
         return effects
 
-    def _add_deadline(self, at_ms: int) -> None:
+    # -- what its queues need from it (`queue.QueueOwner`; also `dead_letter`,
+    # `track_expiry` and `expired`, in core/moving.py) ---------------------------------
+    def queue_settings(self, queue: Queue) -> ResolvedSettings:
+        return self.settings.resolve(queue.address)
+
+    def schedule(self, at_ms: int) -> None:
         heapq.heappush(self._deadlines, at_ms)
+
+    def size_changed(self, queue: Queue, delta_bytes: int) -> None:
+        self.memory_bytes += delta_bytes  # B-151 global-max-size
+        address = self.post_office.addresses.get(queue.address)
+        if address is not None:
+            address.size_bytes += delta_bytes
+            if delta_bytes < 0 and address.blocked:
+                self._check_unblocked(address)
+        if delta_bytes < 0 and self.global_blocked:
+            self._check_global_unblocked()
 
     def next_deadline_ms(self) -> int | None:
         """When `tick()` next has work: a redelivery, the reaper or the expiry scan. O(1)."""
@@ -138,9 +169,10 @@ class Broker(_Attach, _Moving, _Reaper):
             candidates.append(max(self._next_expiry_scan_ms, self._expiries[0][0]))
         return min(candidates) if candidates else None
 
+    @entry
     def tick(self) -> None:
         """Fire due redeliveries and, every address-queue-scan-period, the reaper."""
-        now_ms = self.clock.now_ms()
+        now_ms = self.now_ms
         out = self._effects
         deadlines = self._deadlines
         if deadlines and deadlines[0] <= now_ms:
@@ -168,6 +200,21 @@ class Broker(_Attach, _Moving, _Reaper):
         for queue in self.queues.values():
             self._journal_queue(queue)
 
+    def enable_paging(self, stores: PageStores, *, paged: tuple[str, ...] = ()) -> None:
+        """B-151 PAGE to disk from now on; `paged`: queues whose page files a restart
+        found (recovered after the journal, which holds their cursors)."""
+        self.page_stores = stores
+        for name in paged:
+            queue = self.queues.get(name)
+            if queue is not None and queue.pages is None:
+                self._open_pages(queue)
+
+    def _open_pages(self, queue: Queue) -> None:
+        assert self.page_stores is not None
+        queue.pages = self.page_stores.open(
+            address=queue.address, queue=queue.name, durable=queue.store is not None
+        )
+
     def _journal_address(self, address: Address) -> None:
         if self.persistence is not None and not address.temporary:
             self.persistence.address_changed(
@@ -189,6 +236,7 @@ class Broker(_Attach, _Moving, _Reaper):
                 continue
             queue.kill(ref, "journal-failed")
 
+    @entry
     def restore(
         self, queue_name: str, message: Message, delivery_count: int, scheduled_at_ms: int
     ) -> bool:
@@ -218,6 +266,7 @@ class Broker(_Attach, _Moving, _Reaper):
     def settings_for(self, address: str) -> ResolvedSettings:
         return self.settings.resolve(address)
 
+    @entry
     def create_address(
         self,
         name: str,
@@ -228,6 +277,8 @@ class Broker(_Attach, _Moving, _Reaper):
         owner: ConnectionId | None = None,
     ) -> Address:
         """Create the address, or add routing types to an existing one."""
+        if auto_created and name == MANAGEMENT_ADDRESS:
+            raise NotFound(f"{name} is the management address: it is never auto-created")
         existing = self.post_office.addresses.get(name)
         if existing is not None:
             if not routing_types <= existing.routing_types:
@@ -240,14 +291,16 @@ class Broker(_Attach, _Moving, _Reaper):
             auto_created=auto_created,
             temporary=temporary,
             owner=owner,
-            idle_since_ms=self.clock.now_ms(),
+            idle_since_ms=self.now_ms,
         )
         self.totals.address_created(address)
         self.post_office.add(address)
         self._journal_address(address)
+        self._make_retroactive(address)
         log.debug("created address %s %s", name, sorted(t.value for t in routing_types))
         return address
 
+    @entry
     def create_queue(self, config: QueueConfig, *, owner: ConnectionId | None = None) -> Queue:
         """Create a queue on its address (the address must allow its routing type, B-001)."""
         if config.name in self.queues:
@@ -260,38 +313,31 @@ class Broker(_Attach, _Moving, _Reaper):
                 f"address {config.address} does not support {config.routing_type.value}"
             )
         selector = parse_selector(config.filter) if config.filter else None
-        queue_address = config.address
-
-        def on_size(delta_bytes: int) -> None:
-            address.size_bytes += delta_bytes
-            if delta_bytes < 0 and address.blocked:
-                self._check_unblocked(address)
-
         queue = Queue(
             config,
-            settings=lambda: self.settings.resolve(queue_address),
+            owner=self,
             selector=selector,
             rng=self.rng,
             delivery_ids=self._delivery_ids,
-            dead_letter=self._dead_letter,
-            on_schedule=self._add_deadline,
             emitter=self.emitter,
-            clock_ms=self.clock.now_ms,
-            on_size=on_size,
-            on_expiring=self._track_expiry,
-            expired=self._on_expired,
         )
-        queue.idle_since_ms = self.clock.now_ms()
+        kind = kind_of(queue, config)
+        if kind is not None:
+            queue.set_kind(kind)  # B-120, B-121, B-123
+        queue.idle_since_ms = self.now_ms
         queue.owner = owner
         queue.first_marker = self.copier.with_property  # group-first-key (B-127)
         self._journal_queue(queue)
         self.queues[config.name] = queue
         address.queues.append(queue)
+        if self._retroactive:
+            self._copy_retained(queue)  # B-124
         log.debug(
             "created queue %s on %s (%s)", config.name, config.address, config.routing_type.value
         )
         return queue
 
+    @entry
     def delete_queue(self, name: str, *, reason: str = "deleted") -> None:
         """Delete a queue with its messages; attached consumers are detached (B-038)."""
         queue = self.queues.pop(name, None)
@@ -301,13 +347,16 @@ class Broker(_Attach, _Moving, _Reaper):
         if address is not None and queue in address.queues:
             address.queues.remove(queue)
             address.used = True
-            address.idle_since_ms = self.clock.now_ms()
+            address.idle_since_ms = self.now_ms
         for consumer in list(queue.consumers):
             self._consumers.pop(consumer.id, None)
             self._effects.append(
                 CloseConsumer(consumer.id, "amqp:resource-deleted", f"queue {name} was {reason}")
             )
         queue.consumers.clear()
+        if queue.pages is not None:
+            queue.pages.destroy()
+            queue.pages = None
         if queue.store is not None:
             queue.store.queue_deleted(name)  # covers its references: no ack each
             queue.store = None
@@ -320,6 +369,7 @@ class Broker(_Attach, _Moving, _Reaper):
         if address is not None:
             self.totals.address_deleted(address, self.post_office.addresses.__contains__)
 
+    @entry
     def delete_address(self, name: str) -> None:
         address = self.post_office.addresses.get(name)
         if address is None:
@@ -327,6 +377,8 @@ class Broker(_Attach, _Moving, _Reaper):
         for queue in list(address.queues):
             self.delete_queue(queue.name)
         self._remove_address(name)
+        if self._retroactive:
+            self._drop_retroactive(name)  # B-124
         if self.persistence is not None and not address.temporary:
             self.persistence.address_deleted(name)
 
@@ -374,6 +426,11 @@ class Broker(_Attach, _Moving, _Reaper):
             "routing_type": routing_type,
             "durable": True,
             **settings.queue_defaults(),
+            "last_value_key": last_value_key(
+                settings.default_last_value_key, settings.default_last_value_queue
+            ),
+            "non_destructive": settings.default_non_destructive,
+            "ring_size": settings.default_ring_size,
             "auto_created": True,
         }
         values.update(overrides)
@@ -391,6 +448,7 @@ class Broker(_Attach, _Moving, _Reaper):
             )
 
     # -- producers (attaching them: `_Attach`, core/attach.py) ------------------------
+    @entry
     def publish(
         self,
         message: Message,
@@ -409,7 +467,7 @@ class Broker(_Attach, _Moving, _Reaper):
             NotFound: anonymous relay to an address that cannot be auto-created.
             ClientError: anonymous relay without `to`, or to a wildcard address.
         """
-        now_ms = self.clock.now_ms()
+        now_ms = self.now_ms
         if message.durable and self.persistence is not None and self.persistence.failure:
             raise ResourceLimitExceeded(
                 f"the broker cannot store durable messages: {self.persistence.failure}"
@@ -428,6 +486,8 @@ class Broker(_Attach, _Moving, _Reaper):
             if self.settings.wildcards.has_wildcard(parsed.address):
                 raise ClientError(f"cannot send to wildcard address {parsed.address} (B-011)")
             address_name, fqqn_queue = parsed.address, parsed.queue
+            if address_name == MANAGEMENT_ADDRESS:
+                return self._management_request(message, target)
             routing_type = target.link_routing_type or message_routing_type or parsed.routing_type
             address = self.post_office.addresses.get(address_name)
             with self._acting_for(target.user, target.roles):
@@ -438,6 +498,8 @@ class Broker(_Attach, _Moving, _Reaper):
                     except NotFound as e:
                         raise NotFound(f"target address {address_name} does not exist") from e
         else:
+            if target.management:
+                return self._management_request(message, target)
             address = self.post_office.addresses.get(address_name)
             if address is None:  # deleted since attach: re-create as attach would
                 address = self._prepare_target(address_name, fqqn_queue, routing_type)
@@ -450,14 +512,44 @@ class Broker(_Attach, _Moving, _Reaper):
         settings = self.settings.resolve(address_name)
         if message.ttl_ms or message.expiration_ms or settings.has_expiry_overrides:
             self._set_expiration(message, address_name, now_ms)
-        if settings.max_size_bytes >= 0 and not self._has_room(address, message, now_ms):
+        if settings.enable_ingress_timestamp:  # B-018 (d)
+            self.copier.set_ingress_time(message, now_ms)
+        limited = (
+            settings.max_size_bytes >= 0
+            or settings.max_size_messages >= 0
+            or settings.max_size_bytes_reject_threshold >= 0
+            or 0 <= self.global_max_size <= self.memory_bytes + message.size
+        )
+        if limited and not self._has_room(address, message, now_ms):
             return 0
         if fqqn_queue is not None:
             queue = self.queues.get(fqqn_queue)
             queues = [queue] if queue is not None and queue.accepts_message(message) else []
         else:
             queues = self.post_office.route(message, address, routing_type)
-        return self._deliver_to(message, address, queues, now_ms)
+        routed = self._deliver_to(message, address, queues, now_ms)
+        if self._retroactive:  # B-124: the divert, after the route's own events
+            self._retain(message, address, routing_type)
+        if limited and settings.address_full_policy == "BLOCK":
+            reason = self._full_reason(address, settings)
+            if reason is not None:
+                self._block(address, reason)  # full now: no more credit at once
+        return routed
+
+    def _management_request(self, message: Message, target: ProducerTarget) -> int:
+        """B-160: a request to the management address is answered, never routed; the
+        sender needs `manage` (B-154), checked per message as `send` is on the relay."""
+        with self._acting_for(target.user, target.roles):
+            self._check("manage", MANAGEMENT_ADDRESS)
+        if self.management is None:
+            raise NotFound(f"{MANAGEMENT_ADDRESS} is not served by this broker")
+        message.address = MANAGEMENT_ADDRESS
+        self.management.handle(message)
+        return 1
+
+    def is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
+        """B-012 for a management move with rejectDuplicates (B-161)."""
+        return self._is_duplicate(address, duplicate_id)
 
     def _is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
         """B-012: seen among the address's last `id-cache-size` ids? Remembers it if not."""
@@ -484,41 +576,99 @@ class Broker(_Attach, _Moving, _Reaper):
             message.expiration_ms = overridden
             message.ttl_ms = None
 
+    def _full_reason(self, address: Address, settings: ResolvedSettings) -> str | None:
+        """B-151: which limit makes `address` full now (`paging.full_reason`), or None."""
+        return full_reason(
+            settings,
+            address_bytes=address.size_bytes,
+            address_messages=sum(q.memory_count for q in address.queues)
+            if settings.max_size_messages >= 0
+            else None,
+            memory_bytes=self.memory_bytes,
+            global_max_size=self.global_max_size,
+        )
+
     def _has_room(self, address: Address, message: Message, now_ms: int) -> bool:
-        """B-151: enforce max-size-bytes with FAIL (raise) and DROP (False); BLOCK lets
-        this message in and marks the address so producers get no more credit."""
+        """B-151: enforce the limits with FAIL (raise) and DROP (False); BLOCK lets this
+        message in and marks the address (or the broker, for global-max-size) so producers
+        get no more credit, and refuses it as FAIL does once the address holds more than
+        max-size-bytes-reject-threshold (Artemis `isRejectingMessages`: BLOCK only); PAGE
+        lets it in (`_deliver_to` writes it to page files)."""
         settings = self.settings.resolve(address.name)
-        limit = settings.max_size_bytes
-        if limit < 0 or address.size_bytes < limit:
-            return True
         policy = settings.address_full_policy
+        threshold = settings.max_size_bytes_reject_threshold
+        if policy == "BLOCK" and 0 <= threshold < address.size_bytes:
+            raise ResourceLimitExceeded(
+                f"address {address.name} is over max-size-bytes-reject-threshold={threshold}"
+            )
+        reason = self._full_reason(address, settings)
+        if reason is None:
+            return True
         if policy == "FAIL":
-            raise ResourceLimitExceeded(f"address {address.name} is full: max-size-bytes={limit}")
+            raise ResourceLimitExceeded(f"address {address.name} is full: {reason}")
         if policy == "DROP":
             address.unrouted += 1
             if self.emitter.failures:
                 self._message_event("unrouted", message, now_ms, reason="dropped-full")
             return False
-        if policy == "BLOCK" and not address.blocked:
-            address.blocked = True
-            log.info(
-                "address %s is full (max-size-bytes=%d): blocking its producers",
-                address.name,
-                limit,
-            )
+        if policy == "BLOCK":
+            self._block(address, reason)
         return True
 
+    def _block(self, address: Address, reason: str) -> None:
+        """B-151 BLOCK: the address (or, for global-max-size, the broker) is full: no more
+        credit for its producers until memory is freed (`AddressUnblocked`)."""
+        if reason.startswith("global-max-size"):
+            if not self.global_blocked:
+                self.global_blocked = True
+                log.info("the broker is full (%s): blocking producers", reason)
+        elif not address.blocked:
+            address.blocked = True
+            log.info("address %s is full (%s): blocking its producers", address.name, reason)
+
+    def _must_page(self, address: Address, message: Message) -> bool:
+        """B-151 PAGE: whether a message for `address` goes to page files (it is full)."""
+        settings = self.settings.resolve(address.name)
+        return (
+            settings.address_full_policy == "PAGE"
+            and (
+                settings.max_size_bytes >= 0
+                or settings.max_size_messages >= 0
+                or 0 <= self.global_max_size <= self.memory_bytes + message.size
+            )
+            and self._full_reason(address, settings) is not None
+        )
+
     def _check_unblocked(self, address: Address) -> None:
-        limit = self.settings.resolve(address.name).max_size_bytes
-        if limit < 0 or address.size_bytes < limit:
+        settings = self.settings.resolve(address.name)
+        reason = self._full_reason(address, settings)
+        if reason is None or reason.startswith("global-max-size"):
             address.blocked = False
             self._effects.append(AddressUnblocked(address.name))
 
-    def producer_may_send(self, target: ProducerTarget) -> bool:
-        """Whether a producer link to `target` may be given more credit (B-151 BLOCK)."""
-        if target.address is None:
-            return True  # the anonymous relay is paced per message, not per address
-        address = self.post_office.addresses.get(target.address)
+    def _check_global_unblocked(self) -> None:
+        if not 0 <= self.global_max_size <= self.memory_bytes:
+            self.global_blocked = False
+            self._effects.append(AddressUnblocked(None))
+
+    def producer_may_send(self, target: ProducerTarget, *, to: str | None = None) -> bool:
+        """Whether a producer link to `target` may be given more credit (B-151 BLOCK).
+
+        The anonymous relay (`target.address` None) is paced by the broker-wide limit and
+        by the address its last message went to (`to`, its `properties.to`): a relay can
+        no more get past a full address than a link attached to it."""
+        name = target.address
+        if name is None and to:
+            try:
+                name = parse_address(to).address
+            except ClientError:
+                name = None
+        if self.global_blocked and (
+            target.address is None
+            or (name is not None and self.settings.resolve(name).address_full_policy == "BLOCK")
+        ):
+            return False
+        address = self.post_office.addresses.get(name) if name is not None else None
         return address is None or not address.blocked
 
     def _message_event(
@@ -534,12 +684,11 @@ class Broker(_Attach, _Moving, _Reaper):
         given, is the one `_sent_shape` keeps (the same as the one built here)."""
         emitter = self.emitter
         txn = emitter.txn
-        ts = emitter.step_ms  # a step's events share its time (Emitter.step_ms)
         emitter.events.append(
             (
                 shape
                 or (kind, (message.address, None, None), (message.origin_container, None), reason),
-                now_ms if ts is None else ts,
+                now_ms,
                 message.event_part or emitter.message_part(message),
                 None,
                 extra
@@ -600,8 +749,15 @@ class Broker(_Attach, _Moving, _Reaper):
         self.stats.routed += 1
         out = self._effects
         waiting = False
+        page = self.page_stores is not None and self._must_page(address, message)
         for queue in queues:
-            if queue.add(message, out, reason=reason).state != DELIVERING:
+            pages = queue.pages
+            if page or (pages is not None and pages.messages):
+                if pages is None:
+                    self._open_pages(queue)
+                queue.page(message, out, reason=reason)  # B-151 PAGE: in order, on disk
+                waiting = True
+            elif queue.add(message, out, reason=reason).state != DELIVERING:
                 waiting = True
         if waiting:
             # A message that waits in a queue keeps no copy of its head for its events
@@ -610,12 +766,14 @@ class Broker(_Attach, _Moving, _Reaper):
         return len(queues)
 
     # -- consumers (attaching them: `_Attach`, core/attach.py) ------------------------
+    @entry
     def set_credit(self, consumer_id: ConsumerId, credit: int, *, drain: bool = False) -> None:
         """The link credit the consumer now has (B-037)."""
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.set_credit(info.consumer, credit, drain, self._effects)
 
+    @entry
     def resume(self, consumer_id: ConsumerId) -> None:
         """The consumer's connection wrote what it was handed and its window has room
         again: dispatch to it, with the credit and drain it kept (issue 15)."""
@@ -623,6 +781,12 @@ class Broker(_Attach, _Moving, _Reaper):
         if info is not None:
             info.consumer.queue.dispatch(self._effects)
 
+    @entry
+    def redispatch(self, queue: Queue) -> None:
+        """Hand what is ready to the queue's consumers (B-161 resume())."""
+        queue.dispatch(self._effects)
+
+    @entry
     def settle(self, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome) -> None:
         """Apply a consumer's outcome; ignore deliveries no longer held (B-055)."""
         info = self._consumers.get(consumer_id)
@@ -630,7 +794,7 @@ class Broker(_Attach, _Moving, _Reaper):
             log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)
             return
         queue = info.consumer.queue
-        held = queue.settle(info.consumer, delivery, outcome, self.clock.now_ms(), self._effects)
+        held = queue.settle(info.consumer, delivery, outcome, self.now_ms, self._effects)
         if not held:
             log.debug(
                 "outcome for delivery %s not held by consumer %s ignored (B-055)",
@@ -638,6 +802,7 @@ class Broker(_Attach, _Moving, _Reaper):
                 consumer_id,
             )
 
+    @entry
     def rollback_delivery(self, consumer_id: ConsumerId, delivery: DeliveryId) -> None:
         """B-143: a rolled-back transactional accept of a settled delivery, or a forced
         rollback: back to the queue with the attempt counted, as modified{delivery-failed},
@@ -647,18 +812,20 @@ class Broker(_Attach, _Moving, _Reaper):
             info.consumer.queue.settle(
                 info.consumer,
                 delivery,
-                _ROLLBACK,
-                self.clock.now_ms(),
+                FAILED,  # B-143: a rollback counts as a failed attempt
+                self.now_ms,
                 self._effects,
                 reason="tx-rollback",
             )
 
+    @entry
     def hold(self, consumer_id: ConsumerId, delivery: DeliveryId) -> None:
         """B-142: see `Queue.hold`."""
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.hold(info.consumer, delivery)
 
+    @entry
     def connection_closed(self, connection: ConnectionId, *, abrupt: bool) -> None:
         """Return every consumer's deliveries, then drop the connection's temporaries."""
         for consumer_id in [

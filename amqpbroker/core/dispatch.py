@@ -83,6 +83,10 @@ class _Purged(Protocol):
 
     def kill(self, ref: Ref, reason: str) -> None: ...
 
+    def compact(self) -> None: ...
+
+    def purge_paged(self, reason: str) -> int: ...
+
 
 def needs_policy(config: QueueConfig) -> bool:
     """Whether a queue needs its `DispatchPolicy` from the start (a queue that does not
@@ -243,10 +247,12 @@ def purge_on_no_consumers(queue: _Purged) -> int:
     waiting = [ref for ref in queue.refs() if ref.waiting]
     for ref in waiting:
         queue.kill(ref, "purge-on-no-consumers")
-    if waiting:
+    queue.compact()  # free their memory now (as a management purge does)
+    killed = len(waiting) + queue.purge_paged("purge-on-no-consumers")  # B-151 pages too
+    if killed:
         log.info(
             "queue %s: purge-on-no-consumers removed %d messages: its last consumer left",
             queue.name,
-            len(waiting),
+            killed,
         )
-    return len(waiting)
+    return killed

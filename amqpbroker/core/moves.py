@@ -39,6 +39,9 @@ class MoveAnnotations:
     routing_type: int | None = None  # x-opt-routing-type on the copy (B-090 exception)
 
 
+INGRESS_TIME = "x-opt-ingress-time"  # B-018 (d): when the broker accepted it, epoch ms
+
+
 class MessageCopier(Protocol):
     """Rewrites encoded messages (implemented by the protocol codec)."""
 
@@ -48,6 +51,15 @@ class MessageCopier(Protocol):
 
     def set_expiration(self, message: Message, expiration_ms: int) -> None:
         """B-083: write absolute-expiry-time (or remove it for 0) and drop header.ttl."""
+        ...
+
+    def set_ingress_time(self, message: Message, now_ms: int) -> None:
+        """B-018 (d) `enable-ingress-timestamp`: annotate `x-opt-ingress-time` (epoch ms)."""
+        ...
+
+    def with_priority(self, message: Message, priority: int) -> Message:
+        """B-161 changeMessagesPriority: the same message (same id) whose header says
+        `priority`; `message` itself is left alone (other queues may hold it)."""
         ...
 
     def with_property(self, message: Message, key: str, value: Any) -> Message:
@@ -78,21 +90,56 @@ class _BytesCopier:
     def set_expiration(self, message: Message, expiration_ms: int) -> None:
         message.expiration_ms = expiration_ms
 
+    def set_ingress_time(self, message: Message, now_ms: int) -> None:
+        message.annotations = {**message.get_annotations(), INGRESS_TIME: now_ms}
+
+    def with_priority(self, message: Message, priority: int) -> Message:
+        return reprioritized(message, message.data, priority, message.header_end)
+
     def with_property(self, message: Message, key: str, value: Any) -> Message:
-        properties = dict(message.get_application_properties())
-        properties[key] = value
-        return Message(
-            message.data,
-            msg_id=message.msg_id,
-            durable=message.durable,
-            priority=message.priority,
-            header_end=message.header_end,
-            annotations=message.annotations,
-            properties=message.properties,
-            application_properties=properties,
-            group_id=message.group_id,
-            group_sequence=message.group_sequence,
-        )
+        properties = {**message.get_application_properties(), key: value}
+        return rebuilt(message, message.data, message.header_end, application_properties=properties)
+
+
+def reprioritized(message: Message, data: bytes, priority: int, header_end: int) -> Message:
+    """`message` with new bytes `data` and `priority`: the same id and fields otherwise."""
+    return rebuilt(message, data, header_end, priority=priority)
+
+
+def rebuilt(
+    message: Message,
+    data: bytes,
+    header_end: int,
+    *,
+    priority: int | None = None,
+    application_properties: dict[str, Any] | None = None,
+) -> Message:
+    """`message` with new bytes `data` (and the priority or application-properties they
+    now say): the same id and fields otherwise (B-161 priority, B-127 group-first-key)."""
+    copy = Message(
+        data,
+        msg_id=message.msg_id,
+        durable=message.durable,
+        priority=message.priority if priority is None else priority,
+        expiration_ms=message.expiration_ms,
+        header_end=header_end,
+        header=message.header,
+        annotations=message.annotations,
+        properties=message.properties,
+        application_properties=message.application_properties
+        if application_properties is None
+        else application_properties,
+        address=message.address,
+        first_ts=message.first_ts,
+        origin_container=message.origin_container,
+        reader=message.reader,
+        ttl_ms=message.ttl_ms,
+        deliver_at_ms=message.deliver_at_ms,
+        group_id=message.group_id,
+        group_sequence=message.group_sequence,
+    )
+    copy.stored = message.stored
+    return copy
 
 
 def kept_annotations(annotations: dict[Any, Any]) -> dict[Any, Any]:
@@ -106,20 +153,35 @@ def kept_annotations(annotations: dict[Any, Any]) -> dict[Any, Any]:
     }
 
 
+# The names the broker itself reads back from a moved message (retry, hop, filters).
+ORIG_QUEUE = "x-opt-ORIG-QUEUE"
+ORIG_ADDRESS = "x-opt-ORIG-ADDRESS"
+ORIG_ROUTING_TYPE = "x-opt-ORIG-ROUTING-TYPE"
+
 # The annotations of a moved copy (B-076, B-079, B-090), in the order they are written:
 # (name, `MoveAnnotations` field, AMQP type). The one list of their names; the protocol
-# codec maps the type names to its wrappers (`protocol/moves.py`).
+# codec maps the type names to its wrappers (`protocol/moves.py`), the selector their
+# `_AMQ_*` property names (`INTERNAL_PROPERTIES`).
 MOVE_ANNOTATIONS: tuple[tuple[str, str, str], ...] = (
-    ("x-opt-ORIG-QUEUE", "orig_queue", "string"),
-    ("x-opt-ORIG-ADDRESS", "orig_address", "string"),
+    (ORIG_QUEUE, "orig_queue", "string"),
+    (ORIG_ADDRESS, "orig_address", "string"),
     ("x-opt-ORIG-MESSAGE-ID", "orig_message_id", "long"),
-    ("x-opt-ORIG-ROUTING-TYPE", "orig_routing_type", "byte"),
+    (ORIG_ROUTING_TYPE, "orig_routing_type", "byte"),
     ("x-opt-ACTUAL-EXPIRY", "actual_expiry", "long"),
     ("x-opt-DLQ-REASON", "dlq_reason", "string"),
     ("x-opt-DLQ-ERROR-CONDITION", "dlq_error_condition", "symbol"),
     ("x-opt-DLQ-ERROR-DESCRIPTION", "dlq_error_description", "string"),
     ("x-opt-DLQ-DELIVERY-COUNT", "dlq_delivery_count", "uint"),
     ("x-opt-routing-type", "routing_type", "byte"),
+)
+
+# B-090/B-079: the broker-internal properties a selector reads from a moved copy's
+# annotations (`_AMQ_ORIG_ADDRESS` is `x-opt-ORIG-ADDRESS`); never taken from
+# application-properties, so a producer cannot forge them (B-131).
+INTERNAL_PROPERTIES = frozenset(
+    "_AMQ_" + name.removeprefix("x-opt-").replace("-", "_")
+    for name, _, _ in MOVE_ANNOTATIONS
+    if name.startswith(("x-opt-ORIG-", "x-opt-ACTUAL-", "x-opt-DLQ-"))
 )
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from amqpbroker.core.model import RoutingType
+from amqpbroker.core.unsupported import UNSUPPORTED_SETTINGS
 from amqpbroker.core.wildcard import WildcardConfig
 
 ADDRESS_FULL_POLICIES = ("PAGE", "BLOCK", "FAIL", "DROP")
@@ -81,6 +82,10 @@ class ResolvedSettings:
     max_size_messages: int = -1
     max_size_bytes_reject_threshold: int = -1
     page_size_bytes: int = 10 * 1024 * 1024
+    # B-151 PAGE: how much is read back from page files into a queue's memory at most
+    # (Artemis: 2 x page-size-bytes; -1 messages: no count limit).
+    max_read_page_bytes: int = 20 * 1024 * 1024
+    max_read_page_messages: int = -1
     enable_metrics: bool = True
     enable_ingress_timestamp: bool = False
     management_browse_page_size: int = 200
@@ -100,16 +105,12 @@ class ResolvedSettings:
         )
 
     def queue_defaults(self) -> dict[str, Any]:
-        """The `QueueConfig` values the `default-*` settings give a queue created on this
-        address (B-110), for what the queue's own options leave unset. The one table."""
+        """The B-122…B-128 `QueueConfig` values the `default-*` settings give a queue on
+        this address (B-110), auto-created or configured without them: the one table."""
         return {
             "max_consumers": self.default_max_consumers,
             "purge_on_no_consumers": self.default_purge_on_no_consumers,
             "exclusive": self.default_exclusive_queue,
-            "last_value_key": self.default_last_value_key
-            or ("_AMQ_LVQ_NAME" if self.default_last_value_queue else None),
-            "non_destructive": self.default_non_destructive,
-            "ring_size": self.default_ring_size,
             "group_rebalance": self.default_group_rebalance,
             "group_rebalance_pause_dispatch": self.default_group_rebalance_pause_dispatch,
             "group_buckets": self.default_group_buckets,
@@ -119,9 +120,13 @@ class ResolvedSettings:
         }
 
     def to_config(self) -> dict[str, Any]:
-        """Kebab-case keys and plain values, as in the YAML file and the HTTP API."""
+        """Kebab-case keys and plain values, as in the YAML file and the HTTP API; the keys
+        amqpbroker does not implement (core/unsupported.py) are left out: never shown as
+        effective (issue 19)."""
         out: dict[str, Any] = {}
         for f in fields(self):
+            if f.name in UNSUPPORTED_SETTINGS:
+                continue
             value = getattr(self, f.name)
             out[f.name.replace("_", "-")] = value.value if isinstance(value, RoutingType) else value
         return out

@@ -12,6 +12,7 @@ from typing import Any
 from amqpbroker.amqp import sections
 from amqpbroker.amqp.sections import Byte, Long, Symbol, UInt
 from amqpbroker.core import Message, MoveAnnotations, kept_annotations, move_annotation_values
+from amqpbroker.core.moves import INGRESS_TIME, rebuilt, reprioritized
 
 # The wrappers that give a move annotation its AMQP type (`core.MOVE_ANNOTATIONS`).
 _WIRE_TYPES = {"long": Long, "byte": Byte, "symbol": Symbol, "uint": UInt}
@@ -56,28 +57,13 @@ class Copier:
     def with_property(self, message: Message, key: str, value: Any) -> Message:
         """B-127 group-first-key: a copy with `key: value` in application-properties, for
         one delivery (the stored message is unchanged)."""
-        properties = dict(message.get_application_properties())
-        properties[key] = value
+        properties = {**message.get_application_properties(), key: value}
         data = sections.rebuild(message.data, application_properties=properties)
         rescanned = sections.scan(data)
-        return Message(
-            data,
-            msg_id=message.msg_id,
-            durable=message.durable,
-            priority=message.priority,
-            expiration_ms=message.expiration_ms,
-            header_end=rescanned.header_end,
-            head_end=rescanned.head_end(),
-            header=message.header,
-            annotations=message.annotations,
-            properties=message.properties,
-            application_properties=properties,
-            address=message.address,
-            first_ts=message.first_ts,
-            reader=sections.READER,
-            group_id=message.group_id,
-            group_sequence=message.group_sequence,
-        )
+        copy = rebuilt(message, data, rescanned.header_end, application_properties=properties)
+        copy.head_end = rescanned.head_end()
+        copy.reader = sections.READER
+        return copy
 
     def set_expiration(self, message: Message, expiration_ms: int) -> None:
         """B-083: absolute-expiry-time = the new value (removed for 0); header.ttl removed."""
@@ -97,6 +83,28 @@ class Copier:
         message.head_end = rescanned.head_end()
         message.event_part = None  # its events from now on carry the new bytes
         message.expiration_ms = expiration_ms
+
+    def set_ingress_time(self, message: Message, now_ms: int) -> None:
+        """B-018 (d): x-opt-ingress-time (a long, epoch ms) among the message-annotations."""
+        annotations = {**message.get_annotations(), INGRESS_TIME: Long(now_ms)}
+        data = sections.rebuild(message.data, message_annotations=annotations)
+        rescanned = sections.scan(data)
+        message.data = data
+        message.size = len(data)
+        message.header_end = rescanned.header_end
+        message.head_end = rescanned.head_end()
+        message.annotations = annotations
+        message.event_part = None  # its events from now on carry the new bytes
+
+    def with_priority(self, message: Message, priority: int) -> Message:
+        """B-161 changeMessagesPriority: the header rewritten (made if there was none)."""
+        scanned = sections.scan(message.data)
+        header = scanned.header() or sections.Header(message.durable, priority, None, None, 0)
+        data = sections.rebuild(scanned.data, header=header._replace(priority=priority))
+        rescanned = sections.scan(data)
+        copy = reprioritized(message, data, priority, rescanned.header_end)
+        copy.head_end = rescanned.head_end()
+        return copy
 
 
 COPIER = Copier()

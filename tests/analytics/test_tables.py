@@ -75,6 +75,24 @@ def test_queue_windows_count_per_window_and_rate(spark: SparkSession) -> None:
     )
 
 
+def test_outcomes_count_ring_and_last_value_replacements(spark: SparkSession) -> None:
+    """B-171 `replaced` (B-120, B-121): by reason, beside the other ways out."""
+    events = frame(
+        spark,
+        ev("replaced", 1, reason="ring"),
+        ev("replaced", 2, reason="ring"),
+        ev("replaced", 3, reason="last-value"),
+        ev("killed", 4, reason="purge"),
+        ev("acked", 5, reason="accepted"),
+    )
+    rows = tables.queue_outcomes(tables.event_counts(events, MINUTE)).collect()
+    assert sorted((r.event, r.reason, r.events) for r in rows) == [
+        ("killed", "purge", 1),
+        ("replaced", "last-value", 1),
+        ("replaced", "ring", 2),
+    ]
+
+
 def test_poison_needs_the_same_payload_failing_on_several_messages(spark: SparkSession) -> None:
     """One message failing three times is not poison; one payload on two messages is."""
     events = frame(

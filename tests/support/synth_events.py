@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from amqpbroker.core.lifecycle import EVENT_FIELDS
+from amqpbroker.eventlog.child import EVENT_FIELDS
 
 MAX_ATTEMPTS = 3
 OUTAGE_QUEUE = "orders-1"

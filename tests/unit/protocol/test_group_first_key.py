@@ -5,8 +5,8 @@ from __future__ import annotations
 from proton import Message
 
 from amqpbroker.amqp import sections
-from amqpbroker.protocol.handler import message_of
 from amqpbroker.protocol.moves import COPIER
+from amqpbroker.protocol.transfers import message_of
 
 
 def test_with_property_adds_the_key_and_keeps_everything_else() -> None:

@@ -53,6 +53,7 @@ from amqpbroker.core import (
     RoutingType,
     WildcardConfig,
 )
+from amqpbroker.core.management import MANAGEMENT_ADDRESS
 from amqpbroker.core.security import PERMISSIONS
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import (
@@ -729,6 +730,10 @@ def _addresses(c: Checker, node: yaml.Node, path: str) -> Any:
         if "name" not in values:
             continue
         name_node = c.value_node(item, "name")
+        if values["name"] == MANAGEMENT_ADDRESS:  # B-160: answered by the broker, never routed
+            message = f"{MANAGEMENT_ADDRESS} is the management address: it cannot be configured"
+            c.problem(name_node, join_path(item_path, "name"), message)
+            continue
         if values["name"] in lines:
             also = f"also at line {lines[values['name']]}"
             c.problem(name_node, join_path(item_path, "name"), f"duplicate address name ({also})")

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from amqpbroker.core.clock import Clock, entry
+from amqpbroker.core.clock import Clock, entry, within_call
 from amqpbroker.core.effects import Effect
 from amqpbroker.core.errors import (
     ClientError,
@@ -213,6 +213,7 @@ class _Attach:
         self._prepare_target(parsed.address, parsed.queue, routing_type)
         return ProducerTarget(parsed.address, routing_type, parsed.queue)
 
+    @within_call  # from publish (anonymous relay, deleted address): auto-creates
     def _prepare_target(
         self, name: str, fqqn_queue: str | None, routing_type: RoutingType | None
     ) -> Address:

@@ -227,9 +227,12 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             queue.store = self.persistence
             self.persistence.queue_added(queue.config)
 
+    @entry  # a call into the broker: the journal's answer, posted to the loop
     def _unstored(self, refs: list[tuple[str, Ref]]) -> None:
         """The journal failed to store these: take back those not yet delivered (their
-        producers are told `resource-limit-exceeded`; at-least-once for the rest)."""
+        producers are told `resource-limit-exceeded`; at-least-once for the rest). A call
+        into the broker of its own: the journal's completion callback runs after the call
+        that wrote the records has returned."""
         for name, ref in refs:
             queue = self.queues.get(name)
             if queue is None or not ref.waiting:
@@ -448,7 +451,6 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             )
 
     # -- producers (attaching them: `_Attach`, core/attach.py) ------------------------
-    @entry
     def publish(
         self,
         message: Message,
@@ -457,17 +459,24 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         to: str | None = None,
         message_routing_type: RoutingType | None = None,
         duplicate_id: str | bytes | None = None,
+        delivery_delay_ms: int = 0,
     ) -> int:
         """Route a message; returns how many queues took it (0: unrouted, B-004).
 
         `to` is `properties.to`, used only on an anonymous relay (B-009/B-010);
-        `message_routing_type` is the message's `x-opt-routing-type` (B-008 rule 2).
+        `message_routing_type` is the message's `x-opt-routing-type` (B-008 rule 2);
+        `delivery_delay_ms` its `x-opt-delivery-delay`, counted from this call's time
+        (B-015; `deliver_at_ms` already holds an `x-opt-delivery-time`, which wins).
 
         Raises:
             NotFound: anonymous relay to an address that cannot be auto-created.
             ClientError: anonymous relay without `to`, or to a wildcard address.
         """
+        if not self.in_call:  # a hot entry point (core/clock.py)
+            self.now_ms = self.clock.now_ms()
         now_ms = self.now_ms
+        if delivery_delay_ms > 0 and not message.deliver_at_ms:
+            message.deliver_at_ms = now_ms + delivery_delay_ms
         if message.durable and self.persistence is not None and self.persistence.failure:
             raise ResourceLimitExceeded(
                 f"the broker cannot store durable messages: {self.persistence.failure}"
@@ -528,8 +537,8 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         else:
             queues = self.post_office.route(message, address, routing_type)
         routed = self._deliver_to(message, address, queues, now_ms)
-        if self._retroactive:  # B-124: the divert, after the route's own events
-            self._retain(message, address, routing_type)
+        if self._retroactive and fqqn_queue is None:  # B-124: the divert, after the route's
+            self._retain(message, address, routing_type)  # events; an FQQN bypasses it
         if limited and settings.address_full_policy == "BLOCK":
             reason = self._full_reason(address, settings)
             if reason is not None:
@@ -752,7 +761,9 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         page = self.page_stores is not None and self._must_page(address, message)
         for queue in queues:
             pages = queue.pages
-            if page or (pages is not None and pages.messages):
+            # Last-value, ring and non-destructive queues stay in memory: replacing,
+            # trimming and their consumers' logs work on what they hold (decisions.md).
+            if (page and queue.kind is None) or (pages is not None and pages.messages):
                 if pages is None:
                     self._open_pages(queue)
                 queue.page(message, out, reason=reason)  # B-151 PAGE: in order, on disk
@@ -766,17 +777,19 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         return len(queues)
 
     # -- consumers (attaching them: `_Attach`, core/attach.py) ------------------------
-    @entry
     def set_credit(self, consumer_id: ConsumerId, credit: int, *, drain: bool = False) -> None:
         """The link credit the consumer now has (B-037)."""
+        if not self.in_call:  # a hot entry point (core/clock.py)
+            self.now_ms = self.clock.now_ms()
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.set_credit(info.consumer, credit, drain, self._effects)
 
-    @entry
     def resume(self, consumer_id: ConsumerId) -> None:
         """The consumer's connection wrote what it was handed and its window has room
         again: dispatch to it, with the credit and drain it kept (issue 15)."""
+        if not self.in_call:  # a hot entry point (core/clock.py)
+            self.now_ms = self.clock.now_ms()
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.dispatch(self._effects)
@@ -786,9 +799,10 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         """Hand what is ready to the queue's consumers (B-161 resume())."""
         queue.dispatch(self._effects)
 
-    @entry
     def settle(self, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome) -> None:
         """Apply a consumer's outcome; ignore deliveries no longer held (B-055)."""
+        if not self.in_call:  # a hot entry point (core/clock.py)
+            self.now_ms = self.clock.now_ms()
         info = self._consumers.get(consumer_id)
         if info is None:
             log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)

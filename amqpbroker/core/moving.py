@@ -27,7 +27,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from amqpbroker.core.clock import Clock, entry
+from amqpbroker.core.clock import Clock, entry, within_call
 from amqpbroker.core.effects import Effect
 from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter
@@ -193,6 +193,7 @@ class _Moving:
         routing_type = annotated_routing_type(message.get_annotations())
         return None if routing_type is None else BYTE_OF_ROUTING_TYPE[routing_type]
 
+    @within_call  # from settle and dispatch (dead letters, expiry): auto-creates
     def _ensure_move_resources(self, target: str, origin: str, prefix: str, suffix: str) -> None:
         with self._acting_for(None, None):  # broker-internal: not the client's permission
             self._create_move_resources(target, origin, prefix, suffix)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.clock import entry
 from amqpbroker.core.errors import ClientError, IllegalState, NotFound
+from amqpbroker.core.management import MANAGEMENT_ADDRESS
 from amqpbroker.core.model import DUPLICATE_ID, Message, QueueConfig, annotated_routing_type
 from amqpbroker.core.moves import ORIG_ADDRESS, ORIG_QUEUE
 from amqpbroker.core.queue import Queue
@@ -409,9 +410,13 @@ def create_queue(
 ) -> Queue:
     """B-162 createQueue: a queue that is neither configured nor auto-created; its
     auto-delete defaults to the address's `auto-delete-created-queues` (B-113)."""
+    if config.address == MANAGEMENT_ADDRESS:  # B-160: answered, never routed or consumed
+        raise ClientError(f"{MANAGEMENT_ADDRESS} is the management address: it has no queues")
     if auto_delete is None:
         auto_delete = broker.settings.resolve(config.address).auto_delete_created_queues
     address = broker.post_office.addresses.get(config.address)
+    if address is not None and address.temporary:  # it goes with its connection, queues too
+        raise ClientError(f"address {config.address} is temporary: it cannot take a queue")
     if address is None or config.routing_type not in address.routing_types:
         if not auto_create_address:
             what = "does not exist" if address is None else "lacks that routing type"

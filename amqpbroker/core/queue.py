@@ -583,7 +583,7 @@ class Queue:
         while active:
             ref = self._pop_next()
             if ref is None:
-                if self.pages is not None and self.pages.messages and self._depage():
+                if self.pages is not None and self.pages.messages and self._depage(empty=True):
                     continue  # B-151 PAGE: the next slice of the page files
                 break
             expiration = ref.message.expiration_ms
@@ -812,9 +812,11 @@ class Queue:
         ref = consumer.unsettled.get(delivery)
         if ref is None:
             return False
-        ref.delivery_count += 1
-        if ref.stored_count is not None and self.store is not None:
-            self.store.count_changed(self.name, ref)
+        kind = self.kind
+        if kind is None or not kind.non_destructive:  # B-123: the count is not changed
+            ref.delivery_count += 1
+            if ref.stored_count is not None and self.store is not None:
+                self.store.count_changed(self.name, ref)
         if self.emitter.failures:
             self.event("held", ref, consumer, reason="tx-rollback")
         return True
@@ -962,26 +964,35 @@ class Queue:
         if self.consumers:
             self.dispatch(out)
 
-    def _depage(self) -> bool:
-        """Read paged messages back while the queue's memory is under max-read-page-bytes
-        and -messages; durable ones are journaled as they come in, with the page cursor,
-        in one append (core/persistence.py `page_read`)."""
+    def _depage(self, *, empty: bool = False) -> bool:
+        """Read paged messages back up to max-read-page-bytes and -messages in memory, once
+        the queue's memory is under half of them (or nothing is ready: `empty`), so that
+        they come back in slices, not one file read per message; durable ones are
+        journaled as they come in, with the page cursor, in one append
+        (core/persistence.py `page_read`)."""
         pages = self.pages
         assert pages is not None
         settings = self.settings()
         max_bytes, max_messages = settings.max_read_page_bytes, settings.max_read_page_messages
-        if 0 <= max_bytes <= self.size_bytes or 0 <= max_messages <= self.memory_count:
+        size, count = self.size_bytes, self.memory_count
+        if 0 <= max_bytes <= size or 0 <= max_messages <= count:
+            return False
+        if not empty and (0 <= max_bytes < 2 * size or 0 <= max_messages < 2 * count):
             return False
         messages = pages.read(
             max_bytes=max_bytes - self.size_bytes if max_bytes >= 0 else -1,
             max_messages=max_messages - self.memory_count if max_messages >= 0 else -1,
         )
         store = self.store
+        kind = self.kind
         for message in messages:
             ref = self._enqueue(message, 0, message.deliver_at_ms)
             if store is not None and message.durable:
                 at_ms = message.deliver_at_ms if ref.state == SCHEDULED else 0
                 store.ref_added(self.name, ref, scheduled_at_ms=at_ms)
+            if kind is not None:  # it enters the queue now (B-120, B-121, B-123)
+                kind.arrived(ref)
+                kind.trim()
         if store is not None and messages:
             store.page_read(self.name, pages)
         return bool(messages)

@@ -27,9 +27,11 @@ they outnumber the messages held, so a stream of distinct keys that consumers ta
 not keep their messages in memory.
 
 **Ring (B-121).** After an arrival has had its chance to be dispatched, and after a
-reference became ready again, the queue drops references from its head (the next one
-dispatch would take: highest priority, oldest) while more than `ring_size` are ready:
-event `replaced`, reason `ring`. References in delivery and scheduled ones are not
+reference became ready again, the queue drops the reference at its head (the next one
+dispatch would take: highest priority, oldest) if more than `ring_size` are ready:
+event `replaced`, reason `ring`. One per reference that came in, as Artemis
+`enforceRing`, so a ring size lowered at runtime (a retroactive address's, B-124) does
+not trim at once. References in delivery and scheduled ones are not
 counted and cannot be dropped, so the total may exceed the ring size.
 
 **Non-destructive (B-123).** References are never taken: they stay ready while consumers
@@ -120,17 +122,17 @@ class QueueKind:
         return True
 
     def trim(self) -> None:
-        """B-121: drop from the head while more than `ring` references are ready."""
+        """B-121: one reference came in; drop the head if more than `ring` are ready.
+
+        One, as Artemis `enforceRing`: a ring size lowered at runtime does not trim at
+        once, the queue keeps its length as new messages arrive (B-121, B-124)."""
         ring = self.ring
-        if ring < 0:
-            return
         queue = self.queue
-        while queue.ready_count > ring:
+        if 0 <= ring < queue.ready_count:
             ref = queue._pop_next()
-            if ref is None:
-                break
-            queue._removed(ref)
-            self._replace(ref, "ring")
+            if ref is not None:
+                queue._removed(ref)
+                self._replace(ref, "ring")
 
     def settled(self, consumer: Consumer) -> None:
         """A non-destructive delivery ended (any outcome): the message stays (B-123)."""

@@ -24,7 +24,9 @@ messages (same id), as a multicast route makes.
 A has a binding while the divert exists, so the reaper never deletes it (B-114); deleting
 A deletes its internal resources. The internal queues are durable: after a restart the
 journal brings them back with their messages, and `create_address` finds them there.
-Lowering R needs manual trimming, as in Artemis (B-124): the queues keep their size.
+A changed R (B-102) applies to the ring queues from the next message: raising it keeps
+more; lowering it trims nothing (Artemis: "needs manual trimming", B-124), the queues
+keep their length as messages arrive.
 
 Loop thread only.
 """
@@ -35,6 +37,7 @@ from amqpbroker.core.effects import Effect
 from amqpbroker.core.model import ConnectionId, Message, QueueConfig, RoutingType
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
+from amqpbroker.core.queuekinds import QueueKind
 from amqpbroker.core.refs import GONE
 from amqpbroker.core.settings import SettingsRepository
 
@@ -116,10 +119,15 @@ class _Retroactive:
         queue_names = self._retroactive.get(address.name)
         if queue_names is None:
             return
-        for kind in (routing_type,) if routing_type is not None else address.routing_types:
-            queue = self.queues.get(queue_names[kind])
-            if queue is not None:
-                queue.add(message, self._effects)
+        count = self.settings.resolve(address.name).retroactive_message_count
+        for routing in (routing_type,) if routing_type is not None else address.routing_types:
+            queue = self.queues.get(queue_names[routing])
+            if queue is None:
+                continue
+            kind = queue.kind
+            if isinstance(kind, QueueKind) and count > 0:
+                kind.ring = count  # B-102: a changed count applies (lowering trims nothing)
+            queue.add(message, self._effects)
 
     def _copy_retained(self, queue: Queue) -> None:
         """A new queue on a retroactive address gets the kept messages it accepts."""

@@ -33,16 +33,25 @@ import logging
 import re
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeGuard
 
 from amqpbroker import __version__
 from amqpbroker.amqp import sections
 from amqpbroker.amqp.sections import Described, ULong
 from amqpbroker.config import ConfigError, parse_config
-from amqpbroker.core import Broker, BrokerError, ClientError, Message, NotFound, RoutingType
+from amqpbroker.core import (
+    Broker,
+    BrokerError,
+    ClientError,
+    Message,
+    NotFound,
+    RoutingType,
+    WildcardConfig,
+)
 from amqpbroker.core import operations as ops
 from amqpbroker.core.attach import ProducerTarget
 from amqpbroker.core.management import MANAGEMENT_ADDRESS
+from amqpbroker.core.names import parse_address
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.reaper import CREATED_AUTO_DELETE
 from amqpbroker.core.refs import Ref
@@ -287,6 +296,8 @@ def queue_attributes(broker: Broker, queue: Queue) -> dict[str, Any]:
         "consumersBeforeDispatch": config.consumers_before_dispatch,  # B-128
         "delayBeforeDispatch": config.delay_before_dispatch,
         "lastValue": config.last_value_key is not None,
+        "lastValueKey": config.last_value_key,  # B-120
+        "nonDestructive": config.non_destructive,  # B-123
         "ringSize": config.ring_size,
         "paused": queue.paused,
     }
@@ -559,7 +570,7 @@ class AmqpManagement:
             log.info("dropping management request %s: unreadable properties: %s", request, e)
             return
         reply_to = properties.get("reply-to")
-        if not isinstance(reply_to, str) or not reply_to or reply_to == MANAGEMENT_ADDRESS:
+        if not _usable_reply_to(reply_to, self.broker.settings.wildcards):
             log.info("dropping management request %s: no usable reply-to", request.msg_id)
             return
         try:
@@ -614,6 +625,20 @@ class AmqpManagement:
                 raise RequestError(f"unknown address attribute {attribute!r}")
             return attributes[attribute]
         raise RequestError(f"unknown resource {resource[:200]!r}")
+
+
+def _usable_reply_to(reply_to: Any, wildcards: WildcardConfig) -> TypeGuard[str]:
+    """A name the reply can be published to (B-150, not a wildcard: B-011) that is not the
+    management address itself, however it is spelled (`activemq.management::q` too: the
+    relay routes that to the management address, and the reply would come back as a
+    request)."""
+    if not isinstance(reply_to, str) or not reply_to:
+        return False
+    try:
+        address = parse_address(reply_to).address
+    except ClientError:
+        return False
+    return address != MANAGEMENT_ADDRESS and not wildcards.has_wildcard(address)
 
 
 def _reply(correlation: Any, reply_to: str, succeeded: bool, text: str) -> Message:

@@ -168,7 +168,8 @@ class BrokerCollector:
 
         yield queue_gauge(
             names.QUEUE_MESSAGES,
-            "Messages in the queue: ready + scheduled + delivering.",
+            "Messages in the queue: ready + scheduled + delivering (+ paged); without the"
+            " delivering ones on last-value and non-destructive queues (B-120, B-123).",
             lambda q: q.messages,
             with_type=True,
         )

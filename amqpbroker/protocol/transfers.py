@@ -224,9 +224,10 @@ class _Transfers:
         target = producer.target
         message_routing_type = None
         to = None
+        delivery_delay_ms = 0
         if scanned.message_annotations is not None:
-            message.deliver_at_ms = _scheduled_delivery(
-                message.get_annotations(), self.broker.clock.now_ms()
+            message.deliver_at_ms, delivery_delay_ms = _scheduled_delivery(
+                message.get_annotations()
             )
         if scanned.message_annotations is not None and target.routing_type is None:
             message_routing_type = annotated_routing_type(
@@ -250,6 +251,7 @@ class _Transfers:
             to=to,
             message_routing_type=message_routing_type,
             duplicate_id=duplicate_id,
+            delivery_delay_ms=delivery_delay_ms,
         )
 
     def _on_disposition(self, delivery: Any, link: Any) -> None:
@@ -293,13 +295,14 @@ def message_of(scanned: sections.Scanned, *, origin_container: str | None = None
     return message
 
 
-def _scheduled_delivery(annotations: dict[str, Any], now_ms: int) -> int:
-    """B-015: x-opt-delivery-time (epoch ms) wins over x-opt-delivery-delay (ms after
-    receipt); a value that is not a number is ignored (B-153)."""
+def _scheduled_delivery(annotations: dict[str, Any]) -> tuple[int, int]:
+    """B-015: (x-opt-delivery-time, epoch ms; x-opt-delivery-delay, ms after receipt, which
+    the broker adds to its time of the publish); the time wins over the delay; a value
+    that is not a number is ignored (B-153). (0, 0): not scheduled."""
     at = annotations.get("x-opt-delivery-time")
     if isinstance(at, int) and not isinstance(at, bool):
-        return at
+        return at, 0
     delay = annotations.get("x-opt-delivery-delay")
     if isinstance(delay, int) and not isinstance(delay, bool) and delay > 0:
-        return now_ms + delay
-    return 0
+        return 0, delay
+    return 0, 0

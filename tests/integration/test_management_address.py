@@ -35,24 +35,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 MANAGEMENT = "activemq.management"
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    """The module broker, with a log check at the end (hence not conftest's)."""
-    running = start_broker(
-        tmp_path_factory.mktemp("amqp-mgmt"),
-        """
-        address-settings:
-          "#":
-            dead-letter-address: DLA
-            auto-create-dead-letter-resources: true
-            expiry-address: ExpiryQueue
-            auto-create-expiry-resources: true
-          "paged.#": {management-browse-page-size: 2}
-        """,
-    )
-    yield running
-    assert running.stop() == 0, running.log()
-    assert "Traceback" not in running.log()  # hostile requests never raised
+BROKER_CONFIG = """
+address-settings:
+  "#":
+    dead-letter-address: DLA
+    auto-create-dead-letter-resources: true
+    expiry-address: ExpiryQueue
+    auto-create-expiry-resources: true
+  "paged.#": {management-browse-page-size: 2}
+"""
 
 
 class Manager:
@@ -328,6 +319,8 @@ def test_queue_attributes(manager: Manager) -> None:
         "consumersBeforeDispatch": 0,
         "delayBeforeDispatch": -1,
         "lastValue": False,
+        "lastValueKey": None,
+        "nonDestructive": False,
         "ringSize": -1,
         "paused": False,
     }
@@ -379,6 +372,16 @@ def test_create_queue_is_checked_like_a_configured_queue(manager: Manager) -> No
     assert manager.call("broker", "createQueue", json.dumps(auto))[0] is True
 
 
+def test_create_queue_makes_ring_and_last_value_queues(manager: Manager) -> None:
+    """B-162 createQueue with B-120/B-121 options: the queue has them (issue 19)."""
+    spec = {"name": "c.6", "auto-create-address": True, "ring-size": 2, "last-value": True}
+    assert manager.call("broker", "createQueue", json.dumps(spec))[0] is True
+    assert manager.attribute("queue.c.6", "ringSize") == 2
+    assert manager.attribute("queue.c.6", "lastValue") is True
+    assert manager.attribute("queue.c.6", "lastValueKey") == "_AMQ_LVQ_NAME"
+    assert manager.attribute("queue.c.6", "nonDestructive") is False
+
+
 def test_destroy_queue_with_consumers(broker: BrokerProcess, manager: Manager) -> None:
     """B-162 destroyQueue(name[, removeConsumers]): refused while consumed unless asked."""
     consumer = connect(broker.url)
@@ -401,6 +404,7 @@ def test_address_settings_at_runtime(manager: Manager) -> None:
     effective = json.loads(manager.ok("broker", "getAddressSettingsAsJSON", "tuned.x"))
     assert (effective["max-delivery-attempts"], effective["redelivery-delay"]) == (3, 5)
     assert "slow-consumer-threshold" not in effective  # not implemented: never shown
+    assert effective["default-ring-size"] == -1  # implemented (B-121): shown
     bad = json.dumps({"slow-consumer-threshold": 4})
     succeeded, text = manager.call("broker", "addAddressSettings", "tuned.#", bad)
     assert not succeeded
@@ -485,11 +489,12 @@ def test_hostile_request_gets_a_failure_reply(
 
 def test_request_without_reply_to_is_dropped_not_run(manager: Manager) -> None:
     """A request nobody can read the answer of is dropped: its operation is not run
-    (docs/decisions.md); the next request is answered."""
+    (docs/decisions.md); the next request is answered. Also a reply-to that names the
+    management address as a queue or is a wildcard (B-011)."""
     fill(manager.conn, "noreply", "a")
     props = {"_AMQ_ResourceName": "queue.noreply", "_AMQ_OperationName": "removeAllMessages"}
     manager.sender.send(Message(id="lost", body="[]", properties=props))
-    for reply_to in (MANAGEMENT, ""):
+    for reply_to in (MANAGEMENT, "", f"{MANAGEMENT}::q", "replies.#"):
         manager.sender.send(Message(id="loop", reply_to=reply_to, body="[]", properties=props))
     assert count(manager, "noreply") == 1
 

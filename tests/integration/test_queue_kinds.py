@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from proton import Message
 from proton.utils import BlockingConnection, BlockingReceiver
-from support.client import QUEUE, TOPIC, connect, drain_round, send
+from support.client import QUEUE, TOPIC, Browse, connect, drain_round, send
 from support.event_files import read_events
 from support.metrics import scrape
 from support.process import BrokerProcess, start_broker
@@ -273,3 +273,28 @@ def test_non_destructive_queues_and_retained_messages_come_back_after_a_restart(
         conn.close()
     finally:
         assert broker.stop() == 0, broker.log()
+
+
+def test_a_value_in_delivery_at_a_crash_gives_way_to_the_newer_one(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
+    """B-120 across kill -9: A1 was in delivery when A2 came, so both are journaled;
+    recovery keeps A2, and a second restart has only A2 too (the removal is journaled:
+    tests/unit/store/test_recovery_queue_kinds.py)."""
+    broker = spawn(tmp_path, PERSISTENT)
+    conn = connect(broker.url)
+    _props(conn, "inflight", ("A1", {"sym": "A"}))
+    receiver = conn.create_receiver("inflight", credit=0, options=QUEUE)
+    assert [m.body for m in drain_round(conn, receiver, 1)] == ["A1"]  # unsettled
+    _props(conn, "inflight", ("A2", {"sym": "A"}))  # accepted once on disk (sync: true)
+    broker.kill()
+    for _ in range(2):
+        broker = spawn(tmp_path, PERSISTENT)
+        try:
+            assert _listed(broker, "inflight")["messages"] == 1
+            conn = connect(broker.url)
+            browse = conn.create_receiver("inflight", credit=0, options=[QUEUE, Browse()])
+            assert [m.body for m in drain_round(conn, browse, 10)] == ["A2"]
+            conn.close()
+        finally:
+            assert broker.stop() == 0, broker.log()

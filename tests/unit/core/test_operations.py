@@ -262,6 +262,23 @@ def test_create_queue_needs_its_address_unless_asked_to_create_it() -> None:
         create_queue(h.broker, config)
 
 
+def test_create_queue_refuses_a_temporary_address() -> None:
+    """B-162 createQueue: a temporary address goes with its connection, every queue on it
+    too (`connection_closed`), so a durable queue created there would lose its stored
+    messages when that client closes (and keep them after a crash): refused."""
+    from amqpbroker.core import ClientError, ConnectionId, QueueConfig
+    from amqpbroker.core.operations import create_queue
+
+    h = Harness()
+    temporary = h.producer(None, dynamic=True, conn=ConnectionId(2)).address
+    assert temporary is not None
+    (routing_type,) = h.broker.post_office.addresses[temporary].routing_types
+    config = QueueConfig(name="kept", address=temporary, routing_type=routing_type)
+    with pytest.raises(ClientError, match="temporary"):
+        create_queue(h.broker, config)
+    assert "kept" not in h.broker.queues
+
+
 def test_destroy_queue_and_delete_address_refuse_while_in_use() -> None:
     """B-162 destroyQueue(name) with consumers / deleteAddress(name) with queues: refused
     unless removeConsumers / force."""

@@ -305,6 +305,24 @@ def test_a_released_message_stays_and_is_not_sent_again_to_the_same_consumer() -
     assert queue.message_count == 1
 
 
+def test_a_rolled_back_transactional_accept_leaves_the_delivery_count_alone() -> None:
+    """B-123 (docs/decisions.md: the reference's delivery count does not change) with
+    B-142: a rolled-back transactional accept of a non-destructive delivery counts no
+    attempt on the message every other consumer shares: the next consumer gets it as a
+    first delivery."""
+    h = Harness()
+    _queue(h, non_destructive=True)
+    _send(h, (b"1", {}))
+    c1 = h.consumer("q", "queue")
+    [d] = h.take(c1)
+    for _ in range(3):
+        h.broker.hold(c1, d.delivery)  # the transaction of its accept rolled back
+    h.settle(c1, d, ACCEPTED)
+    c2 = h.consumer("q", "queue")
+    [again] = h.take(c2)
+    assert (d.wire_count, again.wire_count) == (0, 0)
+
+
 def test_messages_leave_a_non_destructive_queue_by_expiry() -> None:
     """B-123: expiry (B-084) removes them."""
     h = Harness({"#": AddressSettings.of(expiry_delay=1_000)})
@@ -534,3 +552,34 @@ def test_a_message_whose_properties_do_not_decode_is_kept_as_a_plain_one() -> No
     for body in (b"1", b"2"):
         h.broker.publish(Message(body, reader=_Malformed()), target)
     assert queue.message_count == 2
+
+
+def test_a_changed_retroactive_count_applies_and_lowering_trims_nothing() -> None:
+    """B-124 with B-102 and B-121: raised, more are kept; lowered, the ring keeps its
+    length as messages arrive (manual trimming)."""
+    h = Harness(RETRO)
+    target = h.producer("news.a", "topic")
+    kept = h.queue("$.artemis.internal.news.a.queue.multicast.retro")
+    for body in (b"1", b"2", b"3"):
+        h.send(target, body)
+    assert kept.message_count == 2
+    h.broker.settings.add("news.#", AddressSettings.of(retroactive_message_count=4))
+    for body in (b"4", b"5", b"6"):
+        h.send(target, body)
+    assert kept.message_count == 4
+    h.broker.settings.add("news.#", AddressSettings.of(retroactive_message_count=1))
+    h.send(target, b"7")
+    assert kept.message_count == 4
+    assert [r.message.data for r in kept.refs()] == [b"4", b"5", b"6", b"7"]
+
+
+def test_a_message_sent_to_a_fully_qualified_queue_is_not_kept() -> None:
+    """B-124 (Decision, as Artemis): an FQQN send goes to its queue only, not to the
+    address's bindings, so the divert does not see it."""
+    h = Harness(RETRO)
+    h.broker.create_address("news.a", {MULTICAST})
+    h.broker.create_queue(QueueConfig(name="sub", address="news.a", routing_type=MULTICAST))
+    h.send(h.producer("news.a::sub"), b"direct")
+    h.send(h.producer("news.a", "topic"), b"routed")
+    kept = h.queue("$.artemis.internal.news.a.queue.multicast.retro")
+    assert [r.message.data for r in kept.refs()] == [b"routed"]

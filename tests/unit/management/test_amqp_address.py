@@ -107,3 +107,53 @@ def test_without_reply_to_the_request_is_dropped_and_not_run() -> None:
     props = {"_AMQ_ResourceName": "queue.q", "_AMQ_OperationName": "removeAllMessages"}
     assert request(h, target, id=1, properties=props, body="[]", reply_to=None) == []
     assert h.queue("q").message_count == 1
+
+
+def test_create_queue_never_makes_the_management_address() -> None:
+    """B-160/B-110: the management address never exists (requests to it are answered,
+    never routed), so createQueue may not create it with auto-create-address, as
+    createAddress may not; a consumer could otherwise attach to a queue on it."""
+    h, target = setup()
+    spec = {"name": "m", "address": "activemq.management", "routingType": "ANYCAST"}
+    props = {"_AMQ_ResourceName": "broker", "_AMQ_OperationName": "createQueue"}
+    body = json.dumps([json.dumps({**spec, "autoCreateAddress": True})])
+    (reply,) = request(h, target, id=1, properties=props, body=body)
+    assert reply.properties == {"_AMQ_OperationSucceeded": False}
+    assert "management address" in json.loads(reply.body)[0]
+    assert "activemq.management" not in h.broker.post_office.addresses
+    assert "m" not in h.broker.queues
+
+
+def test_a_reply_to_naming_the_management_address_as_a_queue_is_dropped() -> None:
+    """B-160, docs/decisions.md (no loop): `activemq.management::x` is the management
+    address too (the relay parses it so), so the request is dropped and not run; the
+    reply was handed back to the handler as a request of the broker's own."""
+    h, target = setup()
+    handled: list[Message] = []
+    handler = h.broker.management
+    assert handler is not None
+
+    class Counting:
+        def handle(self, request: Message) -> None:
+            handled.append(request)
+            handler.handle(request)
+
+    h.broker.management = Counting()
+    h.send(h.producer("q", "queue"), b"a")
+    props = {"_AMQ_ResourceName": "queue.q", "_AMQ_OperationName": "removeAllMessages"}
+    reply_to = "activemq.management::x"
+    assert request(h, target, id=1, properties=props, body="[]", reply_to=reply_to) == []
+    assert len(handled) == 1
+    assert h.queue("q").message_count == 1
+
+
+@pytest.mark.parametrize("reply_to", ["replies.#", "replies.*", "bad\x01name", "a::b::c"])
+def test_a_reply_to_the_reply_cannot_be_sent_to_is_dropped_and_not_run(reply_to: str) -> None:
+    """docs/decisions.md (no reply-to: dropped, not run): a wildcard reply-to (B-011: never
+    sent to) or a name the broker refuses (B-150) is no more usable than none; the
+    operation ran and its reply was lost."""
+    h, target = setup()
+    h.send(h.producer("q", "queue"), b"a")
+    props = {"_AMQ_ResourceName": "queue.q", "_AMQ_OperationName": "removeAllMessages"}
+    assert request(h, target, id=1, properties=props, body="[]", reply_to=reply_to) == []
+    assert h.queue("q").message_count == 1

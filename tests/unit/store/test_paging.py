@@ -165,3 +165,36 @@ def test_filtered_operations_take_paged_messages_and_keep_the_rest(
     c = h.consumer("q", "queue", credit=200)
     got = [d.message.msg_id for d in h.take(c)]
     assert got == [i for i in ids if i not in doomed]
+
+
+def test_a_last_value_queue_keeps_replacing_instead_of_paging(files: PageFiles) -> None:
+    """B-120 with B-151 PAGE: a last-value queue on a full address is not paged (its
+    replacement works on what it holds in memory): one message per key stays."""
+    h = _paging(files, default_last_value_queue=True)
+    target = h.producer("q", "queue")
+    for i in range(200):
+        h.send(target, _amqp(i), props={"_AMQ_LVQ_NAME": f"k{i % 50}"})  # 50 x 45 B > LIMIT
+    queue = h.queue("q")
+    assert queue.pages is None
+    assert queue.message_count == 50
+
+
+def test_a_page_file_that_cannot_be_written_refuses_the_message(
+    files: PageFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B-151 PAGE on a full disk: the producer gets resource-limit-exceeded (its
+    connection is not closed as by an internal error); nothing is counted."""
+    from amqpbroker.core import ResourceLimitExceeded
+
+    h = _paging(files)
+    _send(h, 60)
+    pages = _pages(h)
+    before = pages.messages
+
+    def disk_full(frame: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pages, "_append", disk_full)
+    with pytest.raises(ResourceLimitExceeded, match="No space left"):
+        _send(h, 1, start=60)
+    assert pages.messages == before

@@ -77,6 +77,7 @@ class BrokerSnapshot:
     address_totals: tuple[tuple[str, QueueCounters], ...] = ()
     broker_totals: QueueCounters = field(default_factory=QueueCounters)
     connections_refused: tuple[tuple[str, int], ...] = ()  # (reason, total)
+    slow_consumers: tuple[tuple[str, int], ...] = ()  # (policy, total)
 
     @classmethod
     def take(
@@ -123,6 +124,7 @@ class BrokerSnapshot:
             address_totals=tuple(i for i in per_address.items() if metered(i[0])),
             broker_totals=everything,
             connections_refused=tuple(sorted((connections_refused or {}).items())),
+            slow_consumers=tuple(sorted(broker.stats.slow_consumers.items())),
         )
 
 
@@ -258,6 +260,14 @@ class BrokerCollector:
         for reason, total in s.connections_refused:
             refused.add_metric([reason], total)
         yield refused
+        slow = CounterMetricFamily(
+            names.SLOW_CONSUMERS,
+            "Consumers found slow (slow-consumer-threshold), by slow-consumer-policy.",
+            labels=["policy"],
+        )
+        for policy, total in s.slow_consumers:
+            slow.add_metric([policy], total)
+        yield slow
         yield from s.journal_sync
         yield GaugeMetricFamily(
             names.JOURNAL_SIZE_BYTES, "Bytes the journal holds on disk.", value=s.journal_size_bytes

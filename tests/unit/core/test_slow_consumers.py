@@ -9,6 +9,7 @@ import pytest
 from support.core_harness import CONN, Harness
 
 from amqpbroker.core import ACCEPTED, AddressSettings, ConnectionId
+from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 
 PERIOD_MS = 5_000  # slow-consumer-check-period 5 (seconds), the default
 
@@ -70,6 +71,9 @@ def test_kill_asks_the_shell_to_close_the_consumers_connection_once() -> None:
     assert kill.condition == "amqp:resource-limit-exceeded"
     assert "slow consumer on queue orders" in kill.description
     assert h.broker.stats.slow_consumers == {"KILL": 2}
+    snapshot = BrokerSnapshot.take(h.broker, connections=2, connections_opened=2)
+    text = render(BrokerCollector(lambda: snapshot, artemis_names=False)).decode()
+    assert 'amqpbroker_slow_consumers_total{policy="KILL"} 2.0' in text
 
 
 def test_rate_is_measured_per_period_not_since_attach() -> None:

@@ -54,6 +54,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 # package -> third-party top-level modules it may import (anything else: stdlib only).
 THIRD_PARTY: dict[str, set[str]] = {
+    "amqp": {"mypy_extensions"},  # mypyc_attr for the compiled build (setup.py, issue 20)
     "protocol": {"proton", "cproton_ffi"},
     "config": {"yaml"},
     "security": {"cryptography"},

@@ -29,7 +29,12 @@ HOT_MODULES = [
     "amqpbroker/core/postoffice.py",
     "amqpbroker/core/model.py",
     "amqpbroker/core/lifecycle.py",
-    "amqpbroker/protocol/handler.py",
+    "amqpbroker/protocol/shell.py",
+    "amqpbroker/protocol/transfers.py",
+    "amqpbroker/core/settings.py",
+    "amqpbroker/core/persistence.py",
+    "amqpbroker/core/refs.py",
+    "amqpbroker/store/codec.py",
 ]
 
 

@@ -43,8 +43,7 @@ from amqpbroker.management.samples import Sampler
 from amqpbroker.management.tasks import TaskFile, TaskRunner
 from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.metrics.collector import EventLogFiles, journal_sync_histogram
-from amqpbroker.protocol import moves
-from amqpbroker.protocol.handler import AmqpConnection, SaslFactory, Shell, message_of
+from amqpbroker.protocol import AmqpConnection, SaslFactory, Shell, message_of, moves
 from amqpbroker.protocol.sasl import Credentials, Identity, Outcome, SaslServer, Verdict
 from amqpbroker.security import (
     TlsFileError,
@@ -345,7 +344,7 @@ class BrokerServer:
         self.journal: FileJournal | None = None
         self.journal_sync = journal_sync_histogram()
         self.broker = build_broker(config, clock=clock, rng=rng)
-        self.shell = Shell(self.broker)
+        self.shell: Shell[AmqpConnection] = Shell(self.broker)
         self.event_log: EventLogWriter | None = None
         if self.broker.emitter.failures:  # some level of the event log is on
             self.event_log = EventLogWriter(
@@ -355,8 +354,6 @@ class BrokerServer:
             )
             self.broker.emitter.data_limit = self.event_log.data_limit
             self.broker.emitter.heads_only = self.event_log.heads_only
-            if type(self.broker.clock) is SystemClock:  # the same ms, read cheaper
-                self.broker.emitter.clock_ns = time.time_ns
             self.shell.event_sink = self.event_log.submit
         users = config.security.users
         self.shell.roles_for = lambda user: (

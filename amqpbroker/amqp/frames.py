@@ -1,7 +1,7 @@
 """AMQP 1.0 frames (part 2.3): the protocol headers and the 8-byte frame header.
 
 The broker writes a frame itself only where proton does not: SASL before the engine exists
-(`protocol/sasl.py`) and a close the engine will not send (`protocol/handler.py`).
+(`protocol/sasl.py`) and a close the engine will not send (`protocol/connection.py`).
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ from amqpbroker.core.moves import (
 )
 from amqpbroker.core.outcomes import (
     ACCEPTED,
+    FAILED,
     RELEASED,
     Accepted,
     Modified,
@@ -63,6 +64,7 @@ __all__ = [
     "ACCEPTED",
     "DEFAULT_PRIORITY",
     "EVENT_TYPES",
+    "FAILED",
     "FAILURE_EVENTS",
     "RELEASED",
     "Accepted",

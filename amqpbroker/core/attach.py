@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from amqpbroker.core.clock import Clock
+from amqpbroker.core.clock import Clock, entry
 from amqpbroker.core.effects import Effect
 from amqpbroker.core.errors import (
     ClientError,
@@ -130,6 +130,8 @@ class _Attach:
     _consumers: dict[ConsumerId, _ConsumerInfo]
     _effects: list[Effect]
     clock: Clock
+    in_call: bool
+    now_ms: int
     post_office: PostOffice
     queues: dict[str, Queue]
     security: SecurityRepository
@@ -180,6 +182,7 @@ class _Attach:
     def delete_queue(self, name: str, *, reason: str = "deleted") -> None:
         raise NotImplementedError  # Broker's
 
+    @entry
     def attach_producer(self, request: ProducerRequest) -> ProducerTarget:
         """B-022: resolve a producer target, auto-creating what it needs."""
         with self._acting_for(request.user, request.roles):
@@ -267,6 +270,7 @@ class _Attach:
             )
         return ProducerTarget(name, routing_type)
 
+    @entry
     def attach_consumer(self, request: ConsumerRequest) -> ConsumerAttached:
         """B-024…B-031: find or create the queue for a consumer link and attach to it."""
         with self._acting_for(request.user, request.roles):
@@ -498,6 +502,7 @@ class _Attach:
         )
         return queue, kind
 
+    @entry
     def detach_consumer(
         self, consumer_id: ConsumerId, *, closed: bool, abrupt: bool = False
     ) -> None:
@@ -506,7 +511,7 @@ class _Attach:
         if info is None:
             return
         consumer, queue = info.consumer, info.consumer.queue
-        now_ms = self.clock.now_ms()
+        now_ms = self.now_ms
         queue.remove_consumer(consumer, now_ms, self._effects, abrupt=abrupt)
         if queue.name not in self.queues or queue.consumers:
             return

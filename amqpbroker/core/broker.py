@@ -28,7 +28,7 @@ from amqpbroker.core.attach import (
     _Attach,
     _ConsumerInfo,
 )
-from amqpbroker.core.clock import Clock
+from amqpbroker.core.clock import Clock, entry
 from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Effect
 from amqpbroker.core.errors import (
     ClientError,
@@ -50,7 +50,7 @@ from amqpbroker.core.model import (
 from amqpbroker.core.moves import MessageCopier, MoveAnnotations, _BytesCopier
 from amqpbroker.core.moving import _Moving
 from amqpbroker.core.names import advisory_characters, parse_address
-from amqpbroker.core.outcomes import Modified, Outcome
+from amqpbroker.core.outcomes import FAILED, Outcome
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
@@ -64,8 +64,6 @@ from amqpbroker.core.totals import BrokerStats, CounterTotals
 log = logging.getLogger(__name__)
 
 _SENT_SHAPES = 1000  # `sent` shapes kept per address (one per producer container)
-
-_ROLLBACK = Modified(delivery_failed=True)  # B-143: a rollback counts as a failed attempt
 
 
 class Broker(_Attach, _Moving, _Reaper):
@@ -95,6 +93,9 @@ class Broker(_Attach, _Moving, _Reaper):
         self._principal: tuple[str | None, frozenset[str]] | None = None
         self.settings = settings
         self.clock = clock
+        # The time of the call being handled: one clock reading per call (`clock.entry`).
+        self.now_ms = clock.now_ms()
+        self.in_call = False
         self.rng = rng or Random()
         self.copier: MessageCopier = copier or _BytesCopier()
         self.post_office = PostOffice(settings.wildcards)
@@ -107,7 +108,7 @@ class Broker(_Attach, _Moving, _Reaper):
         self._delivery_ids = itertools.count(1)
         self._consumers: dict[ConsumerId, _ConsumerInfo] = {}
         self._scan_period_ms = address_queue_scan_period_ms
-        self._next_scan_ms = clock.now_ms() + address_queue_scan_period_ms
+        self._next_scan_ms = self.now_ms + address_queue_scan_period_ms
         self._warned_names: set[str] = set()
         self._deadlines: list[int] = []  # may hold stale entries; tick() drops them
         # Expiry index (B-084): (expiration, n, queue, ref) for references that can expire,
@@ -115,7 +116,7 @@ class Broker(_Attach, _Moving, _Reaper):
         self._expiries: list[tuple[int, int, Queue, Ref]] = []
         self._expiry_seq = itertools.count()
         self._expiry_scan_period_ms = message_expiry_scan_period_ms
-        self._next_expiry_scan_ms = clock.now_ms() + max(message_expiry_scan_period_ms, 0)
+        self._next_expiry_scan_ms = self.now_ms + max(message_expiry_scan_period_ms, 0)
         self._expiry_drop_warned: set[str] = set()
 
     # -- effects and time -----------------------------------------------------------
@@ -124,8 +125,20 @@ class Broker(_Attach, _Moving, _Reaper):
         effects, self._effects = self._effects, []
         return effects
 
-    def _add_deadline(self, at_ms: int) -> None:
+    # -- what its queues need from it (`queue.QueueOwner`; also `dead_letter`,
+    # `track_expiry` and `expired`, in core/moving.py) ---------------------------------
+    def queue_settings(self, queue: Queue) -> ResolvedSettings:
+        return self.settings.resolve(queue.address)
+
+    def schedule(self, at_ms: int) -> None:
         heapq.heappush(self._deadlines, at_ms)
+
+    def size_changed(self, queue: Queue, delta_bytes: int) -> None:
+        address = self.post_office.addresses.get(queue.address)
+        if address is not None:
+            address.size_bytes += delta_bytes
+            if delta_bytes < 0 and address.blocked:
+                self._check_unblocked(address)
 
     def next_deadline_ms(self) -> int | None:
         """When `tick()` next has work: a redelivery, the reaper or the expiry scan. O(1)."""
@@ -138,9 +151,10 @@ class Broker(_Attach, _Moving, _Reaper):
             candidates.append(max(self._next_expiry_scan_ms, self._expiries[0][0]))
         return min(candidates) if candidates else None
 
+    @entry
     def tick(self) -> None:
         """Fire due redeliveries and, every address-queue-scan-period, the reaper."""
-        now_ms = self.clock.now_ms()
+        now_ms = self.now_ms
         out = self._effects
         deadlines = self._deadlines
         if deadlines and deadlines[0] <= now_ms:
@@ -189,6 +203,7 @@ class Broker(_Attach, _Moving, _Reaper):
                 continue
             queue.kill(ref, "journal-failed")
 
+    @entry
     def restore(
         self, queue_name: str, message: Message, delivery_count: int, scheduled_at_ms: int
     ) -> bool:
@@ -218,6 +233,7 @@ class Broker(_Attach, _Moving, _Reaper):
     def settings_for(self, address: str) -> ResolvedSettings:
         return self.settings.resolve(address)
 
+    @entry
     def create_address(
         self,
         name: str,
@@ -240,7 +256,7 @@ class Broker(_Attach, _Moving, _Reaper):
             auto_created=auto_created,
             temporary=temporary,
             owner=owner,
-            idle_since_ms=self.clock.now_ms(),
+            idle_since_ms=self.now_ms,
         )
         self.totals.address_created(address)
         self.post_office.add(address)
@@ -248,6 +264,7 @@ class Broker(_Attach, _Moving, _Reaper):
         log.debug("created address %s %s", name, sorted(t.value for t in routing_types))
         return address
 
+    @entry
     def create_queue(self, config: QueueConfig, *, owner: ConnectionId | None = None) -> Queue:
         """Create a queue on its address (the address must allow its routing type, B-001)."""
         if config.name in self.queues:
@@ -260,28 +277,15 @@ class Broker(_Attach, _Moving, _Reaper):
                 f"address {config.address} does not support {config.routing_type.value}"
             )
         selector = parse_selector(config.filter) if config.filter else None
-        queue_address = config.address
-
-        def on_size(delta_bytes: int) -> None:
-            address.size_bytes += delta_bytes
-            if delta_bytes < 0 and address.blocked:
-                self._check_unblocked(address)
-
         queue = Queue(
             config,
-            settings=lambda: self.settings.resolve(queue_address),
+            owner=self,
             selector=selector,
             rng=self.rng,
             delivery_ids=self._delivery_ids,
-            dead_letter=self._dead_letter,
-            on_schedule=self._add_deadline,
             emitter=self.emitter,
-            clock_ms=self.clock.now_ms,
-            on_size=on_size,
-            on_expiring=self._track_expiry,
-            expired=self._on_expired,
         )
-        queue.idle_since_ms = self.clock.now_ms()
+        queue.idle_since_ms = self.now_ms
         queue.owner = owner
         self._journal_queue(queue)
         self.queues[config.name] = queue
@@ -291,6 +295,7 @@ class Broker(_Attach, _Moving, _Reaper):
         )
         return queue
 
+    @entry
     def delete_queue(self, name: str, *, reason: str = "deleted") -> None:
         """Delete a queue with its messages; attached consumers are detached (B-038)."""
         queue = self.queues.pop(name, None)
@@ -300,7 +305,7 @@ class Broker(_Attach, _Moving, _Reaper):
         if address is not None and queue in address.queues:
             address.queues.remove(queue)
             address.used = True
-            address.idle_since_ms = self.clock.now_ms()
+            address.idle_since_ms = self.now_ms
         for consumer in list(queue.consumers):
             self._consumers.pop(consumer.id, None)
             self._effects.append(
@@ -319,6 +324,7 @@ class Broker(_Attach, _Moving, _Reaper):
         if address is not None:
             self.totals.address_deleted(address, self.post_office.addresses.__contains__)
 
+    @entry
     def delete_address(self, name: str) -> None:
         address = self.post_office.addresses.get(name)
         if address is None:
@@ -396,6 +402,7 @@ class Broker(_Attach, _Moving, _Reaper):
             )
 
     # -- producers (attaching them: `_Attach`, core/attach.py) ------------------------
+    @entry
     def publish(
         self,
         message: Message,
@@ -414,7 +421,7 @@ class Broker(_Attach, _Moving, _Reaper):
             NotFound: anonymous relay to an address that cannot be auto-created.
             ClientError: anonymous relay without `to`, or to a wildcard address.
         """
-        now_ms = self.clock.now_ms()
+        now_ms = self.now_ms
         if message.durable and self.persistence is not None and self.persistence.failure:
             raise ResourceLimitExceeded(
                 f"the broker cannot store durable messages: {self.persistence.failure}"
@@ -539,12 +546,11 @@ class Broker(_Attach, _Moving, _Reaper):
         given, is the one `_sent_shape` keeps (the same as the one built here)."""
         emitter = self.emitter
         txn = emitter.txn
-        ts = emitter.step_ms  # a step's events share its time (Emitter.step_ms)
         emitter.events.append(
             (
                 shape
                 or (kind, (message.address, None, None), (message.origin_container, None), reason),
-                now_ms if ts is None else ts,
+                now_ms,
                 message.event_part or emitter.message_part(message),
                 None,
                 extra
@@ -615,12 +621,14 @@ class Broker(_Attach, _Moving, _Reaper):
         return len(queues)
 
     # -- consumers (attaching them: `_Attach`, core/attach.py) ------------------------
+    @entry
     def set_credit(self, consumer_id: ConsumerId, credit: int, *, drain: bool = False) -> None:
         """The link credit the consumer now has (B-037)."""
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.set_credit(info.consumer, credit, drain, self._effects)
 
+    @entry
     def resume(self, consumer_id: ConsumerId) -> None:
         """The consumer's connection wrote what it was handed and its window has room
         again: dispatch to it, with the credit and drain it kept (issue 15)."""
@@ -628,6 +636,7 @@ class Broker(_Attach, _Moving, _Reaper):
         if info is not None:
             info.consumer.queue.dispatch(self._effects)
 
+    @entry
     def settle(self, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome) -> None:
         """Apply a consumer's outcome; ignore deliveries no longer held (B-055)."""
         info = self._consumers.get(consumer_id)
@@ -635,7 +644,7 @@ class Broker(_Attach, _Moving, _Reaper):
             log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)
             return
         queue = info.consumer.queue
-        held = queue.settle(info.consumer, delivery, outcome, self.clock.now_ms(), self._effects)
+        held = queue.settle(info.consumer, delivery, outcome, self.now_ms, self._effects)
         if not held:
             log.debug(
                 "outcome for delivery %s not held by consumer %s ignored (B-055)",
@@ -643,6 +652,7 @@ class Broker(_Attach, _Moving, _Reaper):
                 consumer_id,
             )
 
+    @entry
     def rollback_delivery(self, consumer_id: ConsumerId, delivery: DeliveryId) -> None:
         """B-143: a rolled-back transactional accept of a settled delivery, or a forced
         rollback: back to the queue with the attempt counted, as modified{delivery-failed},
@@ -652,18 +662,20 @@ class Broker(_Attach, _Moving, _Reaper):
             info.consumer.queue.settle(
                 info.consumer,
                 delivery,
-                _ROLLBACK,
-                self.clock.now_ms(),
+                FAILED,  # B-143: a rollback counts as a failed attempt
+                self.now_ms,
                 self._effects,
                 reason="tx-rollback",
             )
 
+    @entry
     def hold(self, consumer_id: ConsumerId, delivery: DeliveryId) -> None:
         """B-142: see `Queue.hold`."""
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.hold(info.consumer, delivery)
 
+    @entry
     def connection_closed(self, connection: ConnectionId, *, abrupt: bool) -> None:
         """Return every consumer's deliveries, then drop the connection's temporaries."""
         for consumer_id in [

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import enum
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
 
@@ -203,14 +202,6 @@ class Emitter:
         # writer sets it when it writes neither props nor body_hash. A head is a tenth of
         # a 1 KiB message, and the bytes handed to the writer are most of its cost.
         self.heads_only = False
-        # Epoch ns, when the broker's clock is the system clock: `time.time_ns` itself
-        # (set by the server), a C call, a third of the cost of a Python `now_ms()` per
-        # event. None: events read the broker's clock.
-        self.clock_ns: Callable[[], int] | None = None
-        # The broker's clock read once for a whole step (the protocol handler sets it
-        # while it handles the frames of one read, ~1 ms): queue events then cost no clock
-        # call each (a third of an event's cost). None: events read the clock.
-        self.step_ms: int | None = None
         # B-170 `txn` (see the property), and the `extra` of a common event that carries it.
         self._txn: str | None = None
         self.txn_extra: Extra | None = None

@@ -83,20 +83,35 @@ def kept_annotations(annotations: dict[Any, Any]) -> dict[Any, Any]:
     }
 
 
+# The names the broker itself reads back from a moved message (retry, hop, filters).
+ORIG_QUEUE = "x-opt-ORIG-QUEUE"
+ORIG_ADDRESS = "x-opt-ORIG-ADDRESS"
+ORIG_ROUTING_TYPE = "x-opt-ORIG-ROUTING-TYPE"
+
 # The annotations of a moved copy (B-076, B-079, B-090), in the order they are written:
 # (name, `MoveAnnotations` field, AMQP type). The one list of their names; the protocol
-# codec maps the type names to its wrappers (`protocol/moves.py`).
+# codec maps the type names to its wrappers (`protocol/moves.py`), the selector their
+# `_AMQ_*` property names (`INTERNAL_PROPERTIES`).
 MOVE_ANNOTATIONS: tuple[tuple[str, str, str], ...] = (
-    ("x-opt-ORIG-QUEUE", "orig_queue", "string"),
-    ("x-opt-ORIG-ADDRESS", "orig_address", "string"),
+    (ORIG_QUEUE, "orig_queue", "string"),
+    (ORIG_ADDRESS, "orig_address", "string"),
     ("x-opt-ORIG-MESSAGE-ID", "orig_message_id", "long"),
-    ("x-opt-ORIG-ROUTING-TYPE", "orig_routing_type", "byte"),
+    (ORIG_ROUTING_TYPE, "orig_routing_type", "byte"),
     ("x-opt-ACTUAL-EXPIRY", "actual_expiry", "long"),
     ("x-opt-DLQ-REASON", "dlq_reason", "string"),
     ("x-opt-DLQ-ERROR-CONDITION", "dlq_error_condition", "symbol"),
     ("x-opt-DLQ-ERROR-DESCRIPTION", "dlq_error_description", "string"),
     ("x-opt-DLQ-DELIVERY-COUNT", "dlq_delivery_count", "uint"),
     ("x-opt-routing-type", "routing_type", "byte"),
+)
+
+# B-090/B-079: the broker-internal properties a selector reads from a moved copy's
+# annotations (`_AMQ_ORIG_ADDRESS` is `x-opt-ORIG-ADDRESS`); never taken from
+# application-properties, so a producer cannot forge them (B-131).
+INTERNAL_PROPERTIES = frozenset(
+    "_AMQ_" + name.removeprefix("x-opt-").replace("-", "_")
+    for name, _, _ in MOVE_ANNOTATIONS
+    if name.startswith(("x-opt-ORIG-", "x-opt-ACTUAL-", "x-opt-DLQ-"))
 )
 
 

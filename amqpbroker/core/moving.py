@@ -3,15 +3,15 @@
 Theory of operation
 -------------------
 A message that has failed `max-delivery-attempts` times, or that a consumer rejected,
-is dead-lettered (`_dead_letter`); one past its expiration is expired (`expire_due`,
-`_on_expired`). Either way the reference leaves its queue and, when the address settings
+is dead-lettered (`dead_letter`); one past its expiration is expired (`expire_due`,
+`expired`). Either way the reference leaves its queue and, when the address settings
 name a dead-letter or expiry address, a *copy* of the message is routed there
 (`_move_to_dla`): the copy carries `MoveAnnotations` (`core/moves.py`), written by the
 injected `MessageCopier`; the target address and its `<prefix><origin><suffix>` queue
 are made on first use when the settings ask for it (`_ensure_move_resources`,
 B-074/B-086), acting for the broker, not the client. Without a dead-letter address the
 message is dropped with a warning (B-071/B-072); an expired message with nowhere to go
-is dropped, warned once per queue. Expiry is indexed (`_track_expiry`): a heap of
+is dropped, warned once per queue. Expiry is indexed (`track_expiry`): a heap of
 (expiration, n, queue, ref), so a scan pops only what is due instead of walking every
 message. The same copy path serves management moves (`copy_for_move`, `deliver_copy`,
 `hop`). `_Moving` is a part of `Broker` (a mixin): it declares the broker state it uses,
@@ -27,7 +27,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from amqpbroker.core.clock import Clock
+from amqpbroker.core.clock import Clock, entry
 from amqpbroker.core.effects import Effect
 from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter
@@ -39,7 +39,7 @@ from amqpbroker.core.model import (
     RoutingType,
     annotated_routing_type,
 )
-from amqpbroker.core.moves import MessageCopier, MoveAnnotations
+from amqpbroker.core.moves import ORIG_ROUTING_TYPE, MessageCopier, MoveAnnotations
 from amqpbroker.core.outcomes import Rejected
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
@@ -61,6 +61,8 @@ class _Moving:
     _msg_ids: MessageIds
     clock: Clock
     copier: MessageCopier
+    in_call: bool
+    now_ms: int
     emitter: Emitter
     post_office: PostOffice
     queues: dict[str, Queue]
@@ -106,7 +108,7 @@ class _Moving:
     ) -> Address:
         raise NotImplementedError  # Broker's
 
-    def _dead_letter(self, queue: Queue, ref: Ref, reason: str, rejection: Rejected | None) -> None:
+    def dead_letter(self, queue: Queue, ref: Ref, reason: str, rejection: Rejected | None) -> None:
         """B-070…B-076: copy the message to the queue's DLA, or drop it (B-071/B-072)."""
         settings = self.settings.resolve(queue.address)
         message = ref.message
@@ -153,12 +155,13 @@ class _Moving:
         copy.first_ts = message.first_ts
         return copy
 
+    @entry
     def deliver_copy(
         self, copy: Message, address: str, queues: list[Queue], *, reason: str
     ) -> None:
         """Route a prepared copy to `queues` of `address` (overrides apply, B-082)."""
         copy.address = address
-        now_ms = self.clock.now_ms()
+        now_ms = self.now_ms
         self._set_expiration(copy, address, now_ms)
         target = self.post_office.addresses.get(address)
         if target is not None:
@@ -167,7 +170,7 @@ class _Moving:
     def hop(self, queue: Queue, message: Message, **extra: Any) -> MoveAnnotations:
         """The B-090 annotations of a move out of `queue`: where it came from, and the
         original routing type carried forward when it was moved before."""
-        internal = message.get_annotations().get("x-opt-ORIG-ROUTING-TYPE")
+        internal = message.get_annotations().get(ORIG_ROUTING_TYPE)
         return MoveAnnotations(
             orig_address=queue.address,
             orig_queue=queue.name,
@@ -220,7 +223,7 @@ class _Moving:
         copy.msg_id = next(self._msg_ids)
         copy.first_ts = message.first_ts
         copy.address = dla
-        self._set_expiration(copy, dla, self.clock.now_ms())
+        self._set_expiration(copy, dla, self.now_ms)
         routing_type = ROUTING_TYPE_OF_BYTE.get(move.routing_type)
         queues = self.post_office.route(copy, address, routing_type) if address else []
         if not queues:
@@ -244,16 +247,18 @@ class _Moving:
                 error_condition=move.dlq_error_condition,
                 error_description=move.dlq_error_description,
             )
-        self._deliver_to(copy, address, queues, self.clock.now_ms(), reason="move")
+        self._deliver_to(copy, address, queues, self.now_ms, reason="move")
         return copy
 
-    def _track_expiry(self, queue: Queue, ref: Ref) -> None:
+    def track_expiry(self, queue: Queue, ref: Ref) -> None:
         heapq.heappush(
             self._expiries, (ref.message.expiration_ms, next(self._expiry_seq), queue, ref)
         )
 
+    @entry
     def expire_due(self, now_ms: int) -> int:
-        """The periodic scan (B-084): expire every waiting reference whose time is up.
+        """The periodic scan (B-084): expire every waiting reference whose time is up
+        (`now_ms`: the call's time, `tick`'s).
 
         Pops only due entries of the expiry index: O(expired x log n), not O(messages).
         References being delivered are skipped; they are indexed again if they return.
@@ -270,10 +275,10 @@ class _Moving:
                     queue.dispatch(self._effects)
         return expired
 
-    def _on_expired(self, queue: Queue, ref: Ref) -> None:
+    def expired(self, queue: Queue, ref: Ref) -> None:
         """B-085: move a copy to the expiry address (with x-opt-ACTUAL-EXPIRY), or drop."""
         message = ref.message
-        now_ms = self.clock.now_ms()
+        now_ms = self.now_ms
         settings = self.settings.resolve(message.address or queue.address)
         target = settings.expiry_address
         if target and settings.auto_create_expiry_resources and message.address != target:

@@ -3,7 +3,9 @@
 They act only on messages waiting in the queue (ready or scheduled): a message being
 delivered to a consumer belongs to that consumer until it settles. Moves and retries make
 a copy with the B-090 annotations of the latest hop (`x-opt-DLQ-*` are dropped, B-079),
-route it, then remove the original, in one step of the event loop.
+route it, then remove the original, in one step of the event loop. Each operation that
+changes a queue is a call into the broker (`clock.entry`): one clock reading for its events
+and moves.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from amqpbroker.core.broker import Broker
+from amqpbroker.core.clock import entry
 from amqpbroker.core.errors import ClientError, NotFound
 from amqpbroker.core.model import Message, annotated_routing_type
+from amqpbroker.core.moves import ORIG_ADDRESS, ORIG_QUEUE
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.refs import DELIVERING, GONE, Ref
 from amqpbroker.core.selector import parse_selector
@@ -129,6 +133,7 @@ def count(broker: Broker, queue_name: str, *, selector: str | None = None) -> in
     return sum(1 for r in queue.refs() if match(r.message))
 
 
+@entry
 def purge(
     broker: Broker,
     queue_name: str,
@@ -144,6 +149,7 @@ def purge(
     return len(refs)
 
 
+@entry
 def move(
     broker: Broker,
     queue_name: str,
@@ -188,8 +194,8 @@ def _mismatch(message: Message, queue: Queue, expected: Mapping[str, str | None]
     amqp_id = message.get_properties().get("message-id")
     actual = {
         "queue": queue.name,
-        "original_address": annotations.get("x-opt-ORIG-ADDRESS"),
-        "original_queue": annotations.get("x-opt-ORIG-QUEUE"),
+        "original_address": annotations.get(ORIG_ADDRESS),
+        "original_queue": annotations.get(ORIG_QUEUE),
         "amqp_message_id": None if amqp_id is None else str(amqp_id),
     }
     for key, want in expected.items():
@@ -198,6 +204,7 @@ def _mismatch(message: Message, queue: Queue, expected: Mapping[str, str | None]
     return None
 
 
+@entry
 def retry(
     broker: Broker,
     queue_name: str,
@@ -226,8 +233,8 @@ def retry(
             skipped.append((message.msg_id, why))
             continue
         annotations = message.get_annotations()
-        address_name = annotations.get("x-opt-ORIG-ADDRESS")
-        queue_name_orig = annotations.get("x-opt-ORIG-QUEUE")
+        address_name = annotations.get(ORIG_ADDRESS)
+        queue_name_orig = annotations.get(ORIG_QUEUE)
         if not isinstance(address_name, str) or not isinstance(queue_name_orig, str):
             if wanted is not None:  # named ones are reported; a filter's are left quietly
                 skipped.append((message.msg_id, "no x-opt-ORIG-ADDRESS/x-opt-ORIG-QUEUE"))

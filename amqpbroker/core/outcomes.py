@@ -36,3 +36,5 @@ Outcome = Accepted | Released | Modified | Rejected
 
 ACCEPTED = Accepted()
 RELEASED = Released()
+# A failed attempt: a rollback (B-143) and, under amqpRejectAsModified, a rejection (B-047).
+FAILED = Modified(delivery_failed=True)

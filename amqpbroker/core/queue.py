@@ -22,7 +22,9 @@ references that consumer cannot take; those keep their place.
 Delivery counting follows B-040…B-054: the broker count `n` is incremented when a
 reference is handed to a non-browsing consumer; returns that do not signal failure undo
 it. The redelivery decision (dead-letter or delay) is `redelivery.decide_redelivery`;
-what happens to a dead letter is the broker's business (`Queue.dead_letter` callback).
+what happens to a dead letter is the broker's business. Everything a queue needs from the
+broker that owns it (its settings, the time, dead letters, expiry, size accounting) is
+one declared interface, `QueueOwner`, which `Broker` implements.
 
 Loop thread only.
 """
@@ -32,10 +34,10 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from random import Random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from amqpbroker.core.effects import Dispatch, Drained, Effect
 from amqpbroker.core.lifecycle import By, Emitter, Extra, Shape, Where
@@ -190,6 +192,41 @@ class QueueCounters:
                 mine[reason] = mine.get(reason, 0) + count
 
 
+class QueueOwner(Protocol):
+    """What a queue needs from the broker that owns it: the one dependency of `Queue` on
+    `Broker`, declared once (issue 18). Every method is called on the loop thread, from
+    inside a call into the broker."""
+
+    @property
+    def now_ms(self) -> int:
+        """The time of the call into the broker being handled (epoch ms)."""
+        ...
+
+    def queue_settings(self, queue: Queue) -> ResolvedSettings:
+        """The settings of `queue`'s address, as they are now."""
+        ...
+
+    def schedule(self, at_ms: int) -> None:
+        """The queue has a scheduled reference due at `at_ms`: `tick()` has work then."""
+        ...
+
+    def size_changed(self, queue: Queue, delta_bytes: int) -> None:
+        """`queue` holds `delta_bytes` more (or fewer): its address's size (B-151)."""
+        ...
+
+    def track_expiry(self, queue: Queue, ref: Ref) -> None:
+        """`ref` waits and can expire: index it for the expiry scan (B-084)."""
+        ...
+
+    def expired(self, queue: Queue, ref: Ref) -> None:
+        """`ref` expired and left `queue`: move a copy to the expiry address (B-085)."""
+        ...
+
+    def dead_letter(self, queue: Queue, ref: Ref, reason: str, rejection: Rejected | None) -> None:
+        """`ref` left `queue` for the dead-letter address, for `reason` (B-070…B-076)."""
+        ...
+
+
 class Queue:
     """One queue bound to one address (B-001). Loop thread only."""
 
@@ -197,17 +234,11 @@ class Queue:
         self,
         config: QueueConfig,
         *,
-        settings: Callable[[], ResolvedSettings],
+        owner: QueueOwner,
         selector: Selector | None,
         rng: Random,
         delivery_ids: Iterator[int],
-        dead_letter: Callable[[Queue, Ref, str, Rejected | None], None],
-        on_schedule: Callable[[int], None] = lambda at_ms: None,
         emitter: Emitter | None = None,
-        clock_ms: Callable[[], int] = lambda: 0,
-        on_size: Callable[[int], None] = lambda delta_bytes: None,
-        on_expiring: Callable[[Queue, Ref], None] = lambda queue, ref: None,
-        expired: Callable[[Queue, Ref], None] = lambda queue, ref: None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -220,7 +251,7 @@ class Queue:
         self.event_routed: Extra = (None, None, (self.name,), None, None, None, None, None)
         self.durable = config.durable
         self.selector = selector  # the queue filter: what may enter
-        self.settings = settings
+        self._owner = owner
         self.counters = QueueCounters()
         self.consumers: list[Consumer] = []
         self.used = False
@@ -229,15 +260,9 @@ class Queue:
         self.owner: ConnectionId | None = None  # temporary queues die with their connection
         self._rng = rng
         self._delivery_ids = delivery_ids
-        self._dead_letter = dead_letter
-        self._on_schedule = on_schedule  # tells the broker when tick() has work
         self.emitter = emitter or Emitter()
-        self._on_size = on_size  # the address's size accounting (B-151)
-        self._on_expiring = on_expiring  # the broker's expiry index (B-084 scan)
-        self._expired = expired  # the broker's expiry action (B-085)
         self._scheduled_live = 0
         self.size_bytes = 0
-        self._clock_ms = clock_ms
         self._seq = itertools.count()
         self._fresh: list[deque[Ref]] = [deque() for _ in range(_LEVELS)]
         self._returned: list[list[Ref]] = [[] for _ in range(_LEVELS)]
@@ -249,6 +274,10 @@ class Queue:
         self.store: Persistence | None = None
 
     # -- state ------------------------------------------------------------------------
+    def settings(self) -> ResolvedSettings:
+        """The settings of its address, as they are now."""
+        return self._owner.queue_settings(self)
+
     @property
     def message_count(self) -> int:
         """Ready + scheduled + delivering, as Artemis messageCount (B-161)."""
@@ -315,14 +344,10 @@ class Queue:
         """
         message = ref.message
         emitter = self.emitter
-        ts = emitter.step_ms
-        if ts is None:
-            clock_ns = emitter.clock_ns
-            ts = self._clock_ms() if clock_ns is None else clock_ns() // 1_000_000
         emitter.events.append(
             (
                 shape,
-                ts,
+                self._owner.now_ms,  # the time of the call into the broker (clock.entry)
                 message.event_part or emitter.message_part(message),
                 ref.delivery_count,
                 extra,
@@ -399,18 +424,18 @@ class Queue:
 
     def _enqueue(self, message: Message, delivery_count: int, at_ms: int) -> Ref:
         ref = Ref(message, next(self._seq), delivery_count)
-        if at_ms and at_ms > self._clock_ms():  # B-015: scheduled until then
+        if at_ms and at_ms > self._owner.now_ms:  # B-015: scheduled until then
             heapq.heappush(self._scheduled, (at_ms, ref.seq, ref))
             ref.state = SCHEDULED
             self._scheduled_live += 1
-            self._on_schedule(at_ms)
+            self._owner.schedule(at_ms)
         else:
             self._fresh[message.priority].append(ref)
             self._ready += 1
         self.size_bytes += message.size
-        self._on_size(message.size)
+        self._owner.size_changed(self, message.size)
         if message.expiration_ms:
-            self._on_expiring(self, ref)
+            self._owner.track_expiry(self, ref)
         return ref
 
     # -- dispatch ---------------------------------------------------------------------
@@ -435,7 +460,7 @@ class Queue:
         ref.state = READY
         self._ready += 1
         if ref.message.expiration_ms:
-            self._on_expiring(self, ref)  # B-084: returned, it can expire again
+            self._owner.track_expiry(self, ref)  # B-084: returned, it can expire again
 
     def dispatch(self, out: list[Effect]) -> None:
         """Hand ready references to consumers with credit, round-robin."""
@@ -461,7 +486,7 @@ class Queue:
             if ref is None:
                 break
             expiration = ref.message.expiration_ms
-            if expiration and self._clock_ms() >= expiration and self.expire(ref, popped=True):
+            if expiration and self._owner.now_ms >= expiration and self.expire(ref, popped=True):
                 continue  # B-084: an expired message is never sent to a consumer
             count = len(active)
             index = self._rr % count
@@ -541,7 +566,7 @@ class Queue:
                 if ref.seq <= browser.browsed_seq or not browser.accepts(ref):
                     continue
                 expiration = ref.message.expiration_ms
-                if expiration and self._clock_ms() >= expiration:
+                if expiration and self._owner.now_ms >= expiration:
                     continue  # B-084: never sent, not even to a browser
                 browser.browsed_seq = ref.seq
                 browser.credit -= 1
@@ -556,7 +581,7 @@ class Queue:
             self.store.ref_removed(self.name, ref)
         size = ref.message.size
         self.size_bytes -= size
-        self._on_size(-size)
+        self._owner.size_changed(self, -size)
 
     def _acknowledge(self, ref: Ref, consumer: Consumer) -> None:
         self.counters.acknowledged += 1
@@ -629,9 +654,9 @@ class Queue:
             heapq.heappush(self._scheduled, (decision.at_ms, ref.seq, ref))
             ref.state = SCHEDULED
             self._scheduled_live += 1
-            self._on_schedule(decision.at_ms)
+            self._owner.schedule(decision.at_ms)
             if ref.message.expiration_ms:
-                self._on_expiring(self, ref)  # it may expire while it waits
+                self._owner.track_expiry(self, ref)  # it may expire while it waits
         else:
             self._put_back(ref)
 
@@ -653,7 +678,7 @@ class Queue:
         self.counters.killed += 1
         self.used = True
         self._removed(ref)
-        self._dead_letter(self, ref, reason, rejection)
+        self._owner.dead_letter(self, ref, reason, rejection)
 
     def hold(self, consumer: Consumer, delivery: DeliveryId) -> bool:
         """B-142: a rolled-back transactional accept of an unsettled delivery. It stays
@@ -749,5 +774,5 @@ class Queue:
         self.counters.expired += 1
         self.used = True
         self._removed(ref)
-        self._expired(self, ref)
+        self._owner.expired(self, ref)
         return True

@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 
 from amqpbroker.core.errors import InvalidSelector
 from amqpbroker.core.model import Message
+from amqpbroker.core.moves import INTERNAL_PROPERTIES
 
 log = logging.getLogger(__name__)
 
@@ -1021,22 +1022,6 @@ class _Parser:
 
 # -- identifier resolution for messages (B-131, B-132) ------------------------------------
 
-# B-090/B-079: broker-internal properties, kept as these annotations on a moved copy.
-# They never fall back to application-properties, so producers cannot forge them (B-131).
-_INTERNAL = frozenset(
-    {
-        "_AMQ_ORIG_QUEUE",
-        "_AMQ_ORIG_ADDRESS",
-        "_AMQ_ORIG_MESSAGE_ID",
-        "_AMQ_ORIG_ROUTING_TYPE",
-        "_AMQ_ACTUAL_EXPIRY",
-        "_AMQ_DLQ_REASON",
-        "_AMQ_DLQ_ERROR_CONDITION",
-        "_AMQ_DLQ_ERROR_DESCRIPTION",
-        "_AMQ_DLQ_DELIVERY_COUNT",
-    }
-)
-
 
 def _normalized(v: Any) -> Any:
     """Unsigned integers as signed 64-bit (B-131 step 4); binary as bytes."""
@@ -1147,7 +1132,7 @@ def message_getter(name: str) -> Callable[[Message], Any]:
         return _SPECIAL[name]
     if name.startswith("_AMQ_"):
         internal = _annotation("x-opt-" + name[5:].replace("_", "-"))
-        if name in _INTERNAL:
+        if name in INTERNAL_PROPERTIES:  # B-090/B-079: never forged (B-131)
             return internal
         application = _application_property(name)
         return lambda m: v if (v := internal(m)) is not None else application(m)

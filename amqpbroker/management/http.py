@@ -2,7 +2,8 @@
 
 Threading rule: requests are served on `ThreadingHTTPServer` threads, which never touch
 core state: `ManagementApi` hands every command to the event loop (`LoopBridge.call`).
-Throttled retries (`rate`) pace themselves on the HTTP thread, never on the loop.
+A throttled retry or move (`rate`) is a replay task paced on the loop (`tasks.py`, the one
+pacing of a throttled retry, also for the CLI's `--rate`); no HTTP thread sleeps.
 
 Issue 15: the handler gives each request `read_timeout_s` to arrive (its head, then its
 body: a slow client is cut off and never holds a thread for long), reads no body larger

@@ -21,6 +21,8 @@ acknowledged when sent.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,10 +32,19 @@ from cproton_ffi import lib
 from proton import Condition, Delivery, Described, ulong
 
 from amqpbroker.amqp import sections
-from amqpbroker.core import ConsumerId, DeliveryId
+from amqpbroker.core import (
+    ACCEPTED,
+    Broker,
+    ClientError,
+    ConnectionId,
+    ConsumerId,
+    DeliveryId,
+)
+from amqpbroker.protocol.dispositions import outcome_of
 from amqpbroker.protocol.peer import PeerInvalidField, data_at, read_data
+from amqpbroker.protocol.shell import ConsumerLink, ProducerLink, delivery_id_of
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
 
 DECLARED = 0x33
 TRANSACTIONAL_STATE = 0x34
@@ -41,6 +52,10 @@ _ACCEPTED_LIST = 0x24
 _DECLARE = (0x31, "amqp:declare:list")
 _DISCHARGE = (0x32, "amqp:discharge:list")
 UNKNOWN_ID = "amqp:transaction:unknown-id"
+MAX_TRANSACTIONS = 1024  # declared and not yet discharged, per connection (issue 15)
+# Transaction ids are unique in the broker process, not per connection: the event log's
+# `txn` (B-170) must tell two connections' transactions apart.
+_TXN_IDS = itertools.count(1)
 
 
 class ControlError(Exception):
@@ -149,3 +164,115 @@ def answer_rejected(delivery: Delivery, condition: str, description: str) -> Non
     delivery.local.condition = Condition(condition, description)
     delivery.update(Delivery.REJECTED)
     delivery.settle()
+
+
+class _Transactions:
+    """`AmqpConnection`'s transactions: coordinator requests, kept sends and accepts,
+    commit and rollback (a mixin: it declares the connection state it uses, which
+    `AmqpConnection.__init__` sets)."""
+
+    broker: Broker
+    id: ConnectionId
+    transactions: dict[bytes, Transaction]
+    # the other part's (transfers.py)
+    _publish: Callable[[ProducerLink, bytes], None]
+    _stored: Callable[[Delivery, BaseException | None], None]
+
+    def _on_control(self, delivery: Delivery, raw: bytes) -> None:
+        try:
+            kind, fields = control_request(raw)
+            if kind == "declare":
+                if len(self.transactions) >= MAX_TRANSACTIONS:
+                    raise ControlError(
+                        "amqp:resource-limit-exceeded",
+                        f"more than {MAX_TRANSACTIONS} transactions on one connection",
+                    )
+                new_id = b"txn:%d" % next(_TXN_IDS)
+                self.transactions[new_id] = Transaction(new_id)
+                answer_declared(delivery, new_id)
+                return
+            named = as_txn_id(fields[0]) if fields else None
+            txn = self.transactions.pop(named, None) if named is not None else None
+            if txn is None:
+                raise ControlError(UNKNOWN_ID, f"unknown transaction {named!r}")
+            if len(fields) > 1 and fields[1]:
+                self._rollback(txn, forced=False)
+                delivery.update(Delivery.ACCEPTED)
+                delivery.settle()
+            else:
+                self._commit(txn, delivery)
+        except ControlError as e:
+            answer_rejected(delivery, e.condition, str(e))
+
+    def _transactional_send(self, delivery: Delivery, producer: ProducerLink, raw: bytes) -> None:
+        """B-141: kept until commit; answered transactional-state(accepted) now."""
+        txn_id = txn_id_of(delivery)
+        txn = self.transactions.get(txn_id) if txn_id is not None else None
+        if txn is None:
+            answer_rejected(delivery, UNKNOWN_ID, f"unknown transaction {txn_id!r}")
+            return
+        try:
+            sections.scan(raw)  # a malformed message is refused now, not at commit
+        except sections.SectionError as e:
+            answer_rejected(delivery, "amqp:decode-error", str(e))
+            return
+        txn.sends.append(functools.partial(self._publish, producer, raw))
+        answer_transactional_accepted(delivery, txn.id)
+
+    def _commit(self, txn: Transaction, discharge: Delivery) -> None:
+        """Route the kept sends and acknowledge the accepted deliveries, in one step."""
+        store = self.broker.persistence
+        stored_before = store.messages_added if store is not None else 0
+        errors = []
+        emitter = self.broker.emitter
+        emitter.txn = txn.id.hex()  # B-170: the events of this commit carry it
+        try:
+            for route in txn.sends:
+                try:
+                    route()
+                except (ClientError, sections.SectionError) as e:
+                    errors.append(str(e))
+            for consumer, delivery_id, wire in txn.acks:
+                self.broker.settle(consumer, delivery_id, ACCEPTED)
+                if wire is not None:
+                    wire.update(Delivery.ACCEPTED)
+                    wire.settle()
+        finally:
+            emitter.txn = None
+        if errors:
+            answer_rejected(discharge, "amqp:transaction:rollback", "; ".join(errors)[:512])
+        elif store is not None and store.must_wait(stored_before):
+            store.when_stored(functools.partial(self._stored, discharge))
+        else:
+            discharge.update(Delivery.ACCEPTED)
+            discharge.settle()
+
+    def _rollback(self, txn: Transaction, *, forced: bool) -> None:
+        """Drop the kept sends; B-142 for unsettled accepts, B-143 for the rest."""
+        emitter = self.broker.emitter
+        emitter.txn = txn.id.hex()  # B-170: `held` and `returned` carry it
+        try:
+            for consumer, delivery_id, wire in txn.acks:
+                if wire is not None and not forced:
+                    self.broker.hold(consumer, delivery_id)
+                else:
+                    self.broker.rollback_delivery(consumer, delivery_id)
+        finally:
+            emitter.txn = None
+
+    def _transactional_outcome(self, delivery: Delivery, consumer: ConsumerLink[Any]) -> None:
+        txn_id = txn_id_of(delivery)
+        txn = self.transactions.get(txn_id) if txn_id is not None else None
+        delivery_id = delivery_id_of(delivery._impl)
+        if txn is None:
+            log.info(
+                "connection %s: disposition in unknown transaction %r ignored", self.id, txn_id
+            )
+        elif is_accepted(delivery):
+            txn.acks.append((consumer.id, delivery_id, None if delivery.settled else delivery))
+        else:  # decision: only acceptance waits for the discharge
+            outcome = outcome_of(delivery)
+            if outcome is not None:
+                self.broker.settle(consumer.id, delivery_id, outcome)
+        if delivery.settled:
+            delivery.settle()

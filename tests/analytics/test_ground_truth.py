@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 from proton import Message
 from pyspark.sql import SparkSession
-from support.client import Capabilities, connect, settle_as
+from support.client import QUEUE, connect, settle_as
 from support.process import BrokerProcess, retry_ids, start_broker
 from support.waiting import wait_until
 
@@ -38,7 +38,6 @@ from amqpbroker.analytics.job import JobOptions, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(180)]
 
-QUEUE = Capabilities("queue")
 TRANSIENT = "amqp:resource-limit-exceeded"
 # The shipped config/broker.yaml dead-letter layout, with 3 attempts and fast rotation.
 CONFIG = """

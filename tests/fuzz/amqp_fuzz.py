@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from support import frames as F
+from support.client import QUEUE
 from support.process import BrokerProcess, start_broker
 
 from amqpbroker.amqp.sections import Described, Symbol, UInt, ULong
@@ -598,7 +599,6 @@ def run_case(port: int, case: Case) -> bool:
 def round_trip(broker: BrokerProcess, *, sasl: bool) -> bool:
     """A normal proton client sends and receives one message."""
     from proton.utils import BlockingConnection
-    from support.client import Capabilities
 
     kwargs: dict[str, Any] = {"timeout": 10}
     if sasl:
@@ -608,11 +608,11 @@ def round_trip(broker: BrokerProcess, *, sasl: bool) -> bool:
     try:
         conn = BlockingConnection(broker.url, **kwargs)
         try:
-            sender = conn.create_sender("fuzz-check", options=Capabilities("queue"))
+            sender = conn.create_sender("fuzz-check", options=QUEUE)
             from proton import Message
 
             sender.send(Message(body="ping"))
-            receiver = conn.create_receiver("fuzz-check", options=Capabilities("queue"))
+            receiver = conn.create_receiver("fuzz-check", options=QUEUE)
             ok = receiver.receive(timeout=5).body == "ping"
             receiver.accept()
             return ok

@@ -6,15 +6,15 @@ import json
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from proton import Message, Timeout
 from proton.utils import BlockingConnection, LinkDetached, SendException
 from support.client import (
+    QUEUE,
+    TOPIC,
     Browse,
-    Capabilities,
     Durable,
     connect,
     receive_bodies,
@@ -27,31 +27,21 @@ from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-QUEUE = Capabilities("queue")
-TOPIC = Capabilities("topic")
 
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    running = start_broker(
-        tmp_path_factory.mktemp("broker"),
-        """
-        address-settings:
-          "#":
-            dead-letter-address: DLA
-            auto-create-dead-letter-resources: true
-            max-delivery-attempts: 3
-        addresses:
-          - name: DLA
-            anycast:
-              - name: DLA
-          - name: configured
-            anycast:
-              - name: configured
-        """,
-    )
-    yield running
-    assert running.stop() == 0, running.log()
+BROKER_CONFIG = """
+address-settings:
+  "#":
+    dead-letter-address: DLA
+    auto-create-dead-letter-resources: true
+    max-delivery-attempts: 3
+addresses:
+  - name: DLA
+    anycast:
+      - name: DLA
+  - name: configured
+    anycast:
+      - name: configured
+"""
 
 
 def test_ports_json_names_the_bound_port(broker: BrokerProcess) -> None:

@@ -7,14 +7,14 @@ import select
 import struct
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from proton import Endpoint
 from proton.utils import BlockingConnection
-from support.client import Capabilities, receive_bodies, send
-from support.process import BrokerProcess, start_broker
+from support.client import QUEUE, receive_bodies, send
+from support.process import BrokerProcess
 from support.raw import RawClient, closed_by_peer, open_socket
 from support.waiting import wait_until
 
@@ -23,23 +23,16 @@ from amqpbroker.server import FD_RESERVE
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    running = start_broker(
-        tmp_path_factory.mktemp("limits"),
-        """
-        acceptors:
-          - name: amqp
-            url: amqp://127.0.0.1:0
-            handshake-timeout: 1
-            amqp-idle-timeout: 2000
-          - name: capped
-            url: amqp://127.0.0.1:0
-            connections-allowed: 2
-        """,
-    )
-    yield running
-    assert running.stop() == 0, running.log()
+BROKER_CONFIG = """
+acceptors:
+  - name: amqp
+    url: amqp://127.0.0.1:0
+    handshake-timeout: 1
+    amqp-idle-timeout: 2000
+  - name: capped
+    url: amqp://127.0.0.1:0
+    connections-allowed: 2
+"""
 
 
 def test_silent_sockets_are_closed_after_the_handshake_timeout(broker: BrokerProcess) -> None:
@@ -55,7 +48,7 @@ def test_silent_sockets_are_closed_after_the_handshake_timeout(broker: BrokerPro
         sock.close()
     assert time.monotonic() - started >= 0.9
     send(conn, "still-open", "x", caps=("queue",))
-    assert receive_bodies(conn.create_receiver("still-open", options=Capabilities("queue")), 1)
+    assert receive_bodies(conn.create_receiver("still-open", options=QUEUE), 1)
     conn.close()
 
 
@@ -72,7 +65,7 @@ def test_a_silent_consumer_is_dropped_and_its_deliveries_return(broker: BrokerPr
     assert client.transport.remote_idle_timeout == 1.0  # half of amqp-idle-timeout
     # From now on the client neither reads nor writes (as if stopped by SIGSTOP).
 
-    consumer = producer.create_receiver("frozen", options=Capabilities("queue"), credit=200)
+    consumer = producer.create_receiver("frozen", options=QUEUE, credit=200)
     first = consumer.receive(timeout=15)
     consumer.accept()
     assert first.delivery_count == 1  # B-054: the loss counts as a failed attempt
@@ -205,13 +198,13 @@ def test_sockets_cannot_take_the_last_descriptors(
 
 FAULTY_FEED = """
 import runpy, sys
-from amqpbroker.protocol import handler
-real = handler.AmqpConnection.feed
+from amqpbroker.protocol import AmqpConnection
+real = AmqpConnection.feed
 def feed(self, data):
     if data.startswith(b"BOOM"):
         raise RuntimeError("injected fault")
     real(self, data)
-handler.AmqpConnection.feed = feed
+AmqpConnection.feed = feed
 sys.argv[0] = "amqpbroker"
 runpy.run_module("amqpbroker", run_name="__main__")
 """

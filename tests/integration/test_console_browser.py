@@ -20,13 +20,12 @@ from selenium.common.exceptions import NoAlertPresentException
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 from support.browser import authorize, chromium, statuses, wait_for, wait_text
-from support.client import Capabilities, connect, reject_with
+from support.client import QUEUE, connect, reject_with
 from support.http import basic_auth
 from support.process import BrokerProcess, console_security, start_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-QUEUE = Capabilities("queue")
 ADMIN = basic_auth("admin", "admin-pw")
 VIEWER = basic_auth("viewer", "viewer-pw")
 NO_VALUE = "\N{EN DASH}"  # what the console shows for no value yet

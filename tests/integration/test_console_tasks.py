@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from proton import Message
-from support.client import Capabilities, connect, reject_with
+from support.client import QUEUE, connect, reject_with
 from support.http import basic_auth, raw_request
 from support.metrics import scrape
 from support.process import BrokerProcess, console_security, start_broker
@@ -22,7 +22,6 @@ from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-QUEUE = Capabilities("queue")
 ADMIN = basic_auth("admin", "admin-pw")
 VIEWER = basic_auth("viewer", "viewer-pw")
 CONFIG = console_security()
@@ -98,11 +97,7 @@ def test_a_paced_retry_task_resumes_after_a_restart(tmp_path: Path) -> None:
         assert broker.stop() == 0, broker.log()
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    running = start_broker(tmp_path_factory.mktemp("tasks"), CONFIG)
-    yield running
-    assert running.stop() == 0, running.log()
+BROKER_CONFIG = CONFIG
 
 
 def test_cli_retry_with_a_rate_follows_a_broker_task(broker: BrokerProcess) -> None:

@@ -28,13 +28,12 @@ from pathlib import Path
 
 import pytest
 from proton import Delivery, Message
-from support.client import Capabilities, connect, drain
+from support.client import QUEUE, connect, drain
 from support.process import BrokerProcess
 from support.waiting import wait_until
 
 ROUNDS = int(os.environ.get("CRASH_ROUNDS", "20"))
 SETTLE_MS = 100
-QUEUE = Capabilities("queue")
 CONFIG = """
 persistence:
   enabled: true

@@ -20,13 +20,12 @@ from pathlib import Path
 import pytest
 from proton import Message
 from proton.utils import SendException
-from support.client import Capabilities, connect, drain
+from support.client import QUEUE, connect, drain
 from support.process import BrokerProcess
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
-QUEUE = Capabilities("queue")
 CONFIG = "persistence:\n  enabled: true\n"
 LIMIT = 48  # descriptors; the broker needs about a dozen of them to run
 SEGMENT_BYTES = 4096  # a 1 KiB durable message or so rolls a segment every few sends

@@ -16,13 +16,12 @@ from pathlib import Path
 import pytest
 from proton import Delivery, Message
 from proton.utils import SendException
-from support.client import Capabilities, connect, drain, receive_bodies
+from support.client import QUEUE, connect, drain, receive_bodies
 from support.process import BrokerProcess
 from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-QUEUE = Capabilities("queue")
 CONFIG = "persistence:\n  enabled: true\n"
 INJECT = """
 import errno, os, runpy, sys

@@ -15,12 +15,11 @@ from pathlib import Path
 
 import pytest
 from proton import Message
-from support.client import Capabilities, connect, drain, reject_with, settle_modified
+from support.client import QUEUE, connect, drain, reject_with, settle_modified
 from support.process import BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
-QUEUE = Capabilities("queue")
 PERSISTENT = """
 persistence:
   enabled: true

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from proton import Message
-from support.client import Capabilities, connect, settle_modified
+from support.client import QUEUE, connect, settle_modified
 from support.event_files import read_events
 from support.metrics import scrape
 from support.process import start_broker
@@ -30,10 +30,10 @@ def test_scripted_scenario_produces_exactly_these_events(tmp_path: Path) -> None
     )
     try:
         conn = connect(broker.url, container="app")
-        conn.create_sender("orders", options=Capabilities("queue")).send(
+        conn.create_sender("orders", options=QUEUE).send(
             Message(id="order-1", body="x", properties={"tenant": "acme", "secret": "s"})
         )
-        receiver = conn.create_receiver("orders", name="worker", options=Capabilities("queue"))
+        receiver = conn.create_receiver("orders", name="worker", options=QUEUE)
         receiver.receive(timeout=5)
         settle_modified(receiver)
         receiver.receive(timeout=5)
@@ -93,9 +93,9 @@ def test_below_the_free_space_floor_events_are_dropped_and_durable_sends_accepte
     dropped = ("amqpbroker_event_log_dropped_total", frozenset())
     try:
         conn = connect(broker.url)
-        sender = conn.create_sender("durable.orders", options=Capabilities("queue"))
+        sender = conn.create_sender("durable.orders", options=QUEUE)
         sender.send(Message(body="kept", durable=True))  # raises unless accepted
-        receiver = conn.create_receiver("durable.orders", options=Capabilities("queue"))
+        receiver = conn.create_receiver("durable.orders", options=QUEUE)
         assert receiver.receive(timeout=5).body == "kept"
         receiver.accept()
         conn.close()
@@ -122,7 +122,7 @@ def test_retention_deletes_old_files_and_metrics_show_the_disk(tmp_path: Path) -
     broker = start_broker(tmp_path, "event-log: {enabled: true, level: lifecycle}")
     try:
         conn = connect(broker.url)
-        conn.create_sender("metered", options=Capabilities("queue")).send(Message(body="x"))
+        conn.create_sender("metered", options=QUEUE).send(Message(body="x"))
         conn.close()
         files = ("amqpbroker_event_log_files", frozenset())
         values = wait_until(

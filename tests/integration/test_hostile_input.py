@@ -10,7 +10,7 @@ import pytest
 from proton import Message
 from proton.utils import SendException
 from support import frames as F
-from support.client import Capabilities, connect, receive_bodies
+from support.client import QUEUE, connect, receive_bodies
 from support.process import BrokerProcess, start_broker
 
 from amqpbroker.amqp.sections import MAX_DEPTH
@@ -47,9 +47,9 @@ def _exchange(broker: BrokerProcess, data: bytes, *, timeout_s: float = 1.0) -> 
 def _round_trip(broker: BrokerProcess, address: str) -> list[object]:
     conn = connect(broker.url)
     try:
-        sender = conn.create_sender(address, options=Capabilities("queue"))
+        sender = conn.create_sender(address, options=QUEUE)
         sender.send(Message(body="still here"))
-        return receive_bodies(conn.create_receiver(address, options=Capabilities("queue")), 1)
+        return receive_bodies(conn.create_receiver(address, options=QUEUE), 1)
     finally:
         conn.close()
 
@@ -97,12 +97,12 @@ def test_deeply_nested_message_is_rejected_at_the_door(broker: BrokerProcess) ->
     instead of being stored and breaking the management API later."""
     conn = connect(broker.url)
     try:
-        sender = conn.create_sender("nested", options=Capabilities("queue"))
+        sender = conn.create_sender("nested", options=QUEUE)
         with pytest.raises(SendException) as refused:
             sender.send(Message(body=F.nested_lists(MAX_DEPTH + 10)))
         assert "amqp:decode-error" in str(refused.value.state) or refused.value.state
         sender.send(Message(body=F.nested_lists(5)))
-        receiver = conn.create_receiver("nested", options=Capabilities("queue"))
+        receiver = conn.create_receiver("nested", options=QUEUE)
         assert receive_bodies(receiver, 1) == [F.nested_lists(5)]
     finally:
         conn.close()
@@ -114,11 +114,11 @@ def test_consumer_on_hash_does_not_steal_from_orders(broker: BrokerProcess) -> N
     thief_conn = connect(broker.url)
     conn = connect(broker.url)
     try:
-        thief_conn.create_receiver("#", credit=10, options=Capabilities("queue"))
-        sender = conn.create_sender("orders", options=Capabilities("queue"))
+        thief_conn.create_receiver("#", credit=10, options=QUEUE)
+        sender = conn.create_sender("orders", options=QUEUE)
         for i in range(10):
             sender.send(Message(body=i))
-        receiver = conn.create_receiver("orders", credit=10, options=Capabilities("queue"))
+        receiver = conn.create_receiver("orders", credit=10, options=QUEUE)
         assert receive_bodies(receiver, 10) == list(range(10))
     finally:
         conn.close()

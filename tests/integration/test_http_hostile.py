@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from proton import Delivery, Message
 from support import frames as F
-from support.client import Capabilities, connect, send
+from support.client import QUEUE, connect, send
 from support.hostile import SPELLINGS, nested_list
 from support.http import basic_auth, parse_response, raw_request
 from support.process import BrokerProcess, start_broker
@@ -33,7 +33,6 @@ from amqpbroker.security import hash_password
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-QUEUE = Capabilities("queue")
 READ_TIMEOUT_S = 2.0
 MAX_CONNECTIONS = 60
 ADMIN = basic_auth("admin", "admin-pw")

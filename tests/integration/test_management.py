@@ -7,33 +7,23 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from proton import Message
-from support.client import Capabilities, connect, receive_bodies, settle_modified
+from support.client import QUEUE, connect, receive_bodies, settle_modified
 from support.metrics import Labels, parse_metrics
 from support.process import BrokerProcess, start_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-QUEUE = Capabilities("queue")
 
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    running = start_broker(
-        tmp_path_factory.mktemp("mgmt"),
-        """
-        metrics: {artemis-names: true}
-        address-settings:
-          "#": {dead-letter-address: DLA, auto-create-dead-letter-resources: true}
-        """,
-    )
-    yield running
-    assert running.stop() == 0, running.log()
+BROKER_CONFIG = """
+metrics: {artemis-names: true}
+address-settings:
+  "#": {dead-letter-address: DLA, auto-create-dead-letter-resources: true}
+"""
 
 
 def http(broker: BrokerProcess, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:

@@ -14,12 +14,10 @@ from typing import Any
 
 import pytest
 from proton import Message
-from support.client import Capabilities, connect
+from support.client import QUEUE, connect
 from support.process import BrokerProcess, retry_ids
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-QUEUE = Capabilities("queue")
 
 
 def http(broker: BrokerProcess, path: str) -> Any:

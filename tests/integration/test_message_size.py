@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from proton import Message
 from proton.reactor import LinkOption
 from proton.utils import LinkDetached
-from support.client import Capabilities, connect
-from support.process import BrokerProcess, start_broker
+from support.client import QUEUE, connect
+from support.process import BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
-
-QUEUE = Capabilities("queue")
 
 
 class MaxMessageSize(LinkOption):
@@ -27,19 +24,12 @@ class MaxMessageSize(LinkOption):
         link.max_message_size = self.size
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    running = start_broker(
-        tmp_path_factory.mktemp("broker"),
-        """
-        acceptors:
-          - name: amqp
-            url: amqp://127.0.0.1:0
-            max-message-size: 50000
-        """,
-    )
-    yield running
-    assert running.stop() == 0, running.log()
+BROKER_CONFIG = """
+acceptors:
+  - name: amqp
+    url: amqp://127.0.0.1:0
+    max-message-size: 50000
+"""
 
 
 def test_a_consumer_gets_nothing_over_its_max_message_size(broker: BrokerProcess) -> None:

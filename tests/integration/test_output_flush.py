@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterator
 
 import pytest
 from proton import Collector, Connection, Endpoint, Event, Message, Transport
-from support.client import Capabilities, connect
-from support.process import BrokerProcess, start_broker
+from support.client import QUEUE, connect
+from support.process import BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -23,11 +22,7 @@ CLIENT_MAX_FRAME = 32 * 1024  # as in the field report's proton-python consumer
 READ_TIMEOUT_S = 5.0  # long enough to see a stall without waiting minutes for it
 
 
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    running = start_broker(tmp_path_factory.mktemp("broker"))
-    yield running
-    assert running.stop() == 0, running.log()
+# The module's broker: the shared `broker` fixture (tests/integration/conftest.py).
 
 
 class ReadOnlyConsumer:
@@ -106,7 +101,7 @@ class ReadOnlyConsumer:
 def _fill(broker: BrokerProcess, address: str, bodies: list[bytes]) -> None:
     conn = connect(broker.url)
     try:
-        sender = conn.create_sender(address, options=[Capabilities("queue")])
+        sender = conn.create_sender(address, options=[QUEUE])
         for body in bodies:
             sender.send(Message(body=body))
         sender.close()

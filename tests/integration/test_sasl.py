@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from proton import ConnectionException, Endpoint, SSLDomain
 from proton.utils import BlockingConnection
-from support.client import Capabilities, receive_bodies, send
-from support.process import BrokerProcess, create_certs, start_broker
+from support.client import QUEUE, receive_bodies, send
+from support.process import BrokerProcess, create_certs, sign_client_cert, start_broker
 from support.raw import RawClient, open_socket, plain_sasl, read_sasl_outcome, sasl_init
 from support.waiting import wait_until
 
@@ -63,6 +63,7 @@ def broker(tmp_path_factory: pytest.TempPathFactory, cert_dir: Path) -> BrokerPr
               manage: [admin]
             "by-cert":
               send: [app]
+              consume: [admin]
               create-address: [app]
               create-durable-queue: [app]
             "public.#":  # the most specific match decides alone: admin is listed again
@@ -112,20 +113,62 @@ def test_anonymous_is_refused_when_security_is_on(broker: BrokerProcess) -> None
         BlockingConnection(broker.url, timeout=10, allowed_mechs="ANONYMOUS")
 
 
-def test_external_with_a_client_certificate(broker: BrokerProcess, cert_dir: Path) -> None:
-    """EXTERNAL: the TLS client certificate's CN (app-1) names the user."""
+def external(broker: BrokerProcess, certs: Path) -> BlockingConnection:
+    """A TLS connection that authenticates with SASL EXTERNAL and `certs`' client.pem."""
     domain = SSLDomain(SSLDomain.MODE_CLIENT)
-    domain.set_trusted_ca_db(str(cert_dir / "ca.pem"))
+    domain.set_trusted_ca_db(str(certs / "ca.pem"))
     domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
-    domain.set_credentials(str(cert_dir / "client.pem"), str(cert_dir / "client.key"), None)
-    conn = BlockingConnection(
+    domain.set_credentials(str(certs / "client.pem"), str(certs / "client.key"), None)
+    return BlockingConnection(
         f"amqps://localhost:{broker.ports['amqps']}",
         timeout=10,
         ssl_domain=domain,
         allowed_mechs="EXTERNAL",
     )
-    send(conn, "by-cert", "x", caps=("queue",))
-    conn.close()
+
+
+def test_external_with_a_client_certificate(broker: BrokerProcess, cert_dir: Path) -> None:
+    """EXTERNAL (B-154): the TLS client certificate's CN, app-1, is the user, with its
+    roles: it may send to `by-cert` (role app), and the refusal to consume there (admin
+    only) names it; admin gets what it sent."""
+    from proton.utils import LinkDetached
+
+    conn = external(broker, cert_dir)
+    try:
+        send(conn, "by-cert", "from app-1", caps=("queue",))
+        with pytest.raises(LinkDetached, match="user app-1 does not have permission 'consume'"):
+            conn.create_receiver("by-cert", options=QUEUE)
+    finally:
+        conn.close()
+    admin = plain(broker, "admin", "right-pw")
+    try:
+        receiver = admin.create_receiver("by-cert", options=QUEUE)
+        assert receive_bodies(receiver, 1) == ["from app-1"]
+    finally:
+        admin.close()
+
+
+def test_external_with_a_certificate_of_no_user_is_refused(
+    broker: BrokerProcess, cert_dir: Path, tmp_path: Path
+) -> None:
+    """EXTERNAL (B-154): a certificate the broker's CA signed, whose CN names no configured
+    user, is refused (outcome auth), and so is EXTERNAL without a client certificate."""
+    refused = "authentication failed with mechanism EXTERNAL"
+    before = broker.log().count(refused)
+    stranger = sign_client_cert(cert_dir, "stranger", tmp_path / "stranger")
+    with pytest.raises(ConnectionException):
+        external(broker, stranger)
+    wait_until(lambda: broker.log().count(refused) == before + 1, message="the refusal logged")
+    domain = SSLDomain(SSLDomain.MODE_CLIENT)  # no client certificate
+    domain.set_trusted_ca_db(str(cert_dir / "ca.pem"))
+    domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+    with pytest.raises(ConnectionException):
+        BlockingConnection(
+            f"amqps://localhost:{broker.ports['amqps']}",
+            timeout=10,
+            ssl_domain=domain,
+            allowed_mechs="EXTERNAL",
+        )
 
 
 def http_status(broker: BrokerProcess, user: str | None, password: str | None) -> int:
@@ -170,19 +213,18 @@ def test_permissions_are_checked_at_attach(
     """B-154: send/consume/create refused with amqp:unauthorized-access naming the
     permission; the most specific security-settings match decides."""
     from proton.utils import LinkDetached
-    from support.client import Capabilities
 
     if action == "consume":  # the queue exists, created by admin
         admin = plain(broker, "admin", "right-pw")
-        admin.create_sender(address, options=Capabilities("queue")).close()
+        admin.create_sender(address, options=QUEUE).close()
         admin.close()
     conn = plain(broker, user, password)
 
     def attempt() -> None:
         if action in ("send", "create"):
-            conn.create_sender(address, options=Capabilities("queue"))
+            conn.create_sender(address, options=QUEUE)
         else:
-            conn.create_receiver(address, options=Capabilities("queue"))
+            conn.create_receiver(address, options=QUEUE)
 
     try:
         if allowed:
@@ -230,7 +272,7 @@ def test_frames_pipelined_behind_sasl_init_are_authorized_as_the_user(
     client.close()
 
     conn = plain(broker, "admin", "right-pw")
-    receiver = conn.create_receiver("secret", options=Capabilities("queue"))
+    receiver = conn.create_receiver("secret", options=QUEUE)
     assert receive_bodies(receiver, 3) == ["s1", "s2", "s3"]
     conn.close()
 
@@ -313,8 +355,8 @@ def test_guessing_clients_do_not_slow_down_the_others(broker: BrokerProcess) -> 
     child process so they do not share this process's GIL with the measuring client)
     while a logged-in client's round trip stays within 2x of what it is when idle."""
     conn = plain(broker, "admin", "right-pw")
-    sender = conn.create_sender("rtt", options=Capabilities("queue"))
-    receiver = conn.create_receiver("rtt", options=Capabilities("queue"))
+    sender = conn.create_sender("rtt", options=QUEUE)
+    receiver = conn.create_receiver("rtt", options=QUEUE)
     for _ in range(5):
         _round_trip_s(conn, sender, receiver)  # warm up
     idle = statistics.median(_round_trip_s(conn, sender, receiver) for _ in range(21))

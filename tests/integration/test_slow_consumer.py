@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from proton import Message
 from proton.utils import BlockingConnection
-from support.client import Capabilities, receive_bodies, send
+from support.client import QUEUE, receive_bodies, send
 from support.metrics import scrape
 from support.process import BrokerProcess, start_broker
 from support.raw import RawClient, open_socket
@@ -60,7 +60,7 @@ def test_a_consumer_that_never_reads_holds_a_bounded_amount(broker: BrokerProces
     assert seen[-1] < COUNT
 
     send(producer, "other", "served", caps=("queue",))
-    other = producer.create_receiver("other", options=Capabilities("queue"))
+    other = producer.create_receiver("other", options=QUEUE)
     assert receive_bodies(other, 1, timeout=10) == ["served"]
 
     bodies: list[bytes] = []

@@ -6,7 +6,7 @@ accept under it, then commit, abort, or drop the connection without a discharge.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,31 +15,22 @@ from proton import Message
 from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container
 from proton.utils import BlockingConnection
-from support.client import Capabilities, connect, receive_bodies, send
+from support.client import QUEUE, connect, receive_bodies, send
 from support.event_files import read_events
 from support.process import BrokerProcess, start_broker
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
-QUEUE = Capabilities("queue")
 
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    running = start_broker(
-        tmp_path_factory.mktemp("transactions"),
-        """
-        persistence:
-          enabled: true
-        address-settings:
-          "#":
-            max-delivery-attempts: 3
-            dead-letter-address: DLA
-            auto-create-dead-letter-resources: true
-        """,
-    )
-    yield running
-    assert running.stop() == 0, running.log()
+BROKER_CONFIG = """
+persistence:
+  enabled: true
+address-settings:
+  "#":
+    max-delivery-attempts: 3
+    dead-letter-address: DLA
+    auto-create-dead-letter-resources: true
+"""
 
 
 class Scenario(MessagingHandler, TransactionHandler):  # type: ignore[misc]

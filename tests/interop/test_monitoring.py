@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from support.client import Capabilities, connect, reject_with, send
+from support.client import QUEUE, connect, reject_with, send
 from support.interop import ROOT, ensure_apt
 from support.metrics import parse_metrics
 from support.process import BrokerProcess, start_broker
@@ -56,11 +56,10 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
         """,
     )
     conn = connect(running.url)
-    queue = Capabilities("queue")
     send(conn, "mon.depth", "a", caps=("queue",))
     send(conn, "mon.depth", "b", caps=("queue",))
     send(conn, "mon.dead", "poison", caps=("queue",))
-    receiver = conn.create_receiver("mon.dead", options=queue)
+    receiver = conn.create_receiver("mon.dead", options=QUEUE)
     receiver.receive(timeout=10)
     reject_with(receiver, "app:poison", "test")
     conn.close()

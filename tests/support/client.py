@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
-from proton import Data, Delivery, Message, Terminus, Timeout, symbol
+from proton import Data, Delivery, Message, Terminus, symbol
 from proton.reactor import Filter, LinkOption
 from proton.utils import BlockingConnection, BlockingReceiver, BlockingSender
 
@@ -22,6 +23,11 @@ class Capabilities(LinkOption):
         for cap in self.caps:
             terminus.capabilities.put_symbol(cap)
         terminus.capabilities.exit()
+
+
+# The terminus capabilities tests use most (B-008): the one definition of each.
+QUEUE = Capabilities("queue")
+TOPIC = Capabilities("topic")
 
 
 class Durable(LinkOption):
@@ -112,26 +118,63 @@ def settle_as(receiver: BlockingReceiver, action: str, condition: str | None) ->
         reject_with(receiver, condition or "", action)
 
 
+def drain_round(conn: BlockingConnection, receiver: BlockingReceiver, credit: int) -> list[Message]:
+    """Grant `credit` with the drain flag (B-037) and return what the broker sent for it,
+    unsettled, in order. The broker answers a drain at once: messages up to the credit,
+    then a flow that spends the rest, so fewer than `credit` means the queue had no more
+    ready. Deterministic: no wait for silence. `receiver` must have no prefetch
+    (`create_receiver` without `credit`), or proton would top its credit up."""
+    link = receiver.link
+    fetcher = receiver.fetcher
+    assert fetcher is not None
+    link.drain(credit)
+    conn.wait(
+        lambda: link.credit == 0 and not link.queued,
+        msg=f"the broker to answer a drain on {link.source.address}",
+    )
+    link.drain_mode = False
+    got = []
+    while fetcher.has_message:
+        got.append(fetcher.pop())  # not receive(): it would grant a credit
+    return got
+
+
+def is_empty(conn: BlockingConnection, address: str) -> bool:
+    """Whether the anycast queue `address` has no message ready for a new consumer, asked
+    with a credit drain (B-037). A message it had is returned to it, uncounted (B-053)."""
+    receiver = conn.create_receiver(address, name=f"is-empty-{uuid.uuid4()}", options=QUEUE)
+    try:
+        return not drain_round(conn, receiver, 1)
+    finally:
+        receiver.close()
+
+
+def nothing_more(conn: BlockingConnection, receiver: BlockingReceiver) -> bool:
+    """Whether `receiver` (with credit) has nothing more coming: nothing received and not
+    yet taken, and its queue has nothing ready (`is_empty`: a round trip on the same
+    connection, so whatever the broker dispatched before its answer has arrived)."""
+    assert receiver.fetcher is not None
+    return is_empty(conn, receiver.link.source.address) and not receiver.fetcher.has_message
+
+
 def drain(
-    url: str, address: str, *, first_timeout: float = 2, credit: int = 100
+    url: str, address: str, *, first_timeout: float = 10, credit: int = 100
 ) -> list[tuple[Any, int]]:
     """Accept everything an anycast queue holds: (body, delivery-count) in order.
 
-    Waits `first_timeout` for the first message, then stops after 0.5 s of silence.
-    """
-    conn = connect(url)
+    Rounds of credit drain (B-037) until a round comes back short: the queue is empty
+    when the broker says so, not after a silence. `first_timeout` bounds each round."""
+    conn = connect(url, timeout=first_timeout)
     got = []
-    timeout = first_timeout
     try:
-        receiver = conn.create_receiver(address, credit=credit, options=Capabilities("queue"))
+        receiver = conn.create_receiver(address, options=QUEUE)
         while True:
-            try:
-                message = receiver.receive(timeout=timeout)
-            except Timeout:
+            batch = drain_round(conn, receiver, credit)
+            for message in batch:
+                got.append((message.body, message.delivery_count))
+                receiver.accept()
+            if len(batch) < credit:
                 break
-            got.append((message.body, message.delivery_count))
-            receiver.accept()
-            timeout = 0.5
     finally:
         conn.close()
     return got

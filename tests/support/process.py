@@ -180,3 +180,43 @@ def create_certs(out: Path, *extra: str) -> Path:
     )
     assert result.returncode == 0, result.stderr
     return out
+
+
+def sign_client_cert(ca_dir: Path, common_name: str, out: Path) -> Path:
+    """client.pem/client.key with `common_name`, signed by the CA in `ca_dir` (made by
+    `create_certs`), and its ca.pem, in `out`: a certificate the broker trusts for any CN."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    ca_cert = x509.load_pem_x509_certificate((ca_dir / "ca.pem").read_bytes())
+    ca_key = serialization.load_pem_private_key((ca_dir / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ca.pem").write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
+    (out / "client.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (out / "client.key").write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return out

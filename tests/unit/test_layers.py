@@ -1,27 +1,29 @@
-"""The dependency drawing of STYLE.md section 2 and docs/architecture.md, enforced (issue 18).
+"""The dependency drawing of docs/architecture.md (STYLE.md section 2), enforced (issue 18).
 
-```
-cli -> server -> protocol, store, eventlog, management, metrics, security -> config -> core
-                                                                      (all) -> amqp
-analytics -> stdlib, pyspark                   (the broker never imports analytics)
-```
-
+The rules are the "may import" column of the room table in docs/architecture.md, read
+here (`rules_from`): backticked packages before the `;`, third-party modules after it.
 Every import of every module is read with `ast` (also those inside functions and under
-`TYPE_CHECKING`: a lazy import is still a dependency), and two things are checked:
+`TYPE_CHECKING`: a lazy import is still a dependency), and four things are checked:
 
-* a package imports only the packages its row of `ALLOWED` names, and only the
-  third-party distributions of `THIRD_PARTY` (proton only in `protocol/`, ...);
+* a room imports only the rooms its row names (and the root `amqpbroker`, the version);
+* a room imports only the third-party modules its row names (proton only in `protocol/`);
 * no import cycle between modules. `from pkg import name` depends on `pkg/__init__.py`
   (it runs it), so a module that imports its own package's `__init__` while that
-  `__init__` imports it is a cycle, even if today's import order happens to work.
+  `__init__` imports it is a cycle, even if today's import order happens to work;
+* no room imports another room's private (`_name`) module or name (STYLE.md section 2:
+  never `from amqpbroker.core.queue import _Ref`). Importing a public module of another
+  room (`from amqpbroker.core.records import Record`) is allowed: docs/decisions.md says
+  why the "through `__init__` only" rule is not enforced.
 
-The rules are data, and the checks are plain functions over a {module: imports} graph, so
-the tests at the bottom show that the back-edges the issue found would fail here.
+The checks are plain functions over a {module: imports} graph, so the tests at the
+bottom feed them the back-edges and cycles issue 18 found, as source text, and show each
+one fails.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -29,38 +31,29 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
 
 Graph = Mapping[str, set[str]]
 
-# package -> the other amqpbroker packages it may import. The root `amqpbroker/__init__.py`
-# (the version) may be imported by any.
-_MIDDLE = {"config", "core", "amqp"}
-ALLOWED: dict[str, set[str]] = {
-    "amqp": set(),
-    "core": set(),
-    "config": {"core"},
-    "protocol": _MIDDLE,
-    "store": _MIDDLE,
-    "eventlog": _MIDDLE,
-    "management": _MIDDLE,
-    "metrics": _MIDDLE,
-    "security": _MIDDLE,
-    "analytics": set(),
-    "server": _MIDDLE | {"protocol", "store", "eventlog", "management", "metrics", "security"},
-    "cli": _MIDDLE
-    | {"protocol", "store", "eventlog", "management", "metrics", "security", "server"}
-    | {"analytics"},  # `amqpbroker analyze` starts the job
-    "__main__": {"cli"},
-}
-# package -> third-party top-level modules it may import (anything else: stdlib only).
-THIRD_PARTY: dict[str, set[str]] = {
-    "amqp": {"mypy_extensions"},  # mypyc_attr for the compiled build (setup.py, issue 20)
-    "protocol": {"proton", "cproton_ffi"},
-    "config": {"yaml"},
-    "security": {"cryptography"},
-    "metrics": {"prometheus_client"},
-    "analytics": {"pyspark"},
-}
+
+def rules_from(markdown: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """({room: rooms it may import}, {room: third-party modules it may import}) from the
+    room table of the "Layers and dependency direction" section."""
+    section = markdown.split("## Layers and dependency direction", 1)[1].split("\n## ", 1)[0]
+    allowed: dict[str, set[str]] = {}
+    third_party: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        room = re.fullmatch(r"`(\w+)(?:/|\.py)`", cells[0])
+        if not line.startswith("| `") or room is None:
+            continue
+        rooms, _, modules = cells[-1].partition(";")
+        allowed[room.group(1)] = set(re.findall(r"`(\w+)`", rooms))
+        third_party[room.group(1)] = set(re.findall(r"`(\w+)`", modules))
+    return allowed, third_party
+
+
+ALLOWED, THIRD_PARTY = rules_from(ARCHITECTURE.read_text())
 
 
 def module_name(root: Path, path: Path) -> str:
@@ -138,6 +131,40 @@ def third_party_violations(external: Graph) -> list[str]:
     return bad
 
 
+def private_imports(module: str, is_package: bool, source: str) -> list[str]:
+    """Another room's private modules or names that `source` imports (`_name`, not
+    `__init__`-style dunders): the room's inside, which only its own modules may use."""
+    here = module if is_package else module.rpartition(".")[0]
+    bad = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = here.split(".")[: len(here.split(".")) - node.level + 1]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            targets = [f"{target}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            if target.split(".")[0] != "amqpbroker" or package_of(target) == package_of(module):
+                continue
+            parts = target.split(".")[1:]
+            if any(p.startswith("_") and not p.startswith("__") for p in parts):
+                bad.append(f"{module} -> {target}")
+    return bad
+
+
+def all_private_imports(root: Path) -> list[str]:
+    bad = []
+    for path in sorted((root / "amqpbroker").rglob("*.py")):
+        name = module_name(root, path)
+        bad.extend(private_imports(name, path.name == "__init__.py", path.read_text()))
+    return bad
+
+
 def cycles(graph: Graph) -> list[list[str]]:
     """The strongly connected components of more than one module (Tarjan, iterative)."""
     index: dict[str, int] = {}
@@ -207,51 +234,174 @@ def test_no_import_cycles_between_modules() -> None:
     assert cycles(GRAPH) == []
 
 
-# --- the checks catch what issue 18 found ---------------------------------------------
+def test_no_room_imports_another_rooms_private_parts() -> None:
+    """STYLE.md section 2: never `from amqpbroker.core.queue import _Ref`."""
+    assert all_private_imports(ROOT) == []
+
+
+# --- the rules are the documented ones, and the checks catch what issue 18 found -------
+
+
+def test_the_rules_are_the_architecture_table() -> None:
+    """The rows read from docs/architecture.md say what the drawing says."""
+    assert ALLOWED["amqp"] == ALLOWED["core"] == set()
+    assert ALLOWED["config"] == {"core"}
+    for room in ("protocol", "store", "eventlog", "management", "metrics", "security"):
+        assert ALLOWED[room] == {"core", "amqp", "config"}, room
+    assert ALLOWED["server"] == {"core", "amqp", "config"} | {
+        "protocol",
+        "store",
+        "eventlog",
+        "management",
+        "metrics",
+        "security",
+    }
+    assert ALLOWED["cli"] == ALLOWED["server"] | {"server", "analytics"}
+    assert ALLOWED["__main__"] == {"cli"}
+    assert ALLOWED["analytics"] == set()
+    # mypy_extensions: `mypyc_attr` for setup.py's compiled build (issue 20)
+    assert THIRD_PARTY["protocol"] == {"proton", "cproton_ffi", "mypy_extensions"}
+    assert THIRD_PARTY["config"] == {"yaml"}
+    assert THIRD_PARTY["analytics"] == {"pyspark"}
+    assert THIRD_PARTY["amqp"] == {"mypy_extensions"}
+    assert THIRD_PARTY["store"] == THIRD_PARTY["core"] == set()
+
+
+def test_the_table_parser_reads_rooms_and_modules() -> None:
+    markdown = (
+        "# x\n## Layers and dependency direction\n\n"
+        "| room | modules | may import |\n|---|---|---|\n"
+        "| `store/` | `journal.py` (uses `core`) | `core`, `amqp`; `zstd` |\n"
+        "| `cli.py` | commands | `server` |\n| `amqp/` | codec | stdlib only |\n"
+        "## Threading model\n| `late/` | not in the section | `core` |\n"
+    )
+    allowed, third_party = rules_from(markdown)
+    assert allowed == {"store": {"core", "amqp"}, "cli": {"server"}, "amqp": set()}
+    assert third_party == {"store": {"zstd"}, "cli": set(), "amqp": set()}
+
+
+def graph_of(sources: Mapping[str, str]) -> dict[str, set[str]]:
+    """The internal import graph of synthetic modules ({name: source}; a name ending in
+    `.__init__` is a package), as `import_graph` builds it for the tree (whose modules
+    `from pkg import module` may name)."""
+    names = set(GRAPH) | {m.removesuffix(".__init__") for m in sources}
+    graph = {}
+    for module, source in sources.items():
+        name = module.removesuffix(".__init__")
+        found = imports_of(name, module.endswith(".__init__"), source, names)
+        graph[name] = {m for m in found if m.split(".")[0] == "amqpbroker" and m != name}
+    return graph
 
 
 @pytest.mark.parametrize(
-    "edge",
+    ("module", "source", "edge"),
     [
-        ("amqpbroker.store.recovery", "amqpbroker.protocol.handler"),
-        ("amqpbroker.management.api", "amqpbroker.protocol.sections"),
-        ("amqpbroker.eventlog.child", "amqpbroker.protocol.sections"),
-        ("amqpbroker.core.queue", "amqpbroker.config.schema"),
-        ("amqpbroker.amqp.sections", "amqpbroker.core.model"),
-        ("amqpbroker.server", "amqpbroker.analytics.job"),
+        # the three back-edges issue 18 found (the codec then lived in protocol/)
+        (
+            "amqpbroker.store.recovery",
+            "from amqpbroker.protocol.handler import message_of\n",
+            "amqpbroker.protocol.handler",
+        ),
+        (
+            "amqpbroker.management.http",
+            "def _head(data):\n    from amqpbroker.protocol import sections\n",
+            "amqpbroker.protocol",
+        ),
+        (
+            "amqpbroker.eventlog.child",
+            "from amqpbroker.protocol.sections import scan\n",
+            "amqpbroker.protocol.sections",
+        ),
+        # and the other directions the drawing forbids
+        ("amqpbroker.store.recovery", "from amqpbroker import protocol\n", "amqpbroker.protocol"),
+        (
+            "amqpbroker.core.queue",
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+            "    from amqpbroker.config.schema import QueueDef\n",
+            "amqpbroker.config.schema",
+        ),
+        ("amqpbroker.amqp.sections", "from ..core.model import Message\n", "amqpbroker.core.model"),
+        ("amqpbroker.config.load", "import amqpbroker.store\n", "amqpbroker.store"),
+        ("amqpbroker.protocol.shell", "from amqpbroker.store import api\n", "amqpbroker.store"),
+        ("amqpbroker.metrics.collector", "from amqpbroker.server import X\n", "amqpbroker.server"),
+        (
+            "amqpbroker.server",
+            "from amqpbroker.analytics.job import main\n",
+            "amqpbroker.analytics.job",
+        ),
+        ("amqpbroker.analytics.job", "from amqpbroker.core import Broker\n", "amqpbroker.core"),
     ],
 )
-def test_a_back_edge_is_reported(edge: tuple[str, str]) -> None:
-    """Each of these is a back-edge of the drawing (the first three existed before #18;
-    `protocol.sections`, the codec's old home, is gone, but the edge must still fail)."""
-    source, target = edge
-    assert layer_violations({source: {target}}) == [f"{source} -> {target}"]
+def test_a_back_edge_is_reported(module: str, source: str, edge: str) -> None:
+    """Each source, put in `module`, imports against the drawing, lazily or not."""
+    violations = layer_violations(graph_of({module: source}))
+    assert f"{module} -> {edge}" in violations
+
+
+def test_the_tree_without_back_edges_passes_the_same_check() -> None:
+    """The check is not vacuous: the same sources in an allowed room are fine."""
+    assert (
+        layer_violations(graph_of({"amqpbroker.server": "from amqpbroker.protocol import x\n"}))
+        == []
+    )
+    assert (
+        layer_violations(
+            graph_of({"amqpbroker.store.recovery": "from amqpbroker.core import Broker\n"})
+        )
+        == []
+    )
 
 
 def test_proton_outside_protocol_is_reported() -> None:
     assert third_party_violations({"amqpbroker.store.recovery": {"proton"}}) == [
         "amqpbroker.store.recovery -> proton"
     ]
+    assert third_party_violations({"amqpbroker.protocol.shell": {"proton"}}) == []
 
 
-def test_a_lazy_import_and_a_package_init_count() -> None:
-    """The cycles issue 18 listed: config/load <-> artemis_xml through an import inside a
-    function, store/__init__ <-> journal through `from amqpbroker.store import codec`."""
-    modules = ["amqpbroker.config.load", "amqpbroker.store", "amqpbroker.store.codec"]
-    lazy = "def load():\n    from amqpbroker.config.artemis_xml import parse\n"
-    assert imports_of("amqpbroker.config.load", False, lazy, modules) == {
-        "amqpbroker.config.artemis_xml"
-    }
-    via_init = "from amqpbroker.store import codec\n"
-    assert imports_of("amqpbroker.store.journal", False, via_init, modules) == {
-        "amqpbroker.store",
-        "amqpbroker.store.codec",
-    }
-    relative = "from . import codec\n"
-    assert imports_of("amqpbroker.store.journal", False, relative, modules) == {
-        "amqpbroker.store",
-        "amqpbroker.store.codec",
-    }
+def test_a_private_part_of_another_room_is_reported() -> None:
+    source = "from amqpbroker.core.queue import _Ref, Queue\nfrom amqpbroker.core import _clock\n"
+    assert private_imports("amqpbroker.management.api", False, source) == [
+        "amqpbroker.management.api -> amqpbroker.core.queue._Ref",
+        "amqpbroker.management.api -> amqpbroker.core._clock",
+    ]
+    own_room = "from amqpbroker.core.queue import _Ref\nfrom . import _private\n"
+    assert private_imports("amqpbroker.core.broker", False, own_room) == []
+
+
+@pytest.mark.parametrize(
+    ("sources", "cycle"),
+    [
+        (  # issue 18: config/load.py <-> config/artemis_xml.py through a lazy import
+            {
+                "amqpbroker.config.load": (
+                    "def load():\n    from amqpbroker.config.artemis_xml import parse\n"
+                ),
+                "amqpbroker.config.artemis_xml": "from amqpbroker.config.load import check\n",
+            },
+            ["amqpbroker.config.artemis_xml", "amqpbroker.config.load"],
+        ),
+        (  # issue 18: store/__init__ <-> store/journal.py (order-dependent)
+            {
+                "amqpbroker.store.__init__": "from amqpbroker.store.journal import FileJournal\n",
+                "amqpbroker.store.journal": "from amqpbroker.store import codec\n",
+                "amqpbroker.store.codec": "",
+            },
+            ["amqpbroker.store", "amqpbroker.store.journal"],
+        ),
+        (  # issue 18: metrics/__init__ <-> metrics/collector.py, relative import
+            {
+                "amqpbroker.metrics.__init__": "from .collector import BrokerCollector\n",
+                "amqpbroker.metrics.collector": "from . import names\n",
+                "amqpbroker.metrics.names": "",
+            },
+            ["amqpbroker.metrics", "amqpbroker.metrics.collector"],
+        ),
+    ],
+)
+def test_an_import_cycle_is_reported(sources: dict[str, str], cycle: list[str]) -> None:
+    """The three module cycles issue 18 found, as source text, are found again."""
+    assert cycles(graph_of(sources)) == [cycle]
 
 
 def test_cycles_are_found() -> None:

@@ -486,6 +486,29 @@ def test_dead_letter_queue_filter_selects_copies_from_its_address() -> None:
 
 
 @pytest.mark.parametrize(
+    "name",
+    [
+        "_AMQ_ORIG_QUEUE",
+        "_AMQ_ORIG_ADDRESS",
+        "_AMQ_ORIG_MESSAGE_ID",
+        "_AMQ_ORIG_ROUTING_TYPE",
+        "_AMQ_ACTUAL_EXPIRY",
+        "_AMQ_DLQ_REASON",
+        "_AMQ_DLQ_ERROR_CONDITION",
+        "_AMQ_DLQ_ERROR_DESCRIPTION",
+        "_AMQ_DLQ_DELIVERY_COUNT",
+    ],
+)
+def test_every_move_annotation_is_an_internal_property(name: str) -> None:
+    """B-090/B-079/B-131: each annotation a move writes is read as its `_AMQ_*` name from
+    the annotations only (the set is derived from `core.moves.MOVE_ANNOTATIONS`, issue 18:
+    one list of the names)."""
+    annotation = "x-opt-" + name.removeprefix("_AMQ_").replace("_", "-")
+    assert parse_selector(f"{name} = 1").matches(_message(annotations={annotation: 1}))
+    assert not parse_selector(f"{name} = 1").matches(_message(application_properties={name: 1}))
+
+
+@pytest.mark.parametrize(
     "forged",
     [
         _message(application_properties={"_AMQ_ORIG_ADDRESS": "orders"}),

@@ -34,7 +34,7 @@ from support.waiting import wait_until
 
 from amqpbroker.amqp import sections
 from amqpbroker.config import EventLogConfig
-from amqpbroker.core import FAILURE_EVENTS, LifecycleEvent, RawEvent
+from amqpbroker.core import FAILURE_EVENTS, Accepted, LifecycleEvent, RawEvent
 from amqpbroker.core.lifecycle import EVENT_FIELDS, EVENT_TYPES, Emitter
 from amqpbroker.eventlog import HEAD_BYTES, EventLogWriter, child
 from amqpbroker.eventlog import writer as writer_module
@@ -795,22 +795,29 @@ def test_the_writer_process_module_loads_no_broker_code() -> None:
     assert child.__name__ == writer_module.CHILD_MODULE
 
 
-def test_queue_events_read_the_fast_clock_when_the_server_sets_it() -> None:
-    """With the system clock the server hands the emitter `time.time_ns` (cheaper per
-    event); queue events then carry the same epoch ms as the broker's clock would."""
+def test_events_carry_the_time_of_their_call_into_the_broker() -> None:
+    """B-170 `ts` (epoch ms, as the schema says) comes from the broker's one clock, read
+    once per call into the broker (issue 18: no second time source for events); a later
+    call's events carry its later time."""
     h = Harness()
-    h.broker.emitter.clock_ns = lambda: 1_700_000_000_123_999_999
-    h.send(h.producer("q", "queue"))
+    h.clock.advance(123)
+    target = h.producer("q", "queue")
+    h.send(target)
     sent, enqueued = h.broker.emitter.take()
-    assert enqueued.ts == 1_700_000_000_123
-    assert sent.ts == h.clock.now_ms()  # publish's own reading of the broker's clock
+    assert sent.ts == enqueued.ts == h.clock.now_ms() == 1_700_000_000_123
+    c = h.consumer("q", "queue")
+    [d] = h.take(c)
+    h.clock.advance(5)
+    h.settle(c, d, Accepted())
+    dispatched, acked = h.broker.emitter.take()
+    assert (dispatched.ts, acked.ts) == (1_700_000_000_123, 1_700_000_000_128)
 
 
 def test_sent_events_share_a_shape_per_address_and_producer_container() -> None:
     """Cost (B-171): `sent`, one a message, reuses the shape of its address and producer
     container (marshal writes it once a frame); another container gets its own, and the
     readable event still names each one's connection."""
-    from amqpbroker.protocol.handler import message_of
+    from amqpbroker.protocol import message_of
 
     h = Harness()
     target = h.producer("q", "queue")
@@ -832,7 +839,7 @@ def test_events_carry_only_the_head_of_a_message_up_to_its_properties(tmp_path: 
     """Cost: without props or body_hash an event carries the message only up to the end of
     its properties section (`Message.head_end`, found by the scan at arrival); the writer
     still gets amqp_message_id from it, and a message without properties gets null."""
-    from amqpbroker.protocol.handler import message_of
+    from amqpbroker.protocol import message_of
 
     with_id = message_of(sections.scan(encoded(id="m-1", body=b"x" * 500, durable=True)))
     without = message_of(sections.scan(encoded(body=b"y" * 500, durable=True)))
@@ -876,7 +883,7 @@ def test_events_of_a_message_whose_expiry_the_broker_rewrote_carry_the_new_head(
     added to properties), which moves the end of its head; its events carry the new head
     (not a stale cut of the old bytes), and the writer still reads its message-id."""
     from amqpbroker.core import AddressSettings
-    from amqpbroker.protocol.handler import message_of
+    from amqpbroker.protocol import message_of
     from amqpbroker.protocol.moves import COPIER
 
     message = message_of(sections.scan(encoded(id="m-7", body=b"z" * 200, durable=True)))

@@ -26,8 +26,7 @@ from proton import (
 )
 
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
-from amqpbroker.protocol import handler, moves
-from amqpbroker.protocol.handler import AmqpConnection, Shell
+from amqpbroker.protocol import AmqpConnection, Shell, connection, moves
 from amqpbroker.protocol.peer import read_symbols
 
 
@@ -556,10 +555,10 @@ class _TickingClock(ManualClock):
         return super().now_ms()
 
 
-def test_the_events_of_one_step_share_one_clock_reading() -> None:
-    """B-170 `ts`: the handler reads the broker's clock once for the frames of a step
-    (`Emitter.step_ms`), so a step's events cost no clock call each and carry one time,
-    in order; a later step has a later time; outside a step, events read the clock."""
+def test_the_events_of_one_call_share_one_clock_reading() -> None:
+    """B-170 `ts`: the broker reads its clock once per call (`clock.entry`, issue 18), so
+    a call's events cost no clock call each and carry one time, in order; a later call
+    has a later time."""
     from amqpbroker.core import LifecycleEvent, RawEvent
 
     clock = _TickingClock()
@@ -574,9 +573,8 @@ def test_the_events_of_one_step_share_one_clock_reading() -> None:
     events = [LifecycleEvent.of(e) for e in raw]
     assert [e.event for e in events] == ["sent", "enqueued", "dispatched", "acked"]
     sent, enqueued, dispatched, acked = events
-    assert sent.ts == enqueued.ts == dispatched.ts  # one step: the transfer
-    assert acked.ts > dispatched.ts  # the next: the disposition
-    assert broker.emitter.step_ms is None
+    assert sent.ts == enqueued.ts == dispatched.ts  # one call: the transfer's publish
+    assert acked.ts > dispatched.ts  # the next: the disposition's settle
 
 
 def test_messages_leave_no_reference_cycles_behind() -> None:
@@ -754,7 +752,7 @@ def _stalled_consumer(
     shell: Shell, monkeypatch: pytest.MonkeyPatch, *, settled: bool
 ) -> tuple[Client, Link]:
     """50 messages of 2 KB queued; a consumer grants 1000 credit and reads nothing."""
-    monkeypatch.setattr(handler, "ENGINE_WINDOW_BYTES", 10_000)
+    monkeypatch.setattr(connection, "ENGINE_WINDOW_BYTES", 10_000)
     client = Client(shell)
     sender = client.sender("w", "queue")
     for i in range(50):

@@ -17,8 +17,7 @@ from support import frames as F
 
 from amqpbroker.amqp.sections import MAX_DEPTH, Described, Symbol, UInt, ULong
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
-from amqpbroker.protocol import moves
-from amqpbroker.protocol.handler import AmqpConnection, Shell
+from amqpbroker.protocol import AmqpConnection, Shell, moves
 
 LYING_ARRAY = b"\xe0\x08\x09\xa3\x05queue"  # array8, count 9, one symbol (the input)
 NOT_UTF8 = b"\xa1\x03\xff\xfe\xfd"

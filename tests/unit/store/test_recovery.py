@@ -11,7 +11,7 @@ from support.core_harness import Harness
 from amqpbroker.amqp import sections
 from amqpbroker.core import AddressSettings, Broker, ManualClock, Modified, SettingsRepository
 from amqpbroker.core.persistence import Persistence
-from amqpbroker.protocol.handler import message_of
+from amqpbroker.protocol import message_of
 from amqpbroker.store.journal import JournalState, MemoryJournal
 from amqpbroker.store.recovery import recover
 

@@ -1,0 +1,567 @@
+"""Drive one Proton engine per connection and translate its events into Broker calls.
+
+Theory of operation
+-------------------
+The server owns the sockets. For each connection it creates an `AmqpConnection`: a
+`proton.Transport` in server mode bound to a `proton.Connection` with a `Collector`. Bytes
+read from the socket are pushed into the transport (`feed`), the collector's events are
+translated into `core.Broker` calls (`process`), and the bytes the engine wants to send are
+popped and written back (`output`). No reactor, no proton threads.
+
+This module is the engine glue: bytes in and out, the SASL seam, the event loop over the
+collector, the connection and session events, and how a connection ends. The rest of
+`AmqpConnection` lives in its parts (mixins, one subject each): `transfers.py` (the hot
+path: transfers in, dispositions back, settling after disk), `attach.py` (links: attach,
+credit, detach), `transactions.py` (coordinator and transactional work). The broker's
+effects are applied by `shell.py` after each batch of events; every connection touched is
+marked dirty so the server flushes it.
+
+Errors: one boundary per event. A `ClientError` refuses the link with its condition (a
+malformed connection-level field closes the connection with it); any other exception is
+logged with the connection and closes that connection only, with `amqp:internal-error`.
+
+The SASL/TLS seam: `AmqpConnection.feed`/`output` carry the socket bytes (TLS is undone by
+Python `ssl` below). With security enabled the broker's own `SaslServer` reads them first
+and the engine gets nothing until the outcome is ok and the user and roles are set (issue
+15); with security disabled Proton's built-in SASL offers ANONYMOUS and `roles` is None.
+The server ticks each engine at `tick_at_s` (heartbeats, idle-timeout) and closes a
+connection whose AMQP open has not arrived within the acceptor's handshake-timeout.
+
+Output is bounded: one `output()` call returns at most `OUTPUT_CHUNK_BYTES`, and a
+connection's consumers may hand the engine at most `ENGINE_WINDOW_BYTES` before the socket
+has taken it (issue 15/16).
+
+Loop thread only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from cproton_ffi import ffi, lib
+from proton import (
+    SASL,
+    Collector,
+    Condition,
+    Connection,
+    Endpoint,
+    Event,
+    Link,
+    Session,
+    Transport,
+    symbol,
+)
+
+from amqpbroker.amqp import sections
+from amqpbroker.amqp.frames import frame
+from amqpbroker.core import ClientError, Window
+from amqpbroker.protocol.attach import _Attach
+from amqpbroker.protocol.peer import data_at, read_symbol_map, read_symbols, read_text
+from amqpbroker.protocol.sasl import MAX_SASL_FRAME_BYTES, Identity, SaslServer
+from amqpbroker.protocol.shell import ConsumerLink, Engine, ProducerLink, Shell, wrong_direction
+from amqpbroker.protocol.transactions import Transaction, _Transactions
+from amqpbroker.protocol.transfers import _Transfers
+
+# Makes the SASL layer of one connection: (on_authenticated, on_failure) -> SaslServer
+SaslFactory = Callable[[Callable[[Identity, bytes], None], Callable[[str], None]], SaslServer]
+
+log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
+
+OFFERED_CAPABILITIES = [
+    symbol("sole-connection-for-container"),
+    symbol("DELAYED_DELIVERY"),
+    symbol("SHARED-SUBS"),
+    symbol("ANONYMOUS-RELAY"),
+]
+SOLE_CONNECTION = "sole-connection-for-container"
+MAX_FRAME_SIZE = 131072  # B-021
+# What one `output()` call collects at most: the server writes it and asks again unless the
+# socket is over its high-water mark, so a slow reader never makes us copy a whole backlog.
+OUTPUT_CHUNK_BYTES = 1024 * 1024
+# Issue 15: what a connection's consumers may be handed (copied into the engine) before
+# its output has been written; credit alone would let one non-reading consumer buffer a
+# whole queue. Refilled when `output()` finds the engine empty (the socket took it all).
+ENGINE_WINDOW_BYTES = 4 * 1024 * 1024
+# Until the peer's open arrives (SASL included), frames are at most this big: before the
+# open exchange a peer may send only 512-byte frames (AMQP 1.0 §2.4.1), and a peer that
+# has proven nothing must not make the broker buffer 128 KiB per socket (issue 15 item 5).
+HANDSHAKE_MAX_FRAME_SIZE = MAX_SASL_FRAME_BYTES
+# Issue 15: what one connection may hold open, as RabbitMQ 4 bounds it by default
+# (session_max_per_connection 64, link_max_per_session 256, `attach.py`). Proton would
+# take 32768 sessions (~3.7 KB each) and 2**31 handles per session, and finds a link by
+# name with a linear search: one peer could use gigabytes and seconds of loop time per
+# attach.
+MAX_SESSIONS = 64  # the open's channel-max is one less; Proton refuses a higher channel
+
+_PN_DELIVERY = lib.PN_DELIVERY
+_PN_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
+_PN_LINK_FLOW = lib.PN_LINK_FLOW
+_UNKNOWN_PROTOCOL = "Unknown protocol detected"
+
+
+class AmqpConnection(_Transfers, _Attach, _Transactions, Engine):
+    """One AMQP connection: a proton engine fed with socket bytes. Loop thread only."""
+
+    def __init__(
+        self,
+        shell: Shell[Any],
+        *,
+        peer: str,
+        anycast_prefix: str | None = None,
+        multicast_prefix: str | None = None,
+        sasl: SaslFactory | None = None,
+        reject_as_modified: bool = False,
+        duplicate_detection: bool = True,
+        max_message_size: int = 0,
+        idle_timeout_ms: int = 0,
+    ) -> None:
+        self.shell = shell
+        self.max_message_size = max_message_size  # B-152: 0 for no limit
+        self.duplicate_detection = duplicate_detection  # B-012 amqpDuplicateDetection
+        self.reject_as_modified = reject_as_modified  # B-047
+        self.broker = shell.broker
+        self.id = shell.new_connection_id()
+        self.peer = peer
+        self.anycast_prefix = anycast_prefix
+        self.multicast_prefix = multicast_prefix
+        self.transport = Transport(Transport.SERVER)
+        self.transport.max_frame_size = HANDSHAKE_MAX_FRAME_SIZE  # MAX_FRAME_SIZE at open
+        self.transport.channel_max = MAX_SESSIONS - 1
+        if idle_timeout_ms > 0:  # Artemis amqpIdleTimeout: the open advertises half of it
+            self.transport.idle_timeout = idle_timeout_ms / 1000
+        self.tick_at_s = 0.0  # when the server must next call transport.tick (0: never)
+        self.opened = False  # the peer's AMQP open has arrived (the handshake is over)
+        self.connection = Connection()
+        self.collector = Collector()
+        self.connection.collect(self.collector)
+        self.transport.bind(self.connection)
+        # Broker-checked SASL (security enabled) or Proton's built-in ANONYMOUS. Security
+        # is enabled exactly when the server hands over a SASL layer; then nothing
+        # reaches the engine before authentication has set the user and roles.
+        self.sasl: SaslServer | None = None
+        self.security_enabled = sasl is not None
+        self.user: str | None = None
+        self._roles: frozenset[str] = frozenset()
+        if sasl is not None:
+            self.sasl = sasl(self._authenticated, self._sasl_failed)
+        else:
+            self._setup_sasl()
+        self.container_id = ""
+        # Keyed by the pn_link_t pointer, which the hot path reads from events directly.
+        self.producers: dict[Any, ProducerLink] = {}
+        self.consumers: dict[Any, ConsumerLink[Any]] = {}
+        self._awaiting: list[Any] | None = None  # durable sends of this loop step
+        self.coordinators: set[Any] = set()  # transaction coordinator links (B-140)
+        self.transactions: dict[bytes, Transaction] = {}
+        self._links_per_session: dict[Any, int] = {}  # pn_session_t -> links not yet ended
+        self._collector_impl = self.collector._impl
+        self.closed = False  # the broker side is done with this connection
+        self.window = Window(ENGINE_WINDOW_BYTES)  # issue 15: shared by its consumers
+        self._resume_from = 0
+        self._orderly = False
+        self._socket_gone = False
+        # Issue 15: after a framing error the socket closes once the close frame is out.
+        self._hang_up = False
+        self._input_closed = False  # the engine reads no more (framing error, idle-timeout)
+        self._handlers: dict[int, Callable[[Event], None]] = {
+            lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_open,
+            lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_close,
+            lib.PN_SESSION_REMOTE_OPEN: self._on_session_open,
+            lib.PN_SESSION_REMOTE_CLOSE: self._on_session_close,
+            lib.PN_LINK_REMOTE_OPEN: self._on_link_open,
+            lib.PN_LINK_REMOTE_DETACH: self._on_link_detach,
+            lib.PN_LINK_REMOTE_CLOSE: self._on_link_close,
+            lib.PN_TRANSPORT_ERROR: self._on_transport_error,
+            lib.PN_TRANSPORT_TAIL_CLOSED: self._on_tail_closed,
+            lib.PN_TRANSPORT_CLOSED: self._on_transport_closed,
+        }
+        shell.connections[self.id] = self
+        shell.opened_total += 1
+
+    def _setup_sasl(self) -> None:
+        """Proton's built-in ANONYMOUS for now; broker-checked SASL replaces this seam."""
+        sasl = self.transport.sasl()
+        sasl.allowed_mechs("ANONYMOUS")
+        sasl.done(SASL.OK)
+
+    @property
+    def roles(self) -> frozenset[str] | None:
+        """What the core checks permissions against: None only when security is disabled
+        (B-154); with security on, no roles until authentication has finished."""
+        if not self.security_enabled:
+            return None
+        return self._roles
+
+    @property
+    def awaiting_authentication(self) -> bool:
+        """Credentials are being checked: stop reading the socket until they are."""
+        return self.sasl is not None and self.sasl.checking
+
+    # -- bytes in and out ---------------------------------------------------------------
+    def feed(self, data: bytes) -> None:
+        """Socket bytes in: through the SASL layer first when the broker checks it."""
+        sasl = self.sasl
+        if sasl is not None and not sasl.done:
+            sasl.feed(data)  # the bytes after a successful outcome go to _authenticated
+            self.shell.dirty.add(self)
+            return
+        self._push(data)
+
+    def _authenticated(self, identity: Identity, rest: bytes) -> None:
+        """The SASL outcome is ok: the identity first, then the engine gets the bytes."""
+        self.user = identity.user
+        self._roles = self.shell.roles_for(identity.user)
+        self.shell.dirty.add(self)
+        if rest:
+            self._push(rest)
+
+    def _sasl_failed(self, why: str) -> None:
+        self.shell.auth_failures += 1
+        log.warning("connection %s from %s: %s; closing it", self.id, self.peer, why)
+        self.closed = True
+        self.shell.connections.pop(self.id, None)
+        self.shell.dirty.add(self)  # the outcome goes out, then the socket is closed
+
+    def _push(self, data: bytes) -> None:
+        """Push bytes into the engine and handle what they caused.
+
+        A socket read can be 256 KiB, the engine takes ~16 KiB at a time: the rest is
+        walked with a memoryview, not re-sliced (copied) after every push (issue 20).
+        """
+        transport = self.transport
+        impl = transport._impl
+        view = memoryview(data)
+        while view:
+            capacity = lib.pn_transport_capacity(impl)
+            if capacity < 0:  # the engine's input side is closed (or failed)
+                break
+            chunk = view[:capacity]
+            pushed = lib.pn_transport_push(impl, ffi.from_buffer(chunk), len(chunk))
+            if pushed < 0:
+                transport._check(pushed)  # raises proton's TransportException
+            view = view[pushed:]
+            self.process()
+        self.process()
+
+    @property
+    def finished(self) -> bool:
+        """Whether the socket can be closed once `output()` has been written."""
+        if self._hang_up or (self.sasl is not None and self.sasl.failed):
+            return True
+        # Once the engine reads no more (a framing error, an expired idle-timeout), the
+        # socket goes as soon as the engine has written its last bytes.
+        return (self.closed or self._input_closed) and self.transport.pending() < 0
+
+    def output(self, limit: int = OUTPUT_CHUNK_BYTES) -> bytes:
+        """Bytes to send now: the SASL layer's, then up to about `limit` of the engine's.
+
+        b"" means the engine has nothing more; call again until then (issue 16 item 1).
+        """
+        sasl = self.sasl
+        if sasl is not None and (sasl.output or not sasl.done):
+            out = bytes(sasl.output)
+            sasl.output.clear()
+            if not sasl.done:
+                return out
+            return out + self._engine_output(limit)
+        return self._engine_output(limit)
+
+    def _engine_output(self, limit: int) -> bytes:
+        """Pop output buffers until the engine has none or `limit` bytes are collected.
+
+        Proton fills one output buffer per `pending()` call (a few frames): reading it once
+        per flush left the rest of a large message or a backlog waiting for the next input
+        or engine tick, a second later (issue 16 item 1).
+        """
+        transport = self.transport
+        impl = transport._impl
+        chunks: list[bytes | bytearray] = []
+        size = 0
+        # The C API: copied out of the engine once, then joined (the wrappers copied the
+        # bytes three times more; issue 20).
+        while size < limit and (pending := lib.pn_transport_pending(impl)) > 0:
+            chunk = bytearray(pending)
+            lib.pn_transport_peek(impl, ffi.from_buffer(chunk), pending)
+            lib.pn_transport_pop(impl, pending)
+            chunks.append(chunk)
+            size += pending
+        if not size and self.window.room < ENGINE_WINDOW_BYTES:
+            self._reopen_window()
+        if self._hang_up and size < limit and transport.pending() >= 0:
+            # Proton writes no close frame on a connection the peer never opened: ours.
+            chunks.append(_close_frame(self.connection.condition))
+            transport.close_head()
+        return b"".join(chunks)
+
+    def _reopen_window(self) -> None:
+        """The engine holds no output (the socket took it all): the window is whole again,
+        and consumers it stopped are dispatched to, with the credit and drain request they
+        kept (issue 15); what that hands the engine, the next `output()` returns."""
+        stalled = self.window.room <= 0
+        self.window.room = ENGINE_WINDOW_BYTES
+        if stalled and not self.closed:
+            consumers = list(self.consumers.values())
+            if consumers:  # a different first one each time: one queue cannot starve another
+                self._resume_from = start = (self._resume_from + 1) % len(consumers)
+                for consumer in consumers[start:] + consumers[:start]:
+                    self.broker.resume(consumer.id)
+            self.shell.apply_effects()
+            self.shell.dirty.add(self)
+
+    def socket_closed(self) -> None:
+        """The socket is gone. Without a close frame first, that is an abrupt loss (B-054)."""
+        self._socket_gone = True
+        if self.sasl is not None:
+            self.sasl.abandon()
+        if not self.closed:
+            self.transport.close_tail()
+            self.process()
+            self._finish(abrupt=not self._orderly)
+
+    # -- events -------------------------------------------------------------------------
+    def process(self) -> None:
+        """Handle every pending engine event, then apply the broker's effects.
+
+        Transfers, dispositions and flow are read with the C API (no wrapper objects per
+        message); the rare events go through proton's wrappers.
+        """
+        self._process_events()
+
+    def _process_events(self) -> None:
+        collector = self._collector_impl
+        handlers = self._handlers
+        peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
+        null = ffi.NULL
+        while (event := peek(collector)) != null:
+            kind = event_type(event)
+            if self.closed and kind != _PN_TRANSPORT_CLOSED:
+                pop(collector)  # issue 15: nothing a peer sends after the end is acted on
+                continue
+            try:
+                if kind == _PN_DELIVERY:
+                    delivery = lib.pn_event_delivery(event)
+                    link = lib.pn_delivery_link(delivery)
+                    if lib.pn_link_is_receiver(link):
+                        self._on_transfer(delivery, link)
+                    elif lib.pn_link_current(link) == delivery:  # ours are never current
+                        # The peer sent on a link it receives on; proton keeps that
+                        # delivery as the link's next to send and would hold back a
+                        # detach behind it, so the connection ends (issue 15).
+                        self._refuse(wrong_direction(), None)
+                    else:
+                        self._on_disposition(delivery, link)
+                elif kind == _PN_LINK_FLOW:
+                    self._on_link_flow(lib.pn_event_link(event))
+                else:
+                    handler = handlers.get(kind)
+                    if handler is not None:
+                        handler(Event.wrap(event))
+            except ClientError as e:  # issue 15: a field of the peer's is malformed
+                self._refuse(
+                    e,
+                    lib.pn_delivery_link(lib.pn_event_delivery(event))
+                    if kind == _PN_DELIVERY
+                    else None,
+                )
+            except Exception:
+                log.exception(
+                    "internal error on connection %s (%s) at event %s: closing it",
+                    self.id,
+                    self.container_id or self.peer,
+                    kind,
+                )
+                self._fail("amqp:internal-error", "internal error")
+            pop(collector)
+        self._awaiting = None  # the step ends: its sends wait for this step's append
+        self.shell.apply_effects()
+        self.shell.dirty.add(self)
+
+    def _refuse(self, error: ClientError, link: Any) -> None:
+        """A malformed or mistyped field: on a delivery, end its link with the error;
+        elsewhere (open, begin, ...) close the connection with it."""
+        log.info("connection %s from %s: %s %s", self.id, self.peer, error.condition, error)
+        if link is None:
+            self._fail(error.condition, str(error))
+            return
+        consumer = self.consumers.get(link)
+        if consumer is not None:
+            self._drop_consumer(link, consumer, closed=True)
+        self.close_link(Link.wrap(link), error.condition, str(error))
+
+    def _fail(self, condition: str, description: str) -> None:
+        self._hang_up = True
+        self.connection.condition = Condition(condition, description)
+        self.connection.close()
+        self._finish(abrupt=True)
+
+    def _finish(self, *, abrupt: bool) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        transactions, self.transactions = self.transactions, {}
+        for txn in transactions.values():
+            self._rollback(txn, forced=True)  # B-143: before the links return the rest
+        for link in list(self.consumers.values()):
+            self.shell.consumers.pop(link.id, None)
+        self.consumers.clear()
+        self.producers.clear()
+        self.broker.connection_closed(self.id, abrupt=abrupt)
+        self.shell.connections.pop(self.id, None)
+        log.info(
+            "connection %s from %s (%s) closed%s",
+            self.id,
+            self.peer,
+            self.container_id or "-",
+            " abruptly" if abrupt else "",
+        )
+
+    def _on_connection_open(self, event: Event) -> None:
+        connection = self.connection
+        self.transport.max_frame_size = MAX_FRAME_SIZE  # what our open advertises (B-021)
+        connection.container = self.broker.name
+        connection.offered_capabilities = OFFERED_CAPABILITIES
+        try:  # issue 15: the open's fields are the peer's, checked before use
+            self.container_id = (
+                read_text(lambda: connection.remote_container, "open.container-id") or ""
+            )
+            impl = connection._impl
+            desired = read_symbols(
+                data_at(lib.pn_connection_remote_desired_capabilities(impl)),
+                "open.desired-capabilities",
+            )
+            read_symbols(
+                data_at(lib.pn_connection_remote_offered_capabilities(impl)),
+                "open.offered-capabilities",
+            )
+            read_symbol_map(data_at(lib.pn_connection_remote_properties(impl)), "open.properties")
+            read_text(lambda: connection.remote_hostname, "open.hostname")
+        except ClientError as e:
+            log.info("refusing connection %s from %s: %s", self.id, self.peer, e)
+            connection.open()
+            self._fail(e.condition, str(e))
+            return
+        if SOLE_CONNECTION in desired and self._container_connected_elsewhere():
+            self._refuse_duplicate_container()
+            return
+        connection.open()
+        self.opened = True
+        self.shell.on_opened(self)
+        log.info(
+            "connection %s from %s opened (container %s)",
+            self.id,
+            self.peer,
+            self.container_id or "-",
+        )
+
+    def _container_connected_elsewhere(self) -> bool:
+        return any(
+            other is not self and not other.closed and other.container_id == self.container_id
+            for other in self.shell.connections.values()
+        )
+
+    def _refuse_duplicate_container(self) -> None:
+        """B-020: open with connection-establishment-failed, then close with
+        amqp:invalid-field naming the container-id."""
+        connection = self.connection
+        connection.properties = {symbol("amqp:connection-establishment-failed"): True}
+        connection.open()
+        connection.condition = Condition(
+            "amqp:invalid-field",
+            f"a connection with container-id {self.container_id!r} already exists",
+            {symbol("invalid-field"): symbol("container-id")},
+        )
+        connection.close()
+        log.info(
+            "refusing connection %s from %s: container-id %r is already connected "
+            "(sole-connection-for-container)",
+            self.id,
+            self.peer,
+            self.container_id,
+        )
+        self._finish(abrupt=False)
+
+    def _on_connection_close(self, event: Event) -> None:
+        if self.connection.state & Endpoint.LOCAL_UNINIT:
+            self._framing_error("close before open")  # issue 15: proton would not answer it
+            return
+        self._orderly = True
+        self.connection.close()
+        self._finish(abrupt=False)  # B-053: an AMQP close is orderly
+
+    def _on_transport_error(self, event: Event) -> None:
+        condition = self.transport.condition
+        description = condition.description if condition else ""
+        if description.startswith(_UNKNOWN_PROTOCOL):
+            # Proton quotes the peer's first bytes: after the broker's SASL outcome, a
+            # second sasl-init with its password (issue 15 attack pass). Never log them.
+            description = f"{_UNKNOWN_PROTOCOL} (the bytes are not logged)"
+        log.warning("connection %s from %s: transport error %s", self.id, self.peer, description)
+
+    def _on_tail_closed(self, event: Event) -> None:
+        """The engine reads no more input. Unless the peer closed or the socket is gone,
+        that is a framing error, which proton may leave unanswered: answer it now with
+        `amqp:connection:framing-error`, then hang up (issue 15). An expired idle-timeout
+        ends here too, with proton's own condition (B-054: an abrupt loss)."""
+        self._input_closed = True
+        if self._orderly or self._socket_gone or self._hang_up:
+            return
+        self._hang_up = True
+        condition = self.transport.condition
+        if condition is None:  # proton stopped reading without saying why
+            log.warning("connection %s from %s: undecodable frame; closing it", self.id, self.peer)
+            self.connection.condition = Condition(
+                "amqp:connection:framing-error", "undecodable frame"
+            )
+        else:  # proton has written its own close frame (PN_TRANSPORT_ERROR logged it)
+            self.connection.condition = condition
+        self.connection.close()
+        self._finish(abrupt=True)
+
+    def _on_transport_closed(self, event: Event) -> None:
+        self._finish(abrupt=not self._orderly)
+
+    def _on_session_open(self, event: Event) -> None:
+        if self.connection.state & Endpoint.REMOTE_UNINIT:
+            # Proton accepts a begin before the open; AMQP does not (issue 15).
+            self._framing_error("begin before open")
+            return
+        event.session.open()
+
+    def _framing_error(self, description: str) -> None:
+        log.warning("connection %s from %s: %s; closing it", self.id, self.peer, description)
+        self._hang_up = True
+        self.connection.condition = Condition("amqp:connection:framing-error", description)
+        self.connection.close()
+        self.transport.close_tail()
+        self._finish(abrupt=True)
+
+    def _on_session_close(self, event: Event) -> None:
+        session: Session = event.session
+        for impl, consumer in list(self.consumers.items()):
+            if consumer.link.session == session:
+                self._drop_consumer(impl, consumer, closed=False)
+        for impl in [i for i, p in self.producers.items() if p.link.session == session]:
+            del self.producers[impl]
+        for impl in [i for i in self.coordinators if lib.pn_link_session(i) == session._impl]:
+            self.coordinators.discard(impl)
+        self._links_per_session.pop(session._impl, None)
+        session.close()
+        # Issue 15: ended on both sides, so Proton may forget it and its links (else a
+        # peer that begins and ends sessions, or attaches and detaches links, on one
+        # long-lived connection grows the broker by ~3 KB each time).
+        session.free()
+
+
+def _close_frame(condition: Condition | None) -> bytes:
+    """An AMQP close frame carrying `condition` (for when proton will not write one)."""
+    error = (
+        None
+        if condition is None
+        else sections.Described(
+            sections.ULong(0x1D),
+            [sections.Symbol(condition.name), condition.description or ""],
+        )
+    )
+    return frame(0x18, [error])

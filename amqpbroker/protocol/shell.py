@@ -1,0 +1,200 @@
+"""Apply the broker's effects to the links they name, on whatever connection (issue 18).
+
+Theory of operation
+-------------------
+The core answers every call with effects, as data, in the order they must happen
+(`core/effects.py`): `Dispatch`, `Drained`, `CloseConsumer`, `AddressUnblocked`. After each
+batch of engine events (and after a timer tick or an HTTP command) the connection, or the
+server, calls `Shell.apply_effects`, which takes them and applies them in order:
+
+* `Dispatch` -> `ConsumerLink.send`: a transfer on the consumer's proton `Sender`, with the
+  stored bytes (only the header re-encoded on a redelivery, B-050) and the delivery id as
+  its tag; `delivery_id` reads that tag back when the consumer settles;
+* `Drained` -> the link's drain is answered; `CloseConsumer` -> the link is closed with
+  the condition the core names; `AddressUnblocked` -> every connection tops up the credit
+  of its producers to that address (B-151).
+
+A dispatch to a consumer that has meanwhile gone is dropped: the core already returned
+that message. Every connection touched is marked `dirty`, and the server writes what each
+dirty engine has to say once per batch. Durable state: the step's journal records are
+appended once, after the effects (`Persistence.flush`); dispatches whose delivery counts
+must reach the journal first are held until it has written them (B-097), and later
+effects queue behind them, so the order per link is kept.
+
+The shell knows connections only through `Engine` (the two calls it makes on one), so
+this module does not import `connection.py`; `Shell` and `ConsumerLink` are generic in
+the connection type, which the server fixes (`Shell[AmqpConnection]`).
+
+Loop thread only.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Generic, Protocol, TypeVar
+
+from cproton_ffi import ffi, lib
+from proton import Link
+
+from amqpbroker.amqp import sections
+from amqpbroker.core import (
+    AddressUnblocked,
+    Broker,
+    CloseConsumer,
+    ConnectionId,
+    ConsumerId,
+    DeliveryId,
+    Dispatch,
+    Drained,
+    Effect,
+    ProducerTarget,
+    RawEvent,
+)
+from amqpbroker.protocol.peer import PeerInvalidField
+
+
+class Engine(Protocol):
+    """What the shell asks of a connection."""
+
+    def resume_producers(self, address: str) -> bool: ...
+
+    def close_link(self, link: Link, condition: str, description: str) -> None: ...
+
+
+C = TypeVar("C", bound=Engine)
+
+
+class ConsumerLink(Generic[C]):
+    """A consumer, as the broker sees it: wraps the proton `Sender` the broker sends on."""
+
+    __slots__ = ("connection", "id", "impl", "link")
+
+    def __init__(self, consumer: ConsumerId, link: Link, connection: C) -> None:
+        self.id = consumer
+        self.link = link
+        self.impl = link._impl  # the pn_link_t: the hot path calls the C API directly
+        self.connection = connection
+
+    def send(self, dispatch: Dispatch) -> None:
+        message = dispatch.message
+        data = message.data
+        if dispatch.wire_count or message.header is not None:
+            # B-050: re-encode only the header; also when the producer sent a count.
+            data = sections.with_delivery_count(data, message.header_end, dispatch.wire_count)
+        impl = self.impl
+        tag = b"%d" % dispatch.delivery  # read back by `delivery_id`
+        delivery = lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
+        lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
+        lib.pn_link_advance(impl)
+        if dispatch.settled:
+            lib.pn_delivery_settle(delivery)
+
+
+class ProducerLink:
+    """A producer: wraps the proton `Receiver` the broker receives on."""
+
+    __slots__ = ("link", "target")
+
+    def __init__(self, link: Link, target: ProducerTarget) -> None:
+        self.link = link
+        self.target = target
+
+
+def wrong_direction() -> PeerInvalidField:
+    return PeerInvalidField("transfer", "a transfer on a link the broker sends on")
+
+
+def delivery_id_of(delivery: object) -> DeliveryId:
+    """The id of a delivery the broker sent (a `pn_delivery_t`): its tag is the id in
+    decimal (`ConsumerLink.send`).
+
+    Raises:
+        PeerInvalidField: the peer made this delivery: a transfer on a link the broker
+            sends on (proton accepts one), which has no id of ours (issue 15).
+    """
+    tag = lib.pn_delivery_tag(delivery)
+    raw = ffi.unpack(tag.start, tag.size) if tag.size <= 20 else b""
+    if not raw.isdigit():
+        raise wrong_direction()
+    return DeliveryId(int(raw))
+
+
+class Shell(Generic[C]):
+    """Applies broker effects to links across connections. Loop thread only."""
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.consumers: dict[ConsumerId, ConsumerLink[C]] = {}
+        self.dirty: set[C] = set()
+        self._next_connection_id = 0
+        self.connections: dict[ConnectionId, C] = {}
+        self.opened_total = 0
+        # Where lifecycle events go (the event-log writer); None drops them.
+        self.event_sink: Callable[[list[RawEvent]], None] | None = None
+        self.auth_failures = 0
+        self._held: deque[list[Effect]] = deque()  # B-097: effects waiting for a write
+        # The roles of an authenticated user (security enabled); none for anonymous.
+        self.roles_for: Callable[[str | None], frozenset[str]] = lambda user: frozenset()
+        # Told when a connection's AMQP open arrived: the server ends its handshake timer
+        # and ticks the engine, whose heartbeat deadline the peer's idle-timeout sets.
+        self.on_opened: Callable[[C], None] = lambda connection: None
+
+    def new_connection_id(self) -> ConnectionId:
+        self._next_connection_id += 1
+        return ConnectionId(self._next_connection_id)
+
+    def apply_effects(self) -> None:
+        broker = self.broker
+        persistence = broker.persistence
+        if persistence is not None and (persistence.dispatch_waits or self._held):
+            # B-097: these dispatches carry counts that must reach the journal first; and
+            # while some are held, later effects queue behind them (order per link).
+            effects = broker.take_effects()
+            if persistence.dispatch_waits or effects:
+                persistence.dispatch_waits = False
+                self._held.append(effects)
+                persistence.when_written(self._release_held)
+            self._apply([])  # the events and the journal append of this step
+            return
+        self._apply()
+
+    def _release_held(self, error: BaseException | None) -> None:
+        """The oldest held step is written (callbacks come in append order): apply it,
+        also after a journal failure (memory semantics then)."""
+        self._apply(self._held.popleft(), more=False)
+
+    def _apply(self, effects: list[Effect] | None = None, *, more: bool = True) -> None:
+        broker = self.broker
+        if broker.emitter.events:
+            events = broker.emitter.take_raw()
+            if self.event_sink is not None:
+                self.event_sink(events)
+        if effects is None:
+            effects = broker.take_effects()
+        while effects:
+            consumers = self.consumers
+            dirty = self.dirty
+            for effect in effects:
+                if type(effect) is Dispatch:
+                    link = consumers.get(effect.consumer)
+                    if link is not None:
+                        link.send(effect)
+                        dirty.add(link.connection)
+                elif type(effect) is Drained:
+                    link = consumers.get(effect.consumer)
+                    if link is not None:
+                        link.link.drained()
+                        dirty.add(link.connection)
+                elif type(effect) is AddressUnblocked:
+                    for connection in list(self.connections.values()):
+                        if connection.resume_producers(effect.address):
+                            dirty.add(connection)
+                elif type(effect) is CloseConsumer:
+                    link = consumers.pop(effect.consumer, None)
+                    if link is not None:
+                        link.connection.close_link(link.link, effect.condition, effect.description)
+                        dirty.add(link.connection)
+            effects = broker.take_effects() if more and not self._held else []
+        if broker.persistence is not None:
+            broker.persistence.flush()  # this step's durable changes: one journal append

@@ -1,0 +1,302 @@
+"""Transfers in and dispositions back: the hot path of a connection (issue 18 split).
+
+Theory of operation
+-------------------
+A producer's transfer arrives as a `PN_DELIVERY` event on a receiving link. The frames
+are checked against max-message-size as they come (B-152: the link ends with
+`amqp:link:message-size-exceeded`); proton buffers a partial delivery until its last
+frame. Then the bytes are read once, scanned for the few fields the core needs
+(`sections.scan`: header, the positions of the other sections, no body decode) and
+published as a `core.Message` (`message_of`): scheduled delivery (B-015), the anonymous
+relay's `to` (B-009), the routing-type annotation and the duplicate id (B-012, decoded
+only when its key's bytes are there) are read from the sections only when present. The
+transfer is settled `accepted` at once, or, when the step wrote durable records, after
+the journal has them on disk (`_settle_stored`: one callback per connection and loop
+step, the `pn_delivery_t` kept with `pn_incref`). A `ClientError` rejects the transfer
+(B-023: security and address-full keep their condition, all else `failed`); a malformed
+message is rejected with `amqp:decode-error`. Producer credit is topped up to 1000 when it
+falls below 300, unless the address is full under BLOCK (B-021, B-151).
+
+A consumer's disposition comes back on a sending link: `dispositions.outcome_at` reads the
+outcome (rejected is modified{delivery-failed} under `amqpRejectAsModified`, B-047; no
+outcome leaves the message acquired, B-048) and `Broker.settle` applies it. Outgoing
+transfers are `shell.ConsumerLink.send`. Transactional transfers and dispositions go to
+`transactions.py`; coordinator links' transfers are its control requests.
+
+Everything here reads events with the C API (`cproton_ffi`): no wrapper object per
+message. `_Transfers` is a part of `AmqpConnection` (a mixin): it declares the
+connection state it uses, which `AmqpConnection.__init__` sets.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from cproton_ffi import ffi, lib
+from mypy_extensions import mypyc_attr
+from proton import Condition, Delivery, Link
+
+from amqpbroker.amqp import sections
+from amqpbroker.core import (
+    FAILED,
+    Broker,
+    ClientError,
+    ConnectionId,
+    Message,
+    Rejected,
+    annotated_routing_type,
+)
+from amqpbroker.protocol.dispositions import outcome_at
+from amqpbroker.protocol.peer import name_for_log
+from amqpbroker.protocol.shell import ConsumerLink, ProducerLink, Shell, delivery_id_of
+from amqpbroker.protocol.transactions import TRANSACTIONAL_STATE
+
+log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
+
+PRODUCER_CREDIT = 1000  # B-021 amqpCredits
+PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
+_DUPLICATE_ID_KEY = b"_AMQ_DUPL_ID"
+_PN_ACCEPTED = lib.PN_ACCEPTED
+_PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
+
+
+# A plain Python class also when setup.py compiles this module: `AmqpConnection` mixes it
+# with others, which compiled (native) classes do not allow (issue 20).
+@mypyc_attr(native_class=False)
+class _Transfers:
+    """`AmqpConnection`'s transfers and dispositions (a mixin: it declares the connection
+    state it uses, which `AmqpConnection.__init__` sets)."""
+
+    _awaiting: list[Any] | None
+    broker: Broker
+    closed: bool
+    consumers: dict[Any, ConsumerLink[Any]]
+    container_id: str
+    coordinators: set[Any]
+    duplicate_detection: bool
+    id: ConnectionId
+    max_message_size: int
+    producers: dict[Any, ProducerLink]
+    reject_as_modified: bool
+    shell: Shell[Any]
+    # the other parts' (transactions.py, attach.py)
+    _on_control: Callable[[Delivery, bytes], None]
+    _transactional_send: Callable[[Delivery, ProducerLink, bytes], None]
+    _transactional_outcome: Callable[[Delivery, ConsumerLink[Any]], None]
+    close_link: Callable[[Link, str, str], None]
+
+    def _on_transfer(self, delivery: Any, link: Any) -> None:
+        size = lib.pn_delivery_pending(delivery)
+        limit = self.max_message_size
+        if (
+            limit
+            and size > limit
+            and not lib.pn_delivery_aborted(delivery)
+            and link not in self.coordinators  # the limit is advertised on producers only
+        ):
+            self._too_large(delivery, link, size)  # B-152: checked as the frames arrive
+            return
+        if lib.pn_delivery_partial(delivery):
+            return  # proton buffers the frames until the last one
+        buffer = bytearray(size)
+        received = lib.pn_link_recv(link, ffi.from_buffer(buffer), size)
+        lib.pn_link_advance(link)
+        producer = self.producers.get(link)
+        if lib.pn_delivery_aborted(delivery) or producer is None or received < 0:
+            if link in self.coordinators and not lib.pn_delivery_aborted(delivery):
+                self._on_control(Delivery.wrap(delivery), bytes(buffer[:received]))
+                self._top_up(link)
+            else:
+                lib.pn_delivery_settle(delivery)
+                if producer is not None:
+                    lib.pn_link_flow(link, 1)  # B-152: an aborted transfer's credit back
+            return
+        raw = bytes(buffer[:received]) if received < size else bytes(buffer)
+        if lib.pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+            self._transactional_send(Delivery.wrap(delivery), producer, raw)
+            self._top_up(link, producer)
+            return
+        store = self.broker.persistence
+        stored_before = store.messages_added if store is not None else 0
+        try:
+            self._publish(producer, raw)
+        except ClientError as e:
+            # B-023: security and address-full keep their condition; all else is `failed`
+            # (B-009: even a missing address on the anonymous relay, as Artemis does).
+            condition = e.condition if e.condition in _PASSED_CONDITIONS else "failed"
+            self._reject(delivery, condition, str(e))
+            lib.pn_delivery_settle(delivery)
+        except sections.SectionError as e:
+            log.info(
+                "rejecting malformed message on connection %s link %r: %s",
+                self.id,
+                name_for_log(producer.link),
+                e,
+            )
+            self._reject(delivery, "amqp:decode-error", str(e))
+            lib.pn_delivery_settle(delivery)
+        else:
+            if store is not None and store.must_wait(stored_before):
+                # Settled once its journal records are on disk (the group commit): one
+                # callback per connection and loop step, the pn_delivery_t kept alive.
+                awaiting = self._awaiting
+                if awaiting is None:
+                    awaiting = self._awaiting = []
+                    store.when_stored(functools.partial(self._settle_stored, awaiting))
+                lib.pn_incref(delivery)
+                awaiting.append(delivery)
+            else:
+                lib.pn_delivery_update(delivery, _PN_ACCEPTED)
+                lib.pn_delivery_settle(delivery)
+        self._top_up(link, producer)
+
+    def _too_large(self, delivery: Any, link: Any, size: int) -> None:
+        """B-152: detach the producer with message-size-exceeded and drop what arrived."""
+        lib.pn_delivery_settle(delivery)
+        producer = self.producers.get(link)
+        if producer is None:
+            return  # detached already: the rest of the message is discarded as it comes
+        description = (
+            f"message of {size} bytes or more exceeds max-message-size {self.max_message_size}"
+        )
+        log.info("connection %s link %r: %s", self.id, producer.link.name, description)
+        self.close_link(producer.link, "amqp:link:message-size-exceeded", description)
+
+    def _top_up(self, link: Any, producer: ProducerLink | None = None) -> None:
+        credit = lib.pn_link_credit(link)
+        if credit < PRODUCER_LOW_CREDIT and (
+            producer is None or self.broker.producer_may_send(producer.target)
+        ):
+            lib.pn_link_flow(link, PRODUCER_CREDIT - credit)
+
+    def resume_producers(self, address: str) -> bool:
+        """Top up credit of producer links to an address that has room again (B-151)."""
+        resumed = False
+        for impl, producer in self.producers.items():
+            if producer.target.address == address:
+                credit = lib.pn_link_credit(impl)
+                if credit < PRODUCER_LOW_CREDIT:
+                    lib.pn_link_flow(impl, PRODUCER_CREDIT - credit)
+                    resumed = True
+        return resumed
+
+    def _settle_stored(self, deliveries: list[Any], error: BaseException | None) -> None:
+        """The journal answered for this step's durable sends (C API: the hot path)."""
+        closed = self.closed
+        for delivery in deliveries:
+            if not closed:
+                if error is None:
+                    lib.pn_delivery_update(delivery, _PN_ACCEPTED)
+                    lib.pn_delivery_settle(delivery)
+                else:
+                    self._stored(Delivery.wrap(delivery), error)
+            lib.pn_decref(delivery)
+        if not closed:
+            self.shell.dirty.add(self)
+
+    def _stored(self, delivery: Delivery, error: BaseException | None) -> None:
+        """The journal answered for a durable send: accept it, or refuse it (disk full)."""
+        if self.closed:
+            return  # the client never saw it accepted: at-least-once, it may resend
+        if error is None:
+            delivery.update(Delivery.ACCEPTED)
+        else:
+            cause = error.__cause__ or error
+            delivery.local.condition = Condition(
+                "amqp:resource-limit-exceeded", f"the broker could not store the message: {cause}"
+            )
+            delivery.update(Delivery.REJECTED)
+        delivery.settle()
+        self.shell.dirty.add(self)
+
+    @staticmethod
+    def _reject(delivery_impl: Any, condition: str, description: str) -> None:
+        delivery = Delivery.wrap(delivery_impl)
+        delivery.local.condition = Condition(condition, description)
+        delivery.update(Delivery.REJECTED)
+
+    def _publish(self, producer: ProducerLink, raw: bytes) -> None:
+        scanned = sections.scan(raw)
+        message = message_of(scanned, origin_container=self.container_id)
+        target = producer.target
+        message_routing_type = None
+        to = None
+        if scanned.message_annotations is not None:
+            message.deliver_at_ms = _scheduled_delivery(
+                message.get_annotations(), self.broker.clock.now_ms()
+            )
+        if scanned.message_annotations is not None and target.routing_type is None:
+            message_routing_type = annotated_routing_type(
+                message.get_annotations(), jms_dest=target.address is None
+            )
+        if target.address is None and scanned.properties is not None:
+            value = message.get_properties().get("to")
+            to = value if isinstance(value, str) else None
+        duplicate_id = None
+        app = scanned.application_properties
+        if (
+            self.duplicate_detection
+            and app is not None
+            and (scanned.data.find(_DUPLICATE_ID_KEY, app[0], app[1]) >= 0)
+        ):  # decode only when the key's bytes are there (B-012)
+            value = message.get_application_properties().get("_AMQ_DUPL_ID")
+            duplicate_id = value if isinstance(value, str | bytes) else None
+        self.broker.publish(
+            message,
+            target,
+            to=to,
+            message_routing_type=message_routing_type,
+            duplicate_id=duplicate_id,
+        )
+
+    def _on_disposition(self, delivery: Any, link: Any) -> None:
+        consumer = self.consumers.get(link)
+        outcome = None
+        if consumer is not None:
+            state = lib.pn_delivery_remote_state(delivery)
+            if state == TRANSACTIONAL_STATE:
+                self._transactional_outcome(Delivery.wrap(delivery), consumer)
+                return
+            outcome = outcome_at(delivery, state)
+        if self.reject_as_modified and isinstance(outcome, Rejected):
+            outcome = FAILED  # B-047: rejected behaves exactly like modified{df=true}
+        if outcome is None:
+            if lib.pn_delivery_settled(delivery):
+                lib.pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
+            return
+        assert consumer is not None
+        self.broker.settle(consumer.id, delivery_id_of(delivery), outcome)
+        lib.pn_delivery_settle(delivery)
+
+
+def message_of(scanned: sections.Scanned, *, origin_container: str | None = None) -> Message:
+    """The core's view of a scanned message: the bytes plus the few fields it reads."""
+    return Message(
+        scanned.data,
+        durable=scanned.durable,
+        priority=scanned.priority,
+        ttl_ms=scanned.ttl,
+        expiration_ms=scanned.absolute_expiry_time or 0,
+        header_end=scanned.header_end,
+        head_end=scanned.head_end(),
+        header={"delivery-count": scanned.delivery_count}
+        if scanned.delivery_count or scanned.first_acquirer
+        else None,
+        origin_container=origin_container,
+        reader=sections.READER,
+    )
+
+
+def _scheduled_delivery(annotations: dict[str, Any], now_ms: int) -> int:
+    """B-015: x-opt-delivery-time (epoch ms) wins over x-opt-delivery-delay (ms after
+    receipt); a value that is not a number is ignored (B-153)."""
+    at = annotations.get("x-opt-delivery-time")
+    if isinstance(at, int) and not isinstance(at, bool):
+        return at
+    delay = annotations.get("x-opt-delivery-delay")
+    if isinstance(delay, int) and not isinstance(delay, bool) and delay > 0:
+        return now_ms + delay
+    return 0

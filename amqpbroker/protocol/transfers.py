@@ -36,7 +36,6 @@ from collections.abc import Callable
 from typing import Any
 
 from cproton_ffi import ffi, lib
-from mypy_extensions import mypyc_attr
 from proton import Condition, Delivery, Link
 
 from amqpbroker.amqp import sections
@@ -63,9 +62,6 @@ _PN_ACCEPTED = lib.PN_ACCEPTED
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
 
 
-# A plain Python class also when setup.py compiles this module: `AmqpConnection` mixes it
-# with others, which compiled (native) classes do not allow (issue 20).
-@mypyc_attr(native_class=False)
 class _Transfers:
     """`AmqpConnection`'s transfers and dispositions (a mixin: it declares the connection
     state it uses, which `AmqpConnection.__init__` sets)."""

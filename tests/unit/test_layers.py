@@ -259,11 +259,10 @@ def test_the_rules_are_the_architecture_table() -> None:
     assert ALLOWED["cli"] == ALLOWED["server"] | {"server", "analytics"}
     assert ALLOWED["__main__"] == {"cli"}
     assert ALLOWED["analytics"] == set()
-    # mypy_extensions: `mypyc_attr` for setup.py's compiled build (issue 20)
-    assert THIRD_PARTY["protocol"] == {"proton", "cproton_ffi", "mypy_extensions"}
+    assert THIRD_PARTY["protocol"] == {"proton", "cproton_ffi"}
     assert THIRD_PARTY["config"] == {"yaml"}
     assert THIRD_PARTY["analytics"] == {"pyspark"}
-    assert THIRD_PARTY["amqp"] == {"mypy_extensions"}
+    assert THIRD_PARTY["amqp"] == {"mypy_extensions"}  # mypyc_attr: setup.py (issue 20)
     assert THIRD_PARTY["store"] == THIRD_PARTY["core"] == set()
 
 

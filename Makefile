@@ -47,6 +47,7 @@ BENCH_STAMP := $(BENCH_VENV)/.installed-$(HASH)
 $(BENCH_STAMP): pyproject.toml setup.py $(shell find amqpbroker -name '*.py')
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip 'setuptools>=77' wheel mypy
+	rm -rf build  # an earlier build's extensions would go into the wheel too
 	AMQPBROKER_MYPYC=1 $(BENCH_VENV)/bin/python -m pip install -q --no-build-isolation .
 	rm -f $(BENCH_VENV)/.installed-* && touch $@
 

@@ -27,7 +27,6 @@ from amqpbroker.core import (
     Broker,
     Clock,
     EventLevel,
-    QueueConfig,
     RoutingType,
     SettingsRepository,
     SystemClock,
@@ -37,7 +36,14 @@ from amqpbroker.core.persistence import OnStored, Persistence
 from amqpbroker.core.records import Record
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.eventlog import EventLogWriter
-from amqpbroker.management import BasicAuth, HttpServer, LoopBridge, ManagementApi, tasks
+from amqpbroker.management import (
+    AmqpManagement,
+    BasicAuth,
+    HttpServer,
+    LoopBridge,
+    ManagementApi,
+    tasks,
+)
 from amqpbroker.management.api import ConsoleContext
 from amqpbroker.management.samples import Sampler
 from amqpbroker.management.tasks import TaskFile, TaskRunner
@@ -51,8 +57,9 @@ from amqpbroker.security import (
     verify_password_or_dummy,
 )
 from amqpbroker.security.logins import PasswordChecks
-from amqpbroker.store import idblock
+from amqpbroker.store import idblock, sysmem
 from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
+from amqpbroker.store.paging import PageFiles
 from amqpbroker.store.recovery import recover
 
 log = logging.getLogger(__name__)
@@ -124,7 +131,11 @@ def build_broker(
         else EventLevel.OFF,
         security=security,
         id_cache_size=config.id_cache_size,
+        global_max_size=config.global_max_size
+        if config.global_max_size >= 0
+        else sysmem.default_global_max_size(),
     )
+    broker.management = AmqpManagement(broker)  # activemq.management (B-160)
     for address in config.addresses:
         types = set()
         if address.anycast or "ANYCAST" in address.routing_types:
@@ -137,23 +148,7 @@ def build_broker(
             (RoutingType.MULTICAST, address.multicast),
         ):
             for q in queues:
-                broker.create_queue(
-                    QueueConfig(
-                        name=q.name,
-                        address=address.name,
-                        routing_type=routing_type,
-                        durable=q.durable,
-                        filter=q.filter,
-                        max_consumers=q.max_consumers,
-                        purge_on_no_consumers=q.purge_on_no_consumers,
-                        exclusive=q.exclusive,
-                        last_value_key=q.last_value_key
-                        or ("_AMQ_LVQ_NAME" if q.last_value else None),
-                        non_destructive=q.non_destructive,
-                        ring_size=q.ring_size,
-                        configured=True,
-                    )
-                )
+                broker.create_queue(q.queue_config(address.name, routing_type, configured=True))
     return broker
 
 
@@ -382,11 +377,17 @@ class BrokerServer:
         self._started_s = time.monotonic()
         self._accepting = False
         self._stopped = asyncio.Event()
+        self.pages: PageFiles | None = None  # B-151 PAGE: DATA_DIR/paging
+        self.memory = sysmem.MemoryReturner()  # issue 23: freed heap back to the system
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         if self.config.persistence.enabled:
             self._open_journal(loop)
+        else:
+            pages = self.pages = self._page_files()
+            pages.recover({}, {})  # memory only: nothing paged survives a restart
+            self.broker.enable_paging(pages)
         self._reserve_message_ids()
         if self.config.security.enabled:
             self.password_checks = PasswordChecks(
@@ -449,6 +450,16 @@ class BrokerServer:
         except OSError as e:
             raise StartupError(f"cannot reserve message ids in {path}: {e}") from e
 
+    def _page_files(self) -> PageFiles:
+        """B-151 PAGE: page files under DATA_DIR/paging (store/paging.py)."""
+        settings = self.broker.settings
+        return PageFiles(
+            self.data_dir / "paging",
+            message_of=message_of,
+            page_size_bytes=lambda address: settings.resolve(address).page_size_bytes,
+            sync=self.config.persistence.sync,
+        )
+
     def _open_journal(self, loop: asyncio.AbstractEventLoop) -> None:
         """Recover from DATA_DIR/journal before any client can connect (issue 5)."""
         directory = self.data_dir / "journal"
@@ -479,6 +490,10 @@ class BrokerServer:
         )
         self.broker.enable_persistence(persistence)
         recovered = recover(self.broker, state, message_of)
+        pages = self.pages = self._page_files()
+        durable = {q.name: q.address for q in self.broker.queues.values() if q.store is not None}
+        self.broker.enable_paging(pages, paged=tuple(pages.recover(durable, state.page_cursors)))
+        persistence.before_flush = pages.flush
         persistence.flush()
         log.info(
             "journal %s: recovered %d messages (%d references) in %d queues in %.2f s",
@@ -662,6 +677,7 @@ class BrokerServer:
     def _after_command(self) -> None:
         self.shell.apply_effects()
         self.flush()
+        self.memory.check(self.broker.memory_bytes)  # a purge may have freed a lot
 
     def _write_ports(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -793,6 +809,7 @@ class BrokerServer:
             if at_s:
                 next_s = min(next_s, at_s)
         self.flush()  # heartbeats; an expired connection's close frame, then its socket
+        self.memory.check(self.broker.memory_bytes)  # issue 23: a drain freed a lot?
         for amqp in failed:
             sock = self.sockets.get(amqp)
             if sock is not None:
@@ -835,6 +852,8 @@ class BrokerServer:
             self.shell.apply_effects()  # the last durable changes
             journal = self.journal
             await asyncio.get_running_loop().run_in_executor(None, journal.close)
+        if self.pages is not None:
+            self.pages.close()
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / "ports.json").unlink()
         self._stopped.set()

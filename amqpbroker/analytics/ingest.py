@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -65,78 +63,9 @@ class Store:
         return self.out / "_checkpoint" / "compact"
 
     @property
-    def counts(self) -> Path:
-        """The per-window counters so far (incremental_counts)."""
-        return self.out / "_state" / "counts"
-
-
-def incremental_counts(
-    spark: SparkSession,
-    store: Store,
-    events: DataFrame,
-    files: list[str],
-    window_ms: int,
-    count: Callable[[DataFrame, int], DataFrame],
-) -> DataFrame:
-    """`count(events, window_ms)` (an additive aggregate with an `events` column) over
-    the whole store, computed only over the files not counted before and merged with the
-    earlier result (issue 22 item 8): a second run costs what its new files cost.
-
-    `_state/counts.json` names the counted files and the result's directory; the merged
-    result goes to a new directory and the JSON is replaced after it is written, so a run
-    killed halfway leaves the last complete state. A changed window, or a store that no
-    longer holds a counted file, counts everything again."""
-    state_file = store.counts.with_suffix(".json")
-    try:
-        state = json.loads(state_file.read_text())
-    except (OSError, ValueError):
-        state = {}
-    counted = set(state.get("files", [])) if isinstance(state, dict) else set()
-    previous = store.counts.parent / str(state.get("dir", "")) if counted else None
-    usable = (
-        previous is not None
-        and state.get("window_ms") == window_ms
-        and counted <= set(files)
-        and previous.is_dir()
-    )
-    new = sorted(set(files) - counted)
-    if not usable:
-        fresh: DataFrame | None = count(events, window_ms)
-    else:
-        fresh = count(events.where(F.col("file").isin(new)), window_ms) if new else None
-    if usable and previous is not None:
-        old = spark.read.parquet(str(previous.resolve()))
-        if fresh is None:
-            return old
-        keys = [c for c in old.columns if c not in ("events", "address")]
-        merged = (
-            old.unionByName(fresh)
-            .groupBy(*keys)
-            .agg(F.min("address").alias("address"), F.sum("events").alias("events"))
-            .select(*old.columns)
-        )
-    else:
-        assert fresh is not None
-        merged = fresh
-    generation = int(state.get("generation", 0)) + 1 if isinstance(state, dict) else 1
-    target = store.counts.parent / f"counts-{generation}"
-    merged.write.mode("overwrite").parquet(str(target.resolve()))
-    tmp = state_file.with_name(state_file.name + ".tmp")
-    tmp.write_text(
-        json.dumps(
-            {
-                "files": sorted(set(files)),
-                "dir": target.name,
-                "window_ms": window_ms,
-                "generation": generation,
-            }
-        )
-        + "\n"
-    )
-    os.replace(tmp, state_file)
-    if previous is not None and previous.is_dir() and previous != target:
-        shutil.rmtree(previous, ignore_errors=True)
-    return spark.read.parquet(str(target.resolve()))
+    def state(self) -> Path:
+        """The partials of the tables (analytics/state.py)."""
+        return self.out / "_state"
 
 
 def event_files(events_dir: Path) -> list[str]:
@@ -232,7 +161,8 @@ def mark_compacted(events_dir: Path, names: list[str]) -> None:
     os.replace(tmp, marker)
 
 
-def _valid() -> Column:
+def valid() -> Column:
+    """The fields every event has (B-170); a row without them is a malformed line."""
     return (
         F.col(CORRUPT_RECORD).isNull()
         & F.col("ts").isNotNull()
@@ -248,32 +178,17 @@ def stored_events(spark: SparkSession, store: Store) -> DataFrame:
 
 def valid_events(stored: DataFrame) -> DataFrame:
     """The events the tables read: parsed, with the fields every event has (B-170)."""
-    return stored.where(_valid()).drop(CORRUPT_RECORD)
+    return stored.where(valid()).drop(CORRUPT_RECORD)
 
 
-def overview(stored: DataFrame) -> tuple[int, int, int | None, int | None, list[dict[str, Any]]]:
-    """(valid events, malformed lines, first ts, last ts, per-file rows) in one scan.
-
-    A per-file row has the file's broker, first and last `seq`, `events` (lines with a
-    seq), `valid`, `malformed`, `first_ts`, `last_ts`: what report.broker_runs reads to
-    find restarts and seq gaps (B-170: seq starts at 1 with every writer, a file never
-    spans two runs)."""
-    valid = _valid()
-    rows = (
-        stored.groupBy("file")
-        .agg(
-            F.first("broker", ignorenulls=True).alias("broker"),
-            F.min("seq").alias("first_seq"),
-            F.max("seq").alias("last_seq"),
-            F.count("seq").alias("events"),
-            F.sum(F.when(valid, 1).otherwise(0)).alias("valid"),
-            F.sum(F.when(valid, 0).otherwise(1)).alias("malformed"),
-            F.min(F.when(valid, F.col("ts"))).alias("first_ts"),
-            F.max(F.when(valid, F.col("ts"))).alias("last_ts"),
-        )
-        .collect()
-    )
-    files = [row.asDict() for row in rows]
+def overview(
+    files: list[dict[str, Any]],
+) -> tuple[int, int, int | None, int | None]:
+    """(valid events, malformed lines, first ts, last ts) of the per-file rows
+    (state.file_rows: broker, first and last `seq`, `events` (lines with a seq), `valid`,
+    `malformed`, `first_ts`, `last_ts`), which report.broker_runs also reads to find
+    restarts and seq gaps (B-170: seq starts at 1 with every writer, a file never spans
+    two runs)."""
     firsts = [f["first_ts"] for f in files if f["first_ts"] is not None]
     lasts = [f["last_ts"] for f in files if f["last_ts"] is not None]
     return (
@@ -281,5 +196,4 @@ def overview(stored: DataFrame) -> tuple[int, int, int | None, int | None, list[
         sum(int(f["malformed"] or 0) for f in files),
         min(firsts, default=None),
         max(lasts, default=None),
-        files,
     )

@@ -26,12 +26,12 @@ from typing import Any, TextIO
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from amqpbroker.analytics import ingest, report, tables
+from amqpbroker.analytics import ingest, report, state, tables
 from amqpbroker.analytics.progress import Progress
 from amqpbroker.analytics.tables import TriageSettings
 
 DEFAULT_MASTER = "local[*]"
-STEPS = 8
+STEPS = 7
 
 
 class AnalyzeError(Exception):
@@ -197,6 +197,9 @@ def configure(spark: SparkSession) -> None:
     if not spark.sparkContext.getConf().contains("spark.sql.shuffle.partitions"):
         cores = spark.sparkContext.defaultParallelism
         spark.conf.set("spark.sql.shuffle.partitions", str(max(8, 4 * cores)))
+    # The store lookups (state.acks_near, acks_of_keys) filter by a few hundred keys at
+    # most: pushed down to Parquet as such, not as a min..max range (default: 10 values).
+    spark.conf.set("spark.sql.parquet.pushdown.inFilterThreshold", "1000")
 
 
 def _rows(df: DataFrame, *order: str) -> list[dict[str, Any]]:
@@ -255,33 +258,34 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
     except OSError as e:  # a read-only events directory: keep-until-analyzed cannot know
         stream.write(f"warning: cannot record the compacted files in {options.events}: {e}\n")
     stored = ingest.stored_events(spark, store)
-    events = ingest.valid_events(stored)
-    with progress.step("counting events, broker runs"):
-        total, malformed, first_ts, last_ts, files = ingest.overview(stored)
+    with progress.step("new events: counters, failures, acks"):
+        update = state.update(spark, store.state, stored, settings.window_ms)
+        partials = update.state
+        state.clear_stale(store.state, partials)
+        files_df = partials.read(spark, "files")
+        files = [r.asDict() for r in files_df.collect()] if files_df is not None else []
+        total, malformed, first_ts, last_ts = ingest.overview(files)
         if total == 0:
             raise AnalyzeError(
                 f"no valid event in {options.events} ({malformed:,} malformed lines): "
                 "nothing to analyze"
             )
+
+    def partial(name: str) -> DataFrame:
+        df = partials.read(spark, name)
+        assert df is not None  # some file had a valid event
+        return df
+
     with progress.step("per-queue counters, attempts"):
-        counts = ingest.incremental_counts(
-            spark,
-            store,
-            events,
-            [f["file"] for f in files if f["file"] is not None],
-            settings.window_ms,
-            tables.event_counts,
-        ).cache()
+        counts = partial("counts").cache()
         saved.cached.append(counts)
         windows = save("queue_windows", tables.queue_windows(counts))
         totals = save("queue_totals", tables.queue_totals(windows))
         outcomes = save("queue_outcomes", tables.queue_outcomes(counts))
         attempts = save("attempts", tables.attempt_distribution(counts))
-    with progress.step("returned and dead-lettered events"):
-        triage = tables.triage_events(events).cache()
-        saved.cached.append(triage)
-        triage.count()
     with progress.step("time to dead-letter"):
+        triage = partial("triage").cache()
+        saved.cached.append(triage)
         dead = tables.dead_letters(triage).cache()
         saved.cached.append(dead)
         ttd = save("time_to_dead_letter", tables.time_to_dead_letter(dead))
@@ -292,20 +296,27 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
         failed = tables.failures(triage).cache()
         saved.cached.append(failed)
         errors = save("errors", tables.top_errors(tables.error_counts(failed), settings.top_errors))
-        # The acks, narrowed and kept: outages and poison read them three times.
-        acks = tables.acks(events).cache()
-        saved.cached.append(acks)
-        runs = tables.failure_runs(failed, acks, settings).cache()
+        acked = partial("ack_seconds").cache()
+        saved.cached.append(acked)
+        runs = tables.failure_runs(failed, acked, settings).cache()
         saved.cached.append(runs)
-        outages = save("outages", tables.outages(runs, acks, settings))
-        poison = save("poison", tables.poison_candidates(failed, acks, settings))
-        per_queue = save("queue_failures", tables.queue_failures(failed, events))
+        outages = save(
+            "outages",
+            tables.outages(runs, state.acks_near(stored, runs, acked, settings), settings),
+        )
+        suspects = tables.poison_suspects(failed, settings).cache()
+        saved.cached.append(suspects)
+        acks_of_suspects = state.acks_of_keys(stored, suspects)
+        poison = save(
+            "poison", tables.poison_candidates(failed, acks_of_suspects, settings, suspects)
+        )
+        per_queue = save("queue_failures", tables.queue_failures(failed, partial("dispatches")))
         hashed = failed.agg(
             F.count(F.lit(1)).alias("failures"),
             F.count("body_hash").alias("hashed"),
         ).first()
     with progress.step("redrive candidates"):
-        copies = tables.still_queued_copies(dead, events, report.last_starts(files))
+        copies = tables.still_queued_copies(dead, partial("removed"), report.last_starts(files))
         outage_msgs = tables.outage_messages(runs, outages)
         classified = save(
             "dead_letters", tables.classify_dead_letters(copies, outage_msgs, poison, settings)

@@ -2,7 +2,8 @@
 
 Inference reads every file twice and guesses types from whatever it happens to see (a
 log whose `copy_msg_id` is always null would come out as a string). The field names are
-`core.lifecycle.EVENT_FIELDS`; a test checks the two stay the same list.
+`eventlog.child.EVENT_FIELDS` (the analytics job imports no broker code); a test checks
+the two stay the same list.
 """
 
 from __future__ import annotations

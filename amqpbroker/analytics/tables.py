@@ -146,9 +146,12 @@ def queue_totals(windows: DataFrame) -> DataFrame:
 
 
 def queue_outcomes(counts: DataFrame) -> DataFrame:
-    """Returned by outcome, dead-lettered by reason, expired and killed by reason."""
+    """Returned by outcome, dead-lettered by reason, expired, killed and replaced (ring,
+    last-value: B-120, B-121) by reason."""
     return (
-        counts.where(F.col("event").isin("returned", "dead-lettered", "expired", "killed"))
+        counts.where(
+            F.col("event").isin("returned", "dead-lettered", "expired", "killed", "replaced")
+        )
         .groupBy("queue", "address", "window_start", "event", "reason")
         .agg(F.sum("events").alias("events"))
     )
@@ -271,10 +274,9 @@ def acks(events: DataFrame) -> DataFrame:
     )
 
 
-def poison_candidates(failed: DataFrame, events: DataFrame, settings: TriageSettings) -> DataFrame:
-    """Payloads and application message ids that fail across messages and did not go
-    through where they failed meanwhile (module docstring). With an example
-    amqp_message_id, the last error condition and description, for the report."""
+def poison_suspects(failed: DataFrame, settings: TriageSettings) -> DataFrame:
+    """Payloads and application message ids that fail across messages (`key_type`, `key`
+    and what the report shows), before poison_candidates drops those that went through."""
     last_error = F.max(
         F.when(
             F.col("error_condition").isNotNull(),
@@ -317,6 +319,23 @@ def poison_candidates(failed: DataFrame, events: DataFrame, settings: TriageSett
             )
         )
 
+    return by("body_hash").unionByName(by("amqp_message_id"))
+
+
+def poison_candidates(
+    failed: DataFrame,
+    events: DataFrame,
+    settings: TriageSettings,
+    suspects: DataFrame | None = None,
+) -> DataFrame:
+    """Payloads and application message ids that fail across messages and did not go
+    through where they failed meanwhile (module docstring). With an example
+    amqp_message_id, the last error condition and description, for the report. `events`
+    needs only the acks of the suspects' keys (state.acks_of_keys); `suspects` is
+    poison_suspects(failed, settings), when the caller has it (cached)."""
+    if suspects is None:
+        suspects = poison_suspects(failed, settings)
+
     def went_through(candidates: DataFrame, key: str) -> DataFrame:
         spans = F.broadcast(
             candidates.select(
@@ -341,15 +360,30 @@ def poison_candidates(failed: DataFrame, events: DataFrame, settings: TriageSett
 
     results = []
     for key in ("body_hash", "amqp_message_id"):
-        candidates = by(key)
+        candidates = suspects.where(F.col("key_type") == key)
         results.append(
             candidates.join(went_through(candidates, key), ["key_type", "key"], "left_anti")
         )
     return results[0].unionByName(results[1])
 
 
-def failure_runs(failed: DataFrame, events: DataFrame, settings: TriageSettings) -> DataFrame:
+def ack_seconds(events: DataFrame) -> DataFrame:
+    """Acks per queue and second (`sec`), with the first and last ack's ts: what outage
+    detection needs of the acks (additive, so kept incrementally: analytics/state.py)."""
+    return (
+        events.where((F.col("event") == "acked") & F.col("queue").isNotNull())
+        .groupBy("queue", F.floor(F.col("ts") / 1000).alias("sec"))
+        .agg(
+            F.count(F.lit(1)).alias("acks"),
+            F.min("ts").alias("min_ts"),
+            F.max("ts").alias("max_ts"),
+        )
+    )
+
+
+def failure_runs(failed: DataFrame, acked: DataFrame, settings: TriageSettings) -> DataFrame:
     """The failures with `run`: the number of their outage run on the queue, or null.
+    `acked` is ack_seconds().
 
     Sliding windows, merged (issue 22 item 5): per queue and second, the failures and
     acks in the `window_ms` centred on it; a second with failures is *hot* when that
@@ -362,11 +396,7 @@ def failure_runs(failed: DataFrame, events: DataFrame, settings: TriageSettings)
     second = F.floor(F.col("ts") / 1000).alias("sec")
     failed = failed.where(F.col("queue").isNotNull()).withColumn("sec", second)
     per_failed = failed.groupBy("queue", "sec").agg(F.count(F.lit(1)).alias("f"))
-    per_acked = (
-        events.where((F.col("event") == "acked") & F.col("queue").isNotNull())
-        .groupBy("queue", second)
-        .agg(F.count(F.lit(1)).alias("a"))
-    )
+    per_acked = acked.select("queue", "sec", F.col("acks").alias("a"))
     around = Window.partitionBy("queue").orderBy("sec").rangeBetween(-half, half)
     seconds = (
         per_failed.join(per_acked, ["queue", "sec"], "full")
@@ -389,11 +419,10 @@ def failure_runs(failed: DataFrame, events: DataFrame, settings: TriageSettings)
     return failed.join(runs.select("queue", "sec", "run"), ["queue", "sec"], "left").drop("sec")
 
 
-def outages(runs: DataFrame, events: DataFrame, settings: TriageSettings) -> DataFrame:
-    """The runs of failures with at least `outage_min_failures` failures: queue, run,
-    start_ms, end_ms, failures, messages, acked (between start and end), failure_rate,
-    failing (rate at or over the threshold) and ended_ms (the queue's next ack, or null)."""
-    candidates = (
+def outage_candidates(runs: DataFrame, settings: TriageSettings) -> DataFrame:
+    """The runs with at least `outage_min_failures` failures: queue, run, address,
+    start_ms, end_ms, failures, messages."""
+    return (
         runs.where(F.col("run").isNotNull())
         .groupBy("queue", "run")
         .agg(
@@ -404,8 +433,14 @@ def outages(runs: DataFrame, events: DataFrame, settings: TriageSettings) -> Dat
             F.countDistinct("msg_id").alias("messages"),
         )
         .where(F.col("failures") >= settings.outage_min_failures)
-        .cache()
     )
+
+
+def outages(runs: DataFrame, events: DataFrame, settings: TriageSettings) -> DataFrame:
+    """The runs of failures with at least `outage_min_failures` failures: queue, run,
+    start_ms, end_ms, failures, messages, acked (between start and end), failure_rate,
+    failing (rate at or over the threshold) and ended_ms (the queue's next ack, or null)."""
+    candidates = outage_candidates(runs, settings).cache()
     acks = events.where((F.col("event") == "acked") & F.col("queue").isNotNull()).select(
         F.col("queue").alias("q"), F.col("ts")
     )

@@ -68,6 +68,7 @@ _CORE_SCALARS: dict[str, tuple[tuple[str, ...], type]] = {
     "address-queue-scan-period": (("address-queue-scan-period",), int),
     "max-redelivery-records": (("max-redelivery-records",), int),
     "id-cache-size": (("id-cache-size",), int),
+    "global-max-size": (("global-max-size",), int),
     "security-enabled": (("security", "enabled"), bool),
     "wild-card-routing-enabled": (("wildcard-addresses", "enabled"), bool),
 }
@@ -281,6 +282,18 @@ def parse_artemis_xml(text: str, *, source: str = "<string>") -> BrokerConfig:
     return config
 
 
+def _bytes_text(element: _Element) -> str:
+    """A size element's text in bytes ("10MiB" -> "10485760", Artemis ByteUtil); other
+    elements' text as it is."""
+    text = element.text
+    if (element.tag.endswith("-bytes") or element.tag == "global-max-size") and (
+        m := _TEXT_BYTES.match(text)
+    ):
+        unit = (m.group(2) or "")[:1].lower()
+        return str(int(m.group(1)) * _BYTE_UNITS[unit])
+    return text
+
+
 def _core(b: _Builder, core: _Element) -> _Tree:
     tree = _Tree(core)
     b.attributes(core, "core", ())
@@ -294,7 +307,7 @@ def _core(b: _Builder, core: _Element) -> _Tree:
     for child in core.children:
         if child.tag in _CORE_SCALARS:
             keys, kind = _CORE_SCALARS[child.tag]
-            tree.put(b, keys, b.text(child, ".".join(keys), kind), child)
+            tree.put(b, keys, b.text(child, ".".join(keys), kind, _bytes_text(child)), child)
             if child.tag == "security-enabled" and child.text.lower() == "true":
                 b.problem(
                     child,
@@ -460,10 +473,7 @@ def _address_settings(b: _Builder, element: _Element) -> yaml.Node:
                 b.unsupported(child, key_path, supported)
                 continue
             kind = SETTING_TABLE[supported[child.tag]][0]
-            text = child.text
-            if child.tag.endswith("-bytes") and (m := _TEXT_BYTES.match(text)):
-                unit = (m.group(2) or "")[:1].lower()
-                text = str(int(m.group(1)) * _BYTE_UNITS[unit])
+            text = _bytes_text(child)
             if kind is RoutingType:
                 kind = str
             values.append((child.tag, b.text(child, key_path, kind, text)))

@@ -43,6 +43,12 @@ def format_effective(config: BrokerConfig) -> str:
         ("address-queue-scan-period", config.address_queue_scan_period),
         ("max-redelivery-records", config.max_redelivery_records),
         ("id-cache-size", config.id_cache_size),
+        (
+            "global-max-size",
+            config.global_max_size
+            if config.global_max_size >= 0
+            else "auto (half the memory limit)",
+        ),
     ):
         lines.append(f"{key}: {value}")
     e = config.event_log

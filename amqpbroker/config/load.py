@@ -60,6 +60,11 @@ from amqpbroker.core.settings import (
     CONFIG_DELETE_POLICIES,
     SLOW_CONSUMER_POLICIES,
 )
+from amqpbroker.core.unsupported import (
+    UNSUPPORTED_QUEUE_OPTIONS,
+    UNSUPPORTED_SETTINGS,
+    unsupported_message,
+)
 
 ROUTING_TYPES = ("ANYCAST", "MULTICAST")
 EVENT_LOG_LEVELS = ("off", "failures", "lifecycle")
@@ -199,6 +204,7 @@ NUMERIC_KEYS: dict[str, Range] = {
     "address-queue-scan-period": _ms(minus_one="off"),  # B-111
     "max-redelivery-records": Range(0, INT32_MAX, "no cap"),  # B-096
     "id-cache-size": Range(0, INT32_MAX),  # B-012
+    "global-max-size": Range(0, INT64_MAX, "half the memory limit"),  # B-151
     "event-log.max-file-bytes": Range(1, INT64_MAX),
     "event-log.max-file-age": _ms(low=1),
     "event-log.max-total-bytes": Range(1, INT64_MAX, "off"),  # issue 17
@@ -449,6 +455,8 @@ SETTING_RANGES: dict[str, Range] = {
     "max_size_messages": Range(0, INT64_MAX, "unlimited"),
     "max_size_bytes_reject_threshold": Range(0, INT64_MAX, "off"),
     "page_size_bytes": Range(1, INT32_MAX),
+    "max_read_page_bytes": Range(1, INT64_MAX, "unlimited"),
+    "max_read_page_messages": Range(1, INT64_MAX, "unlimited"),
     "management_browse_page_size": Range(0, INT32_MAX),
     "slow_consumer_threshold": Range(0, INT64_MAX, "off"),
     "slow_consumer_check_period": Range(1, MS_MAX // 1000),  # seconds
@@ -508,11 +516,34 @@ def _patterns(
 def _address_settings(c: Checker, wildcards: WildcardConfig | None) -> Converter:
     handlers = {name.replace("_", "-"): _setting_converter(c, name) for name in SETTING_TABLE}
 
+    defaults = ResolvedSettings()
+
     def entry(node: yaml.Node, path: str) -> AddressSettings:
         values = c.mapping(node, path, handlers)
+        _refuse_unsupported(c, node, path, values, UNSUPPORTED_SETTINGS, defaults)
         return AddressSettings.of(**{k: v for k, v in values.items() if v is not None})
 
     return lambda node, path: _patterns(c, node, path, wildcards, entry)
+
+
+def _refuse_unsupported(
+    c: Checker,
+    node: yaml.Node,
+    path: str,
+    values: dict[str, Any],
+    table: Mapping[str, str],
+    defaults: object,
+) -> None:
+    """Issue 19, no silent keys: a key of `table` (core/unsupported.py) that is set to
+    anything but its default (an attribute of `defaults`) is reported and dropped."""
+    for name in [n for n in values if n in table]:
+        default = getattr(defaults, name)
+        if values[name] is None or values[name] == default:
+            continue
+        key = name.replace("_", "-")
+        message = unsupported_message(table[name], default)
+        c.problem(c.value_node(node, key), join_path(path, key), message)
+        del values[name]
 
 
 # -- acceptors, addresses, the rest -----------------------------------------------------
@@ -622,6 +653,9 @@ def _acceptors(c: Checker, node: yaml.Node, path: str) -> Any:
     return tuple(found)
 
 
+_QUEUE_DEFAULTS = QueueDef(name="")
+
+
 def _queue(c: Checker, node: yaml.Node, path: str) -> Any:
     def selector(n: yaml.Node, p: str) -> Any:
         text = c.scalar(n, p, str, nullable=True)
@@ -650,6 +684,7 @@ def _queue(c: Checker, node: yaml.Node, path: str) -> Any:
         },
         required=("name",),
     )
+    _refuse_unsupported(c, node, path, values, UNSUPPORTED_QUEUE_OPTIONS, _QUEUE_DEFAULTS)
     if "name" not in values:
         return _MISSING
     name, name_node = values["name"], c.value_node(node, "name")
@@ -883,6 +918,7 @@ def check_tree(root: yaml.Node | None, *, source: str) -> BrokerConfig:
             "address-queue-scan-period": s(int, NUMERIC_KEYS["address-queue-scan-period"]),
             "max-redelivery-records": s(int, NUMERIC_KEYS["max-redelivery-records"]),
             "id-cache-size": s(int, NUMERIC_KEYS["id-cache-size"]),
+            "global-max-size": s(int, NUMERIC_KEYS["global-max-size"]),
             "event-log": lambda n, p: _event_log(c, n, p),
             "metrics": _section(c, MetricsConfig, {"artemis-names": s(bool)}),
             "wildcard-addresses": lambda n, p: wildcards or _MISSING,

@@ -14,13 +14,21 @@ Keys beyond CONTRACT.md's example (all optional):
     acceptors[].connections-allowed    -1     Artemis connectionsAllowed (-1: unlimited)
     wildcard-addresses.enabled                                    true   (B-104)
     id-cache-size                                                 20000  (B-012)
+    global-max-size     -1: half the memory limit (container or machine)  (B-151)
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from amqpbroker.core import AddressSettings, WildcardConfig
+from amqpbroker.core import (
+    AddressSettings,
+    QueueConfig,
+    RoutingType,
+    WildcardConfig,
+    last_value_key,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,6 +155,24 @@ class QueueDef:
     non_destructive: bool = False
     ring_size: int = -1
 
+    def queue_config(self, address: str, routing_type: RoutingType, **flags: Any) -> QueueConfig:
+        """The core's `QueueConfig` of this queue (`last-value: true` keys on
+        `_AMQ_LVQ_NAME`, B-120): for configured queues and management's createQueue."""
+        return QueueConfig(
+            name=self.name,
+            address=address,
+            routing_type=routing_type,
+            durable=self.durable,
+            filter=self.filter,
+            max_consumers=self.max_consumers,
+            purge_on_no_consumers=self.purge_on_no_consumers,
+            exclusive=self.exclusive,
+            last_value_key=last_value_key(self.last_value_key, self.last_value),
+            non_destructive=self.non_destructive,
+            ring_size=self.ring_size,
+            **flags,
+        )
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AddressConfig:
@@ -176,6 +202,10 @@ class BrokerConfig:
     address_queue_scan_period: int = 30_000  # ms (B-111)
     max_redelivery_records: int = 10  # B-096
     id_cache_size: int = 20_000  # B-012
+    # B-151: bytes all queues may hold in memory before addresses count as full (PAGE:
+    # to disk); -1: half the memory limit (container or machine), as Artemis takes half
+    # the JVM heap. The server works it out (`store/sysmem.py`).
+    global_max_size: int = -1
     event_log: EventLogConfig = field(default_factory=EventLogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     wildcard_addresses: WildcardConfig = field(default_factory=WildcardConfig)

@@ -31,6 +31,7 @@ from amqpbroker.core.lifecycle import (
 )
 from amqpbroker.core.model import (
     DEFAULT_PRIORITY,
+    DUPLICATE_ID,
     ConnectionId,
     ConsumerId,
     DeliveryId,
@@ -57,12 +58,14 @@ from amqpbroker.core.outcomes import (
     Released,
 )
 from amqpbroker.core.queue import Queue, Window
+from amqpbroker.core.queuekinds import last_value_key
 from amqpbroker.core.settings import AddressSettings, ResolvedSettings, SettingsRepository
 from amqpbroker.core.wildcard import WildcardConfig
 
 __all__ = [
     "ACCEPTED",
     "DEFAULT_PRIORITY",
+    "DUPLICATE_ID",
     "EVENT_TYPES",
     "FAILED",
     "FAILURE_EVENTS",
@@ -113,5 +116,6 @@ __all__ = [
     "Window",
     "annotated_routing_type",
     "kept_annotations",
+    "last_value_key",
     "move_annotation_values",
 ]

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from amqpbroker.core.clock import Clock, entry
+from amqpbroker.core.clock import Clock, entry, within_call
 from amqpbroker.core.effects import Effect
 from amqpbroker.core.errors import (
     ClientError,
@@ -34,6 +34,7 @@ from amqpbroker.core.errors import (
     MaxConsumersReached,
     NotFound,
 )
+from amqpbroker.core.management import MANAGEMENT_ADDRESS
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -43,6 +44,7 @@ from amqpbroker.core.model import (
 from amqpbroker.core.names import parse_address
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Consumer, Queue, Window
+from amqpbroker.core.queuekinds import last_value_key
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
@@ -74,6 +76,7 @@ class ProducerTarget:
     link_routing_type: RoutingType | None = None  # anonymous relay: from link capabilities
     user: str | None = None
     roles: frozenset[str] | None = None  # anonymous relay: `send` is checked per message
+    management: bool = False  # a link to the management address: requests (B-160)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -202,11 +205,15 @@ class _Attach:
         )
         if self.settings.wildcards.has_wildcard(parsed.address):
             raise ClientError(f"cannot send to wildcard address {parsed.address} (B-011)")
+        if parsed.address == MANAGEMENT_ADDRESS:  # B-160: requests, answered not routed
+            self._check("manage", parsed.address)  # B-154
+            return ProducerTarget(parsed.address, management=True)
         self._check("send", parsed.address)
         routing_type = caps_type or parsed.routing_type
         self._prepare_target(parsed.address, parsed.queue, routing_type)
         return ProducerTarget(parsed.address, routing_type, parsed.queue)
 
+    @within_call  # from publish (anonymous relay, deleted address): auto-creates
     def _prepare_target(
         self, name: str, fqqn_queue: str | None, routing_type: RoutingType | None
     ) -> Address:
@@ -497,6 +504,12 @@ class _Attach:
                 filter=selector,
                 temporary=temporary,
                 max_consumers=1 if kind == "durable" and not shared else -1,
+                # B-110 (Artemis applyDynamicDefaults): B-120, B-121, B-123
+                last_value_key=last_value_key(
+                    settings.default_last_value_key, settings.default_last_value_queue
+                ),
+                non_destructive=settings.default_non_destructive,
+                ring_size=settings.default_ring_size,
             ),
             owner=request.connection if temporary else None,
         )

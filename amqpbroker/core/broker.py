@@ -8,7 +8,8 @@ they must happen. Never blocks, sleeps, reads the time except through the inject
 duplicate ids, admission and address-full) and consumers' credit and settling; its other
 parts are mixins, each in its own module with its theory of operation: attaching links
 (`_Attach`, `core/attach.py`), dead letters, expiry and moved copies (`_Moving`,
-`core/moving.py`), the auto-delete pass (`_Reaper`, `core/reaper.py`). Management
+`core/moving.py`), the auto-delete pass (`_Reaper`, `core/reaper.py`), retroactive
+addresses (`_Retroactive`, `core/retroactive.py`). Management
 operations are `core/operations.py`; the moved copy's annotations `core/moves.py`.
 """
 
@@ -39,6 +40,7 @@ from amqpbroker.core.errors import (
 from amqpbroker.core.expiry import apply_expiry_overrides, initial_expiration
 from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter, EventLevel, Extra, Shape
+from amqpbroker.core.management import MANAGEMENT_ADDRESS, ManagementHandler
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
@@ -51,11 +53,14 @@ from amqpbroker.core.moves import MessageCopier, MoveAnnotations, _BytesCopier
 from amqpbroker.core.moving import _Moving
 from amqpbroker.core.names import advisory_characters, parse_address
 from amqpbroker.core.outcomes import FAILED, Outcome
+from amqpbroker.core.paging import PageStores, full_reason
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
+from amqpbroker.core.queuekinds import kind_of, last_value_key
 from amqpbroker.core.reaper import _Reaper
 from amqpbroker.core.refs import DELIVERING, Ref
+from amqpbroker.core.retroactive import _Retroactive
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
@@ -66,7 +71,7 @@ log = logging.getLogger(__name__)
 _SENT_SHAPES = 1000  # `sent` shapes kept per address (one per producer container)
 
 
-class Broker(_Attach, _Moving, _Reaper):
+class Broker(_Attach, _Moving, _Reaper, _Retroactive):
     """The broker: addresses, queues, consumers and every message state change."""
 
     def __init__(
@@ -83,8 +88,15 @@ class Broker(_Attach, _Moving, _Reaper):
         security: SecurityRepository | None = None,
         id_cache_size: int = 20_000,
         persistence: Persistence | None = None,
+        global_max_size: int = -1,
     ) -> None:
         self.name = name
+        # B-151: the bytes all queues may hold in memory (-1: no broker-wide limit), what
+        # they hold, and whether a BLOCK address hit it (producers and relays wait).
+        self.global_max_size = global_max_size
+        self.memory_bytes = 0
+        self.global_blocked = False
+        self.page_stores: PageStores | None = None  # PAGE writes to disk once set
         self.persistence = persistence  # None: memory only
         self.emitter = Emitter(event_level)
         self.security = security or SecurityRepository({})
@@ -118,6 +130,9 @@ class Broker(_Attach, _Moving, _Reaper):
         self._expiry_scan_period_ms = message_expiry_scan_period_ms
         self._next_expiry_scan_ms = self.now_ms + max(message_expiry_scan_period_ms, 0)
         self._expiry_drop_warned: set[str] = set()
+        # B-160: answers requests to the management address (server.py sets it).
+        self.management: ManagementHandler | None = None
+        self._retroactive: dict[str, dict[RoutingType, str]] = {}  # B-124, core/retroactive.py
 
     # -- effects and time -----------------------------------------------------------
     def take_effects(self) -> list[Effect]:
@@ -134,11 +149,14 @@ class Broker(_Attach, _Moving, _Reaper):
         heapq.heappush(self._deadlines, at_ms)
 
     def size_changed(self, queue: Queue, delta_bytes: int) -> None:
+        self.memory_bytes += delta_bytes  # B-151 global-max-size
         address = self.post_office.addresses.get(queue.address)
         if address is not None:
             address.size_bytes += delta_bytes
             if delta_bytes < 0 and address.blocked:
                 self._check_unblocked(address)
+        if delta_bytes < 0 and self.global_blocked:
+            self._check_global_unblocked()
 
     def next_deadline_ms(self) -> int | None:
         """When `tick()` next has work: a redelivery, the reaper or the expiry scan. O(1)."""
@@ -182,6 +200,21 @@ class Broker(_Attach, _Moving, _Reaper):
         for queue in self.queues.values():
             self._journal_queue(queue)
 
+    def enable_paging(self, stores: PageStores, *, paged: tuple[str, ...] = ()) -> None:
+        """B-151 PAGE to disk from now on; `paged`: queues whose page files a restart
+        found (recovered after the journal, which holds their cursors)."""
+        self.page_stores = stores
+        for name in paged:
+            queue = self.queues.get(name)
+            if queue is not None and queue.pages is None:
+                self._open_pages(queue)
+
+    def _open_pages(self, queue: Queue) -> None:
+        assert self.page_stores is not None
+        queue.pages = self.page_stores.open(
+            address=queue.address, queue=queue.name, durable=queue.store is not None
+        )
+
     def _journal_address(self, address: Address) -> None:
         if self.persistence is not None and not address.temporary:
             self.persistence.address_changed(
@@ -194,9 +227,12 @@ class Broker(_Attach, _Moving, _Reaper):
             queue.store = self.persistence
             self.persistence.queue_added(queue.config)
 
+    @entry  # a call into the broker: the journal's answer, posted to the loop
     def _unstored(self, refs: list[tuple[str, Ref]]) -> None:
         """The journal failed to store these: take back those not yet delivered (their
-        producers are told `resource-limit-exceeded`; at-least-once for the rest)."""
+        producers are told `resource-limit-exceeded`; at-least-once for the rest). A call
+        into the broker of its own: the journal's completion callback runs after the call
+        that wrote the records has returned."""
         for name, ref in refs:
             queue = self.queues.get(name)
             if queue is None or not ref.waiting:
@@ -244,6 +280,8 @@ class Broker(_Attach, _Moving, _Reaper):
         owner: ConnectionId | None = None,
     ) -> Address:
         """Create the address, or add routing types to an existing one."""
+        if auto_created and name == MANAGEMENT_ADDRESS:
+            raise NotFound(f"{name} is the management address: it is never auto-created")
         existing = self.post_office.addresses.get(name)
         if existing is not None:
             if not routing_types <= existing.routing_types:
@@ -261,6 +299,7 @@ class Broker(_Attach, _Moving, _Reaper):
         self.totals.address_created(address)
         self.post_office.add(address)
         self._journal_address(address)
+        self._make_retroactive(address)
         log.debug("created address %s %s", name, sorted(t.value for t in routing_types))
         return address
 
@@ -285,11 +324,16 @@ class Broker(_Attach, _Moving, _Reaper):
             delivery_ids=self._delivery_ids,
             emitter=self.emitter,
         )
+        kind = kind_of(queue, config)
+        if kind is not None:
+            queue.set_kind(kind)  # B-120, B-121, B-123
         queue.idle_since_ms = self.now_ms
         queue.owner = owner
         self._journal_queue(queue)
         self.queues[config.name] = queue
         address.queues.append(queue)
+        if self._retroactive:
+            self._copy_retained(queue)  # B-124
         log.debug(
             "created queue %s on %s (%s)", config.name, config.address, config.routing_type.value
         )
@@ -312,6 +356,9 @@ class Broker(_Attach, _Moving, _Reaper):
                 CloseConsumer(consumer.id, "amqp:resource-deleted", f"queue {name} was {reason}")
             )
         queue.consumers.clear()
+        if queue.pages is not None:
+            queue.pages.destroy()
+            queue.pages = None
         if queue.store is not None:
             queue.store.queue_deleted(name)  # covers its references: no ack each
             queue.store = None
@@ -332,6 +379,8 @@ class Broker(_Attach, _Moving, _Reaper):
         for queue in list(address.queues):
             self.delete_queue(queue.name)
         self._remove_address(name)
+        if self._retroactive:
+            self._drop_retroactive(name)  # B-124
         if self.persistence is not None and not address.temporary:
             self.persistence.address_deleted(name)
 
@@ -381,8 +430,9 @@ class Broker(_Attach, _Moving, _Reaper):
             "max_consumers": settings.default_max_consumers,
             "purge_on_no_consumers": settings.default_purge_on_no_consumers,
             "exclusive": settings.default_exclusive_queue,
-            "last_value_key": settings.default_last_value_key
-            or ("_AMQ_LVQ_NAME" if settings.default_last_value_queue else None),
+            "last_value_key": last_value_key(
+                settings.default_last_value_key, settings.default_last_value_queue
+            ),
             "non_destructive": settings.default_non_destructive,
             "ring_size": settings.default_ring_size,
             "auto_created": True,
@@ -402,7 +452,6 @@ class Broker(_Attach, _Moving, _Reaper):
             )
 
     # -- producers (attaching them: `_Attach`, core/attach.py) ------------------------
-    @entry
     def publish(
         self,
         message: Message,
@@ -411,17 +460,24 @@ class Broker(_Attach, _Moving, _Reaper):
         to: str | None = None,
         message_routing_type: RoutingType | None = None,
         duplicate_id: str | bytes | None = None,
+        delivery_delay_ms: int = 0,
     ) -> int:
         """Route a message; returns how many queues took it (0: unrouted, B-004).
 
         `to` is `properties.to`, used only on an anonymous relay (B-009/B-010);
-        `message_routing_type` is the message's `x-opt-routing-type` (B-008 rule 2).
+        `message_routing_type` is the message's `x-opt-routing-type` (B-008 rule 2);
+        `delivery_delay_ms` its `x-opt-delivery-delay`, counted from this call's time
+        (B-015; `deliver_at_ms` already holds an `x-opt-delivery-time`, which wins).
 
         Raises:
             NotFound: anonymous relay to an address that cannot be auto-created.
             ClientError: anonymous relay without `to`, or to a wildcard address.
         """
+        if not self.in_call:  # a hot entry point (core/clock.py)
+            self.now_ms = self.clock.now_ms()
         now_ms = self.now_ms
+        if delivery_delay_ms > 0 and not message.deliver_at_ms:
+            message.deliver_at_ms = now_ms + delivery_delay_ms
         if message.durable and self.persistence is not None and self.persistence.failure:
             raise ResourceLimitExceeded(
                 f"the broker cannot store durable messages: {self.persistence.failure}"
@@ -440,6 +496,8 @@ class Broker(_Attach, _Moving, _Reaper):
             if self.settings.wildcards.has_wildcard(parsed.address):
                 raise ClientError(f"cannot send to wildcard address {parsed.address} (B-011)")
             address_name, fqqn_queue = parsed.address, parsed.queue
+            if address_name == MANAGEMENT_ADDRESS:
+                return self._management_request(message, target)
             routing_type = target.link_routing_type or message_routing_type or parsed.routing_type
             address = self.post_office.addresses.get(address_name)
             with self._acting_for(target.user, target.roles):
@@ -450,6 +508,8 @@ class Broker(_Attach, _Moving, _Reaper):
                     except NotFound as e:
                         raise NotFound(f"target address {address_name} does not exist") from e
         else:
+            if target.management:
+                return self._management_request(message, target)
             address = self.post_office.addresses.get(address_name)
             if address is None:  # deleted since attach: re-create as attach would
                 address = self._prepare_target(address_name, fqqn_queue, routing_type)
@@ -462,14 +522,44 @@ class Broker(_Attach, _Moving, _Reaper):
         settings = self.settings.resolve(address_name)
         if message.ttl_ms or message.expiration_ms or settings.has_expiry_overrides:
             self._set_expiration(message, address_name, now_ms)
-        if settings.max_size_bytes >= 0 and not self._has_room(address, message, now_ms):
+        if settings.enable_ingress_timestamp:  # B-018 (d)
+            self.copier.set_ingress_time(message, now_ms)
+        limited = (
+            settings.max_size_bytes >= 0
+            or settings.max_size_messages >= 0
+            or settings.max_size_bytes_reject_threshold >= 0
+            or 0 <= self.global_max_size <= self.memory_bytes + message.size
+        )
+        if limited and not self._has_room(address, message, now_ms):
             return 0
         if fqqn_queue is not None:
             queue = self.queues.get(fqqn_queue)
             queues = [queue] if queue is not None and queue.accepts_message(message) else []
         else:
             queues = self.post_office.route(message, address, routing_type)
-        return self._deliver_to(message, address, queues, now_ms)
+        routed = self._deliver_to(message, address, queues, now_ms)
+        if self._retroactive and fqqn_queue is None:  # B-124: the divert, after the route's
+            self._retain(message, address, routing_type)  # events; an FQQN bypasses it
+        if limited and settings.address_full_policy == "BLOCK":
+            reason = self._full_reason(address, settings)
+            if reason is not None:
+                self._block(address, reason)  # full now: no more credit at once
+        return routed
+
+    def _management_request(self, message: Message, target: ProducerTarget) -> int:
+        """B-160: a request to the management address is answered, never routed; the
+        sender needs `manage` (B-154), checked per message as `send` is on the relay."""
+        with self._acting_for(target.user, target.roles):
+            self._check("manage", MANAGEMENT_ADDRESS)
+        if self.management is None:
+            raise NotFound(f"{MANAGEMENT_ADDRESS} is not served by this broker")
+        message.address = MANAGEMENT_ADDRESS
+        self.management.handle(message)
+        return 1
+
+    def is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
+        """B-012 for a management move with rejectDuplicates (B-161)."""
+        return self._is_duplicate(address, duplicate_id)
 
     def _is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:
         """B-012: seen among the address's last `id-cache-size` ids? Remembers it if not."""
@@ -496,41 +586,99 @@ class Broker(_Attach, _Moving, _Reaper):
             message.expiration_ms = overridden
             message.ttl_ms = None
 
+    def _full_reason(self, address: Address, settings: ResolvedSettings) -> str | None:
+        """B-151: which limit makes `address` full now (`paging.full_reason`), or None."""
+        return full_reason(
+            settings,
+            address_bytes=address.size_bytes,
+            address_messages=sum(q.memory_count for q in address.queues)
+            if settings.max_size_messages >= 0
+            else None,
+            memory_bytes=self.memory_bytes,
+            global_max_size=self.global_max_size,
+        )
+
     def _has_room(self, address: Address, message: Message, now_ms: int) -> bool:
-        """B-151: enforce max-size-bytes with FAIL (raise) and DROP (False); BLOCK lets
-        this message in and marks the address so producers get no more credit."""
+        """B-151: enforce the limits with FAIL (raise) and DROP (False); BLOCK lets this
+        message in and marks the address (or the broker, for global-max-size) so producers
+        get no more credit, and refuses it as FAIL does once the address holds more than
+        max-size-bytes-reject-threshold (Artemis `isRejectingMessages`: BLOCK only); PAGE
+        lets it in (`_deliver_to` writes it to page files)."""
         settings = self.settings.resolve(address.name)
-        limit = settings.max_size_bytes
-        if limit < 0 or address.size_bytes < limit:
-            return True
         policy = settings.address_full_policy
+        threshold = settings.max_size_bytes_reject_threshold
+        if policy == "BLOCK" and 0 <= threshold < address.size_bytes:
+            raise ResourceLimitExceeded(
+                f"address {address.name} is over max-size-bytes-reject-threshold={threshold}"
+            )
+        reason = self._full_reason(address, settings)
+        if reason is None:
+            return True
         if policy == "FAIL":
-            raise ResourceLimitExceeded(f"address {address.name} is full: max-size-bytes={limit}")
+            raise ResourceLimitExceeded(f"address {address.name} is full: {reason}")
         if policy == "DROP":
             address.unrouted += 1
             if self.emitter.failures:
                 self._message_event("unrouted", message, now_ms, reason="dropped-full")
             return False
-        if policy == "BLOCK" and not address.blocked:
-            address.blocked = True
-            log.info(
-                "address %s is full (max-size-bytes=%d): blocking its producers",
-                address.name,
-                limit,
-            )
+        if policy == "BLOCK":
+            self._block(address, reason)
         return True
 
+    def _block(self, address: Address, reason: str) -> None:
+        """B-151 BLOCK: the address (or, for global-max-size, the broker) is full: no more
+        credit for its producers until memory is freed (`AddressUnblocked`)."""
+        if reason.startswith("global-max-size"):
+            if not self.global_blocked:
+                self.global_blocked = True
+                log.info("the broker is full (%s): blocking producers", reason)
+        elif not address.blocked:
+            address.blocked = True
+            log.info("address %s is full (%s): blocking its producers", address.name, reason)
+
+    def _must_page(self, address: Address, message: Message) -> bool:
+        """B-151 PAGE: whether a message for `address` goes to page files (it is full)."""
+        settings = self.settings.resolve(address.name)
+        return (
+            settings.address_full_policy == "PAGE"
+            and (
+                settings.max_size_bytes >= 0
+                or settings.max_size_messages >= 0
+                or 0 <= self.global_max_size <= self.memory_bytes + message.size
+            )
+            and self._full_reason(address, settings) is not None
+        )
+
     def _check_unblocked(self, address: Address) -> None:
-        limit = self.settings.resolve(address.name).max_size_bytes
-        if limit < 0 or address.size_bytes < limit:
+        settings = self.settings.resolve(address.name)
+        reason = self._full_reason(address, settings)
+        if reason is None or reason.startswith("global-max-size"):
             address.blocked = False
             self._effects.append(AddressUnblocked(address.name))
 
-    def producer_may_send(self, target: ProducerTarget) -> bool:
-        """Whether a producer link to `target` may be given more credit (B-151 BLOCK)."""
-        if target.address is None:
-            return True  # the anonymous relay is paced per message, not per address
-        address = self.post_office.addresses.get(target.address)
+    def _check_global_unblocked(self) -> None:
+        if not 0 <= self.global_max_size <= self.memory_bytes:
+            self.global_blocked = False
+            self._effects.append(AddressUnblocked(None))
+
+    def producer_may_send(self, target: ProducerTarget, *, to: str | None = None) -> bool:
+        """Whether a producer link to `target` may be given more credit (B-151 BLOCK).
+
+        The anonymous relay (`target.address` None) is paced by the broker-wide limit and
+        by the address its last message went to (`to`, its `properties.to`): a relay can
+        no more get past a full address than a link attached to it."""
+        name = target.address
+        if name is None and to:
+            try:
+                name = parse_address(to).address
+            except ClientError:
+                name = None
+        if self.global_blocked and (
+            target.address is None
+            or (name is not None and self.settings.resolve(name).address_full_policy == "BLOCK")
+        ):
+            return False
+        address = self.post_office.addresses.get(name) if name is not None else None
         return address is None or not address.blocked
 
     def _message_event(
@@ -611,8 +759,17 @@ class Broker(_Attach, _Moving, _Reaper):
         self.stats.routed += 1
         out = self._effects
         waiting = False
+        page = self.page_stores is not None and self._must_page(address, message)
         for queue in queues:
-            if queue.add(message, out, reason=reason).state != DELIVERING:
+            pages = queue.pages
+            # Last-value, ring and non-destructive queues stay in memory: replacing,
+            # trimming and their consumers' logs work on what they hold (decisions.md).
+            if (page and queue.kind is None) or (pages is not None and pages.messages):
+                if pages is None:
+                    self._open_pages(queue)
+                queue.page(message, out, reason=reason)  # B-151 PAGE: in order, on disk
+                waiting = True
+            elif queue.add(message, out, reason=reason).state != DELIVERING:
                 waiting = True
         if waiting:
             # A message that waits in a queue keeps no copy of its head for its events
@@ -621,24 +778,32 @@ class Broker(_Attach, _Moving, _Reaper):
         return len(queues)
 
     # -- consumers (attaching them: `_Attach`, core/attach.py) ------------------------
-    @entry
     def set_credit(self, consumer_id: ConsumerId, credit: int, *, drain: bool = False) -> None:
         """The link credit the consumer now has (B-037)."""
+        if not self.in_call:  # a hot entry point (core/clock.py)
+            self.now_ms = self.clock.now_ms()
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.set_credit(info.consumer, credit, drain, self._effects)
 
-    @entry
     def resume(self, consumer_id: ConsumerId) -> None:
         """The consumer's connection wrote what it was handed and its window has room
         again: dispatch to it, with the credit and drain it kept (issue 15)."""
+        if not self.in_call:  # a hot entry point (core/clock.py)
+            self.now_ms = self.clock.now_ms()
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.dispatch(self._effects)
 
     @entry
+    def redispatch(self, queue: Queue) -> None:
+        """Hand what is ready to the queue's consumers (B-161 resume())."""
+        queue.dispatch(self._effects)
+
     def settle(self, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome) -> None:
         """Apply a consumer's outcome; ignore deliveries no longer held (B-055)."""
+        if not self.in_call:  # a hot entry point (core/clock.py)
+            self.now_ms = self.clock.now_ms()
         info = self._consumers.get(consumer_id)
         if info is None:
             log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)

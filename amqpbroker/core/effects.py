@@ -54,9 +54,10 @@ class CloseConsumer:
 
 @dataclass(frozen=True, slots=True)
 class AddressUnblocked:
-    """An address full under policy BLOCK has room again: producers may get credit."""
+    """An address full under policy BLOCK has room again: producers may get credit.
+    None: the broker is under `global-max-size` again (B-151: every producer, relays too)."""
 
-    address: str
+    address: str | None
 
 
 Effect = Dispatch | Drained | CloseConsumer | AddressUnblocked

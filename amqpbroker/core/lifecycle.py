@@ -240,33 +240,3 @@ class Emitter:
     def take(self) -> list[LifecycleEvent]:
         """The events since the last call, readable (tests and tools)."""
         return [LifecycleEvent.of(raw) for raw in self.take_raw()]
-
-
-# B-170: the JSONL fields, in order (the writer adds seq, broker, props, body_hash).
-EVENT_FIELDS = (
-    "ts",
-    "seq",
-    "event",
-    "broker",
-    "msg_id",
-    "amqp_message_id",
-    "address",
-    "queue",
-    "routing_type",
-    "durable",
-    "size",
-    "delivery_count",
-    "connection",
-    "link",
-    "txn",
-    "reason",
-    "target_address",
-    "target_queues",
-    "copy_msg_id",
-    "delay_ms",
-    "first_ts",
-    "error_condition",
-    "error_description",
-    "props",
-    "body_hash",
-)

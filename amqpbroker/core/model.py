@@ -23,6 +23,7 @@ DeliveryId = NewType("DeliveryId", int)
 ConnectionId = NewType("ConnectionId", int)
 
 DEFAULT_PRIORITY = 4  # B-013: priority when the header or the field is absent
+DUPLICATE_ID = "_AMQ_DUPL_ID"  # B-012: the application property holding a duplicate id
 
 
 class RoutingType(enum.Enum):

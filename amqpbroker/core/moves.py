@@ -39,6 +39,9 @@ class MoveAnnotations:
     routing_type: int | None = None  # x-opt-routing-type on the copy (B-090 exception)
 
 
+INGRESS_TIME = "x-opt-ingress-time"  # B-018 (d): when the broker accepted it, epoch ms
+
+
 class MessageCopier(Protocol):
     """Rewrites encoded messages (implemented by the protocol codec)."""
 
@@ -48,6 +51,15 @@ class MessageCopier(Protocol):
 
     def set_expiration(self, message: Message, expiration_ms: int) -> None:
         """B-083: write absolute-expiry-time (or remove it for 0) and drop header.ttl."""
+        ...
+
+    def set_ingress_time(self, message: Message, now_ms: int) -> None:
+        """B-018 (d) `enable-ingress-timestamp`: annotate `x-opt-ingress-time` (epoch ms)."""
+        ...
+
+    def with_priority(self, message: Message, priority: int) -> Message:
+        """B-161 changeMessagesPriority: the same message (same id) whose header says
+        `priority`; `message` itself is left alone (other queues may hold it)."""
         ...
 
 
@@ -70,6 +82,36 @@ class _BytesCopier:
 
     def set_expiration(self, message: Message, expiration_ms: int) -> None:
         message.expiration_ms = expiration_ms
+
+    def set_ingress_time(self, message: Message, now_ms: int) -> None:
+        message.annotations = {**message.get_annotations(), INGRESS_TIME: now_ms}
+
+    def with_priority(self, message: Message, priority: int) -> Message:
+        return reprioritized(message, message.data, priority, message.header_end)
+
+
+def reprioritized(message: Message, data: bytes, priority: int, header_end: int) -> Message:
+    """`message` with new bytes `data` and `priority`: the same id and fields otherwise."""
+    copy = Message(
+        data,
+        msg_id=message.msg_id,
+        durable=message.durable,
+        priority=priority,
+        expiration_ms=message.expiration_ms,
+        header_end=header_end,
+        header=message.header,
+        annotations=message.annotations,
+        properties=message.properties,
+        application_properties=message.application_properties,
+        address=message.address,
+        first_ts=message.first_ts,
+        origin_container=message.origin_container,
+        reader=message.reader,
+        ttl_ms=message.ttl_ms,
+        deliver_at_ms=message.deliver_at_ms,
+    )
+    copy.stored = message.stored
+    return copy
 
 
 def kept_annotations(annotations: dict[Any, Any]) -> dict[Any, Any]:

@@ -27,7 +27,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-from amqpbroker.core.clock import Clock, entry
+from amqpbroker.core.clock import Clock, entry, within_call
 from amqpbroker.core.effects import Effect
 from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter
@@ -120,8 +120,8 @@ class _Moving:
                 "dropping message %s from queue %s: %s and no dead-letter-address is set",
                 message.msg_id,
                 queue.name,
-                "rejected"
-                if reason == "rejected"
+                reason
+                if reason in ("rejected", "management")
                 else f"max-delivery-attempts={settings.max_delivery_attempts} reached",
             )
             return
@@ -147,6 +147,13 @@ class _Moving:
         copy = self._move_to_dla(message, queue.address, settings, move, queue=queue, ref=ref)
         if copy is None:
             queue.killed(ref, "dla-no-bindings")
+
+    def dead_letter_waiting(self, queue: Queue, ref: Ref) -> None:
+        """B-161 sendMessageToDeadLetterAddress: a waiting message dead-lettered now, as a
+        delivery failure would (B-070), with reason `management` (B-171)."""
+        queue.take(ref)
+        queue.counters.killed += 1
+        self.dead_letter(queue, ref, "management", None)
 
     def copy_for_move(self, message: Message, queue: Queue, move: MoveAnnotations) -> Message:
         """A copy with a new id carrying `move` (B-076/B-090), not yet routed."""
@@ -186,6 +193,7 @@ class _Moving:
         routing_type = annotated_routing_type(message.get_annotations())
         return None if routing_type is None else BYTE_OF_ROUTING_TYPE[routing_type]
 
+    @within_call  # from settle and dispatch (dead letters, expiry): auto-creates
     def _ensure_move_resources(self, target: str, origin: str, prefix: str, suffix: str) -> None:
         with self._acting_for(None, None):  # broker-internal: not the client's permission
             self._create_move_resources(target, origin, prefix, suffix)

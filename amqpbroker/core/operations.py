@@ -1,4 +1,6 @@
-"""Management operations on queues (B-161): browse, purge, move, retry, and a snapshot.
+"""Management operations (B-161, B-162): browse, purge, move, retry, dead-letter, expire,
+pause; creating and destroying queues and addresses; and a snapshot. The HTTP API and the
+AMQP management address (`management/`) both call these: one place per operation.
 
 They act only on messages waiting in the queue (ready or scheduled): a message being
 delivered to a consumer belongs to that consumer until it settles. Moves and retries make
@@ -6,20 +8,28 @@ a copy with the B-090 annotations of the latest hop (`x-opt-DLQ-*` are dropped, 
 route it, then remove the original, in one step of the event loop. Each operation that
 changes a queue is a call into the broker (`clock.entry`): one clock reading for its events
 and moves.
+
+Paged messages (B-151 PAGE) are part of the queue: they come after the ones in memory,
+are read from the page files one at a time as an operation walks them (a large paged
+backlog is never held), and the ones an operation takes leave the page files at its end
+(`Queue.remove_paged`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.clock import entry
-from amqpbroker.core.errors import ClientError, NotFound
-from amqpbroker.core.model import Message, annotated_routing_type
+from amqpbroker.core.errors import ClientError, IllegalState, NotFound
+from amqpbroker.core.management import MANAGEMENT_ADDRESS
+from amqpbroker.core.model import DUPLICATE_ID, Message, QueueConfig, annotated_routing_type
 from amqpbroker.core.moves import ORIG_ADDRESS, ORIG_QUEUE
 from amqpbroker.core.queue import Queue
-from amqpbroker.core.refs import DELIVERING, GONE, Ref
+from amqpbroker.core.reaper import CREATED_AUTO_DELETE
+from amqpbroker.core.refs import DELIVERING, GONE, PAGED, Ref
 from amqpbroker.core.selector import parse_selector
 
 
@@ -47,6 +57,12 @@ class QueueStats:
     dead_lettered_by_reason: tuple[tuple[str, int], ...] = ()
     killed_by_reason: tuple[tuple[str, int], ...] = ()
     returned_by_reason: tuple[tuple[str, int], ...] = ()
+    replaced: int = 0  # ring and last-value removals (B-120, B-121)
+    replaced_by_reason: tuple[tuple[str, int], ...] = ()
+    # B-151 PAGE: what its page files hold (included in `messages`), and how many files.
+    paged_messages: int = 0
+    paged_bytes: int = 0
+    page_files: int = 0
 
 
 def queue_stats(broker: Broker) -> list[QueueStats]:
@@ -54,6 +70,7 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
     rows = []
     for queue in broker.queues.values():
         c = queue.counters
+        pages = queue.pages
         rows.append(
             QueueStats(
                 name=queue.name,
@@ -76,6 +93,11 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
                 dead_lettered_by_reason=tuple(c.dead_lettered_by_reason.items()),
                 killed_by_reason=tuple(c.killed_by_reason.items()),
                 returned_by_reason=tuple(c.returned_by_reason.items()),
+                replaced=c.replaced,
+                replaced_by_reason=tuple(c.replaced_by_reason.items()),
+                paged_messages=pages.messages if pages is not None else 0,
+                paged_bytes=pages.size_bytes if pages is not None else 0,
+                page_files=pages.files if pages is not None else 0,
             )
         )
     return rows
@@ -88,20 +110,23 @@ def _queue(broker: Broker, name: str) -> Queue:
     return queue
 
 
-def _waiting(queue: Queue, selector: str | None, ids: Iterable[int] | None = None) -> list[Ref]:
+def _held(queue: Queue) -> Iterator[Ref]:
+    """Every message of the queue in order: in memory, then paged (B-151)."""
+    return itertools.chain(queue.refs(), queue.paged_refs())
+
+
+def _waiting(queue: Queue, selector: str | None, ids: Iterable[int] | None = None) -> Iterator[Ref]:
     """Waiting references matching the filter (B-130) and, if given, the message ids."""
     match = parse_selector(selector).matches if selector else None
     wanted = set(ids) if ids is not None else None
-    refs = []
-    for ref in queue.refs():
+    for ref in _held(queue):
         if ref.state == DELIVERING or ref.state == GONE:
             continue
         if wanted is not None and ref.message.msg_id not in wanted:
             continue
         if match is not None and not match(ref.message):
             continue
-        refs.append(ref)
-    return refs
+        yield ref
 
 
 def browse(
@@ -115,8 +140,8 @@ def browse(
     """Messages of a queue in order, without acquiring them (delivering ones included)."""
     queue = _queue(broker, queue_name)
     match = parse_selector(selector).matches if selector else None
-    refs = [r for r in queue.refs() if match is None or match(r.message)]
-    return refs[offset : offset + limit]
+    refs = (r for r in _held(queue) if match is None or match(r.message))
+    return list(itertools.islice(refs, offset, offset + limit))
 
 
 def waiting_ids(broker: Broker, queue_name: str, *, selector: str | None = None) -> list[int]:
@@ -128,9 +153,9 @@ def count(broker: Broker, queue_name: str, *, selector: str | None = None) -> in
     """How many messages `browse` would list without a limit."""
     queue = _queue(broker, queue_name)
     if not selector:
-        return sum(1 for _ in queue.refs())
+        return queue.message_count
     match = parse_selector(selector).matches
-    return sum(1 for r in queue.refs() if match(r.message))
+    return sum(1 for r in _held(queue) if match(r.message))
 
 
 @entry
@@ -143,10 +168,30 @@ def purge(
 ) -> int:
     """Delete waiting messages; counted as killed (B-161), event `killed`/`purge`."""
     queue = _queue(broker, queue_name)
-    refs = _waiting(queue, selector, ids)
-    for ref in refs:
-        queue.kill(ref, "purge")
-    return len(refs)
+    if selector is None and ids is None and queue.pages is not None:
+        # All: the paged ones are counted as they are read, never held (B-151).
+        refs = [r for r in queue.refs() if r.state != DELIVERING and r.state != GONE]
+        for ref in refs:
+            queue.kill(ref, "purge")
+        queue.compact()
+        return len(refs) + queue.purge_paged("purge")
+    return _on_waiting(broker, queue_name, selector, ids, lambda q, r: q.kill(r, "purge"))
+
+
+def _on_waiting(
+    broker: Broker,
+    queue_name: str,
+    selector: str | None,
+    ids: Iterable[int] | None,
+    act: Callable[[Queue, Ref], bool | None],
+) -> int:
+    """Apply `act` to each matching waiting message: how many it acted on (an `act`
+    answering False did not)."""
+    queue = _queue(broker, queue_name)
+    acted = sum(1 for ref in _waiting(queue, selector, ids) if act(queue, ref) is not False)
+    queue.remove_paged()  # B-151: the paged ones it took leave the page files
+    queue.compact()  # issue 23: the memory of those it took is freed now
+    return acted
 
 
 @entry
@@ -157,17 +202,30 @@ def move(
     to_queue: str,
     selector: str | None = None,
     ids: Iterable[int] | None = None,
+    reject_duplicates: bool = False,
 ) -> int:
-    """B-161 moveMessages: copies into `to_queue` with B-090 annotations."""
+    """B-161 moveMessages: copies into `to_queue` with B-090 annotations. With
+    `reject_duplicates`, a message whose duplicate id (`_AMQ_DUPL_ID`, B-012) the target
+    address has already seen is removed without its copy being routed (Artemis routes
+    the copy with rejectDuplicates), and the ids of the others are remembered there."""
     queue = _queue(broker, queue_name)
     target = _queue(broker, to_queue)
     if target is queue:
         raise ClientError("cannot move messages to the same queue")
-    refs = _waiting(queue, selector, ids)
-    for ref in refs:
+    address = broker.post_office.addresses[target.address]
+    moved = 0
+    for ref in _waiting(queue, selector, ids):
         copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
-        _complete_move(broker, queue, ref, copy, target.address, [target], reason="move")
-    return len(refs)
+        targets = [target]
+        if reject_duplicates:
+            duplicate_id = ref.message.get_application_properties().get(DUPLICATE_ID)
+            if isinstance(duplicate_id, str | bytes) and broker.is_duplicate(address, duplicate_id):
+                targets = []
+        _complete_move(broker, queue, ref, copy, target.address, targets, reason="move")
+        moved += 1
+    queue.remove_paged()
+    queue.compact()
+    return moved
 
 
 # What a redrive line may say about the message it names (issue 16 item 2), and where
@@ -254,6 +312,8 @@ def retry(
             targets = broker.post_office.route(copy, address, routing_type)
         _complete_move(broker, queue, ref, copy, address.name, targets, reason="retry")
         retried += 1
+    queue.remove_paged()
+    queue.compact()
     not_found = () if wanted is None else tuple(dict.fromkeys(i for i in wanted if i not in seen))
     return RetryResult(retried, tuple(skipped), not_found)
 
@@ -280,3 +340,119 @@ def _complete_move(
             copy_msg_id=copy.msg_id,
         )
     broker.deliver_copy(copy, address, targets, reason="move")
+
+
+@entry
+def dead_letter(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> int:
+    """B-161 sendMessagesToDeadLetterAddress: waiting messages dead-lettered now (B-070)."""
+    return _on_waiting(broker, queue_name, selector, ids, broker.dead_letter_waiting)
+
+
+@entry
+def expire(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> int:
+    """B-161 expireMessages: waiting messages expired now (B-085); none on a queue whose
+    expiry address is its own (B-087)."""
+    return _on_waiting(broker, queue_name, selector, ids, lambda q, r: q.expire(r))
+
+
+def count_delivering(broker: Broker, queue_name: str, *, selector: str | None = None) -> int:
+    """B-161 countDeliveringMessages: messages handed to a consumer and not yet settled."""
+    queue = _queue(broker, queue_name)
+    match = parse_selector(selector).matches if selector else None
+    return sum(
+        1
+        for consumer in queue.consumers
+        for ref in consumer.unsettled.values()
+        if match is None or match(ref.message)
+    )
+
+
+@entry
+def pause(broker: Broker, queue_name: str, *, paused: bool) -> None:
+    """B-161 pause()/resume(): stop or restart dispatch to the queue's consumers (not
+    persisted, as Artemis `pause()` without `persist`)."""
+    queue = _queue(broker, queue_name)
+    queue.paused = paused
+    if not paused and queue.consumers:
+        broker.redispatch(queue)
+
+
+@entry
+def create_queue(
+    broker: Broker,
+    config: QueueConfig,
+    *,
+    auto_create_address: bool = False,
+    auto_delete: bool | None = None,
+) -> Queue:
+    """B-162 createQueue: a queue that is neither configured nor auto-created; its
+    auto-delete defaults to the address's `auto-delete-created-queues` (B-113)."""
+    if config.address == MANAGEMENT_ADDRESS:  # B-160: answered, never routed or consumed
+        raise ClientError(f"{MANAGEMENT_ADDRESS} is the management address: it has no queues")
+    if auto_delete is None:
+        auto_delete = broker.settings.resolve(config.address).auto_delete_created_queues
+    address = broker.post_office.addresses.get(config.address)
+    if address is not None and address.temporary:  # it goes with its connection, queues too
+        raise ClientError(f"address {config.address} is temporary: it cannot take a queue")
+    if address is None or config.routing_type not in address.routing_types:
+        if not auto_create_address:
+            what = "does not exist" if address is None else "lacks that routing type"
+            raise NotFound(f"address {config.address} {what} (auto-create-address is false)")
+        broker.create_address(config.address, {config.routing_type})
+    extra = {**config.extra, CREATED_AUTO_DELETE: auto_delete}
+    return broker.create_queue(replace(config, auto_created=False, configured=False, extra=extra))
+
+
+@entry
+def destroy_queue(broker: Broker, queue_name: str, *, remove_consumers: bool = False) -> None:
+    """B-162 destroyQueue: refused while consumers are attached unless `remove_consumers`
+    (they are detached, B-038)."""
+    queue = _queue(broker, queue_name)
+    if queue.consumers and not remove_consumers:
+        raise IllegalState(f"queue {queue_name} has {len(queue.consumers)} consumer(s)")
+    broker.delete_queue(queue_name, reason="destroyed by management")
+
+
+@entry
+def delete_address(broker: Broker, name: str, *, force: bool = False) -> None:
+    """B-162 deleteAddress: refused while it has queues unless `force` (they go too)."""
+    address = broker.post_office.addresses.get(name)
+    if address is None:
+        raise NotFound(f"address {name} does not exist")
+    if address.queues and not force:
+        raise IllegalState(f"address {name} has {len(address.queues)} queue(s)")
+    broker.delete_address(name)
+
+
+@entry
+def change_priority(
+    broker: Broker,
+    queue_name: str,
+    *,
+    priority: int,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> int:
+    """B-161 changeMessagesPriority: waiting messages get `priority` (0..9), in their
+    header too, and go to the tail of that level (not persisted, as in Artemis)."""
+    if not 0 <= priority <= 9:
+        raise ClientError(f"a priority is 0..9, not {priority}")
+    queue = _queue(broker, queue_name)
+    # In memory only: a paged message gets its priority when it is read back (B-151).
+    refs = [r for r in _waiting(queue, selector, ids) if r.state != PAGED]
+    queue.change_priority(
+        [(ref, broker.copier.with_priority(ref.message, priority)) for ref in refs]
+    )
+    return len(refs)

@@ -39,12 +39,14 @@ from amqpbroker.core.records import (
     AddRef,
     DeleteAddress,
     DeleteQueue,
+    PageCursor,
     Record,
     ScheduledDelivery,
     UpdateDeliveryCount,
 )
 
 if TYPE_CHECKING:
+    from amqpbroker.core.paging import PageStore
     from amqpbroker.core.refs import Ref
 
 log = logging.getLogger(__name__)
@@ -90,7 +92,10 @@ class Persistence:
         self.before_delivery = before_delivery
         self.messages_added = 0  # AddMessage records so far: the handler's "must wait?"
         self.failure: BaseException | None = None  # the journal stopped writing
-        self.suspended = False  # recovery: state comes from the journal, write nothing
+        self._suspended = False
+        # References recovery removed (a ring trimmed, a last value replaced): their
+        # AckRefs are written once recovery ends (`suspended` set back to False).
+        self._removed_while_suspended: list[Record] = []
         self._records: list[Record] = []
         self._waiters: list[OnStored] = []
         self._written: list[OnStored] = []  # wait for the write only, not the sync
@@ -103,7 +108,22 @@ class Persistence:
         # The durable topology as journaled (recovered ones too): what `resumed` writes.
         self._addresses: dict[str, AddAddress] = {}
         self._queues: dict[str, AddQueue] = {}
+        # B-151 PAGE: makes this step's paged durable messages durable (the page files'
+        # fsync) before the step's append, whose waiters settle their producers.
+        self.before_flush: Callable[[], None] | None = None
         journal.on_resume(self.resumed)
+
+    @property
+    def suspended(self) -> bool:
+        """Recovery: state comes from the journal, write nothing (but the removals)."""
+        return self._suspended
+
+    @suspended.setter
+    def suspended(self, value: bool) -> None:
+        self._suspended = value
+        if not value and self._removed_while_suspended:
+            self._records.extend(self._removed_while_suspended)
+            self._removed_while_suspended = []
 
     # -- messages -------------------------------------------------------------------------
     def ref_added(self, queue: str, ref: Ref, *, scheduled_at_ms: int = 0) -> None:
@@ -126,10 +146,35 @@ class Persistence:
                 ScheduledDelivery(queue=queue, msg_id=message.msg_id, at_ms=scheduled_at_ms)
             )
 
+    def paged(self) -> None:
+        """A durable message went to a durable queue's page files (B-151 PAGE): its
+        producer waits for this step's flush, as for a journaled one."""
+        if not self.suspended:
+            self.messages_added += 1
+
+    def page_read(self, queue: str, pages: PageStore) -> None:
+        """Paged messages were read back into `queue` (their AddMessage/AddRef are in
+        this step): journal the cursor with them; once it is on disk the page files
+        before it may go."""
+        if self.suspended:
+            return
+        page, offset = position = pages.position
+        self._records.append(PageCursor(queue=queue, page=page, offset=offset))
+        if pages.releasable:
+
+            def release(error: BaseException | None) -> None:
+                if error is None:
+                    pages.release(position)
+
+            self.when_stored(release)
+
     def ref_removed(self, queue: str, ref: Ref) -> None:
         """Acknowledged, expired, dead-lettered, moved, purged: the reference is gone."""
-        if not self.suspended:
-            self._records.append(AckRef(queue=queue, msg_id=ref.message.msg_id))
+        record = AckRef(queue=queue, msg_id=ref.message.msg_id)
+        if self._suspended:  # recovery removed it (B-120, B-121): journal that afterwards
+            self._removed_while_suspended.append(record)
+        else:
+            self._records.append(record)
         ref.stored_count = None
 
     def count_changed(self, queue: str, ref: Ref) -> None:
@@ -219,6 +264,8 @@ class Persistence:
 
     def flush(self) -> None:
         """Append this step's records as one atomic append."""
+        if self.before_flush is not None:
+            self.before_flush()
         records = self._records
         written = self._written  # these wait in append order, even behind an empty append
         waiters = self._waiters + written if written else self._waiters
@@ -283,4 +330,7 @@ def _add_message(message: Message) -> AddMessage:
         expiration_ms=message.expiration_ms,
         first_ts=message.first_ts,
         priority=message.priority,
+        header_end=message.header_end,
+        head_end=message.head_end,
+        header_count=-1 if message.header is None else message.header.get("delivery-count", 0),
     )

@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from random import Random
 from typing import TYPE_CHECKING, Protocol
@@ -51,10 +51,11 @@ from amqpbroker.core.model import (
 )
 from amqpbroker.core.outcomes import Accepted, Modified, Outcome, Rejected, Released
 from amqpbroker.core.redelivery import DeadLetter, decide_redelivery
-from amqpbroker.core.refs import DELIVERING, GONE, READY, SCHEDULED, Ref
+from amqpbroker.core.refs import DELIVERING, GONE, PAGED, READY, SCHEDULED, Ref
 from amqpbroker.core.settings import ResolvedSettings
 
 if TYPE_CHECKING:
+    from amqpbroker.core.paging import PageStore
     from amqpbroker.core.persistence import Persistence
     from amqpbroker.core.selector import Selector
 
@@ -108,7 +109,9 @@ class Consumer:
     drain: bool = False
     window: Window = field(default_factory=Window)  # shared by the connection's consumers
     unsettled: dict[DeliveryId, Ref] = field(default_factory=dict)
-    browsed_seq: int = -1  # a browser has seen every reference up to this seq
+    # A browser has seen every reference up to this seq; a consumer of a non-destructive
+    # queue, every one up to this position of its log (core/queuekinds.py).
+    browsed_seq: int = -1
     # Its events' `lifecycle.By`, and the shapes of the common ones, built once.
     event_by: By = field(init=False)
     event_dispatched: Shape = field(init=False)
@@ -142,6 +145,8 @@ KILL_REASONS = (
     "management",
     "journal-failed",
 )
+# B-171 `replaced` reasons (B-120, B-121).
+REPLACE_REASONS = ("ring", "last-value")
 RETURN_OUTCOMES = (
     "released",
     "modified",
@@ -171,6 +176,10 @@ class QueueCounters:
     returned_by_reason: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(RETURN_OUTCOMES, 0)
     )
+    replaced: int = 0  # ring and last-value removals (B-120, B-121)
+    replaced_by_reason: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(REPLACE_REASONS, 0)
+    )
 
     def count(self, table: dict[str, int], reason: str) -> None:
         table[reason] = table.get(reason, 0) + 1
@@ -183,10 +192,12 @@ class QueueCounters:
         self.dead_lettered += other.dead_lettered
         self.expired += other.expired
         self.returned += other.returned
+        self.replaced += other.replaced
         for mine, theirs in (
             (self.dead_lettered_by_reason, other.dead_lettered_by_reason),
             (self.killed_by_reason, other.killed_by_reason),
             (self.returned_by_reason, other.returned_by_reason),
+            (self.replaced_by_reason, other.replaced_by_reason),
         ):
             for reason, count in theirs.items():
                 mine[reason] = mine.get(reason, 0) + count
@@ -227,6 +238,24 @@ class QueueOwner(Protocol):
         ...
 
 
+class QueueKind(Protocol):
+    """The hooks of a last-value, ring or non-destructive queue (`core.queuekinds`,
+    which imports this module: the protocol keeps the import one way)."""
+
+    key: str | None  # the last-value key; None: not a last-value queue
+    non_destructive: bool
+
+    def arrived(self, ref: Ref) -> None: ...
+
+    def ready_again(self, ref: Ref) -> None: ...
+
+    def trim(self) -> None: ...
+
+    def settled(self, consumer: Consumer) -> None: ...
+
+    def deliver(self, active: list[Consumer], out: list[Effect]) -> None: ...
+
+
 class Queue:
     """One queue bound to one address (B-001). Loop thread only."""
 
@@ -255,6 +284,7 @@ class Queue:
         self.counters = QueueCounters()
         self.consumers: list[Consumer] = []
         self.used = False
+        self.paused = False  # B-161 pause(): no dispatch to consumers (browsers go on)
         self.swept = False  # first reaper pass passed (B-111)
         self.idle_since_ms = 0
         self.owner: ConnectionId | None = None  # temporary queues die with their connection
@@ -272,6 +302,20 @@ class Queue:
         self.delivering = 0
         # Set by the broker for a durable queue when persistence is on (B-095).
         self.store: Persistence | None = None
+        # Its page files, once it has paged (B-151 PAGE, core/paging.py), and the paged
+        # messages a management operation took (`take`), until `remove_paged`.
+        self.pages: PageStore | None = None
+        self._doomed: set[int] = set()
+        # Last-value, ring, non-destructive (`set_kind`); None: a plain queue.
+        self.kind: QueueKind | None = None
+        # How ready references reach consumers: taken, or walked by each (B-123).
+        self._deliver_ready: Callable[[list[Consumer], list[Effect]], None] = self._deliver
+
+    def set_kind(self, kind: QueueKind) -> None:
+        """Make this a last-value, ring or non-destructive queue (core/queuekinds.py)."""
+        self.kind = kind
+        if kind.non_destructive:
+            self._deliver_ready = kind.deliver
 
     # -- state ------------------------------------------------------------------------
     def settings(self) -> ResolvedSettings:
@@ -280,7 +324,18 @@ class Queue:
 
     @property
     def message_count(self) -> int:
-        """Ready + scheduled + delivering, as Artemis messageCount (B-161)."""
+        """Ready + scheduled + delivering + paged, as Artemis messageCount (B-161); without
+        the delivering ones on a last-value or non-destructive queue (B-120, B-123)."""
+        pages = self.pages
+        paged = pages.messages if pages is not None else 0
+        kind = self.kind
+        if kind is not None and (kind.key is not None or kind.non_destructive):
+            return self._ready + self._scheduled_live + paged
+        return self._ready + self._scheduled_live + self.delivering + paged
+
+    @property
+    def memory_count(self) -> int:
+        """The messages held in memory: not paged (B-151 max-size-messages)."""
         return self._ready + self._scheduled_live + self.delivering
 
     @property
@@ -306,6 +361,8 @@ class Queue:
         for consumer in self.consumers:
             held.extend(consumer.unsettled.values())
         held = [ref for ref in held if ref.state != GONE]
+        if self.kind is not None:  # non-destructive: delivered ones are still ready
+            held = list(dict.fromkeys(held))
         held.sort()
         return held
 
@@ -412,14 +469,24 @@ class Queue:
                 ref,
                 self.emitter.txn_extra,
             )
-        if self.consumers:
-            self.dispatch(out)
+        kind = self.kind
+        if kind is None:
+            if self.consumers:
+                self.dispatch(out)
+        else:  # B-120/B-123: index and log it; B-121: trim once it had its chance
+            kind.arrived(ref)
+            if self.consumers:
+                self.dispatch(out)
+            kind.trim()
         return ref
 
     def restore(self, message: Message, delivery_count: int, scheduled_at_ms: int) -> Ref:
         """A reference recovered from the journal: no event, no count, no dispatch yet."""
         ref = self._enqueue(message, delivery_count, scheduled_at_ms)
         ref.stored_count = delivery_count
+        if self.kind is not None:
+            self.kind.arrived(ref)
+            self.kind.trim()
         return ref
 
     def _enqueue(self, message: Message, delivery_count: int, at_ms: int) -> Ref:
@@ -461,16 +528,20 @@ class Queue:
         self._ready += 1
         if ref.message.expiration_ms:
             self._owner.track_expiry(self, ref)  # B-084: returned, it can expire again
+        if self.kind is not None:
+            self.kind.ready_again(ref)
 
     def dispatch(self, out: list[Effect]) -> None:
         """Hand ready references to consumers with credit, round-robin."""
+        if self.pages is not None and self.pages.messages:
+            self._depage()  # B-151 PAGE: the next paged messages, when memory has room
         consumers = self.consumers
         browsers = [c for c in consumers if c.browser and c.credit > 0 and c.window.room > 0]
         if browsers:
             self._browse(browsers, out)
         active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
-        if active and self._ready:
-            self._deliver(active, out)
+        if active and self._ready and not self.paused:
+            self._deliver_ready(active, out)
         for consumer in consumers:
             # A stalled consumer drains once its window reopens: what is ready goes first.
             if consumer.drain and consumer.credit > 0 and consumer.window.room > 0:
@@ -484,6 +555,8 @@ class Queue:
         while active:
             ref = self._pop_next()
             if ref is None:
+                if self.pages is not None and self.pages.messages and self._depage(empty=True):
+                    continue  # B-151 PAGE: the next slice of the page files
                 break
             expiration = ref.message.expiration_ms
             if expiration and self._owner.now_ms >= expiration and self.expire(ref, popped=True):
@@ -608,7 +681,10 @@ class Queue:
         if ref is None:
             return False
         self.delivering -= 1
-        if isinstance(outcome, Accepted):
+        kind = self.kind
+        if kind is not None and kind.non_destructive:
+            kind.settled(consumer)  # B-123: any outcome only ends the delivery
+        elif isinstance(outcome, Accepted):
             self._acknowledge(ref, consumer)
         elif isinstance(outcome, Rejected):
             self._kill_to_dla(ref, "rejected", outcome)
@@ -686,9 +762,11 @@ class Queue:
         ref = consumer.unsettled.get(delivery)
         if ref is None:
             return False
-        ref.delivery_count += 1
-        if ref.stored_count is not None and self.store is not None:
-            self.store.count_changed(self.name, ref)
+        kind = self.kind
+        if kind is None or not kind.non_destructive:  # B-123: the count is not changed
+            ref.delivery_count += 1
+            if ref.stored_count is not None and self.store is not None:
+                self.store.count_changed(self.name, ref)
         if self.emitter.failures:
             self.event("held", ref, consumer, reason="tx-rollback")
         return True
@@ -720,6 +798,8 @@ class Queue:
         held = sorted(consumer.unsettled.values())
         consumer.unsettled.clear()
         self.delivering -= len(held)
+        if self.kind is not None and self.kind.non_destructive:
+            held = []  # B-123: they never left the queue
         reason = "connection-lost" if abrupt else "link-closed"
         for ref in held:
             if not abrupt:
@@ -747,8 +827,34 @@ class Queue:
             self._removed(ref)
         return taken
 
+    def change_priority(self, changed: list[tuple[Ref, Message]]) -> None:
+        """B-161 changeMessagesPriority: each waiting reference takes its re-prioritized
+        message and a ready one goes to the tail of its new level (Artemis `addTail`); a
+        scheduled one takes its level when due. Not journaled, as in Artemis."""
+        moving = {id(ref) for ref, _ in changed if ref.state == READY}
+        if moving:
+            for level in range(_LEVELS):
+                self._fresh[level] = deque(r for r in self._fresh[level] if id(r) not in moving)
+                returned = [r for r in self._returned[level] if id(r) not in moving]
+                heapq.heapify(returned)
+                self._returned[level] = returned
+        for ref, message in changed:
+            delta = message.size - ref.message.size
+            ref.message = message
+            self.size_bytes += delta
+            self._owner.size_changed(self, delta)
+            if id(ref) in moving:
+                ref.seq = next(self._seq)
+                self._fresh[message.priority].append(ref)
+
     def take(self, ref: Ref) -> None:
-        """Remove a waiting (ready or scheduled) reference, for management (B-161)."""
+        """Remove a waiting (ready, scheduled or paged) reference, for management (B-161);
+        a paged one goes from the page files at `remove_paged`."""
+        if ref.state == PAGED:
+            self._doomed.add(ref.message.msg_id)
+            ref.state = GONE
+            self.used = True
+            return
         if ref.state == READY:
             self._ready -= 1
         elif ref.state == SCHEDULED:
@@ -766,13 +872,123 @@ class Queue:
             return False
         if self.settings().expiry_address == self.address:
             return False  # B-087: expiry address equal to the queue's own address
-        if not popped:
-            if ref.state == READY:
-                self._ready -= 1
-            else:
-                self._scheduled_live -= 1
+        if ref.state == PAGED:
+            self.take(ref)  # B-151: it leaves the page files at `remove_paged`
+        else:
+            if not popped:
+                if ref.state == READY:
+                    self._ready -= 1
+                else:
+                    self._scheduled_live -= 1
+            self._removed(ref)
         self.counters.expired += 1
         self.used = True
-        self._removed(ref)
         self._owner.expired(self, ref)
         return True
+
+    # -- paging (B-151 PAGE: core/paging.py) ---------------------------------------------
+    def page(self, message: Message, out: list[Effect], *, reason: str = "route") -> None:
+        """Write `message` to the page files instead of memory: an arrival like `add`'s
+        (counted, event `enqueued`); `dispatch` reads it back in its turn."""
+        pages = self.pages
+        assert pages is not None, "the broker opens the page files first"
+        pages.write(message)
+        if self.store is not None and message.durable:
+            self.store.paged()
+        self.counters.added += 1
+        if self.emitter.all:
+            shape = (
+                self.event_enqueued
+                if reason == "route"
+                else ("enqueued", self.event_where, None, reason)
+            )
+            self.note(shape, Ref(message, -1), self.emitter.txn_extra)
+        if self.consumers:
+            self.dispatch(out)
+
+    def _depage(self, *, empty: bool = False) -> bool:
+        """Read paged messages back up to max-read-page-bytes and -messages in memory, once
+        the queue's memory is under half of them (or nothing is ready: `empty`), so that
+        they come back in slices, not one file read per message; durable ones are
+        journaled as they come in, with the page cursor, in one append
+        (core/persistence.py `page_read`)."""
+        pages = self.pages
+        assert pages is not None
+        settings = self.settings()
+        max_bytes, max_messages = settings.max_read_page_bytes, settings.max_read_page_messages
+        size, count = self.size_bytes, self.memory_count
+        if 0 <= max_bytes <= size or 0 <= max_messages <= count:
+            return False
+        if not empty and (0 <= max_bytes < 2 * size or 0 <= max_messages < 2 * count):
+            return False
+        messages = pages.read(
+            max_bytes=max_bytes - self.size_bytes if max_bytes >= 0 else -1,
+            max_messages=max_messages - self.memory_count if max_messages >= 0 else -1,
+        )
+        store = self.store
+        kind = self.kind
+        for message in messages:
+            ref = self._enqueue(message, 0, message.deliver_at_ms)
+            if store is not None and message.durable:
+                at_ms = message.deliver_at_ms if ref.state == SCHEDULED else 0
+                store.ref_added(self.name, ref, scheduled_at_ms=at_ms)
+            if kind is not None:  # it enters the queue now (B-120, B-121, B-123)
+                kind.arrived(ref)
+                kind.trim()
+        if store is not None and messages:
+            store.page_read(self.name, pages)
+        return bool(messages)
+
+    def paged_refs(self) -> Iterator[Ref]:
+        """The paged messages in order, as references in state PAGED (for management:
+        `take` or `kill` them, then `remove_paged`)."""
+        if self.pages is None:
+            return
+        for message in self.pages.browse():
+            ref = Ref(message, -1)
+            ref.state = PAGED
+            yield ref
+
+    def remove_paged(self) -> None:
+        """Remove the paged messages taken since the last call from the page files."""
+        pages, doomed = self.pages, self._doomed
+        if pages is None or not doomed:
+            return
+        self._doomed = set()
+        pages.remove(doomed)
+        if self.store is not None:
+            self.store.page_read(self.name, pages)
+
+    def purge_paged(self, reason: str) -> int:
+        """Kill every paged message (purge without a filter): counted and evented one by
+        one, as `kill` does, without holding them."""
+        pages = self.pages
+        if pages is None or not pages.messages:
+            return 0
+        killed = 0
+        for ref in self.paged_refs():
+            killed += 1
+            self.counters.killed += 1
+            self.killed(ref, reason)
+        pages.clear()
+        self.used = True
+        if self.store is not None:
+            self.store.page_read(self.name, pages)
+        return killed
+
+    def compact(self) -> None:
+        """Drop the references removed from the middle of the queue (marked GONE, left in
+        place for `_pop_next`) after a bulk removal, so their messages' memory is freed
+        now rather than when dispatch reaches them (issue 23: RSS after a purge)."""
+        for level in range(_LEVELS):
+            fresh = self._fresh[level]
+            if any(ref.state == GONE for ref in fresh):
+                self._fresh[level] = deque(ref for ref in fresh if ref.state != GONE)
+            returned = self._returned[level]
+            if any(ref.state == GONE for ref in returned):
+                kept = [ref for ref in returned if ref.state != GONE]
+                heapq.heapify(kept)
+                self._returned[level] = kept
+        if any(entry[2].state != SCHEDULED for entry in self._scheduled):
+            self._scheduled = [e for e in self._scheduled if e[2].state == SCHEDULED]
+            heapq.heapify(self._scheduled)

@@ -21,6 +21,7 @@ What the records mean to the journal (which records are *live* and kept by compa
 * `AddRef` is live until its `AckRef`, or a `DeleteQueue` of its queue.
 * `UpdateDeliveryCount` and `ScheduledDelivery` are live while their reference is, and
   only the latest one per reference (B-095: the last persisted count wins).
+* `PageCursor`: the latest one per queue, until `DeleteQueue`.
 * `AddQueue` until `DeleteQueue`; `AddAddress` until `DeleteAddress`; a later add of the
   same name replaces the earlier one.
 * `AckRef`, `DeleteQueue`, `DeleteAddress` are tombstones: kept only while the record they
@@ -53,6 +54,7 @@ class RecordType(enum.IntEnum):
     ADD_MESSAGE = 45  # Artemis JournalRecordIds.ADD_MESSAGE_PROTOCOL
     DELETE_QUEUE = 101  # Artemis deletes the QUEUE_BINDING_RECORD by record id
     DELETE_ADDRESS = 102  # Artemis deletes the ADDRESS_BINDING_RECORD by record id
+    PAGE_CURSOR = 103  # Artemis keeps page-cursor acks (PAGE_CURSOR_COMPLETE and others)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -72,6 +74,11 @@ class AddMessage:
     expiration_ms: int = 0
     first_ts: int = 0
     priority: int = DEFAULT_PRIORITY
+    # What the section scan found (`core.Message` fields), so that recovery need not scan
+    # every message again (issue 23 item 4). header_end -1: not recorded (older journals).
+    header_end: int = -1
+    head_end: int = 0
+    header_count: int = -1  # the producer's header delivery-count; -1: no such header
 
 
 @dataclass(slots=True, kw_only=True)
@@ -166,6 +173,18 @@ class DeleteAddress:
 
 
 @dataclass(slots=True, kw_only=True)
+class PageCursor:
+    """Queue `queue` has read its page files up to (`page`, `offset`) (B-151 PAGE): what
+    came before is in the journal or gone (`store/paging.py`)."""
+
+    type_id: ClassVar[RecordType] = RecordType.PAGE_CURSOR
+
+    queue: str
+    page: int
+    offset: int
+
+
+@dataclass(slots=True, kw_only=True)
 class TxPrepare:
     """Placeholder for transactions (issue 5): not yet written by the broker."""
 
@@ -202,6 +221,7 @@ Record = (
     | DeleteQueue
     | AddAddress
     | DeleteAddress
+    | PageCursor
     | TxPrepare
     | TxCommit
     | TxRollback
@@ -219,6 +239,7 @@ RECORD_CLASSES: dict[RecordType, type[Record]] = {
         DeleteQueue,
         AddAddress,
         DeleteAddress,
+        PageCursor,
         TxPrepare,
         TxCommit,
         TxRollback,

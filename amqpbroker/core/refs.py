@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from amqpbroker.core.model import ConsumerId, Message
 
-__all__ = ["DELIVERING", "GONE", "READY", "SCHEDULED", "Ref"]
+__all__ = ["DELIVERING", "GONE", "PAGED", "READY", "SCHEDULED", "Ref"]
 
 READY, SCHEDULED, DELIVERING, GONE = range(4)
+# In the queue's page files (B-151 PAGE): a management operation's view of it.
+PAGED = 4
 
 
 class Ref:
@@ -37,5 +39,5 @@ class Ref:
 
     @property
     def waiting(self) -> bool:
-        """Ready or scheduled: in the queue, not out with a consumer, not gone."""
-        return self.state == READY or self.state == SCHEDULED
+        """Ready, scheduled or paged: in the queue, not out with a consumer, not gone."""
+        return self.state == READY or self.state == SCHEDULED or self.state == PAGED

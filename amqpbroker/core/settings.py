@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from amqpbroker.core.model import RoutingType
+from amqpbroker.core.unsupported import UNSUPPORTED_SETTINGS
 from amqpbroker.core.wildcard import WildcardConfig
 
 ADDRESS_FULL_POLICIES = ("PAGE", "BLOCK", "FAIL", "DROP")
@@ -81,6 +82,10 @@ class ResolvedSettings:
     max_size_messages: int = -1
     max_size_bytes_reject_threshold: int = -1
     page_size_bytes: int = 10 * 1024 * 1024
+    # B-151 PAGE: how much is read back from page files into a queue's memory at most
+    # (Artemis: 2 x page-size-bytes; -1 messages: no count limit).
+    max_read_page_bytes: int = 20 * 1024 * 1024
+    max_read_page_messages: int = -1
     enable_metrics: bool = True
     enable_ingress_timestamp: bool = False
     management_browse_page_size: int = 200
@@ -100,9 +105,13 @@ class ResolvedSettings:
         )
 
     def to_config(self) -> dict[str, Any]:
-        """Kebab-case keys and plain values, as in the YAML file and the HTTP API."""
+        """Kebab-case keys and plain values, as in the YAML file and the HTTP API; the keys
+        amqpbroker does not implement (core/unsupported.py) are left out: never shown as
+        effective (issue 19)."""
         out: dict[str, Any] = {}
         for f in fields(self):
+            if f.name in UNSUPPORTED_SETTINGS:
+                continue
             value = getattr(self, f.name)
             out[f.name.replace("_", "-")] = value.value if isinstance(value, RoutingType) else value
         return out

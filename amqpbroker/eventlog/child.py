@@ -12,7 +12,7 @@ Theory of operation
 stdin carries frames from the broker (`frames.py`): `(first_seq, now_ms, events)` with
 `events` a list of `RawEvent` tuples numbered from `first_seq` (core/lifecycle.py has the
 layout). Each frame becomes JSON
-objects with exactly the B-170 fields in order (FIELDS; absent values null), written with
+objects with exactly the B-170 fields in order (EVENT_FIELDS; absent values null), written with
 one `write` on an unbuffered file: a reader of the `.part` file sees every frame as soon
 as it is written, and a failed write is charged to the frame it belongs to. From the
 message bytes an event carries it decodes only what the config asks for
@@ -101,9 +101,10 @@ SPACE_CHECK_SECONDS = 1.0
 # gives most of level 6's ratio at a fraction of its CPU.
 GZIP_LEVEL = 1
 _COPY_BYTES = 1 << 20
-# B-170: core.lifecycle.EVENT_FIELDS (a test checks they are equal; importing core here
-# would double this process's start-up time). `_format` and `_line` write them in this order.
-FIELDS = (
+# B-170: the JSONL fields, in order; the one list of them (the process that writes the
+# lines owns it: the core builds events as shapes, this process adds seq, broker, props and
+# body_hash). `_format` and `_line` write them in this order.
+EVENT_FIELDS = (
     "ts",
     "seq",
     "event",
@@ -219,7 +220,7 @@ def template(fixed: dict[str, str]) -> str:
     given, everything else pre-encoded as %s (a %-template is ~5x cheaper than a dict for
     json.dumps). Every value is ASCII."""
     parts = []
-    for name in FIELDS:
+    for name in EVENT_FIELDS:
         if name in fixed:
             value = fixed[name].replace("%", "%%")
         else:

@@ -63,7 +63,7 @@ class LoopBridge:
         return future.result(timeout=COMMAND_TIMEOUT_S)
 
 
-def _json_safe(value: Any, depth: int = 0) -> Any:
+def json_safe(value: Any, depth: int = 0) -> Any:
     """`value` as JSON types; nesting deeper than MAX_JSON_DEPTH becomes "…"."""
     if value is None or isinstance(value, bool | int | float | str):
         return value
@@ -74,9 +74,9 @@ def _json_safe(value: Any, depth: int = 0) -> Any:
     if isinstance(value, dict | list | tuple) and depth >= MAX_JSON_DEPTH:
         return "…"
     if isinstance(value, dict):
-        return {str(k): _json_safe(v, depth + 1) for k, v in value.items()}
+        return {str(k): json_safe(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [_json_safe(v, depth + 1) for v in value]
+        return [json_safe(v, depth + 1) for v in value]
     return str(value)
 
 
@@ -106,7 +106,7 @@ def _body_preview(data: bytes, limit: int = 200) -> tuple[str, str | None]:
         except UnicodeDecodeError:
             text = raw.hex()
     else:
-        text = json.dumps(_json_safe(body)) if not isinstance(body, str) else body
+        text = json.dumps(json_safe(body)) if not isinstance(body, str) else body
     return (text if len(text) <= limit else text[:limit] + "…"), None
 
 
@@ -134,7 +134,7 @@ def message_view(ref: Ref) -> dict[str, Any]:
     )
     for key, read in readers:
         try:
-            view[key] = _json_safe(read())
+            view[key] = json_safe(read())
         except _UNDECODABLE as e:
             view[key] = {}
             errors.append(f"{key}: {e}")
@@ -161,6 +161,10 @@ def queue_view(stats: ops.QueueStats) -> dict[str, Any]:
         "dead_lettered": stats.dead_lettered,
         "expired": stats.expired,
         "killed": stats.killed,
+        # B-151 PAGE (issue 23): whether it has messages in page files, and how many.
+        "paging": stats.paged_messages > 0,
+        "paged_messages": stats.paged_messages,
+        "paged_bytes": stats.paged_bytes,
     }
 
 
@@ -479,6 +483,7 @@ class ManagementApi:
         view = queue_view(stats)
         view["kind"] = queue_kinds(queue)
         view["role"] = roles.get(stats.address)
+        view["replaced"] = stats.replaced  # ring and last-value removals (B-120, B-121)
         view["oldest_age_s"] = (
             None if stats.oldest_ts is None else max(0, now_ms - stats.oldest_ts) / 1000
         )
@@ -513,6 +518,9 @@ class ManagementApi:
         stats = next(s for s in ops.queue_stats(broker) if s.name == name)
         view = self._row(stats, _special_addresses(broker), broker.clock.now_ms())
         view["filter"] = queue.config.filter
+        view["last_value_key"] = queue.config.last_value_key  # B-120
+        view["ring_size"] = queue.config.ring_size  # B-121
+        view["non_destructive"] = queue.config.non_destructive  # B-123
         view["settings"] = broker.settings_for(queue.address).to_config()
         return view
 
@@ -548,7 +556,7 @@ def queue_kinds(queue: Queue) -> list[str]:
     kinds = []
     if c.last_value_key:
         kinds.append("LVQ")
-    if c.ring_size is not None and c.ring_size > 0:
+    if c.ring_size is not None and c.ring_size >= 0:  # B-121: 0 is a ring too
         kinds.append("ring")
     if c.exclusive:
         kinds.append("exclusive")

@@ -96,12 +96,19 @@ class BrokerSnapshot:
         connections_refused: dict[str, int] | None = None,
     ) -> BrokerSnapshot:
         per_address, everything = broker.totals.totals(broker.queues.values())
+
+        def metered(address: str) -> bool:
+            """Artemis `enable-metrics`: false leaves the address and its queues out of
+            the per-address and per-queue metrics (broker-wide totals still count them)."""
+            return broker.settings.resolve(address).enable_metrics
+
         return cls(
             broker=broker.name,
-            queues=tuple(queue_stats(broker)),
+            queues=tuple(q for q in queue_stats(broker) if metered(q.address)),
             addresses=tuple(
                 AddressStats(a.name, a.routed, a.unrouted)
                 for a in broker.post_office.addresses.values()
+                if metered(a.name)
             ),
             connections=connections,
             connections_opened=connections_opened,
@@ -113,7 +120,7 @@ class BrokerSnapshot:
             taken_ms=now_ms,
             journal_failed=journal_failed,
             journal_errors=journal_errors,
-            address_totals=tuple(per_address.items()),
+            address_totals=tuple(i for i in per_address.items() if metered(i[0])),
             broker_totals=everything,
             connections_refused=tuple(sorted((connections_refused or {}).items())),
         )
@@ -161,7 +168,8 @@ class BrokerCollector:
 
         yield queue_gauge(
             names.QUEUE_MESSAGES,
-            "Messages in the queue: ready + scheduled + delivering.",
+            "Messages in the queue: ready + scheduled + delivering (+ paged); without the"
+            " delivering ones on last-value and non-destructive queues (B-120, B-123).",
             lambda q: q.messages,
             with_type=True,
         )
@@ -200,6 +208,12 @@ class BrokerCollector:
             lambda q: q.killed_by_reason,
         )
         yield by_reason(
+            names.QUEUE_REPLACED,
+            "Messages a ring or last-value queue removed, by reason (B-120, B-121).",
+            "reason",
+            lambda q: q.replaced_by_reason,
+        )
+        yield by_reason(
             names.QUEUE_RETURNED,
             "Deliveries returned to the queue, by outcome.",
             "outcome",
@@ -218,6 +232,7 @@ class BrokerCollector:
             unrouted.add_metric([a.name], a.unrouted)
         yield routed
         yield unrouted
+        yield from _paging(s)
         yield GaugeMetricFamily(names.CONNECTIONS, "Open AMQP connections.", value=s.connections)
         yield CounterMetricFamily(
             names.CONNECTIONS_OPENED, "AMQP connections opened.", value=s.connections_opened
@@ -319,6 +334,26 @@ def _event_log_files(f: EventLogFiles, now_ms: int) -> Iterator[Metric]:
     deleted_bytes.add_metric(["false"], uncompacted[1])
     yield deleted
     yield deleted_bytes
+
+
+def _paging(s: BrokerSnapshot) -> Iterator[Metric]:
+    """B-151 PAGE: page files per address (its queues' summed), 0 when not paging."""
+    families = (
+        (names.ADDRESS_PAGED_BYTES, "Bytes of messages in page files."),
+        (names.ADDRESS_PAGED_MESSAGES, "Messages in page files."),
+        (names.ADDRESS_PAGE_FILES, "Page files on disk."),
+    )
+    sums: dict[str, list[int]] = {a.name: [0, 0, 0] for a in s.addresses}
+    for q in s.queues:
+        row = sums.setdefault(q.address, [0, 0, 0])
+        row[0] += q.paged_bytes
+        row[1] += q.paged_messages
+        row[2] += q.page_files
+    for i, (name, help_text) in enumerate(families):
+        gauge = GaugeMetricFamily(name, help_text, labels=["address"])
+        for address, row in sums.items():
+            gauge.add_metric([address], row[i])
+        yield gauge
 
 
 def _address_totals(s: BrokerSnapshot) -> Iterator[Metric]:

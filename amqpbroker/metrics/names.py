@@ -12,8 +12,13 @@ QUEUE_EXPIRED = "amqpbroker_queue_messages_expired"  # _total
 QUEUE_DEAD_LETTERED = "amqpbroker_queue_messages_dead_lettered"  # _total{reason}
 QUEUE_KILLED = "amqpbroker_queue_messages_killed"  # _total{reason}
 QUEUE_RETURNED = "amqpbroker_queue_deliveries_returned"  # _total{outcome}
+QUEUE_REPLACED = "amqpbroker_queue_messages_replaced"  # _total{reason}: ring, last-value
 ADDRESS_ROUTED = "amqpbroker_address_routed_messages"  # _total
 ADDRESS_UNROUTED = "amqpbroker_address_unrouted_messages"  # _total
+# B-151 PAGE (issue 23): what the page files of an address's queues hold.
+ADDRESS_PAGED_BYTES = "amqpbroker_address_paged_bytes"
+ADDRESS_PAGED_MESSAGES = "amqpbroker_address_paged_messages"
+ADDRESS_PAGE_FILES = "amqpbroker_address_page_files"
 # The queue counters summed per address, kept across queue (and address) incarnations, so
 # an auto-deleted queue that comes back does not restart them (issue 16 item 4).
 ADDRESS_ADDED = "amqpbroker_address_messages_added"  # _total

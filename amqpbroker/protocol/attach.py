@@ -70,7 +70,7 @@ class _Attach:
     window: Window
     # the other parts' (connection.py, transfers.py)
     _fail: Callable[[str, str], None]
-    resume_producers: Callable[[str], bool]
+    resume_producers: Callable[[str | None], bool]
 
     @property
     def roles(self) -> frozenset[str] | None:

@@ -12,6 +12,7 @@ from typing import Any
 from amqpbroker.amqp import sections
 from amqpbroker.amqp.sections import Byte, Long, Symbol, UInt
 from amqpbroker.core import Message, MoveAnnotations, kept_annotations, move_annotation_values
+from amqpbroker.core.moves import INGRESS_TIME, reprioritized
 
 # The wrappers that give a move annotation its AMQP type (`core.MOVE_ANNOTATIONS`).
 _WIRE_TYPES = {"long": Long, "byte": Byte, "symbol": Symbol, "uint": UInt}
@@ -69,6 +70,28 @@ class Copier:
         message.head_end = rescanned.head_end()
         message.event_part = None  # its events from now on carry the new bytes
         message.expiration_ms = expiration_ms
+
+    def set_ingress_time(self, message: Message, now_ms: int) -> None:
+        """B-018 (d): x-opt-ingress-time (a long, epoch ms) among the message-annotations."""
+        annotations = {**message.get_annotations(), INGRESS_TIME: Long(now_ms)}
+        data = sections.rebuild(message.data, message_annotations=annotations)
+        rescanned = sections.scan(data)
+        message.data = data
+        message.size = len(data)
+        message.header_end = rescanned.header_end
+        message.head_end = rescanned.head_end()
+        message.annotations = annotations
+        message.event_part = None  # its events from now on carry the new bytes
+
+    def with_priority(self, message: Message, priority: int) -> Message:
+        """B-161 changeMessagesPriority: the header rewritten (made if there was none)."""
+        scanned = sections.scan(message.data)
+        header = scanned.header() or sections.Header(message.durable, priority, None, None, 0)
+        data = sections.rebuild(scanned.data, header=header._replace(priority=priority))
+        rescanned = sections.scan(data)
+        copy = reprioritized(message, data, priority, rescanned.header_end)
+        copy.head_end = rescanned.head_end()
+        return copy
 
 
 COPIER = Copier()

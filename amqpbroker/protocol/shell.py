@@ -9,10 +9,11 @@ server, calls `Shell.apply_effects`, which takes them and applies them in order:
 
 * `Dispatch` -> `ConsumerLink.send`: a transfer on the consumer's proton `Sender`, with the
   stored bytes (only the header re-encoded on a redelivery, B-050) and the delivery id as
-  its tag; `delivery_id` reads that tag back when the consumer settles;
+  its tag; `delivery_id_of` reads that tag back when the consumer settles;
 * `Drained` -> the link's drain is answered; `CloseConsumer` -> the link is closed with
   the condition the core names; `AddressUnblocked` -> every connection tops up the credit
-  of its producers to that address (B-151).
+  of its producers to that address and of its anonymous relays (all of them when the
+  broker-wide limit has room again: address None) (B-151).
 
 A dispatch to a consumer that has meanwhile gone is dropped: the core already returned
 that message. Every connection touched is marked `dirty`, and the server writes what each
@@ -57,7 +58,7 @@ from amqpbroker.protocol.peer import PeerInvalidField
 class Engine(Protocol):
     """What the shell asks of a connection."""
 
-    def resume_producers(self, address: str) -> bool: ...
+    def resume_producers(self, address: str | None) -> bool: ...
 
     def close_link(self, link: Link, condition: str, description: str) -> None: ...
 
@@ -83,7 +84,7 @@ class ConsumerLink(Generic[C]):
             # B-050: re-encode only the header; also when the producer sent a count.
             data = sections.with_delivery_count(data, message.header_end, dispatch.wire_count)
         impl = self.impl
-        tag = b"%d" % dispatch.delivery  # read back by `delivery_id`
+        tag = b"%d" % dispatch.delivery  # read back by `delivery_id_of`
         delivery = lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
         lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
         lib.pn_link_advance(impl)
@@ -94,11 +95,12 @@ class ConsumerLink(Generic[C]):
 class ProducerLink:
     """A producer: wraps the proton `Receiver` the broker receives on."""
 
-    __slots__ = ("link", "target")
+    __slots__ = ("last_to", "link", "target")
 
     def __init__(self, link: Link, target: ProducerTarget) -> None:
         self.link = link
         self.target = target
+        self.last_to: str | None = None  # anonymous relay: its last message's `to` (B-151)
 
 
 def wrong_direction() -> PeerInvalidField:

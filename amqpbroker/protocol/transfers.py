@@ -40,6 +40,7 @@ from proton import Condition, Delivery, Link
 
 from amqpbroker.amqp import sections
 from amqpbroker.core import (
+    DUPLICATE_ID,
     FAILED,
     Broker,
     ClientError,
@@ -57,7 +58,7 @@ log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the s
 
 PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
-_DUPLICATE_ID_KEY = b"_AMQ_DUPL_ID"
+_DUPLICATE_ID_KEY = DUPLICATE_ID.encode()
 _PN_ACCEPTED = lib.PN_ACCEPTED
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
 
@@ -164,17 +165,20 @@ class _Transfers:
     def _top_up(self, link: Any, producer: ProducerLink | None = None) -> None:
         credit = lib.pn_link_credit(link)
         if credit < PRODUCER_LOW_CREDIT and (
-            producer is None or self.broker.producer_may_send(producer.target)
+            producer is None or self.broker.producer_may_send(producer.target, to=producer.last_to)
         ):
             lib.pn_link_flow(link, PRODUCER_CREDIT - credit)
 
-    def resume_producers(self, address: str) -> bool:
-        """Top up credit of producer links to an address that has room again (B-151)."""
+    def resume_producers(self, address: str | None) -> bool:
+        """Top up credit of producer links to an address that has room again, of anonymous
+        relays, and of all when the broker-wide limit has room again (None) (B-151)."""
         resumed = False
+        may_send = self.broker.producer_may_send
         for impl, producer in self.producers.items():
-            if producer.target.address == address:
+            target = producer.target
+            if address is None or target.address == address or target.address is None:
                 credit = lib.pn_link_credit(impl)
-                if credit < PRODUCER_LOW_CREDIT:
+                if credit < PRODUCER_LOW_CREDIT and may_send(target, to=producer.last_to):
                     lib.pn_link_flow(impl, PRODUCER_CREDIT - credit)
                     resumed = True
         return resumed
@@ -220,9 +224,10 @@ class _Transfers:
         target = producer.target
         message_routing_type = None
         to = None
+        delivery_delay_ms = 0
         if scanned.message_annotations is not None:
-            message.deliver_at_ms = _scheduled_delivery(
-                message.get_annotations(), self.broker.clock.now_ms()
+            message.deliver_at_ms, delivery_delay_ms = _scheduled_delivery(
+                message.get_annotations()
             )
         if scanned.message_annotations is not None and target.routing_type is None:
             message_routing_type = annotated_routing_type(
@@ -230,7 +235,7 @@ class _Transfers:
             )
         if target.address is None and scanned.properties is not None:
             value = message.get_properties().get("to")
-            to = value if isinstance(value, str) else None
+            to = producer.last_to = value if isinstance(value, str) else None
         duplicate_id = None
         app = scanned.application_properties
         if (
@@ -238,7 +243,7 @@ class _Transfers:
             and app is not None
             and (scanned.data.find(_DUPLICATE_ID_KEY, app[0], app[1]) >= 0)
         ):  # decode only when the key's bytes are there (B-012)
-            value = message.get_application_properties().get("_AMQ_DUPL_ID")
+            value = message.get_application_properties().get(DUPLICATE_ID)
             duplicate_id = value if isinstance(value, str | bytes) else None
         self.broker.publish(
             message,
@@ -246,6 +251,7 @@ class _Transfers:
             to=to,
             message_routing_type=message_routing_type,
             duplicate_id=duplicate_id,
+            delivery_delay_ms=delivery_delay_ms,
         )
 
     def _on_disposition(self, delivery: Any, link: Any) -> None:
@@ -286,13 +292,14 @@ def message_of(scanned: sections.Scanned, *, origin_container: str | None = None
     )
 
 
-def _scheduled_delivery(annotations: dict[str, Any], now_ms: int) -> int:
-    """B-015: x-opt-delivery-time (epoch ms) wins over x-opt-delivery-delay (ms after
-    receipt); a value that is not a number is ignored (B-153)."""
+def _scheduled_delivery(annotations: dict[str, Any]) -> tuple[int, int]:
+    """B-015: (x-opt-delivery-time, epoch ms; x-opt-delivery-delay, ms after receipt, which
+    the broker adds to its time of the publish); the time wins over the delay; a value
+    that is not a number is ignored (B-153). (0, 0): not scheduled."""
     at = annotations.get("x-opt-delivery-time")
     if isinstance(at, int) and not isinstance(at, bool):
-        return at
+        return at, 0
     delay = annotations.get("x-opt-delivery-delay")
     if isinstance(delay, int) and not isinstance(delay, bool) and delay > 0:
-        return now_ms + delay
-    return 0
+        return 0, delay
+    return 0, 0

@@ -34,7 +34,15 @@ from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import Any
 
-from amqpbroker.core.records import RECORD_CLASSES, Record, RecordType
+from amqpbroker.core.records import (
+    RECORD_CLASSES,
+    AckRef,
+    AddMessage,
+    AddRef,
+    Record,
+    RecordType,
+    UpdateDeliveryCount,
+)
 
 __all__ = ["CodecError", "decode", "decode_values", "encode"]
 
@@ -158,7 +166,7 @@ def _fast_add_message(record: Any) -> bytes:
         return encode_generic(record)
     return b"".join(
         (
-            b"\x07",
+            b"\x0a",
             _TAG_INT.pack(_INT, record.msg_id),
             _name(record.address),
             _B_TRUE if record.durable else _B_FALSE,
@@ -166,6 +174,9 @@ def _fast_add_message(record: Any) -> bytes:
             data,
             _THREE_INTS.pack(
                 _INT, record.expiration_ms, _INT, record.first_ts, _INT, record.priority
+            ),
+            _THREE_INTS.pack(
+                _INT, record.header_end, _INT, record.head_end, _INT, record.header_count
             ),
         )
     )
@@ -268,12 +279,117 @@ class _Schema:
 _SCHEMAS = {type_id: _Schema(cls) for type_id, cls in RECORD_CLASSES.items()}
 
 
+# Fast decoders for the same records (recovery replays millions of them, issue 23 item
+# 4): the layout `_fast_*` writes, checked byte for byte; anything else (an older or newer
+# writer, a field out of the usual types) goes to the general decoder.
+_STRINGS: dict[bytes, str] = {}  # queue and address names repeat: decode each once
+_ADD_MESSAGE_HEAD = struct.Struct("<BBqBI")  # count, tag, msg_id, tag, address length
+
+
+def _string(raw: bytes) -> str:
+    text = _STRINGS.get(raw)
+    if text is None:
+        text = raw.decode()
+        if len(_STRINGS) < 10_000:
+            _STRINGS[raw] = text
+    return text
+
+
+def _fast_decode_ref(cls: type[Any]) -> Callable[[bytes], Any]:
+    def decode(payload: bytes) -> Any:
+        if payload[0] != 3 or payload[1] != _STR:
+            return None
+        end = 6 + _U32.unpack_from(payload, 2)[0]
+        if len(payload) != end + _TWO_INTS.size:
+            return None
+        tag1, msg_id, tag2, count = _TWO_INTS.unpack_from(payload, end)
+        if tag1 != _INT or tag2 != _INT:
+            return None
+        return cls(queue=_string(payload[6:end]), msg_id=msg_id, delivery_count=count)
+
+    return decode
+
+
+def _fast_decode_ack(payload: bytes) -> Any:
+    if payload[0] != 2 or payload[1] != _STR:
+        return None
+    end = 6 + _U32.unpack_from(payload, 2)[0]
+    if len(payload) != end + _TAG_INT.size:
+        return None
+    tag, msg_id = _TAG_INT.unpack_from(payload, end)
+    if tag != _INT:
+        return None
+    return AckRef(queue=_string(payload[6:end]), msg_id=msg_id)
+
+
+def _fast_decode_add_message(payload: bytes) -> Any:
+    count, tag, msg_id, address_tag, address_len = _ADD_MESSAGE_HEAD.unpack_from(payload)
+    if count not in (7, 10) or tag != _INT or address_tag != _STR:  # 7: before issue 23
+        return None
+    scanned = count == 10
+    pos = _ADD_MESSAGE_HEAD.size + address_len
+    address = _string(payload[_ADD_MESSAGE_HEAD.size : pos])
+    durable = payload[pos]
+    data_tag, data_len = _TAG_LEN.unpack_from(payload, pos + 1)
+    start = pos + 1 + _TAG_LEN.size
+    end = start + data_len
+    if (
+        durable not in (_TRUE, _FALSE)
+        or data_tag != _BYTES
+        or len(payload) != end + _THREE_INTS.size * (2 if scanned else 1)
+    ):
+        return None
+    tag1, expiration_ms, tag2, first_ts, tag3, priority = _THREE_INTS.unpack_from(payload, end)
+    if tag1 != _INT or tag2 != _INT or tag3 != _INT:
+        return None
+    header_end, head_end, header_count = -1, 0, -1
+    if scanned:
+        tag1, header_end, tag2, head_end, tag3, header_count = _THREE_INTS.unpack_from(
+            payload, end + _THREE_INTS.size
+        )
+        if tag1 != _INT or tag2 != _INT or tag3 != _INT:
+            return None
+    return AddMessage(
+        msg_id=msg_id,
+        address=address,
+        durable=durable == _TRUE,
+        data=payload[start:end],
+        expiration_ms=expiration_ms,
+        first_ts=first_ts,
+        priority=priority,
+        header_end=header_end,
+        head_end=head_end,
+        header_count=header_count,
+    )
+
+
+_FAST_DECODE: dict[int, Callable[[bytes], Any]] = {
+    RecordType.ADD_REF: _fast_decode_ref(AddRef),
+    RecordType.UPDATE_DELIVERY_COUNT: _fast_decode_ref(UpdateDeliveryCount),
+    RecordType.ACK_REF: _fast_decode_ack,
+    RecordType.ADD_MESSAGE: _fast_decode_add_message,
+}
+
+
 def decode(type_id: int, payload: bytes) -> Record:
     """The record of type `type_id` whose payload is `payload`.
 
     Raises:
         CodecError: unknown type id, malformed payload, or a required field is missing.
     """
+    fast = _FAST_DECODE.get(type_id)
+    if fast is not None:
+        try:
+            found: Record | None = fast(payload)
+        except (IndexError, struct.error, UnicodeDecodeError):
+            found = None
+        if found is not None:
+            return found
+    return decode_generic(type_id, payload)
+
+
+def decode_generic(type_id: int, payload: bytes) -> Record:
+    """`decode` field by field, for any record (the fast paths must equal this)."""
     try:
         schema = _SCHEMAS[RecordType(type_id)]
     except ValueError:

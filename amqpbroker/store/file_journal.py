@@ -212,6 +212,9 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._dir_fd = -1
         self._next: tuple[int, Path, int] | None = None  # spare next segment: n, path, fd
 
+        # The records the open read and checked, in order, for the first `replay()` while
+        # nothing was appended since (issue 23 item 4: recovery decodes the journal once).
+        self._opened: list[Record] | None = []
         self._lock_fd = self._lock_directory()
         try:
             self._open_segments()
@@ -302,6 +305,8 @@ class FileJournal(_Opening, _Failure, _Compaction):
         with self._cond:
             if self._closed or self.read_only:
                 raise JournalClosed(f"journal {self.directory} is closed or read-only")
+            if records:
+                self._opened = None  # the state moved on: replay reads the files
             self._queue.append(pending)
             self._cond.notify()
 
@@ -582,8 +587,14 @@ class FileJournal(_Opening, _Failure, _Compaction):
         if not self.read_only:
             self.flush()
         with self._compact_lock, self._lock:  # no compaction runs, none starts
-            self._readers += 1
-            plan = [(seg.path, seg.size_bytes, list(seg.skips)) for seg in self._segments]
+            opened, self._opened = self._opened, None
+            if opened is None:
+                self._readers += 1
+                plan = [(seg.path, seg.size_bytes, list(seg.skips)) for seg in self._segments]
+        if opened is not None:
+            # Compaction since the open dropped only dead records: the same state.
+            yield from opened
+            return
         try:
             yield from self._replay(plan)
         finally:

@@ -24,6 +24,7 @@ from amqpbroker.core.records import (
     AddRef,
     DeleteAddress,
     DeleteQueue,
+    PageCursor,
     Record,
     ScheduledDelivery,
     TxCommit,
@@ -72,6 +73,7 @@ class _LiveSet(Generic[_Item]):
         self.messages: dict[int, _MessageSlot[_Item]] = {}
         self.refs: dict[tuple[str, int], _RefSlot[_Item]] = {}
         self.queue_refs: dict[str, dict[int, None]] = {}
+        self.page_cursors: dict[str, _Item] = {}
         self._rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
             AddMessage: self._add_message,
             AddRef: self._add_ref,
@@ -82,6 +84,7 @@ class _LiveSet(Generic[_Item]):
             DeleteQueue: self._delete_queue,
             AddAddress: self._add_address,
             DeleteAddress: self._delete_address,
+            PageCursor: self._page_cursor,
             TxPrepare: self._not_kept,
             TxCommit: self._not_kept,
             TxRollback: self._not_kept,
@@ -171,6 +174,9 @@ class _LiveSet(Generic[_Item]):
         old = self.queues.pop(record.name, None)
         if old is not None:
             self._dead(old, True)
+        cursor = self.page_cursors.pop(record.name, None)
+        if cursor is not None:
+            self._dead(cursor, False)
         for msg_id in self.queue_refs.pop(record.name, {}):
             self._remove_ref(record.name, msg_id, self.refs.pop((record.name, msg_id)))
         return False
@@ -187,6 +193,13 @@ class _LiveSet(Generic[_Item]):
         if old is not None:
             self._dead(old, True)
         return False
+
+    def _page_cursor(self, record: PageCursor, item: _Item) -> bool:
+        old = self.page_cursors.get(record.queue)
+        if old is not None:
+            self._dead(old, False)
+        self.page_cursors[record.queue] = item
+        return True
 
     def _not_kept(self, record: Record, item: _Item) -> bool:
         return False

@@ -70,6 +70,7 @@ class _Opening:
     skip_corrupt: bool
     _segments: list[_Segment]
     _live: _LiveSet[_Loc]
+    _opened: list[Record] | None
 
     def _on_dead(self, item: _Loc, needs_tombstone: bool) -> None:
         raise NotImplementedError  # FileJournal's
@@ -134,6 +135,12 @@ class _Opening:
         _sync_directory(self.directory)
         return _Segment(number, path, HEADER_BYTES)
 
+    def _index_opened(self, seg: _Segment, batch: list[tuple[Record, int, int]]) -> None:
+        """Index a batch read at open, and keep its records for the first replay."""
+        self._index_batch(seg, batch)
+        if self._opened is not None:
+            self._opened.extend(record for record, _, _ in batch)
+
     def _scan_segment(self, number: int, path: Path, *, last: bool) -> None:
         data = path.read_bytes()
         seg = _Segment(number, path, len(data))
@@ -175,13 +182,13 @@ class _Opening:
             batch.append((record, pos, end - pos))
             pos = end
             if flags & BATCH_END:
-                self._index_batch(seg, batch)
+                self._index_opened(seg, batch)
                 batch = []
                 batch_start = pos
         if batch and last:
             self._truncate_tail(seg, data, batch_start, pos, None, len(batch))
         elif batch:
-            self._index_batch(seg, batch)
+            self._index_opened(seg, batch)
 
     @staticmethod
     def _is_tail(data: bytes, pos: int, bad: _Bad) -> bool:

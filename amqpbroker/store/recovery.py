@@ -101,7 +101,16 @@ def _queue_config(record: AddQueue) -> QueueConfig:
 
 
 def _message(record: AddMessage, message_of: MessageOf) -> Message:
-    message = message_of(sections.scan(record.data))
+    if record.header_end >= 0:  # scanned when it was stored: no need to scan again
+        message = Message(
+            record.data,
+            header_end=record.header_end,
+            head_end=record.head_end,
+            header=None if record.header_count < 0 else {"delivery-count": record.header_count},
+            reader=sections.READER,
+        )
+    else:
+        message = message_of(sections.scan(record.data))
     message.msg_id = record.msg_id
     message.address = record.address
     message.first_ts = record.first_ts

@@ -17,6 +17,7 @@ from amqpbroker.core.records import (
     AddMessage,
     AddQueue,
     AddRef,
+    PageCursor,
     Record,
     ScheduledDelivery,
     UpdateDeliveryCount,
@@ -69,6 +70,15 @@ class JournalState:
     @property
     def queues(self) -> list[AddQueue]:
         return [r for r in self._live.queues.values() if isinstance(r, AddQueue)]
+
+    @property
+    def page_cursors(self) -> dict[str, tuple[int, int]]:
+        """Per queue, where its page files were read up to (B-151 PAGE)."""
+        return {
+            queue: (r.page, r.offset)
+            for queue, r in self._live.page_cursors.items()
+            if isinstance(r, PageCursor)
+        }
 
     @property
     def messages(self) -> dict[int, AddMessage]:

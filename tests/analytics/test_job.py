@@ -108,7 +108,8 @@ def test_compacted_marker_name_is_the_brokers() -> None:
 
 def test_second_run_reads_only_new_files(spark: SparkSession, tmp_path: Path) -> None:
     """Incremental compaction: seen files are skipped, .part files are never read; the
-    counters are merged with the new file's (issue 22 item 8)."""
+    partials of the tables are computed for the new file only and merged with the first
+    run's (issue 22 item 8)."""
     events, out = tmp_path / "events", tmp_path / "out"
     events.mkdir()
     (events / "events-1.jsonl").write_text(lines((1, "enqueued"), (2, "enqueued")))
@@ -123,11 +124,15 @@ def test_second_run_reads_only_new_files(spark: SparkSession, tmp_path: Path) ->
     assert summary["queues"]["q"]["enqueued"] == 3
     assert summary["queues"]["q"]["acked"] == 1
     assert list((out / "events").glob("date=2026-01-01"))
-    # Issue 22 item 8: the counters of the second run are the first run's plus those of
-    # the new file only, merged (the sums above are what a full recount gives).
-    state = json.loads((out / "_state" / "counts.json").read_text())
-    assert (state["files"], state["generation"]) == (["events-1.jsonl", "events-2.jsonl"], 2)
-    assert [p.name for p in (out / "_state").glob("counts-*")] == ["counts-2"]
+    # Issue 22 item 8: the second run derived its partials from the new file only; the
+    # sums above are the first run's merged with them (what a full recount gives).
+    state = json.loads((out / "_state" / "state.json").read_text())
+    assert (state["files"], state["runs"]) == (
+        ["events-1.jsonl", "events-2.jsonl"],
+        ["run-1", "run-2"],
+    )
+    run2 = spark.read.parquet(str(out / "_state" / "run-2" / "files")).collect()
+    assert [(r.file, r.valid, r.malformed) for r in run2] == [("events-2.jsonl", 2, 1)]
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from amqpbroker.analytics.schema import CORRUPT_RECORD, EVENT_SCHEMA, RAW_SCHEMA
-from amqpbroker.core.lifecycle import EVENT_FIELDS
+from amqpbroker.eventlog.child import EVENT_FIELDS
 
 pytestmark = pytest.mark.spark
 

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from amqpbroker.analytics import tables
-from amqpbroker.analytics.schema import EVENT_SCHEMA
+from amqpbroker.analytics import state, tables
+from amqpbroker.analytics.schema import CORRUPT_RECORD, EVENT_SCHEMA
 from amqpbroker.analytics.tables import TriageSettings
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(120)]
@@ -75,6 +76,24 @@ def test_queue_windows_count_per_window_and_rate(spark: SparkSession) -> None:
     )
 
 
+def test_outcomes_count_ring_and_last_value_replacements(spark: SparkSession) -> None:
+    """B-171 `replaced` (B-120, B-121): by reason, beside the other ways out."""
+    events = frame(
+        spark,
+        ev("replaced", 1, reason="ring"),
+        ev("replaced", 2, reason="ring"),
+        ev("replaced", 3, reason="last-value"),
+        ev("killed", 4, reason="purge"),
+        ev("acked", 5, reason="accepted"),
+    )
+    rows = tables.queue_outcomes(tables.event_counts(events, MINUTE)).collect()
+    assert sorted((r.event, r.reason, r.events) for r in rows) == [
+        ("killed", "purge", 1),
+        ("replaced", "last-value", 1),
+        ("replaced", "ring", 2),
+    ]
+
+
 def test_poison_needs_the_same_payload_failing_on_several_messages(spark: SparkSession) -> None:
     """One message failing three times is not poison; one payload on two messages is."""
     events = frame(
@@ -115,18 +134,30 @@ def _victim(msg_id: int, ts: int, *, body: str | None = "", **more: Any) -> list
     ]
 
 
+def outages_of(events: DataFrame, settings: TriageSettings) -> tuple[DataFrame, DataFrame]:
+    """(failure runs, outages) as the job computes them: from the acks per second and
+    the acks it looks up in the store near each run (issue 22 item 8)."""
+    failed = tables.failures(events)
+    acked = tables.ack_seconds(events)
+    runs = tables.failure_runs(failed, acked, settings)
+    stored = events.withColumn(CORRUPT_RECORD, F.lit(None).cast("string"))
+    return runs, tables.outages(runs, state.acks_near(stored, runs, acked, settings), settings)
+
+
 def classify(
     spark: SparkSession, events: list[dict[str, Any]], settings: TriageSettings
 ) -> dict[int, tuple[str, list[str], str | None, str | None]]:
     """copy msg_id -> (queue to drain, also_in, basis, held_back) over the whole chain."""
     frame_ = frame(spark, *events)
     failed = tables.failures(frame_)
-    runs = tables.failure_runs(failed, frame_, settings)
-    outages = tables.outages(runs, frame_, settings)
+    runs, outages = outages_of(frame_, settings)
+    # The acks the job looks up in the store (issue 22 item 8), not all of them.
+    stored = frame_.withColumn(CORRUPT_RECORD, F.lit(None).cast("string"))
+    acks = state.acks_of_keys(stored, tables.poison_suspects(failed, settings))
     classified = tables.classify_dead_letters(
         tables.still_queued_copies(tables.dead_letters(frame_), frame_),
         tables.outage_messages(runs, outages),
-        tables.poison_candidates(failed, frame_, settings),
+        tables.poison_candidates(failed, acks, settings),
         settings,
     )
     return {r.msg_id: (r.queue, r.also_in, r.basis, r.held_back) for r in classified.collect()}
@@ -231,9 +262,7 @@ def test_outage_runs_start_at_the_first_failure_not_a_window_boundary(
     everything = [*sporadic, *victims, *HEALTHY_AFTER]
     got = classify(spark, everything, settings)
     assert {k: v[2] for k, v in got.items()} == {1000 + m: "outage-window" for m in range(1, 11)}
-    events = frame(spark, *everything)
-    runs = tables.failure_runs(tables.failures(events), events, settings)
-    [outage] = tables.outages(runs, events, settings).collect()
+    [outage] = outages_of(frame(spark, *everything), settings)[1].collect()
     assert (outage.queue, outage.start_ms, outage.end_ms, outage.failures, outage.acked) == (
         "q",
         start + 2_000,

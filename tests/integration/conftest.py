@@ -29,7 +29,8 @@ from support.process import BrokerProcess, start_broker
 def broker(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[BrokerProcess | ThreadBroker]:
-    """The module's broker (see the module docstring); must stop cleanly."""
+    """The module's broker (see the module docstring); must stop cleanly, its log
+    without a traceback."""
     module = request.module
     config: str = getattr(module, "BROKER_CONFIG", "")
     directory = tmp_path_factory.mktemp(module.__name__.rsplit(".", 1)[-1])
@@ -42,6 +43,7 @@ def broker(
         )
     yield running
     assert running.stop() == 0, running.log()
+    assert "Traceback" not in running.log()  # nothing a test did escaped a handler
 
 
 @pytest.fixture

@@ -41,3 +41,9 @@ def test_drain_takes_a_queue_deeper_than_its_credit(broker: ThreadBroker) -> Non
         conn.close()
     assert drain(broker.url, "deep", credit=3) == [(i, 0) for i in range(7)]
     assert drain(broker.url, "deep") == []
+
+
+def test_its_log_is_kept_for_the_fixture_to_check(broker: ThreadBroker) -> None:
+    """The shared fixture asserts no traceback in a module broker's log: an in-thread
+    broker's log must be real, not empty."""
+    assert "broker test-broker started" in broker.log()

@@ -103,7 +103,11 @@ def test_queues_and_browse_show_why_messages_died(broker: BrokerProcess) -> None
         "dead_lettered",
         "expired",
         "killed",
+        "paging",  # B-151 PAGE (issue 23)
+        "paged_messages",
+        "paged_bytes",
     }
+    assert rows["shop"]["paging"] is False
     status, messages = http(broker, "/api/v1/queues/DLQ.shop/messages?filter=color%3D'red'")
     assert status == 200
     [red] = messages

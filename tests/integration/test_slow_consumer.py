@@ -3,14 +3,12 @@ queue (issue 15: "no single client may exhaust the broker"; B-037 credit)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 from proton import Message
 from proton.utils import BlockingConnection
 from support.client import QUEUE, receive_bodies, send
 from support.metrics import scrape
-from support.process import BrokerProcess, start_broker
+from support.process import BrokerProcess
 from support.raw import RawClient, open_socket
 from support.waiting import wait_until
 
@@ -20,11 +18,7 @@ COUNT = 300
 SIZE = 100 * 1024
 
 
-@pytest.fixture
-def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
-    running = start_broker(tmp_path_factory.mktemp("slow"))
-    yield running
-    assert running.stop() == 0, running.log()
+# The module's broker: the shared `broker` fixture (tests/integration/conftest.py).
 
 
 def _delivering(broker: BrokerProcess, queue: str) -> float:

@@ -7,9 +7,11 @@ python-qpid-proton clients over loopback.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from proton.utils import BlockingConnection
@@ -95,24 +97,17 @@ def test_rejected_error_condition_is_in_the_dlq_copy(conn: BlockingConnection) -
 CONSUMER = textwrap.dedent(
     """
     import sys
-    from proton.reactor import LinkOption
     from proton.utils import BlockingConnection
-    from proton import Data
-
-    class Queue(LinkOption):
-        def apply(self, link):
-            link.source.capabilities.put_array(False, Data.SYMBOL)
-            link.source.capabilities.enter()
-            link.source.capabilities.put_symbol("queue")
-            link.source.capabilities.exit()
+    from support.client import QUEUE
 
     conn = BlockingConnection(sys.argv[1], timeout=10)
-    receiver = conn.create_receiver(sys.argv[2], options=Queue())
+    receiver = conn.create_receiver(sys.argv[2], options=QUEUE)
     message = receiver.receive(timeout=10)
     print("GOT", message.delivery_count, flush=True)
     sys.stdin.read()  # hold the delivery unsettled until killed
     """
 )
+TESTS_DIR = Path(__file__).resolve().parents[1]  # where `support` is, for the child
 
 
 def test_killed_consumer_process_counts_the_attempt(broker: ThreadBroker) -> None:
@@ -123,6 +118,7 @@ def test_killed_consumer_process_counts_the_attempt(broker: ThreadBroker) -> Non
         [sys.executable, "-c", CONSUMER, broker.url, "killed"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS_DIR), *sys.path])),
         text=True,
     ) as child:
         try:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -30,19 +31,40 @@ START_TIMEOUT_S = 20
 CALL_TIMEOUT_S = 10
 
 
+class _Log(logging.Handler):
+    """Keeps the broker's log lines (with tracebacks) for `ThreadBroker.log()`."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self.format(record))
+
+
 class ThreadBroker:
     """A running in-process broker. Its loop runs in its own thread; every method here
     is safe to call from the test's thread."""
 
     def __init__(self, directory: Path, extra_config: str = "") -> None:
         self.config = load_config(write_config(directory, extra_config))
+        self._log = _Log()
+        self._logger = logging.getLogger("amqpbroker")
+        self._level = self._logger.level
+        self._logger.addHandler(self._log)
+        self._logger.setLevel(logging.DEBUG)
         self.data_dir = directory / "data"
         self.clock = ManualClock(start_ms=time.time_ns() // 1_000_000)
         self.loop = asyncio.new_event_loop()
         self._started: concurrent.futures.Future[BrokerServer] = concurrent.futures.Future()
         self._thread = threading.Thread(target=self._run, name="broker-in-thread", daemon=True)
         self._thread.start()
-        self.server = self._started.result(timeout=START_TIMEOUT_S)
+        try:
+            self.server = self._started.result(timeout=START_TIMEOUT_S)
+        except BaseException:
+            self._detach_log()
+            raise
         self.ports = dict(self.server.ports)
 
     def _run(self) -> None:
@@ -95,15 +117,23 @@ class ThreadBroker:
         0 as a broker process's exit status would be."""
         if not self._thread.is_alive():
             return 0
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(
-            timeout=CALL_TIMEOUT_S
-        )
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(timeout=CALL_TIMEOUT_S)
+        try:
+            asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(
+                timeout=CALL_TIMEOUT_S
+            )
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=CALL_TIMEOUT_S)
+        finally:
+            self._detach_log()
         return 1 if self._thread.is_alive() else 0
 
+    def _detach_log(self) -> None:
+        self._logger.removeHandler(self._log)
+        self._logger.setLevel(self._level)
+
     def log(self) -> str:
-        return "(in-process broker: its log is in the test's captured log output)"
+        """What the broker logged (the `amqpbroker` loggers, debug and up)."""
+        return "\n".join(self._log.lines)
 
 
 def start_in_thread(directory: Path, extra_config: str = "") -> ThreadBroker:

@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from amqpbroker.core.lifecycle import EVENT_FIELDS
+from amqpbroker.eventlog.child import EVENT_FIELDS
 
 MAX_ATTEMPTS = 3
 OUTAGE_QUEUE = "orders-1"
@@ -52,10 +52,13 @@ def _j(value: object) -> str:
 class _Writer:
     """Writes events in order into files of about `file_events` lines."""
 
-    def __init__(self, directory: Path, *, file_events: int) -> None:
+    def __init__(
+        self, directory: Path, *, file_events: int, first_seq: int = 1, prefix: str = "events-synth"
+    ) -> None:
         self.directory = directory
         self.file_events = file_events
-        self.seq = 0
+        self.seq = first_seq - 1
+        self.prefix = prefix
         self.lines: list[str] = []
         self.files = 0
         directory.mkdir(parents=True, exist_ok=True)
@@ -84,7 +87,7 @@ class _Writer:
     def flush(self) -> None:
         if not self.lines:
             return
-        path = self.directory / f"events-synth-{self.files:05d}.jsonl"
+        path = self.directory / f"{self.prefix}-{self.files:05d}.jsonl"
         path.write_text("".join(self.lines))
         self.files += 1
         self.lines = []
@@ -102,17 +105,22 @@ def generate(
     window_ms: int = 60_000,
     seed: int = 7,
     file_events: int = 250_000,
+    first_id: int = 1,
+    first_seq: int = 1,
+    prefix: str = "events-synth",
 ) -> Planted:
-    """Write about `events` events into `directory`; return what was planted."""
+    """Write about `events` events into `directory`; return what was planted. `first_id`,
+    `first_seq` and `prefix` continue an earlier log (the next rotated files of the same
+    broker run: bench/analytics.sh's second run)."""
     rng = random.Random(seed)
-    out = _Writer(directory, file_events=file_events)
+    out = _Writer(directory, file_events=file_events, first_seq=first_seq, prefix=prefix)
     planted = Planted(window_ms=window_ms)
     messages = max(events // 4, 200)
     windows = max(messages * 4 // 10_000, 3 * outage_windows + 3)  # ~10k events per window
     span_ms = windows * window_ms
     outage_start = start_ms + (windows // 2) * window_ms
     outage_end = outage_start + outage_windows * window_ms
-    next_id = 1
+    next_id = first_id
 
     def new_id() -> int:
         nonlocal next_id
@@ -235,7 +243,7 @@ def generate(
         out.raw("\n")
     planted.malformed_lines = malformed_lines
     out.flush()
-    planted.events = out.seq
+    planted.events = out.seq - first_seq + 1
     return planted
 
 
@@ -284,8 +292,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("directory", type=Path)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--start-ms", type=int, default=1_767_225_600_000)
+    parser.add_argument("--first-id", type=int, default=1)
+    parser.add_argument("--first-seq", type=int, default=1)
+    parser.add_argument("--prefix", default="events-synth")
+    parser.add_argument("--outage-windows", type=int, default=5)
     args = parser.parse_args(argv)
-    planted = generate(args.directory, events=args.events, seed=args.seed)
+    planted = generate(
+        args.directory,
+        events=args.events,
+        seed=args.seed,
+        start_ms=args.start_ms,
+        first_id=args.first_id,
+        first_seq=args.first_seq,
+        prefix=args.prefix,
+        outage_windows=args.outage_windows,
+    )
     sys.stdout.write(
         f"{planted.events} events, {planted.malformed_lines} malformed lines, "
         f"{len(planted.poison_body_hashes)} poison payloads, "

@@ -53,6 +53,18 @@ def rules_from(markdown: str) -> tuple[dict[str, set[str]], dict[str, set[str]]]
     return allowed, third_party
 
 
+def modules_named(markdown: str) -> dict[str, set[str]]:
+    """{room: the `name.py` files its row of the room table names}."""
+    section = markdown.split("## Layers and dependency direction", 1)[1].split("\n## ", 1)[0]
+    named: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        room = re.fullmatch(r"`(\w+)/`", cells[0])
+        if line.startswith("| `") and room is not None:
+            named[room.group(1)] = set(re.findall(r"`(\w+\.py)`", cells[1]))
+    return named
+
+
 ALLOWED, THIRD_PARTY = rules_from(ARCHITECTURE.read_text())
 
 
@@ -76,24 +88,29 @@ def package_of(module: str) -> str:
 def imports_of(module: str, is_package: bool, source: str, modules: Iterable[str]) -> set[str]:
     """Every module `source` imports (absolute names; third-party ones by top name)."""
     known = set(modules)
-    here = module if is_package else module.rpartition(".")[0]
     found: set[str] = set()
+    for target, names in import_statements(module, is_package, source):
+        found.add(target)  # `from pkg import x` runs pkg/__init__.py
+        found.update(f"{target}.{name}" for name in names if f"{target}.{name}" in known)
+    return found
+
+
+def import_statements(
+    module: str, is_package: bool, source: str
+) -> Iterable[tuple[str, list[str]]]:
+    """(absolute module, names imported from it) per import in `source`: `import a.b` is
+    ("a.b", []), `from ..x import y` in `pkg.sub.m` is ("pkg.x", ["y"])."""
+    here = module if is_package else module.rpartition(".")[0]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
+            yield from ((alias.name, []) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = here.split(".")[: len(here.split(".")) - node.level + 1]
                 target = ".".join([*base, node.module] if node.module else base)
             else:
                 target = node.module or ""
-            found.add(target)  # `from pkg import x` runs pkg/__init__.py
-            found.update(
-                f"{target}.{alias.name}"
-                for alias in node.names
-                if f"{target}.{alias.name}" in known
-            )
-    return found
+            yield target, [alias.name for alias in node.names]
 
 
 def import_graph(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
@@ -134,21 +151,9 @@ def third_party_violations(external: Graph) -> list[str]:
 def private_imports(module: str, is_package: bool, source: str) -> list[str]:
     """Another room's private modules or names that `source` imports (`_name`, not
     `__init__`-style dunders): the room's inside, which only its own modules may use."""
-    here = module if is_package else module.rpartition(".")[0]
     bad = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            targets = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = here.split(".")[: len(here.split(".")) - node.level + 1]
-                target = ".".join([*base, node.module] if node.module else base)
-            else:
-                target = node.module or ""
-            targets = [f"{target}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        for target in targets:
+    for statement, names in import_statements(module, is_package, source):
+        for target in [f"{statement}.{name}" for name in names] if names else [statement]:
             if target.split(".")[0] != "amqpbroker" or package_of(target) == package_of(module):
                 continue
             parts = target.split(".")[1:]
@@ -266,6 +271,17 @@ def test_the_rules_are_the_architecture_table() -> None:
     assert THIRD_PARTY["store"] == THIRD_PARTY["core"] == set()
 
 
+def test_every_module_is_named_in_its_rooms_row() -> None:
+    """docs/architecture.md is drawn from the code: a new module gets its line there."""
+    named = modules_named(ARCHITECTURE.read_text())
+    missing = [
+        f"{path.parent.name}/{path.name}"
+        for path in sorted((ROOT / "amqpbroker").glob("*/*.py"))
+        if path.name != "__init__.py" and path.name not in named.get(path.parent.name, set())
+    ]
+    assert missing == []
+
+
 def test_the_table_parser_reads_rooms_and_modules() -> None:
     markdown = (
         "# x\n## Layers and dependency direction\n\n"
@@ -277,6 +293,7 @@ def test_the_table_parser_reads_rooms_and_modules() -> None:
     allowed, third_party = rules_from(markdown)
     assert allowed == {"store": {"core", "amqp"}, "cli": {"server"}, "amqp": set()}
     assert third_party == {"store": {"zstd"}, "cli": set(), "amqp": set()}
+    assert modules_named(markdown) == {"store": {"journal.py"}, "amqp": set()}
 
 
 def graph_of(sources: Mapping[str, str]) -> dict[str, set[str]]:

@@ -708,6 +708,34 @@ def test_address_full_block_withholds_credit_until_it_drains() -> None:
     assert h.broker.producer_may_send(target)
 
 
+def test_block_refuses_past_the_reject_threshold() -> None:
+    """B-151 BLOCK with max-size-bytes-reject-threshold: a producer that still has credit
+    is let in up to the threshold, then refused as under FAIL until the address drains."""
+    from amqpbroker.core import ResourceLimitExceeded
+
+    settings = AddressSettings.of(
+        max_size_bytes=3, address_full_policy="BLOCK", max_size_bytes_reject_threshold=5
+    )
+    h = Harness({"#": settings})
+    target = h.producer("q", "queue")
+    h.send(target, b"abcd")
+    h.send(target, b"ef")  # full (blocked), not yet over the threshold: let in
+    assert not h.broker.producer_may_send(target)
+    with pytest.raises(ResourceLimitExceeded, match="max-size-bytes-reject-threshold=5"):
+        h.send(target, b"g")
+    assert h.queue("q").message_count == 2
+
+
+def test_reject_threshold_applies_to_block_only() -> None:
+    """Artemis isRejectingMessages: the threshold means nothing under another policy."""
+    settings = AddressSettings.of(address_full_policy="DROP", max_size_bytes_reject_threshold=1)
+    h = Harness({"#": settings})
+    target = h.producer("q", "queue")
+    for body in (b"abc", b"def"):
+        h.send(target, body)
+    assert h.queue("q").message_count == 2
+
+
 # -- consumer priority (B-035) and no-local (B-034) -------------------------------------
 
 
@@ -909,3 +937,14 @@ def test_wildcard_subscription_still_gets_a_copy_beside_queues(
     h.send(h.producer(address), b"x")
     assert bodies(h.take(sub)) == [b"x"]
     assert h.queue(address).message_count == 1
+
+
+def test_enable_ingress_timestamp_annotates_at_publish() -> None:
+    """B-018 (d): with enable-ingress-timestamp, x-opt-ingress-time = when the broker
+    took the message; without it the message is not touched."""
+    h = Harness({"stamped.#": AddressSettings.of(enable_ingress_timestamp=True)})
+    h.clock.advance(5_000)
+    stamped = h.send(h.producer("stamped.q", "queue"))
+    plain = h.send(h.producer("plain", "queue"))
+    assert stamped.get_annotations()["x-opt-ingress-time"] == h.clock.now_ms()
+    assert "x-opt-ingress-time" not in plain.get_annotations()

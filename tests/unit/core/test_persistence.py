@@ -259,16 +259,33 @@ def test_a_failed_journal_refuses_durable_sends_and_keeps_serving() -> None:
     answers: list[BaseException | None] = []
     persistence.when_stored(answers.append)
     _step(persistence)
+    h.clock.advance(7)  # the journal answers later: a call into the broker of its own
     error = OSError(28, "No space left on device")
     journal.complete(error)
     assert answers == [error]  # its producer is told (resource-limit-exceeded)
     killed = h.queue("q").counters.killed_by_reason
     assert {reason: n for reason, n in killed.items() if n} == {"journal-failed": 1}
+    [event] = [e for e in h.broker.emitter.take() if e.event == "killed"]
+    assert event.ts == h.clock.now_ms()  # issue 18: the answer's time, not the send's
     with pytest.raises(ResourceLimitExceeded, match="No space left"):
         h.send(target, b"later", durable=True)
     h.send(target, b"volatile")  # non-durable messages still flow
     c = h.consumer("q", "queue")
     assert [d.message.data for d in h.take(c)] == [b"stored", b"volatile"]
+
+
+def test_a_message_the_journal_lost_is_killed_at_the_time_the_journal_answered() -> None:
+    """Issue 18 (one clock, B-170 ts): the journal's completion callback is a call into
+    the broker of its own, so the `killed`/`journal-failed` event carries the time the
+    failure was heard, not the time of the last call before it (the send's)."""
+    h, journal, persistence = _harness()
+    h.send(h.producer("q", "queue"), b"lost", durable=True)
+    _step(persistence)
+    h.broker.emitter.take()
+    h.clock.advance(5_000)
+    journal.complete(OSError(28, "No space left on device"))
+    (killed,) = [e for e in h.broker.emitter.take() if e.event == "killed"]
+    assert killed.ts == h.clock.now_ms()
 
 
 def test_a_step_nobody_waits_on_is_appended_without_a_callback() -> None:

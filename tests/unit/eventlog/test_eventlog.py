@@ -35,9 +35,10 @@ from support.waiting import wait_until
 from amqpbroker.amqp import sections
 from amqpbroker.config import EventLogConfig
 from amqpbroker.core import FAILURE_EVENTS, Accepted, LifecycleEvent, RawEvent
-from amqpbroker.core.lifecycle import EVENT_FIELDS, EVENT_TYPES, Emitter
+from amqpbroker.core.lifecycle import EVENT_TYPES, Emitter
 from amqpbroker.eventlog import HEAD_BYTES, EventLogWriter, child
 from amqpbroker.eventlog import writer as writer_module
+from amqpbroker.eventlog.child import EVENT_FIELDS
 from amqpbroker.eventlog.writer import BODY_KEY_FILE
 
 
@@ -758,12 +759,6 @@ def test_amqp_message_id_is_the_string_form_of_any_message_id(
     assert record["amqp_message_id"] == (None if value is None else str(value))
     if isinstance(message_id, int):
         assert record["amqp_message_id"] == "5"  # the number, not "ULong(5)"
-
-
-def test_the_writer_process_writes_the_b170_fields() -> None:
-    """The writer process keeps its own copy of the field list (it starts without the
-    core): it must be the B-170 list."""
-    assert child.FIELDS == EVENT_FIELDS
 
 
 def test_the_writer_process_module_loads_no_broker_code() -> None:

@@ -234,3 +234,14 @@ def test_bodies_that_are_not_a_json_object_are_400(body: bytes, status: HTTPStat
         csrf_token="test",
     )
     assert reply.status == status
+
+
+def test_queue_settings_never_show_an_unimplemented_key() -> None:
+    """Issue 19 (no silent keys): GET /api/v1/queues/{name} `settings` has the effective
+    address-settings amqpbroker implements and none of core/unsupported.py's."""
+    from amqpbroker.core.unsupported import UNSUPPORTED_SETTINGS
+
+    api, _ = make_api(secured=False)
+    settings = json.loads(request(api, "GET", "/api/v1/queues/Q").body)["settings"]
+    assert settings["max-delivery-attempts"] == 10
+    assert not {name.replace("_", "-") for name in UNSUPPORTED_SETTINGS} & settings.keys()

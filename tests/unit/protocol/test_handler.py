@@ -25,7 +25,7 @@ from proton import (
     Transport,
 )
 
-from amqpbroker.core import Broker, ManualClock, SettingsRepository
+from amqpbroker.core import Broker, LifecycleEvent, ManualClock, SettingsRepository
 from amqpbroker.protocol import AmqpConnection, Shell, connection, moves
 from amqpbroker.protocol.peer import read_symbols
 
@@ -555,26 +555,45 @@ class _TickingClock(ManualClock):
         return super().now_ms()
 
 
+def _ticking_shell() -> tuple[Shell, list[LifecycleEvent]]:
+    """A shell over a broker on a `_TickingClock`, and the events it hands on, readable."""
+    broker = Broker(
+        settings=SettingsRepository(), clock=_TickingClock(), rng=Random(0), copier=moves.COPIER
+    )
+    shell = Shell(broker)
+    events: list[LifecycleEvent] = []
+    shell.event_sink = lambda raw: events.extend(map(LifecycleEvent.of, raw))
+    return shell, events
+
+
 def test_the_events_of_one_call_share_one_clock_reading() -> None:
     """B-170 `ts`: the broker reads its clock once per call (`clock.entry`, issue 18), so
     a call's events cost no clock call each and carry one time, in order; a later call
     has a later time."""
-    from amqpbroker.core import LifecycleEvent, RawEvent
-
-    clock = _TickingClock()
-    broker = Broker(settings=SettingsRepository(), clock=clock, rng=Random(0), copier=moves.COPIER)
-    shell = Shell(broker)
-    raw: list[RawEvent] = []
-    shell.event_sink = raw.extend
+    shell, raw = _ticking_shell()
     client = Client(shell)
     client.receiver("q", "queue")
     client.send(client.sender("q", "queue"), Message(body="hi"))
     client.settle(0, Delivery.ACCEPTED)
-    events = [LifecycleEvent.of(e) for e in raw]
-    assert [e.event for e in events] == ["sent", "enqueued", "dispatched", "acked"]
-    sent, enqueued, dispatched, acked = events
+    assert [e.event for e in raw] == ["sent", "enqueued", "dispatched", "acked"]
+    sent, enqueued, dispatched, acked = raw
     assert sent.ts == enqueued.ts == dispatched.ts  # one call: the transfer's publish
     assert acked.ts > dispatched.ts  # the next: the disposition's settle
+
+
+def test_a_delivery_delay_counts_from_the_publish_own_clock_reading() -> None:
+    """B-015 x-opt-delivery-delay, issue 18 (one clock reading per call): the scheduled
+    time is the publish call's time plus the delay, the time its `sent` event carries;
+    the adapter reads no clock of its own for it."""
+    from proton import symbol
+
+    shell, raw = _ticking_shell()
+    client = Client(shell)
+    sender = client.sender("later", "queue")
+    client.send(sender, Message(body="x", annotations={symbol("x-opt-delivery-delay"): 5000}))
+    [sent] = [e for e in raw if e.event == "sent"]
+    [ref] = shell.broker.queues["later"].refs()
+    assert ref.message.deliver_at_ms == sent.ts + 5000
 
 
 def test_messages_leave_no_reference_cycles_behind() -> None:

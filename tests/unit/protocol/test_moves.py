@@ -54,3 +54,42 @@ def test_a_copy_carries_every_move_annotation_with_its_amqp_type() -> None:
 def test_plain_values_leave_out_the_absent_ones() -> None:
     move = MoveAnnotations(orig_address="a", orig_queue=None, orig_message_id=1)
     assert move_annotation_values(move) == {"x-opt-ORIG-ADDRESS": "a", "x-opt-ORIG-MESSAGE-ID": 1}
+
+
+def _message(original: ProtonMessage) -> Message:
+    data = original.encode()
+    scanned = sections.scan(data)
+    return Message(
+        data,
+        durable=original.durable,
+        priority=original.priority,
+        header_end=scanned.header_end,
+        head_end=scanned.head_end(),
+        reader=sections.READER,
+    )
+
+
+def test_ingress_time_is_a_long_annotation_next_to_the_others() -> None:
+    """B-018 (d) enable-ingress-timestamp: x-opt-ingress-time (long, epoch ms) added; the
+    other annotations, header and body kept; the size follows the new bytes."""
+    message = _message(ProtonMessage(body="x", durable=True, annotations={"keep": "me"}))
+    COPIER.set_ingress_time(message, 1_700_000_000_123)
+    assert annotation_types(message.data) == {
+        "keep": (Data.STRING, "me"),
+        "x-opt-ingress-time": (Data.LONG, 1_700_000_000_123),
+    }
+    decoded = ProtonMessage()
+    decoded.decode(message.data)
+    assert (decoded.body, decoded.durable, message.size) == ("x", True, len(message.data))
+
+
+def test_with_priority_rewrites_the_header_of_a_new_message_only() -> None:
+    """B-161 changeMessagesPriority: a header is made when there was none; the original
+    message object (other queues may hold it) is unchanged."""
+    original = _message(ProtonMessage(body="x"))
+    original.msg_id = 42
+    changed = COPIER.with_priority(original, 9)
+    decoded = ProtonMessage()
+    decoded.decode(changed.data)
+    assert (decoded.priority, decoded.body, changed.msg_id, changed.priority) == (9, "x", 42, 9)
+    assert sections.scan(original.data).priority == 4

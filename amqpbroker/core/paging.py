@@ -1,0 +1,111 @@
+"""Address full (B-151): when an address, or the broker, holds too much in memory.
+
+Theory of operation
+-------------------
+Three limits make an address *full*: its own `max-size-bytes` and `max-size-messages`
+(the bytes and messages its queues hold in memory) and the broker-wide `global-max-size`
+(the bytes all queues hold in memory; Artemis: half the JVM heap, here a share of the
+machine's or the container's memory, worked out by the server). `full_reason` is the one
+decision, used when a message arrives (`Broker._has_room`) and when memory is freed
+(`Broker._check_unblocked`).
+
+What happens to a message for a full address is the address's `address-full-policy`:
+`FAIL` refuses it, `DROP` discards it, `BLOCK` lets it in and withholds producer credit
+(the anonymous relay is paced by the broker-wide limit and by the address its last
+message went to), `PAGE` writes it to the queue's page files (`QueuePages`, below;
+`store/paging.py` keeps the files) instead of memory.
+
+Paging is per queue: each queue bound to a paging address keeps its own page files, so
+that a multicast address's subscriptions drain independently (Artemis keeps one page
+store per address and a cursor per subscription; a copy per queue costs disk, not memory).
+Once a queue has paged messages, every new message for it goes to the pages too, until
+they are read back: that keeps the queue's order (B-014). `Queue.dispatch` reads pages
+back (`max-read-page-bytes` / `max-read-page-messages`, Artemis's names and defaults) when
+the queue's in-memory part has room for them; a message read back is an ordinary
+reference from then on (priorities, delivery counts, redelivery, expiry, filters and
+dead letters as for any other). Counts include paged messages (Artemis messageCount).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol
+
+from amqpbroker.core.model import Message
+from amqpbroker.core.settings import ResolvedSettings
+
+__all__ = ["PageStore", "PageStores", "full_reason"]
+
+
+def full_reason(
+    settings: ResolvedSettings,
+    *,
+    address_bytes: int,
+    address_messages: int | None,
+    memory_bytes: int,
+    global_max_size: int,
+) -> str | None:
+    """Which limit makes the address full ("max-size-bytes=N", ...), or None when it has
+    room. `address_messages` is None when `max-size-messages` is off (not counted)."""
+    limit = settings.max_size_bytes
+    if 0 <= limit <= address_bytes:
+        return f"max-size-bytes={limit}"
+    limit = settings.max_size_messages
+    if limit >= 0 and address_messages is not None and address_messages >= limit:
+        return f"max-size-messages={limit}"
+    if 0 <= global_max_size <= memory_bytes:
+        return f"global-max-size={global_max_size}"
+    return None
+
+
+class PageStore(Protocol):
+    """One queue's page files, as the core needs them (`store/paging.py` implements it).
+
+    Messages come back in the order they were written. `messages` / `size_bytes` count
+    what is written and not yet read back or removed; `files` the page files on disk.
+    """
+
+    messages: int
+    size_bytes: int
+
+    @property
+    def files(self) -> int: ...
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """The read cursor, journaled for a durable queue (`records.PageCursor`)."""
+
+    @property
+    def releasable(self) -> bool:
+        """Whether page files would go once a cursor at `position` is durable."""
+
+    def release(self, position: tuple[int, int]) -> None:
+        """A cursor at `position` is durable: the page files before it may go."""
+
+    def destroy(self) -> None:
+        """The queue is deleted: remove its page files."""
+
+    def write(self, message: Message) -> None:
+        """Append `message` (durable ones survive a crash once the step is flushed)."""
+
+    def read(self, *, max_bytes: int, max_messages: int) -> list[Message]:
+        """Take the oldest messages, at least one when any, up to the limits (< 0: none)."""
+
+    def browse(self) -> Iterator[Message]:
+        """Every paged message, oldest first, without taking them."""
+
+    def remove(self, doomed: set[int]) -> None:
+        """Remove the paged messages whose `msg_id` is in `doomed` (management)."""
+
+    def clear(self) -> None:
+        """Remove every paged message (purge, delete)."""
+
+
+class PageStores(Protocol):
+    """Opens the page files of a queue (the server hands the broker one)."""
+
+    def open(self, *, address: str, queue: str, durable: bool) -> PageStore:
+        """The queue's page files; `durable`: its cursor is journaled (kept on restart)."""
+
+    def flush(self) -> None:
+        """Make this step's durable page writes durable (once per loop step)."""

@@ -1,0 +1,489 @@
+"""Page files: the messages of a paging queue, on disk in order (B-151 PAGE, issue 23).
+
+Theory of operation
+-------------------
+Each queue that pages has a directory `DATA_DIR/paging/<address>/<queue>/` (names made
+safe for the file system by `_safe`) of page files `<n>.page`, n increasing; a file rolls
+to n+1 when it would pass the address's `page-size-bytes`. A page file is frames::
+
+    frame := u32 body length | u32 crc32(body) | body
+    body  := u8 kind, payload
+      kind 1 message: u8 durable, i64 msg_id, i64 first_ts, i64 expiration_ms,
+                      i64 deliver_at_ms, u8 priority, u16 address length, address, data
+      kind 2 marker:  u64 n   (the next n message frames are copies: see `remove`)
+
+all little-endian. Messages are read back in order from a *cursor* (page, offset). For a
+durable queue the cursor is journaled (`PageCursor`, with the `AddMessage`/`AddRef` of
+the messages read back, in one append: after a crash a message is either still paged or
+in the journal, never both, never neither), and a page file is deleted only once a cursor
+past it is on disk (`release`). A non-durable queue's files go as soon as they are read.
+
+Removing some paged messages (management purge, move, retry with a filter) appends a
+marker and then copies of the messages kept, and moves the cursor to the copies. A reader
+that meets a marker *by reading* (after a crash, from a cursor before the marker, which
+was never journaled) skips the copies that follow it: it has read the originals.
+
+Recovery (`PageFiles.recover`) opens the cursors the journal holds and scans the files
+from there (counting, not keeping: memory does not grow with the backlog); a torn or
+corrupt frame ends the files there, as in the journal (what was lost is logged). Paged
+non-durable messages are not recovered (as Artemis): the scan and reads skip them.
+
+Loop thread only; the I/O is synchronous (buffered writes, one fsync per loop step that
+paged durable messages, `PageFiles.flush`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import struct
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from amqpbroker.amqp import sections
+from amqpbroker.core.model import Message
+
+log = logging.getLogger(__name__)
+
+__all__ = ["PageFiles", "QueuePages"]
+
+_FRAME = struct.Struct("<II")
+_MESSAGE = struct.Struct("<BqqqqBH")
+_MARKER = struct.Struct("<Q")
+_KIND_MESSAGE = 1
+_KIND_MARKER = 2
+_MAX_BODY = 1 << 31
+_SUFFIX = ".page"
+
+MessageOf = Callable[[sections.Scanned], Message]
+Position = tuple[int, int]  # (page number, offset)
+
+
+def _safe(name: str) -> str:
+    """A file-system-safe, reversible directory name for an address or queue name."""
+    out = []
+    for byte in name.encode():
+        char = chr(byte)
+        if char.isascii() and (char.isalnum() or char in "-_"):
+            out.append(char)
+        else:
+            out.append(f"%{byte:02X}")
+    safe = "".join(out) or "%"
+    if len(safe) > 200:  # file name limits: keep it unique with a checksum
+        safe = f"{safe[:180]}~{zlib.crc32(name.encode()):08x}"
+    return safe
+
+
+def _encode(message: Message) -> bytes:
+    address = message.address.encode()[:0xFFFF]
+    head = _MESSAGE.pack(
+        1 if message.durable else 0,
+        message.msg_id,
+        message.first_ts,
+        message.expiration_ms,
+        message.deliver_at_ms,
+        message.priority,
+        len(address),
+    )
+    body = b"".join((bytes([_KIND_MESSAGE]), head, address, message.data))
+    return _FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
+def _marker(copies: int) -> bytes:
+    body = bytes([_KIND_MARKER]) + _MARKER.pack(copies)
+    return _FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
+class _Frame:
+    """One frame read back: where it ends, and what it holds."""
+
+    __slots__ = ("body", "end", "kind")
+
+    def __init__(self, kind: int, body: bytes, end: Position) -> None:
+        self.kind = kind
+        self.body = body
+        self.end = end
+
+    @property
+    def durable(self) -> bool:
+        return self.body[1] == 1
+
+    @property
+    def size(self) -> int:
+        """The message's data size (what the queue accounts)."""
+        address_len: int = _MESSAGE.unpack_from(self.body, 1)[-1]
+        return len(self.body) - 1 - _MESSAGE.size - address_len
+
+    @property
+    def msg_id(self) -> int:
+        return int(_MESSAGE.unpack_from(self.body, 1)[1])
+
+
+class QueuePages:
+    """One queue's page files (`core.paging.PageStore`). Loop thread only."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        message_of: MessageOf,
+        page_size_bytes: Callable[[], int],
+        journaled: bool,
+        cursor: Position | None,
+        owner: PageFiles,
+    ) -> None:
+        self.directory = directory
+        self._message_of = message_of
+        self._page_size_bytes = page_size_bytes
+        self.journaled = journaled  # the cursor goes to the journal; files wait for it
+        self._owner = owner
+        self.messages = 0
+        self.size_bytes = 0
+        self.durable_written = False  # since the last flush
+        directory.mkdir(parents=True, exist_ok=True)
+        pages = sorted(int(p.stem) for p in directory.glob("*" + _SUFFIX) if p.stem.isdigit())
+        first = cursor[0] if cursor is not None else (pages[0] if pages else 1)
+        self._cursor: Position = cursor if cursor is not None else (first, 0)
+        for number in pages:
+            if number < self._cursor[0]:
+                self._path(number).unlink(missing_ok=True)  # read before the crash
+        pages = [n for n in pages if n >= self._cursor[0]]
+        self._write_page = pages[-1] if pages else self._cursor[0]
+        self._writer: BinaryIO | None = None
+        self._write_offset = 0
+        self._released = self._cursor[0]  # files below this page are gone
+        self._recovered_end: Position = (0, 0)  # non-durable before this: not recovered
+        if pages:
+            self._scan(pages)
+
+    # -- files --------------------------------------------------------------------------
+    def _path(self, page: int) -> Path:
+        return self.directory / f"{page:012d}{_SUFFIX}"
+
+    @property
+    def files(self) -> int:
+        """Page files on disk."""
+        return self._write_page - self._released + 1 if self._has_files() else 0
+
+    def _has_files(self) -> bool:
+        return self._writer is not None or self._path(self._write_page).exists()
+
+    def _open_writer(self) -> BinaryIO:
+        if self._writer is None:
+            path = self._path(self._write_page)
+            self._writer = open(path, "ab")  # noqa: SIM115 (kept open across calls)
+            self._write_offset = self._writer.tell()
+        return self._writer
+
+    # -- the core's PageStore -----------------------------------------------------------
+    @property
+    def position(self) -> Position:
+        """The cursor: where the next read starts (journaled for a durable queue)."""
+        return self._cursor
+
+    def write(self, message: Message) -> None:
+        self._append(_encode(message))
+        self.messages += 1
+        self.size_bytes += message.size
+        if message.durable and self.journaled:
+            self.durable_written = True
+            self._owner.dirty.add(self)
+
+    def _append(self, frame: bytes) -> None:
+        writer = self._open_writer()
+        if self._write_offset and self._write_offset + len(frame) > self._page_size_bytes():
+            writer.close()
+            self._writer = None
+            self._write_page += 1
+            writer = self._open_writer()
+        writer.write(frame)
+        self._write_offset += len(frame)
+
+    def read(self, *, max_bytes: int, max_messages: int) -> list[Message]:
+        taken: list[Message] = []
+        taken_bytes = 0
+        for frame in self._frames(self._cursor, self._end()):
+            self._cursor = frame.end
+            if frame.kind != _KIND_MESSAGE:
+                continue
+            message = self._message(frame)
+            self.messages -= 1
+            self.size_bytes -= message.size
+            taken.append(message)
+            taken_bytes += message.size
+            if (0 <= max_bytes <= taken_bytes) or (0 <= max_messages <= len(taken)):
+                break
+        self._roll_cursor()
+        if not self.journaled:
+            self.release(self._cursor)
+        return taken
+
+    def browse(self) -> Iterator[Message]:
+        for frame in self._frames(self._cursor, self._end()):
+            if frame.kind == _KIND_MESSAGE:
+                yield self._message(frame)
+
+    def remove(self, doomed: set[int]) -> None:
+        """Drop the paged messages in `doomed`: a marker, then copies of the rest."""
+        end = self._end()
+        kept = sum(
+            1
+            for f in self._frames(self._cursor, end)
+            if f.kind == _KIND_MESSAGE and f.msg_id not in doomed
+        )
+        self._append(_marker(kept))
+        after_marker = (self._write_page, self._write_offset)
+        messages = size = 0
+        durable = False
+        frames = self._frames(self._cursor, end)
+        for frame in frames:
+            if frame.kind == _KIND_MESSAGE and frame.msg_id not in doomed:
+                self._append(_FRAME.pack(len(frame.body), zlib.crc32(frame.body)) + frame.body)
+                messages += 1
+                size += frame.size
+                durable = durable or frame.durable
+        self.messages, self.size_bytes = messages, size
+        self._cursor = after_marker
+        self._roll_cursor()
+        if durable and self.journaled:
+            self.durable_written = True
+            self._owner.dirty.add(self)
+        if not self.journaled:
+            self.release(self._cursor)
+
+    def clear(self) -> None:
+        self._cursor = self._end()
+        self.messages = self.size_bytes = 0
+        self._roll_cursor()
+        if not self.journaled:
+            self.release(self._cursor)
+
+    @property
+    def releasable(self) -> bool:
+        """Whether a journaled cursor at `position` would let page files go."""
+        return self._cursor[0] > self._released
+
+    def release(self, position: Position) -> None:
+        """A cursor at `position` is durable: delete the page files before it."""
+        while self._released < position[0]:
+            self._path(self._released).unlink(missing_ok=True)
+            self._released += 1
+
+    def flush(self, *, sync: bool) -> None:
+        if self._writer is not None:
+            self._writer.flush()
+            if sync and self.durable_written:
+                os.fsync(self._writer.fileno())
+        self.durable_written = False
+
+    def close(self) -> None:
+        """Close the open files (written out; the data stays)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._owner.dirty.discard(self)
+        self._owner.opened.discard(self)
+
+    def destroy(self) -> None:
+        """The queue is gone: its page files too."""
+        self.close()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            self.directory.parent.rmdir()  # the address's, when it was the last queue
+        self.messages = self.size_bytes = 0
+
+    # -- reading ------------------------------------------------------------------------
+    def _end(self) -> Position:
+        if self._writer is not None:
+            self._writer.flush()  # what the reader reads must be in the file
+        return (self._write_page, self._write_offset if self._writer is not None else -1)
+
+    def _roll_cursor(self) -> None:
+        """At the end of a complete page file the cursor moves to the next file."""
+        page, offset = self._cursor
+        while page < self._write_page and offset >= self._file_size(page):
+            page, offset = page + 1, 0
+        self._cursor = (page, offset)
+
+    def _file_size(self, page: int) -> int:
+        try:
+            return self._path(page).stat().st_size
+        except FileNotFoundError:
+            return 0
+
+    def _frames(self, start: Position, end: Position) -> Iterator[_Frame]:
+        """Sound frames from `start` to `end` (offset -1: the end of that file), copies
+        after a marker met by reading skipped, and non-durable messages written before a
+        restart skipped."""
+        skip = 0
+        page, offset = start
+        while page <= end[0]:
+            limit = end[1] if page == end[0] else -1
+            for frame in self._file_frames(page, offset, limit):
+                offset = frame.end[1]
+                if frame.kind == _KIND_MARKER:
+                    skip = _MARKER.unpack_from(frame.body, 1)[0]
+                    yield frame
+                    continue
+                if skip:
+                    skip -= 1
+                    yield _Frame(0, b"", frame.end)  # consumed, nothing to hand out
+                    continue
+                if not frame.durable and (page, offset) <= self._recovered_end:
+                    yield _Frame(0, b"", frame.end)
+                    continue
+                yield frame
+            page, offset = page + 1, 0
+
+    def _file_frames(self, page: int, offset: int, limit: int) -> Iterator[_Frame]:
+        path = self._path(page)
+        try:
+            f = open(path, "rb")  # noqa: SIM115 (closed below)
+        except FileNotFoundError:
+            return
+        with f:
+            f.seek(offset)
+            while limit < 0 or offset < limit:
+                head = f.read(_FRAME.size)
+                if len(head) < _FRAME.size:
+                    return
+                length, crc = _FRAME.unpack(head)
+                body = f.read(length) if 0 < length < _MAX_BODY else b""
+                if len(body) != length or zlib.crc32(body) != crc:
+                    return  # a torn tail (the scan at open truncated any)
+                offset += _FRAME.size + length
+                yield _Frame(body[0], body, (page, offset))
+
+    def _message(self, frame: _Frame) -> Message:
+        body = frame.body
+        durable, msg_id, first_ts, expiration, deliver_at, priority, address_len = (
+            _MESSAGE.unpack_from(body, 1)
+        )
+        start = 1 + _MESSAGE.size
+        address = body[start : start + address_len].decode(errors="replace")
+        message = self._message_of(sections.scan(body[start + address_len :]))
+        message.msg_id = msg_id
+        message.address = address
+        message.first_ts = first_ts
+        message.expiration_ms = expiration  # computed once (B-080/B-083)
+        message.ttl_ms = None
+        message.deliver_at_ms = deliver_at
+        message.priority = priority
+        message.durable = bool(durable)
+        return message
+
+    # -- opening --------------------------------------------------------------------------
+    def _scan(self, pages: list[int]) -> None:
+        """Count what a restart finds from the cursor on; cut a torn or corrupt tail."""
+        messages = size = 0
+        page, offset = self._cursor
+        good: Position = self._cursor
+        for number in pages:
+            start = offset if number == page else 0
+            good = (number, start)
+            for frame in self._file_frames(number, start, -1):
+                good = frame.end
+            size_on_disk = self._file_size(number)
+            if good[1] != size_on_disk:
+                self._cut(number, good[1], size_on_disk, pages)
+                break
+        self._recovered_end = good
+        self._write_page = good[0]
+        for frame in self._frames(self._cursor, (good[0], good[1])):
+            if frame.kind == _KIND_MESSAGE:
+                messages += 1
+                size += frame.size
+        self.messages, self.size_bytes = messages, size
+        self._write_offset = good[1]
+        log.info(
+            "paging %s: %d paged messages (%d bytes) in %d files",
+            self.directory,
+            messages,
+            size,
+            self.files,
+        )
+
+    def _cut(self, page: int, good: int, size: int, pages: list[int]) -> None:
+        later = [n for n in pages if n > page]
+        log.warning(
+            "paging %s: page %d is torn or corrupt at byte %d of %d; truncating it%s "
+            "(the paged messages there are lost)",
+            self.directory,
+            page,
+            good,
+            size,
+            f" and removing {len(later)} later page files" if later else "",
+        )
+        with open(self._path(page), "r+b") as f:
+            f.truncate(good)
+            os.fsync(f.fileno())
+        for n in later:
+            self._path(n).unlink(missing_ok=True)
+
+
+class PageFiles:
+    """Every queue's page files under `DATA_DIR/paging` (`core.paging.PageStores`)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        message_of: MessageOf,
+        page_size_bytes: Callable[[str], int],
+        sync: bool = True,
+    ) -> None:
+        self.directory = directory
+        self._message_of = message_of
+        self._page_size_bytes = page_size_bytes
+        self.sync = sync
+        self.dirty: set[QueuePages] = set()
+        self.opened: set[QueuePages] = set()
+        self._cursors: dict[str, Position] = {}
+        self._known: dict[str, str] = {}  # recovered durable queue -> address
+
+    def recover(self, queues: dict[str, str], cursors: dict[str, Position]) -> list[str]:
+        """Start-up: keep the page files of the durable queues in `queues` (name ->
+        address), with their journaled cursors; remove the rest (non-durable queues'
+        pages are not recovered). The names of the queues that have paged messages."""
+        self._cursors = dict(cursors)
+        keep = {(_safe(address), _safe(name)): name for name, address in queues.items()}
+        found = []
+        if self.directory.is_dir():
+            for address_dir in self.directory.iterdir():
+                for queue_dir in address_dir.iterdir() if address_dir.is_dir() else ():
+                    name = keep.get((address_dir.name, queue_dir.name))
+                    if name is None:
+                        shutil.rmtree(queue_dir, ignore_errors=True)
+                    else:
+                        found.append(name)
+                        self._known[name] = queues[name]
+                with contextlib.suppress(OSError):
+                    address_dir.rmdir()
+        return found
+
+    def open(self, *, address: str, queue: str, durable: bool) -> QueuePages:
+        pages = QueuePages(
+            self.directory / _safe(address) / _safe(queue),
+            message_of=self._message_of,
+            page_size_bytes=lambda: self._page_size_bytes(address),
+            journaled=durable,
+            cursor=self._cursors.pop(queue, None) if durable else None,
+            owner=self,
+        )
+        self.opened.add(pages)
+        return pages
+
+    def close(self) -> None:
+        """Shutdown: write out and close every page file."""
+        self.flush()
+        for pages in list(self.opened):
+            pages.close()
+
+    def flush(self) -> None:
+        """Write this step's pages out; fsync those with durable messages (`sync`)."""
+        while self.dirty:
+            self.dirty.pop().flush(sync=self.sync)

@@ -1,0 +1,107 @@
+"""The process's memory as the operating system sees it: the limit, and giving back.
+
+`default_global_max_size()` is B-151's default `global-max-size`: half the memory the
+broker may use, as Artemis takes half the JVM heap. The limit is the container's (cgroup v2
+`memory.max`, v1 `memory.limit_in_bytes`) when it has one, else the machine's RAM.
+
+`MemoryReturner` gives freed heap back to the system (issue 23): CPython frees small
+objects into its own arenas and large buffers (message bodies) with glibc `free()`, which
+keeps them in the process's heap unless the top of the heap is free. After a purge or a
+drain of a large backlog the RSS would stay at its peak; `malloc_trim(0)` releases the free
+pages of every glibc arena. It walks the heap (milliseconds for a GiB), so it runs only when
+the broker's queued bytes dropped by a large amount since the last trim.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+__all__ = ["MemoryReturner", "default_global_max_size", "memory_limit_bytes", "rss_bytes"]
+
+_CGROUP_FILES = (
+    Path("/sys/fs/cgroup/memory.max"),  # v2
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),  # v1
+)
+_FALLBACK_BYTES = 1 << 30  # no way to tell: assume 1 GiB
+
+
+def memory_limit_bytes() -> int:
+    """The memory this process may use: its cgroup limit if any, else physical RAM."""
+    physical = _physical_bytes()
+    for path in _CGROUP_FILES:
+        try:
+            text = path.read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < physical:
+            return int(text)
+    return physical
+
+
+def _physical_bytes() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return _FALLBACK_BYTES
+
+
+def default_global_max_size() -> int:
+    """B-151: half the memory limit (Artemis: half the JVM heap)."""
+    return memory_limit_bytes() // 2
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (VmRSS), 0 when /proc cannot tell."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def _malloc_trim() -> Callable[[], bool] | None:
+    """glibc's `malloc_trim(0)`, or None on another C library."""
+    name = ctypes.util.find_library("c")
+    if not name:
+        return None
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes = [ctypes.c_size_t]
+    trim.restype = ctypes.c_int
+    return lambda: bool(trim(0))
+
+
+class MemoryReturner:
+    """Calls `malloc_trim` when the queued bytes fell by `threshold_bytes` since the
+    highest point after the last trim. Loop thread only (the server's timer)."""
+
+    def __init__(self, *, threshold_bytes: int = 16 * 1024 * 1024) -> None:
+        self.threshold_bytes = threshold_bytes
+        self._trim = _malloc_trim()
+        self._peak = 0
+        self.trims = 0
+
+    def check(self, queued_bytes: int) -> bool:
+        """Note the queued bytes now; trim when they dropped far enough (True if it did)."""
+        if queued_bytes > self._peak:
+            self._peak = queued_bytes
+            return False
+        if self._trim is None or self._peak - queued_bytes < self.threshold_bytes:
+            return False
+        before = rss_bytes()
+        self._trim()
+        self.trims += 1
+        self._peak = queued_bytes
+        log.debug("returned freed memory to the system: RSS %d -> %d", before, rss_bytes())
+        return True

@@ -1,0 +1,75 @@
+"""B-151 BLOCK with a real client on the anonymous relay (issue 23 item 1): a producer
+with a null target cannot get past an address's limit by more than its credit window."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from proton import Message
+from proton.utils import BlockingSender, SendException
+from support.client import Capabilities, connect, receive_bodies
+from support.process import BrokerProcess, start_broker
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+LIMIT = 100 * 1024  # max-size-bytes of the address
+BODY = b"x" * 1024
+CREDIT_WINDOW = 1000  # protocol/handler.py PRODUCER_CREDIT: what a link may overshoot by
+
+
+def _api(broker: BrokerProcess, path: str) -> Any:
+    url = f"http://127.0.0.1:{broker.ports['http']}{path}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def _send_until_blocked(sender: BlockingSender, total: int) -> int:
+    """Send `total` messages to `q` on an anonymous relay; how many went before the
+    broker stopped granting credit (a blocked send times out)."""
+    sent = 0
+    try:
+        for _ in range(total):
+            sender.send(Message(address="q", body=BODY, durable=False))
+            sent += 1
+    except (SendException, Exception) as e:  # proton's Timeout: no credit came
+        if type(e).__name__ != "Timeout":
+            raise
+    return sent
+
+
+def test_anonymous_relay_is_blocked_at_the_address_limit(tmp_path: Path) -> None:
+    """B-151 BLOCK: the relay gets no more credit once its address is full; the address
+    holds at most limit + one credit window; after a drain the relay sends again."""
+    broker = start_broker(
+        tmp_path,
+        f"""
+        address-settings:
+          "#": {{max-size-bytes: {LIMIT}, address-full-policy: BLOCK}}
+        addresses:
+          - name: q
+            anycast: [{{name: q, durable: false}}]
+        """,
+    )
+    try:
+        producer = connect(broker.url, timeout=3)
+        relay = producer.create_sender(None)
+        sent = _send_until_blocked(relay, 5 * CREDIT_WINDOW)
+        assert sent < 5 * CREDIT_WINDOW, "the relay was never blocked"
+        held = _api(broker, "/api/v1/queues/q")["messages"]
+        assert held == sent
+        assert held * len(BODY) <= LIMIT + CREDIT_WINDOW * (len(BODY) + 100)
+        consumer = connect(broker.url)
+        receiver = consumer.create_receiver("q", credit=200, options=Capabilities("queue"))
+        assert len(receive_bodies(receiver, held)) == held
+        consumer.close()
+        # Room again: the same relay link gets credit and sends (the one that timed out
+        # goes first).
+        relay.send(Message(address="q", body=b"after", durable=False))
+        assert _api(broker, "/api/v1/queues/q")["messages"] == 2
+        producer.close()
+    finally:
+        broker.stop()

@@ -1,0 +1,33 @@
+"""The paging keys (B-151, issue 23): global-max-size and the page-reading limits."""
+
+from __future__ import annotations
+
+import pytest
+
+from amqpbroker.config import ConfigError, format_effective, parse_artemis_xml, parse_config
+from tests.unit.config.test_artemis_xml import HEAD, TAIL
+
+
+def test_global_max_size_is_read_and_shown() -> None:
+    """B-151: a broker-level byte count; check-config prints it."""
+    config = parse_config("global-max-size: 1_048_576\n")
+    assert config.global_max_size == 1_048_576
+    assert "global-max-size: 1048576" in format_effective(config)
+
+
+def test_global_max_size_defaults_to_half_the_memory_limit() -> None:
+    """B-151: -1 (the default) is worked out at start: check-config says so."""
+    config = parse_config("name: b\n")
+    assert config.global_max_size == -1
+    assert "global-max-size: auto (half the memory limit)" in format_effective(config)
+
+
+def test_global_max_size_refuses_other_negatives() -> None:
+    with pytest.raises(ConfigError, match="global-max-size: must be -1"):
+        parse_config("global-max-size: -2\n", source="b.yaml")
+
+
+def test_global_max_size_in_broker_xml_takes_artemis_byte_units() -> None:
+    """Artemis writes sizes as `10MiB` / `100Mb` (ByteUtil)."""
+    config = parse_artemis_xml(HEAD + "<global-max-size>10MiB</global-max-size>\n" + TAIL)
+    assert config.global_max_size == 10 * 1024 * 1024

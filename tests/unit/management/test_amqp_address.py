@@ -1,0 +1,159 @@
+"""The AMQP management address without sockets (issue 19, B-160): requests encoded by
+proton, handled by a core broker, replies decoded by proton."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from proton import Message as ProtonMessage
+from support.core_harness import CONN, Harness
+
+from amqpbroker.amqp import sections
+from amqpbroker.core import Message, ProducerRequest, ProducerTarget
+from amqpbroker.management import AmqpManagement
+
+
+def setup() -> tuple[Harness, ProducerTarget]:
+    """A broker serving the management address, with the reply queue `r`."""
+    h = Harness()
+    h.broker.management = AmqpManagement(h.broker)
+    h.producer("r", "queue")
+    request = ProducerRequest(connection=CONN, address="activemq.management")
+    return h, h.broker.attach_producer(request)
+
+
+def request(h: Harness, target: ProducerTarget, **fields: Any) -> list[ProtonMessage]:
+    """Send one request; the replies that reached queue `r`."""
+    fields.setdefault("reply_to", "r")
+    raw = ProtonMessage(**fields).encode()
+    scanned = sections.scan(raw)
+    message = Message(
+        scanned.data,
+        header_end=scanned.header_end,
+        head_end=scanned.head_end(),
+        reader=sections.READER,
+    )
+    h.broker.publish(message, target)
+    c = h.consumer("r", "queue")
+    replies = []
+    for d in h.take(c):
+        reply = ProtonMessage()
+        reply.decode(d.message.data)
+        replies.append(reply)
+    h.broker.detach_consumer(c, closed=True)
+    return replies
+
+
+@pytest.mark.parametrize(
+    "message_id",
+    [7, uuid.UUID(int=5), b"\x00\x01", "text-id"],
+    ids=["ulong", "uuid", "binary", "string"],
+)
+def test_correlation_id_keeps_the_message_id_type(message_id: Any) -> None:
+    """B-160: the reply's correlation-id is the request's message-id, same AMQP type."""
+    h, target = setup()
+    props = {"_AMQ_ResourceName": "broker", "_AMQ_Attribute": "name"}
+    (reply,) = request(h, target, id=message_id, properties=props, body="[]")
+    assert reply.correlation_id == message_id
+    assert reply.properties == {"_AMQ_OperationSucceeded": True}
+    assert json.loads(reply.body) == ["amqpbroker"]
+
+
+def test_a_data_body_holding_json_is_read_too() -> None:
+    """Some clients send the JSON array as a data section: read as UTF-8."""
+    h, target = setup()
+    props = {"_AMQ_ResourceName": "broker", "_AMQ_OperationName": "getQueueNames"}
+    (reply,) = request(h, target, id=1, properties=props, body=b'["ANYCAST"]')
+    assert json.loads(reply.body) == [["r"]]
+
+
+@pytest.mark.parametrize(
+    ("props", "body"),
+    [
+        ({"_AMQ_ResourceName": "broker", "_AMQ_OperationName": "getQueueNames"}, b"\xff\xfe"),
+        ({"_AMQ_ResourceName": "broker", "_AMQ_OperationName": "getQueueNames"}, ["a"]),
+        ({"_AMQ_ResourceName": ["broker"], "_AMQ_Attribute": "name"}, "[]"),
+        ({"_AMQ_ResourceName": "queue.", "_AMQ_Attribute": "name"}, "[]"),
+        ({"_AMQ_ResourceName": "address.r", "_AMQ_OperationName": "x"}, "[]"),
+        ({"_AMQ_ResourceName": "broker", "_AMQ_OperationName": "createAddress"}, '["a", 5]'),
+        (
+            {"_AMQ_ResourceName": "broker", "_AMQ_OperationName": "createAddress"},
+            '["a.#", "ANYCAST"]',
+        ),
+        (
+            {"_AMQ_ResourceName": "broker", "_AMQ_OperationName": "addAddressSettings"},
+            '["#", "[]"]',
+        ),
+        ({"_AMQ_ResourceName": "broker", "_AMQ_OperationName": "listQueues"}, '["{}", true, 1]'),
+    ],
+)
+def test_a_request_not_understood_gets_a_failure_reply(props: dict[str, Any], body: Any) -> None:
+    """B-153/B-160: `_AMQ_OperationSucceeded` false with the reason, nothing raised."""
+    h, target = setup()
+    (reply,) = request(h, target, id=1, properties=props, body=body)
+    assert reply.properties == {"_AMQ_OperationSucceeded": False}
+    (text,) = json.loads(reply.body)
+    assert isinstance(text, str)
+    assert text
+
+
+def test_without_reply_to_the_request_is_dropped_and_not_run() -> None:
+    """docs/decisions.md: nobody could read the answer, so nothing is done."""
+    h, target = setup()
+    h.send(h.producer("q", "queue"), b"a")
+    props = {"_AMQ_ResourceName": "queue.q", "_AMQ_OperationName": "removeAllMessages"}
+    assert request(h, target, id=1, properties=props, body="[]", reply_to=None) == []
+    assert h.queue("q").message_count == 1
+
+
+def test_create_queue_never_makes_the_management_address() -> None:
+    """B-160/B-110: the management address never exists (requests to it are answered,
+    never routed), so createQueue may not create it with auto-create-address, as
+    createAddress may not; a consumer could otherwise attach to a queue on it."""
+    h, target = setup()
+    spec = {"name": "m", "address": "activemq.management", "routingType": "ANYCAST"}
+    props = {"_AMQ_ResourceName": "broker", "_AMQ_OperationName": "createQueue"}
+    body = json.dumps([json.dumps({**spec, "autoCreateAddress": True})])
+    (reply,) = request(h, target, id=1, properties=props, body=body)
+    assert reply.properties == {"_AMQ_OperationSucceeded": False}
+    assert "management address" in json.loads(reply.body)[0]
+    assert "activemq.management" not in h.broker.post_office.addresses
+    assert "m" not in h.broker.queues
+
+
+def test_a_reply_to_naming_the_management_address_as_a_queue_is_dropped() -> None:
+    """B-160, docs/decisions.md (no loop): `activemq.management::x` is the management
+    address too (the relay parses it so), so the request is dropped and not run; the
+    reply was handed back to the handler as a request of the broker's own."""
+    h, target = setup()
+    handled: list[Message] = []
+    handler = h.broker.management
+    assert handler is not None
+
+    class Counting:
+        def handle(self, request: Message) -> None:
+            handled.append(request)
+            handler.handle(request)
+
+    h.broker.management = Counting()
+    h.send(h.producer("q", "queue"), b"a")
+    props = {"_AMQ_ResourceName": "queue.q", "_AMQ_OperationName": "removeAllMessages"}
+    reply_to = "activemq.management::x"
+    assert request(h, target, id=1, properties=props, body="[]", reply_to=reply_to) == []
+    assert len(handled) == 1
+    assert h.queue("q").message_count == 1
+
+
+@pytest.mark.parametrize("reply_to", ["replies.#", "replies.*", "bad\x01name", "a::b::c"])
+def test_a_reply_to_the_reply_cannot_be_sent_to_is_dropped_and_not_run(reply_to: str) -> None:
+    """docs/decisions.md (no reply-to: dropped, not run): a wildcard reply-to (B-011: never
+    sent to) or a name the broker refuses (B-150) is no more usable than none; the
+    operation ran and its reply was lost."""
+    h, target = setup()
+    h.send(h.producer("q", "queue"), b"a")
+    props = {"_AMQ_ResourceName": "queue.q", "_AMQ_OperationName": "removeAllMessages"}
+    assert request(h, target, id=1, properties=props, body="[]", reply_to=reply_to) == []
+    assert h.queue("q").message_count == 1

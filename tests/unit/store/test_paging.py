@@ -1,0 +1,179 @@
+"""B-151 PAGE (issue 23 item 2): a core broker paging to real page files in a temporary
+directory (`store/paging.py`), driven like the adapter drives it (`Harness`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from proton import Message as ProtonMessage
+
+from amqpbroker.core import AddressSettings
+from amqpbroker.core import operations as ops
+from amqpbroker.core.outcomes import Accepted, Rejected
+from amqpbroker.protocol import message_of
+from amqpbroker.store.paging import PageFiles, QueuePages
+from tests.support.core_harness import Harness
+
+ACCEPTED = Accepted()
+LIMIT = 1_000  # max-size-bytes: ~20 messages of `_amqp`'s size in memory
+
+
+def _amqp(i: int) -> bytes:
+    return ProtonMessage(body=f"message-{i:05d}" + "x" * 20).encode()
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> Iterator[PageFiles]:
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 2_000)
+    files.recover({}, {})
+    yield files
+    files.close()
+
+
+def _paging(files: PageFiles, **settings: object) -> Harness:
+    h = Harness({"#": AddressSettings.of(max_size_bytes=LIMIT, **settings)})
+    h.broker.enable_paging(files)
+    return h
+
+
+def _decode(data: bytes) -> str:
+    message = ProtonMessage()
+    message.decode(data)
+    return str(message.body)[:13]
+
+
+def _send(h: Harness, n: int, *, start: int = 0, **kw: object) -> None:
+    target = h.producer("q", "queue")
+    for i in range(start, start + n):
+        h.send(target, _amqp(i), **kw)
+
+
+def _pages(h: Harness) -> QueuePages:
+    pages = h.queue("q").pages
+    assert isinstance(pages, QueuePages)
+    return pages
+
+
+def test_a_full_address_pages_and_a_consumer_gets_everything_in_order(files: PageFiles) -> None:
+    """B-151 PAGE: past max-size-bytes new messages go to page files (several, by
+    page-size-bytes); memory stays near the limit; a consumer then drains all, in order,
+    nothing lost or duplicated, and the page files go."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 500)
+    queue = h.queue("q")
+    pages = _pages(h)
+    assert queue.message_count == 500
+    assert pages.messages > 400
+    assert pages.files > 5
+    assert h.broker.memory_bytes <= LIMIT + 100
+    c = h.consumer("q", "queue", credit=0)
+    got: list[str] = []
+    while len(got) < 500:
+        h.broker.set_credit(c, 30)
+        batch = h.take(c)
+        assert batch, f"stalled after {len(got)}"
+        assert h.broker.memory_bytes <= 2 * LIMIT + 200  # read back in bounded slices
+        for d in batch:
+            h.broker.settle(c, d.delivery, ACCEPTED)
+        got += [_decode(d.message.data) for d in batch]
+    assert got == [f"message-{i:05d}" for i in range(500)]
+    assert queue.message_count == 0
+    assert pages.messages == 0
+    assert len(list(pages.directory.glob("*.page"))) <= 1  # read files are deleted
+
+
+def test_new_messages_follow_the_paged_ones_until_they_are_read(files: PageFiles) -> None:
+    """B-151/B-014: once a queue has paged messages, later ones queue behind them even
+    when memory has room again."""
+    h = _paging(files)
+    _send(h, 60)
+    c = h.consumer("q", "queue", credit=5)
+    for d in h.take(c):
+        h.broker.settle(c, d.delivery, ACCEPTED)
+    _send(h, 1, start=60)
+    h.broker.set_credit(c, 100)
+    rest = [_decode(d.message.data) for d in h.take(c)]
+    assert rest == [f"message-{i:05d}" for i in range(5, 61)]
+
+
+def test_a_paged_message_that_expired_goes_to_the_expiry_address(files: PageFiles) -> None:
+    """B-084/B-085 with paging: read back after its expiry, it is never delivered and is
+    moved to the expiry address."""
+    h = _paging(files, expiry_address="EXP", max_read_page_bytes=LIMIT)
+    h.producer("EXP", "queue")
+    _send(h, 40, ttl_ms=1_000)
+    assert _pages(h).messages > 0
+    h.advance(2_000)
+    c = h.consumer("q", "queue", credit=100)
+    assert h.take(c) == []
+    assert h.queue("q").message_count == 0
+    assert h.queue("q").counters.expired == 40
+    assert h.queue("EXP").message_count == 40
+
+
+def test_paged_messages_are_redelivered_and_dead_lettered_as_others(files: PageFiles) -> None:
+    """B-060/B-046 with paging: delivery counts and dead-lettering of read-back ones."""
+    h = _paging(files, dead_letter_address="DLA", max_delivery_attempts=2)
+    h.producer("DLA", "queue")
+    _send(h, 60)
+    c = h.consumer("q", "queue", credit=100)
+    first = h.take(c)
+    assert len(first) >= 20
+    last = first[-1]  # a paged one read back
+    h.broker.settle(c, last.delivery, Rejected())
+    assert h.queue("DLA").message_count == 1
+    assert _decode(last.message.data) == _decode(h.queue("DLA").refs()[0].message.data)
+
+
+def test_browse_count_and_purge_see_paged_messages(files: PageFiles) -> None:
+    """B-161 with paging: browse lists in-memory then paged messages in order; count and
+    purge include the paged ones; the page files are emptied."""
+    h = _paging(files)
+    _send(h, 100)
+    listed = ops.browse(h.broker, "q", limit=1_000)
+    assert [_decode(r.message.data) for r in listed] == [f"message-{i:05d}" for i in range(100)]
+    assert ops.count(h.broker, "q") == 100
+    assert [r.message.msg_id for r in ops.browse(h.broker, "q", offset=90, limit=3)] == [
+        r.message.msg_id for r in listed[90:93]
+    ]
+    assert ops.purge(h.broker, "q") == 100
+    assert h.queue("q").message_count == 0
+    assert h.queue("q").counters.killed == 100
+    c = h.consumer("q", "queue", credit=100)
+    assert h.take(c) == []
+
+
+@pytest.mark.parametrize("operation", ["purge", "move"])
+def test_filtered_operations_take_paged_messages_and_keep_the_rest(
+    files: PageFiles, operation: str
+) -> None:
+    """B-161 with paging: a filtered purge or a move by ids takes paged messages out of
+    the page files; the others stay, in order."""
+    h = _paging(files)
+    h.producer("other", "queue")
+    _send(h, 100)
+    ids = [r.message.msg_id for r in ops.browse(h.broker, "q", limit=1_000)]
+    doomed = set(ids[50::2])  # every other paged one
+    if operation == "purge":
+        assert ops.purge(h.broker, "q", ids=doomed) == len(doomed)
+    else:
+        assert ops.move(h.broker, "q", to_queue="other", ids=doomed) == len(doomed)
+        assert h.queue("other").message_count == len(doomed)
+    assert h.queue("q").message_count == 100 - len(doomed)
+    c = h.consumer("q", "queue", credit=200)
+    got = [d.message.msg_id for d in h.take(c)]
+    assert got == [i for i in ids if i not in doomed]
+
+
+def test_a_last_value_queue_keeps_replacing_instead_of_paging(files: PageFiles) -> None:
+    """B-120 with B-151 PAGE: a last-value queue on a full address is not paged (its
+    replacement works on what it holds in memory): one message per key stays."""
+    h = _paging(files, default_last_value_queue=True)
+    target = h.producer("q", "queue")
+    for i in range(200):
+        h.send(target, _amqp(i), props={"_AMQ_LVQ_NAME": f"k{i % 50}"})  # 50 x 45 B > LIMIT
+    queue = h.queue("q")
+    assert queue.pages is None
+    assert queue.message_count == 50

@@ -1,0 +1,41 @@
+"""Issue 23 items 1 and 3: the memory limit global-max-size defaults from, and giving
+freed memory back (`store/sysmem.py`)."""
+
+from __future__ import annotations
+
+from amqpbroker.core import AddressSettings
+from amqpbroker.core import operations as ops
+from amqpbroker.store import sysmem
+from tests.support.core_harness import Harness
+
+
+def test_default_global_max_size_is_half_the_memory_limit() -> None:
+    """B-151: as Artemis's half of the JVM heap."""
+    limit = sysmem.memory_limit_bytes()
+    assert limit > 0
+    assert sysmem.default_global_max_size() == limit // 2
+
+
+def test_the_returner_trims_once_queued_bytes_fell_by_the_threshold() -> None:
+    """malloc_trim runs after a large drop from the peak, not on every small one."""
+    calls: list[int] = []
+    returner = sysmem.MemoryReturner(threshold_bytes=100)
+    returner._trim = lambda: calls.append(1) or True
+    assert not returner.check(500)
+    assert not returner.check(450)  # fell by 50: not yet
+    assert returner.check(390)  # fell by 110 from the peak
+    assert not returner.check(380)  # the peak is now 390
+    assert len(calls) == 1
+
+
+def test_a_purge_drops_the_removed_references_at_once() -> None:
+    """Issue 23 item 3: purged messages are not left in the queue's structures until
+    dispatch reaches them (their memory is freed with the purge)."""
+    h = Harness({"#": AddressSettings.of(redelivery_delay=1_000)})
+    target = h.producer("q", "queue")
+    for i in range(10):
+        h.send(target, b"%d" % i, priority=i % 3)
+    queue = h.queue("q")
+    assert ops.purge(h.broker, "q", selector="JMSPriority < 2") > 0
+    held = [r for level in queue._fresh for r in level] + [r for h_ in queue._returned for r in h_]
+    assert len(held) == queue.message_count

@@ -48,9 +48,9 @@ run() {  # SCENARIO N JSONL
     --cgen "$CGEN" --scenario "$1" -n "$2" --reps 1 --idle-timeout 120 --jsonl "$3" --quiet > /dev/null 2>&1 || true
 }
 run queue 500 "$OUT/warmup.jsonl"
-callgrind_control -z $PID > /dev/null
+callgrind_control -z $PID > /dev/null 2>&1
 run "$SCENARIO" "$N" "$OUT/run.jsonl"
-callgrind_control -d $PID > /dev/null
+callgrind_control -d $PID > /dev/null 2>&1
 kill -TERM $PID; wait $PID 2> /dev/null || true
 trap - EXIT
 grep -q '"status": "ok"' "$OUT/run.jsonl" || { echo "callgrind.sh: the run failed: $OUT/run.jsonl" >&2; exit 1; }

@@ -25,7 +25,9 @@ from setuptools.command.build_ext import build_ext
 # The per-message path (callgrind): decode, queue, route, lifecycle events, the shell.
 # Mixins stay pure Python (`Broker`'s, `AmqpConnection`'s parts): mypyc makes a class
 # native, and a native mixin's methods refuse the class that combines them. So does
-# store/file_journal.py (mypyc 1.x fails on it) and core/ids.py (its C does not build).
+# store/file_journal.py (mypyc 1.x fails on it), core/ids.py (its C does not build) and
+# core/refs.py (compiled, `Ref` defines `__lt__` and loses its hash: non-destructive
+# queues put refs in a dict).
 HOT_MODULES = [
     "amqpbroker/amqp/sections.py",
     "amqpbroker/core/queue.py",
@@ -35,7 +37,6 @@ HOT_MODULES = [
     "amqpbroker/protocol/shell.py",
     "amqpbroker/core/settings.py",
     "amqpbroker/core/persistence.py",
-    "amqpbroker/core/refs.py",
     "amqpbroker/store/codec.py",
 ]
 

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from amqpbroker.amqp import sections
+from amqpbroker.core.errors import ResourceLimitExceeded
 from amqpbroker.core.model import Message
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,11 @@ class QueuePages:
         return self._cursor
 
     def write(self, message: Message) -> None:
-        self._append(_encode(message))
+        try:
+            self._append(_encode(message))
+        except OSError as e:  # disk full, no descriptors: the producer is told, not killed
+            log.warning("paging %s: cannot write a page file: %s", self.directory, e)
+            raise ResourceLimitExceeded(f"cannot page message {message.msg_id}: {e}") from e
         self.messages += 1
         self.size_bytes += message.size
         if message.durable and self.journaled:

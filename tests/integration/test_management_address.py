@@ -310,6 +310,14 @@ def test_queue_attributes(manager: Manager) -> None:
         "temporary": False,
         "autoDelete": True,
         "exclusive": False,
+        "purgeOnNoConsumers": False,  # issue 19: B-126, B-127, B-128
+        "groupRebalance": False,
+        "groupRebalancePauseDispatch": False,
+        "groupBuckets": -1,
+        "groupFirstKey": None,
+        "groupCount": 0,
+        "consumersBeforeDispatch": 0,
+        "delayBeforeDispatch": -1,
         "lastValue": False,
         "lastValueKey": None,
         "nonDestructive": False,
@@ -481,11 +489,12 @@ def test_hostile_request_gets_a_failure_reply(
 
 def test_request_without_reply_to_is_dropped_not_run(manager: Manager) -> None:
     """A request nobody can read the answer of is dropped: its operation is not run
-    (docs/decisions.md); the next request is answered."""
+    (docs/decisions.md); the next request is answered. Also a reply-to that names the
+    management address as a queue or is a wildcard (B-011)."""
     fill(manager.conn, "noreply", "a")
     props = {"_AMQ_ResourceName": "queue.noreply", "_AMQ_OperationName": "removeAllMessages"}
     manager.sender.send(Message(id="lost", body="[]", properties=props))
-    for reply_to in (MANAGEMENT, ""):
+    for reply_to in (MANAGEMENT, "", f"{MANAGEMENT}::q", "replies.#"):
         manager.sender.send(Message(id="loop", reply_to=reply_to, body="[]", properties=props))
     assert count(manager, "noreply") == 1
 

@@ -177,3 +177,24 @@ def test_a_last_value_queue_keeps_replacing_instead_of_paging(files: PageFiles) 
     queue = h.queue("q")
     assert queue.pages is None
     assert queue.message_count == 50
+
+
+def test_a_page_file_that_cannot_be_written_refuses_the_message(
+    files: PageFiles, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B-151 PAGE on a full disk: the producer gets resource-limit-exceeded (its
+    connection is not closed as by an internal error); nothing is counted."""
+    from amqpbroker.core import ResourceLimitExceeded
+
+    h = _paging(files)
+    _send(h, 60)
+    pages = _pages(h)
+    before = pages.messages
+
+    def disk_full(frame: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pages, "_append", disk_full)
+    with pytest.raises(ResourceLimitExceeded, match="No space left"):
+        _send(h, 1, start=60)
+    assert pages.messages == before

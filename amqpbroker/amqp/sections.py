@@ -26,7 +26,9 @@ Errors: malformed input raises `SectionError` (a `ValueError`), never `IndexErro
 `struct.error`. Encoding a value that has no AMQP type, or is out of range for its
 wrapper, raises `TypeError` or `ValueError`: that is a programming error, not bad input.
 
-This module deliberately imports nothing from proton: it runs once per message.
+This module deliberately imports nothing from proton: it runs once per message. It is one
+of the modules `setup.py` compiles with mypyc (issue 20): the value wrappers that subclass
+built-in types are `native_class=False` there, plain Python classes.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import struct
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, NamedTuple
+
+from mypy_extensions import mypyc_attr  # a no-op in pure Python; see setup.py (issue 20)
 
 __all__ = [
     "KEEP",
@@ -85,6 +89,7 @@ class SectionError(ValueError):
 # -- Typed wrappers: the AMQP types Python has no native type for -------------------------
 
 
+@mypyc_attr(native_class=False)
 class Symbol(str):
     """An AMQP symbol (ASCII); plain `str` encodes as an AMQP string."""
 
@@ -94,6 +99,7 @@ class Symbol(str):
         return f"Symbol({str.__repr__(self)})"
 
 
+@mypyc_attr(native_class=False)
 class Char(str):
     """An AMQP char: one Unicode code point."""
 
@@ -103,6 +109,7 @@ class Char(str):
         return f"Char({str.__repr__(self)})"
 
 
+@mypyc_attr(native_class=False)
 class _TypedInt(int):
     """An int that remembers its AMQP integer type; arithmetic gives plain ints."""
 
@@ -115,60 +122,70 @@ class _TypedInt(int):
         return int.__repr__(self)
 
 
+@mypyc_attr(native_class=False)
 class UByte(_TypedInt):
     """AMQP ubyte (0..255)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class UShort(_TypedInt):
     """AMQP ushort (0..2**16-1)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class UInt(_TypedInt):
     """AMQP uint (0..2**32-1)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class ULong(_TypedInt):
     """AMQP ulong (0..2**64-1)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Byte(_TypedInt):
     """AMQP byte (-128..127)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Short(_TypedInt):
     """AMQP short (16-bit signed)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Int(_TypedInt):
     """AMQP int (32-bit signed)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Long(_TypedInt):
     """AMQP long, spelled out; a plain `int` encodes as long too and decodes as plain `int`."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Timestamp(_TypedInt):
     """AMQP timestamp: epoch milliseconds."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Float32(float):
     """AMQP float (32-bit); plain `float` encodes as double."""
 
@@ -178,6 +195,7 @@ class Float32(float):
         return f"Float32({float.__repr__(self)})"
 
 
+@mypyc_attr(native_class=False)
 class _RawDecimal(bytes):
     """IEEE 754 decimal, kept as its encoded bytes: the broker never computes with it."""
 
@@ -187,18 +205,21 @@ class _RawDecimal(bytes):
         return f"{type(self).__name__}({bytes.__repr__(self)})"
 
 
+@mypyc_attr(native_class=False)
 class Decimal32(_RawDecimal):
     """AMQP decimal32 (4 bytes)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Decimal64(_RawDecimal):
     """AMQP decimal64 (8 bytes)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Decimal128(_RawDecimal):
     """AMQP decimal128 (16 bytes)."""
 
@@ -212,6 +233,7 @@ class Described(NamedTuple):
     value: Any
 
 
+@mypyc_attr(native_class=False)
 class Array(list[Any]):
     """An AMQP array: every element has one type, so the type travels with the list.
 

@@ -19,7 +19,9 @@ one: a queue with too little to consume makes no consumer slow) and its rate is 
   consumer's connection with `amqp:resource-limit-exceeded` through the connection's own
   error path, which returns the consumer's unacknowledged messages to the queue.
 
-A slow consumer is reported at every check while it stays slow (as Artemis). A queue with
+Settings added at runtime (B-162 `addAddressSettings`) enrol the queues that now ask for
+checks (`slow_settings_changed`). A slow consumer is reported at every check while it stays
+slow (as Artemis). A queue with
 no consumer left, deleted, or no longer `threshold >= 0` leaves the schedule at its check.
 """
 
@@ -45,6 +47,7 @@ class _SlowConsumers:
     _effects: list[Effect]
     _slow_due: list[tuple[int, str]]  # (next check ms, queue name): a heap
     _slow_watched: set[str]  # queue names with an entry in `_slow_due`
+    now_ms: int
     queues: dict[str, Queue]
     settings: SettingsRepository
     stats: BrokerStats
@@ -53,7 +56,19 @@ class _SlowConsumers:
         """A consumer attached: its rate is measured from now; its queue is checked every
         check period if its settings ask for it."""
         consumer.rate_mark = (consumer.acked, now_ms)
-        queue = consumer.queue
+        self._enrol(consumer.queue, now_ms)
+
+    def slow_settings_changed(self) -> None:
+        """Address-settings changed at runtime (B-162 addAddressSettings): queues with
+        consumers that now ask for checks are enrolled, their rates measured from now."""
+        now_ms = self.now_ms
+        for queue in self.queues.values():
+            if queue.consumers and queue.name not in self._slow_watched:
+                for consumer in queue.consumers:
+                    consumer.rate_mark = (consumer.acked, now_ms)
+                self._enrol(queue, now_ms)
+
+    def _enrol(self, queue: Queue, now_ms: int) -> None:
         if queue.name in self._slow_watched:
             return
         settings = self.settings.resolve(queue.address)

@@ -4,9 +4,11 @@ clock, so a check period passes when the test says so, not on the wall clock."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 
 import pytest
+from proton import Message
 from proton.utils import ConnectionClosed
 from support.client import QUEUE, connect, receive_bodies, send
 from support.inproc import ThreadBroker
@@ -65,4 +67,29 @@ def test_notify_logs_and_counts_but_keeps_the_connection(
     assert snapshot.slow_consumers == (("NOTIFY", 1),)
     receiver.accept()
     assert receive_bodies(receiver, 9) == list(range(1, 10))  # still connected
+    conn.close()
+
+
+def test_a_threshold_added_by_management_takes_effect_on_a_running_consumer(
+    broker_in_thread: Callable[[str], ThreadBroker],
+) -> None:
+    """Issue 19 with B-162 addAddressSettings: the setting, added while the slow receiver
+    is attached, is checked from then on (no new consumer needed)."""
+    broker = broker_in_thread("")
+    conn = connect(broker.url)
+    send(conn, "late", *range(5), caps=("queue",))
+    receiver = conn.create_receiver("late", credit=1, options=QUEUE)
+    assert receiver.receive(timeout=5).body == 0
+    replies = conn.create_receiver(None, dynamic=True)
+    settings = {"slowConsumerThreshold": 1, "slowConsumerCheckPeriod": 1}
+    request = Message(
+        body=json.dumps(["late", json.dumps(settings)]),
+        reply_to=replies.remote_source.address,
+        properties={"_AMQ_ResourceName": "broker", "_AMQ_OperationName": "addAddressSettings"},
+    )
+    conn.create_sender("activemq.management").send(request)
+    reply = replies.receive(timeout=10)
+    assert reply.properties["_AMQ_OperationSucceeded"] is True, reply.body
+    broker.advance_clock(1_000)
+    wait_until(lambda: "slow consumer on queue late" in broker.log())
     conn.close()

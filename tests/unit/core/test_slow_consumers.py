@@ -132,3 +132,17 @@ def test_check_period_drives_the_next_deadline_and_stops_with_the_last_consumer(
     h.broker.detach_consumer(c, closed=True)
     h.advance(2_000)
     assert h.broker.next_deadline_ms() is None
+
+
+def test_settings_added_at_runtime_enrol_queues_that_already_have_consumers() -> None:
+    """Issue 19 with B-162 addAddressSettings: a threshold added while a consumer is
+    attached takes effect from the next check period, its rate measured from the change."""
+    h = Harness()
+    _fill(h, 10)
+    h.consumer("orders", "queue", credit=1)
+    h.advance(PERIOD_MS)
+    assert h.broker._slow_due == []
+    h.broker.settings.add("orders", AddressSettings.of(slow_consumer_threshold=1))
+    h.broker.slow_settings_changed()
+    h.advance(PERIOD_MS)
+    assert h.broker.stats.slow_consumers == {"NOTIFY": 1}

@@ -99,6 +99,19 @@ def _marker(copies: int) -> bytes:
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
+def _sound(body: bytes) -> bool:
+    """Whether a frame body whose checksum matched is one `_encode`/`_marker` wrote: a
+    zero-filled tail (a crash after the file grew, before its data reached the disk)
+    reads as length 0 with the checksum of nothing, which matches."""
+    if not body:
+        return False
+    if body[0] == _KIND_MARKER:
+        return len(body) == 1 + _MARKER.size
+    if body[0] == _KIND_MESSAGE and len(body) >= 1 + _MESSAGE.size:
+        return len(body) >= 1 + _MESSAGE.size + int(_MESSAGE.unpack_from(body, 1)[-1])
+    return False
+
+
 class _Frame:
     """One frame read back: where it ends, and what it holds."""
 
@@ -358,7 +371,7 @@ class QueuePages:
                     return
                 length, crc = _FRAME.unpack(head)
                 body = f.read(length) if 0 < length < _MAX_BODY else b""
-                if len(body) != length or zlib.crc32(body) != crc:
+                if len(body) != length or zlib.crc32(body) != crc or not _sound(body):
                     return  # a torn tail (the scan at open truncated any)
                 offset += _FRAME.size + length
                 yield _Frame(body[0], body, (page, offset))

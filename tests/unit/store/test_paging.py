@@ -3,6 +3,8 @@ directory (`store/paging.py`), driven like the adapter drives it (`Harness`)."""
 
 from __future__ import annotations
 
+import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -198,3 +200,58 @@ def test_a_page_file_that_cannot_be_written_refuses_the_message(
     with pytest.raises(ResourceLimitExceeded, match="No space left"):
         _send(h, 1, start=60)
     assert pages.messages == before
+
+
+def _write_durable(directory: Path, n: int) -> Path:
+    """`n` durable messages paged to queue q of address a; the files closed (a crash
+    after the flush). The last page file's path."""
+    from amqpbroker.amqp import sections
+
+    files = PageFiles(directory, message_of=message_of, page_size_bytes=lambda address: 100_000)
+    files.recover({}, {})
+    pages = files.open(address="a", queue="q", durable=True)
+    for i in range(n):
+        message = message_of(sections.scan(_amqp(i)))
+        message.msg_id, message.address, message.durable = i + 1, "a", True
+        pages.write(message)
+    files.close()
+    return max(directory.rglob("*.page"))
+
+
+def _reopen(directory: Path) -> QueuePages:
+    files = PageFiles(directory, message_of=message_of, page_size_bytes=lambda address: 100_000)
+    assert files.recover({"q": "a"}, {}) == ["q"]
+    return files.open(address="a", queue="q", durable=True)
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        b"\0" * 4096,  # zero-filled: the file grew, its data never reached the disk
+        b"\0" * 8,
+        # frames whose checksum matches but that no writer wrote: an unknown kind, a
+        # message head cut short, an address longer than the frame, a short marker
+        *(
+            struct.pack("<II", len(body), zlib.crc32(body)) + body
+            for body in (b"\x09", b"\x01\x01\x02", b"\x01" + b"\0" * 34 + b"\xff\xff", b"\x02")
+        ),
+    ],
+    ids=["zeros-4k", "zeros-8", "unknown-kind", "short-head", "long-address", "short-marker"],
+)
+def test_a_page_tail_that_is_zeros_or_unsound_is_cut_and_the_rest_recovered(
+    tmp_path: Path, tail: bytes
+) -> None:
+    """Issue 23 item 2 (torn page tail, B-151): after a power loss a page file can end
+    in zeros (its size grew before its data was written), and a zero-length frame has
+    the checksum of nothing, so it used to pass and crash the start-up scan with an
+    IndexError. Such a tail, or any checksummed frame no writer produced, is cut like a
+    torn one; the sound messages before it come back in order."""
+    page = _write_durable(tmp_path, 3)
+    sound = page.stat().st_size
+    with open(page, "ab") as f:
+        f.write(tail)
+    pages = _reopen(tmp_path)
+    assert page.stat().st_size == sound
+    assert pages.messages == 3
+    got = pages.read(max_bytes=-1, max_messages=-1)
+    assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(3)]

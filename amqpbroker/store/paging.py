@@ -35,6 +35,7 @@ paged durable messages, `PageFiles.flush`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
@@ -74,8 +75,9 @@ def _safe(name: str) -> str:
         else:
             out.append(f"%{byte:02X}")
     safe = "".join(out) or "%"
-    if len(safe) > 200:  # file name limits: keep it unique with a checksum
-        safe = f"{safe[:180]}~{zlib.crc32(name.encode()):08x}"
+    if len(safe) > 200:  # file name limits: keep it unique with a digest (a crc32 can
+        # be made to collide by a peer that names queues, and two queues would share files)
+        safe = f"{safe[:160]}~{hashlib.sha256(name.encode()).hexdigest()[:40]}"
     return safe
 
 

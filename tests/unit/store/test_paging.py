@@ -255,3 +255,17 @@ def test_a_page_tail_that_is_zeros_or_unsound_is_cut_and_the_rest_recovered(
     assert pages.messages == 3
     got = pages.read(max_bytes=-1, max_messages=-1)
     assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(3)]
+
+
+def test_long_names_whose_crc32_collide_page_to_different_directories(
+    files: PageFiles,
+) -> None:
+    """Issue 23 item 1 (hostile names, B-151): a name too long for a file name is cut
+    and made unique by a digest; with a crc32 two queue names a peer chose (found by
+    a birthday search) mapped to one directory and shared page files."""
+    one, two = "a" * 200 + "29685295", "a" * 200 + "32060020"
+    assert zlib.crc32(one.encode()) == zlib.crc32(two.encode())
+    first = files.open(address="a", queue=one, durable=False)
+    second = files.open(address="a", queue=two, durable=False)
+    assert first.directory != second.directory
+    assert len(first.directory.name.encode()) <= 255

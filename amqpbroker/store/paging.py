@@ -41,6 +41,7 @@ import os
 import shutil
 import struct
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -60,6 +61,7 @@ _KIND_MESSAGE = 1
 _KIND_MARKER = 2
 _MAX_BODY = 1 << 31
 _SUFFIX = ".page"
+MAX_WRITERS = 64  # page files open for writing at once (`PageFiles.writing`)
 
 MessageOf = Callable[[sections.Scanned], Message]
 Position = tuple[int, int]  # (page number, offset)
@@ -190,10 +192,20 @@ class QueuePages:
 
     def _open_writer(self) -> BinaryIO:
         if self._writer is None:
+            self._owner.writing(self)
             path = self._path(self._write_page)
             self._writer = open(path, "ab")  # noqa: SIM115 (kept open across calls)
             self._write_offset = self._writer.tell()
         return self._writer
+
+    def close_writer(self) -> None:
+        """Write out (fsync what is durable) and close the page file being written; the
+        next write opens it again (`PageFiles.writing` keeps descriptors bounded)."""
+        if self._writer is not None:
+            self.flush(sync=self._owner.sync)
+            self._writer.close()
+            self._writer = None
+        self._owner.dirty.discard(self)
 
     # -- the core's PageStore -----------------------------------------------------------
     @property
@@ -216,6 +228,9 @@ class QueuePages:
     def _append(self, frame: bytes) -> None:
         writer = self._open_writer()
         if self._write_offset and self._write_offset + len(frame) > self._page_size_bytes():
+            writer.flush()
+            if self.journaled and self._owner.sync:  # the step's flush syncs only the
+                os.fsync(writer.fileno())  # file open then: this one is done now
             writer.close()
             self._writer = None
             self._write_page += 1
@@ -307,6 +322,7 @@ class QueuePages:
             self._writer = None
         self._owner.dirty.discard(self)
         self._owner.opened.discard(self)
+        self._owner.writers.pop(self, None)
 
     def destroy(self) -> None:
         """The queue is gone: its page files too."""
@@ -455,8 +471,12 @@ class PageFiles:
         message_of: MessageOf,
         page_size_bytes: Callable[[str], int],
         sync: bool = True,
+        max_writers: int = MAX_WRITERS,
     ) -> None:
         self.directory = directory
+        self.max_writers = max_writers
+        # queues with a page file open for writing, least recently opened first
+        self.writers: OrderedDict[QueuePages, None] = OrderedDict()
         self._message_of = message_of
         self._page_size_bytes = page_size_bytes
         self.sync = sync
@@ -496,6 +516,17 @@ class PageFiles:
         )
         self.opened.add(pages)
         return pages
+
+    def writing(self, pages: QueuePages) -> None:
+        """`pages` opens its page file for writing: past `max_writers` open ones, the
+        oldest is closed, so that thousands of paging queues do not hold thousands of
+        descriptors (connections and the journal need them)."""
+        self.writers[pages] = None
+        self.writers.move_to_end(pages)
+        while len(self.writers) > self.max_writers:
+            oldest = next(iter(self.writers))
+            del self.writers[oldest]
+            oldest.close_writer()
 
     def close(self) -> None:
         """Shutdown: write out and close every page file."""

@@ -3,6 +3,7 @@ directory (`store/paging.py`), driven like the adapter drives it (`Harness`)."""
 
 from __future__ import annotations
 
+import contextlib
 import struct
 import zlib
 from collections.abc import Iterator
@@ -269,3 +270,83 @@ def test_long_names_whose_crc32_collide_page_to_different_directories(
     second = files.open(address="a", queue=two, durable=False)
     assert first.directory != second.directory
     assert len(first.directory.name.encode()) <= 255
+
+
+def _fsynced(monkeypatch: pytest.MonkeyPatch) -> set[str]:
+    """The paths of the files `os.fsync` is called on from now on."""
+    import os
+
+    synced: set[str] = set()
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.add(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+def test_every_page_file_with_durable_messages_is_fsynced_when_the_step_is_flushed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23 item 2 (durable paged messages survive a crash, B-151): a write that
+    rolls to the next page file closed the previous one without an fsync, and the
+    step's flush synced only the file still open, so the durable messages at the end
+    of every rolled page file could be lost in a power failure after their accept."""
+    synced = _fsynced(monkeypatch)
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 300)
+    files.recover({}, {})
+    pages = files.open(address="a", queue="q", durable=True)
+    from amqpbroker.amqp import sections
+
+    for i in range(10):
+        message = message_of(sections.scan(_amqp(i)))
+        message.msg_id, message.address, message.durable = i + 1, "a", True
+        pages.write(message)
+    files.flush()
+    on_disk = {str(p) for p in tmp_path.rglob("*.page")}
+    assert len(on_disk) > 2
+    assert synced == on_disk
+    files.close()
+
+
+def _open_page_files(directory: Path) -> int:
+    import os
+
+    fds = Path("/proc/self/fd")
+    links = []
+    for fd in fds.iterdir():
+        with contextlib.suppress(OSError):
+            links.append(os.readlink(fd))
+    return sum(1 for link in links if link.startswith(str(directory)))
+
+
+def test_many_paging_queues_hold_a_bounded_number_of_descriptors(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23 item 3 (many queues paging at once): each paging queue kept its page
+    file open for writing, so 2,000 paging queues (a peer can auto-create them) held
+    2,000 descriptors and starved connections and the journal of them. At most
+    `max_writers` stay open; a queue whose file was closed opens it again, its durable
+    messages synced first, and every queue reads back all it paged, in order."""
+    from amqpbroker.amqp import sections
+
+    synced = _fsynced(monkeypatch)
+    files = PageFiles(
+        tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000, max_writers=3
+    )
+    files.recover({}, {})
+    queues = [files.open(address="a", queue=f"q{n}", durable=True) for n in range(20)]
+    for i in range(5):
+        for n, pages in enumerate(queues):
+            message = message_of(sections.scan(_amqp(i)))
+            message.msg_id, message.address, message.durable = 100 * n + i, "a", True
+            pages.write(message)
+            assert _open_page_files(tmp_path) <= 3
+    assert len(synced) == 20  # each closed with its durable messages synced
+    for pages in queues:
+        got = pages.read(max_bytes=-1, max_messages=-1)
+        assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(5)]
+    files.close()
+    assert _open_page_files(tmp_path) == 0

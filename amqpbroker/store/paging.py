@@ -418,15 +418,25 @@ class QueuePages:
         messages = size = 0
         page, offset = self._cursor
         good: Position = self._cursor
+        marker: Position = good  # where the last removal's marker starts
+        copies = 0  # of its copies, how many the files do not hold
         for number in pages:
             start = offset if number == page else 0
             good = (number, start)
             for frame in self._file_frames(number, start, -1):
+                if frame.kind == _KIND_MARKER:
+                    marker, copies = good, _MARKER.unpack_from(frame.body, 1)[0]
+                elif copies:
+                    copies -= 1
                 good = frame.end
             size_on_disk = self._file_size(number)
             if good[1] != size_on_disk:
                 self._cut(number, good[1], size_on_disk, pages)
                 break
+        if copies:  # a removal the crash cut short (its cursor never journaled): undone,
+            # or a reader meeting the marker would skip messages written after it
+            self._cut(marker[0], marker[1], self._file_size(marker[0]), pages)
+            good = marker
         self._recovered_end = good
         self._write_page = good[0]
         for frame in self._frames(self._cursor, (good[0], good[1])):

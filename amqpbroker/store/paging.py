@@ -170,6 +170,9 @@ class QueuePages:
             if number < self._cursor[0]:
                 self._path(number).unlink(missing_ok=True)  # read before the crash
         pages = [n for n in pages if n >= self._cursor[0]]
+        if not pages and self._cursor[1]:  # its files were deleted by hand: a new file
+            # from byte 0 read from the cursor's offset would lose (or strand) messages
+            self._cursor = (self._cursor[0] + 1, 0)
         self._write_page = pages[-1] if pages else self._cursor[0]
         self._writer: BinaryIO | None = None
         self._write_offset = 0

@@ -386,3 +386,33 @@ def test_a_removal_cut_short_by_a_crash_does_not_swallow_later_messages(tmp_path
 
 
 _FRAME_MARKER = 8 + 1 + 8  # frame head, kind, copies
+
+
+def test_page_files_deleted_by_hand_do_not_strand_the_queue(tmp_path: Path) -> None:
+    """Issue 23 item 2 (a deleted page file, B-151): an operator removed a queue's page
+    files but the journal kept its cursor, some bytes into page 1. New messages went to
+    a new page 1 from byte 0 and were read from the cursor's offset: nothing at first,
+    then from the middle of a frame, which ends the reading; the queue counted
+    messages it could never deliver. Writing starts a page after the cursor's."""
+    from amqpbroker.amqp import sections
+
+    _write_durable(tmp_path, 3)
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
+    files.recover({"q": "a"}, {})
+    pages = files.open(address="a", queue="q", durable=True)
+    assert len(pages.read(max_bytes=-1, max_messages=2)) == 2
+    cursor = pages.position
+    files.close()
+    for page in tmp_path.rglob("*.page"):
+        page.unlink()
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
+    files.recover({"q": "a"}, {"q": cursor})
+    pages = files.open(address="a", queue="q", durable=True)
+    for i in range(3, 6):
+        message = message_of(sections.scan(_amqp(i)))
+        message.msg_id, message.address, message.durable = i + 1, "a", True
+        pages.write(message)
+    assert pages.messages == 3
+    got = pages.read(max_bytes=-1, max_messages=-1)
+    assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(3, 6)]
+    files.close()

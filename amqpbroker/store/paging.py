@@ -197,7 +197,9 @@ class QueuePages:
         if self._writer is None:
             self._owner.writing(self)
             path = self._path(self._write_page)
-            self._writer = open(path, "ab")  # noqa: SIM115 (kept open across calls)
+            # unbuffered: a full disk is met by the write of the message that does not
+            # fit (refused, its part taken back), not later by a read or the flush
+            self._writer = open(path, "ab", buffering=0)  # noqa: SIM115 (kept open)
             self._write_offset = self._writer.tell()
         return self._writer
 
@@ -238,7 +240,15 @@ class QueuePages:
             self._writer = None
             self._write_page += 1
             writer = self._open_writer()
-        writer.write(frame)
+        view, written = memoryview(frame), 0
+        try:
+            while written < len(frame):
+                written += writer.write(view[written:]) or 0
+        except OSError:
+            if written:  # the part that fitted would be a torn frame amid sound ones
+                with contextlib.suppress(OSError):
+                    os.ftruncate(writer.fileno(), self._write_offset)
+            raise
         self._write_offset += len(frame)
 
     def read(self, *, max_bytes: int, max_messages: int) -> list[Message]:

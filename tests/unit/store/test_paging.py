@@ -416,3 +416,62 @@ def test_page_files_deleted_by_hand_do_not_strand_the_queue(tmp_path: Path) -> N
     got = pages.read(max_bytes=-1, max_messages=-1)
     assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(3, 6)]
     files.close()
+
+
+@contextlib.contextmanager
+def _disk_full_past(size: int) -> Iterator[None]:
+    """Files of this process cannot grow past `size` bytes meanwhile (RLIMIT_FSIZE, with
+    SIGXFSZ ignored: a write is cut short, then fails, as on a full disk)."""
+    import resource
+    import signal
+
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, old[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old)
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_a_disk_full_mid_frame_refuses_that_message_and_loses_no_later_one(
+    tmp_path: Path,
+) -> None:
+    """Issue 23 item 2 (disk full while paging, B-151): page writes were buffered, so
+    a full disk surfaced later, in a read or the step's flush (an exception out of
+    the core), after a part of a frame had reached the file; the frames written once
+    there was room again followed that torn one and were cut off with it at the next
+    start. Now the message that does not fit is refused when it is written, the part
+    of it on disk is taken back, and everything accepted before and after comes back
+    in order, also after a restart."""
+    from amqpbroker.amqp import sections
+    from amqpbroker.core import ResourceLimitExceeded
+
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
+    files.recover({}, {})
+    pages = files.open(address="a", queue="q", durable=True)
+    frame = 8 + 1 + 36 + len("a") + len(_amqp(0))  # `_encode`'s layout
+    accepted: list[str] = []
+    refused = 0
+    for i in range(10):
+        message = message_of(sections.scan(_amqp(i)))
+        message.msg_id, message.address, message.durable = i + 1, "a", True
+        try:
+            if 4 <= i < 7:
+                with _disk_full_past(4 * frame + frame // 2):  # four frames and a part
+                    pages.write(message)
+            else:
+                pages.write(message)
+        except ResourceLimitExceeded:
+            refused += 1
+            continue
+        accepted.append(f"message-{i:05d}")
+        files.flush()
+    assert refused == 3
+    assert pages.messages == len(accepted) == 7
+    assert [_decode(m.data) for m in pages.browse()] == accepted
+    files.close()
+    reopened = _reopen(tmp_path)
+    got = reopened.read(max_bytes=-1, max_messages=-1)
+    assert [_decode(m.data) for m in got] == accepted

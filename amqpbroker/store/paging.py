@@ -283,17 +283,23 @@ class QueuePages:
             for f in self._frames(self._cursor, end)
             if f.kind == _KIND_MESSAGE and f.msg_id not in doomed
         )
-        self._append(_marker(kept))
-        after_marker = (self._write_page, self._write_offset)
+        self._open_writer()
+        undo: Position = (self._write_page, self._write_offset)
         messages = size = 0
         durable = False
-        frames = self._frames(self._cursor, end)
-        for frame in frames:
-            if frame.kind == _KIND_MESSAGE and frame.msg_id not in doomed:
-                self._append(_FRAME.pack(len(frame.body), zlib.crc32(frame.body)) + frame.body)
-                messages += 1
-                size += frame.size
-                durable = durable or frame.durable
+        try:
+            self._append(_marker(kept))
+            after_marker = (self._write_page, self._write_offset)
+            for frame in self._frames(self._cursor, end):
+                if frame.kind == _KIND_MESSAGE and frame.msg_id not in doomed:
+                    body = frame.body
+                    self._append(_FRAME.pack(len(body), zlib.crc32(body)) + body)
+                    messages += 1
+                    size += frame.size
+                    durable = durable or frame.durable
+        except OSError:  # a marker without all its copies would make a reader skip
+            self._undo(undo)  # later messages: the removal did not happen
+            raise
         self.messages, self.size_bytes = messages, size
         self._cursor = after_marker
         self._roll_cursor()
@@ -302,6 +308,17 @@ class QueuePages:
             self._owner.dirty.add(self)
         if not self.journaled:
             self.release(self._cursor)
+
+    def _undo(self, to: Position) -> None:
+        """Cut the files back to `to` (the end of the files before a failed removal)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        with contextlib.suppress(OSError):
+            os.truncate(self._path(to[0]), to[1])
+        for page in range(to[0] + 1, self._write_page + 1):
+            self._path(page).unlink(missing_ok=True)
+        self._write_page = to[0]
 
     def clear(self) -> None:
         self._cursor = self._end()

@@ -475,3 +475,26 @@ def test_a_disk_full_mid_frame_refuses_that_message_and_loses_no_later_one(
     reopened = _reopen(tmp_path)
     got = reopened.read(max_bytes=-1, max_messages=-1)
     assert [_decode(m.data) for m in got] == accepted
+
+
+def test_a_removal_the_disk_cannot_hold_is_taken_back_whole(tmp_path: Path) -> None:
+    """Issue 23 items 2-3 (disk full during a filtered purge/move/retry, B-151): the
+    removal's marker announced four copies, the disk took one, and the copies' error
+    left the marker in place: the next read skipped four frames, the one copy and then
+    three messages sent afterwards. A removal that fails is taken back whole (the
+    messages stay as they were) and nothing written later is lost."""
+    from amqpbroker.amqp import sections
+
+    page = _write_durable(tmp_path, 5)
+    pages = _reopen(tmp_path)
+    frame = page.stat().st_size // 5
+    with pytest.raises(OSError, match="too large"), _disk_full_past(6 * frame):
+        pages.remove({1})
+    for i in range(5, 8):
+        message = message_of(sections.scan(_amqp(i)))
+        message.msg_id, message.address, message.durable = i + 1, "a", True
+        pages.write(message)
+    assert pages.messages == 8
+    got = pages.read(max_bytes=-1, max_messages=-1)
+    assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(8)]
+    pages.close()

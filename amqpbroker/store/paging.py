@@ -576,5 +576,11 @@ class PageFiles:
 
     def flush(self) -> None:
         """Write this step's pages out; fsync those with durable messages (`sync`)."""
+        error: OSError | None = None
         while self.dirty:
-            self.dirty.pop().flush(sync=self.sync)
+            try:
+                self.dirty.pop().flush(sync=self.sync)
+            except OSError as e:  # the others are still synced; the caller hears of it
+                error = e
+        if error is not None:
+            raise error

@@ -163,7 +163,11 @@ class QueuePages:
         self.size_bytes = 0
         self.durable_written = False  # since the last flush
         directory.mkdir(parents=True, exist_ok=True)
-        pages = sorted(int(p.stem) for p in directory.glob("*" + _SUFFIX) if p.stem.isdigit())
+        pages = sorted(
+            int(p.stem)
+            for p in directory.glob("*" + _SUFFIX)
+            if p.stem.isascii() and p.stem.isdigit()
+        )
         first = cursor[0] if cursor is not None else (pages[0] if pages else 1)
         self._cursor: Position = cursor if cursor is not None else (first, 0)
         for number in pages:

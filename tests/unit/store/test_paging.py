@@ -498,3 +498,16 @@ def test_a_removal_the_disk_cannot_hold_is_taken_back_whole(tmp_path: Path) -> N
     got = pages.read(max_bytes=-1, max_messages=-1)
     assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(8)]
     pages.close()
+
+
+def test_stray_files_in_a_page_directory_do_not_stop_the_start(tmp_path: Path) -> None:
+    """Issue 23 item 2 (a careless operator, B-151): page numbers were read from any
+    `*.page` file whose stem `isdigit()`, which holds for "²" and other Unicode digits
+    that `int()` refuses: a stray file stopped the broker at start. Only ASCII page
+    numbers count; the others are left alone."""
+    _write_durable(tmp_path, 3)
+    directory = next(tmp_path.rglob("*.page")).parent
+    (directory / "².page").write_bytes(b"stray")
+    (directory / "notes.page").write_bytes(b"stray")
+    pages = _reopen(tmp_path)
+    assert pages.messages == 3

@@ -361,6 +361,9 @@ class QueuePages:
     def destroy(self) -> None:
         """The queue is gone: its page files too."""
         self.close()
+        # a late `release` (the journal's fsync of a cursor) must not delete the page
+        # files of a queue of the same name created since, in the same directory
+        self._released = 1 << 62
         shutil.rmtree(self.directory, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.directory.parent.rmdir()  # the address's, when it was the last queue

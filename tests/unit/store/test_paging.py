@@ -511,3 +511,33 @@ def test_stray_files_in_a_page_directory_do_not_stop_the_start(tmp_path: Path) -
     (directory / "notes.page").write_bytes(b"stray")
     pages = _reopen(tmp_path)
     assert pages.messages == 3
+
+
+def test_a_deleted_queues_late_release_spares_the_files_of_its_namesake(tmp_path: Path) -> None:
+    """Issue 23 item 3 (delete a queue while it pages, B-151): page files go once the
+    journaled cursor is on disk (`release`, a callback after the journal's fsync). A
+    queue deleted and created again (auto-create) in that window pages into the same
+    directory from page 1, and the old queue's late release deleted the new one's page
+    files. A destroyed queue's release does nothing."""
+    from amqpbroker.amqp import sections
+
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 300)
+    files.recover({}, {})
+
+    def fill(pages: QueuePages, n: int) -> None:
+        for i in range(n):
+            message = message_of(sections.scan(_amqp(i)))
+            message.msg_id, message.address, message.durable = i + 1, "a", True
+            pages.write(message)
+
+    old = files.open(address="a", queue="q", durable=True)
+    fill(old, 10)
+    old.read(max_bytes=-1, max_messages=-1)
+    position = old.position  # journaled; its release waits for the fsync
+    old.destroy()
+    new = files.open(address="a", queue="q", durable=True)
+    fill(new, 10)
+    old.release(position)
+    got = new.read(max_bytes=-1, max_messages=-1)
+    assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(10)]
+    files.close()

@@ -32,6 +32,7 @@ from amqpbroker.core import (
     SystemClock,
 )
 from amqpbroker.core import operations as ops
+from amqpbroker.core.management import MANAGEMENT_ADDRESS  # `manage` is granted there (B-154)
 from amqpbroker.core.persistence import OnStored, Persistence
 from amqpbroker.core.records import Record
 from amqpbroker.core.security import SecurityRepository
@@ -65,7 +66,6 @@ from amqpbroker.store.recovery import recover
 log = logging.getLogger(__name__)
 
 WRITE_HIGH_WATER_BYTES = 4 * 1024 * 1024
-MANAGEMENT_ADDRESS = "activemq.management"  # where `manage` is granted (B-104, B-154)
 # Group commit under heavy load, like Artemis's journal-buffer-timeout but only when 16 KiB
 # or more wait for one writer pass (FileJournal.commit_delay_seconds): bench/durable.sh
 # went from 9.4k to ~15.6k durable msg/s; a few synchronous senders never wait for it.
@@ -147,8 +147,11 @@ def build_broker(
             (RoutingType.ANYCAST, address.anycast),
             (RoutingType.MULTICAST, address.multicast),
         ):
+            resolved = broker.settings_for(address.name)
             for q in queues:
-                broker.create_queue(q.queue_config(address.name, routing_type, configured=True))
+                broker.create_queue(
+                    q.queue_config(address.name, routing_type, defaults=resolved, configured=True)
+                )
     return broker
 
 

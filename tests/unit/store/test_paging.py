@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 from proton import Message as ProtonMessage
 
+from amqpbroker.amqp import sections
 from amqpbroker.core import AddressSettings
 from amqpbroker.core import operations as ops
+from amqpbroker.core.model import Message
 from amqpbroker.core.outcomes import Accepted, Rejected
 from amqpbroker.protocol import message_of
 from amqpbroker.store.paging import PageFiles, QueuePages
@@ -203,18 +205,29 @@ def test_a_page_file_that_cannot_be_written_refuses_the_message(
     assert pages.messages == before
 
 
+def _durable(i: int, msg_id: int | None = None) -> Message:
+    """Message `i` of `_amqp`, durable, for address a, as the broker would page it."""
+    message = message_of(sections.scan(_amqp(i)))
+    message.msg_id, message.address, message.durable = (
+        i + 1 if msg_id is None else msg_id,
+        "a",
+        True,
+    )
+    return message
+
+
+def _fill(pages: QueuePages, numbers: range) -> None:
+    for i in numbers:
+        pages.write(_durable(i))
+
+
 def _write_durable(directory: Path, n: int) -> Path:
     """`n` durable messages paged to queue q of address a; the files closed (a crash
     after the flush). The last page file's path."""
-    from amqpbroker.amqp import sections
-
     files = PageFiles(directory, message_of=message_of, page_size_bytes=lambda address: 100_000)
     files.recover({}, {})
     pages = files.open(address="a", queue="q", durable=True)
-    for i in range(n):
-        message = message_of(sections.scan(_amqp(i)))
-        message.msg_id, message.address, message.durable = i + 1, "a", True
-        pages.write(message)
+    _fill(pages, range(n))
     files.close()
     return max(directory.rglob("*.page"))
 
@@ -298,12 +311,7 @@ def test_every_page_file_with_durable_messages_is_fsynced_when_the_step_is_flush
     files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 300)
     files.recover({}, {})
     pages = files.open(address="a", queue="q", durable=True)
-    from amqpbroker.amqp import sections
-
-    for i in range(10):
-        message = message_of(sections.scan(_amqp(i)))
-        message.msg_id, message.address, message.durable = i + 1, "a", True
-        pages.write(message)
+    _fill(pages, range(10))
     files.flush()
     on_disk = {str(p) for p in tmp_path.rglob("*.page")}
     assert len(on_disk) > 2
@@ -330,8 +338,6 @@ def test_many_paging_queues_hold_a_bounded_number_of_descriptors(
     2,000 descriptors and starved connections and the journal of them. At most
     `max_writers` stay open; a queue whose file was closed opens it again, its durable
     messages synced first, and every queue reads back all it paged, in order."""
-    from amqpbroker.amqp import sections
-
     synced = _fsynced(monkeypatch)
     files = PageFiles(
         tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000, max_writers=3
@@ -340,9 +346,7 @@ def test_many_paging_queues_hold_a_bounded_number_of_descriptors(
     queues = [files.open(address="a", queue=f"q{n}", durable=True) for n in range(20)]
     for i in range(5):
         for n, pages in enumerate(queues):
-            message = message_of(sections.scan(_amqp(i)))
-            message.msg_id, message.address, message.durable = 100 * n + i, "a", True
-            pages.write(message)
+            pages.write(_durable(i, 100 * n + i))
             assert _open_page_files(tmp_path) <= 3
     assert len(synced) == 20  # each closed with its durable messages synced
     for pages in queues:
@@ -360,8 +364,6 @@ def test_a_removal_cut_short_by_a_crash_does_not_swallow_later_messages(tmp_path
     the marker, so the reader meets it and skipped the announced number of frames:
     the copies there, then the messages sent after the restart, silently lost. The
     scan at open now cuts an unfinished removal off (it never happened)."""
-    from amqpbroker.amqp import sections
-
     page = _write_durable(tmp_path, 5)
     files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
     files.recover({"q": "a"}, {"q": (1, 0)})
@@ -376,10 +378,7 @@ def test_a_removal_cut_short_by_a_crash_does_not_swallow_later_messages(tmp_path
     files.recover({"q": "a"}, {"q": (1, 0)})
     pages = files.open(address="a", queue="q", durable=True)
     assert pages.messages == 5
-    for i in range(5, 8):
-        message = message_of(sections.scan(_amqp(i)))
-        message.msg_id, message.address, message.durable = i + 1, "a", True
-        pages.write(message)
+    _fill(pages, range(5, 8))
     got = pages.read(max_bytes=-1, max_messages=-1)
     assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(8)]
     files.close()
@@ -394,8 +393,6 @@ def test_page_files_deleted_by_hand_do_not_strand_the_queue(tmp_path: Path) -> N
     a new page 1 from byte 0 and were read from the cursor's offset: nothing at first,
     then from the middle of a frame, which ends the reading; the queue counted
     messages it could never deliver. Writing starts a page after the cursor's."""
-    from amqpbroker.amqp import sections
-
     _write_durable(tmp_path, 3)
     files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
     files.recover({"q": "a"}, {})
@@ -408,10 +405,7 @@ def test_page_files_deleted_by_hand_do_not_strand_the_queue(tmp_path: Path) -> N
     files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
     files.recover({"q": "a"}, {"q": cursor})
     pages = files.open(address="a", queue="q", durable=True)
-    for i in range(3, 6):
-        message = message_of(sections.scan(_amqp(i)))
-        message.msg_id, message.address, message.durable = i + 1, "a", True
-        pages.write(message)
+    _fill(pages, range(3, 6))
     assert pages.messages == 3
     got = pages.read(max_bytes=-1, max_messages=-1)
     assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(3, 6)]
@@ -445,7 +439,6 @@ def test_a_disk_full_mid_frame_refuses_that_message_and_loses_no_later_one(
     start. Now the message that does not fit is refused when it is written, the part
     of it on disk is taken back, and everything accepted before and after comes back
     in order, also after a restart."""
-    from amqpbroker.amqp import sections
     from amqpbroker.core import ResourceLimitExceeded
 
     files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
@@ -455,8 +448,7 @@ def test_a_disk_full_mid_frame_refuses_that_message_and_loses_no_later_one(
     accepted: list[str] = []
     refused = 0
     for i in range(10):
-        message = message_of(sections.scan(_amqp(i)))
-        message.msg_id, message.address, message.durable = i + 1, "a", True
+        message = _durable(i)
         try:
             if 4 <= i < 7:
                 with _disk_full_past(4 * frame + frame // 2):  # four frames and a part
@@ -483,17 +475,12 @@ def test_a_removal_the_disk_cannot_hold_is_taken_back_whole(tmp_path: Path) -> N
     left the marker in place: the next read skipped four frames, the one copy and then
     three messages sent afterwards. A removal that fails is taken back whole (the
     messages stay as they were) and nothing written later is lost."""
-    from amqpbroker.amqp import sections
-
     page = _write_durable(tmp_path, 5)
     pages = _reopen(tmp_path)
     frame = page.stat().st_size // 5
     with pytest.raises(OSError, match="too large"), _disk_full_past(6 * frame):
         pages.remove({1})
-    for i in range(5, 8):
-        message = message_of(sections.scan(_amqp(i)))
-        message.msg_id, message.address, message.durable = i + 1, "a", True
-        pages.write(message)
+    _fill(pages, range(5, 8))
     assert pages.messages == 8
     got = pages.read(max_bytes=-1, max_messages=-1)
     assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(8)]
@@ -519,24 +506,16 @@ def test_a_deleted_queues_late_release_spares_the_files_of_its_namesake(tmp_path
     queue deleted and created again (auto-create) in that window pages into the same
     directory from page 1, and the old queue's late release deleted the new one's page
     files. A destroyed queue's release does nothing."""
-    from amqpbroker.amqp import sections
-
     files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 300)
     files.recover({}, {})
 
-    def fill(pages: QueuePages, n: int) -> None:
-        for i in range(n):
-            message = message_of(sections.scan(_amqp(i)))
-            message.msg_id, message.address, message.durable = i + 1, "a", True
-            pages.write(message)
-
     old = files.open(address="a", queue="q", durable=True)
-    fill(old, 10)
+    _fill(old, range(10))
     old.read(max_bytes=-1, max_messages=-1)
     position = old.position  # journaled; its release waits for the fsync
     old.destroy()
     new = files.open(address="a", queue="q", durable=True)
-    fill(new, 10)
+    _fill(new, range(10))
     old.release(position)
     got = new.read(max_bytes=-1, max_messages=-1)
     assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(10)]

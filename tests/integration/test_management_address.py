@@ -310,6 +310,14 @@ def test_queue_attributes(manager: Manager) -> None:
         "temporary": False,
         "autoDelete": True,
         "exclusive": False,
+        "purgeOnNoConsumers": False,  # issue 19: B-126, B-127, B-128
+        "groupRebalance": False,
+        "groupRebalancePauseDispatch": False,
+        "groupBuckets": -1,
+        "groupFirstKey": None,
+        "groupCount": 0,
+        "consumersBeforeDispatch": 0,
+        "delayBeforeDispatch": -1,
         "lastValue": False,
         "lastValueKey": None,
         "nonDestructive": False,
@@ -395,12 +403,13 @@ def test_address_settings_at_runtime(manager: Manager) -> None:
     assert manager.ok("broker", "addAddressSettings", "tuned.#", settings) is None
     effective = json.loads(manager.ok("broker", "getAddressSettingsAsJSON", "tuned.x"))
     assert (effective["max-delivery-attempts"], effective["redelivery-delay"]) == (3, 5)
-    assert "slow-consumer-threshold" not in effective  # not implemented: never shown
+    assert "config-delete-queues" not in effective  # not implemented: never shown
+    assert effective["slow-consumer-threshold"] == -1  # implemented (issue 19): shown
     assert effective["default-ring-size"] == -1  # implemented (B-121): shown
-    bad = json.dumps({"slow-consumer-threshold": 4})
+    bad = json.dumps({"config-delete-queues": "FORCE"})
     succeeded, text = manager.call("broker", "addAddressSettings", "tuned.#", bad)
     assert not succeeded
-    assert "slow-consumer-threshold: not supported by amqpbroker" in text
+    assert "config-delete-queues: not supported by amqpbroker" in text
     assert manager.ok("broker", "removeAddressSettings", "tuned.#") is None
     effective = json.loads(manager.ok("broker", "getAddressSettingsAsJSON", "tuned.x"))
     assert effective["max-delivery-attempts"] == 10

@@ -716,12 +716,11 @@ class Queue:
             self.delivering += 1
 
     def _browse(self, browsers: list[Consumer], out: list[Effect]) -> None:
-        """B-031: browsers see messages without acquiring them or changing counts."""
-        refs = None
+        """B-031: browsers see messages without acquiring them or changing counts. Read
+        lazily (`iter_refs`): a browser with little credit on a big queue costs its page,
+        not a sort of the whole queue on every dispatch."""
         for browser in browsers:
-            if refs is None:
-                refs = self.refs()
-            for ref in refs:
+            for ref in self.iter_refs():
                 if browser.credit <= 0 or browser.window.room <= 0:
                     break
                 if ref.seq <= browser.browsed_seq or not browser.accepts(ref):

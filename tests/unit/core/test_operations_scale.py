@@ -152,3 +152,24 @@ def test_many_removals_by_id_still_free_their_memory() -> None:
     ops.purge(h.broker, "q", ids=[ids[99]])  # the 100th: 100 * 8 >= 800 held
     assert not any(ref.state == GONE for level in queue._fresh for ref in level)
     assert queue.message_count == 800
+
+
+def test_a_browser_grant_reads_lazily_and_never_sorts_the_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """B-031: a browser's credit on a big queue costs its page: the queue is read lazily,
+    never listed and sorted whole on each dispatch (it was ~50 ms a grant at 200k)."""
+    h = Harness()
+    queue = _filled(h)
+
+    def walked(self: Queue) -> list[object]:
+        raise AssertionError("the whole queue was listed")
+
+    monkeypatch.setattr(Queue, "refs", walked)
+    browser = h.consumer("q", "queue", credit=5, browse=True)
+    first = [d.message.msg_id for d in h.take(browser)]
+    h.broker.set_credit(browser, 5)
+    second = [d.message.msg_id for d in h.take(browser)]
+    monkeypatch.undo()
+    assert first + second == _ids(queue)[:10]
+    assert queue.message_count == N  # browsing takes nothing

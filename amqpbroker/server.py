@@ -59,7 +59,7 @@ from amqpbroker.security import (
 )
 from amqpbroker.security.logins import PasswordChecks
 from amqpbroker.store import idblock, sysmem
-from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
+from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError
 from amqpbroker.store.paging import PageFiles
 from amqpbroker.store.recovery import recover
 
@@ -480,7 +480,7 @@ class BrokerServer:
         except JournalError as e:
             raise StartupError(f"journal {directory}: {e}") from e
         self.journal = journal
-        state = JournalState.of(journal.replay())
+        state = journal.state()
         settings = self.config.persistence
         persistence = Persistence(
             LoopJournal(journal, loop, after=self._after_command),

@@ -29,7 +29,7 @@ from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.records import AddMessage, AddQueue, AddRef, Record
 from amqpbroker.protocol import message_of
 from amqpbroker.server import build_broker
-from amqpbroker.store import FileJournal, JournalState
+from amqpbroker.store import FileJournal
 from amqpbroker.store.recovery import recover
 
 N = int(os.environ.get("N", "200000"))
@@ -73,7 +73,7 @@ def main() -> None:
         t0 = time.monotonic()
         journal = FileJournal(Path(directory), fsync=lambda fd: None, auto_compact=False)
         t1 = time.monotonic()
-        state = JournalState.of(journal.replay())
+        state = journal.state()
         t2 = time.monotonic()
         broker = build_broker(parse_config("name: bench\n"))
         broker.enable_persistence(Persistence(_NoJournal()))

@@ -61,7 +61,7 @@ from amqpbroker.security.logins import PasswordChecks
 from amqpbroker.store import idblock, sysmem
 from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError
 from amqpbroker.store.paging import PageFiles
-from amqpbroker.store.recovery import recover
+from amqpbroker.store.recovery import collector_paused, recover
 
 log = logging.getLogger(__name__)
 
@@ -462,6 +462,10 @@ class BrokerServer:
 
     def _open_journal(self, loop: asyncio.AbstractEventLoop) -> None:
         """Recover from DATA_DIR/journal before any client can connect (issue 5)."""
+        with collector_paused():  # issue 23 item 4: see its docstring
+            self._recover_journal(loop)
+
+    def _recover_journal(self, loop: asyncio.AbstractEventLoop) -> None:
         directory = self.data_dir / "journal"
         started = time.monotonic()
         try:

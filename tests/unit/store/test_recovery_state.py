@@ -22,6 +22,7 @@ from amqpbroker.core.records import (
     UpdateDeliveryCount,
 )
 from amqpbroker.store import FileJournal, JournalState
+from amqpbroker.store.segments import BATCH_END, _Bad, _check_frame, _frame
 
 QUEUES = ("a", "b", "c")
 
@@ -120,3 +121,17 @@ def test_after_an_append_state_reads_the_files(tmp_path: Path) -> None:
     assert state.messages == {}
     assert state.refs() == []
     assert state.max_msg_id == 1
+
+
+def test_the_frame_check_reads_the_crc_as_written() -> None:
+    """`_check_frame` checks the crc over the frame's bytes as they lie (no repacking):
+    a frame `_frame` wrote is sound, and any one byte changed anywhere makes it bad."""
+    rng = random.Random(4)
+    for _ in range(20):
+        payload = rng.randbytes(rng.randint(0, 50))
+        frame = _frame(int(AddRef.type_id), rng.choice((0, BATCH_END)), payload)
+        assert _check_frame(frame, 0) == (len(frame), AddRef.type_id, frame[10])
+        for at in range(len(frame)):
+            damaged = bytearray(frame)
+            damaged[at] ^= 1 << rng.randint(0, 7)
+            assert isinstance(_check_frame(bytes(damaged), 0), _Bad), at

@@ -11,6 +11,7 @@ from amqpbroker.core.attach import (
 )
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.clock import Clock, ManualClock, SystemClock
+from amqpbroker.core.dispatch import dispatch_options
 from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Dispatch, Drained, Effect
 from amqpbroker.core.errors import (
     BrokerError,
@@ -115,6 +116,7 @@ __all__ = [
     "WildcardConfig",
     "Window",
     "annotated_routing_type",
+    "dispatch_options",
     "kept_annotations",
     "last_value_key",
     "move_annotation_values",

@@ -329,6 +329,7 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             queue.set_kind(kind)  # B-120, B-121, B-123
         queue.idle_since_ms = self.now_ms
         queue.owner = owner
+        queue.first_marker = self.copier.with_property  # group-first-key (B-127)
         self._journal_queue(queue)
         self.queues[config.name] = queue
         address.queues.append(queue)
@@ -427,9 +428,7 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             "address": address,
             "routing_type": routing_type,
             "durable": True,
-            "max_consumers": settings.default_max_consumers,
-            "purge_on_no_consumers": settings.default_purge_on_no_consumers,
-            "exclusive": settings.default_exclusive_queue,
+            **settings.queue_defaults(),
             "last_value_key": last_value_key(
                 settings.default_last_value_key, settings.default_last_value_queue
             ),

@@ -57,6 +57,12 @@ class QueueStats:
     dead_lettered_by_reason: tuple[tuple[str, int], ...] = ()
     killed_by_reason: tuple[tuple[str, int], ...] = ()
     returned_by_reason: tuple[tuple[str, int], ...] = ()
+    # B-122/B-125/B-126/B-127/B-128: what the queue does and where it stands.
+    exclusive: bool = False
+    max_consumers: int = -1
+    purge_on_no_consumers: bool = False
+    groups: int = 0  # group owners (or owned buckets) now
+    dispatching: bool = True  # False: consumers-before-dispatch or a rebalance holds it
     replaced: int = 0  # ring and last-value removals (B-120, B-121)
     replaced_by_reason: tuple[tuple[str, int], ...] = ()
     # B-151 PAGE: what its page files hold (included in `messages`), and how many files.
@@ -93,6 +99,11 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
                 dead_lettered_by_reason=tuple(c.dead_lettered_by_reason.items()),
                 killed_by_reason=tuple(c.killed_by_reason.items()),
                 returned_by_reason=tuple(c.returned_by_reason.items()),
+                exclusive=queue.config.exclusive,
+                max_consumers=queue.config.max_consumers,
+                purge_on_no_consumers=queue.config.purge_on_no_consumers,
+                groups=0 if queue.policy is None else len(queue.policy.groups),
+                dispatching=queue.policy is None or queue.policy.dispatching,
                 replaced=c.replaced,
                 replaced_by_reason=tuple(c.replaced_by_reason.items()),
                 paged_messages=pages.messages if pages is not None else 0,

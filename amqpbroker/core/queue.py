@@ -39,6 +39,12 @@ from dataclasses import dataclass, field
 from random import Random
 from typing import TYPE_CHECKING, Protocol
 
+from amqpbroker.core.dispatch import (
+    DispatchPolicy,
+    FirstMarker,
+    needs_policy,
+    purge_on_no_consumers,
+)
 from amqpbroker.core.effects import Dispatch, Drained, Effect
 from amqpbroker.core.lifecycle import By, Emitter, Extra, Shape, Where
 from amqpbroker.core.model import (
@@ -311,6 +317,13 @@ class Queue:
         # How ready references reach consumers: taken, or walked by each (B-123).
         self._deliver_ready: Callable[[list[Consumer], list[Effect]], None] = self._deliver
 
+        # Exclusive, groups, dispatch gate (B-122, B-127, B-128): core/dispatch.py.
+        self.first_marker: FirstMarker | None = None  # the broker's codec, for group-first-key
+        self.policy: DispatchPolicy[Consumer] | None = (
+            DispatchPolicy(config) if needs_policy(config) else None
+        )
+        self.purging = config.purge_on_no_consumers  # B-126: routing skips it while idle
+
     def set_kind(self, kind: QueueKind) -> None:
         """Make this a last-value, ring or non-destructive queue (core/queuekinds.py)."""
         self.kind = kind
@@ -349,7 +362,10 @@ class Queue:
     def next_deadline_ms(self) -> int | None:
         while self._scheduled and self._scheduled[0][2].state != SCHEDULED:
             heapq.heappop(self._scheduled)  # expired while waiting
-        return self._scheduled[0][0] if self._scheduled else None
+        due = self._scheduled[0][0] if self._scheduled else None
+        if self.policy is not None and (gate := self.policy.deadline_ms()) is not None:
+            due = gate if due is None else min(due, gate)  # B-128 delay-before-dispatch
+        return due
 
     def refs(self) -> list[Ref]:
         """Every reference held (ready, scheduled, delivering), in arrival order."""
@@ -388,7 +404,10 @@ class Queue:
 
     # -- arrival ----------------------------------------------------------------------
     def accepts_message(self, message: Message) -> bool:
-        """Whether the queue filter lets the message in (B-002)."""
+        """Whether the queue filter lets the message in (B-002), and B-126: a
+        purge-on-no-consumers queue takes nothing while it has no consumers."""
+        if self.purging and not self.consumers:
+            return False
         return self.selector is None or self.selector.matches(message)
 
     def note(self, shape: Shape, ref: Ref, extra: Extra | None) -> None:
@@ -540,7 +559,15 @@ class Queue:
         if browsers:
             self._browse(browsers, out)
         active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
-        if active and self._ready and not self.paused:
+        if (
+            active
+            and self._ready
+            and not self.paused
+            and (
+                self.policy is None
+                or self.policy.may_dispatch(consumers, self.delivering, self._owner.now_ms)
+            )
+        ):
             self._deliver_ready(active, out)
         for consumer in consumers:
             # A stalled consumer drains once its window reopens: what is ready goes first.
@@ -552,6 +579,7 @@ class Queue:
     def _deliver(self, active: list[Consumer], out: list[Effect]) -> None:
         skipped: list[Ref] = []
         picky = any(c.selector is not None or c.max_message_size for c in active)
+        policy = self.policy  # B-122/B-127/B-128 (core/dispatch.py); None: a plain queue
         while active:
             ref = self._pop_next()
             if ref is None:
@@ -565,7 +593,17 @@ class Queue:
             index = self._rr % count
             chosen = None
             prioritized = self._prioritized
-            if prioritized:
+            if policy is None and ref.message.group_id is None:
+                owner = None  # the plain path: no policy, no group
+            else:
+                if policy is None:
+                    policy = self._group_policy()
+                owner = None if policy is None else policy.owner(ref)
+            if owner is not None:  # B-122/B-127: only the owner; the rotation stays put
+                prioritized = True
+                if owner.credit > 0 and owner.window.room > 0 and owner.accepts(ref):
+                    chosen = owner
+            elif prioritized:
                 chosen = self._by_priority(active, ref)  # rotates self._rr itself
             elif not picky and ref.blocked is None:
                 chosen = active[index]
@@ -581,12 +619,24 @@ class Queue:
             if not prioritized:
                 self._rr = index + 1
             self._send(chosen, ref, out)
+            if policy is not None:
+                dispatch = out[-1]
+                assert isinstance(dispatch, Dispatch)
+                policy.sent(chosen, ref, dispatch, self.first_marker)
             if chosen.credit == 0:
                 active.remove(chosen)
             if chosen.window.room <= 0:  # issue 15: its connection has enough to write
                 active = [c for c in active if c.window.room > 0]
         for ref in skipped:
             self._put_back(ref)
+
+    def _group_policy(self) -> DispatchPolicy[Consumer] | None:
+        """B-127: the first message with a group-id gives a plain queue its policy, unless
+        grouping is off (group-buckets 0)."""
+        if self.config.group_buckets == 0:
+            return None
+        self.policy = DispatchPolicy(self.config)
+        return self.policy
 
     @property
     def _prioritized(self) -> bool:
@@ -781,12 +831,16 @@ class Queue:
                 self._scheduled_live -= 1
                 self._put_back(ref)
                 moved = True
-        if moved and self.consumers:
-            self.dispatch(out)
+        if (moved or self.policy is not None) and self.consumers:
+            self.dispatch(out)  # a policy's delay-before-dispatch may be what is due
 
     # -- consumers --------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
+        if self.policy is not None:
+            self.policy.consumer_added(consumer, self._owner.now_ms)
+            if (due := self.policy.deadline_ms()) is not None:
+                self._owner.schedule(due)
 
     def remove_consumer(
         self, consumer: Consumer, now_ms: int, out: list[Effect], *, abrupt: bool
@@ -795,6 +849,8 @@ class Queue:
         (abrupt: the loss counts as an attempt). Never delayed."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        if self.policy is not None:
+            self.policy.consumer_removed(consumer, self.consumers)
         held = sorted(consumer.unsettled.values())
         consumer.unsettled.clear()
         self.delivering -= len(held)
@@ -807,7 +863,9 @@ class Queue:
             self._return(ref, now_ms, delay=False, reason=reason, consumer=consumer)
         self.used = True
         self.idle_since_ms = now_ms
-        if held and self.consumers:
+        if self.purging and not self.consumers:
+            purge_on_no_consumers(self)  # B-126, after the returns: they go too
+        elif held and self.consumers:
             self.dispatch(out)
 
     def set_credit(self, consumer: Consumer, credit: int, drain: bool, out: list[Effect]) -> None:

@@ -23,15 +23,6 @@ from __future__ import annotations
 
 # Address-settings (`ResolvedSettings` field names).
 UNSUPPORTED_SETTINGS: dict[str, str] = {
-    # In progress (issue 19) by h-groups: B-122, B-126, B-127, B-128.
-    "default_exclusive_queue": "",
-    "default_purge_on_no_consumers": "",
-    "default_consumers_before_dispatch": "",
-    "default_delay_before_dispatch": "",
-    "default_group_rebalance": "",
-    "default_group_rebalance_pause_dispatch": "",
-    "default_group_buckets": "",
-    "default_group_first_key": "",
     # Refused (h-mgmt, issue 19; docs/decisions.md "No silent keys").
     "config_delete_queues": "the configuration is not reloaded at runtime",
     "config_delete_addresses": "the configuration is not reloaded at runtime",
@@ -42,11 +33,7 @@ UNSUPPORTED_SETTINGS: dict[str, str] = {
 }
 
 # Queue options of `addresses[].anycast[]` / `multicast[]` (`QueueDef` field names).
-UNSUPPORTED_QUEUE_OPTIONS: dict[str, str] = {
-    # In progress (issue 19) by h-groups: B-122, B-126.
-    "exclusive": "",
-    "purge_on_no_consumers": "",
-}
+UNSUPPORTED_QUEUE_OPTIONS: dict[str, str] = {}
 
 
 def unsupported_message(reason: str, default: object) -> str:

@@ -180,6 +180,9 @@ class BrokerCollector:
             names.QUEUE_SCHEDULED, "Messages waiting for a redelivery delay.", lambda q: q.scheduled
         )
         yield queue_gauge(names.QUEUE_CONSUMERS, "Consumers attached.", lambda q: q.consumers)
+        yield queue_gauge(
+            names.QUEUE_GROUPS, "Message groups with an owning consumer.", lambda q: q.groups
+        )
         oldest = GaugeMetricFamily(
             names.QUEUE_OLDEST_AGE,
             "Age of the oldest waiting message (since the broker first accepted it); "

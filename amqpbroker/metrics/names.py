@@ -5,6 +5,7 @@ QUEUE_MESSAGES = "amqpbroker_queue_messages"
 QUEUE_DELIVERING = "amqpbroker_queue_delivering_messages"
 QUEUE_SCHEDULED = "amqpbroker_queue_scheduled_messages"
 QUEUE_CONSUMERS = "amqpbroker_queue_consumers"
+QUEUE_GROUPS = "amqpbroker_queue_groups"  # message groups with an owner (B-127)
 QUEUE_OLDEST_AGE = "amqpbroker_queue_oldest_message_age_seconds"  # issue 24
 QUEUE_ADDED = "amqpbroker_queue_messages_added"  # _total
 QUEUE_ACKNOWLEDGED = "amqpbroker_queue_messages_acknowledged"  # _total

@@ -57,6 +57,8 @@ class Harness:
             durable=kw.pop("durable", False),
             annotations={},
             properties=kw.pop("properties", {}),
+            group_id=kw.pop("group_id", None),
+            group_sequence=kw.pop("group_sequence", 0),
         )
         self.broker.publish(message, target, **kw)
         self._collect()

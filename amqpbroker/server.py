@@ -339,6 +339,9 @@ class BrokerServer:
         self.config = config
         self.data_dir = data_dir
         self.skip_corrupt_journal = skip_corrupt_journal
+        # Freeze the recovered heap out of the collector's sight (`collector_paused`): the
+        # broker process sets it (`amqpbroker run`, which `tune_gc`s); tests do not.
+        self.freeze_recovered = False
         self.journal: FileJournal | None = None
         self.journal_sync = journal_sync_histogram()
         self.broker = build_broker(config, clock=clock, rng=rng)
@@ -465,7 +468,7 @@ class BrokerServer:
 
     def _open_journal(self, loop: asyncio.AbstractEventLoop) -> None:
         """Recover from DATA_DIR/journal before any client can connect (issue 5)."""
-        with collector_paused():  # issue 23 item 4: see its docstring
+        with collector_paused(freeze=self.freeze_recovered):  # issue 23 item 4
             self._recover_journal(loop)
 
     def _recover_journal(self, loop: asyncio.AbstractEventLoop) -> None:

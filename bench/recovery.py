@@ -71,7 +71,7 @@ def main() -> None:
             profile.enable()
         c0 = time.process_time()
         t0 = time.monotonic()
-        with collector_paused():  # as the server does
+        with collector_paused(freeze=True):  # as the broker process does
             journal = FileJournal(Path(directory), fsync=lambda fd: None, auto_compact=False)
             t1 = time.monotonic()
             state = journal.state()

@@ -83,3 +83,25 @@ def test_the_pause_restores_the_collector_as_it_was() -> None:
         assert not gc.isenabled()  # it was off: left off
     finally:
         gc.enable()
+
+
+def test_the_broker_process_freezes_the_recovered_heap(tmp_path: Path) -> None:
+    """`amqpbroker run` sets `freeze_recovered`: the recovered objects leave the
+    collector's sight before it is on again (else its first collection walks them all)."""
+    _journal(tmp_path / "journal")
+    config = parse_config("event-log: {enabled: false}\n", source="test.yaml")
+    server = BrokerServer(config, data_dir=tmp_path)
+    server.freeze_recovered = True
+    before = gc.get_freeze_count()
+
+    async def scenario() -> None:
+        server._open_journal(asyncio.get_running_loop())
+
+    try:
+        asyncio.run(scenario())
+        assert gc.get_freeze_count() > before + 2 * MESSAGES
+    finally:
+        gc.unfreeze()  # the test process goes on collecting as before
+        assert server.journal is not None
+        server.journal.close()
+    assert gc.isenabled()

@@ -12,7 +12,14 @@ from amqpbroker.core.attach import (
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.clock import Clock, ManualClock, SystemClock
 from amqpbroker.core.dispatch import dispatch_options
-from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Dispatch, Drained, Effect
+from amqpbroker.core.effects import (
+    AddressUnblocked,
+    CloseConnection,
+    CloseConsumer,
+    Dispatch,
+    Drained,
+    Effect,
+)
 from amqpbroker.core.errors import (
     BrokerError,
     ClientError,
@@ -78,6 +85,7 @@ __all__ = [
     "BrokerError",
     "ClientError",
     "Clock",
+    "CloseConnection",
     "CloseConsumer",
     "ConnectionId",
     "ConsumerAttached",

@@ -118,6 +118,10 @@ class Consumer:
     # A browser has seen every reference up to this seq; a consumer of a non-destructive
     # queue, every one up to this position of its log (core/queuekinds.py).
     browsed_seq: int = -1
+    # Slow-consumer checks (core/slowconsumer.py): acknowledged so far, and the count and
+    # time its rate is measured from.
+    acked: int = 0
+    rate_mark: tuple[int, int] = (0, 0)
     # Its events' `lifecycle.By`, and the shapes of the common ones, built once.
     event_by: By = field(init=False)
     event_dispatched: Shape = field(init=False)
@@ -708,6 +712,7 @@ class Queue:
 
     def _acknowledge(self, ref: Ref, consumer: Consumer) -> None:
         self.counters.acknowledged += 1
+        consumer.acked += 1
         self.used = True
         self._removed(ref)
         if self.emitter.all:

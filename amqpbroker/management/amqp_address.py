@@ -387,6 +387,7 @@ def _add_address_settings(broker: Broker, args: Args) -> None:
         broker.settings.add(match, config.address_settings[match])
     except ValueError as e:  # the broker's own wildcard delimiters (B-101)
         raise RequestError(str(e)) from None
+    broker.slow_settings_changed()  # core/slowconsumer.py: queues that now ask for checks
 
 
 def _remove_address_settings(broker: Broker, args: Args) -> None:

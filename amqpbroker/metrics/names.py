@@ -47,6 +47,8 @@ EVENT_LOG_DELETED_BYTES = "amqpbroker_event_log_deleted_bytes"  # _total{compact
 AUTHENTICATION_FAILURES = "amqpbroker_authentication_failures"  # _total
 # _total{reason}: connections-allowed, file-descriptors, handshake-timeout (issue 15)
 CONNECTIONS_REFUSED = "amqpbroker_connections_refused"
+# _total{policy}: consumers found slow (slow-consumer-threshold; NOTIFY or KILL, issue 19)
+SLOW_CONSUMERS = "amqpbroker_slow_consumers"
 BUILD_INFO = "amqpbroker_build_info"
 
 # The ActiveMQ Artemis Prometheus plugin names (metrics.artemis-names: true): those whose

@@ -390,6 +390,11 @@ class AmqpConnection(_Transfers, _Attach, _Transactions, Engine):
             self._drop_consumer(link, consumer, closed=True)
         self.close_link(Link.wrap(link), error.condition, str(error))
 
+    def close_with_error(self, condition: str, description: str) -> None:
+        """The broker ends this connection (a slow consumer's KILL): the error path."""
+        log.info("connection %s from %s: closed by the broker: %s", self.id, self.peer, description)
+        self._fail(condition, description)
+
     def _fail(self, condition: str, description: str) -> None:
         self._hang_up = True
         self.connection.condition = Condition(condition, description)

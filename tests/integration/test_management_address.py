@@ -403,12 +403,13 @@ def test_address_settings_at_runtime(manager: Manager) -> None:
     assert manager.ok("broker", "addAddressSettings", "tuned.#", settings) is None
     effective = json.loads(manager.ok("broker", "getAddressSettingsAsJSON", "tuned.x"))
     assert (effective["max-delivery-attempts"], effective["redelivery-delay"]) == (3, 5)
-    assert "slow-consumer-threshold" not in effective  # not implemented: never shown
+    assert "config-delete-queues" not in effective  # not implemented: never shown
+    assert effective["slow-consumer-threshold"] == -1  # implemented (issue 19): shown
     assert effective["default-ring-size"] == -1  # implemented (B-121): shown
-    bad = json.dumps({"slow-consumer-threshold": 4})
+    bad = json.dumps({"config-delete-queues": "FORCE"})
     succeeded, text = manager.call("broker", "addAddressSettings", "tuned.#", bad)
     assert not succeeded
-    assert "slow-consumer-threshold: not supported by amqpbroker" in text
+    assert "config-delete-queues: not supported by amqpbroker" in text
     assert manager.ok("broker", "removeAddressSettings", "tuned.#") is None
     effective = json.loads(manager.ok("broker", "getAddressSettingsAsJSON", "tuned.x"))
     assert effective["max-delivery-attempts"] == 10

@@ -59,9 +59,9 @@ from amqpbroker.security import (
 )
 from amqpbroker.security.logins import PasswordChecks
 from amqpbroker.store import idblock, sysmem
-from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
+from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError
 from amqpbroker.store.paging import PageFiles
-from amqpbroker.store.recovery import recover
+from amqpbroker.store.recovery import collector_paused, recover
 
 log = logging.getLogger(__name__)
 
@@ -339,6 +339,9 @@ class BrokerServer:
         self.config = config
         self.data_dir = data_dir
         self.skip_corrupt_journal = skip_corrupt_journal
+        # Freeze the recovered heap out of the collector's sight (`collector_paused`): the
+        # broker process sets it (`amqpbroker run`, which `tune_gc`s); tests do not.
+        self.freeze_recovered = False
         self.journal: FileJournal | None = None
         self.journal_sync = journal_sync_histogram()
         self.broker = build_broker(config, clock=clock, rng=rng)
@@ -465,6 +468,10 @@ class BrokerServer:
 
     def _open_journal(self, loop: asyncio.AbstractEventLoop) -> None:
         """Recover from DATA_DIR/journal before any client can connect (issue 5)."""
+        with collector_paused(freeze=self.freeze_recovered):  # issue 23 item 4
+            self._recover_journal(loop)
+
+    def _recover_journal(self, loop: asyncio.AbstractEventLoop) -> None:
         directory = self.data_dir / "journal"
         started = time.monotonic()
         try:
@@ -483,7 +490,7 @@ class BrokerServer:
         except JournalError as e:
             raise StartupError(f"journal {directory}: {e}") from e
         self.journal = journal
-        state = JournalState.of(journal.replay())
+        state = journal.state()
         settings = self.config.persistence
         persistence = Persistence(
             LoopJournal(journal, loop, after=self._after_command),

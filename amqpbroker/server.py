@@ -147,8 +147,11 @@ def build_broker(
             (RoutingType.ANYCAST, address.anycast),
             (RoutingType.MULTICAST, address.multicast),
         ):
+            resolved = broker.settings_for(address.name)
             for q in queues:
-                broker.create_queue(q.queue_config(address.name, routing_type, configured=True))
+                broker.create_queue(
+                    q.queue_config(address.name, routing_type, defaults=resolved, configured=True)
+                )
     return broker
 
 

@@ -76,6 +76,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         server = BrokerServer(
             config, data_dir=data_dir, skip_corrupt_journal=args.skip_corrupt_journal
         )
+        server.freeze_recovered = True  # tune_gc() freezes the start-up heap anyway
         await server.start()
         tune_gc()
         loop = asyncio.get_running_loop()

@@ -32,6 +32,7 @@ from amqpbroker.core import (
     SystemClock,
 )
 from amqpbroker.core import operations as ops
+from amqpbroker.core.management import MANAGEMENT_ADDRESS  # `manage` is granted there (B-154)
 from amqpbroker.core.persistence import OnStored, Persistence
 from amqpbroker.core.records import Record
 from amqpbroker.core.security import SecurityRepository
@@ -58,14 +59,13 @@ from amqpbroker.security import (
 )
 from amqpbroker.security.logins import PasswordChecks
 from amqpbroker.store import idblock, sysmem
-from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError, JournalState
+from amqpbroker.store.journal import FileJournal, JournalCorrupt, JournalError
 from amqpbroker.store.paging import PageFiles
-from amqpbroker.store.recovery import recover
+from amqpbroker.store.recovery import collector_paused, recover
 
 log = logging.getLogger(__name__)
 
 WRITE_HIGH_WATER_BYTES = 4 * 1024 * 1024
-MANAGEMENT_ADDRESS = "activemq.management"  # where `manage` is granted (B-104, B-154)
 # Group commit under heavy load, like Artemis's journal-buffer-timeout but only when 16 KiB
 # or more wait for one writer pass (FileJournal.commit_delay_seconds): bench/durable.sh
 # went from 9.4k to ~15.6k durable msg/s; a few synchronous senders never wait for it.
@@ -147,8 +147,11 @@ def build_broker(
             (RoutingType.ANYCAST, address.anycast),
             (RoutingType.MULTICAST, address.multicast),
         ):
+            resolved = broker.settings_for(address.name)
             for q in queues:
-                broker.create_queue(q.queue_config(address.name, routing_type, configured=True))
+                broker.create_queue(
+                    q.queue_config(address.name, routing_type, defaults=resolved, configured=True)
+                )
     return broker
 
 
@@ -336,6 +339,9 @@ class BrokerServer:
         self.config = config
         self.data_dir = data_dir
         self.skip_corrupt_journal = skip_corrupt_journal
+        # Freeze the recovered heap out of the collector's sight (`collector_paused`): the
+        # broker process sets it (`amqpbroker run`, which `tune_gc`s); tests do not.
+        self.freeze_recovered = False
         self.journal: FileJournal | None = None
         self.journal_sync = journal_sync_histogram()
         self.broker = build_broker(config, clock=clock, rng=rng)
@@ -462,6 +468,10 @@ class BrokerServer:
 
     def _open_journal(self, loop: asyncio.AbstractEventLoop) -> None:
         """Recover from DATA_DIR/journal before any client can connect (issue 5)."""
+        with collector_paused(freeze=self.freeze_recovered):  # issue 23 item 4
+            self._recover_journal(loop)
+
+    def _recover_journal(self, loop: asyncio.AbstractEventLoop) -> None:
         directory = self.data_dir / "journal"
         started = time.monotonic()
         try:
@@ -480,7 +490,7 @@ class BrokerServer:
         except JournalError as e:
             raise StartupError(f"journal {directory}: {e}") from e
         self.journal = journal
-        state = JournalState.of(journal.replay())
+        state = journal.state()
         settings = self.config.persistence
         persistence = Persistence(
             LoopJournal(journal, loop, after=self._after_command),

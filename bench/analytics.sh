@@ -46,7 +46,7 @@ run() {
   start=$(date +%s%N)
   PYTHONPATH="$REPO" "$PY" -m amqpbroker analyze --events "$WORK" --out "$OUT" --window 60 "$@"
   end=$(date +%s%N)
-  echo "wall time: $(( (end - start) / 1000000 )) ms"
+  echo "wall time: $(( (end - start) / 1000000 )) ms" >&2
 }
 echo "== first run ($EVENTS events, load: $(cut -d' ' -f1-3 /proc/loadavg))"
 run

@@ -26,7 +26,9 @@ Errors: malformed input raises `SectionError` (a `ValueError`), never `IndexErro
 `struct.error`. Encoding a value that has no AMQP type, or is out of range for its
 wrapper, raises `TypeError` or `ValueError`: that is a programming error, not bad input.
 
-This module deliberately imports nothing from proton: it runs once per message.
+This module deliberately imports nothing from proton: it runs once per message. It is one
+of the modules `setup.py` compiles with mypyc (issue 20): the value wrappers that subclass
+built-in types are `native_class=False` there, plain Python classes.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ import struct
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Final, Literal, NamedTuple
+
+from mypy_extensions import mypyc_attr  # a no-op in pure Python; see setup.py (issue 20)
 
 __all__ = [
     "KEEP",
@@ -85,6 +89,7 @@ class SectionError(ValueError):
 # -- Typed wrappers: the AMQP types Python has no native type for -------------------------
 
 
+@mypyc_attr(native_class=False)
 class Symbol(str):
     """An AMQP symbol (ASCII); plain `str` encodes as an AMQP string."""
 
@@ -94,6 +99,7 @@ class Symbol(str):
         return f"Symbol({str.__repr__(self)})"
 
 
+@mypyc_attr(native_class=False)
 class Char(str):
     """An AMQP char: one Unicode code point."""
 
@@ -103,6 +109,7 @@ class Char(str):
         return f"Char({str.__repr__(self)})"
 
 
+@mypyc_attr(native_class=False)
 class _TypedInt(int):
     """An int that remembers its AMQP integer type; arithmetic gives plain ints."""
 
@@ -115,60 +122,70 @@ class _TypedInt(int):
         return int.__repr__(self)
 
 
+@mypyc_attr(native_class=False)
 class UByte(_TypedInt):
     """AMQP ubyte (0..255)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class UShort(_TypedInt):
     """AMQP ushort (0..2**16-1)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class UInt(_TypedInt):
     """AMQP uint (0..2**32-1)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class ULong(_TypedInt):
     """AMQP ulong (0..2**64-1)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Byte(_TypedInt):
     """AMQP byte (-128..127)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Short(_TypedInt):
     """AMQP short (16-bit signed)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Int(_TypedInt):
     """AMQP int (32-bit signed)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Long(_TypedInt):
     """AMQP long, spelled out; a plain `int` encodes as long too and decodes as plain `int`."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Timestamp(_TypedInt):
     """AMQP timestamp: epoch milliseconds."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Float32(float):
     """AMQP float (32-bit); plain `float` encodes as double."""
 
@@ -178,6 +195,7 @@ class Float32(float):
         return f"Float32({float.__repr__(self)})"
 
 
+@mypyc_attr(native_class=False)
 class _RawDecimal(bytes):
     """IEEE 754 decimal, kept as its encoded bytes: the broker never computes with it."""
 
@@ -187,18 +205,21 @@ class _RawDecimal(bytes):
         return f"{type(self).__name__}({bytes.__repr__(self)})"
 
 
+@mypyc_attr(native_class=False)
 class Decimal32(_RawDecimal):
     """AMQP decimal32 (4 bytes)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Decimal64(_RawDecimal):
     """AMQP decimal64 (8 bytes)."""
 
     __slots__ = ()
 
 
+@mypyc_attr(native_class=False)
 class Decimal128(_RawDecimal):
     """AMQP decimal128 (16 bytes)."""
 
@@ -212,6 +233,7 @@ class Described(NamedTuple):
     value: Any
 
 
+@mypyc_attr(native_class=False)
 class Array(list[Any]):
     """An AMQP array: every element has one type, so the type travels with the list.
 
@@ -1034,6 +1056,8 @@ class Scanned(NamedTuple):
     application_properties: tuple[int, int] | None
     body_start: int  # the first body section, else the footer, else len(data)
     absolute_expiry_time: int | None  # properties field, epoch ms, as sent (B-080)
+    # properties group-id and group-sequence (B-127), None: no group-id.
+    group: tuple[str, int] | None = None
 
     def header(self) -> Header | None:
         """The header fields, or None when the message has no header section."""
@@ -1053,15 +1077,20 @@ class Scanned(NamedTuple):
         return self.header_end
 
 
-def _absolute_expiry_time(buf: bytes, vpos: int, end: int) -> int | None:
-    """Field 9 of the properties list, reached by skipping the first 8 (B-080)."""
+def _list_head(buf: bytes, vpos: int) -> tuple[int, int]:
+    """(element count, offset of the first element) of the list at `vpos`; (0, vpos) for
+    anything else (list0 or not a list)."""
     code = buf[vpos]
     if code == 0xC0:
-        count, p = buf[vpos + 2], vpos + 3
-    elif code == 0xD0:
-        count, p = _U32.unpack_from(buf, vpos + 5)[0], vpos + 9
-    else:
-        return None
+        return buf[vpos + 2], vpos + 3
+    if code == 0xD0:
+        return _U32.unpack_from(buf, vpos + 5)[0], vpos + 9
+    return 0, vpos
+
+
+def _absolute_expiry_time(buf: bytes, vpos: int, end: int) -> int | None:
+    """Field 9 of the properties list, reached by skipping the first 8 (B-080)."""
+    count, p = _list_head(buf, vpos)
     if count <= _ABSOLUTE_EXPIRY_TIME:
         return None
     for _ in range(_ABSOLUTE_EXPIRY_TIME):
@@ -1074,6 +1103,33 @@ def _absolute_expiry_time(buf: bytes, vpos: int, end: int) -> int | None:
     if type(value) is bool or not isinstance(value, int):
         raise SectionError(f"absolute-expiry-time is not a timestamp: {value!r}")
     return int(value)
+
+
+_GROUP_ID: Final = PROPERTY_NAMES.index("group-id")
+
+
+def _group(buf: bytes, vpos: int, end: int) -> tuple[str, int] | None:
+    """(group-id, group-sequence), fields 11 and 12 of the properties list (B-127), or
+    None without a group-id. A group-id that is not a string, or does not decode, is no
+    group (as Artemis reads it; the message is not refused); a group-sequence that is not
+    an integer counts as 0. `scan` calls this only for a list long enough to hold one."""
+    count, p = _list_head(buf, vpos)
+    if count <= _GROUP_ID:
+        return None
+    try:
+        for _ in range(_GROUP_ID):
+            p = _skip(buf, p)
+        group_id, p = _decode(buf, p)
+        if p > end or not isinstance(group_id, str):
+            return None
+        sequence = 0
+        if count > _GROUP_ID + 1:
+            value, p = _decode(buf, p)
+            if p <= end and isinstance(value, int) and not isinstance(value, bool):
+                sequence = int(value)
+    except _MALFORMED:
+        return None
+    return group_id, sequence
 
 
 # Constructors that open a nesting level: described, list8/32, map8/32, array8/32.
@@ -1163,7 +1219,7 @@ def scan(raw: bytes) -> Scanned:
     rank = 0
     header = _NO_HEADER
     header_end = da_start = da_end = 0
-    ma = props = ap = expiry = None
+    ma = props = ap = expiry = group = None
     body_start = footer_start = -1
     body_code = 0
     kinds, valid, unpack_u32 = _KIND, _SECTION_VALUES, _U32.unpack_from
@@ -1198,7 +1254,13 @@ def scan(raw: bytes) -> Scanned:
                         header_end = end
                     elif code == PROPERTIES:
                         props = (pos, end)
-                        expiry = _absolute_expiry_time(raw, vpos, end)
+                        # A list8 that ends before absolute-expiry-time (most messages:
+                        # encoders drop trailing nulls) has none of the fields read here;
+                        # one that ends before group-id has no group (B-127).
+                        if raw[vpos] != 0xC0 or raw[vpos + 2] > _ABSOLUTE_EXPIRY_TIME:
+                            expiry = _absolute_expiry_time(raw, vpos, end)
+                            if raw[vpos] != 0xC0 or raw[vpos + 2] > _GROUP_ID:
+                                group = _group(raw, vpos, end)
                     elif code == MESSAGE_ANNOTATIONS:
                         ma = (pos, end)
                     else:
@@ -1250,6 +1312,7 @@ def scan(raw: bytes) -> Scanned:
             ap,
             body_start,
             expiry,
+            group,
         ),
     )
 
@@ -1490,6 +1553,7 @@ def rebuild(
     header: Header | Literal[Keep.KEEP] | None = KEEP,
     message_annotations: Mapping[Any, Any] | Literal[Keep.KEEP] | None = KEEP,
     properties_update: Mapping[str, Any] | None = None,
+    application_properties: Mapping[str, Any] | Literal[Keep.KEEP] = KEEP,
 ) -> bytes:
     """A copy of the message with header, message-annotations or properties fields replaced.
 
@@ -1498,8 +1562,9 @@ def rebuild(
     the complete new map (keys written as symbols), None to drop the section, `KEEP` to
     copy it. `properties_update`: field name -> new value, None removing the field
     (`{"absolute-expiry-time": None}`); the section is created or dropped as needed, other
-    fields are copied as encoded. Delivery annotations are dropped (B-017);
-    application-properties, body and footer are copied byte for byte.
+    fields are copied as encoded. `application_properties`: the complete new map (the
+    group-first-key of B-127), or `KEEP`. Delivery annotations are dropped (B-017);
+    application-properties (when kept), body and footer are copied byte for byte.
 
     Raises:
         SectionError: `data` is not a well-formed message.
@@ -1524,5 +1589,9 @@ def rebuild(
     elif props is not None:
         parts.append(data[props[0] : props[1]])
     ap = scanned.application_properties
-    parts.append(memoryview(data)[ap[0] if ap is not None else scanned.body_start :])
+    if application_properties is KEEP:
+        parts.append(memoryview(data)[ap[0] if ap is not None else scanned.body_start :])
+    else:
+        parts.append(b"\x00\x53\x74" + encode_value(dict(application_properties)))
+        parts.append(memoryview(data)[scanned.body_start :])
     return b"".join(parts)

@@ -53,6 +53,7 @@ from amqpbroker.core import (
     RoutingType,
     WildcardConfig,
 )
+from amqpbroker.core.management import MANAGEMENT_ADDRESS
 from amqpbroker.core.security import PERMISSIONS
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import (
@@ -215,6 +216,9 @@ NUMERIC_KEYS: dict[str, Range] = {
     "http.sample-interval": Range(100, 60_000, span=True),  # ms (issue 24)
     "queue.max-consumers": Range(0, INT32_MAX, "unlimited"),
     "queue.ring-size": Range(0, INT64_MAX, "off"),
+    "queue.group-buckets": Range(0, INT32_MAX, "unlimited"),  # B-127
+    "queue.consumers-before-dispatch": Range(0, INT32_MAX),  # B-128
+    "queue.delay-before-dispatch": _ms(minus_one="off"),
 }
 
 
@@ -677,6 +681,14 @@ def _queue(c: Checker, node: yaml.Node, path: str) -> Any:
             "max-consumers": c.typed(int, NUMERIC_KEYS["queue.max-consumers"]),
             "purge-on-no-consumers": c.typed(bool),
             "exclusive": c.typed(bool),
+            "group-rebalance": c.typed(bool),
+            "group-rebalance-pause-dispatch": c.typed(bool),
+            "group-buckets": c.typed(int, NUMERIC_KEYS["queue.group-buckets"]),
+            "group-first-key": c.typed(str, nullable=True),
+            "consumers-before-dispatch": c.typed(
+                int, NUMERIC_KEYS["queue.consumers-before-dispatch"]
+            ),
+            "delay-before-dispatch": c.typed(int, NUMERIC_KEYS["queue.delay-before-dispatch"]),
             "last-value-key": c.typed(str, nullable=True),
             "last-value": c.typed(bool),
             "non-destructive": c.typed(bool),
@@ -718,6 +730,10 @@ def _addresses(c: Checker, node: yaml.Node, path: str) -> Any:
         if "name" not in values:
             continue
         name_node = c.value_node(item, "name")
+        if values["name"] == MANAGEMENT_ADDRESS:  # B-160: answered by the broker, never routed
+            message = f"{MANAGEMENT_ADDRESS} is the management address: it cannot be configured"
+            c.problem(name_node, join_path(item_path, "name"), message)
+            continue
         if values["name"] in lines:
             also = f"also at line {lines[values['name']]}"
             c.problem(name_node, join_path(item_path, "name"), f"duplicate address name ({also})")

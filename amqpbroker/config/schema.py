@@ -25,6 +25,7 @@ from typing import Any
 from amqpbroker.core import (
     AddressSettings,
     QueueConfig,
+    ResolvedSettings,
     RoutingType,
     WildcardConfig,
     last_value_key,
@@ -142,34 +143,52 @@ class SecurityConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class QueueDef:
-    """A configured queue: configuration-managed, never auto-deleted (B-113)."""
+    """A configured queue: configuration-managed, never auto-deleted (B-113). An option
+    left None takes its address's `default-*` setting, as Artemis applies them."""
 
     name: str
     durable: bool = True
     filter: str | None = None
-    max_consumers: int = -1
-    purge_on_no_consumers: bool = False
-    exclusive: bool = False
+    max_consumers: int | None = None
+    purge_on_no_consumers: bool | None = None
+    exclusive: bool | None = None
+    group_rebalance: bool | None = None
+    group_rebalance_pause_dispatch: bool | None = None
+    group_buckets: int | None = None
+    group_first_key: str | None = None
+    consumers_before_dispatch: int | None = None
+    delay_before_dispatch: int | None = None  # ms
     last_value_key: str | None = None
     last_value: bool = False
     non_destructive: bool = False
     ring_size: int = -1
 
-    def queue_config(self, address: str, routing_type: RoutingType, **flags: Any) -> QueueConfig:
+    def queue_config(
+        self,
+        address: str,
+        routing_type: RoutingType,
+        *,
+        defaults: ResolvedSettings,
+        **flags: Any,
+    ) -> QueueConfig:
         """The core's `QueueConfig` of this queue (`last-value: true` keys on
-        `_AMQ_LVQ_NAME`, B-120): for configured queues and management's createQueue."""
+        `_AMQ_LVQ_NAME`, B-120): for configured queues and management's createQueue.
+        `defaults` are the address's settings: the B-122…B-128 options this queue leaves
+        unset take their `default-*` values, as Artemis applies them (B-110)."""
+        options = {
+            name: default if getattr(self, name) is None else getattr(self, name)
+            for name, default in defaults.queue_defaults().items()
+        }
         return QueueConfig(
             name=self.name,
             address=address,
             routing_type=routing_type,
             durable=self.durable,
             filter=self.filter,
-            max_consumers=self.max_consumers,
-            purge_on_no_consumers=self.purge_on_no_consumers,
-            exclusive=self.exclusive,
             last_value_key=last_value_key(self.last_value_key, self.last_value),
             non_destructive=self.non_destructive,
             ring_size=self.ring_size,
+            **options,
             **flags,
         )
 

@@ -11,7 +11,15 @@ from amqpbroker.core.attach import (
 )
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.clock import Clock, ManualClock, SystemClock
-from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Dispatch, Drained, Effect
+from amqpbroker.core.dispatch import dispatch_options
+from amqpbroker.core.effects import (
+    AddressUnblocked,
+    CloseConnection,
+    CloseConsumer,
+    Dispatch,
+    Drained,
+    Effect,
+)
 from amqpbroker.core.errors import (
     BrokerError,
     ClientError,
@@ -77,6 +85,7 @@ __all__ = [
     "BrokerError",
     "ClientError",
     "Clock",
+    "CloseConnection",
     "CloseConsumer",
     "ConnectionId",
     "ConsumerAttached",
@@ -115,6 +124,7 @@ __all__ = [
     "WildcardConfig",
     "Window",
     "annotated_routing_type",
+    "dispatch_options",
     "kept_annotations",
     "last_value_key",
     "move_annotation_values",

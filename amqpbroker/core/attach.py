@@ -185,6 +185,9 @@ class _Attach:
     def delete_queue(self, name: str, *, reason: str = "deleted") -> None:
         raise NotImplementedError  # Broker's
 
+    def watch_consumer(self, consumer: Consumer, now_ms: int) -> None:
+        raise NotImplementedError  # Broker's (core/slowconsumer.py)
+
     @entry
     def attach_producer(self, request: ProducerRequest) -> ProducerTarget:
         """B-022: resolve a producer target, auto-creating what it needs."""
@@ -315,6 +318,7 @@ class _Attach:
             window=request.window if request.window is not None else Window(),
         )
         queue.add_consumer(consumer)
+        self.watch_consumer(consumer, self.now_ms)  # core/slowconsumer.py
         self._consumers[consumer.id] = _ConsumerInfo(consumer, request, kind)
         return ConsumerAttached(
             consumer.id,
@@ -350,6 +354,7 @@ class _Attach:
             window=request.window if request.window is not None else Window(),
         )
         queue.add_consumer(consumer)
+        self.watch_consumer(consumer, self.now_ms)  # core/slowconsumer.py
         self._consumers[consumer.id] = _ConsumerInfo(
             consumer, replace(request, expiry_policy="never", durable=True), "durable"
         )

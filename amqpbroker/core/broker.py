@@ -9,7 +9,8 @@ duplicate ids, admission and address-full) and consumers' credit and settling; i
 parts are mixins, each in its own module with its theory of operation: attaching links
 (`_Attach`, `core/attach.py`), dead letters, expiry and moved copies (`_Moving`,
 `core/moving.py`), the auto-delete pass (`_Reaper`, `core/reaper.py`), retroactive
-addresses (`_Retroactive`, `core/retroactive.py`). Management
+addresses (`_Retroactive`, `core/retroactive.py`), slow consumers (`_SlowConsumers`,
+`core/slowconsumer.py`). Management
 operations are `core/operations.py`; the moved copy's annotations `core/moves.py`.
 """
 
@@ -64,6 +65,7 @@ from amqpbroker.core.retroactive import _Retroactive
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
+from amqpbroker.core.slowconsumer import _SlowConsumers
 from amqpbroker.core.totals import BrokerStats, CounterTotals
 
 log = logging.getLogger(__name__)
@@ -71,7 +73,7 @@ log = logging.getLogger(__name__)
 _SENT_SHAPES = 1000  # `sent` shapes kept per address (one per producer container)
 
 
-class Broker(_Attach, _Moving, _Reaper, _Retroactive):
+class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     """The broker: addresses, queues, consumers and every message state change."""
 
     def __init__(
@@ -133,6 +135,8 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         # B-160: answers requests to the management address (server.py sets it).
         self.management: ManagementHandler | None = None
         self._retroactive: dict[str, dict[RoutingType, str]] = {}  # B-124, core/retroactive.py
+        self._slow_due: list[tuple[int, str]] = []  # core/slowconsumer.py
+        self._slow_watched: set[str] = set()
 
     # -- effects and time -----------------------------------------------------------
     def take_effects(self) -> list[Effect]:
@@ -159,8 +163,11 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             self._check_global_unblocked()
 
     def next_deadline_ms(self) -> int | None:
-        """When `tick()` next has work: a redelivery, the reaper or the expiry scan. O(1)."""
+        """When `tick()` next has work: a redelivery, the reaper, the expiry scan or a
+        slow-consumer check. O(1)."""
         candidates = []
+        if self._slow_due:
+            candidates.append(self._slow_due[0][0])
         if self._scan_period_ms > 0:
             candidates.append(self._next_scan_ms)
         if self._deadlines:
@@ -171,7 +178,8 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
 
     @entry
     def tick(self) -> None:
-        """Fire due redeliveries and, every address-queue-scan-period, the reaper."""
+        """Fire due redeliveries and, every address-queue-scan-period, the reaper; the
+        expiry scan and the slow-consumer checks when due."""
         now_ms = self.now_ms
         out = self._effects
         deadlines = self._deadlines
@@ -187,6 +195,8 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
         if self._expiry_scan_period_ms > 0 and now_ms >= self._next_expiry_scan_ms:
             self._next_expiry_scan_ms = now_ms + self._expiry_scan_period_ms
             self.expire_due(now_ms)
+        if self._slow_due and self._slow_due[0][0] <= now_ms:
+            self.check_slow_consumers(now_ms)
 
     def next_message_id(self) -> int:
         return next(self._msg_ids)
@@ -329,6 +339,7 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             queue.set_kind(kind)  # B-120, B-121, B-123
         queue.idle_since_ms = self.now_ms
         queue.owner = owner
+        queue.first_marker = self.copier.with_property  # group-first-key (B-127)
         self._journal_queue(queue)
         self.queues[config.name] = queue
         address.queues.append(queue)
@@ -427,9 +438,7 @@ class Broker(_Attach, _Moving, _Reaper, _Retroactive):
             "address": address,
             "routing_type": routing_type,
             "durable": True,
-            "max_consumers": settings.default_max_consumers,
-            "purge_on_no_consumers": settings.default_purge_on_no_consumers,
-            "exclusive": settings.default_exclusive_queue,
+            **settings.queue_defaults(),
             "last_value_key": last_value_key(
                 settings.default_last_value_key, settings.default_last_value_queue
             ),

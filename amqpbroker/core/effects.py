@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amqpbroker.core.model import ConsumerId, DeliveryId, Message
+from amqpbroker.core.model import ConnectionId, ConsumerId, DeliveryId, Message
 
 
 class Dispatch:
@@ -60,4 +60,14 @@ class AddressUnblocked:
     address: str | None
 
 
-Effect = Dispatch | Drained | CloseConsumer | AddressUnblocked
+@dataclass(frozen=True, slots=True)
+class CloseConnection:
+    """Close a client's connection with an error (a slow consumer's KILL policy,
+    core/slowconsumer.py): its consumers' unacknowledged messages go back to their queues."""
+
+    connection: ConnectionId
+    condition: str
+    description: str
+
+
+Effect = Dispatch | Drained | CloseConsumer | AddressUnblocked | CloseConnection

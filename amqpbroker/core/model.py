@@ -95,6 +95,8 @@ class Message:
         "event_part",
         "expiration_ms",
         "first_ts",
+        "group_id",
+        "group_sequence",
         "head_end",
         "header",
         "header_end",
@@ -128,6 +130,8 @@ class Message:
         reader: SectionReader | None = None,
         ttl_ms: int | None = None,
         deliver_at_ms: int = 0,
+        group_id: str | None = None,
+        group_sequence: int = 0,
     ) -> None:
         self.data = data
         self.size = len(data)
@@ -149,6 +153,9 @@ class Message:
         self.reader = reader
         self.ttl_ms = ttl_ms  # header.ttl as sent; expiration_ms holds the computed value
         self.deliver_at_ms = deliver_at_ms  # scheduled delivery, epoch ms; 0 = now (B-015)
+        # properties.group-id / group-sequence (B-127), read by the adapter's scan.
+        self.group_id = group_id
+        self.group_sequence = group_sequence
         self.stored = False  # its AddMessage record is in the journal (core/persistence.py)
         # Its lifecycle events' shared part (`Emitter.message_part`), built on the first;
         # whoever changes `data` sets it back to None.
@@ -192,6 +199,13 @@ class QueueConfig:
     last_value_key: str | None = None
     non_destructive: bool = False
     ring_size: int = -1
+    # Message groups and the dispatch gate (B-127, B-128; core/dispatch.py).
+    group_rebalance: bool = False
+    group_rebalance_pause_dispatch: bool = False
+    group_buckets: int = -1  # -1: one owner per group id; 0: grouping off; N: N buckets
+    group_first_key: str | None = None
+    consumers_before_dispatch: int = 0
+    delay_before_dispatch: int = -1  # ms; -1: off
     temporary: bool = False
     auto_created: bool = False
     configured: bool = False  # configuration-managed: never auto-deleted (B-113)

@@ -62,6 +62,11 @@ class MessageCopier(Protocol):
         `priority`; `message` itself is left alone (other queues may hold it)."""
         ...
 
+    def with_property(self, message: Message, key: str, value: Any) -> Message:
+        """A copy of `message` whose application-properties also say `key: value` (the
+        group-first-key of B-127: for one delivery, the stored message unchanged)."""
+        ...
+
 
 class _BytesCopier:
     """Fallback for tests without a codec: the copy shares the original bytes."""
@@ -78,6 +83,8 @@ class _BytesCopier:
             properties=message.properties,
             application_properties=message.application_properties,
             reader=message.reader,
+            group_id=message.group_id,  # the copy stays in its group (B-127)
+            group_sequence=message.group_sequence,
         )
 
     def set_expiration(self, message: Message, expiration_ms: int) -> None:
@@ -89,26 +96,47 @@ class _BytesCopier:
     def with_priority(self, message: Message, priority: int) -> Message:
         return reprioritized(message, message.data, priority, message.header_end)
 
+    def with_property(self, message: Message, key: str, value: Any) -> Message:
+        properties = {**message.get_application_properties(), key: value}
+        return rebuilt(message, message.data, message.header_end, application_properties=properties)
+
 
 def reprioritized(message: Message, data: bytes, priority: int, header_end: int) -> Message:
     """`message` with new bytes `data` and `priority`: the same id and fields otherwise."""
+    return rebuilt(message, data, header_end, priority=priority)
+
+
+def rebuilt(
+    message: Message,
+    data: bytes,
+    header_end: int,
+    *,
+    priority: int | None = None,
+    application_properties: dict[str, Any] | None = None,
+) -> Message:
+    """`message` with new bytes `data` (and the priority or application-properties they
+    now say): the same id and fields otherwise (B-161 priority, B-127 group-first-key)."""
     copy = Message(
         data,
         msg_id=message.msg_id,
         durable=message.durable,
-        priority=priority,
+        priority=message.priority if priority is None else priority,
         expiration_ms=message.expiration_ms,
         header_end=header_end,
         header=message.header,
         annotations=message.annotations,
         properties=message.properties,
-        application_properties=message.application_properties,
+        application_properties=message.application_properties
+        if application_properties is None
+        else application_properties,
         address=message.address,
         first_ts=message.first_ts,
         origin_container=message.origin_container,
         reader=message.reader,
         ttl_ms=message.ttl_ms,
         deliver_at_ms=message.deliver_at_ms,
+        group_id=message.group_id,
+        group_sequence=message.group_sequence,
     )
     copy.stored = message.stored
     return copy

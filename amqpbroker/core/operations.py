@@ -57,6 +57,12 @@ class QueueStats:
     dead_lettered_by_reason: tuple[tuple[str, int], ...] = ()
     killed_by_reason: tuple[tuple[str, int], ...] = ()
     returned_by_reason: tuple[tuple[str, int], ...] = ()
+    # B-122/B-125/B-126/B-127/B-128: what the queue does and where it stands.
+    exclusive: bool = False
+    max_consumers: int = -1
+    purge_on_no_consumers: bool = False
+    groups: int = 0  # group owners (or owned buckets) now
+    dispatching: bool = True  # False: consumers-before-dispatch or a rebalance holds it
     replaced: int = 0  # ring and last-value removals (B-120, B-121)
     replaced_by_reason: tuple[tuple[str, int], ...] = ()
     # B-151 PAGE: what its page files hold (included in `messages`), and how many files.
@@ -93,6 +99,11 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
                 dead_lettered_by_reason=tuple(c.dead_lettered_by_reason.items()),
                 killed_by_reason=tuple(c.killed_by_reason.items()),
                 returned_by_reason=tuple(c.returned_by_reason.items()),
+                exclusive=queue.config.exclusive,
+                max_consumers=queue.config.max_consumers,
+                purge_on_no_consumers=queue.config.purge_on_no_consumers,
+                groups=0 if queue.policy is None else len(queue.policy.groups),
+                dispatching=queue.policy is None or queue.policy.dispatching,
                 replaced=c.replaced,
                 replaced_by_reason=tuple(c.replaced_by_reason.items()),
                 paged_messages=pages.messages if pages is not None else 0,
@@ -110,19 +121,42 @@ def _queue(broker: Broker, name: str) -> Queue:
     return queue
 
 
-def _held(queue: Queue) -> Iterator[Ref]:
-    """Every message of the queue in order: in memory, then paged (B-151)."""
-    return itertools.chain(queue.refs(), queue.paged_refs())
+def _held(queue: Queue, *, lazy: bool = False) -> Iterator[Ref]:
+    """Every message of the queue in order: in memory, then paged (B-151). `lazy`: read
+    as consumed (a browse page costs the page, `Queue.iter_refs`), for callers that do
+    not change the queue while reading it."""
+    return itertools.chain(queue.iter_refs() if lazy else queue.refs(), queue.paged_refs())
+
+
+def _named(queue: Queue, ids: Iterable[int]) -> list[Ref]:
+    """The references to the messages `ids`, in queue order (as `_held` lists them): the
+    in-memory ones from the queue's id index (O(1) each, `Queue.find`), then, only for
+    ids not found there, the paged ones, read from the page files until all are found
+    (bounded by the paged messages; B-151)."""
+    wanted = dict.fromkeys(ids)
+    found = [ref for ref in map(queue.find, wanted) if ref is not None]
+    found.sort()
+    missing = wanted.keys() - {ref.message.msg_id for ref in found}
+    if missing and queue.pages is not None and queue.pages.messages:
+        for ref in queue.paged_refs():
+            if ref.message.msg_id in missing:
+                found.append(ref)
+                missing.discard(ref.message.msg_id)
+                if not missing:
+                    break
+    return found
 
 
 def _waiting(queue: Queue, selector: str | None, ids: Iterable[int] | None = None) -> Iterator[Ref]:
-    """Waiting references matching the filter (B-130) and, if given, the message ids."""
+    """Waiting references matching the filter (B-130) and, if given, the message ids.
+
+    With ids, O(ids) by the queue's id index, whatever the queue's length; without, the
+    whole queue, taken as a list first, since acting on one may route a copy back into
+    this queue (a dead-letter or retry address bound to it)."""
     match = parse_selector(selector).matches if selector else None
-    wanted = set(ids) if ids is not None else None
-    for ref in _held(queue):
+    refs = _named(queue, ids) if ids is not None else _held(queue)
+    for ref in refs:
         if ref.state == DELIVERING or ref.state == GONE:
-            continue
-        if wanted is not None and ref.message.msg_id not in wanted:
             continue
         if match is not None and not match(ref.message):
             continue
@@ -140,7 +174,7 @@ def browse(
     """Messages of a queue in order, without acquiring them (delivering ones included)."""
     queue = _queue(broker, queue_name)
     match = parse_selector(selector).matches if selector else None
-    refs = (r for r in _held(queue) if match is None or match(r.message))
+    refs = (r for r in _held(queue, lazy=True) if match is None or match(r.message))
     return list(itertools.islice(refs, offset, offset + limit))
 
 
@@ -155,7 +189,7 @@ def count(broker: Broker, queue_name: str, *, selector: str | None = None) -> in
     if not selector:
         return queue.message_count
     match = parse_selector(selector).matches
-    return sum(1 for r in _held(queue) if match(r.message))
+    return sum(1 for r in _held(queue) if match(r.message))  # all of it: the list is faster
 
 
 @entry
@@ -190,7 +224,7 @@ def _on_waiting(
     queue = _queue(broker, queue_name)
     acted = sum(1 for ref in _waiting(queue, selector, ids) if act(queue, ref) is not False)
     queue.remove_paged()  # B-151: the paged ones it took leave the page files
-    queue.compact()  # issue 23: the memory of those it took is freed now
+    queue.compact(removed=acted)  # issue 23: the memory of many taken is freed now
     return acted
 
 
@@ -224,7 +258,7 @@ def move(
         _complete_move(broker, queue, ref, copy, target.address, targets, reason="move")
         moved += 1
     queue.remove_paged()
-    queue.compact()
+    queue.compact(removed=moved)
     return moved
 
 
@@ -313,7 +347,7 @@ def retry(
         _complete_move(broker, queue, ref, copy, address.name, targets, reason="retry")
         retried += 1
     queue.remove_paged()
-    queue.compact()
+    queue.compact(removed=retried)
     not_found = () if wanted is None else tuple(dict.fromkeys(i for i in wanted if i not in seen))
     return RetryResult(retried, tuple(skipped), not_found)
 

@@ -264,13 +264,22 @@ class Persistence:
 
     def flush(self) -> None:
         """Append this step's records as one atomic append."""
+        page_error: OSError | None = None
         if self.before_flush is not None:
-            self.before_flush()
+            try:
+                self.before_flush()
+            except OSError as e:  # paged durable messages not synced: refuse, never pretend
+                log.warning("paging: page files could not be synced: %s", e)
+                page_error = e
         records = self._records
         written = self._written  # these wait in append order, even behind an empty append
         waiters = self._waiters + written if written else self._waiters
         sync = bool(self._waiters)
         self._waiters, self._written = [], []
+        if page_error is not None:  # this step's producers are refused (at-least-once)
+            for waiter in waiters:
+                waiter(page_error)
+            waiters = []
         if not records and not written:
             self._added.clear()
             for waiter in waiters:  # nothing was written for them after all

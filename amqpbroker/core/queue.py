@@ -33,12 +33,19 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from random import Random
 from typing import TYPE_CHECKING, Protocol
 
+from amqpbroker.core.dispatch import (
+    DispatchPolicy,
+    FirstMarker,
+    needs_policy,
+    purge_on_no_consumers,
+)
 from amqpbroker.core.effects import Dispatch, Drained, Effect
 from amqpbroker.core.lifecycle import By, Emitter, Extra, Shape, Where
 from amqpbroker.core.model import (
@@ -60,6 +67,9 @@ if TYPE_CHECKING:
     from amqpbroker.core.selector import Selector
 
 _LEVELS = 10
+# At most this many references re-prioritized at once are unlinked one by one (found by
+# bisection in their level); more, and the levels are rebuilt in one pass.
+_FEW = 8
 
 
 # The largest header section the adapter writes when it re-encodes one (B-050): durable,
@@ -112,6 +122,10 @@ class Consumer:
     # A browser has seen every reference up to this seq; a consumer of a non-destructive
     # queue, every one up to this position of its log (core/queuekinds.py).
     browsed_seq: int = -1
+    # Slow-consumer checks (core/slowconsumer.py): acknowledged so far, and the count and
+    # time its rate is measured from.
+    acked: int = 0
+    rate_mark: tuple[int, int] = (0, 0)
     # Its events' `lifecycle.By`, and the shapes of the common ones, built once.
     event_by: By = field(init=False)
     event_dispatched: Shape = field(init=False)
@@ -310,6 +324,17 @@ class Queue:
         self.kind: QueueKind | None = None
         # How ready references reach consumers: taken, or walked by each (B-123).
         self._deliver_ready: Callable[[list[Consumer], list[Effect]], None] = self._deliver
+        # msg_id -> reference held in memory, kept by `_enqueue` and `_removed`, for the
+        # by-id management operations (issue: management on big queues).
+        self._by_id: dict[int, Ref] = {}
+        self._taken = 0  # taken by management since the last `compact`
+
+        # Exclusive, groups, dispatch gate (B-122, B-127, B-128): core/dispatch.py.
+        self.first_marker: FirstMarker | None = None  # the broker's codec, for group-first-key
+        self.policy: DispatchPolicy[Consumer] | None = (
+            DispatchPolicy(config) if needs_policy(config) else None
+        )
+        self.purging = config.purge_on_no_consumers  # B-126: routing skips it while idle
 
     def set_kind(self, kind: QueueKind) -> None:
         """Make this a last-value, ring or non-destructive queue (core/queuekinds.py)."""
@@ -349,7 +374,10 @@ class Queue:
     def next_deadline_ms(self) -> int | None:
         while self._scheduled and self._scheduled[0][2].state != SCHEDULED:
             heapq.heappop(self._scheduled)  # expired while waiting
-        return self._scheduled[0][0] if self._scheduled else None
+        due = self._scheduled[0][0] if self._scheduled else None
+        if self.policy is not None and (gate := self.policy.deadline_ms()) is not None:
+            due = gate if due is None else min(due, gate)  # B-128 delay-before-dispatch
+        return due
 
     def refs(self) -> list[Ref]:
         """Every reference held (ready, scheduled, delivering), in arrival order."""
@@ -365,6 +393,31 @@ class Queue:
             held = list(dict.fromkeys(held))
         held.sort()
         return held
+
+    def iter_refs(self) -> Iterator[Ref]:
+        """`refs()`, lazily: each priority level's fresh deque is already in `seq` order,
+        so they are merged as they are read; only the returned, scheduled and delivering
+        references (few: consumer credit, redelivery delays) are sorted first. A page of
+        a browse costs O(returned + scheduled + delivering + page * log levels), not a
+        sort of the queue. Nothing may be added to the queue while it is being read."""
+        others: list[Ref] = []
+        for returned in self._returned:
+            others.extend(returned)
+        others.extend(entry[2] for entry in self._scheduled)
+        for consumer in self.consumers:
+            others.extend(consumer.unsettled.values())
+        others.sort()
+        previous: Ref | None = None
+        for ref in heapq.merge(*(fresh for fresh in self._fresh if fresh), others):
+            # A non-destructive queue's delivered reference is in both (same seq: adjacent).
+            if ref.state != GONE and ref is not previous:
+                previous = ref
+                yield ref
+
+    def find(self, msg_id: int) -> Ref | None:
+        """The reference to message `msg_id` held in memory (ready, scheduled or
+        delivering; not paged), in O(1): the queue's id index (docs/decisions.md)."""
+        return self._by_id.get(msg_id)
 
     def oldest_waiting_ts(self) -> int | None:
         """When the broker first accepted (`first_ts`, epoch ms) the oldest message waiting
@@ -388,7 +441,10 @@ class Queue:
 
     # -- arrival ----------------------------------------------------------------------
     def accepts_message(self, message: Message) -> bool:
-        """Whether the queue filter lets the message in (B-002)."""
+        """Whether the queue filter lets the message in (B-002), and B-126: a
+        purge-on-no-consumers queue takes nothing while it has no consumers."""
+        if self.purging and not self.consumers:
+            return False
         return self.selector is None or self.selector.matches(message)
 
     def note(self, shape: Shape, ref: Ref, extra: Extra | None) -> None:
@@ -499,6 +555,7 @@ class Queue:
         else:
             self._fresh[message.priority].append(ref)
             self._ready += 1
+        self._by_id[message.msg_id] = ref
         self.size_bytes += message.size
         self._owner.size_changed(self, message.size)
         if message.expiration_ms:
@@ -540,7 +597,15 @@ class Queue:
         if browsers:
             self._browse(browsers, out)
         active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
-        if active and self._ready and not self.paused:
+        if (
+            active
+            and self._ready
+            and not self.paused
+            and (
+                self.policy is None
+                or self.policy.may_dispatch(consumers, self.delivering, self._owner.now_ms)
+            )
+        ):
             self._deliver_ready(active, out)
         for consumer in consumers:
             # A stalled consumer drains once its window reopens: what is ready goes first.
@@ -552,6 +617,7 @@ class Queue:
     def _deliver(self, active: list[Consumer], out: list[Effect]) -> None:
         skipped: list[Ref] = []
         picky = any(c.selector is not None or c.max_message_size for c in active)
+        policy = self.policy  # B-122/B-127/B-128 (core/dispatch.py); None: a plain queue
         while active:
             ref = self._pop_next()
             if ref is None:
@@ -565,7 +631,17 @@ class Queue:
             index = self._rr % count
             chosen = None
             prioritized = self._prioritized
-            if prioritized:
+            if policy is None and ref.message.group_id is None:
+                owner = None  # the plain path: no policy, no group
+            else:
+                if policy is None:
+                    policy = self._group_policy()
+                owner = None if policy is None else policy.owner(ref)
+            if owner is not None:  # B-122/B-127: only the owner; the rotation stays put
+                prioritized = True
+                if owner.credit > 0 and owner.window.room > 0 and owner.accepts(ref):
+                    chosen = owner
+            elif prioritized:
                 chosen = self._by_priority(active, ref)  # rotates self._rr itself
             elif not picky and ref.blocked is None:
                 chosen = active[index]
@@ -581,12 +657,24 @@ class Queue:
             if not prioritized:
                 self._rr = index + 1
             self._send(chosen, ref, out)
+            if policy is not None:
+                dispatch = out[-1]
+                assert isinstance(dispatch, Dispatch)
+                policy.sent(chosen, ref, dispatch, self.first_marker)
             if chosen.credit == 0:
                 active.remove(chosen)
             if chosen.window.room <= 0:  # issue 15: its connection has enough to write
                 active = [c for c in active if c.window.room > 0]
         for ref in skipped:
             self._put_back(ref)
+
+    def _group_policy(self) -> DispatchPolicy[Consumer] | None:
+        """B-127: the first message with a group-id gives a plain queue its policy, unless
+        grouping is off (group-buckets 0)."""
+        if self.config.group_buckets == 0:
+            return None
+        self.policy = DispatchPolicy(self.config)
+        return self.policy
 
     @property
     def _prioritized(self) -> bool:
@@ -628,12 +716,11 @@ class Queue:
             self.delivering += 1
 
     def _browse(self, browsers: list[Consumer], out: list[Effect]) -> None:
-        """B-031: browsers see messages without acquiring them or changing counts."""
-        refs = None
+        """B-031: browsers see messages without acquiring them or changing counts. Read
+        lazily (`iter_refs`): a browser with little credit on a big queue costs its page,
+        not a sort of the whole queue on every dispatch."""
         for browser in browsers:
-            if refs is None:
-                refs = self.refs()
-            for ref in refs:
+            for ref in self.iter_refs():
                 if browser.credit <= 0 or browser.window.room <= 0:
                     break
                 if ref.seq <= browser.browsed_seq or not browser.accepts(ref):
@@ -650,6 +737,9 @@ class Queue:
     # -- settlement -------------------------------------------------------------------
     def _removed(self, ref: Ref) -> None:
         ref.state = GONE
+        by_id = self._by_id
+        if by_id.get(ref.message.msg_id) is ref:
+            del by_id[ref.message.msg_id]
         if ref.stored_count is not None and self.store is not None:
             self.store.ref_removed(self.name, ref)
         size = ref.message.size
@@ -658,6 +748,7 @@ class Queue:
 
     def _acknowledge(self, ref: Ref, consumer: Consumer) -> None:
         self.counters.acknowledged += 1
+        consumer.acked += 1
         self.used = True
         self._removed(ref)
         if self.emitter.all:
@@ -781,12 +872,16 @@ class Queue:
                 self._scheduled_live -= 1
                 self._put_back(ref)
                 moved = True
-        if moved and self.consumers:
-            self.dispatch(out)
+        if (moved or self.policy is not None) and self.consumers:
+            self.dispatch(out)  # a policy's delay-before-dispatch may be what is due
 
     # -- consumers --------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
+        if self.policy is not None:
+            self.policy.consumer_added(consumer, self._owner.now_ms)
+            if (due := self.policy.deadline_ms()) is not None:
+                self._owner.schedule(due)
 
     def remove_consumer(
         self, consumer: Consumer, now_ms: int, out: list[Effect], *, abrupt: bool
@@ -795,6 +890,8 @@ class Queue:
         (abrupt: the loss counts as an attempt). Never delayed."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+        if self.policy is not None:
+            self.policy.consumer_removed(consumer, self.consumers)
         held = sorted(consumer.unsettled.values())
         consumer.unsettled.clear()
         self.delivering -= len(held)
@@ -807,7 +904,9 @@ class Queue:
             self._return(ref, now_ms, delay=False, reason=reason, consumer=consumer)
         self.used = True
         self.idle_since_ms = now_ms
-        if held and self.consumers:
+        if self.purging and not self.consumers:
+            purge_on_no_consumers(self)  # B-126, after the returns: they go too
+        elif held and self.consumers:
             self.dispatch(out)
 
     def set_credit(self, consumer: Consumer, credit: int, drain: bool, out: list[Effect]) -> None:
@@ -832,7 +931,11 @@ class Queue:
         message and a ready one goes to the tail of its new level (Artemis `addTail`); a
         scheduled one takes its level when due. Not journaled, as in Artemis."""
         moving = {id(ref) for ref, _ in changed if ref.state == READY}
-        if moving:
+        if 0 < len(moving) <= _FEW:  # by id: out of its level in O(log n), no rebuild
+            for ref, _ in changed:
+                if id(ref) in moving:
+                    _unlink(ref, self._fresh[ref.message.priority], self._returned)
+        elif moving:
             for level in range(_LEVELS):
                 self._fresh[level] = deque(r for r in self._fresh[level] if id(r) not in moving)
                 returned = [r for r in self._returned[level] if id(r) not in moving]
@@ -976,10 +1079,20 @@ class Queue:
             self.store.page_read(self.name, pages)
         return killed
 
-    def compact(self) -> None:
+    def compact(self, *, removed: int | None = None) -> None:
         """Drop the references removed from the middle of the queue (marked GONE, left in
         place for `_pop_next`) after a bulk removal, so their messages' memory is freed
-        now rather than when dispatch reaches them (issue 23: RSS after a purge)."""
+        now rather than when dispatch reaches them (issue 23: RSS after a purge).
+
+        `removed`: how many a management operation just took. The containers are rebuilt
+        only once those taken since the last rebuild are an eighth of what memory holds,
+        so that removing one message by id is O(1) amortized, not a pass over the queue
+        (issue: management on big queues), while a bulk removal still frees at once."""
+        if removed is not None:
+            self._taken += removed
+            if self._taken * 8 < self.memory_count:
+                return
+        self._taken = 0
         for level in range(_LEVELS):
             fresh = self._fresh[level]
             if any(ref.state == GONE for ref in fresh):
@@ -992,3 +1105,24 @@ class Queue:
         if any(entry[2].state != SCHEDULED for entry in self._scheduled):
             self._scheduled = [e for e in self._scheduled if e[2].state == SCHEDULED]
             heapq.heapify(self._scheduled)
+
+
+def _unlink(ref: Ref, fresh: deque[Ref], returned: list[list[Ref]]) -> None:
+    """Take a ready `ref` out of its level. In its fresh deque (in `seq` order) it is
+    found by bisection and its place taken by a GONE stand-in with its `seq`, which
+    dispatch and `compact` drop like any removed reference: O(log n) C-level steps, where
+    a `remove` would compare with every reference before it. Else it is in the level's
+    returned heap (few: returns wait there)."""
+    i = bisect_left(fresh, ref.seq, key=_seq)
+    if i < len(fresh) and fresh[i] is ref:
+        stand_in = Ref(ref.message, ref.seq)
+        stand_in.state = GONE
+        fresh[i] = stand_in
+        return
+    heap = returned[ref.message.priority]
+    heap.remove(ref)
+    heapq.heapify(heap)
+
+
+def _seq(ref: Ref) -> int:
+    return ref.seq

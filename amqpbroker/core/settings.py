@@ -104,6 +104,21 @@ class ResolvedSettings:
             or self.max_expiry_delay >= 0
         )
 
+    def queue_defaults(self) -> dict[str, Any]:
+        """The B-122…B-128 `QueueConfig` values the `default-*` settings give a queue on
+        this address (B-110), auto-created or configured without them: the one table."""
+        return {
+            "max_consumers": self.default_max_consumers,
+            "purge_on_no_consumers": self.default_purge_on_no_consumers,
+            "exclusive": self.default_exclusive_queue,
+            "group_rebalance": self.default_group_rebalance,
+            "group_rebalance_pause_dispatch": self.default_group_rebalance_pause_dispatch,
+            "group_buckets": self.default_group_buckets,
+            "group_first_key": self.default_group_first_key or None,
+            "consumers_before_dispatch": self.default_consumers_before_dispatch,
+            "delay_before_dispatch": self.default_delay_before_dispatch,
+        }
+
     def to_config(self) -> dict[str, Any]:
         """Kebab-case keys and plain values, as in the YAML file and the HTTP API; the keys
         amqpbroker does not implement (core/unsupported.py) are left out: never shown as

@@ -17,7 +17,7 @@ Loop thread only.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from amqpbroker.core.postoffice import Address
 from amqpbroker.core.queue import Queue, QueueCounters
@@ -32,6 +32,7 @@ class BrokerStats:
     unrouted: int = 0
     routed: int = 0
     killed_no_dla: int = 0
+    slow_consumers: dict[str, int] = field(default_factory=dict)  # by policy (issue 19)
 
 
 class CounterTotals:

@@ -9,7 +9,7 @@ a key only at its built-in default, the value that describes what the broker doe
 (so a file that spells out the defaults, as CONTRACT.md's example and many Artemis
 broker.xml files do, still loads), and refuses any other value with
 
-    config/broker.yaml:12: address-settings."#".slow-consumer-threshold: not supported by amqpbroker
+    config/broker.yaml:12: address-settings."#".config-delete-queues: not supported by amqpbroker
 
 `check-config` and the HTTP API (`settings` of a queue) leave these keys out of the
 effective settings. `tests/unit/config/test_no_silent_keys.py` walks the schema: a key that
@@ -23,30 +23,14 @@ from __future__ import annotations
 
 # Address-settings (`ResolvedSettings` field names).
 UNSUPPORTED_SETTINGS: dict[str, str] = {
-    # In progress (issue 19) by h-groups: B-122, B-126, B-127, B-128.
-    "default_exclusive_queue": "",
-    "default_purge_on_no_consumers": "",
-    "default_consumers_before_dispatch": "",
-    "default_delay_before_dispatch": "",
-    "default_group_rebalance": "",
-    "default_group_rebalance_pause_dispatch": "",
-    "default_group_buckets": "",
-    "default_group_first_key": "",
     # Refused (h-mgmt, issue 19; docs/decisions.md "No silent keys").
     "config_delete_queues": "the configuration is not reloaded at runtime",
     "config_delete_addresses": "the configuration is not reloaded at runtime",
-    "slow_consumer_threshold": "",
-    "slow_consumer_policy": "",
-    "slow_consumer_check_period": "",
     "redistribution_delay": "a cluster setting",
 }
 
 # Queue options of `addresses[].anycast[]` / `multicast[]` (`QueueDef` field names).
-UNSUPPORTED_QUEUE_OPTIONS: dict[str, str] = {
-    # In progress (issue 19) by h-groups: B-122, B-126.
-    "exclusive": "",
-    "purge_on_no_consumers": "",
-}
+UNSUPPORTED_QUEUE_OPTIONS: dict[str, str] = {}
 
 
 def unsupported_message(reason: str, default: object) -> str:

@@ -287,6 +287,14 @@ def queue_attributes(broker: Broker, queue: Queue) -> dict[str, Any]:
         "autoCreated": config.auto_created,
         "autoDelete": bool(auto_delete) and not config.configured,
         "exclusive": config.exclusive,
+        "purgeOnNoConsumers": config.purge_on_no_consumers,  # B-126
+        "groupRebalance": config.group_rebalance,  # B-127
+        "groupRebalancePauseDispatch": config.group_rebalance_pause_dispatch,
+        "groupBuckets": config.group_buckets,
+        "groupFirstKey": config.group_first_key,
+        "groupCount": 0 if queue.policy is None else len(queue.policy.groups),
+        "consumersBeforeDispatch": config.consumers_before_dispatch,  # B-128
+        "delayBeforeDispatch": config.delay_before_dispatch,
         "lastValue": config.last_value_key is not None,
         "lastValueKey": config.last_value_key,  # B-120
         "nonDestructive": config.non_destructive,  # B-123
@@ -357,7 +365,9 @@ def _create_queue(broker: Broker, args: Args) -> str:
     (queue_def,) = config.addresses[0].anycast or config.addresses[0].multicast
     queue = ops.create_queue(
         broker,
-        queue_def.queue_config(address, RoutingType(routing.upper())),
+        queue_def.queue_config(
+            address, RoutingType(routing.upper()), defaults=broker.settings_for(address)
+        ),
         auto_create_address=auto_create,
         auto_delete=auto_delete,
     )
@@ -377,6 +387,7 @@ def _add_address_settings(broker: Broker, args: Args) -> None:
         broker.settings.add(match, config.address_settings[match])
     except ValueError as e:  # the broker's own wildcard delimiters (B-101)
         raise RequestError(str(e)) from None
+    broker.slow_settings_changed()  # core/slowconsumer.py: queues that now ask for checks
 
 
 def _remove_address_settings(broker: Broker, args: Args) -> None:

@@ -19,7 +19,7 @@ from http import HTTPStatus
 from typing import Any, Protocol, TypeVar
 
 from amqpbroker.amqp import sections
-from amqpbroker.core import BrokerError, ClientError, NotFound
+from amqpbroker.core import BrokerError, ClientError, NotFound, dispatch_options
 from amqpbroker.core import operations as ops
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.refs import Ref
@@ -161,6 +161,11 @@ def queue_view(stats: ops.QueueStats) -> dict[str, Any]:
         "dead_lettered": stats.dead_lettered,
         "expired": stats.expired,
         "killed": stats.killed,
+        "exclusive": stats.exclusive,
+        "max_consumers": stats.max_consumers,
+        "purge_on_no_consumers": stats.purge_on_no_consumers,
+        "groups": stats.groups,
+        "dispatching": stats.dispatching,
         # B-151 PAGE (issue 23): whether it has messages in page files, and how many.
         "paging": stats.paged_messages > 0,
         "paged_messages": stats.paged_messages,
@@ -518,6 +523,7 @@ class ManagementApi:
         stats = next(s for s in ops.queue_stats(broker) if s.name == name)
         view = self._row(stats, _special_addresses(broker), broker.clock.now_ms())
         view["filter"] = queue.config.filter
+        view.update(dispatch_options(queue.config))
         view["last_value_key"] = queue.config.last_value_key  # B-120
         view["ring_size"] = queue.config.ring_size  # B-121
         view["non_destructive"] = queue.config.non_destructive  # B-123

@@ -77,6 +77,7 @@ class BrokerSnapshot:
     address_totals: tuple[tuple[str, QueueCounters], ...] = ()
     broker_totals: QueueCounters = field(default_factory=QueueCounters)
     connections_refused: tuple[tuple[str, int], ...] = ()  # (reason, total)
+    slow_consumers: tuple[tuple[str, int], ...] = ()  # (policy, total)
 
     @classmethod
     def take(
@@ -123,6 +124,7 @@ class BrokerSnapshot:
             address_totals=tuple(i for i in per_address.items() if metered(i[0])),
             broker_totals=everything,
             connections_refused=tuple(sorted((connections_refused or {}).items())),
+            slow_consumers=tuple(sorted(broker.stats.slow_consumers.items())),
         )
 
 
@@ -180,6 +182,9 @@ class BrokerCollector:
             names.QUEUE_SCHEDULED, "Messages waiting for a redelivery delay.", lambda q: q.scheduled
         )
         yield queue_gauge(names.QUEUE_CONSUMERS, "Consumers attached.", lambda q: q.consumers)
+        yield queue_gauge(
+            names.QUEUE_GROUPS, "Message groups with an owning consumer.", lambda q: q.groups
+        )
         oldest = GaugeMetricFamily(
             names.QUEUE_OLDEST_AGE,
             "Age of the oldest waiting message (since the broker first accepted it); "
@@ -247,14 +252,18 @@ class BrokerCollector:
             "SASL authentications refused.",
             value=s.authentication_failures,
         )
-        refused = CounterMetricFamily(
+        yield _by_label(
             names.CONNECTIONS_REFUSED,
             "AMQP connections closed by a limit (connections-allowed, descriptors, handshake).",
-            labels=["reason"],
+            "reason",
+            s.connections_refused,
         )
-        for reason, total in s.connections_refused:
-            refused.add_metric([reason], total)
-        yield refused
+        yield _by_label(
+            names.SLOW_CONSUMERS,
+            "Consumers found slow (slow-consumer-threshold), by slow-consumer-policy.",
+            "policy",
+            s.slow_consumers,
+        )
         yield from s.journal_sync
         yield GaugeMetricFamily(
             names.JOURNAL_SIZE_BYTES, "Bytes the journal holds on disk.", value=s.journal_size_bytes
@@ -378,6 +387,16 @@ def _address_totals(s: BrokerSnapshot) -> Iterator[Metric]:
             for reason, count in getattr(counters, f"{attr}_by_reason").items():
                 family.add_metric([address, reason], count)
         yield family
+
+
+def _by_label(
+    name: str, documentation: str, label: str, totals: tuple[tuple[str, int], ...]
+) -> CounterMetricFamily:
+    """A broker-wide counter with one label: one series per (value, total)."""
+    family = CounterMetricFamily(name, documentation, labels=[label])
+    for value, total in totals:
+        family.add_metric([value], total)
+    return family
 
 
 def _broker_totals(totals: QueueCounters) -> Iterator[Metric]:

@@ -5,6 +5,7 @@ QUEUE_MESSAGES = "amqpbroker_queue_messages"
 QUEUE_DELIVERING = "amqpbroker_queue_delivering_messages"
 QUEUE_SCHEDULED = "amqpbroker_queue_scheduled_messages"
 QUEUE_CONSUMERS = "amqpbroker_queue_consumers"
+QUEUE_GROUPS = "amqpbroker_queue_groups"  # message groups with an owner (B-127)
 QUEUE_OLDEST_AGE = "amqpbroker_queue_oldest_message_age_seconds"  # issue 24
 QUEUE_ADDED = "amqpbroker_queue_messages_added"  # _total
 QUEUE_ACKNOWLEDGED = "amqpbroker_queue_messages_acknowledged"  # _total
@@ -46,6 +47,8 @@ EVENT_LOG_DELETED_BYTES = "amqpbroker_event_log_deleted_bytes"  # _total{compact
 AUTHENTICATION_FAILURES = "amqpbroker_authentication_failures"  # _total
 # _total{reason}: connections-allowed, file-descriptors, handshake-timeout (issue 15)
 CONNECTIONS_REFUSED = "amqpbroker_connections_refused"
+# _total{policy}: consumers found slow (slow-consumer-threshold; NOTIFY or KILL, issue 19)
+SLOW_CONSUMERS = "amqpbroker_slow_consumers"
 BUILD_INFO = "amqpbroker_build_info"
 
 # The ActiveMQ Artemis Prometheus plugin names (metrics.artemis-names: true): those whose

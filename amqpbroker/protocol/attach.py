@@ -71,6 +71,7 @@ class _Attach:
     # the other parts' (connection.py, transfers.py)
     _fail: Callable[[str, str], None]
     resume_producers: Callable[[str | None], bool]
+    close_with_error: Callable[[str, str], None]
 
     @property
     def roles(self) -> frozenset[str] | None:

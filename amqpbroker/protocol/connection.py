@@ -225,14 +225,23 @@ class AmqpConnection(_Transfers, _Attach, _Transactions, Engine):
         self.shell.dirty.add(self)  # the outcome goes out, then the socket is closed
 
     def _push(self, data: bytes) -> None:
-        """Push bytes into the engine and handle what they caused."""
+        """Push bytes into the engine and handle what they caused.
+
+        A socket read can be 256 KiB, the engine takes ~16 KiB at a time: the rest is
+        walked with a memoryview, not re-sliced (copied) after every push (issue 20).
+        """
         transport = self.transport
-        while data:
-            capacity = transport.capacity()
-            if capacity < 0:  # the engine's input side is closed
+        impl = transport._impl
+        view = memoryview(data)
+        while view:
+            capacity = lib.pn_transport_capacity(impl)
+            if capacity < 0:  # the engine's input side is closed (or failed)
                 break
-            chunk, data = data[:capacity], data[capacity:]
-            transport.push(chunk)
+            chunk = view[:capacity]
+            pushed = lib.pn_transport_push(impl, ffi.from_buffer(chunk), len(chunk))
+            if pushed < 0:
+                transport._check(pushed)  # raises proton's TransportException
+            view = view[pushed:]
             self.process()
         self.process()
 
@@ -267,11 +276,16 @@ class AmqpConnection(_Transfers, _Attach, _Transactions, Engine):
         or engine tick, a second later (issue 16 item 1).
         """
         transport = self.transport
-        chunks: list[bytes] = []
+        impl = transport._impl
+        chunks: list[bytes | bytearray] = []
         size = 0
-        while size < limit and (pending := transport.pending()) > 0:
-            chunks.append(bytes(transport.peek(pending)))
-            transport.pop(pending)
+        # The C API: copied out of the engine once, then joined (the wrappers copied the
+        # bytes three times more; issue 20).
+        while size < limit and (pending := lib.pn_transport_pending(impl)) > 0:
+            chunk = bytearray(pending)
+            lib.pn_transport_peek(impl, ffi.from_buffer(chunk), pending)
+            lib.pn_transport_pop(impl, pending)
+            chunks.append(chunk)
             size += pending
         if not size and self.window.room < ENGINE_WINDOW_BYTES:
             self._reopen_window()
@@ -375,6 +389,11 @@ class AmqpConnection(_Transfers, _Attach, _Transactions, Engine):
         if consumer is not None:
             self._drop_consumer(link, consumer, closed=True)
         self.close_link(Link.wrap(link), error.condition, str(error))
+
+    def close_with_error(self, condition: str, description: str) -> None:
+        """The broker ends this connection (a slow consumer's KILL): the error path."""
+        log.info("connection %s from %s: closed by the broker: %s", self.id, self.peer, description)
+        self._fail(condition, description)
 
     def _fail(self, condition: str, description: str) -> None:
         self._hang_up = True

@@ -12,7 +12,7 @@ from typing import Any
 from amqpbroker.amqp import sections
 from amqpbroker.amqp.sections import Byte, Long, Symbol, UInt
 from amqpbroker.core import Message, MoveAnnotations, kept_annotations, move_annotation_values
-from amqpbroker.core.moves import INGRESS_TIME, reprioritized
+from amqpbroker.core.moves import INGRESS_TIME, rebuilt, reprioritized
 
 # The wrappers that give a move annotation its AMQP type (`core.MOVE_ANNOTATIONS`).
 _WIRE_TYPES = {"long": Long, "byte": Byte, "symbol": Symbol, "uint": UInt}
@@ -50,7 +50,20 @@ class Copier:
             head_end=rescanned.head_end(),
             annotations=annotations,
             reader=sections.READER,
+            group_id=message.group_id,  # the copy stays in its group (B-127)
+            group_sequence=message.group_sequence,
         )
+
+    def with_property(self, message: Message, key: str, value: Any) -> Message:
+        """B-127 group-first-key: a copy with `key: value` in application-properties, for
+        one delivery (the stored message is unchanged)."""
+        properties = {**message.get_application_properties(), key: value}
+        data = sections.rebuild(message.data, application_properties=properties)
+        rescanned = sections.scan(data)
+        copy = rebuilt(message, data, rescanned.header_end, application_properties=properties)
+        copy.head_end = rescanned.head_end()
+        copy.reader = sections.READER
+        return copy
 
     def set_expiration(self, message: Message, expiration_ms: int) -> None:
         """B-083: absolute-expiry-time = the new value (removed for 0); header.ttl removed."""

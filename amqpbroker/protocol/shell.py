@@ -3,9 +3,10 @@
 Theory of operation
 -------------------
 The core answers every call with effects, as data, in the order they must happen
-(`core/effects.py`): `Dispatch`, `Drained`, `CloseConsumer`, `AddressUnblocked`. After each
-batch of engine events (and after a timer tick or an HTTP command) the connection, or the
-server, calls `Shell.apply_effects`, which takes them and applies them in order:
+(`core/effects.py`): `Dispatch`, `Drained`, `CloseConsumer`, `AddressUnblocked`,
+`CloseConnection`. After each batch of engine events (and after a timer tick or an HTTP
+command) the connection, or the server, calls `Shell.apply_effects`, which takes them and
+applies them in order:
 
 * `Dispatch` -> `ConsumerLink.send`: a transfer on the consumer's proton `Sender`, with the
   stored bytes (only the header re-encoded on a redelivery, B-050) and the delivery id as
@@ -13,7 +14,9 @@ server, calls `Shell.apply_effects`, which takes them and applies them in order:
 * `Drained` -> the link's drain is answered; `CloseConsumer` -> the link is closed with
   the condition the core names; `AddressUnblocked` -> every connection tops up the credit
   of its producers to that address and of its anonymous relays (all of them when the
-  broker-wide limit has room again: address None) (B-151).
+  broker-wide limit has room again: address None) (B-151); `CloseConnection` -> the
+  connection is closed with the condition, as on a connection error (a slow consumer's
+  KILL, core/slowconsumer.py).
 
 A dispatch to a consumer that has meanwhile gone is dropped: the core already returned
 that message. Every connection touched is marked `dirty`, and the server writes what each
@@ -42,6 +45,7 @@ from amqpbroker.amqp import sections
 from amqpbroker.core import (
     AddressUnblocked,
     Broker,
+    CloseConnection,
     CloseConsumer,
     ConnectionId,
     ConsumerId,
@@ -61,6 +65,8 @@ class Engine(Protocol):
     def resume_producers(self, address: str | None) -> bool: ...
 
     def close_link(self, link: Link, condition: str, description: str) -> None: ...
+
+    def close_with_error(self, condition: str, description: str) -> None: ...
 
 
 C = TypeVar("C", bound=Engine)
@@ -197,6 +203,11 @@ class Shell(Generic[C]):
                     if link is not None:
                         link.connection.close_link(link.link, effect.condition, effect.description)
                         dirty.add(link.connection)
+                elif type(effect) is CloseConnection:
+                    ended = self.connections.get(effect.connection)
+                    if ended is not None:
+                        ended.close_with_error(effect.condition, effect.description)
+                        dirty.add(ended)
             effects = broker.take_effects() if more and not self._held else []
         if broker.persistence is not None:
             broker.persistence.flush()  # this step's durable changes: one journal append

@@ -276,7 +276,7 @@ class _Transfers:
 
 def message_of(scanned: sections.Scanned, *, origin_container: str | None = None) -> Message:
     """The core's view of a scanned message: the bytes plus the few fields it reads."""
-    return Message(
+    message = Message(
         scanned.data,
         durable=scanned.durable,
         priority=scanned.priority,
@@ -290,6 +290,9 @@ def message_of(scanned: sections.Scanned, *, origin_container: str | None = None
         origin_container=origin_container,
         reader=sections.READER,
     )
+    if (group := scanned.group) is not None:
+        message.group_id, message.group_sequence = group  # B-127
+    return message
 
 
 def _scheduled_delivery(annotations: dict[str, Any]) -> tuple[int, int]:

@@ -15,7 +15,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from amqpbroker.store.file_journal import FileJournal
-from amqpbroker.store.state import JournalState
 
 # --- export --------------------------------------------------------------------------
 
@@ -29,7 +28,7 @@ def export_jsonl(directory: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
     """
     journal = FileJournal(directory, read_only=True)
     try:
-        state = JournalState.of(journal.replay())
+        state = journal.state()
     finally:
         journal.close()
     for address in state.addresses:

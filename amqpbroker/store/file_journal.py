@@ -104,6 +104,7 @@ from amqpbroker.store.segments import (
     _segment_path,
     _write_fd,
 )
+from amqpbroker.store.state import JournalState
 
 log = logging.getLogger("amqpbroker.store.journal")  # one logger for the journal
 
@@ -215,6 +216,9 @@ class FileJournal(_Opening, _Failure, _Compaction):
         # The records the open read and checked, in order, for the first `replay()` while
         # nothing was appended since (issue 23 item 4: recovery decodes the journal once).
         self._opened: list[Record] | None = []
+        # ... and the record of each location the index made live, for `state()`.
+        self._opened_live: dict[_Loc, Record] | None = {}
+        self._opened_max_id = 0
         self._lock_fd = self._lock_directory()
         try:
             self._open_segments()
@@ -257,8 +261,14 @@ class FileJournal(_Opening, _Failure, _Compaction):
             if item.copying:
                 self._late_kill = True
 
-    def _index_batch(self, seg: _Segment, batch: Iterable[tuple[Record, int, int]]) -> None:
-        """Apply written records at (offset, size) of `seg` to the index. Holds `_lock`."""
+    def _index_batch(
+        self,
+        seg: _Segment,
+        batch: Iterable[tuple[Record, int, int]],
+        keep: dict[_Loc, Record] | None = None,
+    ) -> None:
+        """Apply written records at (offset, size) of `seg` to the index. Holds `_lock`.
+        `keep` (at open) gets the record of each location made live."""
         self._applying = seg
         kill_targets = self._kill_targets
         for record, offset, size in batch:
@@ -268,6 +278,8 @@ class FileJournal(_Opening, _Failure, _Compaction):
             if self._live.apply(record, item):
                 seg.items[offset] = item
                 seg.live_bytes += size
+                if keep is not None:
+                    keep[item] = record
             elif kill_targets:
                 item.targets = set(kill_targets)
                 seg.items[offset] = item
@@ -307,6 +319,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
                 raise JournalClosed(f"journal {self.directory} is closed or read-only")
             if records:
                 self._opened = None  # the state moved on: replay reads the files
+                self._opened_live = None
             self._queue.append(pending)
             self._cond.notify()
 
@@ -583,11 +596,23 @@ class FileJournal(_Opening, _Failure, _Compaction):
 
     # --- replay ---
 
+    def state(self) -> JournalState:
+        """The state `replay()` describes: from the index the open built, while nothing
+        was appended since (issue 23 item 4: liveness applied once, not again by
+        `JournalState.of`), else by replaying the files. Once: the open's records go."""
+        with self._lock:
+            live, self._opened_live = self._opened_live, None
+            if live is not None:
+                self._opened = None
+                return JournalState._from_live(self._live, live.__getitem__, self._opened_max_id)
+        return JournalState.of(self.replay())
+
     def replay(self) -> Iterator[Record]:
         if not self.read_only:
             self.flush()
         with self._compact_lock, self._lock:  # no compaction runs, none starts
             opened, self._opened = self._opened, None
+            self._opened_live = None
             if opened is None:
                 self._readers += 1
                 plan = [(seg.path, seg.size_bytes, list(seg.skips)) for seg in self._segments]

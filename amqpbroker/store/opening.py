@@ -37,7 +37,7 @@ from amqpbroker.store.api import (
     JournalCorrupt,
     JournalError,
 )
-from amqpbroker.store.liveness import _LiveSet
+from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _NEXT_SUFFIX,
@@ -71,11 +71,18 @@ class _Opening:
     _segments: list[_Segment]
     _live: _LiveSet[_Loc]
     _opened: list[Record] | None
+    _opened_live: dict[_Loc, Record] | None
+    _opened_max_id: int
 
     def _on_dead(self, item: _Loc, needs_tombstone: bool) -> None:
         raise NotImplementedError  # FileJournal's
 
-    def _index_batch(self, seg: _Segment, batch: Iterable[tuple[Record, int, int]]) -> None:
+    def _index_batch(
+        self,
+        seg: _Segment,
+        batch: Iterable[tuple[Record, int, int]],
+        keep: dict[_Loc, Record] | None = None,
+    ) -> None:
         raise NotImplementedError  # FileJournal's
 
     def _lock_directory(self) -> int:
@@ -136,10 +143,17 @@ class _Opening:
         return _Segment(number, path, HEADER_BYTES)
 
     def _index_opened(self, seg: _Segment, batch: list[tuple[Record, int, int]]) -> None:
-        """Index a batch read at open, and keep its records for the first replay."""
-        self._index_batch(seg, batch)
+        """Index a batch read at open, and keep its records for the first replay (or
+        `state()`): the live ones by location, the largest message id of all."""
+        self._index_batch(seg, batch, self._opened_live)
         if self._opened is not None:
             self._opened.extend(record for record, _, _ in batch)
+        top = max(
+            (r.msg_id for r, _, _ in batch if isinstance(r, _WITH_MSG_ID)),
+            default=self._opened_max_id,
+        )
+        if top > self._opened_max_id:
+            self._opened_max_id = top
 
     def _scan_segment(self, number: int, path: Path, *, last: bool) -> None:
         data = path.read_bytes()

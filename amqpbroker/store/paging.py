@@ -35,16 +35,19 @@ paged durable messages, `PageFiles.flush`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import shutil
 import struct
 import zlib
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from amqpbroker.amqp import sections
+from amqpbroker.core.errors import ResourceLimitExceeded
 from amqpbroker.core.model import Message
 
 log = logging.getLogger(__name__)
@@ -58,6 +61,7 @@ _KIND_MESSAGE = 1
 _KIND_MARKER = 2
 _MAX_BODY = 1 << 31
 _SUFFIX = ".page"
+MAX_WRITERS = 64  # page files open for writing at once (`PageFiles.writing`)
 
 MessageOf = Callable[[sections.Scanned], Message]
 Position = tuple[int, int]  # (page number, offset)
@@ -73,8 +77,9 @@ def _safe(name: str) -> str:
         else:
             out.append(f"%{byte:02X}")
     safe = "".join(out) or "%"
-    if len(safe) > 200:  # file name limits: keep it unique with a checksum
-        safe = f"{safe[:180]}~{zlib.crc32(name.encode()):08x}"
+    if len(safe) > 200:  # file name limits: keep it unique with a digest (a crc32 can
+        # be made to collide by a peer that names queues, and two queues would share files)
+        safe = f"{safe[:160]}~{hashlib.sha256(name.encode()).hexdigest()[:40]}"
     return safe
 
 
@@ -96,6 +101,19 @@ def _encode(message: Message) -> bytes:
 def _marker(copies: int) -> bytes:
     body = bytes([_KIND_MARKER]) + _MARKER.pack(copies)
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
+def _sound(body: bytes) -> bool:
+    """Whether a frame body whose checksum matched is one `_encode`/`_marker` wrote: a
+    zero-filled tail (a crash after the file grew, before its data reached the disk)
+    reads as length 0 with the checksum of nothing, which matches."""
+    if not body:
+        return False
+    if body[0] == _KIND_MARKER:
+        return len(body) == 1 + _MARKER.size
+    if body[0] == _KIND_MESSAGE and len(body) >= 1 + _MESSAGE.size:
+        return len(body) >= 1 + _MESSAGE.size + int(_MESSAGE.unpack_from(body, 1)[-1])
+    return False
 
 
 class _Frame:
@@ -145,13 +163,20 @@ class QueuePages:
         self.size_bytes = 0
         self.durable_written = False  # since the last flush
         directory.mkdir(parents=True, exist_ok=True)
-        pages = sorted(int(p.stem) for p in directory.glob("*" + _SUFFIX) if p.stem.isdigit())
+        pages = sorted(
+            int(p.stem)
+            for p in directory.glob("*" + _SUFFIX)
+            if p.stem.isascii() and p.stem.isdigit()
+        )
         first = cursor[0] if cursor is not None else (pages[0] if pages else 1)
         self._cursor: Position = cursor if cursor is not None else (first, 0)
         for number in pages:
             if number < self._cursor[0]:
                 self._path(number).unlink(missing_ok=True)  # read before the crash
         pages = [n for n in pages if n >= self._cursor[0]]
+        if not pages and self._cursor[1]:  # its files were deleted by hand: a new file
+            # from byte 0 read from the cursor's offset would lose (or strand) messages
+            self._cursor = (self._cursor[0] + 1, 0)
         self._write_page = pages[-1] if pages else self._cursor[0]
         self._writer: BinaryIO | None = None
         self._write_offset = 0
@@ -174,10 +199,22 @@ class QueuePages:
 
     def _open_writer(self) -> BinaryIO:
         if self._writer is None:
+            self._owner.writing(self)
             path = self._path(self._write_page)
-            self._writer = open(path, "ab")  # noqa: SIM115 (kept open across calls)
+            # unbuffered: a full disk is met by the write of the message that does not
+            # fit (refused, its part taken back), not later by a read or the flush
+            self._writer = open(path, "ab", buffering=0)  # noqa: SIM115 (kept open)
             self._write_offset = self._writer.tell()
         return self._writer
+
+    def close_writer(self) -> None:
+        """Write out (fsync what is durable) and close the page file being written; the
+        next write opens it again (`PageFiles.writing` keeps descriptors bounded)."""
+        if self._writer is not None:
+            self.flush(sync=self._owner.sync)
+            self._writer.close()
+            self._writer = None
+        self._owner.dirty.discard(self)
 
     # -- the core's PageStore -----------------------------------------------------------
     @property
@@ -186,7 +223,11 @@ class QueuePages:
         return self._cursor
 
     def write(self, message: Message) -> None:
-        self._append(_encode(message))
+        try:
+            self._append(_encode(message))
+        except OSError as e:  # disk full, no descriptors: the producer is told, not killed
+            log.warning("paging %s: cannot write a page file: %s", self.directory, e)
+            raise ResourceLimitExceeded(f"cannot page message {message.msg_id}: {e}") from e
         self.messages += 1
         self.size_bytes += message.size
         if message.durable and self.journaled:
@@ -196,11 +237,22 @@ class QueuePages:
     def _append(self, frame: bytes) -> None:
         writer = self._open_writer()
         if self._write_offset and self._write_offset + len(frame) > self._page_size_bytes():
+            writer.flush()
+            if self.journaled and self._owner.sync:  # the step's flush syncs only the
+                os.fsync(writer.fileno())  # file open then: this one is done now
             writer.close()
             self._writer = None
             self._write_page += 1
             writer = self._open_writer()
-        writer.write(frame)
+        view, written = memoryview(frame), 0
+        try:
+            while written < len(frame):
+                written += writer.write(view[written:]) or 0
+        except OSError:
+            if written:  # the part that fitted would be a torn frame amid sound ones
+                with contextlib.suppress(OSError):
+                    os.ftruncate(writer.fileno(), self._write_offset)
+            raise
         self._write_offset += len(frame)
 
     def read(self, *, max_bytes: int, max_messages: int) -> list[Message]:
@@ -235,17 +287,23 @@ class QueuePages:
             for f in self._frames(self._cursor, end)
             if f.kind == _KIND_MESSAGE and f.msg_id not in doomed
         )
-        self._append(_marker(kept))
-        after_marker = (self._write_page, self._write_offset)
+        self._open_writer()
+        undo: Position = (self._write_page, self._write_offset)
         messages = size = 0
         durable = False
-        frames = self._frames(self._cursor, end)
-        for frame in frames:
-            if frame.kind == _KIND_MESSAGE and frame.msg_id not in doomed:
-                self._append(_FRAME.pack(len(frame.body), zlib.crc32(frame.body)) + frame.body)
-                messages += 1
-                size += frame.size
-                durable = durable or frame.durable
+        try:
+            self._append(_marker(kept))
+            after_marker = (self._write_page, self._write_offset)
+            for frame in self._frames(self._cursor, end):
+                if frame.kind == _KIND_MESSAGE and frame.msg_id not in doomed:
+                    body = frame.body
+                    self._append(_FRAME.pack(len(body), zlib.crc32(body)) + body)
+                    messages += 1
+                    size += frame.size
+                    durable = durable or frame.durable
+        except OSError:  # a marker without all its copies would make a reader skip
+            self._undo(undo)  # later messages: the removal did not happen
+            raise
         self.messages, self.size_bytes = messages, size
         self._cursor = after_marker
         self._roll_cursor()
@@ -254,6 +312,17 @@ class QueuePages:
             self._owner.dirty.add(self)
         if not self.journaled:
             self.release(self._cursor)
+
+    def _undo(self, to: Position) -> None:
+        """Cut the files back to `to` (the end of the files before a failed removal)."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        with contextlib.suppress(OSError):
+            os.truncate(self._path(to[0]), to[1])
+        for page in range(to[0] + 1, self._write_page + 1):
+            self._path(page).unlink(missing_ok=True)
+        self._write_page = to[0]
 
     def clear(self) -> None:
         self._cursor = self._end()
@@ -287,10 +356,14 @@ class QueuePages:
             self._writer = None
         self._owner.dirty.discard(self)
         self._owner.opened.discard(self)
+        self._owner.writers.pop(self, None)
 
     def destroy(self) -> None:
         """The queue is gone: its page files too."""
         self.close()
+        # a late `release` (the journal's fsync of a cursor) must not delete the page
+        # files of a queue of the same name created since, in the same directory
+        self._released = 1 << 62
         shutil.rmtree(self.directory, ignore_errors=True)
         with contextlib.suppress(OSError):
             self.directory.parent.rmdir()  # the address's, when it was the last queue
@@ -353,7 +426,7 @@ class QueuePages:
                     return
                 length, crc = _FRAME.unpack(head)
                 body = f.read(length) if 0 < length < _MAX_BODY else b""
-                if len(body) != length or zlib.crc32(body) != crc:
+                if len(body) != length or zlib.crc32(body) != crc or not _sound(body):
                     return  # a torn tail (the scan at open truncated any)
                 offset += _FRAME.size + length
                 yield _Frame(body[0], body, (page, offset))
@@ -382,15 +455,25 @@ class QueuePages:
         messages = size = 0
         page, offset = self._cursor
         good: Position = self._cursor
+        marker: Position = good  # where the last removal's marker starts
+        copies = 0  # of its copies, how many the files do not hold
         for number in pages:
             start = offset if number == page else 0
             good = (number, start)
             for frame in self._file_frames(number, start, -1):
+                if frame.kind == _KIND_MARKER:
+                    marker, copies = good, _MARKER.unpack_from(frame.body, 1)[0]
+                elif copies:
+                    copies -= 1
                 good = frame.end
             size_on_disk = self._file_size(number)
             if good[1] != size_on_disk:
                 self._cut(number, good[1], size_on_disk, pages)
                 break
+        if copies:  # a removal the crash cut short (its cursor never journaled): undone,
+            # or a reader meeting the marker would skip messages written after it
+            self._cut(marker[0], marker[1], self._file_size(marker[0]), pages)
+            good = marker
         self._recovered_end = good
         self._write_page = good[0]
         for frame in self._frames(self._cursor, (good[0], good[1])):
@@ -435,8 +518,12 @@ class PageFiles:
         message_of: MessageOf,
         page_size_bytes: Callable[[str], int],
         sync: bool = True,
+        max_writers: int = MAX_WRITERS,
     ) -> None:
         self.directory = directory
+        self.max_writers = max_writers
+        # queues with a page file open for writing, least recently opened first
+        self.writers: OrderedDict[QueuePages, None] = OrderedDict()
         self._message_of = message_of
         self._page_size_bytes = page_size_bytes
         self.sync = sync
@@ -477,6 +564,17 @@ class PageFiles:
         self.opened.add(pages)
         return pages
 
+    def writing(self, pages: QueuePages) -> None:
+        """`pages` opens its page file for writing: past `max_writers` open ones, the
+        oldest is closed, so that thousands of paging queues do not hold thousands of
+        descriptors (connections and the journal need them)."""
+        self.writers[pages] = None
+        self.writers.move_to_end(pages)
+        while len(self.writers) > self.max_writers:
+            oldest = next(iter(self.writers))
+            del self.writers[oldest]
+            oldest.close_writer()
+
     def close(self) -> None:
         """Shutdown: write out and close every page file."""
         self.flush()
@@ -485,5 +583,11 @@ class PageFiles:
 
     def flush(self) -> None:
         """Write this step's pages out; fsync those with durable messages (`sync`)."""
+        error: OSError | None = None
         while self.dirty:
-            self.dirty.pop().flush(sync=self.sync)
+            try:
+                self.dirty.pop().flush(sync=self.sync)
+            except OSError as e:  # the others are still synced; the caller hears of it
+                error = e
+        if error is not None:
+            raise error

@@ -9,8 +9,9 @@ journals' compaction (`store/liveness.py`): a message left without references is
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from amqpbroker.core.records import (
     AddAddress,
@@ -22,7 +23,7 @@ from amqpbroker.core.records import (
     ScheduledDelivery,
     UpdateDeliveryCount,
 )
-from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet
+from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet, _MessageSlot, _RefSlot
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,34 @@ class JournalState:
     def __init__(self) -> None:
         self._live: _LiveSet[Record] = _LiveSet(_ignore_dead)
         self.max_msg_id = 0
+
+    @classmethod
+    def _from_live(
+        cls, live: _LiveSet[Any], record_of: Callable[[Any], Record], max_msg_id: int
+    ) -> JournalState:
+        """The state of a liveness index another reader built (the file journal's, at
+        open), its items mapped back to their records: what applying the same records
+        again would give, without applying them twice (issue 23 item 4). A copy: later
+        changes to `live` do not show."""
+        state = cls()
+        state.max_msg_id = max_msg_id
+        own = state._live
+        own.addresses = {k: record_of(v) for k, v in live.addresses.items()}
+        own.queues = {k: record_of(v) for k, v in live.queues.items()}
+        own.page_cursors = {k: record_of(v) for k, v in live.page_cursors.items()}
+        messages = own.messages
+        for msg_id, slot in live.messages.items():
+            copy = messages[msg_id] = _MessageSlot(record_of(slot.item))
+            copy.refs = slot.refs
+        refs = own.refs
+        for key, ref in live.refs.items():
+            add = refs[key] = _RefSlot(record_of(ref.add))
+            if ref.count is not None:
+                add.count = record_of(ref.count)
+            if ref.scheduled is not None:
+                add.scheduled = record_of(ref.scheduled)
+        own.queue_refs = {k: dict(v) for k, v in live.queue_refs.items()}
+        return state
 
     @classmethod
     def of(cls, records: Iterable[Record]) -> JournalState:

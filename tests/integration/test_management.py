@@ -103,6 +103,12 @@ def test_queues_and_browse_show_why_messages_died(broker: BrokerProcess) -> None
         "dead_lettered",
         "expired",
         "killed",
+        # issue 19 (B-122, B-125, B-126, B-127, B-128)
+        "exclusive",
+        "max_consumers",
+        "purge_on_no_consumers",
+        "groups",
+        "dispatching",
         "paging",  # B-151 PAGE (issue 23)
         "paged_messages",
         "paged_bytes",

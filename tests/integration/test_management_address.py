@@ -310,6 +310,14 @@ def test_queue_attributes(manager: Manager) -> None:
         "temporary": False,
         "autoDelete": True,
         "exclusive": False,
+        "purgeOnNoConsumers": False,  # issue 19: B-126, B-127, B-128
+        "groupRebalance": False,
+        "groupRebalancePauseDispatch": False,
+        "groupBuckets": -1,
+        "groupFirstKey": None,
+        "groupCount": 0,
+        "consumersBeforeDispatch": 0,
+        "delayBeforeDispatch": -1,
         "lastValue": False,
         "lastValueKey": None,
         "nonDestructive": False,
@@ -395,12 +403,13 @@ def test_address_settings_at_runtime(manager: Manager) -> None:
     assert manager.ok("broker", "addAddressSettings", "tuned.#", settings) is None
     effective = json.loads(manager.ok("broker", "getAddressSettingsAsJSON", "tuned.x"))
     assert (effective["max-delivery-attempts"], effective["redelivery-delay"]) == (3, 5)
-    assert "slow-consumer-threshold" not in effective  # not implemented: never shown
+    assert "config-delete-queues" not in effective  # not implemented: never shown
+    assert effective["slow-consumer-threshold"] == -1  # implemented (issue 19): shown
     assert effective["default-ring-size"] == -1  # implemented (B-121): shown
-    bad = json.dumps({"slow-consumer-threshold": 4})
+    bad = json.dumps({"config-delete-queues": "FORCE"})
     succeeded, text = manager.call("broker", "addAddressSettings", "tuned.#", bad)
     assert not succeeded
-    assert "slow-consumer-threshold: not supported by amqpbroker" in text
+    assert "config-delete-queues: not supported by amqpbroker" in text
     assert manager.ok("broker", "removeAddressSettings", "tuned.#") is None
     effective = json.loads(manager.ok("broker", "getAddressSettingsAsJSON", "tuned.x"))
     assert effective["max-delivery-attempts"] == 10
@@ -481,11 +490,12 @@ def test_hostile_request_gets_a_failure_reply(
 
 def test_request_without_reply_to_is_dropped_not_run(manager: Manager) -> None:
     """A request nobody can read the answer of is dropped: its operation is not run
-    (docs/decisions.md); the next request is answered."""
+    (docs/decisions.md); the next request is answered. Also a reply-to that names the
+    management address as a queue or is a wildcard (B-011)."""
     fill(manager.conn, "noreply", "a")
     props = {"_AMQ_ResourceName": "queue.noreply", "_AMQ_OperationName": "removeAllMessages"}
     manager.sender.send(Message(id="lost", body="[]", properties=props))
-    for reply_to in (MANAGEMENT, ""):
+    for reply_to in (MANAGEMENT, "", f"{MANAGEMENT}::q", "replies.#"):
         manager.sender.send(Message(id="loop", reply_to=reply_to, body="[]", properties=props))
     assert count(manager, "noreply") == 1
 
@@ -611,3 +621,20 @@ def test_created_queues_survive_a_restart_with_their_auto_delete(
     assert bodies(conn, "kept", 1) == ["durable"]
     conn.close()
     assert broker.stop() == 0
+
+
+def test_by_id_and_list_match_the_whole_queue(manager: Manager) -> None:
+    """B-160/B-161 removeMessage(id), changeMessagePriority(id, p), listMessages through
+    `activemq.management` on a queue answered by its id index and a lazy browse (issue:
+    management on big queues): the answers of a walk of the whole queue."""
+    fill(manager.conn, "amqp.big", *(f"c{i}" for i in range(25)))
+    listed = [m["messageID"] for m in manager.ok("queue.amqp.big", "listMessages", None)]
+    assert manager.ok("queue.amqp.big", "removeMessage", listed[4]) is True
+    assert manager.ok("queue.amqp.big", "removeMessage", listed[4]) is False
+    assert manager.ok("queue.amqp.big", "changeMessagePriority", listed[6], 9) is True
+    rows = manager.ok("queue.amqp.big", "listMessages", None)
+    # B-161: a re-prioritized message goes to the tail (listed in arrival order).
+    kept = [i for i in listed if i not in (listed[4], listed[6])]
+    assert [m["messageID"] for m in rows] == [*kept, listed[6]]
+    assert next(m["priority"] for m in rows if m["messageID"] == listed[6]) == 9
+    assert int(manager.ok("queue.amqp.big", "countMessages")) == 24

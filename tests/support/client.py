@@ -178,3 +178,13 @@ def drain(
     finally:
         conn.close()
     return got
+
+
+class ConsumerPriority(LinkOption):
+    """The attach property `priority` of a consumer link (B-035)."""
+
+    def __init__(self, priority: int) -> None:
+        self.priority = priority
+
+    def apply(self, link: Any) -> None:
+        link.properties = {symbol("priority"): self.priority}

@@ -8,6 +8,7 @@ from typing import Any
 from amqpbroker.core import (
     AddressSettings,
     Broker,
+    CloseConnection,
     CloseConsumer,
     ConnectionId,
     ConsumerId,
@@ -36,6 +37,7 @@ class Harness:
         self.inbox: dict[ConsumerId, list[Dispatch]] = {}
         self.drained: list[ConsumerId] = []
         self.closed: list[CloseConsumer] = []
+        self.killed: list[CloseConnection] = []  # connections the broker closed
         self._links = 0
 
     def producer(
@@ -57,6 +59,8 @@ class Harness:
             durable=kw.pop("durable", False),
             annotations={},
             properties=kw.pop("properties", {}),
+            group_id=kw.pop("group_id", None),
+            group_sequence=kw.pop("group_sequence", 0),
         )
         self.broker.publish(message, target, **kw)
         self._collect()
@@ -97,6 +101,8 @@ class Harness:
                 self.drained.append(effect.consumer)
             elif isinstance(effect, CloseConsumer):
                 self.closed.append(effect)
+            elif isinstance(effect, CloseConnection):
+                self.killed.append(effect)
 
     def take(self, consumer: ConsumerId) -> list[Dispatch]:
         self._collect()

@@ -87,3 +87,13 @@ def parse_response(raw: bytes) -> tuple[int, dict[str, str], bytes]:
         name, _, value = line.partition(":")
         headers[name.strip().lower()] = value.strip()
     return status, headers, body
+
+
+def get_json(http_port: int, path: str, *, authorization: str | None = None) -> Any:
+    """GET http://127.0.0.1:PORT/PATH from a running broker, parsed as JSON."""
+    import urllib.request
+
+    headers = {} if authorization is None else {"Authorization": authorization}
+    request = urllib.request.Request(f"http://127.0.0.1:{http_port}{path}", headers=headers)
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())

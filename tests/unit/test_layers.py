@@ -267,7 +267,8 @@ def test_the_rules_are_the_architecture_table() -> None:
     assert THIRD_PARTY["protocol"] == {"proton", "cproton_ffi"}
     assert THIRD_PARTY["config"] == {"yaml"}
     assert THIRD_PARTY["analytics"] == {"pyspark"}
-    assert THIRD_PARTY["store"] == THIRD_PARTY["core"] == THIRD_PARTY["amqp"] == set()
+    assert THIRD_PARTY["amqp"] == {"mypy_extensions"}  # mypyc_attr: setup.py (issue 20)
+    assert THIRD_PARTY["store"] == THIRD_PARTY["core"] == set()
 
 
 def test_every_module_is_named_in_its_rooms_row() -> None:

@@ -183,11 +183,11 @@ def test_tls_acceptor_from_pem_stores() -> None:
         ),
         (
             '<addresses>\n  <address name="a">\n'
-            '    <anycast><queue name="q" group-buckets="4"><user>x</user></queue></anycast>\n'
+            '    <anycast><queue name="q" enabled="false"><user>x</user></queue></anycast>\n'
             '  </address>\n  <address name="b"><multicast><queue name="q"/></multicast></address>\n'
             "</addresses>\n",
             [
-                "b.xml:5: addresses[0].anycast[0]: attribute 'group-buckets' of <queue> is not "
+                "b.xml:5: addresses[0].anycast[0]: attribute 'enabled' of <queue> is not "
                 "supported by amqpbroker",
                 "b.xml:5: addresses[0].anycast[0].user: <user> is not supported by amqpbroker",
                 "b.xml:7: addresses[1].multicast[0].name: queue name 'q' is used more than once "

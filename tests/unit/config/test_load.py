@@ -390,6 +390,11 @@ ERRORS = [
         "addresses:\n  - name: a\n  - name: a\n",
         "b.yaml:3: addresses[1].name: duplicate address name (also at line 2)",
     ),
+    (  # B-160: the management address is answered by the broker, never a real address
+        "addresses:\n  - {name: activemq.management, anycast: [{name: q}]}\n",
+        "b.yaml:2: addresses[0].name: activemq.management is the management address: it "
+        "cannot be configured",
+    ),
     (
         "addresses:\n  - {name: a, anycast: [{name: q}]}\n  - {name: b, multicast: [{name: q}]}\n",
         "b.yaml:3: addresses[1].multicast[0].name: queue name 'q' is used more than once "

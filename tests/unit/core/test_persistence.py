@@ -336,3 +336,26 @@ def test_a_resumed_journal_accepts_durable_sends_and_still_knows_their_queue() -
     state = JournalState.of(journal.replay())
     assert [q.name for q in state.queues] == ["fresh"]
     assert [state.messages[r.msg_id].data for r in state.refs("fresh")] == [b"accepted"]
+
+
+def test_a_page_file_sync_that_fails_refuses_the_steps_producers_and_still_appends() -> None:
+    """Issue 23 item 2 (disk full or an I/O error while paging, B-151): the page files'
+    fsync runs before the step's append (`before_flush`); when it failed, the OSError
+    went out of `flush` into the loop step, the records stayed for the next step and
+    its producers then heard "stored" although their paged messages' fsync had failed.
+    Now the step's waiters are refused with that error and its records appended."""
+    h, journal, persistence = _harness()
+
+    def failing_sync() -> None:
+        raise OSError(5, "Input/output error")
+
+    persistence.before_flush = failing_sync
+    h.send(h.producer("orders", "queue"), b"x", durable=True)
+    heard: list[BaseException | None] = []
+    persistence.when_stored(heard.append)
+    _step(persistence)
+    assert len(heard) == 1
+    assert isinstance(heard[0], OSError)
+    assert any(isinstance(r, AddMessage) for r in journal.records())
+    journal.complete()
+    assert len(heard) == 1  # told once

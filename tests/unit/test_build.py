@@ -1,0 +1,42 @@
+"""setup.py's optional mypyc build (issue 20): what it compiles and when it does not."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _setup_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("amqpbroker_setup", ROOT / "setup.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # not __main__: setup() is not called
+    return module
+
+
+def test_every_hot_module_exists() -> None:
+    """A renamed or split hot module must be renamed in HOT_MODULES too: setup.py skips
+    missing paths, so the compiled build would silently lose it (issue 20)."""
+    setup = _setup_module()
+    missing = [m for m in setup.HOT_MODULES if not (ROOT / m).is_file()]
+    assert missing == []
+
+
+def test_pure_python_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Editable and plain installs stay pure Python: a compiled module beside its source
+    would shadow later edits (issue 20)."""
+    monkeypatch.delenv("AMQPBROKER_MYPYC", raising=False)
+    assert _setup_module().ext_modules() == []
+
+
+def test_no_mypyc_means_pure_python(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked to compile without mypyc installed: the install goes on, pure Python."""
+    monkeypatch.setenv("AMQPBROKER_MYPYC", "1")
+    monkeypatch.setitem(__import__("sys").modules, "mypyc.build", None)  # import fails
+    assert _setup_module().ext_modules() == []

@@ -24,15 +24,15 @@ run: $(STAMP)
 	@echo "The amqpbroker command is $(BIN)/amqpbroker (not on PATH): run it as $(BIN)/amqpbroker, or 'source $(BIN)/activate' first."
 	$(BIN)/amqpbroker run --config config/broker.yaml --data-dir ./data
 
-# pytest: two xdist workers (groups in tests/conftest.py), then the wall-clock `timing`
-# tests alone, so that no other test competes with them for the cores.
+# pytest: two xdist workers, a module per worker at a time (tests/conftest.py), then the
+# wall-clock `timing` tests and the client stacks (interop) in one process.
 test: $(DEV_STAMP)
 	sh tests/support/install-browser.sh  # chromium + chromium-driver for the console tests
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -n 2 --dist loadgroup --no-loadscope-reorder -m 'not timing'
-	$(BIN)/pytest -m timing
+	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not timing and not interop'
+	$(BIN)/pytest -m 'timing or interop'
 
 # Issue 23: the paging tests at ten times their size (200 MiB backlogs; several minutes).
 PAGING_SCALE ?= 10

@@ -1,22 +1,22 @@
-"""How the suite shares the two cores (`make test`: `pytest -n 2`, then `-m timing`).
+"""How the suite shares the two cores (`make test`).
 
-`make test` runs the suite in two pytest-xdist workers with `--dist loadgroup`; a worker
-runs a whole group. The groups are set here, once for every tier, so that what tests
-share is set up once:
+`make test` runs pytest twice:
 
-* `tests/interop` is one group: the session's certificates are made once, and the
-  client builds (npm ci, apt-get as root) never run twice at the same time;
-* every other module is its own group: its `broker` (scope="module") starts once, and
-  the analytics modules spread over both workers (each worker starts its own one
-  SparkSession, `local[1]`: at most two JVMs, one core each).
+1. `-n 2 --dist loadfile --no-loadscope-reorder -m 'not timing and not interop'`: two
+   pytest-xdist workers; a worker runs a whole module, so a module's `broker`
+   (scope="module") starts once; the analytics modules spread over both workers (each
+   worker starts its own one SparkSession, `local[1]`: at most two JVMs, one core each).
+2. `-m 'timing or interop'` in one process: the tests that assert how long something took
+   (an upper bound, a ratio of wall-clock times, "within 1 s": marker `timing`), with no
+   other worker competing for the cores, and the client stacks (their builds, npm ci and
+   apt-get as root, must not run twice at the same time on a fresh machine).
 
-The tiers go longest first, analytics, interop, integration, unit
-(`--no-loadscope-reorder` keeps this order), so that the short modules fill in behind
-the long ones instead of a long one starting last.
+(`--dist loadgroup` would do 2's interop part in the first run, but pytest-xdist 3.8
+cannot rename node ids on pytest 9, so groups are ignored there.)
 
-A test that asserts how long something took (an upper bound or a ratio of wall-clock
-times) carries the `timing` marker: `make test` runs those alone afterwards, with no
-other worker competing for the cores. Plain `pytest` runs everything in one process.
+The collection order here is longest tier first (analytics, integration, the rest), which
+`--no-loadscope-reorder` keeps, so that short modules fill in behind the long ones instead
+of a long one starting last. Plain `pytest` runs everything in one process.
 """
 
 from __future__ import annotations
@@ -27,20 +27,13 @@ import pytest
 
 TESTS = Path(__file__).parent
 ORDER = ("analytics", "interop", "integration")  # the longest tiers first, then the rest
-WHOLE_TIERS = ("interop",)  # one group each; every other module is a group of its own
 
 
-def _group(item: pytest.Item) -> tuple[int, str]:
-    """(rank of its tier, its xdist group)."""
+def _rank(item: pytest.Item) -> int:
     path = item.path.relative_to(TESTS) if item.path.is_relative_to(TESTS) else item.path
-    tier = path.parts[0]
-    rank = ORDER.index(tier) if tier in ORDER else len(ORDER)
-    return rank, tier if tier in WHOLE_TIERS else path.as_posix()
+    return ORDER.index(path.parts[0]) if path.parts[0] in ORDER else len(ORDER)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Give each test its xdist group and put the long groups first (a stable sort:
-    the order inside a group is the collected one)."""
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_group(item)[1]))
-    items.sort(key=lambda item: _group(item)[0])
+    """The long tiers first (a stable sort: the order inside a module is kept)."""
+    items.sort(key=_rank)

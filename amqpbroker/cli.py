@@ -77,12 +77,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             config, data_dir=data_dir, skip_corrupt_journal=args.skip_corrupt_journal
         )
         server.freeze_recovered = True  # tune_gc() freezes the start-up heap anyway
-        await server.start()
-        tune_gc()
+        # Handlers first: a SIGTERM that comes as soon as ports.json names the port (while
+        # start-up finishes) is an orderly stop, not a kill with -15.
         loop = asyncio.get_running_loop()
         stopping = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stopping.set)
+        await server.start()
+        tune_gc()
         await stopping.wait()
         log.info("signal received: shutting down")
         await server.stop()

@@ -320,3 +320,25 @@ def test_sigterm_stops_cleanly(tmp_path: Path) -> None:
     assert running.stop() == 0
     wait_until(lambda: not (running.data_dir / "ports.json").exists(), timeout=5)
     connection.close()
+
+
+SLOW_AFTER_START = """
+import runpy, sys, time
+import amqpbroker.server as server
+real = server.tune_gc
+def slow():  # the start-up work after ports.json, slowed down (a loaded machine)
+    time.sleep(1.5)
+    real()
+server.tune_gc = slow
+sys.argv[0] = "amqpbroker"
+runpy.run_module("amqpbroker", run_name="__main__")
+"""
+
+
+def test_sigterm_right_after_ports_json_still_stops_cleanly(tmp_path: Path) -> None:
+    """CONTRACT: SIGTERM stops with exit code 0 even when it comes as soon as ports.json
+    names the port, while the process still finishes starting (the handlers were set
+    only after start-up, so such a signal killed the broker with -15)."""
+    running = start_broker(tmp_path, python=("-c", SLOW_AFTER_START))
+    assert running.stop() == 0
+    assert not (running.data_dir / "ports.json").exists()

@@ -19,14 +19,11 @@ declares the broker state it uses, which `Broker.__init__` sets.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
-from typing import Any
 
-from amqpbroker.core.clock import Clock, entry, within_call
+from amqpbroker.core.clock import entry, within_call
 from amqpbroker.core.effects import Effect
 from amqpbroker.core.errors import (
     ClientError,
@@ -42,12 +39,13 @@ from amqpbroker.core.model import (
     RoutingType,
 )
 from amqpbroker.core.names import parse_address
-from amqpbroker.core.postoffice import Address, PostOffice
+from amqpbroker.core.parts import _BrokerPart
+from amqpbroker.core.postoffice import Address
 from amqpbroker.core.queue import Consumer, Queue, Window
 from amqpbroker.core.queuekinds import last_value_key
 from amqpbroker.core.security import SecurityRepository
 from amqpbroker.core.selector import parse_selector
-from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
+from amqpbroker.core.settings import ResolvedSettings
 
 log = logging.getLogger("amqpbroker.core.broker")  # the broker's one logger
 
@@ -125,34 +123,14 @@ class _ConsumerInfo:
     kind: str  # "queue", "durable", "shared-volatile", "volatile", "dynamic"
 
 
-class _Attach:
+class _Attach(_BrokerPart):
     """`Broker`'s attach and detach of links (a mixin: it declares the broker state it
     uses, which `Broker.__init__` sets)."""
 
     _consumer_ids: itertools.count[int]
     _consumers: dict[ConsumerId, _ConsumerInfo]
     _effects: list[Effect]
-    clock: Clock
-    in_call: bool
-    now_ms: int
-    post_office: PostOffice
-    queues: dict[str, Queue]
     security: SecurityRepository
-    settings: SettingsRepository
-
-    @contextlib.contextmanager
-    def _acting_for(self, user: str | None, roles: frozenset[str] | None) -> Iterator[None]:
-        raise NotImplementedError  # Broker's
-
-    def _auto_queue(
-        self,
-        name: str,
-        address: str,
-        routing_type: RoutingType,
-        settings: ResolvedSettings,
-        **overrides: Any,
-    ) -> Queue:
-        raise NotImplementedError  # Broker's
 
     def _check(self, permission: str, address: str) -> None:
         raise NotImplementedError  # Broker's
@@ -163,26 +141,6 @@ class _Attach:
         raise NotImplementedError  # Broker's
 
     def _random_name(self) -> str:
-        raise NotImplementedError  # Broker's
-
-    def _remove_address(self, name: str) -> None:
-        raise NotImplementedError  # Broker's
-
-    def create_address(
-        self,
-        name: str,
-        routing_types: set[RoutingType],
-        *,
-        auto_created: bool = False,
-        temporary: bool = False,
-        owner: ConnectionId | None = None,
-    ) -> Address:
-        raise NotImplementedError  # Broker's
-
-    def create_queue(self, config: QueueConfig, *, owner: ConnectionId | None = None) -> Queue:
-        raise NotImplementedError  # Broker's
-
-    def delete_queue(self, name: str, *, reason: str = "deleted") -> None:
         raise NotImplementedError  # Broker's
 
     def watch_consumer(self, consumer: Consumer, now_ms: int) -> None:

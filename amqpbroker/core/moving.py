@@ -20,37 +20,34 @@ which `Broker.__init__` sets.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import itertools
 import logging
-from collections.abc import Iterator
 from typing import Any
 
-from amqpbroker.core.clock import Clock, entry, within_call
+from amqpbroker.core.clock import entry, within_call
 from amqpbroker.core.effects import Effect
 from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter
 from amqpbroker.core.model import (
     BYTE_OF_ROUTING_TYPE,
     ROUTING_TYPE_OF_BYTE,
-    ConnectionId,
     Message,
-    RoutingType,
     annotated_routing_type,
 )
 from amqpbroker.core.moves import ORIG_ROUTING_TYPE, MessageCopier, MoveAnnotations
 from amqpbroker.core.outcomes import Rejected
-from amqpbroker.core.postoffice import Address, PostOffice
+from amqpbroker.core.parts import _BrokerPart
+from amqpbroker.core.postoffice import Address
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.refs import Ref
-from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
+from amqpbroker.core.settings import ResolvedSettings
 from amqpbroker.core.totals import BrokerStats
 
 log = logging.getLogger("amqpbroker.core.broker")  # the broker's one logger
 
 
-class _Moving:
+class _Moving(_BrokerPart):
     """`Broker`'s dead letters, expiry and moved copies (a mixin: it declares the broker
     state it uses, which `Broker.__init__` sets)."""
 
@@ -59,29 +56,9 @@ class _Moving:
     _expiry_drop_warned: set[str]
     _expiry_seq: itertools.count[int]
     _msg_ids: MessageIds
-    clock: Clock
     copier: MessageCopier
-    in_call: bool
-    now_ms: int
     emitter: Emitter
-    post_office: PostOffice
-    queues: dict[str, Queue]
-    settings: SettingsRepository
     stats: BrokerStats
-
-    @contextlib.contextmanager
-    def _acting_for(self, user: str | None, roles: frozenset[str] | None) -> Iterator[None]:
-        raise NotImplementedError  # Broker's
-
-    def _auto_queue(
-        self,
-        name: str,
-        address: str,
-        routing_type: RoutingType,
-        settings: ResolvedSettings,
-        **overrides: Any,
-    ) -> Queue:
-        raise NotImplementedError  # Broker's
 
     def _deliver_to(
         self,
@@ -95,17 +72,6 @@ class _Moving:
         raise NotImplementedError  # Broker's
 
     def _set_expiration(self, message: Message, address: str, now_ms: int) -> None:
-        raise NotImplementedError  # Broker's
-
-    def create_address(
-        self,
-        name: str,
-        routing_types: set[RoutingType],
-        *,
-        auto_created: bool = False,
-        temporary: bool = False,
-        owner: ConnectionId | None = None,
-    ) -> Address:
         raise NotImplementedError  # Broker's
 
     def dead_letter(self, queue: Queue, ref: Ref, reason: str, rejection: Rejected | None) -> None:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import logging
 
 from amqpbroker.core.model import RoutingType
-from amqpbroker.core.postoffice import Address, PostOffice
+from amqpbroker.core.parts import _BrokerPart
+from amqpbroker.core.postoffice import Address
 from amqpbroker.core.queue import Queue
-from amqpbroker.core.settings import SettingsRepository
 
 log = logging.getLogger("amqpbroker.core.broker")  # the broker's one logger
 
@@ -27,20 +27,11 @@ log = logging.getLogger("amqpbroker.core.broker")  # the broker's one logger
 CREATED_AUTO_DELETE = "auto-delete"
 
 
-class _Reaper:
+class _Reaper(_BrokerPart):
     """`Broker`'s auto-delete pass (a mixin: it declares the broker state it uses, which
     `Broker.__init__` sets)."""
 
     _retroactive: dict[str, dict[RoutingType, str]]
-    post_office: PostOffice
-    queues: dict[str, Queue]
-    settings: SettingsRepository
-
-    def _remove_address(self, name: str) -> None:
-        raise NotImplementedError  # Broker's
-
-    def delete_queue(self, name: str, *, reason: str = "deleted") -> None:
-        raise NotImplementedError  # Broker's
 
     def reap(self, now_ms: int) -> None:
         """One reaper pass: delete what qualified on this and the previous pass."""

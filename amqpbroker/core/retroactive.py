@@ -34,12 +34,12 @@ Loop thread only.
 from __future__ import annotations
 
 from amqpbroker.core.effects import Effect
-from amqpbroker.core.model import ConnectionId, Message, QueueConfig, RoutingType
-from amqpbroker.core.postoffice import Address, PostOffice
+from amqpbroker.core.model import Message, QueueConfig, RoutingType
+from amqpbroker.core.parts import _BrokerPart
+from amqpbroker.core.postoffice import Address
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.queuekinds import QueueKind
 from amqpbroker.core.refs import GONE
-from amqpbroker.core.settings import SettingsRepository
 
 # B-104 internal-naming-prefix (Artemis ActiveMQDefaultConfiguration).
 INTERNAL_PREFIX = "$.artemis.internal."
@@ -62,7 +62,7 @@ def divert_name(address: str, delimiter: str = ".") -> str:
     return delimiter.join((INTERNAL_PREFIX + address, "divert", _SUFFIX))
 
 
-class _Retroactive:
+class _Retroactive(_BrokerPart):
     """`Broker`'s retroactive addresses (a mixin: it declares the broker state it uses,
     which `Broker.__init__` sets)."""
 
@@ -70,23 +70,6 @@ class _Retroactive:
     # Address name -> its ring queue per routing type; empty: no retroactive address (the
     # one test `publish` pays).
     _retroactive: dict[str, dict[RoutingType, str]]
-    post_office: PostOffice
-    queues: dict[str, Queue]
-    settings: SettingsRepository
-
-    def create_address(
-        self,
-        name: str,
-        routing_types: set[RoutingType],
-        *,
-        auto_created: bool = False,
-        temporary: bool = False,
-        owner: ConnectionId | None = None,
-    ) -> Address:
-        raise NotImplementedError  # Broker's
-
-    def create_queue(self, config: QueueConfig, *, owner: ConnectionId | None = None) -> Queue:
-        raise NotImplementedError  # Broker's
 
     def delete_address(self, name: str) -> None:
         raise NotImplementedError  # Broker's

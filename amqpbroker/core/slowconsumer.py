@@ -31,8 +31,8 @@ import heapq
 import logging
 
 from amqpbroker.core.effects import CloseConnection, Effect
+from amqpbroker.core.parts import _BrokerPart
 from amqpbroker.core.queue import Consumer, Queue
-from amqpbroker.core.settings import SettingsRepository
 from amqpbroker.core.totals import BrokerStats
 
 log = logging.getLogger("amqpbroker.core.broker")  # the broker's one logger
@@ -40,16 +40,13 @@ log = logging.getLogger("amqpbroker.core.broker")  # the broker's one logger
 KILL_CONDITION = "amqp:resource-limit-exceeded"
 
 
-class _SlowConsumers:
+class _SlowConsumers(_BrokerPart):
     """`Broker`'s slow-consumer checks (a mixin: it declares the broker state it uses,
     which `Broker.__init__` sets, `_slow_due` and `_slow_watched` included)."""
 
     _effects: list[Effect]
     _slow_due: list[tuple[int, str]]  # (next check ms, queue name): a heap
     _slow_watched: set[str]  # queue names with an entry in `_slow_due`
-    now_ms: int
-    queues: dict[str, Queue]
-    settings: SettingsRepository
     stats: BrokerStats
 
     def watch_consumer(self, consumer: Consumer, now_ms: int) -> None:

@@ -74,7 +74,8 @@ class _LiveSet(Generic[_Item]):
         self.refs: dict[tuple[str, int], _RefSlot[_Item]] = {}
         self.queue_refs: dict[str, dict[int, None]] = {}
         self.page_cursors: dict[str, _Item] = {}
-        self._rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
+        # The rule of each record type (`apply`; the file journal's index calls them).
+        self.rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
             AddMessage: self._add_message,
             AddRef: self._add_ref,
             AckRef: self._ack_ref,
@@ -91,12 +92,17 @@ class _LiveSet(Generic[_Item]):
         }
 
     def apply(self, record: Record, item: _Item) -> bool:
-        return self._rules[type(record)](record, item)
+        return self.rules[type(record)](record, item)
 
     def _add_message(self, record: AddMessage, item: _Item) -> bool:
-        slot = self.messages.get(record.msg_id)
+        return self.add_message(record.msg_id, item)
+
+    def add_message(self, msg_id: int, item: _Item) -> bool:
+        """`AddMessage` by its id alone (recovery indexes a message before reading its
+        body, and reads the body only if the message is still live)."""
+        slot = self.messages.get(msg_id)
         if slot is None:
-            self.messages[record.msg_id] = _MessageSlot(item)
+            self.messages[msg_id] = _MessageSlot(item)
         else:
             self._dead(slot.item, False)
             slot.item = item

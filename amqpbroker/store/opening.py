@@ -27,11 +27,15 @@ import errno
 import fcntl
 import logging
 import os
+import struct
+import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
+import amqpbroker.store.codec as codec
 from amqpbroker.core.records import (
     Record,
+    RecordType,
 )
 from amqpbroker.store.api import (
     JournalCorrupt,
@@ -40,10 +44,14 @@ from amqpbroker.store.api import (
 from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet
 from amqpbroker.store.segments import (
     _FILE_HEADER,
+    _FLAGS_KNOWN,
+    _FRAME,
+    _MAX_PAYLOAD,
     _NEXT_SUFFIX,
     _SEGMENT_GLOB,
     _TEMP_SUFFIX,
     BATCH_END,
+    FRAME_BYTES,
     HEADER_BYTES,
     MAGIC,
     VERSION,
@@ -61,6 +69,8 @@ from amqpbroker.store.segments import (
 
 log = logging.getLogger("amqpbroker.store.journal")  # one logger for the journal
 
+_ADD_MESSAGE = int(RecordType.ADD_MESSAGE)
+
 
 class _Opening:
     """`FileJournal`'s opening (see the module docstring)."""
@@ -70,8 +80,8 @@ class _Opening:
     skip_corrupt: bool
     _segments: list[_Segment]
     _live: _LiveSet[_Loc]
-    _opened: list[Record] | None
-    _opened_live: dict[_Loc, Record] | None
+    _opened_live: dict[_Loc, Record | codec.MessageLayout] | None
+    _unread: list[_Loc]
     _opened_max_id: int
 
     def _on_dead(self, item: _Loc, needs_tombstone: bool) -> None:
@@ -80,8 +90,8 @@ class _Opening:
     def _index_batch(
         self,
         seg: _Segment,
-        batch: Iterable[tuple[Record, int, int]],
-        keep: dict[_Loc, Record] | None = None,
+        batch: Iterable[tuple[Record | codec.MessageLayout, int, int]],
+        keep: dict[_Loc, Record | codec.MessageLayout] | None = None,
     ) -> None:
         raise NotImplementedError  # FileJournal's
 
@@ -142,21 +152,35 @@ class _Opening:
         _sync_directory(self.directory)
         return _Segment(number, path, HEADER_BYTES)
 
-    def _index_opened(self, seg: _Segment, batch: list[tuple[Record, int, int]]) -> None:
-        """Index a batch read at open, and keep its records for the first replay (or
-        `state()`): the live ones by location, the largest message id of all."""
+    def _index_opened(
+        self, seg: _Segment, batch: list[tuple[Record | codec.MessageLayout, int, int]], top: int
+    ) -> None:
+        """Index a batch read at open, keeping the records it made live for `state()`;
+        `top` is the batch's largest message id."""
         self._index_batch(seg, batch, self._opened_live)
-        if self._opened is not None:
-            self._opened.extend(record for record, _, _ in batch)
-        top = max(
-            (r.msg_id for r, _, _ in batch if isinstance(r, _WITH_MSG_ID)),
-            default=self._opened_max_id,
-        )
         if top > self._opened_max_id:
             self._opened_max_id = top
 
+    def _read_unread(self, data: bytes) -> None:
+        """Decode the AddMessages of the segment just read (`data`) that are still live:
+        the open indexed them by id alone (issue 23 item 4: a message consumed before the
+        end of its segment costs no body copy, no record)."""
+        keep = self._opened_live
+        if keep is not None:
+            for item in self._unread:
+                layout = keep.get(item)
+                if isinstance(layout, tuple):
+                    keep[item] = codec.add_message_of(data, layout)
+        self._unread = []
+
     def _scan_segment(self, number: int, path: Path, *, last: bool) -> None:
         data = path.read_bytes()
+        try:
+            self._scan_data(number, path, data, last=last)
+        finally:
+            self._read_unread(data)
+
+    def _scan_data(self, number: int, path: Path, data: bytes, *, last: bool) -> None:
         seg = _Segment(number, path, len(data))
         if len(data) < HEADER_BYTES or data[:HEADER_BYTES] == bytes(HEADER_BYTES):
             if not last:
@@ -176,13 +200,52 @@ class _Opening:
         if header_number != number:
             raise JournalCorrupt(path, 0, f"header says segment {header_number}")
         self._segments.append(seg)
-        batch: list[tuple[Record, int, int]] = []  # records of an unfinished append
+        # Records of an unfinished append; an AddMessage as its layout (see `_read_unread`).
+        batch: list[tuple[Record | codec.MessageLayout, int, int]] = []
         batch_start = pos = HEADER_BYTES
-        while pos < len(data):
-            checked = _check_frame(data, pos)
-            record: Record | _Bad = (
-                checked if isinstance(checked, _Bad) else _decode_at(data, pos, *checked[:2])
-            )
+        top = 0  # the batch's largest message id
+        size = len(data)
+        view = memoryview(data)
+        unpack, crc32, layout_of = _FRAME.unpack_from, zlib.crc32, codec.add_message_layout
+        fast_decoders = codec._FAST_DECODE_AT
+        while pos < size:
+            # A sound frame is checked here as `_check_frame` checks it, inline (recovery
+            # reads millions); anything else goes to `_check_frame` and `_decode_at`,
+            # which say what is wrong.
+            record: Record | codec.MessageLayout | _Bad | None = None
+            if size - pos >= FRAME_BYTES:
+                length, crc, type_id, flags = unpack(data, pos)
+                end = pos + FRAME_BYTES + length
+                if (
+                    end <= size
+                    and not flags & ~_FLAGS_KNOWN
+                    and length <= _MAX_PAYLOAD
+                    and crc32(view[pos + 8 : end], crc32(view[pos : pos + 4])) == crc
+                ):
+                    if type_id == _ADD_MESSAGE:
+                        record = layout_of(data, pos + FRAME_BYTES, end)
+                        if record is not None and record[0] > top:
+                            top = record[0]
+                    else:
+                        fast = fast_decoders.get(type_id)
+                        if fast is not None:
+                            try:  # a record with a msg_id, or None: not the usual layout
+                                found = fast(data, pos + FRAME_BYTES, end)
+                            except (IndexError, struct.error, UnicodeError):
+                                found = None
+                            if found is not None:
+                                record = found
+                                if found.msg_id > top:
+                                    top = found.msg_id
+            if record is None:  # not a sound frame of the usual layouts: the full checks
+                checked = _check_frame(data, pos)
+                if isinstance(checked, _Bad):
+                    record = checked
+                else:
+                    end, type_id, flags = checked
+                    record = _decode_at(data, pos, end, type_id)
+                    if isinstance(record, _WITH_MSG_ID) and record.msg_id > top:
+                        top = record.msg_id
             if isinstance(record, _Bad):
                 if last and self._is_tail(data, pos, record):
                     self._truncate_tail(seg, data, batch_start, pos, record, len(batch))
@@ -191,18 +254,17 @@ class _Opening:
                     raise JournalCorrupt(path, pos, record.reason)
                 pos = self._skip(seg, data, pos, record)
                 continue
-            assert not isinstance(checked, _Bad)
-            end, _, flags = checked
             batch.append((record, pos, end - pos))
             pos = end
             if flags & BATCH_END:
-                self._index_opened(seg, batch)
+                self._index_opened(seg, batch, top)
                 batch = []
                 batch_start = pos
+                top = 0
         if batch and last:
             self._truncate_tail(seg, data, batch_start, pos, None, len(batch))
         elif batch:
-            self._index_opened(seg, batch)
+            self._index_opened(seg, batch, top)
 
     @staticmethod
     def _is_tail(data: bytes, pos: int, bad: _Bad) -> bool:

@@ -120,29 +120,31 @@ class JournalState:
 
     def refs(self, queue: str | None = None) -> list[RecoveredRef]:
         """References in the order they were added (of one queue, or of all)."""
+        return [RecoveredRef(*row) for row in self.ref_rows(queue)]
+
+    def ref_rows(self, queue: str | None = None) -> list[tuple[str, int, int, int]]:
+        """`refs()` as plain (queue, msg_id, delivery_count, scheduled_at_ms) tuples:
+        what recovery reads, millions of them (issue 23 item 4)."""
         live = self._live
         keys: Iterable[tuple[str, int]] = (
             live.refs
             if queue is None
             else [(queue, msg_id) for msg_id in live.queue_refs.get(queue, ())]
         )
+        slots = live.refs
         result = []
-        for name, msg_id in keys:
-            slot = live.refs[name, msg_id]
+        for key in keys:
+            slot = slots[key]
             add, count, scheduled = slot.add, slot.count, slot.scheduled
             assert isinstance(add, AddRef)
             result.append(
-                RecoveredRef(
-                    queue=name,
-                    msg_id=msg_id,
-                    delivery_count=(
-                        count.delivery_count
-                        if isinstance(count, UpdateDeliveryCount)
-                        else add.delivery_count
-                    ),
-                    scheduled_at_ms=scheduled.at_ms
-                    if isinstance(scheduled, ScheduledDelivery)
-                    else 0,
+                (
+                    key[0],
+                    key[1],
+                    count.delivery_count
+                    if isinstance(count, UpdateDeliveryCount)
+                    else add.delivery_count,
+                    scheduled.at_ms if isinstance(scheduled, ScheduledDelivery) else 0,
                 )
             )
         return result

@@ -143,6 +143,30 @@ def test_the_open_index_gives_the_state_of_every_record(
         _assert_same_state(JournalState.of(files.replay()), model)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_records_applied_to_a_state_from_the_index_give_the_models_state(
+    tmp_path: Path, seed: int
+) -> None:
+    """The state from the index holds resolved rows, not the index's slots: records
+    applied to it afterwards (acks, counts, schedules, re-adds, a queue deleted) give what
+    applying them to the model gives."""
+    rng = Random(seed)
+    appends = _random_appends(rng, 300)
+    head, tail = appends[:200], appends[200:]
+    with _open(tmp_path, max_segment_bytes=4096) as journal:
+        for records in head:
+            journal.append(records, sync=False)
+        journal.flush()
+    model = JournalState.of(record for records in head for record in records)
+    with _open(tmp_path) as journal:
+        state = journal.state()
+    for records in tail:
+        for record in records:
+            state.apply(record)
+            model.apply(record)
+    _assert_same_state(state, model)
+
+
 def test_a_dead_message_is_dropped_from_the_open_state_when_it_dies(tmp_path: Path) -> None:
     """A message acked in a later segment was read with its segment, then let go as the
     ack was indexed: the state keeps no record of it, and counts it nowhere."""

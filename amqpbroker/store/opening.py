@@ -27,31 +27,25 @@ import errno
 import fcntl
 import logging
 import os
-import struct
-import zlib
 from collections.abc import Iterable
 from pathlib import Path
 
 import amqpbroker.store.codec as codec
 from amqpbroker.core.records import (
     Record,
-    RecordType,
 )
 from amqpbroker.store.api import (
     JournalCorrupt,
     JournalError,
 )
+from amqpbroker.store.frames import Entry, read_batches
 from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet
 from amqpbroker.store.segments import (
     _FILE_HEADER,
-    _FLAGS_KNOWN,
-    _FRAME,
-    _MAX_PAYLOAD,
     _NEXT_SUFFIX,
     _SEGMENT_GLOB,
     _TEMP_SUFFIX,
     BATCH_END,
-    FRAME_BYTES,
     HEADER_BYTES,
     MAGIC,
     VERSION,
@@ -68,8 +62,6 @@ from amqpbroker.store.segments import (
 )
 
 log = logging.getLogger("amqpbroker.store.journal")  # one logger for the journal
-
-_ADD_MESSAGE = int(RecordType.ADD_MESSAGE)
 
 
 class _Opening:
@@ -152,9 +144,7 @@ class _Opening:
         _sync_directory(self.directory)
         return _Segment(number, path, HEADER_BYTES)
 
-    def _index_opened(
-        self, seg: _Segment, batch: list[tuple[Record | codec.MessageLayout, int, int]], top: int
-    ) -> None:
+    def _index_opened(self, seg: _Segment, batch: list[Entry], top: int) -> None:
         """Index a batch read at open, keeping the records it made live for `state()`;
         `top` is the batch's largest message id."""
         self._index_batch(seg, batch, self._opened_live)
@@ -201,51 +191,23 @@ class _Opening:
             raise JournalCorrupt(path, 0, f"header says segment {header_number}")
         self._segments.append(seg)
         # Records of an unfinished append; an AddMessage as its layout (see `_read_unread`).
-        batch: list[tuple[Record | codec.MessageLayout, int, int]] = []
+        batch: list[Entry] = []
         batch_start = pos = HEADER_BYTES
         top = 0  # the batch's largest message id
         size = len(data)
-        view = memoryview(data)
-        unpack, crc32, layout_of = _FRAME.unpack_from, zlib.crc32, codec.add_message_layout
-        fast_decoders = codec._FAST_DECODE_AT
+        done: list[tuple[list[Entry], int]] = []
         while pos < size:
-            # A sound frame is checked here as `_check_frame` checks it, inline (recovery
-            # reads millions); anything else goes to `_check_frame` and `_decode_at`,
-            # which say what is wrong.
-            record: Record | codec.MessageLayout | _Bad | None = None
-            if size - pos >= FRAME_BYTES:
-                length, crc, type_id, flags = unpack(data, pos)
-                end = pos + FRAME_BYTES + length
-                if (
-                    end <= size
-                    and not flags & ~_FLAGS_KNOWN
-                    and length <= _MAX_PAYLOAD
-                    and crc32(view[pos + 8 : end], crc32(view[pos : pos + 4])) == crc
-                ):
-                    if type_id == _ADD_MESSAGE:
-                        record = layout_of(data, pos + FRAME_BYTES, end)
-                        if record is not None and record[0] > top:
-                            top = record[0]
-                    else:
-                        fast = fast_decoders.get(type_id)
-                        if fast is not None:
-                            try:  # a record with a msg_id, or None: not the usual layout
-                                found = fast(data, pos + FRAME_BYTES, end)
-                            except (IndexError, struct.error, UnicodeError):
-                                found = None
-                            if found is not None:
-                                record = found
-                                if found.msg_id > top:
-                                    top = found.msg_id
-            if record is None:  # not a sound frame of the usual layouts: the full checks
-                checked = _check_frame(data, pos)
-                if isinstance(checked, _Bad):
-                    record = checked
-                else:
-                    end, type_id, flags = checked
-                    record = _decode_at(data, pos, end, type_id)
-                    if isinstance(record, _WITH_MSG_ID) and record.msg_id > top:
-                        top = record.msg_id
+            # The usual frames in bulk; the one it stops at gets the full checks here.
+            pos, batch, top = read_batches(data, pos, batch, top, done)
+            if done:
+                for complete, complete_top in done:
+                    self._index_opened(seg, complete, complete_top)
+                done.clear()
+                batch_start = batch[0][1] if batch else pos
+            if pos >= size:
+                break
+            checked = _check_frame(data, pos)
+            record = checked if isinstance(checked, _Bad) else _decode_at(data, pos, *checked[:2])
             if isinstance(record, _Bad):
                 if last and self._is_tail(data, pos, record):
                     self._truncate_tail(seg, data, batch_start, pos, record, len(batch))
@@ -254,6 +216,10 @@ class _Opening:
                     raise JournalCorrupt(path, pos, record.reason)
                 pos = self._skip(seg, data, pos, record)
                 continue
+            assert not isinstance(checked, _Bad)
+            end, _, flags = checked
+            if isinstance(record, _WITH_MSG_ID) and record.msg_id > top:
+                top = record.msg_id
             batch.append((record, pos, end - pos))
             pos = end
             if flags & BATCH_END:

@@ -24,21 +24,24 @@ from amqpbroker.store.segments import _FLAGS_KNOWN, _FRAME, _MAX_PAYLOAD, BATCH_
 Entry = tuple[Record | codec.MessageLayout, int, int]
 
 _ADD_MESSAGE = int(RecordType.ADD_MESSAGE)
+_ACK_REF = int(RecordType.ACK_REF)
 
 
 def read_batches(
     data: bytes, pos: int, batch: list[Entry], top: int, batches: list[tuple[list[Entry], int]]
-) -> tuple[int, list[Entry], int]:
+) -> tuple[int, list[Entry], int, int]:
     """Read frames from `pos` on, adding to `batch` (the records of an unfinished append,
     whose largest message id is `top`); each complete append goes to `batches` with its
     largest message id. Returns where it stopped (the end of `data`, or a frame for the
-    full checks) and the unfinished append with its largest id."""
+    full checks), the unfinished append with its largest id, and how many AckRefs it
+    read (none: no message can have died meanwhile)."""
     size = len(data)
     view = memoryview(data)
     unpack = _FRAME.unpack_from
     crc32 = zlib.crc32
     layout_of = codec.add_message_layout
     decoders = codec._FAST_DECODE_AT
+    acks = 0
     while size - pos >= FRAME_BYTES:
         length, crc, type_id, flags = unpack(data, pos)
         end = pos + FRAME_BYTES + length
@@ -66,6 +69,8 @@ def read_batches(
             if record is None:
                 break
             msg_id = record.msg_id
+            if type_id == _ACK_REF:
+                acks += 1
         if msg_id > top:
             top = msg_id
         batch.append((record, pos, end - pos))
@@ -74,4 +79,4 @@ def read_batches(
             batches.append((batch, top))
             batch = []
             top = 0
-    return pos, batch, top
+    return pos, batch, top, acks

@@ -13,7 +13,7 @@ added and acknowledged within one index batch, which the file journal's index th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from amqpbroker.core.records import (
@@ -32,6 +32,7 @@ from amqpbroker.core.records import (
     TxRollback,
     UpdateDeliveryCount,
 )
+from amqpbroker.store.codec import MessageLayout
 
 # --- liveness ------------------------------------------------------------------------
 
@@ -215,7 +216,7 @@ _WITH_MSG_ID = (AddMessage, AddRef, AckRef, UpdateDeliveryCount, ScheduledDelive
 _REF_RECORDS = (AddRef, AckRef)
 
 
-def _short_lived(records: list[Record], live: _LiveSet[Any]) -> set[int]:
+def _short_lived(records: Sequence[Record | MessageLayout], live: _LiveSet[Any]) -> set[int]:
     """The messages whose every record in `records` (one segment's, in order) is dead by
     their end: added here, unknown to `live` before, and every reference added here acked
     here (a message added with no reference yet is not: its references may be in the next
@@ -243,8 +244,8 @@ def _short_lived(records: list[Record], live: _LiveSet[Any]) -> set[int]:
                 referenced.add(record.msg_id)
             else:
                 refs.discard(record.queue)
-        elif isinstance(record, AddMessage):
-            msg_id = record.msg_id
+        elif isinstance(record, AddMessage | tuple):  # a tuple: its layout, read at open
+            msg_id = record[0] if isinstance(record, tuple) else record.msg_id
             open_refs[msg_id] = None if msg_id in known or msg_id in open_refs else set()
         elif isinstance(record, DeleteQueue):
             return set()

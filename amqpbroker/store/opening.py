@@ -39,7 +39,7 @@ from amqpbroker.store.api import (
     JournalError,
 )
 from amqpbroker.store.frames import Entry, read_batches
-from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet
+from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _NEXT_SUFFIX,
@@ -151,6 +151,21 @@ class _Opening:
         if top > self._opened_max_id:
             self._opened_max_id = top
 
+    def _index_read(self, seg: _Segment, done: list[tuple[list[Entry], int]], acks: int) -> None:
+        """Index appends `read_batches` read, in order, but the records of the messages
+        added and acknowledged among them (`_short_lived`, as the writer's index does):
+        a message consumed soon after it was stored costs the open no index entry and no
+        body (issue 23 item 4). Only when there are acks to look for."""
+        gone = (
+            _short_lived([r for entries, _ in done for r, _, _ in entries], self._live)
+            if acks
+            else None
+        )
+        for entries, top in done:
+            if gone:
+                entries = [e for e in entries if _msg_id(e[0]) not in gone]
+            self._index_opened(seg, entries, top)
+
     def _read_unread(self, data: bytes) -> None:
         """Decode the AddMessages of the segment just read (`data`) that are still live:
         the open indexed them by id alone (issue 23 item 4: a message consumed before the
@@ -198,10 +213,9 @@ class _Opening:
         done: list[tuple[list[Entry], int]] = []
         while pos < size:
             # The usual frames in bulk; the one it stops at gets the full checks here.
-            pos, batch, top = read_batches(data, pos, batch, top, done)
+            pos, batch, top, acks = read_batches(data, pos, batch, top, done)
             if done:
-                for complete, complete_top in done:
-                    self._index_opened(seg, complete, complete_top)
+                self._index_read(seg, done, acks)
                 done.clear()
                 batch_start = batch[0][1] if batch else pos
             if pos >= size:
@@ -293,3 +307,8 @@ class _Opening:
         )
         seg.skips.append((pos, resume))
         return resume
+
+
+def _msg_id(record: Record | codec.MessageLayout) -> int:
+    """The message id of a record `read_batches` reads (each has one)."""
+    return record[0] if isinstance(record, tuple) else getattr(record, "msg_id", 0)

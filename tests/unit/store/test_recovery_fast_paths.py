@@ -38,6 +38,7 @@ from amqpbroker.protocol import message_of
 from amqpbroker.store import FileJournal, codec
 from amqpbroker.store import segments as segment_format
 from amqpbroker.store.journal import JournalState
+from amqpbroker.store.liveness import _LiveSet
 from amqpbroker.store.recovery import _message
 
 QUEUES = ("q", "r", "s")
@@ -340,3 +341,33 @@ def _copy(message: Message) -> Message:
     )
     copy.priority = message.priority
     return copy
+
+
+def test_messages_consumed_within_what_the_open_read_are_not_indexed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message added and acknowledged in one segment (the ack in a later append) costs
+    the open no index entry (`_short_lived`, as the writer's index); one acked in a later
+    segment, or re-added, is indexed; the state is the model's either way."""
+    appends: list[list[Record]] = [
+        [AddMessage(msg_id=1, address="q", data=b"a"), AddRef(queue="q", msg_id=1)],
+        [AddMessage(msg_id=2, address="q", data=b"b"), AddRef(queue="q", msg_id=2)],
+        [AckRef(queue="q", msg_id=1)],
+        [AddMessage(msg_id=3, address="q", data=b"c"), AddRef(queue="q", msg_id=3)],
+    ]
+    with _open(tmp_path) as journal:
+        for records in appends:
+            journal.append(records, sync=False)
+        journal.flush()
+    indexed: list[int] = []
+    real = _LiveSet.add_message
+
+    def counting(self: _LiveSet[Any], msg_id: int, item: Any) -> bool:
+        indexed.append(msg_id)
+        return real(self, msg_id, item)
+
+    monkeypatch.setattr(_LiveSet, "add_message", counting)
+    with _open(tmp_path) as journal:
+        state = journal.state()
+    assert indexed == [2, 3]
+    _assert_same_state(state, JournalState.of(r for records in appends for r in records))

@@ -57,6 +57,7 @@ from amqpbroker.core.model import (
     RoutingType,
 )
 from amqpbroker.core.outcomes import Accepted, Modified, Outcome, Rejected, Released
+from amqpbroker.core.paging import PageMark, forget_removed
 from amqpbroker.core.redelivery import DeadLetter, decide_redelivery
 from amqpbroker.core.refs import DELIVERING, GONE, PAGED, READY, SCHEDULED, Ref
 from amqpbroker.core.settings import ResolvedSettings
@@ -122,6 +123,7 @@ class Consumer:
     # A browser has seen every reference up to this seq; a consumer of a non-destructive
     # queue, every one up to this position of its log (core/queuekinds.py).
     browsed_seq: int = -1
+    page_mark: PageMark | None = None  # a browser's place in the page files (B-151)
     # Slow-consumer checks (core/slowconsumer.py): acknowledged so far, and the count and
     # time its rate is measured from.
     acked: int = 0
@@ -733,6 +735,31 @@ class Queue:
                 browser.window.room -= ref.message.size
                 delivery = DeliveryId(next(self._delivery_ids))
                 out.append(Dispatch(browser.id, delivery, ref.message, ref.delivery_count, True))
+            else:
+                if self.pages is not None and self.pages.messages:
+                    self._browse_pages(browser, self.pages, out)
+
+    def _browse_pages(self, browser: Consumer, pages: PageStore, out: list[Effect]) -> None:
+        """B-031 over B-151: a browser that has seen what memory holds goes on into the
+        page files, read as its credit and window allow (core/paging.py `PageMark`)."""
+        if browser.credit <= 0 or browser.window.room <= 0:
+            return
+        mark = browser.page_mark
+        if mark is None:
+            mark = browser.page_mark = PageMark(pages)
+        now_ms = self._owner.now_ms
+        for message, end in pages.browse_from(mark.start(pages)):
+            if browser.credit <= 0 or browser.window.room <= 0:
+                break
+            mark.seen += 1
+            mark.position = end
+            expiration = message.expiration_ms
+            if (expiration and now_ms >= expiration) or not browser.accepts(Ref(message, -1)):
+                continue  # B-084: never sent, not even to a browser
+            browser.credit -= 1
+            browser.window.room -= message.size
+            delivery = DeliveryId(next(self._delivery_ids))
+            out.append(Dispatch(browser.id, delivery, message, 0, True))
 
     # -- settlement -------------------------------------------------------------------
     def _removed(self, ref: Ref) -> None:
@@ -1030,8 +1057,10 @@ class Queue:
         )
         store = self.store
         kind = self.kind
+        seqs: list[int] = []
         for message in messages:
             ref = self._enqueue(message, 0, message.deliver_at_ms)
+            seqs.append(ref.seq)
             if store is not None and message.durable:
                 at_ms = message.deliver_at_ms if ref.state == SCHEDULED else 0
                 store.ref_added(self.name, ref, scheduled_at_ms=at_ms)
@@ -1040,6 +1069,11 @@ class Queue:
                 kind.trim()
         if store is not None and messages:
             store.page_read(self.name, pages)
+        for consumer in self.consumers:
+            if (mark := consumer.page_mark) is not None:
+                consumer.browsed_seq = max(consumer.browsed_seq, mark.read(seqs))
+                if not mark.seen:
+                    consumer.page_mark = None  # back at the read cursor
         return bool(messages)
 
     def paged_refs(self) -> Iterator[Ref]:
@@ -1058,6 +1092,7 @@ class Queue:
         if pages is None or not doomed:
             return
         self._doomed = set()
+        forget_removed(pages, doomed, (c.page_mark for c in self.consumers if c.page_mark))
         pages.remove(doomed)
         if self.store is not None:
             self.store.page_read(self.name, pages)
@@ -1074,6 +1109,8 @@ class Queue:
             self.counters.killed += 1
             self.killed(ref, reason)
         pages.clear()
+        for consumer in self.consumers:
+            consumer.page_mark = None  # B-031: nothing paged is left to browse
         self.used = True
         if self.store is not None:
             self.store.page_read(self.name, pages)

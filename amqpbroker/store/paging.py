@@ -161,6 +161,7 @@ class QueuePages:
         self._owner = owner
         self.messages = 0
         self.size_bytes = 0
+        self.epoch = 0  # + 1 when a removal rewrites the files: older positions are void
         self.durable_written = False  # since the last flush
         directory.mkdir(parents=True, exist_ok=True)
         pages = sorted(
@@ -275,9 +276,15 @@ class QueuePages:
         return taken
 
     def browse(self) -> Iterator[Message]:
-        for frame in self._frames(self._cursor, self._end()):
+        for message, _ in self.browse_from(self._cursor):
+            yield message
+
+    def browse_from(self, position: Position) -> Iterator[tuple[Message, Position]]:
+        """The paged messages from `position` (a cursor or a position this returned,
+        of the current `epoch`) on, each with the position after it; read lazily."""
+        for frame in self._frames(position, self._end()):
             if frame.kind == _KIND_MESSAGE:
-                yield self._message(frame)
+                yield self._message(frame), frame.end
 
     def remove(self, doomed: set[int]) -> None:
         """Drop the paged messages in `doomed`: a marker, then copies of the rest."""
@@ -305,6 +312,7 @@ class QueuePages:
             self._undo(undo)  # later messages: the removal did not happen
             raise
         self.messages, self.size_bytes = messages, size
+        self.epoch += 1
         self._cursor = after_marker
         self._roll_cursor()
         if durable and self.journaled:
@@ -327,6 +335,7 @@ class QueuePages:
     def clear(self) -> None:
         self._cursor = self._end()
         self.messages = self.size_bytes = 0
+        self.epoch += 1
         self._roll_cursor()
         if not self.journaled:
             self.release(self._cursor)

@@ -78,6 +78,29 @@ def test_a_backlog_ten_times_global_max_size_stays_on_disk_and_drains_in_order(
         broker.stop()
 
 
+def test_a_browser_sees_a_paged_backlog_in_order_and_a_consumer_then_gets_it_all(
+    tmp_path: Path,
+) -> None:
+    """B-031 over B-151 PAGE (issue 23: browse behaves the same for paged messages): a
+    proton browser (distribution-mode copy) of a queue ten times global-max-size sees
+    all N messages in order, paged ones included, without the broker holding them; the
+    queue still has N, and a consumer then gets all N in order."""
+    broker = start_broker(tmp_path, _config(persistence=False), log_level="info")
+    try:
+        assert bulk.send(broker.url, "q", range(N), size=SIZE, durable=lambda i: False) == N
+        before = broker.rss_bytes()
+        assert bulk.browse(broker.url, "q", N) == list(range(N))
+        grown = broker.rss_bytes() - before
+        assert grown < LIMIT + 8 * 1024 * 1024, f"RSS grew by {grown}"  # backlog: 20 MiB
+        row = _api(broker, "/api/v1/queues/q")
+        assert row["messages"] == N
+        assert row["paged_messages"] > N * 8 // 10
+        assert bulk.receive(broker.url, "q", N) == list(range(N))
+        assert _api(broker, "/api/v1/queues/q")["messages"] == 0
+    finally:
+        broker.stop()
+
+
 def test_a_paged_backlog_comes_back_after_a_restart_without_its_non_durable_part(
     tmp_path: Path,
 ) -> None:

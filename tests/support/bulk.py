@@ -14,7 +14,7 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from support.client import Capabilities
+from support.client import Browse, Capabilities
 
 
 def body(i: int, size: int) -> bytes:
@@ -90,15 +90,25 @@ def send(
 
 
 class _Receiver(MessagingHandler):  # type: ignore[misc]
-    def __init__(self, url: str, address: str, count: int, on_message: Callable[[int], None]):
+    def __init__(
+        self,
+        url: str,
+        address: str,
+        count: int,
+        on_message: Callable[[int], None],
+        *,
+        browse: bool = False,
+    ):
         super().__init__(prefetch=500)
         self.url, self.address, self.count = url, address, count
         self.callback = on_message
+        self.browse = browse
         self.got: list[int] = []
 
     def on_start(self, event: Any) -> None:
         conn = event.container.connect(self.url)
-        event.container.create_receiver(conn, self.address, options=Capabilities("queue"))
+        options = [Capabilities("queue"), Browse()] if self.browse else Capabilities("queue")
+        event.container.create_receiver(conn, self.address, options=options)
 
     def on_message(self, event: Any) -> None:
         self.got.append(int(bytes(event.message.body[:8])))
@@ -117,5 +127,13 @@ def receive(
     """Accept `count` messages from the anycast queue `address` (or until the connection
     drops); their numbers in arrival order."""
     receiver = _Receiver(url, address, count, on_message)
+    Container(receiver).run()
+    return receiver.got
+
+
+def browse(url: str, address: str, count: int) -> list[int]:
+    """Browse (distribution-mode copy, B-031) `count` messages of the anycast queue
+    `address` (or until the connection drops); their numbers in arrival order."""
+    receiver = _Receiver(url, address, count, lambda n: None, browse=True)
     Container(receiver).run()
     return receiver.got

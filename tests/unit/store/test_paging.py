@@ -520,3 +520,90 @@ def test_a_deleted_queues_late_release_spares_the_files_of_its_namesake(tmp_path
     got = new.read(max_bytes=-1, max_messages=-1)
     assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(10)]
     files.close()
+
+
+def _drain(h: Harness, consumer: object) -> list[str]:
+    """Accept everything the queue gives `consumer`, 20 at a time."""
+    got: list[str] = []
+    while True:
+        h.broker.set_credit(consumer, 20)  # type: ignore[arg-type]
+        batch = h.take(consumer)  # type: ignore[arg-type]
+        if not batch:
+            return got
+        for d in batch:
+            h.broker.settle(consumer, d.delivery, ACCEPTED)  # type: ignore[arg-type]
+            got.append(_decode(d.message.data))
+
+
+def _browse_all(h: Harness, browser: object, *, credit: int) -> list[str]:
+    """Give a browser `credit` at a time until it gets nothing more."""
+    seen: list[str] = []
+    while True:
+        h.broker.set_credit(browser, credit)  # type: ignore[arg-type]
+        batch = h.take(browser)  # type: ignore[arg-type]
+        if not batch:
+            return seen
+        seen += [_decode(d.message.data) for d in batch]
+
+
+def test_a_browser_sees_the_paged_messages_in_order_and_a_consumer_still_gets_all(
+    files: PageFiles,
+) -> None:
+    """B-031 over B-151 (issue 23, browsers): a browser with little credit sees every
+    message of a paging queue, the in-memory ones then the paged ones, in order, once;
+    nothing is taken (counts unchanged), and a consumer then gets all of them."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 300)
+    assert _pages(h).messages > 250
+    browser = h.consumer("q", "queue", credit=0, browse=True)
+    assert _browse_all(h, browser, credit=7) == [f"message-{i:05d}" for i in range(300)]
+    assert h.queue("q").message_count == 300
+    assert h.broker.memory_bytes <= 2 * LIMIT  # read as credit allows, never all held
+    assert _drain(h, h.consumer("q", "queue", credit=0)) == [f"message-{i:05d}" for i in range(300)]
+
+
+def test_a_browser_inside_the_pages_is_not_sent_again_what_is_read_back(
+    files: PageFiles,
+) -> None:
+    """B-031 over B-151: while a browser is part-way through the page files, a consumer
+    drains the queue (the paged messages it has seen come back into memory with new
+    places) and new messages arrive: the browser goes on with the next one, no repeats,
+    no gaps."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 120)
+    browser = h.consumer("q", "queue", credit=60, browse=True)
+    first = [_decode(d.message.data) for d in h.take(browser)]
+    assert first == [f"message-{i:05d}" for i in range(60)]
+    c = h.consumer("q", "queue", credit=0)
+    taken: list[str] = []
+    for _ in range(4):  # read back, across the browser's place, in slices
+        h.broker.set_credit(c, 20)
+        for d in h.take(c):
+            taken.append(_decode(d.message.data))
+            h.broker.settle(c, d.delivery, ACCEPTED)
+    assert taken == [f"message-{i:05d}" for i in range(80)]
+    _send(h, 20, start=120)
+    rest = _browse_all(h, browser, credit=9)
+    assert rest == [f"message-{i:05d}" for i in range(80, 140)]
+
+
+@pytest.mark.parametrize("operation", ["purge", "move"])
+def test_a_browser_inside_the_pages_goes_on_after_paged_messages_are_removed(
+    files: PageFiles, operation: str
+) -> None:
+    """B-031 over B-151 + B-161: a filtered removal of paged messages rewrites the page
+    files; a browser part-way through them goes on after the last one it saw."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    h.producer("other", "queue")
+    _send(h, 100)
+    ids = [r.message.msg_id for r in ops.browse(h.broker, "q", limit=1_000)]
+    browser = h.consumer("q", "queue", credit=70, browse=True)
+    assert len(h.take(browser)) == 70
+    assert _pages(h).messages > 70  # it is inside the page files
+    doomed = set(ids[40:100:3])  # paged ones on both sides of the browser's place
+    if operation == "purge":
+        assert ops.purge(h.broker, "q", ids=doomed) == len(doomed)
+    else:
+        assert ops.move(h.broker, "q", to_queue="other", ids=doomed) == len(doomed)
+    expected = [f"message-{i:05d}" for i in range(70, 100) if ids[i] not in doomed]
+    assert _browse_all(h, browser, credit=4) == expected

@@ -140,6 +140,17 @@ class _Frame:
     def msg_id(self) -> int:
         return int(_MESSAGE.unpack_from(self.body, 1)[1])
 
+    @property
+    def expiration_ms(self) -> int:
+        return int(_MESSAGE.unpack_from(self.body, 1)[3])
+
+
+def _earlier(expiring_ms: int, expiration_ms: int) -> int:
+    """The earlier of two expiration times, 0 meaning never."""
+    if not expiring_ms or (expiration_ms and expiration_ms < expiring_ms):
+        return expiration_ms
+    return expiring_ms
+
 
 class QueuePages:
     """One queue's page files (`core.paging.PageStore`). Loop thread only."""
@@ -162,6 +173,7 @@ class QueuePages:
         self.messages = 0
         self.size_bytes = 0
         self.epoch = 0  # + 1 when a removal rewrites the files: older positions are void
+        self.expiring_ms = 0  # no paged message expires before this (0: none expires)
         self.durable_written = False  # since the last flush
         directory.mkdir(parents=True, exist_ok=True)
         pages = sorted(
@@ -231,6 +243,7 @@ class QueuePages:
             raise ResourceLimitExceeded(f"cannot page message {message.msg_id}: {e}") from e
         self.messages += 1
         self.size_bytes += message.size
+        self.expiring_ms = _earlier(self.expiring_ms, message.expiration_ms)
         if message.durable and self.journaled:
             self.durable_written = True
             self._owner.dirty.add(self)
@@ -271,6 +284,8 @@ class QueuePages:
             if (0 <= max_bytes <= taken_bytes) or (0 <= max_messages <= len(taken)):
                 break
         self._roll_cursor()
+        if not self.messages:
+            self.expiring_ms = 0
         if not self.journaled:
             self.release(self._cursor)
         return taken
@@ -296,7 +311,7 @@ class QueuePages:
         )
         self._open_writer()
         undo: Position = (self._write_page, self._write_offset)
-        messages = size = 0
+        messages = size = expiring = 0
         durable = False
         try:
             self._append(_marker(kept))
@@ -308,10 +323,11 @@ class QueuePages:
                     messages += 1
                     size += frame.size
                     durable = durable or frame.durable
+                    expiring = _earlier(expiring, frame.expiration_ms)
         except OSError:  # a marker without all its copies would make a reader skip
             self._undo(undo)  # later messages: the removal did not happen
             raise
-        self.messages, self.size_bytes = messages, size
+        self.messages, self.size_bytes, self.expiring_ms = messages, size, expiring
         self.epoch += 1
         self._cursor = after_marker
         self._roll_cursor()
@@ -334,7 +350,7 @@ class QueuePages:
 
     def clear(self) -> None:
         self._cursor = self._end()
-        self.messages = self.size_bytes = 0
+        self.messages = self.size_bytes = self.expiring_ms = 0
         self.epoch += 1
         self._roll_cursor()
         if not self.journaled:
@@ -489,6 +505,7 @@ class QueuePages:
             if frame.kind == _KIND_MESSAGE:
                 messages += 1
                 size += frame.size
+                self.expiring_ms = _earlier(self.expiring_ms, frame.expiration_ms)
         self.messages, self.size_bytes = messages, size
         self._write_offset = good[1]
         log.info(

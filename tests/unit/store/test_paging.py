@@ -18,6 +18,7 @@ from amqpbroker.core import operations as ops
 from amqpbroker.core.model import Message
 from amqpbroker.core.outcomes import Accepted, Rejected
 from amqpbroker.protocol import message_of
+from amqpbroker.protocol.moves import COPIER
 from amqpbroker.store.paging import PageFiles, QueuePages
 from tests.support.core_harness import Harness
 
@@ -38,7 +39,9 @@ def files(tmp_path: Path) -> Iterator[PageFiles]:
 
 
 def _paging(files: PageFiles, **settings: object) -> Harness:
-    h = Harness({"#": AddressSettings.of(max_size_bytes=LIMIT, **settings)})
+    # The adapter's copier: moved copies carry their annotations in their bytes, which
+    # is what a page file keeps.
+    h = Harness({"#": AddressSettings.of(max_size_bytes=LIMIT, **settings)}, copier=COPIER)
     h.broker.enable_paging(files)
     return h
 
@@ -607,3 +610,111 @@ def test_a_browser_inside_the_pages_goes_on_after_paged_messages_are_removed(
         assert ops.move(h.broker, "q", to_queue="other", ids=doomed) == len(doomed)
     expected = [f"message-{i:05d}" for i in range(70, 100) if ids[i] not in doomed]
     assert _browse_all(h, browser, credit=4) == expected
+
+
+def _run_due(h: Harness) -> None:
+    """Tick while the broker has work due now, as the server's timer does (bounded)."""
+    for _ in range(1_000):
+        due = h.broker.next_deadline_ms()
+        if due is None or due > h.clock.now_ms():
+            return
+        h.broker.tick()
+    raise AssertionError("the broker keeps having work due")
+
+
+def test_paged_messages_that_expire_without_a_consumer_go_to_the_expiry_address(
+    files: PageFiles,
+) -> None:
+    """B-084/B-085 over B-151 (issue 23): no consumer; paged messages whose TTL passes
+    are read back and moved to the expiry address as they are read (a step per loop
+    turn), with the B-090 annotations and an `expired` event each, so that the queue's
+    count and the page files do not keep them; never delivered afterwards."""
+    h = _paging(files, expiry_address="EXP", max_read_page_bytes=LIMIT)
+    h.producer("EXP", "queue")
+    _send(h, 2_000, ttl_ms=1_000)
+    pages = _pages(h)
+    assert pages.messages > 1_900
+    h.broker.emitter.take()
+    h.advance(999)
+    _run_due(h)
+    assert h.queue("q").message_count == 2_000  # not yet
+    h.advance(29_001)  # the expiry scan (message-expiry-scan-period 30 s) is due
+    _run_due(h)
+    queue = h.queue("q")
+    assert (queue.message_count, pages.messages, queue.counters.expired) == (0, 0, 2_000)
+    assert h.queue("EXP").message_count == 2_000
+    moved = h.queue("EXP").pages
+    assert moved is not None  # the expiry address is full too: the copies page there
+    copy = next(iter(moved.browse()))
+    assert copy.get_annotations()["x-opt-ORIG-QUEUE"] == "q"
+    assert copy.get_annotations()["x-opt-ACTUAL-EXPIRY"] == h.clock.now_ms()
+    events = [e for e in h.broker.emitter.take() if e.event == "expired"]
+    assert len(events) == 2_000
+    assert {(e.queue, e.reason, e.target_address) for e in events} == {("q", "moved", "EXP")}
+    c = h.consumer("q", "queue", credit=100)
+    assert h.take(c) == []
+
+
+def test_an_expired_paged_message_is_never_delivered_nor_browsed(files: PageFiles) -> None:
+    """B-084 over B-151: a consumer and a browser attached after the TTL of every other
+    paged message passed (before any expiry scan) get only the live ones, in order; the
+    expired ones are at the expiry address."""
+    h = _paging(files, expiry_address="EXP", max_read_page_bytes=LIMIT)
+    h.producer("EXP", "queue")
+    target = h.producer("q", "queue")
+    for i in range(300):
+        h.send(target, _amqp(i), ttl_ms=1_000 if i % 2 else None)
+    h.clock.advance(1_000)  # no tick: dispatch and the browser meet them first
+    live = [f"message-{i:05d}" for i in range(0, 300, 2)]
+    browser = h.consumer("q", "queue", credit=0, browse=True)
+    assert _browse_all(h, browser, credit=11) == live
+    assert _drain(h, h.consumer("q", "queue", credit=0)) == live
+    assert h.queue("q").counters.expired == 150
+    assert h.queue("EXP").message_count == 150
+
+
+def test_paged_expired_messages_behind_a_live_head_wait_to_be_read_back(
+    files: PageFiles,
+) -> None:
+    """B-084 over B-151, the documented limit (docs/decisions.md, as Artemis): with no
+    consumer, expired paged messages behind max-read-page-bytes of live ones are found
+    when they are read back: counted until then, never delivered."""
+    h = _paging(files, expiry_address="EXP", max_read_page_bytes=LIMIT)
+    h.producer("EXP", "queue")
+    _send(h, 100)  # live: more than memory takes back
+    _send(h, 100, start=100, ttl_ms=1_000)
+    h.advance(30_000)
+    _run_due(h)
+    assert h.queue("q").counters.expired < 100
+    assert h.queue("q").message_count == 200 - h.queue("q").counters.expired
+    assert _drain(h, h.consumer("q", "queue", credit=0)) == [f"message-{i:05d}" for i in range(100)]
+    assert h.queue("q").counters.expired == 100
+    assert h.queue("EXP").message_count == 100
+
+
+def test_the_earliest_paged_expiration_is_known_after_writes_a_removal_and_a_restart(
+    tmp_path: Path,
+) -> None:
+    """B-084 over B-151: `expiring_ms`, when the queue must look for expired paged
+    messages, is the earliest expiration written, exact again after a removal rewrote
+    the files and after a restart's scan, and 0 once nothing paged expires."""
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
+    files.recover({}, {})
+    pages = files.open(address="a", queue="q", durable=True)
+    expirations = [0, 9_000, 5_000, 0, 7_000]
+    for i, expiration in enumerate(expirations):
+        message = _durable(i)
+        message.expiration_ms = expiration
+        pages.write(message)
+    assert pages.expiring_ms == 5_000
+    pages.remove({3})  # msg_id 3: message 2, expiring at 5 s
+    assert pages.expiring_ms == 7_000
+    cursor = pages.position  # journaled with the removal
+    files.close()
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
+    files.recover({"q": "a"}, {"q": cursor})
+    pages = files.open(address="a", queue="q", durable=True)
+    assert pages.expiring_ms == 7_000
+    assert len(pages.read(max_bytes=-1, max_messages=-1)) == 4
+    assert pages.expiring_ms == 0
+    files.close()

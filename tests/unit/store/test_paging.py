@@ -17,6 +17,7 @@ from amqpbroker.core import AddressSettings
 from amqpbroker.core import operations as ops
 from amqpbroker.core.model import Message
 from amqpbroker.core.outcomes import Accepted, Rejected
+from amqpbroker.core.paging import READ_STEP_MESSAGES
 from amqpbroker.protocol import message_of
 from amqpbroker.protocol.moves import COPIER
 from amqpbroker.store.paging import PageFiles, QueuePages
@@ -718,3 +719,20 @@ def test_the_earliest_paged_expiration_is_known_after_writes_a_removal_and_a_res
     assert len(pages.read(max_bytes=-1, max_messages=-1)) == 4
     assert pages.expiring_ms == 0
     files.close()
+
+
+def test_a_read_back_takes_a_step_not_max_read_page_bytes_at_once(files: PageFiles) -> None:
+    """Issue 23 (page reads on the event loop): with the default max-read-page-bytes
+    (20 MiB) a consumer's first dispatch read every paged message back at once (~0.2 s
+    of the loop for 20 MiB of 1 KiB messages); now one step per read, and a consumer
+    still gets everything in order, a step after another."""
+    h = _paging(files)
+    _send(h, 3_000)
+    queue = h.queue("q")
+    in_memory = queue.memory_count
+    c = h.consumer("q", "queue", credit=1)
+    assert queue.memory_count <= in_memory + READ_STEP_MESSAGES
+    assert _pages(h).messages >= 3_000 - in_memory - READ_STEP_MESSAGES
+    assert _pages(h).messages > 2_000  # not the whole backlog
+    h.broker.settle(c, h.take(c)[0].delivery, ACCEPTED)
+    assert _drain(h, c) == [f"message-{i:05d}" for i in range(1, 3_000)]

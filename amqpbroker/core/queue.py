@@ -1118,8 +1118,9 @@ class Queue:
         the earliest paged expiration is due, read back a step (`_depage`: expired ones
         go to the expiry address as they are read); again on the next loop turn while
         steps find expired ones. Called by `tick` and by the periodic expiry scan. Stops
-        when memory is full of unexpired ones (as Artemis: only depaged messages expire).
-        How many expired."""
+        at live messages: with no consumer once a step of them is in memory (a queue
+        nobody drains does not pull max-read-page-bytes in), else when memory is full
+        (as Artemis: only depaged messages expire). How many expired."""
         self._page_expiry_ms = 0
         pages = self.pages
         if pages is None or not pages.expiring_ms:
@@ -1127,6 +1128,10 @@ class Queue:
         if pages.expiring_ms > now_ms:
             self._arm_page_expiry(pages.expiring_ms)
             return 0
+        if not self.consumers and (
+            self.size_bytes >= READ_STEP_BYTES or self.memory_count >= READ_STEP_MESSAGES
+        ):
+            return 0  # live ones at the head: no consumer, no more memory (B-151 bound)
         before = self.counters.expired
         self._depage(empty=True)
         expired = self.counters.expired - before

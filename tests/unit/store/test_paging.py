@@ -736,3 +736,24 @@ def test_a_read_back_takes_a_step_not_max_read_page_bytes_at_once(files: PageFil
     assert _pages(h).messages > 2_000  # not the whole backlog
     h.broker.settle(c, h.take(c)[0].delivery, ACCEPTED)
     assert _drain(h, c) == [f"message-{i:05d}" for i in range(1, 3_000)]
+
+
+def test_looking_for_expired_paged_messages_pulls_at_most_a_step_into_memory(
+    files: PageFiles,
+) -> None:
+    """B-151 memory bound with B-084: a queue nobody drains, whose earliest paged
+    message expired with live ones behind it, reads back one step when its expiry
+    check runs (that one goes to the expiry address), not max-read-page-bytes (default
+    20 MiB) per queue."""
+    h = _paging(files, expiry_address="EXP")
+    h.producer("EXP", "queue")
+    _send(h, 30)
+    queue = h.queue("q")
+    in_memory = queue.memory_count
+    _send(h, 1, start=30, ttl_ms=1_000)
+    _send(h, 2_000, start=31, ttl_ms=100_000)
+    h.advance(1_000)
+    _run_due(h)
+    assert queue.counters.expired == 1
+    assert queue.memory_count <= in_memory + READ_STEP_MESSAGES
+    assert _pages(h).messages > 1_500

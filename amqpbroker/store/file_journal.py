@@ -71,7 +71,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-import amqpbroker.store.codec as codec
 from amqpbroker.core.records import (
     Record,
 )
@@ -83,12 +82,12 @@ from amqpbroker.store.api import (
 )
 from amqpbroker.store.compaction import _Compaction
 from amqpbroker.store.failure import RETRY_FIRST_SECONDS, _Failure
+from amqpbroker.store.framing import frame_records
 from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
 from amqpbroker.store.opening import _Opening
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _NEXT_SUFFIX,
-    BATCH_END,
     FRAME_BYTES,
     HEADER_BYTES,
     MAGIC,
@@ -97,7 +96,6 @@ from amqpbroker.store.segments import (
     _check_frame,
     _decode_at,
     _default_fsync,
-    _frame,
     _Loc,
     _Pending,
     _Segment,
@@ -306,14 +304,8 @@ class FileJournal(_Opening, _Failure, _Compaction):
     def append(
         self, records: Sequence[Record], *, sync: bool, on_durable: OnDurable | None = None
     ) -> None:
-        parts = []
-        sizes = []
-        last = len(records) - 1
-        for i, record in enumerate(records):
-            frame = _frame(record.type_id, BATCH_END if i == last else 0, codec.encode(record))
-            parts.append(frame)
-            sizes.append(len(frame))
-        pending = _Pending(tuple(records), b"".join(parts), sizes, sync, on_durable)
+        data, sizes = frame_records(records)  # one pass, no Python call per record
+        pending = _Pending(tuple(records), data, sizes, sync, on_durable)
         with self._cond:
             if self._closed or self.read_only:
                 raise JournalClosed(f"journal {self.directory} is closed or read-only")

@@ -128,7 +128,7 @@ class Persistence:
     # -- messages -------------------------------------------------------------------------
     def ref_added(self, queue: str, ref: Ref, *, scheduled_at_ms: int = 0) -> None:
         """A durable message entered a durable queue (its AddMessage once per message)."""
-        if self.suspended:
+        if self._suspended:
             return
         message = ref.message
         records = self._records
@@ -179,7 +179,7 @@ class Persistence:
         """B-095/B-096: persist the count unless it is past the cap or unchanged."""
         count = ref.delivery_count
         cap = self.max_redelivery_records
-        if count == ref.stored_count or (cap >= 0 and count > cap) or self.suspended:
+        if count == ref.stored_count or (cap >= 0 and count > cap) or self._suspended:
             return
         ref.stored_count = count
         self._records.append(

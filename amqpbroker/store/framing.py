@@ -9,13 +9,13 @@ flags, codec.encode(record))` per record (tests/unit/store/test_framing.py check
 only the work differs. The records written per durable message (`AddMessage`, `AddRef`,
 `AckRef`, `UpdateDeliveryCount`) are framed in one loop without a Python call per record,
 and what never changes between two frames of one queue or address is computed once and
-cached: the payload's prefix up to the integers, and the crc32 of the frame fields and
-that prefix (crc32 is incremental: `crc32(b, crc32(a)) == crc32(a + b)`). A record's
-own bytes are then one `struct` pack, one crc32 over them, and one pack of the frame
-header. Before (issue 20): ~13k instructions per record under callgrind, through five
-Python calls (`encode`, the fast encoder, `_name`, `_frame`, `_crc`) and as many
-`bytes` built and joined; any other record, or a field of an unusual type, still goes
-through `codec.encode`, which also names what cannot be encoded.
+cached: a reference record's payload up to its integers with the crc32 of the frame fields
+and that prefix (crc32 is incremental: `crc32(b, crc32(a)) == crc32(a + b)`), and for an
+`AddMessage` a `struct` that packs its frame fields and payload head in crc order. Before
+(issue 20): ~13k instructions per record under callgrind, through five Python calls
+(`encode`, the fast encoder, `_name`, `_frame`, `_crc`) and as many `bytes` built and
+joined. Any other record, or a field of an unusual type, still goes through
+`codec.encode`, which also names what cannot be encoded.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ _CRC_FIELDS = struct.Struct("<IHH")  # what the crc covers before the payload
 _TWO_INTS = struct.Struct("<BqBq")  # AddRef, UpdateDeliveryCount: msg_id, delivery_count
 _ONE_INT = struct.Struct("<Bq")  # AckRef: msg_id
 _MESSAGE_TAIL = struct.Struct("<BqBqBqBqBqBq")  # AddMessage's six ints after the data
-_MESSAGE_ID = struct.Struct("<BBq")  # AddMessage: field count, int tag, msg_id
 _STR, _BYTES, _INT = 4, 5, 3  # codec's value tags
 _TAG_LEN = struct.Struct("<BI")
 _ADD_REF = int(AddRef.type_id)
@@ -48,7 +47,8 @@ _CACHE_MAX = 10_000  # names cached (like codec's); beyond: framed without the c
 # (type id, flags, queue name) -> (payload length, prefix, crc32 of fields and prefix)
 _Prefix = tuple[int, bytes, int]
 _PREFIXES: dict[tuple[int, int, str], _Prefix] = {}
-_ADDRESSES: dict[str, bytes] = {}  # address -> its codec encoding (tag, length, UTF-8)
+_Head = tuple[struct.Struct, bytes, int]
+_HEADS: dict[str, _Head] = {}  # address -> `_head(address)`
 
 
 def _prefix(type_id: int, flags: int, queue: str) -> _Prefix:
@@ -67,14 +67,16 @@ def _prefix(type_id: int, flags: int, queue: str) -> _Prefix:
     return entry
 
 
-def _address(address: str) -> bytes:
-    encoded = _ADDRESSES.get(address)
-    if encoded is None:
-        data = address.encode()
-        encoded = _TAG_LEN.pack(_STR, len(data)) + data
-        if len(_ADDRESSES) < _CACHE_MAX:
-            _ADDRESSES[address] = encoded
-    return encoded
+def _head(address: str) -> _Head:
+    """How an AddMessage to `address` starts (cached): the struct of its frame fields and
+    payload up to the data in crc order, the address's encoding, the payload's length
+    without the data."""
+    encoded = _TAG_LEN.pack(_STR, len(address.encode())) + address.encode()
+    block = struct.Struct(f"<IHHBBq{len(encoded)}sBBI")
+    entry = (block, encoded, block.size - _CRC_FIELDS.size + _MESSAGE_TAIL.size)
+    if len(_HEADS) < _CACHE_MAX:
+        _HEADS[address] = entry
+    return entry
 
 
 def frame_records(records: Sequence[Record]) -> tuple[bytes, list[int]]:
@@ -89,6 +91,7 @@ def frame_records(records: Sequence[Record]) -> tuple[bytes, list[int]]:
     prefixes = _PREFIXES
     crc32 = zlib.crc32
     pack_frame = _FRAME.pack
+    heads = _HEADS
     append = parts.append
     for i, record in enumerate(records):
         flags = BATCH_END if i == last else 0
@@ -130,13 +133,20 @@ def frame_records(records: Sequence[Record]) -> tuple[bytes, list[int]]:
                 durable: Any = rec.durable
                 address: Any = rec.address
                 if type(data) is bytes and type(durable) is bool and type(address) is str:
-                    head = b"".join(
-                        (
-                            _MESSAGE_ID.pack(10, _INT, rec.msg_id),
-                            _ADDRESSES.get(address) or _address(address),
-                            b"\x02" if durable else b"\x01",
-                            _TAG_LEN.pack(_BYTES, len(data)),
-                        )
+                    block, encoded, fixed = heads.get(address) or _head(address)
+                    length = fixed + len(data)
+                    # The frame fields and the payload up to the data, in crc order.
+                    crc_head = block.pack(
+                        length,
+                        _ADD_MESSAGE,
+                        flags,
+                        10,
+                        _INT,
+                        rec.msg_id,
+                        encoded,
+                        2 if durable else 1,
+                        _BYTES,
+                        len(data),
                     )
                     tail = _MESSAGE_TAIL.pack(
                         _INT,
@@ -152,13 +162,8 @@ def frame_records(records: Sequence[Record]) -> tuple[bytes, list[int]]:
                         _INT,
                         rec.header_count,
                     )
-                    length = len(head) + len(data) + _MESSAGE_TAIL.size
-                    crc = crc32(
-                        tail,
-                        crc32(
-                            data, crc32(head, crc32(_CRC_FIELDS.pack(length, _ADD_MESSAGE, flags)))
-                        ),
-                    )
+                    crc = crc32(tail, crc32(data, crc32(crc_head)))
+                    head = crc_head[_CRC_FIELDS.size :]
                     append(pack_frame(length, crc, _ADD_MESSAGE, flags))
                     append(head)
                     append(data)

@@ -903,19 +903,16 @@ def test_events_of_a_message_whose_expiry_the_broker_rewrote_carry_the_new_head(
 # -- the hand-off per loop turn (issue 20) ---------------------------------------------------
 
 
-class ManualLoop:
-    """`soon(callback)` and `schedule(seconds, callback)` of a loop whose turns the test
-    ends: `end_turn()` runs what `soon` queued, as the next loop iteration would."""
+class ManualLoop(ManualTimer):
+    """A loop whose turns the test ends: `soon(callback)` runs at `end_turn()`, as in the
+    next loop iteration; as `schedule(seconds, callback)` it is a ManualTimer."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.soon_callbacks: list[Callable[[], None]] = []
-        self.timers: list[Callable[[], None]] = []
 
     def soon(self, callback: Callable[[], None]) -> None:
         self.soon_callbacks.append(callback)
-
-    def schedule(self, seconds: float, callback: Callable[[], None]) -> None:
-        self.timers.append(callback)
 
     def end_turn(self) -> None:
         callbacks, self.soon_callbacks = self.soon_callbacks, []
@@ -973,7 +970,7 @@ def test_a_batch_per_loop_turn_writes_the_same_lines_as_one_frame_per_event(
     one.close()
     loop = ManualLoop()
     batched = writer(tmp_path / "batched", queue_events=1 << 20, **config)
-    batched.start(schedule=loop.schedule, soon=loop.soon)
+    batched.start(schedule=loop, soon=loop.soon)
     rest = list(events)
     size = 1
     while rest:  # turns of 1, 2, 3, ... events, two submits a turn
@@ -984,7 +981,7 @@ def test_a_batch_per_loop_turn_writes_the_same_lines_as_one_frame_per_event(
         loop.end_turn()
         size += 1
     wait_until(lambda: batched.written_total == len(events), message="every batch written")
-    assert not loop.timers  # nothing waited for a timer
+    assert not loop.callbacks  # nothing waited for a timer
     batched.close()
     expected = file_bytes(tmp_path / "one")
     assert file_bytes(tmp_path / "batched") == expected
@@ -1011,7 +1008,7 @@ def test_a_long_turn_goes_out_in_capped_frames_and_partial_writes_resume(
     monkeypatch.setattr(writer_module, "FLUSH_EVENTS", 50)
     loop = ManualLoop()
     w = writer(tmp_path, queue_events=1 << 20)
-    w.start(schedule=loop.schedule, soon=loop.soon)
+    w.start(schedule=loop, soon=loop.soon)
     data = encoded(id="m", body=b"x" * 300)
     for i in range(100):  # one turn: a message's three events a submit
         w.submit([event(kind, msg_id=i, data=data) for kind in ("sent", "enqueued", "acked")])

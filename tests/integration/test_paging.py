@@ -129,7 +129,7 @@ def test_a_paged_backlog_that_expires_goes_to_the_expiry_address_without_a_consu
     assert bulk.send(broker.url, "q", range(N), size=SIZE, durable=lambda i: False, ttl_s=5) == N
     assert _api(broker, "/api/v1/queues/q")["paged_messages"] > N * 8 // 10
     broker.advance_clock(5_000)  # past the TTL and a scan: read back a step a loop turn
-    wait_until(lambda: _api(broker, "/api/v1/queues/q")["messages"] == 0, timeout=60)
+    wait_until(lambda: _api(broker, "/api/v1/queues/q")["messages"] == 0, timeout=60 * SCALE)
     row = _api(broker, "/api/v1/queues/q")
     assert (row["expired"], row["paged_messages"]) == (N, 0)
     assert _metric(broker, "amqpbroker_address_paged_messages") == 0

@@ -40,8 +40,10 @@ python3 "$REPO/bench/latency_cgen.py" build "$SHARED/cgen/amqp-cgen.c" "$OUT/cge
 # The shipped config on free loopback ports (run-peers.sh's own ports stay free).
 sed -e 's#amqp://127.0.0.1:5672#amqp://127.0.0.1:0#' -e 's#127.0.0.1:8161#127.0.0.1:0#' \
   "$REPO/config/broker.yaml" > "$OUT/broker.yaml"
-"${PRIO[@]}" "$PYTHON" -m amqpbroker run --config "$OUT/broker.yaml" --data-dir "$OUT/data" \
-  > "$OUT/amqpbroker.log" 2>&1 &
+# From $OUT: `python -m` puts the working directory first on sys.path, and the repo's
+# sources would shadow the compiled build installed in .bench/.venv.
+(cd "$OUT" && exec "${PRIO[@]}" "$PYTHON" -m amqpbroker run --config "$OUT/broker.yaml" \
+  --data-dir "$OUT/data") > "$OUT/amqpbroker.log" 2>&1 &
 BROKER_PID=$!
 CPORT=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 (cd "$(dirname "$CBROKER")" && exec "${PRIO[@]}" "$CBROKER" 127.0.0.1 "$CPORT") \
@@ -50,7 +52,8 @@ CBROKER_PID=$!
 trap 'kill "$BROKER_PID" "$CBROKER_PID" 2> /dev/null; wait' EXIT
 PORT=$(amqpbroker_port "$OUT/data" "$BROKER_PID" "$OUT/amqpbroker.log")
 wait_port "$CPORT" 20 "$CBROKER_PID" || { echo "latency.sh: the C broker did not start" >&2; exit 1; }
-echo "latency.sh: $PYTHON, results in $OUT; load: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
+BUILD=$(cd "$OUT" && "$PYTHON" -c 'import amqpbroker.core.queue as q; print(q.__file__)')
+echo "latency.sh: amqpbroker from $BUILD, results in $OUT; load: $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 
 for ((rep = 1; rep <= REPS; rep++)); do
   for gen in burst paced; do

@@ -22,12 +22,12 @@ from typing import Any
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-# The per-message path (callgrind): decode, queue, route, lifecycle events, the shell.
-# Mixins stay pure Python (`Broker`'s, `AmqpConnection`'s parts): mypyc makes a class
-# native, and a native mixin's methods refuse the class that combines them. So does
-# store/file_journal.py (mypyc 1.x fails on it), core/ids.py (its C does not build) and
-# core/refs.py (compiled, `Ref` defines `__lt__` and loses its hash: non-destructive
-# queues put refs in a dict).
+# The per-message path (callgrind): decode, queue, refs, route, lifecycle events, the
+# shell, a connection's event loop and transfers (`protocol/transfers.py`, a part of
+# `AmqpConnection` by composition). Mixins stay pure Python (`Broker`'s, `AmqpConnection`'s
+# attach and transactions): mypyc makes a class native, and a native mixin's methods
+# refuse the class that combines them. So does store/file_journal.py (mypyc 1.x fails on
+# it) and core/ids.py (mypyc's C for an `int`-returning `__next__` does not build).
 HOT_MODULES = [
     "amqpbroker/amqp/sections.py",
     "amqpbroker/core/queue.py",
@@ -38,6 +38,8 @@ HOT_MODULES = [
     "amqpbroker/core/settings.py",
     "amqpbroker/core/persistence.py",
     "amqpbroker/store/codec.py",
+    "amqpbroker/core/refs.py",
+    "amqpbroker/protocol/transfers.py",
 ]
 
 

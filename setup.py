@@ -24,10 +24,13 @@ from setuptools.command.build_ext import build_ext
 
 # The per-message path (callgrind): decode, queue, refs, route, lifecycle events, the
 # shell, a connection's event loop and transfers (`protocol/transfers.py`, a part of
-# `AmqpConnection` by composition). Mixins stay pure Python (`Broker`'s, `AmqpConnection`'s
-# attach and transactions): mypyc makes a class native, and a native mixin's methods
-# refuse the class that combines them. So does store/file_journal.py (mypyc 1.x fails on
-# it) and core/ids.py (mypyc's C for an `int`-returning `__next__` does not build).
+# `AmqpConnection` by composition), `Broker`'s own methods (publish, settle, credit).
+# Mixins stay pure Python (`Broker`'s, `AmqpConnection`'s attach and transactions): mypyc
+# makes a class native, and a native mixin's methods refuse the class that combines them;
+# `Broker`, which combines them, is compiled as a regular Python class
+# (`mypyc_attr(native_class=False)`: compiled methods, attributes in its `__dict__`).
+# `AmqpConnection` cannot be (mypyc 2.4 fails on its lambdas), nor store/file_journal.py,
+# and core/ids.py does not build (mypyc's C for an `int`-returning `__next__`).
 HOT_MODULES = [
     "amqpbroker/amqp/sections.py",
     "amqpbroker/core/queue.py",
@@ -40,6 +43,7 @@ HOT_MODULES = [
     "amqpbroker/store/codec.py",
     "amqpbroker/core/refs.py",
     "amqpbroker/protocol/transfers.py",
+    "amqpbroker/core/broker.py",
 ]
 
 

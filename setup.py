@@ -44,6 +44,7 @@ HOT_MODULES = [
     "amqpbroker/store/codec.py",
     "amqpbroker/core/refs.py",
     "amqpbroker/protocol/transfers.py",
+    "amqpbroker/protocol/dispositions.py",
     "amqpbroker/core/broker.py",
     "amqpbroker/core/clock.py",
     "amqpbroker/core/effects.py",

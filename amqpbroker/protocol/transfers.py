@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 from cproton_ffi import ffi, lib
 from proton import Condition, Delivery, Event, Link
@@ -67,12 +67,39 @@ log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the s
 
 PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
-_DUPLICATE_ID_KEY = DUPLICATE_ID.encode()
-_PN_ACCEPTED = lib.PN_ACCEPTED
-_PN_DELIVERY = lib.PN_DELIVERY
-_PN_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
-_PN_LINK_FLOW = lib.PN_LINK_FLOW
+_DUPLICATE_ID_KEY: Final = DUPLICATE_ID.encode()
+_TRANSACTIONAL_STATE: Final = TRANSACTIONAL_STATE
+_PN_ACCEPTED: Final = lib.PN_ACCEPTED
+_PN_DELIVERY: Final = lib.PN_DELIVERY
+_PN_TRANSPORT_CLOSED: Final = lib.PN_TRANSPORT_CLOSED
+_PN_LINK_FLOW: Final = lib.PN_LINK_FLOW
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
+# The C API of the hot path, bound once: compiled (setup.py), a `Final` name is a C
+# static, so a call costs no module-dict lookup of `lib` and no attribute lookup on it.
+_pn_collector_peek: Final = lib.pn_collector_peek
+_pn_collector_pop: Final = lib.pn_collector_pop
+_pn_decref: Final = lib.pn_decref
+_pn_delivery_aborted: Final = lib.pn_delivery_aborted
+_pn_delivery_link: Final = lib.pn_delivery_link
+_pn_delivery_partial: Final = lib.pn_delivery_partial
+_pn_delivery_pending: Final = lib.pn_delivery_pending
+_pn_delivery_remote_state: Final = lib.pn_delivery_remote_state
+_pn_delivery_settle: Final = lib.pn_delivery_settle
+_pn_delivery_settled: Final = lib.pn_delivery_settled
+_pn_delivery_update: Final = lib.pn_delivery_update
+_pn_event_delivery: Final = lib.pn_event_delivery
+_pn_event_link: Final = lib.pn_event_link
+_pn_event_type: Final = lib.pn_event_type
+_pn_incref: Final = lib.pn_incref
+_pn_link_advance: Final = lib.pn_link_advance
+_pn_link_credit: Final = lib.pn_link_credit
+_pn_link_current: Final = lib.pn_link_current
+_pn_link_flow: Final = lib.pn_link_flow
+_pn_link_get_drain: Final = lib.pn_link_get_drain
+_pn_link_is_receiver: Final = lib.pn_link_is_receiver
+_pn_link_recv: Final = lib.pn_link_recv
+_from_buffer: Final = ffi.from_buffer
+_NULL: Final = ffi.NULL
 
 
 class Owner(Protocol):
@@ -142,8 +169,8 @@ class Transfers:
         collector = self.collector
         handlers = self.handlers
         owner = self.owner
-        peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
-        null = ffi.NULL
+        peek, pop, event_type = _pn_collector_peek, _pn_collector_pop, _pn_event_type
+        null = _NULL
         while (event := peek(collector)) != null:
             kind = event_type(event)
             if self.closed and kind != _PN_TRANSPORT_CLOSED:
@@ -151,11 +178,11 @@ class Transfers:
                 continue
             try:
                 if kind == _PN_DELIVERY:
-                    delivery = lib.pn_event_delivery(event)
-                    link = lib.pn_delivery_link(delivery)
-                    if lib.pn_link_is_receiver(link):
+                    delivery = _pn_event_delivery(event)
+                    link = _pn_delivery_link(delivery)
+                    if _pn_link_is_receiver(link):
                         self.on_transfer(delivery, link)
-                    elif lib.pn_link_current(link) == delivery:  # ours are never current
+                    elif _pn_link_current(link) == delivery:  # ours are never current
                         # The peer sent on a link it receives on; proton keeps that
                         # delivery as the link's next to send and would hold back a
                         # detach behind it, so the connection ends (issue 15).
@@ -163,7 +190,7 @@ class Transfers:
                     else:
                         self.on_disposition(delivery, link)
                 elif kind == _PN_LINK_FLOW:
-                    self.on_link_flow(lib.pn_event_link(event))
+                    self.on_link_flow(_pn_event_link(event))
                 else:
                     handler = handlers.get(kind)
                     if handler is not None:
@@ -171,9 +198,7 @@ class Transfers:
             except ClientError as e:  # issue 15: a field of the peer's is malformed
                 owner._refuse(
                     e,
-                    lib.pn_delivery_link(lib.pn_event_delivery(event))
-                    if kind == _PN_DELIVERY
-                    else None,
+                    _pn_delivery_link(_pn_event_delivery(event)) if kind == _PN_DELIVERY else None,
                 )
             except Exception:
                 log.exception(
@@ -189,33 +214,33 @@ class Transfers:
         self.shell.dirty.add(owner)
 
     def on_transfer(self, delivery: Any, link: Any) -> None:
-        size = lib.pn_delivery_pending(delivery)
+        size = _pn_delivery_pending(delivery)
         limit = self.max_message_size
         if (
             limit
             and size > limit
-            and not lib.pn_delivery_aborted(delivery)
+            and not _pn_delivery_aborted(delivery)
             and link not in self.coordinators  # the limit is advertised on producers only
         ):
             self._too_large(delivery, link, size)  # B-152: checked as the frames arrive
             return
-        if lib.pn_delivery_partial(delivery):
+        if _pn_delivery_partial(delivery):
             return  # proton buffers the frames until the last one
         buffer = bytearray(size)
-        received = lib.pn_link_recv(link, ffi.from_buffer(buffer), size)
-        lib.pn_link_advance(link)
+        received = _pn_link_recv(link, _from_buffer(buffer), size)
+        _pn_link_advance(link)
         producer = self.producers.get(link)
-        if lib.pn_delivery_aborted(delivery) or producer is None or received < 0:
-            if link in self.coordinators and not lib.pn_delivery_aborted(delivery):
+        if _pn_delivery_aborted(delivery) or producer is None or received < 0:
+            if link in self.coordinators and not _pn_delivery_aborted(delivery):
                 self.owner._on_control(Delivery.wrap(delivery), bytes(buffer[:received]))
                 self._top_up(link, None)
             else:
-                lib.pn_delivery_settle(delivery)
+                _pn_delivery_settle(delivery)
                 if producer is not None:
-                    lib.pn_link_flow(link, 1)  # B-152: an aborted transfer's credit back
+                    _pn_link_flow(link, 1)  # B-152: an aborted transfer's credit back
             return
         raw = bytes(buffer[:received]) if received < size else bytes(buffer)
-        if lib.pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
+        if _pn_delivery_remote_state(delivery) == _TRANSACTIONAL_STATE:
             self.owner._transactional_send(Delivery.wrap(delivery), producer, raw)
             self._top_up(link, producer)
             return
@@ -228,7 +253,7 @@ class Transfers:
             # (B-009: even a missing address on the anonymous relay, as Artemis does).
             condition = e.condition if e.condition in _PASSED_CONDITIONS else "failed"
             _reject(delivery, condition, str(e))
-            lib.pn_delivery_settle(delivery)
+            _pn_delivery_settle(delivery)
         except sections.SectionError as e:
             log.info(
                 "rejecting malformed message on connection %s link %r: %s",
@@ -237,7 +262,7 @@ class Transfers:
                 e,
             )
             _reject(delivery, "amqp:decode-error", str(e))
-            lib.pn_delivery_settle(delivery)
+            _pn_delivery_settle(delivery)
         else:
             if store is not None and store.must_wait(stored_before):
                 # Settled once its journal records are on disk (the group commit): one
@@ -246,16 +271,16 @@ class Transfers:
                 if awaiting is None:
                     awaiting = self.awaiting = []
                     store.when_stored(functools.partial(self.settle_stored, awaiting))
-                lib.pn_incref(delivery)
+                _pn_incref(delivery)
                 awaiting.append(delivery)
             else:
-                lib.pn_delivery_update(delivery, _PN_ACCEPTED)
-                lib.pn_delivery_settle(delivery)
+                _pn_delivery_update(delivery, _PN_ACCEPTED)
+                _pn_delivery_settle(delivery)
         self._top_up(link, producer)
 
     def _too_large(self, delivery: Any, link: Any, size: int) -> None:
         """B-152: detach the producer with message-size-exceeded and drop what arrived."""
-        lib.pn_delivery_settle(delivery)
+        _pn_delivery_settle(delivery)
         producer = self.producers.get(link)
         if producer is None:
             return  # detached already: the rest of the message is discarded as it comes
@@ -266,11 +291,11 @@ class Transfers:
         self.owner.close_link(producer.link, "amqp:link:message-size-exceeded", description)
 
     def _top_up(self, link: Any, producer: ProducerLink | None) -> None:
-        credit = lib.pn_link_credit(link)
+        credit = _pn_link_credit(link)
         if credit < PRODUCER_LOW_CREDIT and (
             producer is None or self.broker.producer_may_send(producer.target, to=producer.last_to)
         ):
-            lib.pn_link_flow(link, PRODUCER_CREDIT - credit)
+            _pn_link_flow(link, PRODUCER_CREDIT - credit)
 
     def resume_producers(self, address: str | None) -> bool:
         """Top up credit of producer links to an address that has room again, of anonymous
@@ -280,9 +305,9 @@ class Transfers:
         for impl, producer in self.producers.items():
             target = producer.target
             if address is None or target.address == address or target.address is None:
-                credit = lib.pn_link_credit(impl)
+                credit = _pn_link_credit(impl)
                 if credit < PRODUCER_LOW_CREDIT and may_send(target, to=producer.last_to):
-                    lib.pn_link_flow(impl, PRODUCER_CREDIT - credit)
+                    _pn_link_flow(impl, PRODUCER_CREDIT - credit)
                     resumed = True
         return resumed
 
@@ -292,11 +317,11 @@ class Transfers:
         for delivery in deliveries:
             if not closed:
                 if error is None:
-                    lib.pn_delivery_update(delivery, _PN_ACCEPTED)
-                    lib.pn_delivery_settle(delivery)
+                    _pn_delivery_update(delivery, _PN_ACCEPTED)
+                    _pn_delivery_settle(delivery)
                 else:
                     self.stored(Delivery.wrap(delivery), error)
-            lib.pn_decref(delivery)
+            _pn_decref(delivery)
         if not closed:
             self.shell.dirty.add(self.owner)
 
@@ -355,20 +380,20 @@ class Transfers:
         consumer = self.consumers.get(link)
         outcome = None
         if consumer is not None:
-            state = lib.pn_delivery_remote_state(delivery)
-            if state == TRANSACTIONAL_STATE:
+            state = _pn_delivery_remote_state(delivery)
+            if state == _TRANSACTIONAL_STATE:
                 self.owner._transactional_outcome(Delivery.wrap(delivery), consumer)
                 return
             outcome = outcome_at(delivery, state)
         if self.reject_as_modified and isinstance(outcome, Rejected):
             outcome = FAILED  # B-047: rejected behaves exactly like modified{df=true}
         if outcome is None:
-            if lib.pn_delivery_settled(delivery):
-                lib.pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
+            if _pn_delivery_settled(delivery):
+                _pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
             return
         assert consumer is not None
         self.broker.settle(consumer.id, delivery_id_of(delivery), outcome)
-        lib.pn_delivery_settle(delivery)
+        _pn_delivery_settle(delivery)
 
     def on_link_flow(self, link: Any) -> None:
         """Credit and drain of a consumer link go to the core (B-037); a producer link's
@@ -376,7 +401,7 @@ class Transfers:
         consumer = self.consumers.get(link)
         if consumer is not None:
             self.broker.set_credit(
-                consumer.id, lib.pn_link_credit(link), drain=bool(lib.pn_link_get_drain(link))
+                consumer.id, _pn_link_credit(link), drain=bool(_pn_link_get_drain(link))
             )
 
 

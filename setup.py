@@ -30,8 +30,9 @@ from setuptools.command.build_ext import build_ext
 # makes a class native, and a native mixin's methods refuse the class that combines them;
 # `Broker`, which combines them, is compiled as a regular Python class
 # (`mypyc_attr(native_class=False)`: compiled methods, attributes in its `__dict__`).
-# `AmqpConnection` cannot be (mypyc 2.4 fails on its lambdas), nor store/file_journal.py,
-# and core/ids.py does not build (mypyc's C for an `int`-returning `__next__`).
+# `AmqpConnection` cannot be (mypyc 2.4 fails on its lambdas), nor store/file_journal.py
+# (its per-append framing is store/framing.py, compiled), and core/ids.py does not build
+# (mypyc's C for an `int`-returning `__next__`).
 HOT_MODULES = [
     "amqpbroker/amqp/sections.py",
     "amqpbroker/core/queue.py",
@@ -42,6 +43,7 @@ HOT_MODULES = [
     "amqpbroker/core/settings.py",
     "amqpbroker/core/persistence.py",
     "amqpbroker/store/codec.py",
+    "amqpbroker/store/framing.py",
     "amqpbroker/core/refs.py",
     "amqpbroker/protocol/transfers.py",
     "amqpbroker/protocol/dispositions.py",

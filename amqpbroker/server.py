@@ -428,7 +428,8 @@ class BrokerServer:
                 port,
             )
         if self.event_log is not None:
-            self.event_log.start(schedule=loop.call_later)  # events go out every few ms
+            # A frame at the end of every loop turn with events; call_later retries a full pipe.
+            self.event_log.start(schedule=loop.call_later, soon=loop.call_soon)
         if self.config.http.enabled:
             await self._start_http(loop)
         self._accepting = True

@@ -71,7 +71,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-import amqpbroker.store.codec as codec
 from amqpbroker.core.records import (
     Record,
 )
@@ -83,12 +82,12 @@ from amqpbroker.store.api import (
 )
 from amqpbroker.store.compaction import _Compaction
 from amqpbroker.store.failure import RETRY_FIRST_SECONDS, _Failure
+from amqpbroker.store.framing import frame_records
 from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
 from amqpbroker.store.opening import _Opening
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _NEXT_SUFFIX,
-    BATCH_END,
     FRAME_BYTES,
     HEADER_BYTES,
     MAGIC,
@@ -97,7 +96,6 @@ from amqpbroker.store.segments import (
     _check_frame,
     _decode_at,
     _default_fsync,
-    _frame,
     _Loc,
     _Pending,
     _Segment,
@@ -112,8 +110,12 @@ DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 HELD_MAX_BYTES = 16 * 1024 * 1024  # unwaited appends kept while failed; beyond: dropped
 
 
-# How many syncs the index may lag behind (see `FileJournal._index_synced`).
-INDEX_EVERY_SYNCS = 8
+# How far the index may lag behind the disk (see `FileJournal._index_synced`): so many
+# syncs, or so many bytes written, whichever comes first. Wide enough that under a steady
+# load a message is added and acked within it (then the index skips it): with 8 syncs about
+# half the messages of the durable benchmark were indexed and killed again (issue 20).
+INDEX_EVERY_SYNCS = 64
+INDEX_EVERY_BYTES = 4 * 1024 * 1024
 
 
 class FileJournal(_Opening, _Failure, _Compaction):
@@ -194,6 +196,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._unsynced_since = 0.0
         self._unindexed: list[tuple[_Segment, list[tuple[_Pending, int]]]] = []
         self._unindexed_syncs = 0  # syncs since the last `_index_synced`
+        self._unindexed_bytes = 0  # bytes written since then (about: a bound, not a count)
         self._synced_unindexed = 0  # how many `_unindexed` entries are on disk
         self._compact_lock = threading.Lock()
         self._readers = 0  # replays in progress: compaction waits for them
@@ -306,14 +309,8 @@ class FileJournal(_Opening, _Failure, _Compaction):
     def append(
         self, records: Sequence[Record], *, sync: bool, on_durable: OnDurable | None = None
     ) -> None:
-        parts = []
-        sizes = []
-        last = len(records) - 1
-        for i, record in enumerate(records):
-            frame = _frame(record.type_id, BATCH_END if i == last else 0, codec.encode(record))
-            parts.append(frame)
-            sizes.append(len(frame))
-        pending = _Pending(tuple(records), b"".join(parts), sizes, sync, on_durable)
+        data, sizes = frame_records(records)  # one pass, no Python call per record
+        pending = _Pending(tuple(records), data, sizes, sync, on_durable)
         with self._cond:
             if self._closed or self.read_only:
                 raise JournalClosed(f"journal {self.directory} is closed or read-only")
@@ -402,7 +399,11 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._unindexed_syncs += 1
         with self._lock:
             self._synced_unindexed = len(self._unindexed)  # all written is on disk now
-            if index_all or self._unindexed_syncs >= INDEX_EVERY_SYNCS:
+            if (
+                index_all
+                or self._unindexed_syncs >= INDEX_EVERY_SYNCS
+                or self._unindexed_bytes >= INDEX_EVERY_BYTES
+            ):
                 self._index_synced()
         if self._sync_seconds is not None:
             try:
@@ -413,11 +414,12 @@ class FileJournal(_Opening, _Failure, _Compaction):
     def _index_synced(self) -> None:
         """Index what is written and synced. Only ever what is on disk: compaction may act
         on what the index says (delete the segment of a message acked here), and must never
-        outrun the disk. Deferred for a few syncs (INDEX_EVERY_SYNCS) because a message's
-        add and its ack then usually meet in one batch, and `_short_lived` skips both;
+        outrun the disk. Deferred for a few syncs or MiB (INDEX_EVERY_SYNCS, _BYTES) because
+        a message's add and its ack then usually meet in one batch, and `_short_lived` skips
+        both;
         never past a roll: a sealed segment is always fully indexed, and only sealed
         segments are compacted; `compact()` indexes first. Holds `_lock`."""
-        self._unindexed_syncs = 0
+        self._unindexed_syncs = self._unindexed_bytes = 0
         synced = self._synced_unindexed
         window = self._unindexed[:synced]
         segments = dict.fromkeys(seg for seg, _ in window)  # in write order
@@ -523,6 +525,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
             self._unsynced_since = time.monotonic()
         self._unsynced_bytes += len(data)
         self.bytes_written += len(data)
+        self._unindexed_bytes += len(data)
         with self._lock:
             seg.size_bytes += len(data)
             self._unindexed.append((seg, placed))

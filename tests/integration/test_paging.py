@@ -129,7 +129,7 @@ def test_a_paged_backlog_that_expires_goes_to_the_expiry_address_without_a_consu
     assert bulk.send(broker.url, "q", range(N), size=SIZE, durable=lambda i: False, ttl_s=5) == N
     assert _api(broker, "/api/v1/queues/q")["paged_messages"] > N * 8 // 10
     broker.advance_clock(5_000)  # past the TTL and a scan: read back a step a loop turn
-    wait_until(lambda: _api(broker, "/api/v1/queues/q")["messages"] == 0, timeout=60)
+    wait_until(lambda: _api(broker, "/api/v1/queues/q")["messages"] == 0, timeout=60 * SCALE)
     row = _api(broker, "/api/v1/queues/q")
     assert (row["expired"], row["paged_messages"]) == (N, 0)
     assert _metric(broker, "amqpbroker_address_paged_messages") == 0
@@ -143,6 +143,44 @@ def test_a_paged_backlog_that_expires_goes_to_the_expiry_address_without_a_consu
         assert is_empty(conn, "q")
     finally:
         conn.close()
+
+
+def test_durable_paged_messages_that_expired_stay_expired_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """B-084/B-085 + B-095 over B-151 PAGE: a durable paged backlog whose TTL passes with
+    no consumer moves to the expiry queue as it is read back (the page cursor and the
+    copies journaled together); after a restart the queue is still empty and the
+    expiry queue holds every message once."""
+    config = f"""
+        global-max-size: {LIMIT}
+        message-expiry-scan-period: 500
+        persistence:
+          enabled: true
+        address-settings:
+          "#": {{page-size-bytes: 1048576, max-read-page-bytes: 1048576,
+                 expiry-address: ExpiryQueue, auto-create-expiry-resources: true}}
+        addresses:
+          - name: q
+            anycast: [{{name: q}}]
+          - name: ExpiryQueue
+            anycast: [{{name: ExpiryQueue}}]
+        """
+    n = N // 4
+    broker = start_broker(tmp_path, config, log_level="info")
+    try:
+        assert bulk.send(broker.url, "q", range(n), size=SIZE, ttl_s=2) == n
+        wait_until(lambda: _api(broker, "/api/v1/queues/q")["messages"] == 0, timeout=60 * SCALE)
+        assert _api(broker, "/api/v1/queues/EXP.q")["messages"] == n
+    finally:
+        broker.stop()
+    broker = start_broker(tmp_path, config, log_level="info")
+    try:
+        row = _api(broker, "/api/v1/queues/q")
+        assert (row["messages"], row["paged_messages"]) == (0, 0)
+        assert _api(broker, "/api/v1/queues/EXP.q")["messages"] == n
+    finally:
+        broker.stop()
 
 
 def test_a_paged_backlog_comes_back_after_a_restart_without_its_non_durable_part(

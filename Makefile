@@ -67,8 +67,8 @@ bench: $(BENCH_STAMP)
 # makes tests/unit/test_build.py check that every module of setup.py's HOT_MODULES is a
 # loaded extension, so a failed compile cannot pass as pure Python. `pytest`, not
 # `python -m pytest`: the checkout's own amqpbroker/ must not come first on sys.path.
-# About 3 min on 2 cores (the compile ~80 s); `.ci/run` runs it after `make test` when the
-# CI budget leaves room (docs/decisions.md).
+# 3-4 min on 2 cores from a fresh clone (the compile ~70 s); `.ci/run` runs it after
+# `make test` when the CI budget leaves room (docs/decisions.md).
 test-compiled: $(BENCH_STAMP)
 	$(BENCH_VENV)/bin/python -m pip install -q 'pytest>=8' 'pytest-timeout>=2.3' 'pytest-xdist>=3.6'
 	AMQPBROKER_COMPILED=1 $(BENCH_VENV)/bin/pytest -p no:cacheprovider -n 2 tests/unit

@@ -555,6 +555,36 @@ class Queue:
             self.kind.trim()
         return ref
 
+    def restore_many(self, restored: list[tuple[Message, int, int]]) -> None:
+        """`restore` of each (message, delivery_count, scheduled_at_ms), in order, with
+        the size accounted once (recovery of millions, issue 23 item 4). The same refs,
+        order, priorities, schedule and expiry tracking as one `restore` at a time."""
+        if self.kind is not None:  # last-value, ring: each arrival may displace another
+            for message, count, at_ms in restored:
+                self.restore(message, count, at_ms)
+            return
+        seq, fresh, by_id, owner = self._seq, self._fresh, self._by_id, self._owner
+        now_ms = owner.now_ms
+        ready = size = 0
+        for message, count, at_ms in restored:
+            ref = Ref(message, next(seq), count)
+            ref.stored_count = count
+            if at_ms and at_ms > now_ms:  # B-015: scheduled until then
+                heapq.heappush(self._scheduled, (at_ms, ref.seq, ref))
+                ref.state = SCHEDULED
+                self._scheduled_live += 1
+                owner.schedule(at_ms)
+            else:
+                fresh[message.priority].append(ref)
+                ready += 1
+            by_id[message.msg_id] = ref
+            size += message.size
+            if message.expiration_ms:
+                owner.track_expiry(self, ref)
+        self._ready += ready
+        self.size_bytes += size
+        owner.size_changed(self, size)
+
     def _enqueue(self, message: Message, delivery_count: int, at_ms: int) -> Ref:
         ref = Ref(message, next(self._seq), delivery_count)
         if at_ms and at_ms > self._owner.now_ms:  # B-015: scheduled until then

@@ -70,7 +70,9 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
+import amqpbroker.store.codec as codec
 from amqpbroker.core.records import (
     Record,
 )
@@ -216,11 +218,12 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._dir_fd = -1
         self._next: tuple[int, Path, int] | None = None  # spare next segment: n, path, fd
 
-        # The records the open read and checked, in order, for the first `replay()` while
+        # The record of each location the open's index made live, for `state()` while
         # nothing was appended since (issue 23 item 4: recovery decodes the journal once).
-        self._opened: list[Record] | None = []
-        # ... and the record of each location the index made live, for `state()`.
-        self._opened_live: dict[_Loc, Record] | None = {}
+        # Records that die are dropped as they die; an AddMessage is kept as its layout
+        # (`codec.add_message_layout`) until its segment is read, then decoded if live.
+        self._opened_live: dict[_Loc, Record | codec.MessageLayout] | None = {}
+        self._unread: list[_Loc] = []  # AddMessages of this segment kept as layouts
         self._opened_max_id = 0
         self._lock_fd = self._lock_directory()
         try:
@@ -255,6 +258,9 @@ class FileJournal(_Opening, _Failure, _Compaction):
     # --- the index ---
 
     def _on_dead(self, item: _Loc, needs_tombstone: bool) -> None:
+        opened = self._opened_live
+        if opened is not None:
+            opened.pop(item, None)
         seg = item.seg
         if seg.items.pop(item.offset, None) is item:
             seg.live_bytes -= item.size
@@ -267,30 +273,44 @@ class FileJournal(_Opening, _Failure, _Compaction):
     def _index_batch(
         self,
         seg: _Segment,
-        batch: Iterable[tuple[Record, int, int]],
-        keep: dict[_Loc, Record] | None = None,
+        batch: Iterable[tuple[Record | codec.MessageLayout, int, int]],
+        keep: dict[_Loc, Record | codec.MessageLayout] | None = None,
     ) -> None:
         """Apply written records at (offset, size) of `seg` to the index. Holds `_lock`.
-        `keep` (at open) gets the record of each location made live."""
+        `keep` (at open) gets the record of each location made live; an AddMessage may
+        come as its layout (read at open without its body: see `_opened_live`)."""
         self._applying = seg
         kill_targets = self._kill_targets
+        live, rules, items = self._live, self._live.rules, seg.items
+        unread = self._unread
+        added = 0  # live bytes (the `_on_dead` calls meanwhile subtract theirs)
         for record, offset, size in batch:
             item = _Loc(seg, offset, size)
-            kill_targets.clear()
+            if isinstance(record, tuple):  # always live, and kills no tombstone target
+                live.add_message(record[0], item)
+                items[offset] = item
+                added += size
+                if keep is not None:
+                    keep[item] = record
+                    unread.append(item)
+                continue
+            if kill_targets:
+                kill_targets.clear()
             self._late_kill = False
-            if self._live.apply(record, item):
-                seg.items[offset] = item
-                seg.live_bytes += size
+            if rules[type(record)](record, item):
+                items[offset] = item
+                added += size
                 if keep is not None:
                     keep[item] = record
             elif kill_targets:
                 item.targets = set(kill_targets)
-                seg.items[offset] = item
-                seg.live_bytes += size
+                items[offset] = item
+                added += size
                 for target in kill_targets:
                     self._targeted_by.setdefault(target, set()).add(item)
                 if self._late_kill:
                     self._late_tombstones.append(item)
+        seg.live_bytes += added
         self._applying = None
 
     def _retire(self, seg: _Segment) -> None:
@@ -315,8 +335,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
             if self._closed or self.read_only:
                 raise JournalClosed(f"journal {self.directory} is closed or read-only")
             if records:
-                self._opened = None  # the state moved on: replay reads the files
-                self._opened_live = None
+                self._opened_live = None  # the state moved on: `state()` replays the files
             self._queue.append(pending)
             self._cond.notify()
 
@@ -606,23 +625,18 @@ class FileJournal(_Opening, _Failure, _Compaction):
         with self._lock:
             live, self._opened_live = self._opened_live, None
             if live is not None:
-                self._opened = None
-                return JournalState._from_live(self._live, live.__getitem__, self._opened_max_id)
+                # Every layout was decoded when its segment was read: records only.
+                records = cast(dict[_Loc, Record], live)
+                return JournalState._from_live(self._live, records.__getitem__, self._opened_max_id)
         return JournalState.of(self.replay())
 
     def replay(self) -> Iterator[Record]:
         if not self.read_only:
             self.flush()
         with self._compact_lock, self._lock:  # no compaction runs, none starts
-            opened, self._opened = self._opened, None
             self._opened_live = None
-            if opened is None:
-                self._readers += 1
-                plan = [(seg.path, seg.size_bytes, list(seg.skips)) for seg in self._segments]
-        if opened is not None:
-            # Compaction since the open dropped only dead records: the same state.
-            yield from opened
-            return
+            self._readers += 1
+            plan = [(seg.path, seg.size_bytes, list(seg.skips)) for seg in self._segments]
         try:
             yield from self._replay(plan)
         finally:

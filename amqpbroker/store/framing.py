@@ -41,6 +41,11 @@ _TAG_LEN = struct.Struct("<BI")
 _ADD_REF = int(AddRef.type_id)
 _ACK_REF = int(AckRef.type_id)
 _COUNT = int(UpdateDeliveryCount.type_id)
+_REF_TYPE_IDS: dict[type[Any], int] = {
+    AddRef: _ADD_REF,
+    AckRef: _ACK_REF,
+    UpdateDeliveryCount: _COUNT,
+}
 _ADD_MESSAGE = int(AddMessage.type_id)
 _CACHE_MAX = 10_000  # names cached (like codec's); beyond: framed without the cache
 
@@ -98,32 +103,18 @@ def frame_records(records: Sequence[Record]) -> tuple[bytes, list[int]]:
         kind: Any = type(record)
         rec: Any = record
         try:
-            if kind is AddRef or kind is UpdateDeliveryCount:
-                type_id = _ADD_REF if kind is AddRef else _COUNT
+            if kind is AddRef or kind is AckRef or kind is UpdateDeliveryCount:
                 queue: Any = rec.queue
                 if type(queue) is str:
+                    type_id = _REF_TYPE_IDS[kind]
                     entry = prefixes.get((type_id, flags, queue)) or _prefix(type_id, flags, queue)
                     length, prefix, crc = entry
-                    ints = _TWO_INTS.pack(
-                        _INT,
-                        rec.msg_id,
-                        _INT,
-                        rec.delivery_count,
+                    ints = (
+                        _ONE_INT.pack(_INT, rec.msg_id)
+                        if type_id == _ACK_REF
+                        else _TWO_INTS.pack(_INT, rec.msg_id, _INT, rec.delivery_count)
                     )
                     append(pack_frame(length, crc32(ints, crc), type_id, flags))
-                    append(prefix)
-                    append(ints)
-                    sizes.append(length + FRAME_BYTES)
-                    continue
-            elif kind is AckRef:
-                queue = rec.queue
-                if type(queue) is str:
-                    entry = prefixes.get((_ACK_REF, flags, queue)) or _prefix(
-                        _ACK_REF, flags, queue
-                    )
-                    length, prefix, crc = entry
-                    ints = _ONE_INT.pack(_INT, rec.msg_id)
-                    append(pack_frame(length, crc32(ints, crc), _ACK_REF, flags))
                     append(prefix)
                     append(ints)
                     sizes.append(length + FRAME_BYTES)

@@ -1062,3 +1062,74 @@ def test_a_killed_broker_loses_only_the_turn_it_was_in(tmp_path: Path) -> None:
         (3, "dispatched"),
     ]
     assert not list(tmp_path.glob("*.part"))
+
+
+class CountingFile:
+    """The writer process's open file, counting writes; with `room`, a disk that takes
+    that many more bytes and then fails (ENOSPC)."""
+
+    def __init__(self, file: Any, room: int | None = None) -> None:
+        self.file = file
+        self.room = room
+        self.writes = 0
+
+    def write(self, data: Any) -> int:
+        self.writes += 1
+        if self.room is None:
+            return int(self.file.write(data))
+        if self.room <= 0:
+            raise OSError(28, "No space left on device")
+        taken = int(self.file.write(bytes(data[: self.room])))
+        self.room -= taken
+        return taken
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def child_writer(directory: Path) -> child.ChildWriter:
+    config = {
+        "directory": str(directory),
+        "broker": "b1",
+        "properties": [],
+        "body_hash": False,
+        "max_file_bytes": 1 << 20,
+        "max_file_age": 60_000,
+        "min_free_bytes": 0,
+    }
+    return child.ChildWriter(config, report=lambda: None)
+
+
+def test_the_frames_of_one_read_are_written_with_one_write(tmp_path: Path) -> None:
+    """Issue 20: the broker sends a frame per loop turn; the writer process writes the
+    frames of one read with one write, the lines in seq order, each frame counted."""
+    w = child_writer(tmp_path)
+    w.write_frames([(1, 1, [event("sent")])])  # opens the file
+    counting = w._file = CountingFile(w._file)
+    w.write_frames([(2, 1, [event("enqueued")]), (3, 1, [event("dispatched"), event("acked")])])
+    assert counting.writes == 1
+    assert (w.written_total, w.dropped_total) == (4, 0)
+    w._rotate()
+    assert [(r["seq"], r["event"]) for r in records(tmp_path)] == [
+        (1, "sent"),
+        (2, "enqueued"),
+        (3, "dispatched"),
+        (4, "acked"),
+    ]
+
+
+def test_a_write_that_fails_part_way_counts_the_frames_it_took_as_written(
+    tmp_path: Path,
+) -> None:
+    """B-170 counts (issue 20, frames written together): when the disk fills part-way
+    through the write of several frames, the frames wholly written count as written, the
+    torn one and the rest as dropped, and the file stays `.part`."""
+    w = child_writer(tmp_path)
+    w.write_frames([(1, 1, [event("sent")])])
+    size = w._file_bytes  # every line below has this length (same digits)
+    w._file = CountingFile(w._file, room=size + 10)
+    w.write_frames([(2, 1, [event("sent")]), (3, 1, [event("sent")]), (4, 1, [event("sent")])])
+    assert (w.written_total, w.dropped_total, w.failed) == (2, 2, True)
+    w._rotate()
+    [part] = tmp_path.glob("*.jsonl.part")
+    assert part.read_text().count("\n") == 2  # seq 1 and 2, then a torn line

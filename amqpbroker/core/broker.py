@@ -492,7 +492,8 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
                 f"the broker cannot store durable messages: {self.persistence.failure}"
             )
         if not message.msg_id:
-            message.msg_id = next(self._msg_ids)
+            ids = self._msg_ids
+            message.msg_id = next(ids.ready, 0) or next(ids)  # the block's next, or reserve
         if not message.first_ts:
             message.first_ts = now_ms
         routing_type = target.routing_type or message_routing_type
@@ -546,7 +547,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             queues = [queue] if queue is not None and queue.accepts_message(message) else []
         else:
             queues = self.post_office.route(message, address, routing_type)
-        routed = self._deliver_to(message, address, queues, now_ms)
+        # Not `limited`: no size limit and the broker under global-max-size, so it cannot
+        # be full and nothing pages: `_deliver_to` skips `_must_page`.
+        routed = self._deliver_to(message, address, queues, now_ms, limited=limited)
         if self._retroactive and fqqn_queue is None:  # B-124: the divert, after the route's
             self._retain(message, address, routing_type)  # events; an FQQN bypasses it
         if limited and settings.address_full_policy == "BLOCK":
@@ -736,7 +739,11 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         now_ms: int,
         *,
         reason: str = "route",
+        limited: bool = True,
     ) -> int:
+        """Add `message` to `queues` (routed to `address`), paging it if the address is
+        full under PAGE. `limited` False: the caller found no limit that could make the
+        address full (publish), so the B-151 check is skipped."""
         emitter = self.emitter
         if emitter.all and reason == "route":
             origin = message.origin_container
@@ -768,7 +775,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         self.stats.routed += 1
         out = self._effects
         waiting = False
-        page = self.page_stores is not None and self._must_page(address, message)
+        page = limited and self.page_stores is not None and self._must_page(address, message)
         for queue in queues:
             pages = queue.pages
             # Last-value, ring and non-destructive queues stay in memory: replacing,

@@ -225,10 +225,14 @@ class SettingsRepository:
         return merged
 
     def resolve(self, address: str) -> ResolvedSettings:
-        """Effective settings for `address` (the address part of an FQQN)."""
-        address = address.split("::", 1)[0]
+        """Effective settings for `address` (the address part of an FQQN). Cached under
+        the name as given too, so the per-message lookup is one dict hit, not a split."""
         cached = self._cache.get(address)
         if cached is None:
-            cached = resolve(self.merged(address))
+            name = address.split("::", 1)[0]
+            cached = self._cache.get(name)
+            if cached is None:
+                cached = resolve(self.merged(name))
+                self._cache[name] = cached
             self._cache[address] = cached
         return cached

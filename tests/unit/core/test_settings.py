@@ -99,3 +99,15 @@ def test_runtime_change_takes_effect_on_next_lookup() -> None:
     assert repo.resolve("q").max_delivery_attempts == 9
     repo.remove("q")
     assert repo.resolve("q").max_delivery_attempts == 4
+
+
+def test_a_cached_fqqn_follows_a_runtime_change_of_its_address() -> None:
+    """B-101/B-102: an FQQN's settings are cached under the name as given (issue 20: one
+    dict hit per message); a change of its address's settings clears that entry too."""
+    repo = SettingsRepository({"#": AddressSettings.of(max_delivery_attempts=4)})
+    assert repo.resolve("a::q").max_delivery_attempts == 4
+    assert repo.resolve("a::q") is repo.resolve("a")
+    repo.add("a", AddressSettings.of(max_delivery_attempts=9))
+    assert repo.resolve("a::q").max_delivery_attempts == 9
+    repo.remove("a")
+    assert repo.resolve("a::q").max_delivery_attempts == 4

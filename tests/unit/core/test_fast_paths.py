@@ -1,0 +1,106 @@
+"""The core's per-message shortcuts (issue 20) keep the behaviour of the general path:
+the highest non-empty priority level (B-013, B-014, B-161 changeMessagesPriority), the
+hand-over of an arrival to a queue's only consumer (B-003 rotation, B-031 browsers, the
+memory of removed references), and the routing of filtered and purge-on-no-consumers
+queues (B-002, B-126)."""
+
+from __future__ import annotations
+
+from support.core_harness import Harness, bodies
+
+from amqpbroker.core import ACCEPTED, RELEASED, QueueConfig, RoutingType
+from amqpbroker.core.operations import change_priority
+
+
+def test_a_released_high_priority_message_goes_before_a_waiting_lower_one() -> None:
+    """B-013/B-014: dispatch had last found work at level 4; a priority-9 message coming
+    back must still be the next one out (the level hint rises with the return)."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    h.send(target, b"h", priority=9)
+    h.send(target, b"n1", priority=4)
+    h.send(target, b"n2", priority=4)
+    c = h.consumer("q", "queue", credit=2)
+    first, second = h.take(c)
+    assert bodies([first, second]) == [b"h", b"n1"]
+    h.settle(c, first, RELEASED)
+    h.broker.set_credit(c, 1)
+    assert bodies(h.take(c)) == [b"h"]
+
+
+def test_a_message_raised_to_a_higher_priority_is_delivered_first() -> None:
+    """B-161 changeMessagesPriority to a level above every waiting message: it is found
+    (the level hint rises with the change), not stranded."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    h.send(target, b"a", priority=1, props={"k": "a"})
+    h.send(target, b"b", priority=1)
+    assert change_priority(h.broker, "q", selector="k = 'a'", priority=9) == 1
+    c = h.consumer("q", "queue")
+    got = h.take(c)
+    assert bodies(got) == [b"a", b"b"]
+    assert [d.message.priority for d in got] == [9, 1]
+
+
+def test_the_rotation_continues_after_a_hand_over() -> None:
+    """B-003 round-robin: a message handed straight to a lone consumer moves the rotation
+    past it, as dispatch does, so a second consumer gets the next message."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    first = h.consumer("q", "queue")
+    h.send(target, b"0")
+    assert bodies(h.take(first)) == [b"0"]
+    second = h.consumer("q", "queue")
+    for body in (b"1", b"2", b"3"):
+        h.send(target, body)
+    assert bodies(h.take(second)) == [b"1", b"3"]
+    assert bodies(h.take(first)) == [b"2"]
+
+
+def test_a_lone_browser_is_not_handed_the_message() -> None:
+    """B-031: a browser alone on the queue sees an arrival without acquiring it."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    browser = h.consumer("q", "queue", browse=True)
+    h.send(target, b"a")
+    [seen] = h.take(browser)
+    assert seen.settled
+    assert h.queue("q").message_count == 1
+    c = h.consumer("q", "queue")
+    [d] = h.take(c)
+    h.settle(c, d, ACCEPTED)
+    assert h.queue("q").message_count == 0
+
+
+def test_expired_references_do_not_outlive_the_next_arrival() -> None:
+    """Messages the expiry scan removed (B-084) are left in place for dispatch to drop;
+    an arrival handed to a consumer must not leave them holding their bodies' memory."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    for i in range(3):
+        h.send(target, b"old-%d" % i + b"x" * 1000, ttl_ms=10)
+    h.advance(30_000)  # the periodic scan: expired, removed lazily
+    queue = h.queue("q")
+    assert queue.message_count == 0
+    c = h.consumer("q", "queue")
+    h.send(target, b"new")
+    assert bodies(h.take(c)) == [b"new"]
+    assert [ref for level in queue._fresh for ref in level] == []
+
+
+def test_filtered_and_purging_queues_are_still_skipped_by_routing() -> None:
+    """B-002 filters and B-126 purge-on-no-consumers on the multicast route."""
+    h = Harness()
+    h.broker.create_address("t", {RoutingType.MULTICAST})
+    for name, extra in (
+        ("all", {}),
+        ("red", {"filter": "colour = 'red'"}),
+        ("purging", {"purge_on_no_consumers": True}),
+    ):
+        h.broker.create_queue(
+            QueueConfig(name=name, address="t", routing_type=RoutingType.MULTICAST, **extra)
+        )
+    target = h.producer("t", "topic")
+    h.send(target, b"blue", props={"colour": "blue"})
+    h.send(target, b"red", props={"colour": "red"})
+    assert [h.queue(n).message_count for n in ("all", "red", "purging")] == [2, 1, 0]

@@ -483,7 +483,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             ClientError: anonymous relay without `to`, or to a wildcard address.
         """
         if not self.in_call:  # a hot entry point (core/clock.py)
-            self.now_ms = self.clock.now_ms()
+            now_ms = self.clock.now_ms()
+            if now_ms != self.now_ms:  # else keep the int object: the messages queued
+                self.now_ms = now_ms  # within one ms share one `first_ts` (issue 20)
         now_ms = self.now_ms
         if delivery_delay_ms > 0 and not message.deliver_at_ms:
             message.deliver_at_ms = now_ms + delivery_delay_ms
@@ -529,17 +531,12 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             if self.emitter.failures:
                 self._message_event("unrouted", message, now_ms, reason="duplicate")
             return 0
-        settings = self.settings.resolve(address_name)
-        if message.ttl_ms or message.expiration_ms or settings.has_expiry_overrides:
+        settings, expiry_overrides, size_limited = self.settings.publishing(address_name)
+        if message.ttl_ms or message.expiration_ms or expiry_overrides:
             self._set_expiration(message, address_name, now_ms)
         if settings.enable_ingress_timestamp:  # B-018 (d)
             self.copier.set_ingress_time(message, now_ms)
-        limited = (
-            settings.max_size_bytes >= 0
-            or settings.max_size_messages >= 0
-            or settings.max_size_bytes_reject_threshold >= 0
-            or 0 <= self.global_max_size <= self.memory_bytes + message.size
-        )
+        limited = size_limited or 0 <= self.global_max_size <= self.memory_bytes + message.size
         if limited and not self._has_room(address, message, now_ms):
             return 0
         if fqqn_queue is not None:
@@ -705,7 +702,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         """Record `sent`/`unrouted` (no queue yet) as a `lifecycle.RawEvent`; `shape`, when
         given, is the one `_sent_shape` keeps (the same as the one built here)."""
         emitter = self.emitter
-        txn = emitter.txn
+        txn_extra = emitter.txn_extra  # None: no transaction (a property read costs a call)
         emitter.events.append(
             (
                 shape
@@ -714,8 +711,17 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
                 message.event_part or emitter.message_part(message),
                 None,
                 extra
-                if txn is None
-                else (txn, None, None if extra is None else extra[2], None, None, None, None, None),
+                if txn_extra is None
+                else (
+                    txn_extra[0],
+                    None,
+                    None if extra is None else extra[2],
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                ),
             )
         )
 

@@ -130,8 +130,12 @@ class Consumer:
     event_by: By = field(init=False)
     event_dispatched: Shape = field(init=False)
     event_acked: Shape = field(init=False)
+    # Takes any message as dispatch offers it: not a browser, no selector, no size limit
+    # (all fixed at attach): one test on the hot path (`Queue._hand_over`, `_deliver`).
+    plain: bool = field(init=False)
 
     def __post_init__(self) -> None:
+        self.plain = not self.browser and self.selector is None and not self.max_message_size
         by = self.event_by = (self.container, self.link_name)
         where = self.queue.event_where
         reason = "presettled" if self.presettled else None
@@ -639,27 +643,27 @@ class Queue:
                 out.append(Drained(consumer.id))
 
     def _hand_over(self, consumer: Consumer, ref: Ref, out: list[Effect]) -> None:
-        """`dispatch` for the commonest arrival (issue 20): `ref`, just added, is the only
-        ready reference of a queue with one consumer (every subscription queue of a
-        topic). When that consumer can take it as `_deliver` would (credit, window, no
-        selector or size limit, no policy, group, browser, pause, pages or expiry in the
-        way) it goes straight to the consumer, with the same rotation, counts, effects
-        and events; otherwise `dispatch` decides. Only when nothing else is in its level
-        or above it: removed references (GONE) waiting there are dropped by `dispatch`'s
-        `_pop_next`, not left to hold their messages' memory."""
+        """`dispatch` for the commonest cases (issue 20): `ref`, just added or just returned
+        (released, modified), is the only ready reference of a plain queue with one
+        consumer (every subscription queue of a topic). When that consumer can take it as
+        `_deliver` would (credit, window, no selector or size limit, no policy, group,
+        browser, pause, pages, expiry or B-045 block in the way) it goes straight to the
+        consumer, with the same rotation, counts, effects and events; otherwise
+        `dispatch` decides. Only when nothing else is in its level or above it: removed
+        references (GONE) waiting there are dropped by `dispatch`'s `_pop_next`, not
+        left to hold their messages' memory."""
         message = ref.message
         level = message.priority
         fresh = self._fresh[level]
+        returned = self._returned[level]
         pages = self.pages
         if (
-            len(fresh) != 1
+            len(fresh) + len(returned) != 1
             or self._top != level
-            or self._returned[level]
+            or ref.blocked is not None
+            or not consumer.plain
             or consumer.credit <= 0
             or consumer.window.room <= 0
-            or consumer.browser
-            or consumer.selector is not None
-            or consumer.max_message_size
             or self.paused
             or self.policy is not None
             or message.group_id is not None
@@ -668,7 +672,7 @@ class Queue:
         ):
             self.dispatch(out)
             return
-        fresh.pop()  # `ref` itself
+        (fresh or returned).pop()  # `ref` itself
         self._ready -= 1
         self._rr = 1  # `_deliver`'s rotation past index 0 of one active consumer
         self._send(consumer, ref, out)
@@ -681,7 +685,7 @@ class Queue:
         skipped: list[Ref] | None = None
         picky = False
         for c in active:
-            if c.selector is not None or c.max_message_size:
+            if not c.plain:  # a selector or a size limit (browsers are not active)
                 picky = True
                 break
         policy = self.policy  # B-122/B-127/B-128 (core/dispatch.py); None: a plain queue
@@ -870,7 +874,11 @@ class Queue:
             if reason is None:
                 reason = "modified-failed" if outcome.delivery_failed else "modified"
             self._return(ref, now_ms, delay=True, reason=reason, consumer=consumer)
-        self.dispatch(out)
+        consumers = self.consumers
+        if ref.state == READY and len(consumers) == 1 and self._ready == 1 and kind is None:
+            self._hand_over(consumers[0], ref, out)  # back, and at once out again
+        else:
+            self.dispatch(out)
         return True
 
     def _return(

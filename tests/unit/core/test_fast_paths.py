@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from support.core_harness import Harness, bodies
 
-from amqpbroker.core import ACCEPTED, RELEASED, QueueConfig, RoutingType
+from amqpbroker.core import ACCEPTED, RELEASED, Modified, QueueConfig, RoutingType
 from amqpbroker.core.operations import change_priority
 
 
@@ -104,3 +104,35 @@ def test_filtered_and_purging_queues_are_still_skipped_by_routing() -> None:
     h.send(target, b"blue", props={"colour": "blue"})
     h.send(target, b"red", props={"colour": "red"})
     assert [h.queue(n).message_count for n in ("all", "red", "purging")] == [2, 1, 0]
+
+
+def test_a_returned_message_goes_straight_back_with_its_counts() -> None:
+    """B-042/B-044/B-050: released (count undone) and modified{delivery-failed} (counted)
+    come back to the lone consumer at once, with the wire count dispatch would give."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    c = h.consumer("q", "queue")
+    h.send(target, b"m")
+    [d] = h.take(c)
+    h.settle(c, d, RELEASED)
+    [again] = h.take(c)
+    assert (again.message.data, again.wire_count) == (b"m", 0)
+    h.settle(c, again, Modified(delivery_failed=True))
+    [third] = h.take(c)
+    assert third.wire_count == 1
+    h.settle(c, third, ACCEPTED)
+    assert h.queue("q").message_count == 0
+
+
+def test_a_message_modified_undeliverable_here_is_not_handed_back() -> None:
+    """B-045: modified{undeliverable-here} blocks the message for that link; a lone
+    consumer does not get it back, another consumer does."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    c = h.consumer("q", "queue")
+    h.send(target, b"m")
+    [d] = h.take(c)
+    h.settle(c, d, Modified(undeliverable_here=True))
+    assert h.take(c) == []
+    other = h.consumer("q", "queue")
+    assert bodies(h.take(other)) == [b"m"]

@@ -753,13 +753,19 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         emitter = self.emitter
         if emitter.all and reason == "route":
             origin = message.origin_container
+            if len(queues) == 1:
+                extra = queues[0].event_routed
+            elif (routed := address.event_routed) is not None and routed[0] == queues:
+                extra = routed[1]  # the same queues as the last message (compared by identity)
+            else:
+                names = tuple([q.name for q in queues])
+                extra = (None, None, names, None, None, None, None, None)
+                address.event_routed = (queues, extra)
             self._message_event(
                 "sent",
                 message,
                 now_ms,
-                extra=queues[0].event_routed
-                if len(queues) == 1
-                else (None, None, tuple([q.name for q in queues]), None, None, None, None, None),
+                extra=extra,
                 shape=address.event_sent.get(origin) or self._sent_shape(address, origin),
             )
         if not queues:

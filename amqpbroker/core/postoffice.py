@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from amqpbroker.core.lifecycle import Shape
+from amqpbroker.core.lifecycle import Extra, Shape
 from amqpbroker.core.model import ConnectionId, Message, RoutingType
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.wildcard import WildcardConfig
@@ -44,6 +44,10 @@ class Address:
     blocked: bool = False  # full under policy BLOCK: producers get no more credit
     # The lifecycle `sent` shape per producer container (`Broker._sent_shape`), built once.
     event_sent: dict[str | None, Shape] = field(default_factory=dict)
+    # The queues the last message routed here reached (two or more), with the `extra` of
+    # its `sent` event (target_queues): the next message that reaches the same queues
+    # shares it instead of building a list and two tuples (fan-out, issue 20).
+    event_routed: tuple[list[Queue], Extra] | None = None
 
 
 class PostOffice:

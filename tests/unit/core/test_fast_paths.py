@@ -136,3 +136,30 @@ def test_a_message_modified_undeliverable_here_is_not_handed_back() -> None:
     assert h.take(c) == []
     other = h.consumer("q", "queue")
     assert bodies(h.take(other)) == [b"m"]
+
+
+def test_a_fan_out_sent_event_names_the_queues_each_message_reached() -> None:
+    """B-170/B-171 `sent` target_queues: the event of a message routed to the same queues
+    as the one before shares its field; a subscription added or filtered out between
+    two messages shows in the next event."""
+    h = Harness()
+    h.broker.create_address("t", {RoutingType.MULTICAST})
+    for name, extra in (("a", {}), ("b", {}), ("red", {"filter": "colour = 'red'"})):
+        h.broker.create_queue(
+            QueueConfig(name=name, address="t", routing_type=RoutingType.MULTICAST, **extra)
+        )
+    target = h.producer("t", "topic")
+
+    def sent(**props: str) -> tuple[str, ...] | None:
+        h.broker.emitter.take()
+        h.send(target, props=props)
+        [event] = [e for e in h.broker.emitter.take() if e.event == "sent"]
+        return event.target_queues
+
+    assert sent(colour="red") == ("a", "b", "red")
+    assert sent(colour="blue") == ("a", "b")
+    assert sent(colour="blue") == ("a", "b")
+    h.broker.create_queue(QueueConfig(name="c", address="t", routing_type=RoutingType.MULTICAST))
+    assert sent(colour="blue") == ("a", "b", "c")
+    h.broker.delete_queue("a")
+    assert sent(colour="red") == ("b", "red", "c")

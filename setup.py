@@ -38,6 +38,7 @@ HOT_MODULES = [
     "amqpbroker/core/settings.py",
     "amqpbroker/core/persistence.py",
     "amqpbroker/store/codec.py",
+    "amqpbroker/store/framing.py",
 ]
 
 

@@ -89,6 +89,16 @@ PASSWORD_CHECKS_WAITING = 64  # ~4.5 s of queue at ~70 ms a check on one worker
 # at 700 most are traversed and promoted, at 10,000 most die first (-8.5k instructions a
 # durable message, ~3%). A young collection of 10,000 objects takes ~0.2 ms (timeit).
 GC_YOUNG_THRESHOLD = 10_000
+# The older generations (CPython: 10 and 10). A middle-generation collection walks every
+# object that survived the young ones since the last: while a queue builds up, its new
+# messages. CPython collects the middle generation at the young trigger after more than
+# `threshold1` young collections: with 10, 12 x 10,000 allocations' worth, which took
+# ~37 ms filling a queue, one stall a second (issue 20, docs/decisions.md). With 0 it is
+# every 2nd trigger, 20,000 allocations' worth (~6-9 ms), six times as often: the same
+# work. Full collections keep CPython's pace: (0 + 2) x (65 + 1) = (10 + 2) x (10 + 1)
+# young triggers.
+GC_MIDDLE_THRESHOLD = 0
+GC_OLD_THRESHOLD = 65
 
 
 def tune_gc() -> None:
@@ -103,8 +113,7 @@ def tune_gc() -> None:
     """
     gc.collect()
     gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
+    gc.set_threshold(GC_YOUNG_THRESHOLD, GC_MIDDLE_THRESHOLD, GC_OLD_THRESHOLD)
 
 
 def build_broker(
@@ -428,7 +437,8 @@ class BrokerServer:
                 port,
             )
         if self.event_log is not None:
-            self.event_log.start(schedule=loop.call_later)  # events go out every few ms
+            # A frame at the end of every loop turn with events; call_later retries a full pipe.
+            self.event_log.start(schedule=loop.call_later, soon=loop.call_soon)
         if self.config.http.enabled:
             await self._start_http(loop)
         self._accepting = True

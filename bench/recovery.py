@@ -5,10 +5,15 @@ messages into a `Broker`.
 
     .venv/bin/python bench/recovery.py                 # N=200000
     N=1000000 .venv/bin/python bench/recovery.py       # the issue's figure (~1.1 GB)
+    ACKED=0.9 N=1000000 .venv/bin/python bench/recovery.py   # 90% consumed: 100k live
     PROFILE=1 N=200000 .venv/bin/python bench/recovery.py
+    DIR=/tmp/j WRITE_ONLY=1 N=200000 .venv/bin/python bench/recovery.py   # write once,
+    DIR=/tmp/j N=200000 perf stat -e instructions:u .venv/bin/python bench/recovery.py
+                                    # then count the recovery's instructions (load-proof)
 
-Prints the seconds of each phase and the messages per second of the whole, and per CPU
-second (the figure to compare on a shared, loaded machine).
+Prints the seconds of each phase and the messages per second of the whole, and the CPU
+seconds (user + system, of each phase too) and messages per CPU second: the figures to
+compare on a shared, loaded machine.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import cProfile
 import os
 import pstats
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -26,13 +32,16 @@ from amqpbroker.amqp import sections
 from amqpbroker.config import parse_config
 from amqpbroker.core.model import RoutingType
 from amqpbroker.core.persistence import Persistence
-from amqpbroker.core.records import AddMessage, AddQueue, AddRef, Record
+from amqpbroker.core.records import AckRef, AddMessage, AddQueue, AddRef, Record
 from amqpbroker.protocol import message_of
 from amqpbroker.server import build_broker
 from amqpbroker.store import FileJournal
 from amqpbroker.store.recovery import collector_paused, recover
 
 N = int(os.environ.get("N", "200000"))
+# The share of messages consumed (acknowledged in the append after theirs), as a broker
+# under load leaves its journal: N messages written, N * (1 - ACKED) live at the restart.
+ACKED = float(os.environ.get("ACKED", "0"))
 BATCH = 1000
 
 
@@ -49,6 +58,9 @@ def write(directory: Path) -> None:
             records.append(AddMessage(msg_id=msg_id, address="q", data=data, first_ts=1, **seen))
             records.append(AddRef(queue="q", msg_id=msg_id))
         journal.append(records, sync=False)
+        acked = int((min(start + BATCH, N + 1) - start) * ACKED)
+        if acked:
+            journal.append([AckRef(queue="q", msg_id=start + i) for i in range(acked)], sync=False)
     journal.flush()
     journal.close()
 
@@ -62,10 +74,15 @@ class _NoJournal:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as directory:
-        started = time.monotonic()
-        write(Path(directory))
-        print(f"wrote {N} messages in {time.monotonic() - started:.1f} s")
+    kept = os.environ.get("DIR")  # a journal this bench wrote before: read it again
+    with tempfile.TemporaryDirectory() as scratch:
+        directory = kept or scratch
+        if not kept or not any(Path(directory).glob("journal-*.seg")):
+            started = time.monotonic()
+            write(Path(directory))
+            print(f"wrote {N} messages in {time.monotonic() - started:.1f} s")
+            if os.environ.get("WRITE_ONLY"):
+                return
         profile = cProfile.Profile() if os.environ.get("PROFILE") else None
         if profile is not None:
             profile.enable()
@@ -73,9 +90,9 @@ def main() -> None:
         t0 = time.monotonic()
         with collector_paused(freeze=True):  # as the broker process does
             journal = FileJournal(Path(directory), fsync=lambda fd: None, auto_compact=False)
-            t1 = time.monotonic()
+            t1, c1 = time.monotonic(), time.process_time()
             state = journal.state()
-            t2 = time.monotonic()
+            t2, c2 = time.monotonic(), time.process_time()
             broker = build_broker(parse_config("name: bench\n"))
             broker.enable_persistence(Persistence(_NoJournal()))
             recovered = recover(broker, state, message_of)
@@ -84,10 +101,13 @@ def main() -> None:
         if profile is not None:
             profile.disable()
         journal.close()
-        assert recovered.refs == N, recovered
+        live = N - sum(int((min(s + BATCH, N + 1) - s) * ACKED) for s in range(1, N + 1, BATCH))
+        assert recovered.refs == live, recovered
         print(
             f"open {t1 - t0:.2f} s, replay {t2 - t1:.2f} s, recover {t3 - t2:.2f} s: "
-            f"{N / (t3 - t0):,.0f} messages/s; CPU {cpu:.2f} s: {N / cpu:,.0f} messages/CPU-s"
+            f"{N / (t3 - t0):,.0f} messages/s; CPU {cpu:.2f} s (open {c1 - c0:.2f}, replay "
+            f"{c2 - c1:.2f}, recover {c0 + cpu - c2:.2f}): {N / cpu:,.0f} messages/CPU-s; "
+            f"{live} live; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10} MiB"
         )
         if profile is not None:
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)

@@ -1144,8 +1144,8 @@ def _check_nesting(buf: bytes, vpos: int, end: int) -> None:
     `MAX_DEPTH` of them in its bytes cannot be too deep: counting them is a C loop per
     byte value, and only the rare value with that many is walked (no decoding).
     """
-    if buf[vpos] not in _NESTING:
-        return
+    if buf[vpos] not in _NESTING or end - vpos < MAX_DEPTH:  # too short to be too deep
+        return  # (a durable message's header: no counting per message, issue 20)
     if sum(buf.count(b, vpos, end) for b in _NESTING_BYTES) < MAX_DEPTH:
         return
     if _walk(buf, vpos, 0) != end:

@@ -265,6 +265,18 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         queue.restore(message, delivery_count, scheduled_at_ms)
         return True
 
+    @entry
+    def restore_many(self, queue_name: str, restored: list[tuple[Message, int, int]]) -> bool:
+        """`restore` of each (message, delivery_count, scheduled_at_ms) into one queue,
+        in order (recovery of millions: one call, the size accounted once)."""
+        queue = self.queues.get(queue_name)
+        if queue is None:
+            return False
+        for message, _, _ in restored:
+            message.stored = True
+        queue.restore_many(restored)
+        return True
+
     def reserve_message_ids(self, max_used: int) -> None:
         """New message ids start above `max_used`: recovery, before any message arrives,
         so that no stored id is given out again."""

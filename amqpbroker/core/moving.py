@@ -243,6 +243,10 @@ class _Moving(_BrokerPart):
             _, _, queue, ref = heapq.heappop(index)
             if queue.name in self.queues and queue.expire(ref):
                 expired += 1
+        for queue in list(self.queues.values()):  # B-151: paged ones, as they are read
+            pages = queue.pages
+            if pages is not None and 0 < pages.expiring_ms <= now_ms:
+                expired += queue.expire_paged(now_ms, self._effects)
         if expired:
             for queue in list(self.queues.values()):
                 if queue.consumers:

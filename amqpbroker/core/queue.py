@@ -57,6 +57,12 @@ from amqpbroker.core.model import (
     RoutingType,
 )
 from amqpbroker.core.outcomes import Accepted, Modified, Outcome, Rejected, Released
+from amqpbroker.core.paging import (
+    READ_STEP_BYTES,
+    READ_STEP_MESSAGES,
+    PageMark,
+    forget_removed,
+)
 from amqpbroker.core.redelivery import DeadLetter, decide_redelivery
 from amqpbroker.core.refs import DELIVERING, GONE, PAGED, READY, SCHEDULED, Ref
 from amqpbroker.core.settings import ResolvedSettings
@@ -122,6 +128,7 @@ class Consumer:
     # A browser has seen every reference up to this seq; a consumer of a non-destructive
     # queue, every one up to this position of its log (core/queuekinds.py).
     browsed_seq: int = -1
+    page_mark: PageMark | None = None  # a browser's place in the page files (B-151)
     # Slow-consumer checks (core/slowconsumer.py): acknowledged so far, and the count and
     # time its rate is measured from.
     acked: int = 0
@@ -331,6 +338,7 @@ class Queue:
         # messages a management operation took (`take`), until `remove_paged`.
         self.pages: PageStore | None = None
         self._doomed: set[int] = set()
+        self._page_expiry_ms = 0  # when `tick` next reads back for expired paged ones
         # Last-value, ring, non-destructive (`set_kind`); None: a plain queue.
         self.kind: QueueKind | None = None
         # How ready references reach consumers: taken, or walked by each (B-123).
@@ -386,6 +394,8 @@ class Queue:
         while self._scheduled and self._scheduled[0][2].state != SCHEDULED:
             heapq.heappop(self._scheduled)  # expired while waiting
         due = self._scheduled[0][0] if self._scheduled else None
+        if (paged := self._page_expiry_ms) and (due is None or paged < due):
+            due = paged  # B-151: paged messages may have expired
         if self.policy is not None and (gate := self.policy.deadline_ms()) is not None:
             due = gate if due is None else min(due, gate)  # B-128 delay-before-dispatch
         return due
@@ -561,6 +571,38 @@ class Queue:
             self.kind.arrived(ref)
             self.kind.trim()
         return ref
+
+    def restore_many(self, restored: list[tuple[Message, int, int]]) -> None:
+        """`restore` of each (message, delivery_count, scheduled_at_ms), in order, with
+        the size accounted once (recovery of millions, issue 23 item 4). The same refs,
+        order, priorities, schedule and expiry tracking as one `restore` at a time."""
+        if self.kind is not None:  # last-value, ring: each arrival may displace another
+            for message, count, at_ms in restored:
+                self.restore(message, count, at_ms)
+            return
+        seq, fresh, by_id, owner = self._seq, self._fresh, self._by_id, self._owner
+        now_ms = owner.now_ms
+        ready = size = 0
+        for message, count, at_ms in restored:
+            ref = Ref(message, next(seq), count)
+            ref.stored_count = count
+            if at_ms and at_ms > now_ms:  # B-015: scheduled until then
+                heapq.heappush(self._scheduled, (at_ms, ref.seq, ref))
+                ref.state = SCHEDULED
+                self._scheduled_live += 1
+                owner.schedule(at_ms)
+            else:
+                fresh[message.priority].append(ref)
+                ready += 1
+            by_id[message.msg_id] = ref
+            size += message.size
+            if message.expiration_ms:
+                owner.track_expiry(self, ref)
+        self._ready += ready
+        if ready:
+            self._top = _LEVELS - 1  # an upper bound: `_pop_next` lowers it as it goes
+        self.size_bytes += size
+        owner.size_changed(self, size)
 
     def _enqueue(self, message: Message, delivery_count: int, at_ms: int) -> Ref:
         ref = Ref(message, next(self._seq), delivery_count)
@@ -815,6 +857,31 @@ class Queue:
                 browser.window.room -= ref.message.size
                 delivery = next(self._delivery_ids)
                 out.append(Dispatch(browser.id, delivery, ref.message, ref.delivery_count, True))
+            else:
+                if self.pages is not None and self.pages.messages:
+                    self._browse_pages(browser, self.pages, out)
+
+    def _browse_pages(self, browser: Consumer, pages: PageStore, out: list[Effect]) -> None:
+        """B-031 over B-151: a browser that has seen what memory holds goes on into the
+        page files, read as its credit and window allow (core/paging.py `PageMark`)."""
+        if browser.credit <= 0 or browser.window.room <= 0:
+            return
+        mark = browser.page_mark
+        if mark is None:
+            mark = browser.page_mark = PageMark(pages)
+        now_ms = self._owner.now_ms
+        for message, end in pages.browse_from(mark.start(pages)):
+            if browser.credit <= 0 or browser.window.room <= 0:
+                break
+            mark.seen += 1
+            mark.position = end
+            expiration = message.expiration_ms
+            if (expiration and now_ms >= expiration) or not browser.accepts(Ref(message, -1)):
+                continue  # B-084: never sent, not even to a browser
+            browser.credit -= 1
+            browser.window.room -= message.size
+            delivery = DeliveryId(next(self._delivery_ids))
+            out.append(Dispatch(browser.id, delivery, message, 0, True))
 
     # -- settlement -------------------------------------------------------------------
     def _removed(self, ref: Ref) -> None:
@@ -960,6 +1027,8 @@ class Queue:
                 moved = True
         if (moved or self.policy is not None) and self.consumers:
             self.dispatch(out)  # a policy's delay-before-dispatch may be what is due
+        if 0 < self._page_expiry_ms <= now_ms:
+            self.expire_paged(now_ms, out)
 
     # -- consumers --------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -1073,10 +1142,14 @@ class Queue:
                 else:
                     self._scheduled_live -= 1
             self._removed(ref)
+        self._expired(ref)
+        return True
+
+    def _expired(self, ref: Ref) -> None:
+        """`ref` has left the queue, expired: counted, and moved or dropped (B-085)."""
         self.counters.expired += 1
         self.used = True
         self._owner.expired(self, ref)
-        return True
 
     # -- paging (B-151 PAGE: core/paging.py) ---------------------------------------------
     def page(self, message: Message, out: list[Effect], *, reason: str = "route") -> None:
@@ -1085,6 +1158,8 @@ class Queue:
         pages = self.pages
         assert pages is not None, "the broker opens the page files first"
         pages.write(message)
+        if message.expiration_ms and not self._page_expiry_ms:
+            self._arm_page_expiry(message.expiration_ms)  # B-084: checked when due
         if self.store is not None and message.durable:
             self.store.paged()
         self.counters.added += 1
@@ -1113,14 +1188,29 @@ class Queue:
             return False
         if not empty and (0 <= max_bytes < 2 * size or 0 <= max_messages < 2 * count):
             return False
-        messages = pages.read(
-            max_bytes=max_bytes - self.size_bytes if max_bytes >= 0 else -1,
-            max_messages=max_messages - self.memory_count if max_messages >= 0 else -1,
+        messages = pages.read(  # a step at a time: the loop is not held (core/paging.py)
+            max_bytes=min(max_bytes - size, READ_STEP_BYTES) if max_bytes >= 0 else READ_STEP_BYTES,
+            max_messages=min(max_messages - count, READ_STEP_MESSAGES)
+            if max_messages >= 0
+            else READ_STEP_MESSAGES,
         )
         store = self.store
         kind = self.kind
+        now_ms = self._owner.now_ms
+        expires = settings.expiry_address != self.address  # B-087
+        seqs: list[int] = []
+        kept = 0
         for message in messages:
+            expiration = message.expiration_ms
+            if expiration and now_ms >= expiration and expires:
+                seqs.append(-1)
+                gone = Ref(message, -1)
+                gone.state = GONE
+                self._expired(gone)  # B-084: expired as it is read back, never delivered
+                continue
+            kept += 1
             ref = self._enqueue(message, 0, message.deliver_at_ms)
+            seqs.append(ref.seq)
             if store is not None and message.durable:
                 at_ms = message.deliver_at_ms if ref.state == SCHEDULED else 0
                 store.ref_added(self.name, ref, scheduled_at_ms=at_ms)
@@ -1129,7 +1219,48 @@ class Queue:
                 kind.trim()
         if store is not None and messages:
             store.page_read(self.name, pages)
-        return bool(messages)
+        for consumer in self.consumers:
+            if (mark := consumer.page_mark) is not None:
+                consumer.browsed_seq = max(consumer.browsed_seq, mark.read(seqs))
+                if not mark.seen:
+                    consumer.page_mark = None  # back at the read cursor
+        if messages and not kept and pages.messages:
+            self._arm_page_expiry(now_ms)  # a step of expired ones: the next, next turn
+        return kept > 0
+
+    def _arm_page_expiry(self, at_ms: int) -> None:
+        """Have `tick` call `expire_paged` at `at_ms` (one pending time per queue)."""
+        if not self._page_expiry_ms or at_ms < self._page_expiry_ms:
+            self._page_expiry_ms = at_ms
+            self._owner.schedule(at_ms)
+
+    def expire_paged(self, now_ms: int, out: list[Effect]) -> int:
+        """B-084/B-085 for paged messages (issue 23), with or without a consumer: when
+        the earliest paged expiration is due, read back a step (`_depage`: expired ones
+        go to the expiry address as they are read); again on the next loop turn while
+        steps find expired ones. Called by `tick` and by the periodic expiry scan. Stops
+        at live messages: with no consumer once a step of them is in memory (a queue
+        nobody drains does not pull max-read-page-bytes in), else when memory is full
+        (as Artemis: only depaged messages expire). How many expired."""
+        self._page_expiry_ms = 0
+        pages = self.pages
+        if pages is None or not pages.expiring_ms:
+            return 0
+        if pages.expiring_ms > now_ms:
+            self._arm_page_expiry(pages.expiring_ms)
+            return 0
+        if not self.consumers and (
+            self.size_bytes >= READ_STEP_BYTES or self.memory_count >= READ_STEP_MESSAGES
+        ):
+            return 0  # live ones at the head: no consumer, no more memory (B-151 bound)
+        before = self.counters.expired
+        self._depage(empty=True)
+        expired = self.counters.expired - before
+        if expired and pages.messages:
+            self._arm_page_expiry(now_ms)  # there may be more behind: the next loop turn
+        if self.consumers:
+            self.dispatch(out)
+        return expired
 
     def paged_refs(self) -> Iterator[Ref]:
         """The paged messages in order, as references in state PAGED (for management:
@@ -1147,6 +1278,7 @@ class Queue:
         if pages is None or not doomed:
             return
         self._doomed = set()
+        forget_removed(pages, doomed, (c.page_mark for c in self.consumers if c.page_mark))
         pages.remove(doomed)
         if self.store is not None:
             self.store.page_read(self.name, pages)
@@ -1163,6 +1295,8 @@ class Queue:
             self.counters.killed += 1
             self.killed(ref, reason)
         pages.clear()
+        for consumer in self.consumers:
+            consumer.page_mark = None  # B-031: nothing paged is left to browse
         self.used = True
         if self.store is not None:
             self.store.page_read(self.name, pages)

@@ -10,12 +10,15 @@ message, competed with the loop for the GIL and halved queue throughput.
   thread), keeps the ones the level asks for (the core already records only those;
   `submit` filters again so the writer is right on its own), numbers them (`seq`, per
   broker, increasing from 1; numbers of dropped events are skipped, so a gap shows a
-  drop) and collects them. Every FLUSH_SECONDS (a loop timer, `start(schedule=...)`) or
-  FLUSH_EVENTS events, or at every submit when there is no timer, `flush()` sends them
+  drop) and collects them. At the end of the loop turn that recorded them (a `soon`
+  callback, `start(soon=loop.call_soon)`: nothing waits for a timer), or as soon as
+  FLUSH_EVENTS are collected, or at every submit without a loop, `flush()` sends them
   down a pipe as one frame (`frames.py`: a 4-byte length and `marshal.dumps((first_seq,
-  now_ms, events))`). marshal runs at C speed and writes a message's bytes once per frame
-  however many of its events are in it. The pipe is non-blocking: what it does not take waits in a
-  backlog and is retried at the next flush, so the loop never blocks.
+  now_ms, events))`, written with one `writev`: the two parts are never copied into one
+  buffer). marshal runs at C speed and writes a message's bytes once per frame however
+  many of its events are in it. The pipe is non-blocking: what it does not take waits
+  in a backlog and is retried FLUSH_SECONDS later and at the next flush, so the loop
+  never blocks.
 * The writer process (`child.py`, started by `start()` as `python -m
   amqpbroker.eventlog.child`) formats the lines,
   decodes amqp_message_id, props and body_hash from the message bytes, writes and rotates
@@ -33,7 +36,11 @@ at once. `dropped_total` (`amqpbroker_event_log_dropped_total`) is the sum of bo
 `close()` sends what is collected (waiting for the pipe, up to its timeout) and closes the
 pipe; the writer process writes everything, renames its `.part` file and exits, and
 `close()` waits for it. A clean stop loses nothing. If the broker dies, the writer process
-sees end-of-file and does the same with what reached it.
+sees end-of-file and does the same with what reached it: a SIGKILL of the broker loses
+the events of the loop turn it was in (not flushed yet) and the backlog the pipe had not
+taken (only when the writer process is behind), never an earlier turn's. B-170 promises
+no more (a bounded hand-off whose drops are counted; nothing is counted by a killed
+process): `seq` numbers after the last written line are simply missing.
 
 Thread rule: `submit`, `seal`, `flush` and the timer on the loop thread; `close` on the
 loop thread, or on any one other thread after `seal` (what is collected belongs to the
@@ -62,16 +69,18 @@ from typing import Any
 
 from amqpbroker.config import EventLogConfig
 from amqpbroker.core import FAILURE_EVENTS, EventLevel, RawEvent
-from amqpbroker.eventlog.frames import dumps, framed, take
+from amqpbroker.eventlog.frames import LENGTH, dumps, take
 
 log = logging.getLogger(__name__)
 
-# How long events may wait on the loop side before a frame goes out, or how many. Each
-# frame costs the loop a pipe write that wakes the writer process (~40 µs on a VM) and a
-# marshal call: 4096 events a frame took the hand-off from ~600 to ~260 ns an event.
-FLUSH_SECONDS = 0.01
+# The loop's side: a frame at the end of every loop turn with events (`soon`), or as soon
+# as FLUSH_EVENTS are collected (a long turn). Each frame costs a `writev` that may wake
+# the writer process, and marshal writes a shape or a message part once per frame.
 FLUSH_EVENTS = 4096
-# How often a flush reads the writer process's reports (~25 µs a read): the counts may lag
+# Without `soon` (tests, embedding), events wait for a timer this long; with it, this is
+# only how soon a backlog the pipe did not take is tried again.
+FLUSH_SECONDS = 0.01
+# How often a flush reads the writer process's reports (~25 us a read): the counts may lag
 # by this much; a frame about to be dropped for the bound reads them first.
 STATUS_SECONDS = 0.05
 DEFAULT_QUEUE_EVENTS = 1 << 18  # events handed over and not yet written (~3 s at full rate)
@@ -85,6 +94,7 @@ DiskFigures = tuple[int, int, int | None, int, int, int, int]  # see EventLogWri
 NO_FILES: DiskFigures = (0, 0, None, 0, 0, 0, 0)  # before the writer process reports
 
 Schedule = Callable[[float, Callable[[], None]], object]
+Soon = Callable[[Callable[[], None]], object]
 CHILD_MODULE = "amqpbroker.eventlog.child"
 
 
@@ -99,6 +109,16 @@ def _child_env() -> dict[str, str]:
 
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _rest(parts: list[Any], written: int) -> list[Any]:
+    """What is left of the buffers `parts` once their first `written` bytes are written."""
+    for i, part in enumerate(parts):
+        size = len(part)
+        if written < size:
+            return [memoryview(part)[written:], *parts[i + 1 :]]
+        written -= size
+    return []
 
 
 class EventLogWriter:
@@ -139,8 +159,10 @@ class EventLogWriter:
         self._pending: list[RawEvent] = []
         self._pending_first = 1
         self._schedule: Schedule | None = None
-        self._armed = False
-        # Frames not (fully) in the pipe yet: [bytes left to write, events in the frame].
+        self._soon: Soon | None = None
+        self._armed = False  # a flush is scheduled (end of turn, or the timer)
+        # Frames not (fully) in the pipe yet: [[header, payload] or what is left of them
+        # to write, bytes left, events in the frame].
         self._backlog: deque[list[Any]] = deque()
         self._backlog_bytes = 0
         self._handed = 0  # events put in frames (backlog or pipe)
@@ -185,17 +207,20 @@ class EventLogWriter:
             return self._written
 
     # -- loop thread ------------------------------------------------------------------
-    def start(self, *, schedule: Schedule | None = None) -> None:
+    def start(self, *, schedule: Schedule | None = None, soon: Soon | None = None) -> None:
         """Start the writer process (which creates the directory: an error there is the
         writer's, logged and counted, never the caller's).
 
-        `schedule(seconds, callback)` (the loop's `call_later`) lets events collect for
-        FLUSH_SECONDS into one frame; without it every `submit` sends a frame.
+        `soon(callback)` (the loop's `call_soon`) sends the events of a loop turn as one
+        frame when the turn ends; `schedule(seconds, callback)` (the loop's `call_later`)
+        retries a backlog the pipe did not take, and without `soon` lets events collect
+        for FLUSH_SECONDS. With neither, every `submit` sends a frame.
         """
         with self._lock:
             if self._closed or self._process is not None or self._keep == frozenset():
                 return
             self._schedule = schedule
+            self._soon = soon
             config = {
                 "directory": str(self.directory),
                 "broker": self.broker,
@@ -262,11 +287,17 @@ class EventLogWriter:
         else:
             self._pending_first = self._seq - count + 1
             self._pending = pending = events
-        if self._schedule is None or len(pending) >= FLUSH_EVENTS:
+        if len(pending) >= FLUSH_EVENTS:
             self.flush()
         elif not self._armed:
-            self._armed = True
-            self._schedule(FLUSH_SECONDS, self._on_timer)
+            if self._soon is not None:
+                self._armed = True
+                self._soon(self._on_timer)  # the end of this loop turn
+            elif self._schedule is not None:
+                self._armed = True
+                self._schedule(FLUSH_SECONDS, self._on_timer)
+            else:
+                self.flush()
 
     def seal(self) -> None:
         """Take no more events (later ones are counted as dropped) and frame the collected
@@ -281,6 +312,7 @@ class EventLogWriter:
             self._flush()
 
     def _on_timer(self) -> None:
+        """The end of a loop turn (`soon`) or the timer: send what is collected."""
         with self._lock:
             self._armed = False
             if self._closed:
@@ -382,23 +414,24 @@ class EventLogWriter:
             return
         frame = (self._pending_first, self._clock_ms(), events)
         payload = dumps(frame)
-        if not final and self._backlog_bytes + len(payload) > self._queue_bytes:
+        size = len(payload)
+        if not final and self._backlog_bytes + size > self._queue_bytes:
             self._dropped_here += count
             return
-        data = framed(payload)
-        self._backlog.append([data, count])
-        self._backlog_bytes += len(data)
+        self._backlog.append([[LENGTH.pack(size), payload], LENGTH.size + size, count])
+        self._backlog_bytes += LENGTH.size + size
         self._handed += count
 
     def _send_backlog(self) -> None:
-        """Write what the pipe takes, without waiting."""
+        """Write what the pipe takes, without waiting: a frame's header and payload with
+        one `writev` (never copied into one buffer)."""
         fd = self._frames_fd
         backlog = self._backlog
         while backlog and fd >= 0:
             entry = backlog[0]
-            data = entry[0]
+            parts = entry[0]
             try:
-                written = os.write(fd, data)
+                written = os.writev(fd, parts)
             except BlockingIOError:
                 return
             except OSError:  # the writer process is gone
@@ -406,8 +439,9 @@ class EventLogWriter:
                 self._writer_gone()
                 return
             self._backlog_bytes -= written
-            if written < len(data):
-                entry[0] = memoryview(data)[written:]
+            if written < entry[1]:
+                entry[0] = _rest(parts, written)
+                entry[1] -= written
                 return
             backlog.popleft()
 
@@ -464,7 +498,7 @@ class EventLogWriter:
 
     def _drop_backlog(self) -> None:
         """Count the frames not (fully) sent as dropped."""
-        for _, count in self._backlog:
+        for _, _, count in self._backlog:
             self._dropped_here += count
             self._handed -= count
         self._backlog.clear()

@@ -44,7 +44,7 @@ from amqpbroker.core.records import (
     UpdateDeliveryCount,
 )
 
-__all__ = ["CodecError", "decode", "decode_values", "encode"]
+__all__ = ["CodecError", "decode", "decode_at", "decode_values", "encode"]
 
 
 class CodecError(ValueError):
@@ -295,80 +295,135 @@ def _string(raw: bytes) -> str:
     return text
 
 
-def _fast_decode_ref(cls: type[Any]) -> Callable[[bytes], Any]:
-    def decode(payload: bytes) -> Any:
-        if payload[0] != 3 or payload[1] != _STR:
+def _fast_decode_ref(cls: type[Any]) -> Callable[[bytes, int, int], Any]:
+    def decode(buf: bytes, start: int, stop: int) -> Any:
+        if buf[start] != 3 or buf[start + 1] != _STR:
             return None
-        end = 6 + _U32.unpack_from(payload, 2)[0]
-        if len(payload) != end + _TWO_INTS.size:
+        end = start + 6 + _U32.unpack_from(buf, start + 2)[0]
+        if stop != end + _TWO_INTS.size:
             return None
-        tag1, msg_id, tag2, count = _TWO_INTS.unpack_from(payload, end)
+        tag1, msg_id, tag2, count = _TWO_INTS.unpack_from(buf, end)
         if tag1 != _INT or tag2 != _INT:
             return None
-        return cls(queue=_string(payload[6:end]), msg_id=msg_id, delivery_count=count)
+        return cls(queue=_string(buf[start + 6 : end]), msg_id=msg_id, delivery_count=count)
 
     return decode
 
 
-def _fast_decode_ack(payload: bytes) -> Any:
-    if payload[0] != 2 or payload[1] != _STR:
+def _fast_decode_ack(buf: bytes, start: int, stop: int) -> Any:
+    if buf[start] != 2 or buf[start + 1] != _STR:
         return None
-    end = 6 + _U32.unpack_from(payload, 2)[0]
-    if len(payload) != end + _TAG_INT.size:
+    end = start + 6 + _U32.unpack_from(buf, start + 2)[0]
+    if stop != end + _TAG_INT.size:
         return None
-    tag, msg_id = _TAG_INT.unpack_from(payload, end)
+    tag, msg_id = _TAG_INT.unpack_from(buf, end)
     if tag != _INT:
         return None
-    return AckRef(queue=_string(payload[6:end]), msg_id=msg_id)
+    return AckRef(queue=_string(buf[start + 6 : end]), msg_id=msg_id)
 
 
-def _fast_decode_add_message(payload: bytes) -> Any:
-    count, tag, msg_id, address_tag, address_len = _ADD_MESSAGE_HEAD.unpack_from(payload)
-    if count not in (7, 10) or tag != _INT or address_tag != _STR:  # 7: before issue 23
-        return None
-    scanned = count == 10
-    pos = _ADD_MESSAGE_HEAD.size + address_len
-    address = _string(payload[_ADD_MESSAGE_HEAD.size : pos])
-    durable = payload[pos]
-    data_tag, data_len = _TAG_LEN.unpack_from(payload, pos + 1)
-    start = pos + 1 + _TAG_LEN.size
-    end = start + data_len
-    if (
-        durable not in (_TRUE, _FALSE)
-        or data_tag != _BYTES
-        or len(payload) != end + _THREE_INTS.size * (2 if scanned else 1)
-    ):
-        return None
-    tag1, expiration_ms, tag2, first_ts, tag3, priority = _THREE_INTS.unpack_from(payload, end)
-    if tag1 != _INT or tag2 != _INT or tag3 != _INT:
-        return None
-    header_end, head_end, header_count = -1, 0, -1
-    if scanned:
-        tag1, header_end, tag2, head_end, tag3, header_count = _THREE_INTS.unpack_from(
-            payload, end + _THREE_INTS.size
-        )
+# An AddMessage's fields but its body, which is (data_start, data_end) of the buffer it
+# was read from: what recovery's open keeps until it knows the message is live.
+MessageLayout = tuple[int, str, bool, int, int, int, int, int, int, int, int]
+
+
+def add_message_layout(buf: bytes, start: int, stop: int) -> MessageLayout | None:
+    """The fields of the AddMessage payload at `buf[start:stop]`, checked as the fast
+    decoder checks them, without copying its body; None: a layout for `decode`."""
+    try:
+        count, tag, msg_id, address_tag, address_len = _ADD_MESSAGE_HEAD.unpack_from(buf, start)
+        if count not in (7, 10) or tag != _INT or address_tag != _STR:  # 7: before issue 23
+            return None
+        scanned = count == 10
+        pos = start + _ADD_MESSAGE_HEAD.size + address_len
+        address = _string(buf[start + _ADD_MESSAGE_HEAD.size : pos])
+        durable = buf[pos]
+        data_tag, data_len = _TAG_LEN.unpack_from(buf, pos + 1)
+        data_start = pos + 1 + _TAG_LEN.size
+        end = data_start + data_len
+        if (
+            durable not in (_TRUE, _FALSE)
+            or data_tag != _BYTES
+            or stop != end + _THREE_INTS.size * (2 if scanned else 1)
+        ):
+            return None
+        tag1, expiration_ms, tag2, first_ts, tag3, priority = _THREE_INTS.unpack_from(buf, end)
         if tag1 != _INT or tag2 != _INT or tag3 != _INT:
             return None
-    return AddMessage(
-        msg_id=msg_id,
-        address=address,
-        durable=durable == _TRUE,
-        data=payload[start:end],
-        expiration_ms=expiration_ms,
-        first_ts=first_ts,
-        priority=priority,
-        header_end=header_end,
-        head_end=head_end,
-        header_count=header_count,
+        header_end, head_end, header_count = -1, 0, -1
+        if scanned:
+            tag1, header_end, tag2, head_end, tag3, header_count = _THREE_INTS.unpack_from(
+                buf, end + _THREE_INTS.size
+            )
+            if tag1 != _INT or tag2 != _INT or tag3 != _INT:
+                return None
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None
+    return (
+        msg_id,
+        address,
+        durable == _TRUE,
+        data_start,
+        end,
+        expiration_ms,
+        first_ts,
+        priority,
+        header_end,
+        head_end,
+        header_count,
     )
 
 
-_FAST_DECODE: dict[int, Callable[[bytes], Any]] = {
+def add_message_of(buf: bytes, layout: MessageLayout) -> AddMessage:
+    """The AddMessage whose `add_message_layout` in `buf` is `layout`."""
+    return AddMessage(
+        msg_id=layout[0],
+        address=layout[1],
+        durable=layout[2],
+        data=buf[layout[3] : layout[4]],
+        expiration_ms=layout[5],
+        first_ts=layout[6],
+        priority=layout[7],
+        header_end=layout[8],
+        head_end=layout[9],
+        header_count=layout[10],
+    )
+
+
+def _fast_decode_add_message(buf: bytes, start: int, stop: int) -> Any:
+    layout = add_message_layout(buf, start, stop)
+    return None if layout is None else add_message_of(buf, layout)
+
+
+_FAST_DECODE_AT: dict[int, Callable[[bytes, int, int], Any]] = {
     RecordType.ADD_REF: _fast_decode_ref(AddRef),
     RecordType.UPDATE_DELIVERY_COUNT: _fast_decode_ref(UpdateDeliveryCount),
     RecordType.ACK_REF: _fast_decode_ack,
     RecordType.ADD_MESSAGE: _fast_decode_add_message,
 }
+
+
+def _whole(fast: Callable[[bytes, int, int], Any]) -> Callable[[bytes], Any]:
+    return lambda payload: fast(payload, 0, len(payload))
+
+
+_FAST_DECODE: dict[int, Callable[[bytes], Any]] = {
+    type_id: _whole(fast) for type_id, fast in _FAST_DECODE_AT.items()
+}
+
+
+def decode_at(type_id: int, buf: bytes, start: int, stop: int) -> Record:
+    """`decode(type_id, buf[start:stop])` without copying the payload out first (recovery
+    reads records straight from a segment's bytes)."""
+    fast = _FAST_DECODE_AT.get(type_id)
+    if fast is not None:
+        try:
+            found: Record | None = fast(buf, start, stop)
+        except (IndexError, struct.error, UnicodeDecodeError):
+            found = None
+        if found is not None:
+            return found
+    return decode_generic(type_id, buf[start:stop])
 
 
 def decode(type_id: int, payload: bytes) -> Record:
@@ -377,15 +432,7 @@ def decode(type_id: int, payload: bytes) -> Record:
     Raises:
         CodecError: unknown type id, malformed payload, or a required field is missing.
     """
-    fast = _FAST_DECODE.get(type_id)
-    if fast is not None:
-        try:
-            found: Record | None = fast(payload)
-        except (IndexError, struct.error, UnicodeDecodeError):
-            found = None
-        if found is not None:
-            return found
-    return decode_generic(type_id, payload)
+    return decode_at(type_id, payload, 0, len(payload))
 
 
 def decode_generic(type_id: int, payload: bytes) -> Record:

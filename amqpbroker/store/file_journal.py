@@ -70,6 +70,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import cast
 
 import amqpbroker.store.codec as codec
 from amqpbroker.core.records import (
@@ -83,12 +84,12 @@ from amqpbroker.store.api import (
 )
 from amqpbroker.store.compaction import _Compaction
 from amqpbroker.store.failure import RETRY_FIRST_SECONDS, _Failure
+from amqpbroker.store.framing import frame_records
 from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
 from amqpbroker.store.opening import _Opening
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _NEXT_SUFFIX,
-    BATCH_END,
     FRAME_BYTES,
     HEADER_BYTES,
     MAGIC,
@@ -97,7 +98,6 @@ from amqpbroker.store.segments import (
     _check_frame,
     _decode_at,
     _default_fsync,
-    _frame,
     _Loc,
     _Pending,
     _Segment,
@@ -112,8 +112,12 @@ DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 HELD_MAX_BYTES = 16 * 1024 * 1024  # unwaited appends kept while failed; beyond: dropped
 
 
-# How many syncs the index may lag behind (see `FileJournal._index_synced`).
-INDEX_EVERY_SYNCS = 8
+# How far the index may lag behind the disk (see `FileJournal._index_synced`): so many
+# syncs, or so many bytes written, whichever comes first. Wide enough that under a steady
+# load a message is added and acked within it (then the index skips it): with 8 syncs about
+# half the messages of the durable benchmark were indexed and killed again (issue 20).
+INDEX_EVERY_SYNCS = 64
+INDEX_EVERY_BYTES = 4 * 1024 * 1024
 
 
 class FileJournal(_Opening, _Failure, _Compaction):
@@ -194,6 +198,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._unsynced_since = 0.0
         self._unindexed: list[tuple[_Segment, list[tuple[_Pending, int]]]] = []
         self._unindexed_syncs = 0  # syncs since the last `_index_synced`
+        self._unindexed_bytes = 0  # bytes written since then (about: a bound, not a count)
         self._synced_unindexed = 0  # how many `_unindexed` entries are on disk
         self._compact_lock = threading.Lock()
         self._readers = 0  # replays in progress: compaction waits for them
@@ -213,11 +218,12 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._dir_fd = -1
         self._next: tuple[int, Path, int] | None = None  # spare next segment: n, path, fd
 
-        # The records the open read and checked, in order, for the first `replay()` while
+        # The record of each location the open's index made live, for `state()` while
         # nothing was appended since (issue 23 item 4: recovery decodes the journal once).
-        self._opened: list[Record] | None = []
-        # ... and the record of each location the index made live, for `state()`.
-        self._opened_live: dict[_Loc, Record] | None = {}
+        # Records that die are dropped as they die; an AddMessage is kept as its layout
+        # (`codec.add_message_layout`) until its segment is read, then decoded if live.
+        self._opened_live: dict[_Loc, Record | codec.MessageLayout] | None = {}
+        self._unread: list[_Loc] = []  # AddMessages of this segment kept as layouts
         self._opened_max_id = 0
         self._lock_fd = self._lock_directory()
         try:
@@ -252,6 +258,9 @@ class FileJournal(_Opening, _Failure, _Compaction):
     # --- the index ---
 
     def _on_dead(self, item: _Loc, needs_tombstone: bool) -> None:
+        opened = self._opened_live
+        if opened is not None:
+            opened.pop(item, None)
         seg = item.seg
         if seg.items.pop(item.offset, None) is item:
             seg.live_bytes -= item.size
@@ -264,30 +273,44 @@ class FileJournal(_Opening, _Failure, _Compaction):
     def _index_batch(
         self,
         seg: _Segment,
-        batch: Iterable[tuple[Record, int, int]],
-        keep: dict[_Loc, Record] | None = None,
+        batch: Iterable[tuple[Record | codec.MessageLayout, int, int]],
+        keep: dict[_Loc, Record | codec.MessageLayout] | None = None,
     ) -> None:
         """Apply written records at (offset, size) of `seg` to the index. Holds `_lock`.
-        `keep` (at open) gets the record of each location made live."""
+        `keep` (at open) gets the record of each location made live; an AddMessage may
+        come as its layout (read at open without its body: see `_opened_live`)."""
         self._applying = seg
         kill_targets = self._kill_targets
+        live, rules, items = self._live, self._live.rules, seg.items
+        unread = self._unread
+        added = 0  # live bytes (the `_on_dead` calls meanwhile subtract theirs)
         for record, offset, size in batch:
             item = _Loc(seg, offset, size)
-            kill_targets.clear()
+            if isinstance(record, tuple):  # always live, and kills no tombstone target
+                live.add_message(record[0], item)
+                items[offset] = item
+                added += size
+                if keep is not None:
+                    keep[item] = record
+                    unread.append(item)
+                continue
+            if kill_targets:
+                kill_targets.clear()
             self._late_kill = False
-            if self._live.apply(record, item):
-                seg.items[offset] = item
-                seg.live_bytes += size
+            if rules[type(record)](record, item):
+                items[offset] = item
+                added += size
                 if keep is not None:
                     keep[item] = record
             elif kill_targets:
                 item.targets = set(kill_targets)
-                seg.items[offset] = item
-                seg.live_bytes += size
+                items[offset] = item
+                added += size
                 for target in kill_targets:
                     self._targeted_by.setdefault(target, set()).add(item)
                 if self._late_kill:
                     self._late_tombstones.append(item)
+        seg.live_bytes += added
         self._applying = None
 
     def _retire(self, seg: _Segment) -> None:
@@ -306,20 +329,13 @@ class FileJournal(_Opening, _Failure, _Compaction):
     def append(
         self, records: Sequence[Record], *, sync: bool, on_durable: OnDurable | None = None
     ) -> None:
-        parts = []
-        sizes = []
-        last = len(records) - 1
-        for i, record in enumerate(records):
-            frame = _frame(record.type_id, BATCH_END if i == last else 0, codec.encode(record))
-            parts.append(frame)
-            sizes.append(len(frame))
-        pending = _Pending(tuple(records), b"".join(parts), sizes, sync, on_durable)
+        data, sizes = frame_records(records)  # one pass, no Python call per record
+        pending = _Pending(tuple(records), data, sizes, sync, on_durable)
         with self._cond:
             if self._closed or self.read_only:
                 raise JournalClosed(f"journal {self.directory} is closed or read-only")
             if records:
-                self._opened = None  # the state moved on: replay reads the files
-                self._opened_live = None
+                self._opened_live = None  # the state moved on: `state()` replays the files
             self._queue.append(pending)
             self._cond.notify()
 
@@ -402,7 +418,11 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._unindexed_syncs += 1
         with self._lock:
             self._synced_unindexed = len(self._unindexed)  # all written is on disk now
-            if index_all or self._unindexed_syncs >= INDEX_EVERY_SYNCS:
+            if (
+                index_all
+                or self._unindexed_syncs >= INDEX_EVERY_SYNCS
+                or self._unindexed_bytes >= INDEX_EVERY_BYTES
+            ):
                 self._index_synced()
         if self._sync_seconds is not None:
             try:
@@ -413,11 +433,12 @@ class FileJournal(_Opening, _Failure, _Compaction):
     def _index_synced(self) -> None:
         """Index what is written and synced. Only ever what is on disk: compaction may act
         on what the index says (delete the segment of a message acked here), and must never
-        outrun the disk. Deferred for a few syncs (INDEX_EVERY_SYNCS) because a message's
-        add and its ack then usually meet in one batch, and `_short_lived` skips both;
+        outrun the disk. Deferred for a few syncs or MiB (INDEX_EVERY_SYNCS, _BYTES) because
+        a message's add and its ack then usually meet in one batch, and `_short_lived` skips
+        both;
         never past a roll: a sealed segment is always fully indexed, and only sealed
         segments are compacted; `compact()` indexes first. Holds `_lock`."""
-        self._unindexed_syncs = 0
+        self._unindexed_syncs = self._unindexed_bytes = 0
         synced = self._synced_unindexed
         window = self._unindexed[:synced]
         segments = dict.fromkeys(seg for seg, _ in window)  # in write order
@@ -523,6 +544,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
             self._unsynced_since = time.monotonic()
         self._unsynced_bytes += len(data)
         self.bytes_written += len(data)
+        self._unindexed_bytes += len(data)
         with self._lock:
             seg.size_bytes += len(data)
             self._unindexed.append((seg, placed))
@@ -603,23 +625,18 @@ class FileJournal(_Opening, _Failure, _Compaction):
         with self._lock:
             live, self._opened_live = self._opened_live, None
             if live is not None:
-                self._opened = None
-                return JournalState._from_live(self._live, live.__getitem__, self._opened_max_id)
+                # Every layout was decoded when its segment was read: records only.
+                records = cast(dict[_Loc, Record], live)
+                return JournalState._from_live(self._live, records.__getitem__, self._opened_max_id)
         return JournalState.of(self.replay())
 
     def replay(self) -> Iterator[Record]:
         if not self.read_only:
             self.flush()
         with self._compact_lock, self._lock:  # no compaction runs, none starts
-            opened, self._opened = self._opened, None
             self._opened_live = None
-            if opened is None:
-                self._readers += 1
-                plan = [(seg.path, seg.size_bytes, list(seg.skips)) for seg in self._segments]
-        if opened is not None:
-            # Compaction since the open dropped only dead records: the same state.
-            yield from opened
-            return
+            self._readers += 1
+            plan = [(seg.path, seg.size_bytes, list(seg.skips)) for seg in self._segments]
         try:
             yield from self._replay(plan)
         finally:

@@ -13,7 +13,7 @@ added and acknowledged within one index batch, which the file journal's index th
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
 from amqpbroker.core.records import (
@@ -32,6 +32,7 @@ from amqpbroker.core.records import (
     TxRollback,
     UpdateDeliveryCount,
 )
+from amqpbroker.store.codec import MessageLayout
 
 # --- liveness ------------------------------------------------------------------------
 
@@ -74,7 +75,8 @@ class _LiveSet(Generic[_Item]):
         self.refs: dict[tuple[str, int], _RefSlot[_Item]] = {}
         self.queue_refs: dict[str, dict[int, None]] = {}
         self.page_cursors: dict[str, _Item] = {}
-        self._rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
+        # The rule of each record type (`apply`; the file journal's index calls them).
+        self.rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
             AddMessage: self._add_message,
             AddRef: self._add_ref,
             AckRef: self._ack_ref,
@@ -91,12 +93,17 @@ class _LiveSet(Generic[_Item]):
         }
 
     def apply(self, record: Record, item: _Item) -> bool:
-        return self._rules[type(record)](record, item)
+        return self.rules[type(record)](record, item)
 
     def _add_message(self, record: AddMessage, item: _Item) -> bool:
-        slot = self.messages.get(record.msg_id)
+        return self.add_message(record.msg_id, item)
+
+    def add_message(self, msg_id: int, item: _Item) -> bool:
+        """`AddMessage` by its id alone (recovery indexes a message before reading its
+        body, and reads the body only if the message is still live)."""
+        slot = self.messages.get(msg_id)
         if slot is None:
-            self.messages[record.msg_id] = _MessageSlot(item)
+            self.messages[msg_id] = _MessageSlot(item)
         else:
             self._dead(slot.item, False)
             slot.item = item
@@ -209,7 +216,7 @@ _WITH_MSG_ID = (AddMessage, AddRef, AckRef, UpdateDeliveryCount, ScheduledDelive
 _REF_RECORDS = (AddRef, AckRef)
 
 
-def _short_lived(records: list[Record], live: _LiveSet[Any]) -> set[int]:
+def _short_lived(records: Sequence[Record | MessageLayout], live: _LiveSet[Any]) -> set[int]:
     """The messages whose every record in `records` (one segment's, in order) is dead by
     their end: added here, unknown to `live` before, and every reference added here acked
     here (a message added with no reference yet is not: its references may be in the next
@@ -237,8 +244,8 @@ def _short_lived(records: list[Record], live: _LiveSet[Any]) -> set[int]:
                 referenced.add(record.msg_id)
             else:
                 refs.discard(record.queue)
-        elif isinstance(record, AddMessage):
-            msg_id = record.msg_id
+        elif isinstance(record, AddMessage | tuple):  # a tuple: its layout, read at open
+            msg_id = record[0] if isinstance(record, tuple) else record.msg_id
             open_refs[msg_id] = None if msg_id in known or msg_id in open_refs else set()
         elif isinstance(record, DeleteQueue):
             return set()

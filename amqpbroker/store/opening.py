@@ -30,6 +30,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+import amqpbroker.store.codec as codec
 from amqpbroker.core.records import (
     Record,
 )
@@ -37,7 +38,8 @@ from amqpbroker.store.api import (
     JournalCorrupt,
     JournalError,
 )
-from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet
+from amqpbroker.store.frames import Entry, read_batches
+from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _NEXT_SUFFIX,
@@ -70,8 +72,8 @@ class _Opening:
     skip_corrupt: bool
     _segments: list[_Segment]
     _live: _LiveSet[_Loc]
-    _opened: list[Record] | None
-    _opened_live: dict[_Loc, Record] | None
+    _opened_live: dict[_Loc, Record | codec.MessageLayout] | None
+    _unread: list[_Loc]
     _opened_max_id: int
 
     def _on_dead(self, item: _Loc, needs_tombstone: bool) -> None:
@@ -80,8 +82,8 @@ class _Opening:
     def _index_batch(
         self,
         seg: _Segment,
-        batch: Iterable[tuple[Record, int, int]],
-        keep: dict[_Loc, Record] | None = None,
+        batch: Iterable[tuple[Record | codec.MessageLayout, int, int]],
+        keep: dict[_Loc, Record | codec.MessageLayout] | None = None,
     ) -> None:
         raise NotImplementedError  # FileJournal's
 
@@ -142,21 +144,48 @@ class _Opening:
         _sync_directory(self.directory)
         return _Segment(number, path, HEADER_BYTES)
 
-    def _index_opened(self, seg: _Segment, batch: list[tuple[Record, int, int]]) -> None:
-        """Index a batch read at open, and keep its records for the first replay (or
-        `state()`): the live ones by location, the largest message id of all."""
+    def _index_opened(self, seg: _Segment, batch: list[Entry], top: int) -> None:
+        """Index a batch read at open, keeping the records it made live for `state()`;
+        `top` is the batch's largest message id."""
         self._index_batch(seg, batch, self._opened_live)
-        if self._opened is not None:
-            self._opened.extend(record for record, _, _ in batch)
-        top = max(
-            (r.msg_id for r, _, _ in batch if isinstance(r, _WITH_MSG_ID)),
-            default=self._opened_max_id,
-        )
         if top > self._opened_max_id:
             self._opened_max_id = top
 
+    def _index_read(self, seg: _Segment, done: list[tuple[list[Entry], int]], acks: int) -> None:
+        """Index appends `read_batches` read, in order, but the records of the messages
+        added and acknowledged among them (`_short_lived`, as the writer's index does):
+        a message consumed soon after it was stored costs the open no index entry and no
+        body (issue 23 item 4). Only when there are acks to look for."""
+        gone = (
+            _short_lived([r for entries, _ in done for r, _, _ in entries], self._live)
+            if acks
+            else None
+        )
+        for entries, top in done:
+            if gone:
+                entries = [e for e in entries if _msg_id(e[0]) not in gone]
+            self._index_opened(seg, entries, top)
+
+    def _read_unread(self, data: bytes) -> None:
+        """Decode the AddMessages of the segment just read (`data`) that are still live:
+        the open indexed them by id alone (issue 23 item 4: a message consumed before the
+        end of its segment costs no body copy, no record)."""
+        keep = self._opened_live
+        if keep is not None:
+            for item in self._unread:
+                layout = keep.get(item)
+                if isinstance(layout, tuple):
+                    keep[item] = codec.add_message_of(data, layout)
+        self._unread = []
+
     def _scan_segment(self, number: int, path: Path, *, last: bool) -> None:
         data = path.read_bytes()
+        try:
+            self._scan_data(number, path, data, last=last)
+        finally:
+            self._read_unread(data)
+
+    def _scan_data(self, number: int, path: Path, data: bytes, *, last: bool) -> None:
         seg = _Segment(number, path, len(data))
         if len(data) < HEADER_BYTES or data[:HEADER_BYTES] == bytes(HEADER_BYTES):
             if not last:
@@ -176,13 +205,23 @@ class _Opening:
         if header_number != number:
             raise JournalCorrupt(path, 0, f"header says segment {header_number}")
         self._segments.append(seg)
-        batch: list[tuple[Record, int, int]] = []  # records of an unfinished append
+        # Records of an unfinished append; an AddMessage as its layout (see `_read_unread`).
+        batch: list[Entry] = []
         batch_start = pos = HEADER_BYTES
-        while pos < len(data):
+        top = 0  # the batch's largest message id
+        size = len(data)
+        done: list[tuple[list[Entry], int]] = []
+        while pos < size:
+            # The usual frames in bulk; the one it stops at gets the full checks here.
+            pos, batch, top, acks = read_batches(data, pos, batch, top, done)
+            if done:
+                self._index_read(seg, done, acks)
+                done.clear()
+                batch_start = batch[0][1] if batch else pos
+            if pos >= size:
+                break
             checked = _check_frame(data, pos)
-            record: Record | _Bad = (
-                checked if isinstance(checked, _Bad) else _decode_at(data, pos, *checked[:2])
-            )
+            record = checked if isinstance(checked, _Bad) else _decode_at(data, pos, *checked[:2])
             if isinstance(record, _Bad):
                 if last and self._is_tail(data, pos, record):
                     self._truncate_tail(seg, data, batch_start, pos, record, len(batch))
@@ -193,16 +232,19 @@ class _Opening:
                 continue
             assert not isinstance(checked, _Bad)
             end, _, flags = checked
+            if isinstance(record, _WITH_MSG_ID) and record.msg_id > top:
+                top = record.msg_id
             batch.append((record, pos, end - pos))
             pos = end
             if flags & BATCH_END:
-                self._index_opened(seg, batch)
+                self._index_opened(seg, batch, top)
                 batch = []
                 batch_start = pos
+                top = 0
         if batch and last:
             self._truncate_tail(seg, data, batch_start, pos, None, len(batch))
         elif batch:
-            self._index_opened(seg, batch)
+            self._index_opened(seg, batch, top)
 
     @staticmethod
     def _is_tail(data: bytes, pos: int, bad: _Bad) -> bool:
@@ -265,3 +307,8 @@ class _Opening:
         )
         seg.skips.append((pos, resume))
         return resume
+
+
+def _msg_id(record: Record | codec.MessageLayout) -> int:
+    """The message id of a record `read_batches` reads (each has one)."""
+    return record[0] if isinstance(record, tuple) else getattr(record, "msg_id", 0)

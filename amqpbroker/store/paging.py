@@ -140,6 +140,17 @@ class _Frame:
     def msg_id(self) -> int:
         return int(_MESSAGE.unpack_from(self.body, 1)[1])
 
+    @property
+    def expiration_ms(self) -> int:
+        return int(_MESSAGE.unpack_from(self.body, 1)[3])
+
+
+def _earlier(expiring_ms: int, expiration_ms: int) -> int:
+    """The earlier of two expiration times, 0 meaning never."""
+    if not expiring_ms or (expiration_ms and expiration_ms < expiring_ms):
+        return expiration_ms
+    return expiring_ms
+
 
 class QueuePages:
     """One queue's page files (`core.paging.PageStore`). Loop thread only."""
@@ -161,6 +172,8 @@ class QueuePages:
         self._owner = owner
         self.messages = 0
         self.size_bytes = 0
+        self.epoch = 0  # + 1 when a removal rewrites the files: older positions are void
+        self.expiring_ms = 0  # no paged message expires before this (0: none expires)
         self.durable_written = False  # since the last flush
         directory.mkdir(parents=True, exist_ok=True)
         pages = sorted(
@@ -230,6 +243,7 @@ class QueuePages:
             raise ResourceLimitExceeded(f"cannot page message {message.msg_id}: {e}") from e
         self.messages += 1
         self.size_bytes += message.size
+        self.expiring_ms = _earlier(self.expiring_ms, message.expiration_ms)
         if message.durable and self.journaled:
             self.durable_written = True
             self._owner.dirty.add(self)
@@ -270,14 +284,22 @@ class QueuePages:
             if (0 <= max_bytes <= taken_bytes) or (0 <= max_messages <= len(taken)):
                 break
         self._roll_cursor()
+        if not self.messages:
+            self.expiring_ms = 0
         if not self.journaled:
             self.release(self._cursor)
         return taken
 
     def browse(self) -> Iterator[Message]:
-        for frame in self._frames(self._cursor, self._end()):
+        for message, _ in self.browse_from(self._cursor):
+            yield message
+
+    def browse_from(self, position: Position) -> Iterator[tuple[Message, Position]]:
+        """The paged messages from `position` (a cursor or a position this returned,
+        of the current `epoch`) on, each with the position after it; read lazily."""
+        for frame in self._frames(position, self._end()):
             if frame.kind == _KIND_MESSAGE:
-                yield self._message(frame)
+                yield self._message(frame), frame.end
 
     def remove(self, doomed: set[int]) -> None:
         """Drop the paged messages in `doomed`: a marker, then copies of the rest."""
@@ -289,7 +311,7 @@ class QueuePages:
         )
         self._open_writer()
         undo: Position = (self._write_page, self._write_offset)
-        messages = size = 0
+        messages = size = expiring = 0
         durable = False
         try:
             self._append(_marker(kept))
@@ -301,10 +323,12 @@ class QueuePages:
                     messages += 1
                     size += frame.size
                     durable = durable or frame.durable
+                    expiring = _earlier(expiring, frame.expiration_ms)
         except OSError:  # a marker without all its copies would make a reader skip
             self._undo(undo)  # later messages: the removal did not happen
             raise
-        self.messages, self.size_bytes = messages, size
+        self.messages, self.size_bytes, self.expiring_ms = messages, size, expiring
+        self.epoch += 1
         self._cursor = after_marker
         self._roll_cursor()
         if durable and self.journaled:
@@ -326,7 +350,8 @@ class QueuePages:
 
     def clear(self) -> None:
         self._cursor = self._end()
-        self.messages = self.size_bytes = 0
+        self.messages = self.size_bytes = self.expiring_ms = 0
+        self.epoch += 1
         self._roll_cursor()
         if not self.journaled:
             self.release(self._cursor)
@@ -480,6 +505,7 @@ class QueuePages:
             if frame.kind == _KIND_MESSAGE:
                 messages += 1
                 size += frame.size
+                self.expiring_ms = _earlier(self.expiring_ms, frame.expiration_ms)
         self.messages, self.size_bytes = messages, size
         self._write_offset = good[1]
         log.info(

@@ -198,6 +198,6 @@ def _next_sound_frame(data: bytes, start: int) -> int:
 
 def _decode_at(data: bytes, pos: int, end: int, type_id: int) -> Record | _Bad:
     try:
-        return codec.decode(type_id, data[pos + FRAME_BYTES : end])
+        return codec.decode_at(type_id, data, pos + FRAME_BYTES, end)
     except codec.CodecError as e:
         return _Bad(f"undecodable record: {e}", end, intact=True)

@@ -23,7 +23,7 @@ from amqpbroker.core.records import (
     ScheduledDelivery,
     UpdateDeliveryCount,
 )
-from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet, _MessageSlot, _RefSlot
+from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,34 +51,61 @@ class JournalState:
     def __init__(self) -> None:
         self._live: _LiveSet[Record] = _LiveSet(_ignore_dead)
         self.max_msg_id = 0
+        # Read off another index (`_from_live`): the live messages and the reference
+        # rows, resolved once instead of a copy of that index's slots; `apply` puts them
+        # back in `_live` first.
+        self._messages: dict[int, AddMessage] | None = None
+        self._rows: list[tuple[str, int, int, int]] | None = None
 
     @classmethod
     def _from_live(
         cls, live: _LiveSet[Any], record_of: Callable[[Any], Record], max_msg_id: int
     ) -> JournalState:
         """The state of a liveness index another reader built (the file journal's, at
-        open), its items mapped back to their records: what applying the same records
-        again would give, without applying them twice (issue 23 item 4). A copy: later
-        changes to `live` do not show."""
+        open, where every message has a reference), its items mapped back to their
+        records: what applying the same records again would give, without applying them
+        twice (issue 23 item 4). A copy: later changes to `live` do not show."""
         state = cls()
         state.max_msg_id = max_msg_id
         own = state._live
         own.addresses = {k: record_of(v) for k, v in live.addresses.items()}
         own.queues = {k: record_of(v) for k, v in live.queues.items()}
         own.page_cursors = {k: record_of(v) for k, v in live.page_cursors.items()}
-        messages = own.messages
-        for msg_id, slot in live.messages.items():
-            copy = messages[msg_id] = _MessageSlot(record_of(slot.item))
-            copy.refs = slot.refs
-        refs = own.refs
+        messages: dict[int, Any] = {
+            msg_id: record_of(slot.item) for msg_id, slot in live.messages.items() if slot.refs
+        }
+        rows = []
+        resolve: Callable[[Any], Any] = record_of  # AddRef, UpdateDeliveryCount, Scheduled...
         for key, ref in live.refs.items():
-            add = refs[key] = _RefSlot(record_of(ref.add))
-            if ref.count is not None:
-                add.count = record_of(ref.count)
-            if ref.scheduled is not None:
-                add.scheduled = record_of(ref.scheduled)
-        own.queue_refs = {k: dict(v) for k, v in live.queue_refs.items()}
+            count, scheduled = ref.count, ref.scheduled
+            rows.append(
+                (
+                    key[0],
+                    key[1],
+                    resolve(ref.add if count is None else count).delivery_count,
+                    0 if scheduled is None else resolve(scheduled).at_ms,
+                )
+            )
+        state._messages, state._rows = messages, rows
         return state
+
+    def _thaw(self) -> None:
+        """Put the resolved messages and rows of `_from_live` back in `_live`: the same
+        state for every record applied next (an AddRef with the last count stands for
+        AddRef + UpdateDeliveryCount)."""
+        messages, rows = self._messages, self._rows
+        if messages is None or rows is None:
+            return
+        self._messages = self._rows = None
+        live = self._live
+        for record in messages.values():
+            live.apply(record, record)
+        for queue, msg_id, count, at_ms in rows:
+            add = AddRef(queue=queue, msg_id=msg_id, delivery_count=count)
+            live.apply(add, add)
+            if at_ms:
+                scheduled = ScheduledDelivery(queue=queue, msg_id=msg_id, at_ms=at_ms)
+                live.apply(scheduled, scheduled)
 
     @classmethod
     def of(cls, records: Iterable[Record]) -> JournalState:
@@ -88,6 +115,8 @@ class JournalState:
         return state
 
     def apply(self, record: Record) -> None:
+        if self._rows is not None:
+            self._thaw()
         if isinstance(record, _WITH_MSG_ID) and record.msg_id > self.max_msg_id:
             self.max_msg_id = record.msg_id
         self._live.apply(record, record)
@@ -112,6 +141,8 @@ class JournalState:
     @property
     def messages(self) -> dict[int, AddMessage]:
         """Live messages by id: those with at least one reference."""
+        if self._messages is not None:
+            return dict(self._messages)
         return {
             msg_id: slot.item
             for msg_id, slot in self._live.messages.items()
@@ -120,29 +151,34 @@ class JournalState:
 
     def refs(self, queue: str | None = None) -> list[RecoveredRef]:
         """References in the order they were added (of one queue, or of all)."""
+        return [RecoveredRef(*row) for row in self.ref_rows(queue)]
+
+    def ref_rows(self, queue: str | None = None) -> list[tuple[str, int, int, int]]:
+        """`refs()` as plain (queue, msg_id, delivery_count, scheduled_at_ms) tuples:
+        what recovery reads, millions of them (issue 23 item 4)."""
+        rows = self._rows
+        if rows is not None:
+            return list(rows) if queue is None else [row for row in rows if row[0] == queue]
         live = self._live
         keys: Iterable[tuple[str, int]] = (
             live.refs
             if queue is None
             else [(queue, msg_id) for msg_id in live.queue_refs.get(queue, ())]
         )
+        slots = live.refs
         result = []
-        for name, msg_id in keys:
-            slot = live.refs[name, msg_id]
+        for key in keys:
+            slot = slots[key]
             add, count, scheduled = slot.add, slot.count, slot.scheduled
             assert isinstance(add, AddRef)
             result.append(
-                RecoveredRef(
-                    queue=name,
-                    msg_id=msg_id,
-                    delivery_count=(
-                        count.delivery_count
-                        if isinstance(count, UpdateDeliveryCount)
-                        else add.delivery_count
-                    ),
-                    scheduled_at_ms=scheduled.at_ms
-                    if isinstance(scheduled, ScheduledDelivery)
-                    else 0,
+                (
+                    key[0],
+                    key[1],
+                    count.delivery_count
+                    if isinstance(count, UpdateDeliveryCount)
+                    else add.delivery_count,
+                    scheduled.at_ms if isinstance(scheduled, ScheduledDelivery) else 0,
                 )
             )
         return result

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from proton import Message
 from support.client import QUEUE, connect, settle_modified
-from support.event_files import read_events
+from support.event_files import finished_files, read_events
 from support.metrics import scrape
 from support.process import start_broker
 from support.waiting import wait_until
@@ -138,3 +138,40 @@ def test_retention_deletes_old_files_and_metrics_show_the_disk(tmp_path: Path) -
         assert broker.stop() == 0, broker.log()
     assert not old.exists()
     assert "not compacted by `amqpbroker analyze`" in broker.log()
+
+
+def test_a_killed_broker_keeps_the_events_of_every_turn_before_the_last(tmp_path: Path) -> None:
+    """B-170 durability, issue 20 (a frame at the end of every loop turn): SIGKILL the
+    broker right after a client saw its last request settled. The writer process outlives
+    it and finishes the file with every event of the turns before the one the broker
+    died in: all the deliveries' `acked` events are there, seq from 1 without a gap. (With
+    the old 10 ms flush timer they could still be waiting in the broker.)"""
+    broker = start_broker(tmp_path, "event-log: {enabled: true, level: lifecycle}\n")
+    try:
+        conn = connect(broker.url, container="app")
+        sender = conn.create_sender("work", options=QUEUE)
+        for i in range(20):
+            sender.send(Message(id=f"w-{i}", body="x"))
+        receiver = conn.create_receiver("work", name="worker", options=QUEUE)
+        for _ in range(20):
+            receiver.receive(timeout=5)
+            receiver.accept()
+        # Barriers on the same connection, so after the accepts on the wire: the broker
+        # settles the first in the turn it read the accepts (or later), the second in a
+        # later turn, after the first turn's end flushed its events.
+        barrier = conn.create_sender("barrier", options=QUEUE)
+        barrier.send(Message(id="b-1", body="x"))
+        barrier.send(Message(id="b-2", body="x"))
+    finally:
+        broker.kill()
+    events_dir = broker.data_dir / "events"
+
+    def finished() -> bool:
+        return bool(finished_files(events_dir)) and not list(events_dir.glob("*.part"))
+
+    wait_until(finished, message="the writer process finishing the file")
+    events = read_events(events_dir)
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    acked = [e["amqp_message_id"] for e in events if e["event"] == "acked"]
+    assert acked == [f"w-{i}" for i in range(20)]
+    assert "b-1" in {e["amqp_message_id"] for e in events if e["event"] == "sent"}

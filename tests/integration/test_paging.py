@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import os
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support import bulk
+from support.client import connect, is_empty
+from support.inproc import ThreadBroker
 from support.process import BrokerProcess, start_broker
 from support.waiting import wait_until
 
@@ -38,13 +41,13 @@ def _config(*, persistence: bool) -> str:
         """
 
 
-def _api(broker: BrokerProcess, path: str) -> Any:
+def _api(broker: BrokerProcess | ThreadBroker, path: str) -> Any:
     url = f"http://127.0.0.1:{broker.ports['http']}{path}"
     with urllib.request.urlopen(url, timeout=10) as response:
         return json.loads(response.read())
 
 
-def _metric(broker: BrokerProcess, name: str) -> float:
+def _metric(broker: BrokerProcess | ThreadBroker, name: str) -> float:
     url = f"http://127.0.0.1:{broker.ports['http']}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:
         for line in response.read().decode().splitlines():
@@ -74,6 +77,108 @@ def test_a_backlog_ten_times_global_max_size_stays_on_disk_and_drains_in_order(
         assert bulk.receive(broker.url, "q", N) == list(range(N))
         assert _api(broker, "/api/v1/queues/q")["messages"] == 0
         assert _metric(broker, "amqpbroker_address_page_files") <= 1
+    finally:
+        broker.stop()
+
+
+def test_a_browser_sees_a_paged_backlog_in_order_and_a_consumer_then_gets_it_all(
+    tmp_path: Path,
+) -> None:
+    """B-031 over B-151 PAGE (issue 23: browse behaves the same for paged messages): a
+    proton browser (distribution-mode copy) of a queue ten times global-max-size sees
+    all N messages in order, paged ones included, without the broker holding them; the
+    queue still has N, and a consumer then gets all N in order."""
+    broker = start_broker(tmp_path, _config(persistence=False), log_level="info")
+    try:
+        assert bulk.send(broker.url, "q", range(N), size=SIZE, durable=lambda i: False) == N
+        before = broker.rss_bytes()
+        assert bulk.browse(broker.url, "q", N) == list(range(N))
+        grown = broker.rss_bytes() - before
+        assert grown < LIMIT + 8 * 1024 * 1024, f"RSS grew by {grown}"  # backlog: 20 MiB
+        row = _api(broker, "/api/v1/queues/q")
+        assert row["messages"] == N
+        assert row["paged_messages"] > N * 8 // 10
+        assert bulk.receive(broker.url, "q", N) == list(range(N))
+        assert _api(broker, "/api/v1/queues/q")["messages"] == 0
+    finally:
+        broker.stop()
+
+
+def test_a_paged_backlog_that_expires_goes_to_the_expiry_address_without_a_consumer(
+    broker_in_thread: Callable[[str], ThreadBroker],
+) -> None:
+    """B-084/B-085/B-090 over B-151 PAGE (issue 23: a paged message that expires is moved
+    to the expiry address without being delivered): no consumer, a backlog ten times
+    global-max-size with a TTL; once the clock passes it and an expiry scan, the queue is
+    empty (API and metrics), every message is in the expiry queue with the x-opt-ORIG-*
+    annotations, and a consumer of the queue gets nothing."""
+    broker = broker_in_thread(
+        f"""
+        global-max-size: {LIMIT}
+        message-expiry-scan-period: 1000
+        address-settings:
+          "#": {{page-size-bytes: 1048576, max-read-page-bytes: 1048576,
+                 expiry-address: ExpiryQueue, auto-create-expiry-resources: true}}
+        addresses:
+          - name: q
+            anycast: [{{name: q}}]
+          - name: ExpiryQueue
+            anycast: [{{name: ExpiryQueue}}]
+        """
+    )
+    assert bulk.send(broker.url, "q", range(N), size=SIZE, durable=lambda i: False, ttl_s=5) == N
+    assert _api(broker, "/api/v1/queues/q")["paged_messages"] > N * 8 // 10
+    broker.advance_clock(5_000)  # past the TTL and a scan: read back a step a loop turn
+    wait_until(lambda: _api(broker, "/api/v1/queues/q")["messages"] == 0, timeout=60 * SCALE)
+    row = _api(broker, "/api/v1/queues/q")
+    assert (row["expired"], row["paged_messages"]) == (N, 0)
+    assert _metric(broker, "amqpbroker_address_paged_messages") == 0
+    assert _api(broker, "/api/v1/queues/EXP.q")["messages"] == N
+    conn = connect(broker.url)
+    try:
+        moved = conn.create_receiver("ExpiryQueue::EXP.q").receive(timeout=5)
+        assert moved.annotations["x-opt-ORIG-ADDRESS"] == "q"
+        assert moved.annotations["x-opt-ORIG-QUEUE"] == "q"
+        assert moved.annotations["x-opt-ACTUAL-EXPIRY"] == broker.clock.now_ms()
+        assert is_empty(conn, "q")
+    finally:
+        conn.close()
+
+
+def test_durable_paged_messages_that_expired_stay_expired_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """B-084/B-085 + B-095 over B-151 PAGE: a durable paged backlog whose TTL passes with
+    no consumer moves to the expiry queue as it is read back (the page cursor and the
+    copies journaled together); after a restart the queue is still empty and the
+    expiry queue holds every message once."""
+    config = f"""
+        global-max-size: {LIMIT}
+        message-expiry-scan-period: 500
+        persistence:
+          enabled: true
+        address-settings:
+          "#": {{page-size-bytes: 1048576, max-read-page-bytes: 1048576,
+                 expiry-address: ExpiryQueue, auto-create-expiry-resources: true}}
+        addresses:
+          - name: q
+            anycast: [{{name: q}}]
+          - name: ExpiryQueue
+            anycast: [{{name: ExpiryQueue}}]
+        """
+    n = N // 4
+    broker = start_broker(tmp_path, config, log_level="info")
+    try:
+        assert bulk.send(broker.url, "q", range(n), size=SIZE, ttl_s=2) == n
+        wait_until(lambda: _api(broker, "/api/v1/queues/q")["messages"] == 0, timeout=60 * SCALE)
+        assert _api(broker, "/api/v1/queues/EXP.q")["messages"] == n
+    finally:
+        broker.stop()
+    broker = start_broker(tmp_path, config, log_level="info")
+    try:
+        row = _api(broker, "/api/v1/queues/q")
+        assert (row["messages"], row["paged_messages"]) == (0, 0)
+        assert _api(broker, "/api/v1/queues/EXP.q")["messages"] == n
     finally:
         broker.stop()
 

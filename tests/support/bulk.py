@@ -14,7 +14,7 @@ from proton import Message
 from proton.handlers import MessagingHandler
 from proton.reactor import Container
 
-from support.client import Capabilities
+from support.client import Browse, Capabilities
 
 
 def body(i: int, size: int) -> bytes:
@@ -32,10 +32,12 @@ class _Sender(MessagingHandler):  # type: ignore[misc]
         size: int,
         durable: Callable[[int], bool],
         on_accepted: Callable[[int], None] | None,
+        ttl_s: float | None = None,
     ) -> None:
         super().__init__()
         self.url, self.address, self.numbers = url, address, numbers
         self.size, self.durable, self.on_accepted_count = size, durable, on_accepted
+        self.ttl_s = ttl_s
         self.next = 0
         self.accepted = 0
         self.error: str | None = None
@@ -48,7 +50,10 @@ class _Sender(MessagingHandler):  # type: ignore[misc]
         sender = event.sender
         while sender.credit and self.next < len(self.numbers):
             i = self.numbers[self.next]
-            sender.send(Message(body=body(i, self.size), durable=self.durable(i)))
+            message = Message(body=body(i, self.size), durable=self.durable(i))
+            if self.ttl_s is not None:
+                message.ttl = self.ttl_s
+            sender.send(message)
             self.next += 1
 
     def on_accepted(self, event: Any) -> None:
@@ -79,10 +84,13 @@ def send(
     size: int = 1024,
     durable: Callable[[int], bool] = lambda i: True,
     on_accepted: Callable[[int], None] | None = None,
+    ttl_s: float | None = None,
 ) -> int:
     """Send messages `numbers` to the anycast queue `address`; how many were accepted
     (all, unless the connection dropped: `on_accepted(count)` may kill the broker)."""
-    sender = _Sender(url, address, numbers, size=size, durable=durable, on_accepted=on_accepted)
+    sender = _Sender(
+        url, address, numbers, size=size, durable=durable, on_accepted=on_accepted, ttl_s=ttl_s
+    )
     Container(sender).run()
     if sender.error is not None and on_accepted is None:
         raise AssertionError(f"sending to {address}: {sender.error}")
@@ -90,15 +98,25 @@ def send(
 
 
 class _Receiver(MessagingHandler):  # type: ignore[misc]
-    def __init__(self, url: str, address: str, count: int, on_message: Callable[[int], None]):
+    def __init__(
+        self,
+        url: str,
+        address: str,
+        count: int,
+        on_message: Callable[[int], None],
+        *,
+        browse: bool = False,
+    ):
         super().__init__(prefetch=500)
         self.url, self.address, self.count = url, address, count
         self.callback = on_message
+        self.browse = browse
         self.got: list[int] = []
 
     def on_start(self, event: Any) -> None:
         conn = event.container.connect(self.url)
-        event.container.create_receiver(conn, self.address, options=Capabilities("queue"))
+        options = [Capabilities("queue"), Browse()] if self.browse else Capabilities("queue")
+        event.container.create_receiver(conn, self.address, options=options)
 
     def on_message(self, event: Any) -> None:
         self.got.append(int(bytes(event.message.body[:8])))
@@ -117,5 +135,13 @@ def receive(
     """Accept `count` messages from the anycast queue `address` (or until the connection
     drops); their numbers in arrival order."""
     receiver = _Receiver(url, address, count, on_message)
+    Container(receiver).run()
+    return receiver.got
+
+
+def browse(url: str, address: str, count: int) -> list[int]:
+    """Browse (distribution-mode copy, B-031) `count` messages of the anycast queue
+    `address` (or until the connection drops); their numbers in arrival order."""
+    receiver = _Receiver(url, address, count, lambda n: None, browse=True)
     Container(receiver).run()
     return receiver.got

@@ -41,6 +41,7 @@ from amqpbroker.amqp.sections import (
     UInt,
     ULong,
     UShort,
+    _check_nesting,
     decode_value,
     encode_annotations,
     encode_header,
@@ -1139,3 +1140,22 @@ def test_shallow_value_full_of_nesting_bytes_is_accepted() -> None:
     value = [Long(i) for i in range(200)] + [{"m": [1, [2, [3]]]}]
     raw = b"\x00\x53\x77" + encode_value(value)
     assert scan(raw).body_start == 0
+
+
+def test_a_value_shorter_than_the_limit_is_not_counted() -> None:
+    """Issue 20 (durable path): a durable message's header (a list of a few bytes) cannot
+    nest 33 levels, so the nesting check returns before counting its bytes, per message;
+    a longer value is still counted (and a deep one refused, tests above)."""
+    counted: list[bytes] = []
+
+    class Spy(bytes):
+        def count(self, sub: Any, *args: Any) -> int:
+            counted.append(sub)
+            return super().count(sub, *args)
+
+    header = Spy(encode_value([True, None, None, None, 0]))  # durable=true, first levels
+    _check_nesting(header, 0, len(header))
+    assert counted == []
+    long_list = Spy(encode_value([Long(2**40 + i) for i in range(10)]))
+    _check_nesting(long_list, 0, len(long_list))
+    assert counted or type(_check_nesting).__name__ != "function"  # compiled: no spying

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from support.core_harness import Harness, bodies
 
-from amqpbroker.core import ACCEPTED, RELEASED, Modified, QueueConfig, RoutingType
+from amqpbroker.core import ACCEPTED, RELEASED, Message, Modified, QueueConfig, RoutingType
 from amqpbroker.core.operations import change_priority
 
 
@@ -163,3 +163,16 @@ def test_a_fan_out_sent_event_names_the_queues_each_message_reached() -> None:
     assert sent(colour="blue") == ("a", "b", "c")
     h.broker.delete_queue("a")
     assert sent(colour="red") == ("b", "red", "c")
+
+
+def test_messages_restored_in_bulk_are_found_at_every_priority() -> None:
+    """Recovery's bulk restore (issue 23) fills the priority levels directly: the level
+    hint must cover them, highest first (B-013)."""
+    h = Harness()
+    h.producer("q", "queue")
+    queue = h.queue("q")
+    queue.restore_many(
+        [(Message(b"n", msg_id=1, priority=4), 0, 0), (Message(b"h", msg_id=2, priority=9), 0, 0)]
+    )
+    c = h.consumer("q", "queue")
+    assert bodies(h.take(c)) == [b"h", b"n"]

@@ -17,7 +17,9 @@ from amqpbroker.core import AddressSettings
 from amqpbroker.core import operations as ops
 from amqpbroker.core.model import Message
 from amqpbroker.core.outcomes import Accepted, Rejected
+from amqpbroker.core.paging import READ_STEP_MESSAGES
 from amqpbroker.protocol import message_of
+from amqpbroker.protocol.moves import COPIER
 from amqpbroker.store.paging import PageFiles, QueuePages
 from tests.support.core_harness import Harness
 
@@ -38,7 +40,9 @@ def files(tmp_path: Path) -> Iterator[PageFiles]:
 
 
 def _paging(files: PageFiles, **settings: object) -> Harness:
-    h = Harness({"#": AddressSettings.of(max_size_bytes=LIMIT, **settings)})
+    # The adapter's copier: moved copies carry their annotations in their bytes, which
+    # is what a page file keeps.
+    h = Harness({"#": AddressSettings.of(max_size_bytes=LIMIT, **settings)}, copier=COPIER)
     h.broker.enable_paging(files)
     return h
 
@@ -520,3 +524,236 @@ def test_a_deleted_queues_late_release_spares_the_files_of_its_namesake(tmp_path
     got = new.read(max_bytes=-1, max_messages=-1)
     assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(10)]
     files.close()
+
+
+def _drain(h: Harness, consumer: object) -> list[str]:
+    """Accept everything the queue gives `consumer`, 20 at a time."""
+    got: list[str] = []
+    while True:
+        h.broker.set_credit(consumer, 20)  # type: ignore[arg-type]
+        batch = h.take(consumer)  # type: ignore[arg-type]
+        if not batch:
+            return got
+        for d in batch:
+            h.broker.settle(consumer, d.delivery, ACCEPTED)  # type: ignore[arg-type]
+            got.append(_decode(d.message.data))
+
+
+def _browse_all(h: Harness, browser: object, *, credit: int) -> list[str]:
+    """Give a browser `credit` at a time until it gets nothing more."""
+    seen: list[str] = []
+    while True:
+        h.broker.set_credit(browser, credit)  # type: ignore[arg-type]
+        batch = h.take(browser)  # type: ignore[arg-type]
+        if not batch:
+            return seen
+        seen += [_decode(d.message.data) for d in batch]
+
+
+def test_a_browser_sees_the_paged_messages_in_order_and_a_consumer_still_gets_all(
+    files: PageFiles,
+) -> None:
+    """B-031 over B-151 (issue 23, browsers): a browser with little credit sees every
+    message of a paging queue, the in-memory ones then the paged ones, in order, once;
+    nothing is taken (counts unchanged), and a consumer then gets all of them."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 300)
+    assert _pages(h).messages > 250
+    browser = h.consumer("q", "queue", credit=0, browse=True)
+    assert _browse_all(h, browser, credit=7) == [f"message-{i:05d}" for i in range(300)]
+    assert h.queue("q").message_count == 300
+    assert h.broker.memory_bytes <= 2 * LIMIT  # read as credit allows, never all held
+    assert _drain(h, h.consumer("q", "queue", credit=0)) == [f"message-{i:05d}" for i in range(300)]
+
+
+def test_a_browser_inside_the_pages_is_not_sent_again_what_is_read_back(
+    files: PageFiles,
+) -> None:
+    """B-031 over B-151: while a browser is part-way through the page files, a consumer
+    drains the queue (the paged messages it has seen come back into memory with new
+    places) and new messages arrive: the browser goes on with the next one, no repeats,
+    no gaps."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 120)
+    browser = h.consumer("q", "queue", credit=60, browse=True)
+    first = [_decode(d.message.data) for d in h.take(browser)]
+    assert first == [f"message-{i:05d}" for i in range(60)]
+    c = h.consumer("q", "queue", credit=0)
+    taken: list[str] = []
+    for _ in range(4):  # read back, across the browser's place, in slices
+        h.broker.set_credit(c, 20)
+        for d in h.take(c):
+            taken.append(_decode(d.message.data))
+            h.broker.settle(c, d.delivery, ACCEPTED)
+    assert taken == [f"message-{i:05d}" for i in range(80)]
+    _send(h, 20, start=120)
+    rest = _browse_all(h, browser, credit=9)
+    assert rest == [f"message-{i:05d}" for i in range(80, 140)]
+
+
+@pytest.mark.parametrize("operation", ["purge", "move"])
+def test_a_browser_inside_the_pages_goes_on_after_paged_messages_are_removed(
+    files: PageFiles, operation: str
+) -> None:
+    """B-031 over B-151 + B-161: a filtered removal of paged messages rewrites the page
+    files; a browser part-way through them goes on after the last one it saw."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    h.producer("other", "queue")
+    _send(h, 100)
+    ids = [r.message.msg_id for r in ops.browse(h.broker, "q", limit=1_000)]
+    browser = h.consumer("q", "queue", credit=70, browse=True)
+    assert len(h.take(browser)) == 70
+    assert _pages(h).messages > 70  # it is inside the page files
+    doomed = set(ids[40:100:3])  # paged ones on both sides of the browser's place
+    if operation == "purge":
+        assert ops.purge(h.broker, "q", ids=doomed) == len(doomed)
+    else:
+        assert ops.move(h.broker, "q", to_queue="other", ids=doomed) == len(doomed)
+    expected = [f"message-{i:05d}" for i in range(70, 100) if ids[i] not in doomed]
+    assert _browse_all(h, browser, credit=4) == expected
+
+
+def _run_due(h: Harness) -> None:
+    """Tick while the broker has work due now, as the server's timer does (bounded)."""
+    for _ in range(1_000):
+        due = h.broker.next_deadline_ms()
+        if due is None or due > h.clock.now_ms():
+            return
+        h.broker.tick()
+    raise AssertionError("the broker keeps having work due")
+
+
+def test_paged_messages_that_expire_without_a_consumer_go_to_the_expiry_address(
+    files: PageFiles,
+) -> None:
+    """B-084/B-085 over B-151 (issue 23): no consumer; paged messages whose TTL passes
+    are read back and moved to the expiry address as they are read (a step per loop
+    turn), with the B-090 annotations and an `expired` event each, so that the queue's
+    count and the page files do not keep them; never delivered afterwards."""
+    h = _paging(files, expiry_address="EXP", max_read_page_bytes=LIMIT)
+    h.producer("EXP", "queue")
+    _send(h, 2_000, ttl_ms=1_000)
+    pages = _pages(h)
+    assert pages.messages > 1_900
+    h.broker.emitter.take()
+    h.advance(999)
+    _run_due(h)
+    assert h.queue("q").message_count == 2_000  # not yet
+    h.advance(29_001)  # the expiry scan (message-expiry-scan-period 30 s) is due
+    _run_due(h)
+    queue = h.queue("q")
+    assert (queue.message_count, pages.messages, queue.counters.expired) == (0, 0, 2_000)
+    assert h.queue("EXP").message_count == 2_000
+    moved = h.queue("EXP").pages
+    assert moved is not None  # the expiry address is full too: the copies page there
+    copy = next(iter(moved.browse()))
+    assert copy.get_annotations()["x-opt-ORIG-QUEUE"] == "q"
+    assert copy.get_annotations()["x-opt-ACTUAL-EXPIRY"] == h.clock.now_ms()
+    events = [e for e in h.broker.emitter.take() if e.event == "expired"]
+    assert len(events) == 2_000
+    assert {(e.queue, e.reason, e.target_address) for e in events} == {("q", "moved", "EXP")}
+    c = h.consumer("q", "queue", credit=100)
+    assert h.take(c) == []
+
+
+def test_an_expired_paged_message_is_never_delivered_nor_browsed(files: PageFiles) -> None:
+    """B-084 over B-151: a consumer and a browser attached after the TTL of every other
+    paged message passed (before any expiry scan) get only the live ones, in order; the
+    expired ones are at the expiry address."""
+    h = _paging(files, expiry_address="EXP", max_read_page_bytes=LIMIT)
+    h.producer("EXP", "queue")
+    target = h.producer("q", "queue")
+    for i in range(300):
+        h.send(target, _amqp(i), ttl_ms=1_000 if i % 2 else None)
+    h.clock.advance(1_000)  # no tick: dispatch and the browser meet them first
+    live = [f"message-{i:05d}" for i in range(0, 300, 2)]
+    browser = h.consumer("q", "queue", credit=0, browse=True)
+    assert _browse_all(h, browser, credit=11) == live
+    assert _drain(h, h.consumer("q", "queue", credit=0)) == live
+    assert h.queue("q").counters.expired == 150
+    assert h.queue("EXP").message_count == 150
+
+
+def test_paged_expired_messages_behind_a_live_head_wait_to_be_read_back(
+    files: PageFiles,
+) -> None:
+    """B-084 over B-151, the documented limit (docs/decisions.md, as Artemis): with no
+    consumer, expired paged messages behind max-read-page-bytes of live ones are found
+    when they are read back: counted until then, never delivered."""
+    h = _paging(files, expiry_address="EXP", max_read_page_bytes=LIMIT)
+    h.producer("EXP", "queue")
+    _send(h, 100)  # live: more than memory takes back
+    _send(h, 100, start=100, ttl_ms=1_000)
+    h.advance(30_000)
+    _run_due(h)
+    assert h.queue("q").counters.expired < 100
+    assert h.queue("q").message_count == 200 - h.queue("q").counters.expired
+    assert _drain(h, h.consumer("q", "queue", credit=0)) == [f"message-{i:05d}" for i in range(100)]
+    assert h.queue("q").counters.expired == 100
+    assert h.queue("EXP").message_count == 100
+
+
+def test_the_earliest_paged_expiration_is_known_after_writes_a_removal_and_a_restart(
+    tmp_path: Path,
+) -> None:
+    """B-084 over B-151: `expiring_ms`, when the queue must look for expired paged
+    messages, is the earliest expiration written, exact again after a removal rewrote
+    the files and after a restart's scan, and 0 once nothing paged expires."""
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
+    files.recover({}, {})
+    pages = files.open(address="a", queue="q", durable=True)
+    expirations = [0, 9_000, 5_000, 0, 7_000]
+    for i, expiration in enumerate(expirations):
+        message = _durable(i)
+        message.expiration_ms = expiration
+        pages.write(message)
+    assert pages.expiring_ms == 5_000
+    pages.remove({3})  # msg_id 3: message 2, expiring at 5 s
+    assert pages.expiring_ms == 7_000
+    cursor = pages.position  # journaled with the removal
+    files.close()
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
+    files.recover({"q": "a"}, {"q": cursor})
+    pages = files.open(address="a", queue="q", durable=True)
+    assert pages.expiring_ms == 7_000
+    assert len(pages.read(max_bytes=-1, max_messages=-1)) == 4
+    assert pages.expiring_ms == 0
+    files.close()
+
+
+def test_a_read_back_takes_a_step_not_max_read_page_bytes_at_once(files: PageFiles) -> None:
+    """Issue 23 (page reads on the event loop): with the default max-read-page-bytes
+    (20 MiB) a consumer's first dispatch read every paged message back at once (~0.2 s
+    of the loop for 20 MiB of 1 KiB messages); now one step per read, and a consumer
+    still gets everything in order, a step after another."""
+    h = _paging(files)
+    _send(h, 3_000)
+    queue = h.queue("q")
+    in_memory = queue.memory_count
+    c = h.consumer("q", "queue", credit=1)
+    assert queue.memory_count <= in_memory + READ_STEP_MESSAGES
+    assert _pages(h).messages >= 3_000 - in_memory - READ_STEP_MESSAGES
+    assert _pages(h).messages > 2_000  # not the whole backlog
+    h.broker.settle(c, h.take(c)[0].delivery, ACCEPTED)
+    assert _drain(h, c) == [f"message-{i:05d}" for i in range(1, 3_000)]
+
+
+def test_looking_for_expired_paged_messages_pulls_at_most_a_step_into_memory(
+    files: PageFiles,
+) -> None:
+    """B-151 memory bound with B-084: a queue nobody drains, whose earliest paged
+    message expired with live ones behind it, reads back one step when its expiry
+    check runs (that one goes to the expiry address), not max-read-page-bytes (default
+    20 MiB) per queue."""
+    h = _paging(files, expiry_address="EXP")
+    h.producer("EXP", "queue")
+    _send(h, 30)
+    queue = h.queue("q")
+    in_memory = queue.memory_count
+    _send(h, 1, start=30, ttl_ms=1_000)
+    _send(h, 2_000, start=31, ttl_ms=100_000)
+    h.advance(1_000)
+    _run_due(h)
+    assert queue.counters.expired == 1
+    assert queue.memory_count <= in_memory + READ_STEP_MESSAGES
+    assert _pages(h).messages > 1_500

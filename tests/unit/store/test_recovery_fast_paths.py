@@ -1,0 +1,373 @@
+"""Issue 23 item 4 ("Recovery is fast"): the fast paths of opening and recovery give what
+the general ones give.
+
+The open indexes an AddMessage by its id and reads its body only if the message is still
+live when its segment has been read; the index is compared with `JournalState.of` of
+every record (the model) on random journals. Recovery restores each run of one queue's
+references in one call (`Broker.restore_many`); it is compared with `Broker.restore` one
+reference at a time (B-095 counts, B-015/B-065 scheduled, B-080 expiry, priorities).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from random import Random
+from typing import Any
+
+import pytest
+from proton import Message as ProtonMessage
+from support.core_harness import Harness
+
+from amqpbroker.amqp import sections
+from amqpbroker.core import AddressSettings
+from amqpbroker.core.model import Message, RoutingType
+from amqpbroker.core.records import (
+    AckRef,
+    AddAddress,
+    AddMessage,
+    AddQueue,
+    AddRef,
+    DeleteQueue,
+    PageCursor,
+    Record,
+    RecordType,
+    ScheduledDelivery,
+    UpdateDeliveryCount,
+)
+from amqpbroker.protocol import message_of
+from amqpbroker.store import FileJournal, codec
+from amqpbroker.store import segments as segment_format
+from amqpbroker.store.journal import JournalState
+from amqpbroker.store.liveness import _LiveSet
+from amqpbroker.store.recovery import _message
+
+QUEUES = ("q", "r", "s")
+
+
+def _open(directory: Path, **kw: Any) -> FileJournal:
+    return FileJournal(directory, fsync=lambda fd: None, auto_compact=False, **kw)
+
+
+def _random_appends(rng: Random, count: int) -> list[list[Record]]:
+    """Appends as a broker makes them: messages with their references, acks (most soon
+    after, some much later), counts, schedules, a queue deleted and made again."""
+    appends: list[list[Record]] = [
+        [AddQueue(name=q, address=q, routing_type=RoutingType.ANYCAST) for q in QUEUES]
+    ]
+    live: list[tuple[str, int]] = []
+    for msg_id in range(1, count + 1):
+        if rng.random() < 0.05 and msg_id > 2:
+            msg_id = rng.randrange(1, msg_id)
+        data = bytes([msg_id % 251]) * rng.randrange(0, 300)
+        records: list[Record] = [
+            AddMessage(
+                msg_id=msg_id,
+                address="q",
+                data=data,
+                priority=rng.randrange(10),
+                expiration_ms=rng.choice([0, 0, 5_000]),
+                first_ts=msg_id,
+                header_end=0,
+            )
+        ]
+        for queue in rng.sample(QUEUES, rng.choice([1, 1, 2])):
+            records.append(AddRef(queue=queue, msg_id=msg_id))
+            live.append((queue, msg_id))
+        for _ in range(rng.choice([0, 1, 1, 2])):
+            if not live:
+                break
+            roll = rng.random()
+            queue, other = live[rng.randrange(len(live))]
+            if roll < 0.6:
+                live.remove((queue, other))
+                records.append(AckRef(queue=queue, msg_id=other))
+            elif roll < 0.8:
+                records.append(
+                    UpdateDeliveryCount(queue=queue, msg_id=other, delivery_count=rng.randrange(5))
+                )
+            else:
+                records.append(ScheduledDelivery(queue=queue, msg_id=other, at_ms=msg_id))
+        if rng.random() < 0.01:
+            records.append(DeleteQueue(name="s"))
+            records.append(AddQueue(name="s", address="s", routing_type=RoutingType.ANYCAST))
+            live = [ref for ref in live if ref[0] != "s"]
+        if rng.random() < 0.02:
+            records.append(PageCursor(queue="r", page=msg_id, offset=1))
+            records.append(AddAddress(name=f"a{msg_id % 3}", routing_types=(RoutingType.ANYCAST,)))
+        appends.append(records)
+    return appends
+
+
+def _assert_same_state(state: JournalState, model: JournalState) -> None:
+    assert state.addresses == model.addresses
+    assert state.queues == model.queues
+    assert state.page_cursors == model.page_cursors
+    assert state.messages == model.messages
+    assert state.refs() == model.refs()
+    for queue in QUEUES:
+        assert state.ref_rows(queue) == [tuple(vars_of(r)) for r in model.refs(queue)]
+    assert state.max_msg_id == model.max_msg_id
+
+
+def vars_of(ref: Any) -> tuple[str, int, int, int]:
+    return (ref.queue, ref.msg_id, ref.delivery_count, ref.scheduled_at_ms)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_open_index_gives_the_state_of_every_record(
+    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Random journals over small segments (messages die in their own segment, in a later
+    one, or live on): `state()` from the open's index equals the model, and only the
+    messages still live at the end of their segment had their body read."""
+    rng = Random(seed)
+    appends = _random_appends(rng, 400)
+    with _open(tmp_path, max_segment_bytes=rng.choice([2048, 8192, 1 << 20])) as journal:
+        for records in appends:
+            journal.append(records, sync=False)
+        journal.flush()
+    model = JournalState.of(record for records in appends for record in records)
+    read: list[int] = []
+    real = codec.add_message_of
+
+    def counting(buf: bytes, layout: codec.MessageLayout) -> AddMessage:
+        read.append(layout[0])
+        return real(buf, layout)
+
+    monkeypatch.setattr(codec, "add_message_of", counting)
+    with _open(tmp_path) as journal:
+        _assert_same_state(journal.state(), model)
+    added = sum(isinstance(r, AddMessage) for records in appends for r in records)
+    assert set(model.messages) <= set(read)
+    assert len(read) < added  # the messages acked in their own segment were never read
+    with FileJournal(tmp_path, read_only=True) as files:  # replay reads the files
+        _assert_same_state(JournalState.of(files.replay()), model)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_records_applied_to_a_state_from_the_index_give_the_models_state(
+    tmp_path: Path, seed: int
+) -> None:
+    """The state from the index holds resolved rows, not the index's slots: records
+    applied to it afterwards (acks, counts, schedules, re-adds, a queue deleted) give what
+    applying them to the model gives."""
+    rng = Random(seed)
+    appends = _random_appends(rng, 300)
+    head, tail = appends[:200], appends[200:]
+    with _open(tmp_path, max_segment_bytes=4096) as journal:
+        for records in head:
+            journal.append(records, sync=False)
+        journal.flush()
+    model = JournalState.of(record for records in head for record in records)
+    with _open(tmp_path) as journal:
+        state = journal.state()
+    for records in tail:
+        for record in records:
+            state.apply(record)
+            model.apply(record)
+    _assert_same_state(state, model)
+
+
+def test_a_dead_message_is_dropped_from_the_open_state_when_it_dies(tmp_path: Path) -> None:
+    """A message acked in a later segment was read with its segment, then let go as the
+    ack was indexed: the state keeps no record of it, and counts it nowhere."""
+    with _open(tmp_path, max_segment_bytes=512) as journal:
+        for msg_id in (1, 2):
+            journal.append(
+                [
+                    AddMessage(msg_id=msg_id, address="q", data=b"x" * 300),
+                    AddRef(queue="q", msg_id=msg_id),
+                ],
+                sync=False,
+            )
+        journal.append([AckRef(queue="q", msg_id=1)], sync=False)
+        journal.flush()
+        assert journal.segment_count == 2  # message 1 in the first, its ack in the second
+    with _open(tmp_path) as journal:
+        kept = journal._opened_live
+        assert kept is not None
+        assert [r.msg_id for r in kept.values() if isinstance(r, AddMessage)] == [2]
+        state = journal.state()
+    assert list(state.messages) == [2]
+    assert state.ref_rows() == [("q", 2, 0, 0)]
+
+
+def test_an_add_message_of_an_older_journal_opens_on_the_fast_path(tmp_path: Path) -> None:
+    """A segment written before issue 23 (AddMessage with 7 fields, no scan) and one with
+    an AddMessage only the general decoder reads (a field of another type) both open:
+    the on-disk format did not change."""
+    new = AddMessage(msg_id=1, address="q", data=b"one", first_ts=4, header_end=0)
+    old = AddMessage(msg_id=2, address="q", data=b"two", first_ts=5)
+    odd = AddMessage(msg_id=3, address="q", data=b"three", priority=True)  # type: ignore[arg-type]
+    with _open(tmp_path) as journal:
+        journal.append([new, AddRef(queue="q", msg_id=1)], sync=True)
+    (segment,) = sorted(tmp_path.glob("journal-*.seg"))
+    old_payload = bytes([7]) + codec.encode_generic(old)[1 : -3 * 9]
+    with segment.open("ab") as f:
+        for type_id, payload, flags in (
+            (RecordType.ADD_MESSAGE, old_payload, 0),
+            (RecordType.ADD_REF, codec.encode(AddRef(queue="q", msg_id=2)), 0),
+            (RecordType.ADD_MESSAGE, codec.encode_generic(odd), 0),
+            (RecordType.ADD_REF, codec.encode(AddRef(queue="q", msg_id=3)), 1),
+        ):
+            f.write(segment_format._frame(type_id, flags, payload))
+    assert codec.add_message_layout(codec.encode_generic(odd), 0, 50) is None
+    with _open(tmp_path) as journal:
+        state = journal.state()
+    assert state.messages == {1: new, 2: old, 3: odd}
+    assert state.messages[2].header_end == -1  # recovery scans it (as before issue 23)
+
+
+def test_a_torn_tail_with_a_message_read_by_id_is_cut_and_the_rest_is_read(
+    tmp_path: Path,
+) -> None:
+    """The last append cut short by a crash: its AddMessage (indexed by id only while
+    the append was unfinished) is gone with it; the messages before it are whole."""
+    with _open(tmp_path) as journal:
+        for msg_id in (1, 2, 3):
+            journal.append(
+                [
+                    AddMessage(msg_id=msg_id, address="q", data=bytes([msg_id]) * 100),
+                    AddRef(queue="q", msg_id=msg_id),
+                ],
+                sync=True,
+            )
+    (segment,) = sorted(tmp_path.glob("journal-*.seg"))
+    with segment.open("r+b") as f:
+        f.truncate(segment.stat().st_size - 10)  # into the last AddRef
+    with _open(tmp_path) as journal:
+        state = journal.state()
+    assert {k: v.data for k, v in state.messages.items()} == {1: b"\x01" * 100, 2: b"\x02" * 100}
+    assert [row[1] for row in state.ref_rows()] == [1, 2]
+
+
+# --- bulk restore --------------------------------------------------------------------
+
+SETTINGS = {
+    "lvq": AddressSettings.of(default_last_value_key="k"),
+    "ring": AddressSettings.of(default_ring_size=5),
+}
+
+
+def _broker() -> Harness:
+    h = Harness(SETTINGS)
+    h.clock.advance(1_000_000)
+    for name in ("plain", "other", "lvq", "ring"):
+        h.producer(name, "queue")
+    return h
+
+
+def _messages(rng: Random, count: int, now_ms: int) -> list[tuple[str, Message, int, int]]:
+    rows = []
+    for msg_id in range(1, count + 1):
+        props = {"k": f"v{rng.randrange(4)}"}
+        sent = ProtonMessage(
+            body=f"m{msg_id}", durable=True, priority=rng.randrange(10), properties=props
+        )
+        message = message_of(sections.scan(bytes(sent.encode())))
+        message.msg_id = msg_id
+        message.expiration_ms = rng.choice([0, 0, now_ms + rng.randrange(1, 10_000)])
+        queue = rng.choice(["plain", "plain", "other", "lvq", "ring"])
+        at_ms = rng.choice([0, 0, 0, now_ms - 5, now_ms + rng.randrange(1, 10_000)])
+        rows.append((queue, message, rng.randrange(4), at_ms))
+    return rows
+
+
+def _snapshot(h: Harness) -> dict[str, Any]:
+    broker = h.broker
+    queues = {}
+    for name in ("plain", "other", "lvq", "ring"):
+        queue = broker.queues[name]
+        queues[name] = (
+            [
+                (r.message.msg_id, r.seq, r.state, r.delivery_count, r.stored_count)
+                for r in queue.refs()
+            ],
+            queue.message_count,
+            queue.ready_count,
+            queue.scheduled_count,
+            queue.size_bytes,
+        )
+    expiries = sorted((e[0], e[2].name, e[3].message.msg_id) for e in broker._expiries)
+    return {
+        "queues": queues,
+        "memory": broker.memory_bytes,
+        "expiries": expiries,
+        "deadlines": sorted(broker._deadlines),
+        "addresses": {a: broker.post_office.addresses[a].size_bytes for a in queues},
+    }
+
+
+def _drain(h: Harness, name: str) -> list[tuple[int, int]]:
+    consumer = h.consumer(name, "queue", credit=1000)
+    h.clock.advance(20_000)  # past every schedule; expired ones go
+    h.broker.tick()
+    return [(d.message.msg_id, d.wire_count) for d in h.take(consumer)]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_bulk_restore_equals_one_reference_at_a_time(seed: int) -> None:
+    """Random references (priorities, counts, schedules past and future, expiry) into
+    plain, last-value and ring queues: `restore_many` per run of one queue leaves the
+    same queues, sizes, expiry index and schedule as `restore` per reference, and the
+    consumers then get the same messages in the same order with the same counts."""
+    one, bulk = _broker(), _broker()
+    rows = _messages(Random(seed), 300, one.clock.now_ms())
+    for queue, message, count, at_ms in rows:
+        assert one.broker.restore(queue, _copy(message), count, at_ms)
+    run: list[tuple[Message, int, int]] = []
+    for i, (queue, message, count, at_ms) in enumerate(rows):
+        run.append((_copy(message), count, at_ms))
+        if i + 1 == len(rows) or rows[i + 1][0] != queue:
+            assert bulk.broker.restore_many(queue, run)
+            run = []
+    assert _snapshot(bulk) == _snapshot(one)
+    for name in ("plain", "other", "lvq", "ring"):
+        assert _drain(bulk, name) == _drain(one, name)
+    assert not bulk.broker.restore_many("nowhere", [(_copy(rows[0][1]), 0, 0)])
+
+
+def _copy(message: Message) -> Message:
+    copy = _message(
+        AddMessage(
+            msg_id=message.msg_id,
+            address="q",
+            data=message.data,
+            priority=message.priority,
+            expiration_ms=message.expiration_ms,
+            header_end=-1,
+        ),
+        message_of,
+    )
+    copy.priority = message.priority
+    return copy
+
+
+def test_messages_consumed_within_what_the_open_read_are_not_indexed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message added and acknowledged in one segment (the ack in a later append) costs
+    the open no index entry (`_short_lived`, as the writer's index); one acked in a later
+    segment, or re-added, is indexed; the state is the model's either way."""
+    appends: list[list[Record]] = [
+        [AddMessage(msg_id=1, address="q", data=b"a"), AddRef(queue="q", msg_id=1)],
+        [AddMessage(msg_id=2, address="q", data=b"b"), AddRef(queue="q", msg_id=2)],
+        [AckRef(queue="q", msg_id=1)],
+        [AddMessage(msg_id=3, address="q", data=b"c"), AddRef(queue="q", msg_id=3)],
+    ]
+    with _open(tmp_path) as journal:
+        for records in appends:
+            journal.append(records, sync=False)
+        journal.flush()
+    indexed: list[int] = []
+    real = _LiveSet.add_message
+
+    def counting(self: _LiveSet[Any], msg_id: int, item: Any) -> bool:
+        indexed.append(msg_id)
+        return real(self, msg_id, item)
+
+    monkeypatch.setattr(_LiveSet, "add_message", counting)
+    with _open(tmp_path) as journal:
+        state = journal.state()
+    assert indexed == [2, 3]
+    _assert_same_state(state, JournalState.of(r for records in appends for r in records))

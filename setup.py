@@ -22,12 +22,17 @@ from typing import Any
 from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
-# The per-message path (callgrind): decode, queue, route, lifecycle events, the shell.
-# Mixins stay pure Python (`Broker`'s, `AmqpConnection`'s parts): mypyc makes a class
-# native, and a native mixin's methods refuse the class that combines them. So does
-# store/file_journal.py (mypyc 1.x fails on it), core/ids.py (its C does not build) and
-# core/refs.py (compiled, `Ref` defines `__lt__` and loses its hash: non-destructive
-# queues put refs in a dict).
+# The per-message path (callgrind): decode, queue, refs, route, lifecycle events, the
+# shell, a connection's event loop and transfers (`protocol/transfers.py`, a part of
+# `AmqpConnection` by composition), `Broker`'s own methods (publish, settle, credit), the
+# clock read per call, the effects.
+# Mixins stay pure Python (`Broker`'s, `AmqpConnection`'s attach and transactions): mypyc
+# makes a class native, and a native mixin's methods refuse the class that combines them;
+# `Broker`, which combines them, is compiled as a regular Python class
+# (`mypyc_attr(native_class=False)`: compiled methods, attributes in its `__dict__`).
+# `AmqpConnection` cannot be (mypyc 2.4 fails on its lambdas), nor store/file_journal.py
+# (its per-append framing is store/framing.py, compiled), and core/ids.py does not build
+# (mypyc's C for an `int`-returning `__next__`).
 HOT_MODULES = [
     "amqpbroker/amqp/sections.py",
     "amqpbroker/core/queue.py",
@@ -39,6 +44,12 @@ HOT_MODULES = [
     "amqpbroker/core/persistence.py",
     "amqpbroker/store/codec.py",
     "amqpbroker/store/framing.py",
+    "amqpbroker/core/refs.py",
+    "amqpbroker/protocol/transfers.py",
+    "amqpbroker/protocol/dispositions.py",
+    "amqpbroker/core/broker.py",
+    "amqpbroker/core/clock.py",
+    "amqpbroker/core/effects.py",
 ]
 
 

@@ -25,6 +25,8 @@ from collections.abc import Iterator
 from random import Random
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from amqpbroker.core.attach import (
     ProducerTarget,
     _Attach,
@@ -73,6 +75,7 @@ log = logging.getLogger(__name__)
 _SENT_SHAPES = 1000  # `sent` shapes kept per address (one per producer container)
 
 
+@mypyc_attr(native_class=False)  # its methods compiled, its mixins pure Python (setup.py)
 class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     """The broker: addresses, queues, consumers and every message state change."""
 

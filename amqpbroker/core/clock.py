@@ -26,6 +26,8 @@ import time
 from collections.abc import Callable
 from typing import Concatenate, ParamSpec, Protocol, TypeVar
 
+from mypy_extensions import mypyc_attr
+
 
 class Clock(Protocol):
     """Source of the current time in epoch milliseconds."""
@@ -40,6 +42,7 @@ class SystemClock:
         return time.time_ns() // 1_000_000
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # tests subclass it; setup.py compiles it
 class ManualClock:
     """A clock that moves only when told to: for tests and simulations."""
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import sys
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import Any, TypeAlias
 
 from amqpbroker.core.model import Message, MessagePart
 
@@ -59,16 +59,9 @@ EVENT_TYPES = frozenset(
 # (txn, target_address, target_queues, copy_msg_id, delay_ms, error_condition,
 #  error_description, amqp_message_id). amqp_message_id is normally left None: the writer
 # reads it from the message bytes, off the loop thread.
-Extra: TypeAlias = tuple[
-    str | None,
-    str | None,
-    tuple[str, ...] | None,
-    int | None,
-    int | None,
-    str | None,
-    str | None,
-    str | None,
-]
+# Variadic for mypyc, as `model.MessagePart` (a queue's `event_routed` is shared by the
+# `sent` events of its messages).
+Extra: TypeAlias = tuple[Any, ...]
 
 # An event's fields that depend only on its message: `model.MessagePart` (kept on the
 # message, so defined there).
@@ -79,7 +72,9 @@ By: TypeAlias = tuple[str | None, str | None]
 # (event, where, by, reason): what an event says besides its message, time and count. The
 # common ones are built once, on the queue (`enqueued`) or on the consumer (`dispatched`,
 # `acked`); by is None when there is no link.
-Shape: TypeAlias = tuple[str, Where, By | None, str | None]
+# Variadic for mypyc, as `model.MessagePart`: a fixed-length tuple type would be boxed
+# anew at each use, and events would no longer share their shape.
+Shape: TypeAlias = tuple[Any, ...]
 
 # One event as the core records it: (shape, ts, message part, delivery_count, extra).
 # Shared tuples, not copied fields: a common event is one small tuple of things already
@@ -228,7 +223,7 @@ class Emitter:
             data = data[:head_end]
         elif len(data) > self.data_limit:
             data = data[: self.data_limit]
-        part = (message.msg_id, message.durable, message.size, message.first_ts, data)
+        part: MessagePart = (message.msg_id, message.durable, message.size, message.first_ts, data)
         message.event_part = part
         return part
 

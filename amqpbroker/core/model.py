@@ -17,7 +17,10 @@ from typing import Any, NewType, Protocol, TypeAlias
 # or its head: see `Emitter.heads_only`), from which the writer takes amqp_message_id,
 # props and body_hash; None when there is no message to read. Built once per message
 # (`lifecycle.Emitter.message_part`, kept in `Message.event_part`) and shared by all its events.
-MessagePart: TypeAlias = tuple[int, bool, int, int, bytes | None]
+# Typed as a tuple of any length on purpose: mypyc unboxes a fixed-length tuple type into a
+# C struct and boxes a new tuple at every use, so the events would no longer share it
+# (nor `marshal` write it once a frame); a variadic tuple stays the one object.
+MessagePart: TypeAlias = tuple[Any, ...]
 ConsumerId = NewType("ConsumerId", int)
 DeliveryId = NewType("DeliveryId", int)
 ConnectionId = NewType("ConnectionId", int)

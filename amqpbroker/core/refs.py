@@ -37,6 +37,12 @@ class Ref:
     def __lt__(self, other: Ref) -> bool:
         return self.seq < other.seq
 
+    def __hash__(self) -> int:
+        """By identity, as `object`'s: non-destructive queues key dicts by references.
+        Explicit because a class compiled by mypyc that defines `__lt__` has no hash
+        otherwise (CPython inherits the hash only with the comparisons)."""
+        return id(self) >> 4
+
     @property
     def waiting(self) -> bool:
         """Ready, scheduled or paged: in the queue, not out with a consumer, not gone."""

@@ -13,8 +13,9 @@ settle modes (`second` is answered with `first`, B-021), max-message-size on pro
 (B-152); a producer gets `PRODUCER_CREDIT`, a consumer's credit goes to the core
 (`Broker.set_credit`). A `BrokerError` refuses the attach with its condition (an attach
 answered and closed at once). Flow on a consumer link is credit and drain for the core;
-on a producer link it is informational. Detach and close return the link's deliveries
-(`Broker.detach_consumer`, B-053) and free the link once ended on both sides.
+on a producer link it is informational (both in `transfers.py`, the hot path). Detach and
+close return the link's deliveries (`Broker.detach_consumer`, B-053) and free the link
+once ended on both sides.
 
 The connection keeps its own maps keyed by the `pn_link_t` (`producers`, `consumers`,
 `coordinators`); nothing is stored on proton objects. `_Attach` is a part of
@@ -218,10 +219,3 @@ class _Attach:
         if count > 0:
             self._links_per_session[session] = count - 1
         link.free()  # issue 15: ended on both sides (see _on_session_close)
-
-    def _on_link_flow(self, link: Any) -> None:
-        consumer = self.consumers.get(link)
-        if consumer is not None:  # producer links: flow from the client is informational
-            self.broker.set_credit(
-                consumer.id, lib.pn_link_credit(link), drain=bool(lib.pn_link_get_drain(link))
-            )

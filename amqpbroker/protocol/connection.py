@@ -10,9 +10,11 @@ popped and written back (`output`). No reactor, no proton threads.
 
 This module is the engine glue: bytes in and out, the SASL seam, the event loop over the
 collector, the connection and session events, and how a connection ends. The rest of
-`AmqpConnection` lives in its parts (mixins, one subject each): `transfers.py` (the hot
-path: transfers in, dispositions back, settling after disk), `attach.py` (links: attach,
-credit, detach), `transactions.py` (coordinator and transactional work). The broker's
+`AmqpConnection` lives in its parts, one subject each: `transfers.py` (the hot path, a
+part by composition, `self.transfers`, so that mypyc compiles it: the event loop over the
+collector, transfers in, dispositions back, consumer credit, settling after disk), and the
+mixins `attach.py` (links: attach, detach) and `transactions.py` (coordinator and
+transactional work). The broker's
 effects are applied by `shell.py` after each batch of events; every connection touched is
 marked dirty so the server flushes it.
 
@@ -60,9 +62,9 @@ from amqpbroker.core import ClientError, Window
 from amqpbroker.protocol.attach import _Attach
 from amqpbroker.protocol.peer import data_at, read_symbol_map, read_symbols, read_text
 from amqpbroker.protocol.sasl import MAX_SASL_FRAME_BYTES, Identity, SaslServer
-from amqpbroker.protocol.shell import ConsumerLink, Engine, ProducerLink, Shell, wrong_direction
+from amqpbroker.protocol.shell import ConsumerLink, Engine, ProducerLink, Shell
 from amqpbroker.protocol.transactions import Transaction, _Transactions
-from amqpbroker.protocol.transfers import _Transfers
+from amqpbroker.protocol.transfers import Transfers
 
 # Makes the SASL layer of one connection: (on_authenticated, on_failure) -> SaslServer
 SaslFactory = Callable[[Callable[[Identity, bytes], None], Callable[[str], None]], SaslServer]
@@ -95,13 +97,10 @@ HANDSHAKE_MAX_FRAME_SIZE = MAX_SASL_FRAME_BYTES
 # attach.
 MAX_SESSIONS = 64  # the open's channel-max is one less; Proton refuses a higher channel
 
-_PN_DELIVERY = lib.PN_DELIVERY
-_PN_TRANSPORT_CLOSED = lib.PN_TRANSPORT_CLOSED
-_PN_LINK_FLOW = lib.PN_LINK_FLOW
 _UNKNOWN_PROTOCOL = "Unknown protocol detected"
 
 
-class AmqpConnection(_Transfers, _Attach, _Transactions, Engine):
+class AmqpConnection(_Attach, _Transactions, Engine):
     """One AMQP connection: a proton engine fed with socket bytes. Loop thread only."""
 
     def __init__(
@@ -118,9 +117,6 @@ class AmqpConnection(_Transfers, _Attach, _Transactions, Engine):
         idle_timeout_ms: int = 0,
     ) -> None:
         self.shell = shell
-        self.max_message_size = max_message_size  # B-152: 0 for no limit
-        self.duplicate_detection = duplicate_detection  # B-012 amqpDuplicateDetection
-        self.reject_as_modified = reject_as_modified  # B-047
         self.broker = shell.broker
         self.id = shell.new_connection_id()
         self.peer = peer
@@ -148,16 +144,8 @@ class AmqpConnection(_Transfers, _Attach, _Transactions, Engine):
             self.sasl = sasl(self._authenticated, self._sasl_failed)
         else:
             self._setup_sasl()
-        self.container_id = ""
-        # Keyed by the pn_link_t pointer, which the hot path reads from events directly.
-        self.producers: dict[Any, ProducerLink] = {}
-        self.consumers: dict[Any, ConsumerLink[Any]] = {}
-        self._awaiting: list[Any] | None = None  # durable sends of this loop step
-        self.coordinators: set[Any] = set()  # transaction coordinator links (B-140)
         self.transactions: dict[bytes, Transaction] = {}
         self._links_per_session: dict[Any, int] = {}  # pn_session_t -> links not yet ended
-        self._collector_impl = self.collector._impl
-        self.closed = False  # the broker side is done with this connection
         self.window = Window(ENGINE_WINDOW_BYTES)  # issue 15: shared by its consumers
         self._resume_from = 0
         self._orderly = False
@@ -177,6 +165,24 @@ class AmqpConnection(_Transfers, _Attach, _Transactions, Engine):
             lib.PN_TRANSPORT_TAIL_CLOSED: self._on_tail_closed,
             lib.PN_TRANSPORT_CLOSED: self._on_transport_closed,
         }
+        # The hot path and the event loop (compiled by mypyc: setup.py). The link maps are
+        # its, shared: keyed by the pn_link_t pointer, which it reads from events.
+        self.transfers = Transfers(
+            self,
+            shell,
+            self.id,
+            peer,
+            self._handlers,
+            max_message_size=max_message_size,
+            duplicate_detection=duplicate_detection,
+            reject_as_modified=reject_as_modified,
+            collector=self.collector._impl,
+        )
+        self.producers: dict[Any, ProducerLink] = self.transfers.producers
+        self.consumers: dict[Any, ConsumerLink[Any]] = self.transfers.consumers
+        self.coordinators: set[Any] = self.transfers.coordinators  # B-140
+        self._publish = self.transfers.publish  # for transactions.py
+        self._stored = self.transfers.stored
         shell.connections[self.id] = self
         shell.opened_total += 1
 
@@ -185,6 +191,47 @@ class AmqpConnection(_Transfers, _Attach, _Transactions, Engine):
         sasl = self.transport.sasl()
         sasl.allowed_mechs("ANONYMOUS")
         sasl.done(SASL.OK)
+
+    @property
+    def closed(self) -> bool:
+        """The broker side is done with this connection (kept on `transfers`, which reads
+        it per event)."""
+        return self.transfers.closed
+
+    @closed.setter
+    def closed(self, value: bool) -> None:
+        self.transfers.closed = value
+
+    @property
+    def container_id(self) -> str:
+        """The peer's open.container-id ("" until the open; kept on `transfers`)."""
+        return self.transfers.container_id
+
+    @container_id.setter
+    def container_id(self, value: str) -> None:
+        self.transfers.container_id = value
+
+    @property
+    def max_message_size(self) -> int:
+        """B-152: the acceptor's max-message-size, 0 for no limit (kept on `transfers`)."""
+        return self.transfers.max_message_size
+
+    @max_message_size.setter
+    def max_message_size(self, value: int) -> None:
+        self.transfers.max_message_size = value
+
+    @property
+    def reject_as_modified(self) -> bool:
+        """B-047: the acceptor's amqpRejectAsModified (kept on `transfers`)."""
+        return self.transfers.reject_as_modified
+
+    @reject_as_modified.setter
+    def reject_as_modified(self, value: bool) -> None:
+        self.transfers.reject_as_modified = value
+
+    def resume_producers(self, address: str | None) -> bool:
+        """B-151: see `Transfers.resume_producers`."""
+        return self.transfers.resume_producers(address)
 
     @property
     def roles(self) -> frozenset[str] | None:
@@ -322,61 +369,9 @@ class AmqpConnection(_Transfers, _Attach, _Transactions, Engine):
 
     # -- events -------------------------------------------------------------------------
     def process(self) -> None:
-        """Handle every pending engine event, then apply the broker's effects.
-
-        Transfers, dispositions and flow are read with the C API (no wrapper objects per
-        message); the rare events go through proton's wrappers.
-        """
-        self._process_events()
-
-    def _process_events(self) -> None:
-        collector = self._collector_impl
-        handlers = self._handlers
-        peek, pop, event_type = lib.pn_collector_peek, lib.pn_collector_pop, lib.pn_event_type
-        null = ffi.NULL
-        while (event := peek(collector)) != null:
-            kind = event_type(event)
-            if self.closed and kind != _PN_TRANSPORT_CLOSED:
-                pop(collector)  # issue 15: nothing a peer sends after the end is acted on
-                continue
-            try:
-                if kind == _PN_DELIVERY:
-                    delivery = lib.pn_event_delivery(event)
-                    link = lib.pn_delivery_link(delivery)
-                    if lib.pn_link_is_receiver(link):
-                        self._on_transfer(delivery, link)
-                    elif lib.pn_link_current(link) == delivery:  # ours are never current
-                        # The peer sent on a link it receives on; proton keeps that
-                        # delivery as the link's next to send and would hold back a
-                        # detach behind it, so the connection ends (issue 15).
-                        self._refuse(wrong_direction(), None)
-                    else:
-                        self._on_disposition(delivery, link)
-                elif kind == _PN_LINK_FLOW:
-                    self._on_link_flow(lib.pn_event_link(event))
-                else:
-                    handler = handlers.get(kind)
-                    if handler is not None:
-                        handler(Event.wrap(event))
-            except ClientError as e:  # issue 15: a field of the peer's is malformed
-                self._refuse(
-                    e,
-                    lib.pn_delivery_link(lib.pn_event_delivery(event))
-                    if kind == _PN_DELIVERY
-                    else None,
-                )
-            except Exception:
-                log.exception(
-                    "internal error on connection %s (%s) at event %s: closing it",
-                    self.id,
-                    self.container_id or self.peer,
-                    kind,
-                )
-                self._fail("amqp:internal-error", "internal error")
-            pop(collector)
-        self._awaiting = None  # the step ends: its sends wait for this step's append
-        self.shell.apply_effects()
-        self.shell.dirty.add(self)
+        """Handle every pending engine event, then apply the broker's effects
+        (`Transfers.process_events`)."""
+        self.transfers.process_events()
 
     def _refuse(self, error: ClientError, link: Any) -> None:
         """A malformed or mistyped field: on a delivery, end its link with the error;

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Generic, Protocol, TypeVar
+from typing import Final, Generic, Protocol, TypeVar
 
 from cproton_ffi import ffi, lib
 from proton import Link
@@ -71,6 +71,16 @@ class Engine(Protocol):
 
 C = TypeVar("C", bound=Engine)
 
+# The C API of the hot path, bound once: compiled (setup.py), a `Final` name is a C
+# static, so a call costs no module-dict lookup of `lib` and no attribute lookup on it.
+_pn_delivery: Final = lib.pn_delivery
+_pn_delivery_settle: Final = lib.pn_delivery_settle
+_pn_delivery_tag: Final = lib.pn_delivery_tag
+_pn_link_advance: Final = lib.pn_link_advance
+_pn_link_send: Final = lib.pn_link_send
+_from_buffer: Final = ffi.from_buffer
+_unpack: Final = ffi.unpack
+
 
 class ConsumerLink(Generic[C]):
     """A consumer, as the broker sees it: wraps the proton `Sender` the broker sends on."""
@@ -91,11 +101,11 @@ class ConsumerLink(Generic[C]):
             data = sections.with_delivery_count(data, message.header_end, dispatch.wire_count)
         impl = self.impl
         tag = b"%d" % dispatch.delivery  # read back by `delivery_id_of`
-        delivery = lib.pn_delivery(impl, (len(tag), ffi.from_buffer(tag)))
-        lib.pn_link_send(impl, ffi.from_buffer(data), len(data))
-        lib.pn_link_advance(impl)
+        delivery = _pn_delivery(impl, (len(tag), _from_buffer(tag)))
+        _pn_link_send(impl, _from_buffer(data), len(data))
+        _pn_link_advance(impl)
         if dispatch.settled:
-            lib.pn_delivery_settle(delivery)
+            _pn_delivery_settle(delivery)
 
 
 class ProducerLink:
@@ -121,8 +131,8 @@ def delivery_id_of(delivery: object) -> DeliveryId:
         PeerInvalidField: the peer made this delivery: a transfer on a link the broker
             sends on (proton accepts one), which has no id of ours (issue 15).
     """
-    tag = lib.pn_delivery_tag(delivery)
-    raw = ffi.unpack(tag.start, tag.size) if tag.size <= 20 else b""
+    tag = _pn_delivery_tag(delivery)
+    raw = _unpack(tag.start, tag.size) if tag.size <= 20 else b""
     if not raw.isdigit():
         raise wrong_direction()
     return DeliveryId(int(raw))

@@ -24,8 +24,11 @@ transfers are `shell.ConsumerLink.send`. Transactional transfers and disposition
 `transactions.py`; coordinator links' transfers are its control requests.
 
 Everything here reads events with the C API (`cproton_ffi`): no wrapper object per
-message. `_Transfers` is a part of `AmqpConnection` (a mixin): it declares the
-connection state it uses, which `AmqpConnection.__init__` sets.
+message. `Transfers` is the connection's event loop over the collector (`process_events`:
+transfers, dispositions and consumer credit here, the rare events to the connection's
+handlers), a part of `AmqpConnection` by composition: a class of its own, which mypyc
+compiles (setup.py), holding the state the hot path reads and calling the connection
+(`Owner`) for the rest (transactions, closing a link, errors).
 """
 
 from __future__ import annotations
@@ -33,10 +36,10 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Final, Protocol
 
 from cproton_ffi import ffi, lib
-from proton import Condition, Delivery, Link
+from proton import Condition, Delivery, Event, Link
 
 from amqpbroker.amqp import sections
 from amqpbroker.core import (
@@ -51,81 +54,206 @@ from amqpbroker.core import (
 )
 from amqpbroker.protocol.dispositions import outcome_at
 from amqpbroker.protocol.peer import name_for_log
-from amqpbroker.protocol.shell import ConsumerLink, ProducerLink, Shell, delivery_id_of
+from amqpbroker.protocol.shell import (
+    ConsumerLink,
+    ProducerLink,
+    Shell,
+    delivery_id_of,
+    wrong_direction,
+)
 from amqpbroker.protocol.transactions import TRANSACTIONAL_STATE
 
 log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
 
 PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
-_DUPLICATE_ID_KEY = DUPLICATE_ID.encode()
-_PN_ACCEPTED = lib.PN_ACCEPTED
+_DUPLICATE_ID_KEY: Final = DUPLICATE_ID.encode()
+_TRANSACTIONAL_STATE: Final = TRANSACTIONAL_STATE
+_PN_ACCEPTED: Final = lib.PN_ACCEPTED
+_PN_DELIVERY: Final = lib.PN_DELIVERY
+_PN_TRANSPORT_CLOSED: Final = lib.PN_TRANSPORT_CLOSED
+_PN_LINK_FLOW: Final = lib.PN_LINK_FLOW
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
+# The C API of the hot path, bound once: compiled (setup.py), a `Final` name is a C
+# static, so a call costs no module-dict lookup of `lib` and no attribute lookup on it.
+_pn_collector_peek: Final = lib.pn_collector_peek
+_pn_collector_pop: Final = lib.pn_collector_pop
+_pn_decref: Final = lib.pn_decref
+_pn_delivery_aborted: Final = lib.pn_delivery_aborted
+_pn_delivery_link: Final = lib.pn_delivery_link
+_pn_delivery_partial: Final = lib.pn_delivery_partial
+_pn_delivery_pending: Final = lib.pn_delivery_pending
+_pn_delivery_remote_state: Final = lib.pn_delivery_remote_state
+_pn_delivery_settle: Final = lib.pn_delivery_settle
+_pn_delivery_settled: Final = lib.pn_delivery_settled
+_pn_delivery_update: Final = lib.pn_delivery_update
+_pn_event_delivery: Final = lib.pn_event_delivery
+_pn_event_link: Final = lib.pn_event_link
+_pn_event_type: Final = lib.pn_event_type
+_pn_incref: Final = lib.pn_incref
+_pn_link_advance: Final = lib.pn_link_advance
+_pn_link_credit: Final = lib.pn_link_credit
+_pn_link_current: Final = lib.pn_link_current
+_pn_link_flow: Final = lib.pn_link_flow
+_pn_link_get_drain: Final = lib.pn_link_get_drain
+_pn_link_is_receiver: Final = lib.pn_link_is_receiver
+_pn_link_recv: Final = lib.pn_link_recv
+_from_buffer: Final = ffi.from_buffer
+_NULL: Final = ffi.NULL
 
 
-class _Transfers:
-    """`AmqpConnection`'s transfers and dispositions (a mixin: it declares the connection
-    state it uses, which `AmqpConnection.__init__` sets)."""
+class Owner(Protocol):
+    """What the hot path calls back on its connection (`AmqpConnection`): the rare paths."""
 
-    _awaiting: list[Any] | None
-    broker: Broker
-    closed: bool
-    consumers: dict[Any, ConsumerLink[Any]]
-    container_id: str
-    coordinators: set[Any]
-    duplicate_detection: bool
-    id: ConnectionId
-    max_message_size: int
-    producers: dict[Any, ProducerLink]
-    reject_as_modified: bool
-    shell: Shell[Any]
-    # the other parts' (transactions.py, attach.py)
-    _on_control: Callable[[Delivery, bytes], None]
-    _transactional_send: Callable[[Delivery, ProducerLink, bytes], None]
-    _transactional_outcome: Callable[[Delivery, ConsumerLink[Any]], None]
-    close_link: Callable[[Link, str, str], None]
+    def _on_control(self, delivery: Delivery, raw: bytes) -> None: ...
 
-    def _on_transfer(self, delivery: Any, link: Any) -> None:
-        size = lib.pn_delivery_pending(delivery)
+    def _transactional_send(
+        self, delivery: Delivery, producer: ProducerLink, raw: bytes
+    ) -> None: ...
+
+    def _transactional_outcome(self, delivery: Delivery, consumer: ConsumerLink[Any]) -> None: ...
+
+    def close_link(self, link: Link, condition: str, description: str) -> None: ...
+
+    def _refuse(self, error: ClientError, link: Any) -> None: ...
+
+    def _fail(self, condition: str, description: str) -> None: ...
+
+
+class Transfers:
+    """A connection's event loop and hot path: transfers in, dispositions and credit.
+
+    A part of `AmqpConnection` by composition (`connection.transfers`), not a mixin, so
+    that mypyc compiles it (setup.py: a native mixin's methods refuse the class that
+    combines them). It holds the state the hot path reads (the link maps, which the
+    connection shares, `closed`, `container_id`) and calls its `owner` for the rest.
+    """
+
+    def __init__(
+        self,
+        owner: Owner,
+        shell: Shell[Any],
+        connection_id: ConnectionId,
+        peer: str,
+        handlers: dict[int, Callable[[Event], None]],
+        *,
+        max_message_size: int,
+        duplicate_detection: bool,
+        reject_as_modified: bool,
+        collector: Any,
+    ) -> None:
+        self.owner = owner
+        self.shell = shell
+        self.broker: Broker = shell.broker
+        self.id = connection_id
+        self.peer = peer
+        self.handlers = handlers  # the rare events, through proton's wrappers
+        self.max_message_size = max_message_size  # B-152: 0 for no limit
+        self.duplicate_detection = duplicate_detection  # B-012 amqpDuplicateDetection
+        self.reject_as_modified = reject_as_modified  # B-047
+        self.collector = collector  # the pn_collector_t
+        self.container_id = ""
+        self.closed = False  # the broker side is done with this connection
+        # Keyed by the pn_link_t pointer, which the hot path reads from events directly.
+        self.producers: dict[Any, ProducerLink] = {}
+        self.consumers: dict[Any, ConsumerLink[Any]] = {}
+        self.coordinators: set[Any] = set()  # transaction coordinator links (B-140)
+        self.awaiting: list[Any] | None = None  # durable sends of this loop step
+
+    def process_events(self) -> None:
+        """Handle every pending engine event, then apply the broker's effects.
+
+        Transfers, dispositions and flow are read with the C API (no wrapper objects per
+        message); the rare events go to the connection's handlers with proton's wrappers.
+        """
+        collector = self.collector
+        handlers = self.handlers
+        owner = self.owner
+        peek, pop, event_type = _pn_collector_peek, _pn_collector_pop, _pn_event_type
+        null = _NULL
+        while (event := peek(collector)) != null:
+            kind = event_type(event)
+            if self.closed and kind != _PN_TRANSPORT_CLOSED:
+                pop(collector)  # issue 15: nothing a peer sends after the end is acted on
+                continue
+            try:
+                if kind == _PN_DELIVERY:
+                    delivery = _pn_event_delivery(event)
+                    link = _pn_delivery_link(delivery)
+                    if _pn_link_is_receiver(link):
+                        self.on_transfer(delivery, link)
+                    elif _pn_link_current(link) == delivery:  # ours are never current
+                        # The peer sent on a link it receives on; proton keeps that
+                        # delivery as the link's next to send and would hold back a
+                        # detach behind it, so the connection ends (issue 15).
+                        owner._refuse(wrong_direction(), None)
+                    else:
+                        self.on_disposition(delivery, link)
+                elif kind == _PN_LINK_FLOW:
+                    self.on_link_flow(_pn_event_link(event))
+                else:
+                    handler = handlers.get(kind)
+                    if handler is not None:
+                        handler(Event.wrap(event))
+            except ClientError as e:  # issue 15: a field of the peer's is malformed
+                owner._refuse(
+                    e,
+                    _pn_delivery_link(_pn_event_delivery(event)) if kind == _PN_DELIVERY else None,
+                )
+            except Exception:
+                log.exception(
+                    "internal error on connection %s (%s) at event %s: closing it",
+                    self.id,
+                    self.container_id or self.peer,
+                    kind,
+                )
+                owner._fail("amqp:internal-error", "internal error")
+            pop(collector)
+        self.awaiting = None  # the step ends: its sends wait for this step's append
+        self.shell.apply_effects()
+        self.shell.dirty.add(owner)
+
+    def on_transfer(self, delivery: Any, link: Any) -> None:
+        size = _pn_delivery_pending(delivery)
         limit = self.max_message_size
         if (
             limit
             and size > limit
-            and not lib.pn_delivery_aborted(delivery)
+            and not _pn_delivery_aborted(delivery)
             and link not in self.coordinators  # the limit is advertised on producers only
         ):
             self._too_large(delivery, link, size)  # B-152: checked as the frames arrive
             return
-        if lib.pn_delivery_partial(delivery):
+        if _pn_delivery_partial(delivery):
             return  # proton buffers the frames until the last one
         buffer = bytearray(size)
-        received = lib.pn_link_recv(link, ffi.from_buffer(buffer), size)
-        lib.pn_link_advance(link)
+        received = _pn_link_recv(link, _from_buffer(buffer), size)
+        _pn_link_advance(link)
         producer = self.producers.get(link)
-        if lib.pn_delivery_aborted(delivery) or producer is None or received < 0:
-            if link in self.coordinators and not lib.pn_delivery_aborted(delivery):
-                self._on_control(Delivery.wrap(delivery), bytes(buffer[:received]))
-                self._top_up(link)
+        if _pn_delivery_aborted(delivery) or producer is None or received < 0:
+            if link in self.coordinators and not _pn_delivery_aborted(delivery):
+                self.owner._on_control(Delivery.wrap(delivery), bytes(buffer[:received]))
+                self._top_up(link, None)
             else:
-                lib.pn_delivery_settle(delivery)
+                _pn_delivery_settle(delivery)
                 if producer is not None:
-                    lib.pn_link_flow(link, 1)  # B-152: an aborted transfer's credit back
+                    _pn_link_flow(link, 1)  # B-152: an aborted transfer's credit back
             return
         raw = bytes(buffer[:received]) if received < size else bytes(buffer)
-        if lib.pn_delivery_remote_state(delivery) == TRANSACTIONAL_STATE:
-            self._transactional_send(Delivery.wrap(delivery), producer, raw)
+        if _pn_delivery_remote_state(delivery) == _TRANSACTIONAL_STATE:
+            self.owner._transactional_send(Delivery.wrap(delivery), producer, raw)
             self._top_up(link, producer)
             return
         store = self.broker.persistence
         stored_before = store.messages_added if store is not None else 0
         try:
-            self._publish(producer, raw)
+            self.publish(producer, raw)
         except ClientError as e:
             # B-023: security and address-full keep their condition; all else is `failed`
             # (B-009: even a missing address on the anonymous relay, as Artemis does).
             condition = e.condition if e.condition in _PASSED_CONDITIONS else "failed"
-            self._reject(delivery, condition, str(e))
-            lib.pn_delivery_settle(delivery)
+            _reject(delivery, condition, str(e))
+            _pn_delivery_settle(delivery)
         except sections.SectionError as e:
             log.info(
                 "rejecting malformed message on connection %s link %r: %s",
@@ -133,26 +261,26 @@ class _Transfers:
                 name_for_log(producer.link),
                 e,
             )
-            self._reject(delivery, "amqp:decode-error", str(e))
-            lib.pn_delivery_settle(delivery)
+            _reject(delivery, "amqp:decode-error", str(e))
+            _pn_delivery_settle(delivery)
         else:
             if store is not None and store.must_wait(stored_before):
                 # Settled once its journal records are on disk (the group commit): one
                 # callback per connection and loop step, the pn_delivery_t kept alive.
-                awaiting = self._awaiting
+                awaiting = self.awaiting
                 if awaiting is None:
-                    awaiting = self._awaiting = []
-                    store.when_stored(functools.partial(self._settle_stored, awaiting))
-                lib.pn_incref(delivery)
+                    awaiting = self.awaiting = []
+                    store.when_stored(functools.partial(self.settle_stored, awaiting))
+                _pn_incref(delivery)
                 awaiting.append(delivery)
             else:
-                lib.pn_delivery_update(delivery, _PN_ACCEPTED)
-                lib.pn_delivery_settle(delivery)
+                _pn_delivery_update(delivery, _PN_ACCEPTED)
+                _pn_delivery_settle(delivery)
         self._top_up(link, producer)
 
     def _too_large(self, delivery: Any, link: Any, size: int) -> None:
         """B-152: detach the producer with message-size-exceeded and drop what arrived."""
-        lib.pn_delivery_settle(delivery)
+        _pn_delivery_settle(delivery)
         producer = self.producers.get(link)
         if producer is None:
             return  # detached already: the rest of the message is discarded as it comes
@@ -160,14 +288,14 @@ class _Transfers:
             f"message of {size} bytes or more exceeds max-message-size {self.max_message_size}"
         )
         log.info("connection %s link %r: %s", self.id, producer.link.name, description)
-        self.close_link(producer.link, "amqp:link:message-size-exceeded", description)
+        self.owner.close_link(producer.link, "amqp:link:message-size-exceeded", description)
 
-    def _top_up(self, link: Any, producer: ProducerLink | None = None) -> None:
-        credit = lib.pn_link_credit(link)
+    def _top_up(self, link: Any, producer: ProducerLink | None) -> None:
+        credit = _pn_link_credit(link)
         if credit < PRODUCER_LOW_CREDIT and (
             producer is None or self.broker.producer_may_send(producer.target, to=producer.last_to)
         ):
-            lib.pn_link_flow(link, PRODUCER_CREDIT - credit)
+            _pn_link_flow(link, PRODUCER_CREDIT - credit)
 
     def resume_producers(self, address: str | None) -> bool:
         """Top up credit of producer links to an address that has room again, of anonymous
@@ -177,27 +305,27 @@ class _Transfers:
         for impl, producer in self.producers.items():
             target = producer.target
             if address is None or target.address == address or target.address is None:
-                credit = lib.pn_link_credit(impl)
+                credit = _pn_link_credit(impl)
                 if credit < PRODUCER_LOW_CREDIT and may_send(target, to=producer.last_to):
-                    lib.pn_link_flow(impl, PRODUCER_CREDIT - credit)
+                    _pn_link_flow(impl, PRODUCER_CREDIT - credit)
                     resumed = True
         return resumed
 
-    def _settle_stored(self, deliveries: list[Any], error: BaseException | None) -> None:
+    def settle_stored(self, deliveries: list[Any], error: BaseException | None) -> None:
         """The journal answered for this step's durable sends (C API: the hot path)."""
         closed = self.closed
         for delivery in deliveries:
             if not closed:
                 if error is None:
-                    lib.pn_delivery_update(delivery, _PN_ACCEPTED)
-                    lib.pn_delivery_settle(delivery)
+                    _pn_delivery_update(delivery, _PN_ACCEPTED)
+                    _pn_delivery_settle(delivery)
                 else:
-                    self._stored(Delivery.wrap(delivery), error)
-            lib.pn_decref(delivery)
+                    self.stored(Delivery.wrap(delivery), error)
+            _pn_decref(delivery)
         if not closed:
-            self.shell.dirty.add(self)
+            self.shell.dirty.add(self.owner)
 
-    def _stored(self, delivery: Delivery, error: BaseException | None) -> None:
+    def stored(self, delivery: Delivery, error: BaseException | None) -> None:
         """The journal answered for a durable send: accept it, or refuse it (disk full)."""
         if self.closed:
             return  # the client never saw it accepted: at-least-once, it may resend
@@ -210,15 +338,9 @@ class _Transfers:
             )
             delivery.update(Delivery.REJECTED)
         delivery.settle()
-        self.shell.dirty.add(self)
+        self.shell.dirty.add(self.owner)
 
-    @staticmethod
-    def _reject(delivery_impl: Any, condition: str, description: str) -> None:
-        delivery = Delivery.wrap(delivery_impl)
-        delivery.local.condition = Condition(condition, description)
-        delivery.update(Delivery.REJECTED)
-
-    def _publish(self, producer: ProducerLink, raw: bytes) -> None:
+    def publish(self, producer: ProducerLink, raw: bytes) -> None:
         scanned = sections.scan(raw)
         message = message_of(scanned, origin_container=self.container_id)
         target = producer.target
@@ -254,24 +376,39 @@ class _Transfers:
             delivery_delay_ms=delivery_delay_ms,
         )
 
-    def _on_disposition(self, delivery: Any, link: Any) -> None:
+    def on_disposition(self, delivery: Any, link: Any) -> None:
         consumer = self.consumers.get(link)
         outcome = None
         if consumer is not None:
-            state = lib.pn_delivery_remote_state(delivery)
-            if state == TRANSACTIONAL_STATE:
-                self._transactional_outcome(Delivery.wrap(delivery), consumer)
+            state = _pn_delivery_remote_state(delivery)
+            if state == _TRANSACTIONAL_STATE:
+                self.owner._transactional_outcome(Delivery.wrap(delivery), consumer)
                 return
             outcome = outcome_at(delivery, state)
         if self.reject_as_modified and isinstance(outcome, Rejected):
             outcome = FAILED  # B-047: rejected behaves exactly like modified{df=true}
         if outcome is None:
-            if lib.pn_delivery_settled(delivery):
-                lib.pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
+            if _pn_delivery_settled(delivery):
+                _pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
             return
         assert consumer is not None
         self.broker.settle(consumer.id, delivery_id_of(delivery), outcome)
-        lib.pn_delivery_settle(delivery)
+        _pn_delivery_settle(delivery)
+
+    def on_link_flow(self, link: Any) -> None:
+        """Credit and drain of a consumer link go to the core (B-037); a producer link's
+        flow from the client is informational."""
+        consumer = self.consumers.get(link)
+        if consumer is not None:
+            self.broker.set_credit(
+                consumer.id, _pn_link_credit(link), drain=bool(_pn_link_get_drain(link))
+            )
+
+
+def _reject(delivery_impl: Any, condition: str, description: str) -> None:
+    delivery = Delivery.wrap(delivery_impl)
+    delivery.local.condition = Condition(condition, description)
+    delivery.update(Delivery.REJECTED)
 
 
 def message_of(scanned: sections.Scanned, *, origin_container: str | None = None) -> Message:

@@ -286,6 +286,12 @@ _STRINGS: dict[bytes, str] = {}  # queue and address names repeat: decode each o
 _ADD_MESSAGE_HEAD = struct.Struct("<BBqBI")  # count, tag, msg_id, tag, address length
 
 
+# Records built without the dataclass's keyword call (a third of its cost, as
+# `core/persistence.py` builds them); each sets every field its class declares
+# (tests/unit/store/test_codec_fast.py compares with the general decoder's records).
+_new = object.__new__
+
+
 def _string(raw: bytes) -> str:
     text = _STRINGS.get(raw)
     if text is None:
@@ -305,7 +311,11 @@ def _fast_decode_ref(cls: type[Any]) -> Callable[[bytes, int, int], Any]:
         tag1, msg_id, tag2, count = _TWO_INTS.unpack_from(buf, end)
         if tag1 != _INT or tag2 != _INT:
             return None
-        return cls(queue=_string(buf[start + 6 : end]), msg_id=msg_id, delivery_count=count)
+        record = _new(cls)
+        record.queue = _string(buf[start + 6 : end])
+        record.msg_id = msg_id
+        record.delivery_count = count
+        return record
 
     return decode
 
@@ -319,7 +329,10 @@ def _fast_decode_ack(buf: bytes, start: int, stop: int) -> Any:
     tag, msg_id = _TAG_INT.unpack_from(buf, end)
     if tag != _INT:
         return None
-    return AckRef(queue=_string(buf[start + 6 : end]), msg_id=msg_id)
+    record: AckRef = _new(AckRef)
+    record.queue = _string(buf[start + 6 : end])
+    record.msg_id = msg_id
+    return record
 
 
 # An AddMessage's fields but its body, which is (data_start, data_end) of the buffer it
@@ -376,18 +389,18 @@ def add_message_layout(buf: bytes, start: int, stop: int) -> MessageLayout | Non
 
 def add_message_of(buf: bytes, layout: MessageLayout) -> AddMessage:
     """The AddMessage whose `add_message_layout` in `buf` is `layout`."""
-    return AddMessage(
-        msg_id=layout[0],
-        address=layout[1],
-        durable=layout[2],
-        data=buf[layout[3] : layout[4]],
-        expiration_ms=layout[5],
-        first_ts=layout[6],
-        priority=layout[7],
-        header_end=layout[8],
-        head_end=layout[9],
-        header_count=layout[10],
-    )
+    record: AddMessage = _new(AddMessage)
+    record.msg_id = layout[0]
+    record.address = layout[1]
+    record.durable = layout[2]
+    record.data = buf[layout[3] : layout[4]]
+    record.expiration_ms = layout[5]
+    record.first_ts = layout[6]
+    record.priority = layout[7]
+    record.header_end = layout[8]
+    record.head_end = layout[9]
+    record.header_count = layout[10]
+    return record
 
 
 def _fast_decode_add_message(buf: bytes, start: int, stop: int) -> Any:

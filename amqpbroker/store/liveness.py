@@ -118,7 +118,10 @@ class _LiveSet(Generic[_Item]):
         if slot is None:
             self.refs[key] = _RefSlot(item)
             message.refs += 1
-            self.queue_refs.setdefault(record.queue, {})[record.msg_id] = None
+            held = self.queue_refs.get(record.queue)
+            if held is None:  # (not setdefault: that builds a dict per reference)
+                held = self.queue_refs[record.queue] = {}
+            held[record.msg_id] = None
         else:  # the new AddRef is the whole state of the reference
             self._dead(slot.add, False)
             self._drop_updates(slot)

@@ -28,16 +28,22 @@ N = 20_000 * SCALE  # 1 KiB messages: ten times the limit
 SIZE = 1024
 
 
-def _config(*, persistence: bool) -> str:
+def _config(*, persistence: bool, expiry: bool = False) -> str:
+    """`expiry`: expired messages go to ExpiryQueue (EXP.q), scanned every 500 ms."""
+    expiry_settings = ", expiry-address: ExpiryQueue, auto-create-expiry-resources: true"
     return f"""
         global-max-size: {LIMIT}
+        message-expiry-scan-period: 500
         persistence:
           enabled: {"true" if persistence else "false"}
         address-settings:
-          "#": {{page-size-bytes: 1048576, max-read-page-bytes: 1048576}}
+          "#": {{page-size-bytes: 1048576, max-read-page-bytes: 1048576
+                 {expiry_settings if expiry else ""}}}
         addresses:
           - name: q
             anycast: [{{name: q}}]
+          - name: ExpiryQueue
+            anycast: [{{name: ExpiryQueue}}]
         """
 
 
@@ -112,20 +118,7 @@ def test_a_paged_backlog_that_expires_goes_to_the_expiry_address_without_a_consu
     global-max-size with a TTL; once the clock passes it and an expiry scan, the queue is
     empty (API and metrics), every message is in the expiry queue with the x-opt-ORIG-*
     annotations, and a consumer of the queue gets nothing."""
-    broker = broker_in_thread(
-        f"""
-        global-max-size: {LIMIT}
-        message-expiry-scan-period: 1000
-        address-settings:
-          "#": {{page-size-bytes: 1048576, max-read-page-bytes: 1048576,
-                 expiry-address: ExpiryQueue, auto-create-expiry-resources: true}}
-        addresses:
-          - name: q
-            anycast: [{{name: q}}]
-          - name: ExpiryQueue
-            anycast: [{{name: ExpiryQueue}}]
-        """
-    )
+    broker = broker_in_thread(_config(persistence=False, expiry=True))
     assert bulk.send(broker.url, "q", range(N), size=SIZE, durable=lambda i: False, ttl_s=5) == N
     assert _api(broker, "/api/v1/queues/q")["paged_messages"] > N * 8 // 10
     broker.advance_clock(5_000)  # past the TTL and a scan: read back a step a loop turn
@@ -152,20 +145,7 @@ def test_durable_paged_messages_that_expired_stay_expired_after_a_restart(
     no consumer moves to the expiry queue as it is read back (the page cursor and the
     copies journaled together); after a restart the queue is still empty and the
     expiry queue holds every message once."""
-    config = f"""
-        global-max-size: {LIMIT}
-        message-expiry-scan-period: 500
-        persistence:
-          enabled: true
-        address-settings:
-          "#": {{page-size-bytes: 1048576, max-read-page-bytes: 1048576,
-                 expiry-address: ExpiryQueue, auto-create-expiry-resources: true}}
-        addresses:
-          - name: q
-            anycast: [{{name: q}}]
-          - name: ExpiryQueue
-            anycast: [{{name: ExpiryQueue}}]
-        """
+    config = _config(persistence=True, expiry=True)
     n = N // 4
     broker = start_broker(tmp_path, config, log_level="info")
     try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
 from pathlib import Path
 from types import ModuleType
 
@@ -40,3 +42,15 @@ def test_no_mypyc_means_pure_python(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AMQPBROKER_MYPYC", "1")
     monkeypatch.setitem(__import__("sys").modules, "mypyc.build", None)  # import fails
     assert _setup_module().ext_modules() == []
+
+
+def test_the_hot_modules_are_compiled_exactly_when_expected() -> None:
+    """`make test-compiled` (AMQPBROKER_COMPILED=1) runs the unit tier against the compiled
+    build: each module of HOT_MODULES must then really be a loaded C extension, or the
+    tier would silently test pure Python; otherwise (editable installs) none is (issue 20)."""
+    compiled = os.environ.get("AMQPBROKER_COMPILED") == "1"
+    loaded = {}
+    for path in _setup_module().HOT_MODULES:
+        module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
+        loaded[path] = str(module.__file__).endswith(".so")
+    assert loaded == dict.fromkeys(loaded, compiled)

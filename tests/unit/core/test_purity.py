@@ -41,7 +41,8 @@ def test_core_module_imports_only_stdlib_and_core(path: Path) -> None:
         if top == "amqpbroker":
             assert name.startswith("amqpbroker.core"), f"{path.name} imports {name}"
         else:
-            assert top in sys.stdlib_module_names or top == "__future__", (
+            # mypy_extensions: `mypyc_attr`, a no-op unless setup.py compiles (issue 20)
+            assert top in sys.stdlib_module_names or top in ("__future__", "mypy_extensions"), (
                 f"{path.name} imports third-party {name}"
             )
 

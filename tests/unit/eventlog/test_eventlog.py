@@ -549,7 +549,10 @@ def test_writer_survives_a_batch_it_cannot_format(tmp_path: Path) -> None:
     thread goes on with the next one."""
     w = writer(tmp_path)
     w.start()
-    w.submit([event(ts="not-an-int"), event()])
+    good = event()
+    # built by hand: the compiled LifecycleEvent refuses a str ts at construction
+    bad = (good[0], "not-an-int", *good[2:])
+    w.submit([bad, event()])
     w.submit([event()])
     w.close()
     assert [r["seq"] for r in records(tmp_path)] == [3]

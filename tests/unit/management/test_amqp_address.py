@@ -28,7 +28,7 @@ def setup() -> tuple[Harness, ProducerTarget]:
 def request(h: Harness, target: ProducerTarget, **fields: Any) -> list[ProtonMessage]:
     """Send one request; the replies that reached queue `r`."""
     fields.setdefault("reply_to", "r")
-    raw = ProtonMessage(**fields).encode()
+    raw = bytes(ProtonMessage(**fields).encode())  # proton encodes a bytearray
     scanned = sections.scan(raw)
     message = Message(
         scanned.data,

@@ -21,7 +21,7 @@ def test_with_property_adds_the_key_and_keeps_everything_else() -> None:
         group_id="G",
         properties={"colour": "red"},
     )
-    original = message_of(sections.scan(sent.encode()))
+    original = message_of(sections.scan(bytes(sent.encode())))
     copy = COPIER.with_property(original, "JMSXGroupFirstForConsumer", True)
     got = Message()
     got.decode(copy.data)
@@ -39,7 +39,7 @@ def test_with_property_adds_the_key_and_keeps_everything_else() -> None:
 
 def test_with_property_creates_application_properties_when_absent() -> None:
     """B-127: a message without application-properties gets the section."""
-    original = message_of(sections.scan(Message(body=b"\x01", group_id="G").encode()))
+    original = message_of(sections.scan(bytes(Message(body=b"\x01", group_id="G").encode())))
     copy = COPIER.with_property(original, "first", True)
     got = Message()
     got.decode(copy.data)

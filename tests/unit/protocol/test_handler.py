@@ -326,7 +326,7 @@ def test_message_without_header_gets_one_only_on_redelivery(shell: Shell) -> Non
     client = Client(shell)
     client.receiver("q", "queue")
     sender = client.sender("q", "queue")
-    raw = sections.rebuild(Message(body="m").encode(), header=None)  # no header section
+    raw = sections.rebuild(bytes(Message(body="m").encode()), header=None)  # no header section
     sender.delivery(b"nh")
     sender.send(raw)
     sender.advance()

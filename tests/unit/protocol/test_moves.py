@@ -29,7 +29,7 @@ EVERY_FIELD = MoveAnnotations(
 def test_a_copy_carries_every_move_annotation_with_its_amqp_type() -> None:
     """B-090: long ids and expiry, byte routing types, a symbol condition, a uint count."""
     original = ProtonMessage(body="x", annotations={"keep": "me", "x-opt-DLQ-REASON": "old"})
-    data = original.encode()
+    data = bytes(original.encode())  # proton encodes a bytearray
     scanned = sections.scan(data)
     message = Message(data, header_end=scanned.header_end, reader=sections.READER)
     copy = COPIER.copy(message, EVERY_FIELD)
@@ -57,7 +57,7 @@ def test_plain_values_leave_out_the_absent_ones() -> None:
 
 
 def _message(original: ProtonMessage) -> Message:
-    data = original.encode()
+    data = bytes(original.encode())  # proton encodes a bytearray
     scanned = sections.scan(data)
     return Message(
         data,

@@ -28,7 +28,7 @@ LIMIT = 1_000  # max-size-bytes: ~20 messages of `_amqp`'s size in memory
 
 
 def _amqp(i: int) -> bytes:
-    return ProtonMessage(body=f"message-{i:05d}" + "x" * 20).encode()
+    return bytes(ProtonMessage(body=f"message-{i:05d}" + "x" * 20).encode())  # bytearray
 
 
 @pytest.fixture

@@ -47,7 +47,7 @@ def test_a_recovered_message_needs_no_scan_and_equals_a_scanned_one() -> None:
         ProtonMessage(body=b"x" * 100, durable=True, delivery_count=3, ttl=5.0),
         ProtonMessage(body="no header"),
     ):
-        scanned = message_of(sections.scan(sent.encode()))
+        scanned = message_of(sections.scan(bytes(sent.encode())))
         scanned.msg_id, scanned.address, scanned.durable = 5, "q", True
         record = _add_message(scanned)
         assert record.header_end >= 0

@@ -498,7 +498,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             ClientError: anonymous relay without `to`, or to a wildcard address.
         """
         if not self.in_call:  # a hot entry point (core/clock.py)
-            self.now_ms = self.clock.now_ms()
+            now_ms = self.clock.now_ms()
+            if now_ms != self.now_ms:  # else keep the int object: the messages queued
+                self.now_ms = now_ms  # within one ms share one `first_ts` (issue 20)
         now_ms = self.now_ms
         if delivery_delay_ms > 0 and not message.deliver_at_ms:
             message.deliver_at_ms = now_ms + delivery_delay_ms
@@ -507,7 +509,8 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
                 f"the broker cannot store durable messages: {self.persistence.failure}"
             )
         if not message.msg_id:
-            message.msg_id = next(self._msg_ids)
+            ids = self._msg_ids
+            message.msg_id = next(ids.ready, 0) or next(ids)  # the block's next, or reserve
         if not message.first_ts:
             message.first_ts = now_ms
         routing_type = target.routing_type or message_routing_type
@@ -543,17 +546,12 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             if self.emitter.failures:
                 self._message_event("unrouted", message, now_ms, reason="duplicate")
             return 0
-        settings = self.settings.resolve(address_name)
-        if message.ttl_ms or message.expiration_ms or settings.has_expiry_overrides:
+        settings, expiry_overrides, size_limited = self.settings.publishing(address_name)
+        if message.ttl_ms or message.expiration_ms or expiry_overrides:
             self._set_expiration(message, address_name, now_ms)
         if settings.enable_ingress_timestamp:  # B-018 (d)
             self.copier.set_ingress_time(message, now_ms)
-        limited = (
-            settings.max_size_bytes >= 0
-            or settings.max_size_messages >= 0
-            or settings.max_size_bytes_reject_threshold >= 0
-            or 0 <= self.global_max_size <= self.memory_bytes + message.size
-        )
+        limited = size_limited or 0 <= self.global_max_size <= self.memory_bytes + message.size
         if limited and not self._has_room(address, message, now_ms):
             return 0
         if fqqn_queue is not None:
@@ -561,7 +559,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             queues = [queue] if queue is not None and queue.accepts_message(message) else []
         else:
             queues = self.post_office.route(message, address, routing_type)
-        routed = self._deliver_to(message, address, queues, now_ms)
+        # Not `limited`: no size limit and the broker under global-max-size, so it cannot
+        # be full and nothing pages: `_deliver_to` skips `_must_page`.
+        routed = self._deliver_to(message, address, queues, now_ms, limited=limited)
         if self._retroactive and fqqn_queue is None:  # B-124: the divert, after the route's
             self._retain(message, address, routing_type)  # events; an FQQN bypasses it
         if limited and settings.address_full_policy == "BLOCK":
@@ -717,7 +717,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         """Record `sent`/`unrouted` (no queue yet) as a `lifecycle.RawEvent`; `shape`, when
         given, is the one `_sent_shape` keeps (the same as the one built here)."""
         emitter = self.emitter
-        txn = emitter.txn
+        txn_extra = emitter.txn_extra  # None: no transaction (a property read costs a call)
         emitter.events.append(
             (
                 shape
@@ -726,8 +726,17 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
                 message.event_part or emitter.message_part(message),
                 None,
                 extra
-                if txn is None
-                else (txn, None, None if extra is None else extra[2], None, None, None, None, None),
+                if txn_extra is None
+                else (
+                    txn_extra[0],
+                    None,
+                    None if extra is None else extra[2],
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                ),
             )
         )
 
@@ -751,17 +760,27 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         now_ms: int,
         *,
         reason: str = "route",
+        limited: bool = True,
     ) -> int:
+        """Add `message` to `queues` (routed to `address`), paging it if the address is
+        full under PAGE. `limited` False: the caller found no limit that could make the
+        address full (publish), so the B-151 check is skipped."""
         emitter = self.emitter
         if emitter.all and reason == "route":
             origin = message.origin_container
+            if len(queues) == 1:
+                extra = queues[0].event_routed
+            elif (routed := address.event_routed) is not None and routed[0] == queues:
+                extra = routed[1]  # the same queues as the last message (compared by identity)
+            else:
+                names = tuple([q.name for q in queues])
+                extra = (None, None, names, None, None, None, None, None)
+                address.event_routed = (queues, extra)
             self._message_event(
                 "sent",
                 message,
                 now_ms,
-                extra=queues[0].event_routed
-                if len(queues) == 1
-                else (None, None, tuple([q.name for q in queues]), None, None, None, None, None),
+                extra=extra,
                 shape=address.event_sent.get(origin) or self._sent_shape(address, origin),
             )
         if not queues:
@@ -783,7 +802,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         self.stats.routed += 1
         out = self._effects
         waiting = False
-        page = self.page_stores is not None and self._must_page(address, message)
+        page = limited and self.page_stores is not None and self._must_page(address, message)
         for queue in queues:
             pages = queue.pages
             # Last-value, ring and non-destructive queues stay in memory: replacing,

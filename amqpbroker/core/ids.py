@@ -11,43 +11,60 @@ lost reservation file).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import operator
+import sys
+from collections.abc import Callable, Iterator
 
 from amqpbroker.core.errors import ResourceLimitExceeded
 
 ID_BLOCK_SIZE = 1 << 16  # one fsync'd reservation per 65,536 messages
+_UNBOUNDED = sys.maxsize  # without a `reserve` callback: no block end
 
 
 class MessageIds:
     """An iterator of message ids (`next(ids)`), reserving a block ahead when told how.
 
     Without a `reserve` callback (tests, embedding without a data dir) ids simply count
-    up from the floor. Loop thread only.
+    up from the floor. `ready` iterates the ids of the reserved block at C speed: the hot
+    path takes `next(ids.ready, 0) or next(ids)` (0: the block is used up, and `next(ids)`
+    reserves the next one), a `range` iterator's step where a Python `__next__` per
+    message cost a call (issue 20). Loop thread only.
     """
 
-    __slots__ = ("_end", "_next", "_reserve", "block")
+    __slots__ = ("_end", "_limit", "_reserve", "block", "ready")
 
     def __init__(self, *, block: int = ID_BLOCK_SIZE) -> None:
-        self._next = 1
         self._end: int | None = None  # ids below it are reserved; None: nothing to reserve
         self._reserve: Callable[[int], None] | None = None
         self.block = block
+        self._limit = _UNBOUNDED
+        self.ready: Iterator[int] = iter(())
+        self._hand_out(1, _UNBOUNDED)
 
     def __iter__(self) -> MessageIds:
         return self
 
     def __next__(self) -> int:
-        n = self._next
-        end = self._end
-        if end is not None and n >= end:
-            self._reserve_from(n)
-        self._next = n + 1
-        return n
+        n = next(self.ready, 0)
+        if n:
+            return n
+        self._reserve_from(self._next)  # raises: nothing handed out, the next call retries
+        return next(self.ready)
+
+    @property
+    def _next(self) -> int:
+        """The id handed out next."""
+        return self._limit - operator.length_hint(self.ready)
+
+    def _hand_out(self, start: int, limit: int) -> None:
+        """Hand out `start`, `start + 1`, ... below `limit` (none when `start >= limit`)."""
+        self._limit = max(start, limit)
+        self.ready = iter(range(start, limit))
 
     def start_above(self, used: int) -> None:
         """No id at or below `used` is given out (recovery: the journal's largest id)."""
         if used >= self._next:
-            self._next = used + 1
+            self._hand_out(used + 1, _UNBOUNDED if self._end is None else self._end)
 
     def reserve_with(self, reserve: Callable[[int], None], reserved: int) -> None:
         """From now on reserve each block with `reserve(end)` before using it; `reserved` is
@@ -73,3 +90,4 @@ class MessageIds:
             # tries again (the journal is most likely failing too).
             raise ResourceLimitExceeded(f"cannot reserve message ids: {e}") from e
         self._end = end
+        self._hand_out(n, end)

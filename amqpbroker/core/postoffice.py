@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from amqpbroker.core.lifecycle import Shape
+from amqpbroker.core.lifecycle import Extra, Shape
 from amqpbroker.core.model import ConnectionId, Message, RoutingType
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.wildcard import WildcardConfig
+
+_ANYCAST, _MULTICAST = RoutingType.ANYCAST, RoutingType.MULTICAST
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -42,6 +44,10 @@ class Address:
     blocked: bool = False  # full under policy BLOCK: producers get no more credit
     # The lifecycle `sent` shape per producer container (`Broker._sent_shape`), built once.
     event_sent: dict[str | None, Shape] = field(default_factory=dict)
+    # The queues the last message routed here reached (two or more), with the `extra` of
+    # its `sent` event (target_queues): the next message that reaches the same queues
+    # shares it instead of building a list and two tuples (fan-out, issue 20).
+    event_routed: tuple[list[Queue], Extra] | None = None
 
 
 class PostOffice:
@@ -83,25 +89,36 @@ class PostOffice:
     def route(
         self, message: Message, address: Address, routing_type: RoutingType | None
     ) -> list[Queue]:
-        """The queues that get a reference (B-002); the caller adds the message to them."""
+        """The queues that get a reference (B-002); the caller adds the message to them.
+
+        Per message and per queue (issue 20): the routing types are module constants (an
+        enum member read through its class costs ~10x a global), and a queue without a
+        filter or purge-on-no-consumers is taken without the `accepts_message` call."""
         targets: list[Queue] = []
         anycast: list[Queue] = []
+        to_multicast = routing_type is not _ANYCAST
+        to_anycast = routing_type is not _MULTICAST
         for queue in address.queues:
-            if queue.routing_type is RoutingType.MULTICAST:
-                if routing_type is not RoutingType.ANYCAST and queue.accepts_message(message):
-                    targets.append(queue)
-            elif routing_type is not RoutingType.MULTICAST and queue.accepts_message(message):
-                anycast.append(queue)
-        if routing_type is not RoutingType.ANYCAST:
+            if queue.routing_type is _MULTICAST:
+                if not to_multicast:
+                    continue
+                chosen = targets
+            elif to_anycast:
+                chosen = anycast
+            else:
+                continue
+            if (queue.selector is None and not queue.purging) or queue.accepts_message(message):
+                chosen.append(queue)
+        if to_multicast and self._wildcard_addresses:
             # Wildcard routing reaches subscriptions only (issue 15, decisions.md).
             for source in self._wildcard_matches(address.name):
                 for queue in source.queues:
-                    if queue.routing_type is RoutingType.MULTICAST and queue.accepts_message(
-                        message
-                    ):
+                    if queue.routing_type is _MULTICAST and queue.accepts_message(message):
                         targets.append(queue)
         if anycast:
-            targets.append(self._pick_anycast(address, anycast, message))
+            targets.append(
+                anycast[0] if len(anycast) == 1 else self._pick_anycast(address, anycast, message)
+            )
         return targets
 
     @staticmethod

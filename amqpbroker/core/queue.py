@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from random import Random
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 from amqpbroker.core.dispatch import (
     DispatchPolicy,
@@ -137,8 +137,12 @@ class Consumer:
     event_by: By = field(init=False)
     event_dispatched: Shape = field(init=False)
     event_acked: Shape = field(init=False)
+    # Takes any message as dispatch offers it: not a browser, no selector, no size limit
+    # (all fixed at attach): one test on the hot path (`Queue._hand_over`, `_deliver`).
+    plain: bool = field(init=False)
 
     def __post_init__(self) -> None:
+        self.plain = not self.browser and self.selector is None and not self.max_message_size
         by = self.event_by = (self.container, self.link_name)
         where = self.queue.event_where
         reason = "presettled" if self.presettled else None
@@ -304,19 +308,26 @@ class Queue:
         self._owner = owner
         self.counters = QueueCounters()
         self.consumers: list[Consumer] = []
+        self._browsers = 0  # browsers among them (`dispatch` skips the browse pass at 0)
+        # Consumers of different priorities (B-035), kept by add/remove_consumer.
+        self._prioritized = False
         self.used = False
         self.paused = False  # B-161 pause(): no dispatch to consumers (browsers go on)
         self.swept = False  # first reaper pass passed (B-111)
         self.idle_since_ms = 0
         self.owner: ConnectionId | None = None  # temporary queues die with their connection
         self._rng = rng
-        self._delivery_ids = delivery_ids
+        # DeliveryId is a NewType: calling it per delivery costs a call; the ids are ints.
+        self._delivery_ids = cast("Iterator[DeliveryId]", delivery_ids)
         self.emitter = emitter or Emitter()
         self._scheduled_live = 0
         self.size_bytes = 0
         self._seq = itertools.count()
         self._fresh: list[deque[Ref]] = [deque() for _ in range(_LEVELS)]
         self._returned: list[list[Ref]] = [[] for _ in range(_LEVELS)]
+        # No priority level above this one holds a reference (`_pop_next` starts here,
+        # not at level 9: most messages are at the default level 4).
+        self._top = 0
         self._ready = 0
         self._scheduled: list[tuple[int, int, Ref]] = []
         self._rr = 0
@@ -520,25 +531,31 @@ class Queue:
         self, message: Message, out: list[Effect], *, delivery_count: int = 0, reason: str = "route"
     ) -> Ref:
         ref = self._enqueue(message, delivery_count, message.deliver_at_ms)
-        if self.store is not None and message.durable:
-            self.store.ref_added(
+        store = self.store
+        if store is not None and message.durable:
+            store.ref_added(
                 self.name,
                 ref,
                 scheduled_at_ms=message.deliver_at_ms if ref.state == SCHEDULED else 0,
             )
         self.counters.added += 1
-        if self.emitter.all:
+        emitter = self.emitter
+        if emitter.all:
             self.note(
                 self.event_enqueued
                 if reason == "route"
                 else ("enqueued", self.event_where, None, reason),
                 ref,
-                self.emitter.txn_extra,
+                emitter.txn_extra,
             )
         kind = self.kind
         if kind is None:
-            if self.consumers:
-                self.dispatch(out)
+            consumers = self.consumers
+            if consumers:
+                if len(consumers) == 1 and self._ready == 1 and ref.state == READY:
+                    self._hand_over(consumers[0], ref, out)
+                else:
+                    self.dispatch(out)
         else:  # B-120/B-123: index and log it; B-121: trim once it had its chance
             kind.arrived(ref)
             if self.consumers:
@@ -582,31 +599,39 @@ class Queue:
             if message.expiration_ms:
                 owner.track_expiry(self, ref)
         self._ready += ready
+        if ready:
+            self._top = _LEVELS - 1  # an upper bound: `_pop_next` lowers it as it goes
         self.size_bytes += size
         owner.size_changed(self, size)
 
     def _enqueue(self, message: Message, delivery_count: int, at_ms: int) -> Ref:
         ref = Ref(message, next(self._seq), delivery_count)
-        if at_ms and at_ms > self._owner.now_ms:  # B-015: scheduled until then
+        owner = self._owner
+        if at_ms and at_ms > owner.now_ms:  # B-015: scheduled until then
             heapq.heappush(self._scheduled, (at_ms, ref.seq, ref))
             ref.state = SCHEDULED
             self._scheduled_live += 1
-            self._owner.schedule(at_ms)
+            owner.schedule(at_ms)
         else:
-            self._fresh[message.priority].append(ref)
+            level = message.priority
+            self._fresh[level].append(ref)
+            if level > self._top:
+                self._top = level
             self._ready += 1
         self._by_id[message.msg_id] = ref
-        self.size_bytes += message.size
-        self._owner.size_changed(self, message.size)
+        size = message.size
+        self.size_bytes += size
+        owner.size_changed(self, size)
         if message.expiration_ms:
-            self._owner.track_expiry(self, ref)
+            owner.track_expiry(self, ref)
         return ref
 
     # -- dispatch ---------------------------------------------------------------------
     def _pop_next(self) -> Ref | None:
         if not self._ready:
             return None
-        for level in range(_LEVELS - 1, -1, -1):
+        level = self._top
+        while level >= 0:
             fresh, returned = self._fresh[level], self._returned[level]
             while fresh or returned:
                 if returned and not (fresh and fresh[0].seq < returned[0].seq):
@@ -616,11 +641,17 @@ class Queue:
                 if ref.state == GONE:
                     continue  # removed while waiting (expired by the scanner)
                 self._ready -= 1
+                self._top = level  # every level above it is empty
                 return ref
+            level -= 1
+        self._top = 0
         return None
 
     def _put_back(self, ref: Ref) -> None:
-        heapq.heappush(self._returned[ref.message.priority], ref)
+        level = ref.message.priority
+        heapq.heappush(self._returned[level], ref)
+        if level > self._top:
+            self._top = level
         ref.state = READY
         self._ready += 1
         if ref.message.expiration_ms:
@@ -630,23 +661,22 @@ class Queue:
 
     def dispatch(self, out: list[Effect]) -> None:
         """Hand ready references to consumers with credit, round-robin."""
-        if self.pages is not None and self.pages.messages:
+        pages = self.pages
+        if pages is not None and pages.messages:
             self._depage()  # B-151 PAGE: the next paged messages, when memory has room
         consumers = self.consumers
-        browsers = [c for c in consumers if c.browser and c.credit > 0 and c.window.room > 0]
-        if browsers:
-            self._browse(browsers, out)
-        active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
-        if (
-            active
-            and self._ready
-            and not self.paused
-            and (
-                self.policy is None
-                or self.policy.may_dispatch(consumers, self.delivering, self._owner.now_ms)
-            )
-        ):
-            self._deliver_ready(active, out)
+        if self._browsers:
+            browsers = [c for c in consumers if c.browser and c.credit > 0 and c.window.room > 0]
+            if browsers:
+                self._browse(browsers, out)
+        if self._ready and not self.paused:
+            active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
+            policy = self.policy
+            if active and (
+                policy is None
+                or policy.may_dispatch(consumers, self.delivering, self._owner.now_ms)
+            ):
+                self._deliver_ready(active, out)
         for consumer in consumers:
             # A stalled consumer drains once its window reopens: what is ready goes first.
             if consumer.drain and consumer.credit > 0 and consumer.window.room > 0:
@@ -654,24 +684,71 @@ class Queue:
                 consumer.drain = False
                 out.append(Drained(consumer.id))
 
+    def _hand_over(self, consumer: Consumer, ref: Ref, out: list[Effect]) -> None:
+        """`dispatch` for the commonest cases (issue 20): `ref`, just added or just returned
+        (released, modified), is the only ready reference of a plain queue with one
+        consumer (every subscription queue of a topic). When that consumer can take it as
+        `_deliver` would (credit, window, no selector or size limit, no policy, group,
+        browser, pause, pages, expiry or B-045 block in the way) it goes straight to the
+        consumer, with the same rotation, counts, effects and events; otherwise
+        `dispatch` decides. Only when nothing else is in its level or above it: removed
+        references (GONE) waiting there are dropped by `dispatch`'s `_pop_next`, not
+        left to hold their messages' memory."""
+        message = ref.message
+        level = message.priority
+        fresh = self._fresh[level]
+        returned = self._returned[level]
+        pages = self.pages
+        if (
+            len(fresh) + len(returned) != 1
+            or self._top != level
+            or ref.blocked is not None
+            or not consumer.plain
+            or consumer.credit <= 0
+            or consumer.window.room <= 0
+            or self.paused
+            or self.policy is not None
+            or message.group_id is not None
+            or (pages is not None and pages.messages)
+            or (message.expiration_ms and self._owner.now_ms >= message.expiration_ms)
+        ):
+            self.dispatch(out)
+            return
+        (fresh or returned).pop()  # `ref` itself
+        self._ready -= 1
+        self._rr = 1  # `_deliver`'s rotation past index 0 of one active consumer
+        self._send(consumer, ref, out)
+        if consumer.drain and consumer.credit > 0 and consumer.window.room > 0:
+            consumer.credit = 0  # what `dispatch` ends with: a drain with nothing left
+            consumer.drain = False
+            out.append(Drained(consumer.id))
+
     def _deliver(self, active: list[Consumer], out: list[Effect]) -> None:
-        skipped: list[Ref] = []
-        picky = any(c.selector is not None or c.max_message_size for c in active)
+        skipped: list[Ref] | None = None
+        picky = False
+        for c in active:
+            if not c.plain:  # a selector or a size limit (browsers are not active)
+                picky = True
+                break
         policy = self.policy  # B-122/B-127/B-128 (core/dispatch.py); None: a plain queue
+        ranked = self._prioritized
+        owner_ms = self._owner
         while active:
-            ref = self._pop_next()
+            ref = self._pop_next() if self._ready else None
             if ref is None:
-                if self.pages is not None and self.pages.messages and self._depage(empty=True):
+                pages = self.pages
+                if pages is not None and pages.messages and self._depage(empty=True):
                     continue  # B-151 PAGE: the next slice of the page files
                 break
-            expiration = ref.message.expiration_ms
-            if expiration and self._owner.now_ms >= expiration and self.expire(ref, popped=True):
+            message = ref.message
+            expiration = message.expiration_ms
+            if expiration and owner_ms.now_ms >= expiration and self.expire(ref, popped=True):
                 continue  # B-084: an expired message is never sent to a consumer
             count = len(active)
             index = self._rr % count
             chosen = None
-            prioritized = self._prioritized
-            if policy is None and ref.message.group_id is None:
+            prioritized = ranked
+            if policy is None and message.group_id is None:
                 owner = None  # the plain path: no policy, no group
             else:
                 if policy is None:
@@ -692,6 +769,8 @@ class Queue:
                         chosen, index = candidate, (index + i) % count
                         break
             if chosen is None:
+                if skipped is None:
+                    skipped = []
                 skipped.append(ref)
                 continue
             if not prioritized:
@@ -705,8 +784,9 @@ class Queue:
                 active.remove(chosen)
             if chosen.window.room <= 0:  # issue 15: its connection has enough to write
                 active = [c for c in active if c.window.room > 0]
-        for ref in skipped:
-            self._put_back(ref)
+        if skipped is not None:
+            for ref in skipped:
+                self._put_back(ref)
 
     def _group_policy(self) -> DispatchPolicy[Consumer] | None:
         """B-127: the first message with a group-id gives a plain queue its policy, unless
@@ -716,10 +796,14 @@ class Queue:
         self.policy = DispatchPolicy(self.config)
         return self.policy
 
-    @property
-    def _prioritized(self) -> bool:
+    def _consumers_changed(self) -> None:
+        """Keep what dispatch reads of the consumers once, not per message: whether any is
+        a browser, and whether their priorities differ (B-035)."""
         consumers = self.consumers
-        return len(consumers) > 1 and any(c.priority != consumers[0].priority for c in consumers)
+        self._browsers = sum(1 for c in consumers if c.browser)
+        self._prioritized = len(consumers) > 1 and any(
+            c.priority != consumers[0].priority for c in consumers
+        )
 
     def _by_priority(self, active: list[Consumer], ref: Ref) -> Consumer | None:
         """B-035: the highest-priority consumer able to take `ref`, round-robin among
@@ -741,7 +825,7 @@ class Queue:
         ref.delivery_count += 1  # B-040: before the transfer is written
         if ref.stored_count is not None and self.store is not None and self.store.before_delivery:
             self.store.count_before_delivery(self.name, ref)  # B-097
-        delivery = DeliveryId(next(self._delivery_ids))
+        delivery = next(self._delivery_ids)
         out.append(
             Dispatch(
                 consumer.id, delivery, ref.message, ref.delivery_count - 1, consumer.presettled
@@ -771,7 +855,7 @@ class Queue:
                 browser.browsed_seq = ref.seq
                 browser.credit -= 1
                 browser.window.room -= ref.message.size
-                delivery = DeliveryId(next(self._delivery_ids))
+                delivery = next(self._delivery_ids)
                 out.append(Dispatch(browser.id, delivery, ref.message, ref.delivery_count, True))
             else:
                 if self.pages is not None and self.pages.messages:
@@ -857,7 +941,11 @@ class Queue:
             if reason is None:
                 reason = "modified-failed" if outcome.delivery_failed else "modified"
             self._return(ref, now_ms, delay=True, reason=reason, consumer=consumer)
-        self.dispatch(out)
+        consumers = self.consumers
+        if ref.state == READY and len(consumers) == 1 and self._ready == 1 and kind is None:
+            self._hand_over(consumers[0], ref, out)  # back, and at once out again
+        else:
+            self.dispatch(out)
         return True
 
     def _return(
@@ -945,6 +1033,7 @@ class Queue:
     # -- consumers --------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
         self.consumers.append(consumer)
+        self._consumers_changed()
         if self.policy is not None:
             self.policy.consumer_added(consumer, self._owner.now_ms)
             if (due := self.policy.deadline_ms()) is not None:
@@ -957,6 +1046,7 @@ class Queue:
         (abrupt: the loss counts as an attempt). Never delayed."""
         if consumer in self.consumers:
             self.consumers.remove(consumer)
+            self._consumers_changed()
         if self.policy is not None:
             self.policy.consumer_removed(consumer, self.consumers)
         held = sorted(consumer.unsettled.values())
@@ -1016,6 +1106,7 @@ class Queue:
             if id(ref) in moving:
                 ref.seq = next(self._seq)
                 self._fresh[message.priority].append(ref)
+                self._top = max(self._top, message.priority)
 
     def take(self, ref: Ref) -> None:
         """Remove a waiting (ready, scheduled or paged) reference, for management (B-161);

@@ -193,6 +193,7 @@ class SettingsRepository:
         self.wildcards = wildcards or WildcardConfig()
         self._entries: dict[str, AddressSettings] = {}
         self._cache: dict[str, ResolvedSettings] = {}
+        self._publishing: dict[str, tuple[ResolvedSettings, bool, bool]] = {}
         for pattern, entry in (entries or {}).items():
             self.add(pattern, entry)
 
@@ -207,10 +208,12 @@ class SettingsRepository:
             raise ValueError(f"address-settings match {pattern!r}: {problem}")
         self._entries[pattern] = entry
         self._cache.clear()
+        self._publishing.clear()
 
     def remove(self, pattern: str) -> None:
         self._entries.pop(pattern, None)
         self._cache.clear()
+        self._publishing.clear()
 
     def matching(self, address: str) -> list[str]:
         """Patterns that match `address`, most specific first (B-100)."""
@@ -225,10 +228,32 @@ class SettingsRepository:
         return merged
 
     def resolve(self, address: str) -> ResolvedSettings:
-        """Effective settings for `address` (the address part of an FQQN)."""
-        address = address.split("::", 1)[0]
+        """Effective settings for `address` (the address part of an FQQN). Cached under
+        the name as given too, so the per-message lookup is one dict hit, not a split."""
         cached = self._cache.get(address)
         if cached is None:
-            cached = resolve(self.merged(address))
+            name = address.split("::", 1)[0]
+            cached = self._cache.get(name)
+            if cached is None:
+                cached = resolve(self.merged(name))
+                self._cache[name] = cached
             self._cache[address] = cached
         return cached
+
+    def publishing(self, address: str) -> tuple[ResolvedSettings, bool, bool]:
+        """`resolve(address)` with what publish asks of it for every message, derived once
+        per change (B-102), not per message (issue 20): whether B-081 can change an
+        expiration there (`has_expiry_overrides`), and whether a B-151 size limit is set
+        (max-size-bytes, max-size-messages or max-size-bytes-reject-threshold)."""
+        hot = self._publishing.get(address)
+        if hot is None:
+            settings = self.resolve(address)
+            hot = (
+                settings,
+                settings.has_expiry_overrides,
+                settings.max_size_bytes >= 0
+                or settings.max_size_messages >= 0
+                or settings.max_size_bytes_reject_threshold >= 0,
+            )
+            self._publishing[address] = hot
+        return hot

@@ -201,3 +201,26 @@ def test_each_call_into_the_broker_reads_the_clock_once() -> None:
 
     _scenario(h, call)
     assert len(names) == 26
+
+
+def test_messages_published_within_a_millisecond_share_one_first_ts() -> None:
+    """Issue 20 (memory per queued message): on the system clock, the broker keeps its
+    `now_ms` object while the clock reads the same millisecond, so the messages queued
+    within one share one `first_ts` object, not an int each (a compiled `Message` keeps
+    its ints unboxed: no object at all)."""
+    from random import Random
+
+    from amqpbroker.core import Broker, ProducerRequest, SettingsRepository, SystemClock
+
+    broker = Broker(settings=SettingsRepository({}), clock=SystemClock(), rng=Random(0))
+    target = broker.attach_producer(ProducerRequest(connection=CONN, address="q"))
+    for _ in range(1000):  # bounded: two sends within one millisecond come quickly
+        first, second = Message(b"1"), Message(b"2")
+        broker.publish(first, target)
+        kept = broker.now_ms
+        broker.publish(second, target)
+        if first.first_ts == second.first_ts:
+            assert broker.now_ms is kept
+            break
+    else:
+        pytest.fail("no two sends within one millisecond in 1000 tries")

@@ -71,3 +71,18 @@ def test_a_start_up_reservation_failure_is_an_os_error() -> None:
 def test_without_a_reservation_ids_count_up() -> None:
     ids = MessageIds(block=2)
     assert [next(ids) for _ in range(5)] == [1, 2, 3, 4, 5]
+
+
+def test_the_hot_path_reserves_each_block_as_next_does() -> None:
+    """Issue 20: the broker takes `next(ids.ready, 0) or next(ids)` per message; a block's
+    ids come from `ready` and its end still reserves the next block before any id of it,
+    also after `start_above` moved past the reserved end."""
+    reserved: list[int] = []
+    ids = MessageIds(block=4)
+    ids.reserve_with(reserved.append, 0)
+    taken = [next(ids.ready, 0) or next(ids) for _ in range(9)]
+    assert taken == list(range(1, 10))
+    assert reserved == [5, 9, 13]
+    ids.start_above(20)  # beyond the reserved end (13)
+    assert (next(ids.ready, 0) or next(ids)) == 21
+    assert reserved == [5, 9, 13, 25]

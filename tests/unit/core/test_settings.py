@@ -99,3 +99,27 @@ def test_runtime_change_takes_effect_on_next_lookup() -> None:
     assert repo.resolve("q").max_delivery_attempts == 9
     repo.remove("q")
     assert repo.resolve("q").max_delivery_attempts == 4
+
+
+def test_a_cached_fqqn_follows_a_runtime_change_of_its_address() -> None:
+    """B-101/B-102: an FQQN's settings are cached under the name as given (issue 20: one
+    dict hit per message); a change of its address's settings clears that entry too."""
+    repo = SettingsRepository({"#": AddressSettings.of(max_delivery_attempts=4)})
+    assert repo.resolve("a::q").max_delivery_attempts == 4
+    assert repo.resolve("a::q") is repo.resolve("a")
+    repo.add("a", AddressSettings.of(max_delivery_attempts=9))
+    assert repo.resolve("a::q").max_delivery_attempts == 9
+    repo.remove("a")
+    assert repo.resolve("a::q").max_delivery_attempts == 4
+
+
+def test_the_publish_flags_follow_a_runtime_change() -> None:
+    """B-102 for what publish derives once per address (issue 20): B-081 overrides and
+    the B-151 size limits are re-derived after a change, on the next message."""
+    repo = SettingsRepository({"#": AddressSettings.of(max_delivery_attempts=4)})
+    settings, expiry_overrides, size_limited = repo.publishing("a")
+    assert (settings, expiry_overrides, size_limited) == (repo.resolve("a"), False, False)
+    repo.add("a", AddressSettings.of(expiry_delay=1000, max_size_bytes_reject_threshold=10))
+    assert repo.publishing("a")[1:] == (True, True)
+    repo.remove("a")
+    assert repo.publishing("a")[1:] == (False, False)

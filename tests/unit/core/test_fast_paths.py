@@ -1,0 +1,178 @@
+"""The core's per-message shortcuts (issue 20) keep the behaviour of the general path:
+the highest non-empty priority level (B-013, B-014, B-161 changeMessagesPriority), the
+hand-over of an arrival to a queue's only consumer (B-003 rotation, B-031 browsers, the
+memory of removed references), and the routing of filtered and purge-on-no-consumers
+queues (B-002, B-126)."""
+
+from __future__ import annotations
+
+from support.core_harness import Harness, bodies
+
+from amqpbroker.core import ACCEPTED, RELEASED, Message, Modified, QueueConfig, RoutingType
+from amqpbroker.core.operations import change_priority
+
+
+def test_a_released_high_priority_message_goes_before_a_waiting_lower_one() -> None:
+    """B-013/B-014: dispatch had last found work at level 4; a priority-9 message coming
+    back must still be the next one out (the level hint rises with the return)."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    h.send(target, b"h", priority=9)
+    h.send(target, b"n1", priority=4)
+    h.send(target, b"n2", priority=4)
+    c = h.consumer("q", "queue", credit=2)
+    first, second = h.take(c)
+    assert bodies([first, second]) == [b"h", b"n1"]
+    h.settle(c, first, RELEASED)
+    h.broker.set_credit(c, 1)
+    assert bodies(h.take(c)) == [b"h"]
+
+
+def test_a_message_raised_to_a_higher_priority_is_delivered_first() -> None:
+    """B-161 changeMessagesPriority to a level above every waiting message: it is found
+    (the level hint rises with the change), not stranded."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    h.send(target, b"a", priority=1, props={"k": "a"})
+    h.send(target, b"b", priority=1)
+    assert change_priority(h.broker, "q", selector="k = 'a'", priority=9) == 1
+    c = h.consumer("q", "queue")
+    got = h.take(c)
+    assert bodies(got) == [b"a", b"b"]
+    assert [d.message.priority for d in got] == [9, 1]
+
+
+def test_the_rotation_continues_after_a_hand_over() -> None:
+    """B-003 round-robin: a message handed straight to a lone consumer moves the rotation
+    past it, as dispatch does, so a second consumer gets the next message."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    first = h.consumer("q", "queue")
+    h.send(target, b"0")
+    assert bodies(h.take(first)) == [b"0"]
+    second = h.consumer("q", "queue")
+    for body in (b"1", b"2", b"3"):
+        h.send(target, body)
+    assert bodies(h.take(second)) == [b"1", b"3"]
+    assert bodies(h.take(first)) == [b"2"]
+
+
+def test_a_lone_browser_is_not_handed_the_message() -> None:
+    """B-031: a browser alone on the queue sees an arrival without acquiring it."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    browser = h.consumer("q", "queue", browse=True)
+    h.send(target, b"a")
+    [seen] = h.take(browser)
+    assert seen.settled
+    assert h.queue("q").message_count == 1
+    c = h.consumer("q", "queue")
+    [d] = h.take(c)
+    h.settle(c, d, ACCEPTED)
+    assert h.queue("q").message_count == 0
+
+
+def test_expired_references_do_not_outlive_the_next_arrival() -> None:
+    """Messages the expiry scan removed (B-084) are left in place for dispatch to drop;
+    an arrival handed to a consumer must not leave them holding their bodies' memory."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    for i in range(3):
+        h.send(target, b"old-%d" % i + b"x" * 1000, ttl_ms=10)
+    h.advance(30_000)  # the periodic scan: expired, removed lazily
+    queue = h.queue("q")
+    assert queue.message_count == 0
+    c = h.consumer("q", "queue")
+    h.send(target, b"new")
+    assert bodies(h.take(c)) == [b"new"]
+    assert [ref for level in queue._fresh for ref in level] == []
+
+
+def test_filtered_and_purging_queues_are_still_skipped_by_routing() -> None:
+    """B-002 filters and B-126 purge-on-no-consumers on the multicast route."""
+    h = Harness()
+    h.broker.create_address("t", {RoutingType.MULTICAST})
+    for name, extra in (
+        ("all", {}),
+        ("red", {"filter": "colour = 'red'"}),
+        ("purging", {"purge_on_no_consumers": True}),
+    ):
+        h.broker.create_queue(
+            QueueConfig(name=name, address="t", routing_type=RoutingType.MULTICAST, **extra)
+        )
+    target = h.producer("t", "topic")
+    h.send(target, b"blue", props={"colour": "blue"})
+    h.send(target, b"red", props={"colour": "red"})
+    assert [h.queue(n).message_count for n in ("all", "red", "purging")] == [2, 1, 0]
+
+
+def test_a_returned_message_goes_straight_back_with_its_counts() -> None:
+    """B-042/B-044/B-050: released (count undone) and modified{delivery-failed} (counted)
+    come back to the lone consumer at once, with the wire count dispatch would give."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    c = h.consumer("q", "queue")
+    h.send(target, b"m")
+    [d] = h.take(c)
+    h.settle(c, d, RELEASED)
+    [again] = h.take(c)
+    assert (again.message.data, again.wire_count) == (b"m", 0)
+    h.settle(c, again, Modified(delivery_failed=True))
+    [third] = h.take(c)
+    assert third.wire_count == 1
+    h.settle(c, third, ACCEPTED)
+    assert h.queue("q").message_count == 0
+
+
+def test_a_message_modified_undeliverable_here_is_not_handed_back() -> None:
+    """B-045: modified{undeliverable-here} blocks the message for that link; a lone
+    consumer does not get it back, another consumer does."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    c = h.consumer("q", "queue")
+    h.send(target, b"m")
+    [d] = h.take(c)
+    h.settle(c, d, Modified(undeliverable_here=True))
+    assert h.take(c) == []
+    other = h.consumer("q", "queue")
+    assert bodies(h.take(other)) == [b"m"]
+
+
+def test_a_fan_out_sent_event_names_the_queues_each_message_reached() -> None:
+    """B-170/B-171 `sent` target_queues: the event of a message routed to the same queues
+    as the one before shares its field; a subscription added or filtered out between
+    two messages shows in the next event."""
+    h = Harness()
+    h.broker.create_address("t", {RoutingType.MULTICAST})
+    for name, extra in (("a", {}), ("b", {}), ("red", {"filter": "colour = 'red'"})):
+        h.broker.create_queue(
+            QueueConfig(name=name, address="t", routing_type=RoutingType.MULTICAST, **extra)
+        )
+    target = h.producer("t", "topic")
+
+    def sent(**props: str) -> tuple[str, ...] | None:
+        h.broker.emitter.take()
+        h.send(target, props=props)
+        [event] = [e for e in h.broker.emitter.take() if e.event == "sent"]
+        return event.target_queues
+
+    assert sent(colour="red") == ("a", "b", "red")
+    assert sent(colour="blue") == ("a", "b")
+    assert sent(colour="blue") == ("a", "b")
+    h.broker.create_queue(QueueConfig(name="c", address="t", routing_type=RoutingType.MULTICAST))
+    assert sent(colour="blue") == ("a", "b", "c")
+    h.broker.delete_queue("a")
+    assert sent(colour="red") == ("b", "red", "c")
+
+
+def test_messages_restored_in_bulk_are_found_at_every_priority() -> None:
+    """Recovery's bulk restore (issue 23) fills the priority levels directly: the level
+    hint must cover them, highest first (B-013)."""
+    h = Harness()
+    h.producer("q", "queue")
+    queue = h.queue("q")
+    queue.restore_many(
+        [(Message(b"n", msg_id=1, priority=4), 0, 0), (Message(b"h", msg_id=2, priority=9), 0, 0)]
+    )
+    c = h.consumer("q", "queue")
+    assert bodies(h.take(c)) == [b"h", b"n"]

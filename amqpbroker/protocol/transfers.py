@@ -169,6 +169,7 @@ class Transfers:
         collector = self.collector
         handlers = self.handlers
         owner = self.owner
+        producers, consumers = self.producers, self.consumers
         peek, pop, event_type = _pn_collector_peek, _pn_collector_pop, _pn_event_type
         null = _NULL
         while (event := peek(collector)) != null:
@@ -180,7 +181,10 @@ class Transfers:
                 if kind == _PN_DELIVERY:
                     delivery = _pn_event_delivery(event)
                     link = _pn_delivery_link(delivery)
-                    if _pn_link_is_receiver(link):
+                    # Producer links receive, consumer links send: the maps answer for
+                    # nearly every delivery without the C call (cffi releases and
+                    # retakes the GIL around each: ~370 instructions, issue 20).
+                    if link in producers or (link not in consumers and _pn_link_is_receiver(link)):
                         self.on_transfer(delivery, link)
                     elif _pn_link_current(link) == delivery:  # ours are never current
                         # The peer sent on a link it receives on; proton keeps that

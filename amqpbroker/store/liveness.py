@@ -72,8 +72,9 @@ class _LiveSet(Generic[_Item]):
         self.addresses: dict[str, _Item] = {}
         self.queues: dict[str, _Item] = {}
         self.messages: dict[int, _MessageSlot[_Item]] = {}
-        self.refs: dict[tuple[str, int], _RefSlot[_Item]] = {}
-        self.queue_refs: dict[str, dict[int, None]] = {}
+        # References by queue, then message id, in the order they were added: no key
+        # tuple per reference, and a queue's references are at hand (issue 20).
+        self.refs: dict[str, dict[int, _RefSlot[_Item]]] = {}
         self.page_cursors: dict[str, _Item] = {}
         # The rule of each record type (`apply`; the file journal's index calls them).
         self.rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
@@ -113,15 +114,13 @@ class _LiveSet(Generic[_Item]):
         message = self.messages.get(record.msg_id)
         if message is None:
             return False  # its message is gone (or never was): replay ignores it too
-        key = (record.queue, record.msg_id)
-        slot = self.refs.get(key)
+        held = self.refs.get(record.queue)
+        if held is None:  # (not setdefault: that builds a dict per reference)
+            held = self.refs[record.queue] = {}
+        slot = held.get(record.msg_id)
         if slot is None:
-            self.refs[key] = _RefSlot(item)
+            held[record.msg_id] = _RefSlot(item)
             message.refs += 1
-            held = self.queue_refs.get(record.queue)
-            if held is None:  # (not setdefault: that builds a dict per reference)
-                held = self.queue_refs[record.queue] = {}
-            held[record.msg_id] = None
         else:  # the new AddRef is the whole state of the reference
             self._dead(slot.add, False)
             self._drop_updates(slot)
@@ -136,7 +135,7 @@ class _LiveSet(Generic[_Item]):
             self._dead(slot.scheduled, False)
             slot.scheduled = None
 
-    def _remove_ref(self, queue: str, msg_id: int, slot: _RefSlot[_Item]) -> None:
+    def _remove_ref(self, msg_id: int, slot: _RefSlot[_Item]) -> None:
         self._dead(slot.add, True)
         self._drop_updates(slot)
         message = self.messages[msg_id]
@@ -146,17 +145,21 @@ class _LiveSet(Generic[_Item]):
             self._dead(message.item, False)
 
     def _ack_ref(self, record: AckRef, item: _Item) -> bool:
-        slot = self.refs.pop((record.queue, record.msg_id), None)
-        if slot is not None:
-            refs = self.queue_refs[record.queue]
-            del refs[record.msg_id]
-            if not refs:
-                del self.queue_refs[record.queue]
-            self._remove_ref(record.queue, record.msg_id, slot)
+        refs = self.refs.get(record.queue)
+        if refs is not None:
+            slot = refs.pop(record.msg_id, None)
+            if slot is not None:
+                if not refs:
+                    del self.refs[record.queue]
+                self._remove_ref(record.msg_id, slot)
         return False
 
+    def ref(self, queue: str, msg_id: int) -> _RefSlot[_Item] | None:
+        refs = self.refs.get(queue)
+        return None if refs is None else refs.get(msg_id)
+
     def _update_count(self, record: UpdateDeliveryCount, item: _Item) -> bool:
-        slot = self.refs.get((record.queue, record.msg_id))
+        slot = self.ref(record.queue, record.msg_id)
         if slot is None:
             return False
         if slot.count is not None:
@@ -165,7 +168,7 @@ class _LiveSet(Generic[_Item]):
         return True
 
     def _scheduled(self, record: ScheduledDelivery, item: _Item) -> bool:
-        slot = self.refs.get((record.queue, record.msg_id))
+        slot = self.ref(record.queue, record.msg_id)
         if slot is None:
             return False
         if slot.scheduled is not None:
@@ -187,8 +190,8 @@ class _LiveSet(Generic[_Item]):
         cursor = self.page_cursors.pop(record.name, None)
         if cursor is not None:
             self._dead(cursor, False)
-        for msg_id in self.queue_refs.pop(record.name, {}):
-            self._remove_ref(record.name, msg_id, self.refs.pop((record.name, msg_id)))
+        for msg_id, slot in self.refs.pop(record.name, {}).items():
+            self._remove_ref(msg_id, slot)
         return False
 
     def _add_address(self, record: AddAddress, item: _Item) -> bool:

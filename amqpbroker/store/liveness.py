@@ -48,6 +48,10 @@ class _MessageSlot(Generic[_Item]):
 
 
 class _RefSlot(Generic[_Item]):
+    """A reference with updates (a delivery count, a schedule) besides its `AddRef`; a
+    reference with none is held as its `AddRef`'s item alone (issue 20: one object less
+    per queued message)."""
+
     __slots__ = ("add", "count", "scheduled")
 
     def __init__(self, add: _Item) -> None:
@@ -74,7 +78,7 @@ class _LiveSet(Generic[_Item]):
         self.messages: dict[int, _MessageSlot[_Item]] = {}
         # References by queue, then message id, in the order they were added: no key
         # tuple per reference, and a queue's references are at hand (issue 20).
-        self.refs: dict[str, dict[int, _RefSlot[_Item]]] = {}
+        self.refs: dict[str, dict[int, _Item | _RefSlot[_Item]]] = {}
         self.page_cursors: dict[str, _Item] = {}
         # The rule of each record type (`apply`; the file journal's index calls them).
         self.rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
@@ -117,14 +121,15 @@ class _LiveSet(Generic[_Item]):
         held = self.refs.get(record.queue)
         if held is None:  # (not setdefault: that builds a dict per reference)
             held = self.refs[record.queue] = {}
-        slot = held.get(record.msg_id)
-        if slot is None:
-            held[record.msg_id] = _RefSlot(item)
+        old = held.get(record.msg_id)
+        if old is None:
             message.refs += 1
-        else:  # the new AddRef is the whole state of the reference
-            self._dead(slot.add, False)
-            self._drop_updates(slot)
-            slot.add = item
+        elif isinstance(old, _RefSlot):  # the new AddRef is the whole state of the reference
+            self._dead(old.add, False)
+            self._drop_updates(old)
+        else:
+            self._dead(old, False)
+        held[record.msg_id] = item
         return True
 
     def _drop_updates(self, slot: _RefSlot[_Item]) -> None:
@@ -135,9 +140,12 @@ class _LiveSet(Generic[_Item]):
             self._dead(slot.scheduled, False)
             slot.scheduled = None
 
-    def _remove_ref(self, msg_id: int, slot: _RefSlot[_Item]) -> None:
-        self._dead(slot.add, True)
-        self._drop_updates(slot)
+    def _remove_ref(self, msg_id: int, ref: _Item | _RefSlot[_Item]) -> None:
+        if isinstance(ref, _RefSlot):
+            self._dead(ref.add, True)
+            self._drop_updates(ref)
+        else:
+            self._dead(ref, True)
         message = self.messages[msg_id]
         message.refs -= 1
         if message.refs == 0:
@@ -147,19 +155,26 @@ class _LiveSet(Generic[_Item]):
     def _ack_ref(self, record: AckRef, item: _Item) -> bool:
         refs = self.refs.get(record.queue)
         if refs is not None:
-            slot = refs.pop(record.msg_id, None)
-            if slot is not None:
+            ref = refs.pop(record.msg_id, None)
+            if ref is not None:
                 if not refs:
                     del self.refs[record.queue]
-                self._remove_ref(record.msg_id, slot)
+                self._remove_ref(record.msg_id, ref)
         return False
 
-    def ref(self, queue: str, msg_id: int) -> _RefSlot[_Item] | None:
+    def _slot(self, queue: str, msg_id: int) -> _RefSlot[_Item] | None:
+        """The reference's slot, made if it had none (None: no such reference)."""
         refs = self.refs.get(queue)
-        return None if refs is None else refs.get(msg_id)
+        if refs is None:
+            return None
+        ref = refs.get(msg_id)
+        if ref is None or isinstance(ref, _RefSlot):
+            return ref
+        slot = refs[msg_id] = _RefSlot(ref)  # (same key: its place in the order stays)
+        return slot
 
     def _update_count(self, record: UpdateDeliveryCount, item: _Item) -> bool:
-        slot = self.ref(record.queue, record.msg_id)
+        slot = self._slot(record.queue, record.msg_id)
         if slot is None:
             return False
         if slot.count is not None:
@@ -168,7 +183,7 @@ class _LiveSet(Generic[_Item]):
         return True
 
     def _scheduled(self, record: ScheduledDelivery, item: _Item) -> bool:
-        slot = self.ref(record.queue, record.msg_id)
+        slot = self._slot(record.queue, record.msg_id)
         if slot is None:
             return False
         if slot.scheduled is not None:
@@ -190,8 +205,8 @@ class _LiveSet(Generic[_Item]):
         cursor = self.page_cursors.pop(record.name, None)
         if cursor is not None:
             self._dead(cursor, False)
-        for msg_id, slot in self.refs.pop(record.name, {}).items():
-            self._remove_ref(msg_id, slot)
+        for msg_id, ref in self.refs.pop(record.name, {}).items():
+            self._remove_ref(msg_id, ref)
         return False
 
     def _add_address(self, record: AddAddress, item: _Item) -> bool:

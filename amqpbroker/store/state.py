@@ -23,7 +23,7 @@ from amqpbroker.core.records import (
     ScheduledDelivery,
     UpdateDeliveryCount,
 )
-from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet
+from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet, _RefSlot
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +79,9 @@ class JournalState:
         resolve: Callable[[Any], Any] = record_of  # AddRef, UpdateDeliveryCount, Scheduled...
         for queue in sorted(live.refs):
             for msg_id, ref in live.refs[queue].items():
+                if not isinstance(ref, _RefSlot):
+                    rows.append((queue, msg_id, resolve(ref).delivery_count, 0))
+                    continue
                 count, scheduled = ref.count, ref.scheduled
                 rows.append(
                     (
@@ -165,8 +168,12 @@ class JournalState:
         refs = self._live.refs
         result = []
         for name in sorted(refs) if queue is None else (queue,) if queue in refs else ():
-            for msg_id, slot in refs[name].items():
-                add, count, scheduled = slot.add, slot.count, slot.scheduled
+            for msg_id, ref in refs[name].items():
+                if not isinstance(ref, _RefSlot):
+                    assert isinstance(ref, AddRef)
+                    result.append((name, msg_id, ref.delivery_count, 0))
+                    continue
+                add, count, scheduled = ref.add, ref.count, ref.scheduled
                 assert isinstance(add, AddRef)
                 result.append(
                     (

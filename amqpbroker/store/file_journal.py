@@ -184,6 +184,8 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._live: _LiveSet[_Loc] = _LiveSet(self._on_dead)
         self._segments: list[_Segment] = []
         self._targeted_by: dict[_Segment, set[_Loc]] = {}
+        self._targets: dict[_Loc, set[_Segment]] = {}  # tombstone: segments it must outlive
+        self._copying: set[_Segment] = set()  # what compaction is copying (its snapshot)
         self._applying: _Segment | None = None
         self._kill_targets: set[_Segment] = set()
         self._late_kill = False
@@ -267,7 +269,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
         applying = self._applying
         if needs_tombstone and applying is not None and seg.number < applying.number:
             self._kill_targets.add(seg)
-            if item.copying:
+            if seg in self._copying:
                 self._late_kill = True
 
     def _index_batch(
@@ -303,7 +305,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
                 if keep is not None:
                     keep[item] = record
             elif kill_targets:
-                item.targets = set(kill_targets)
+                self._targets[item] = set(kill_targets)
                 items[offset] = item
                 added += size
                 for target in kill_targets:
@@ -316,10 +318,10 @@ class FileJournal(_Opening, _Failure, _Compaction):
     def _retire(self, seg: _Segment) -> None:
         """`seg`'s dead records are gone from disk: tombstones aimed at it may go too."""
         for tombstone in self._targeted_by.pop(seg, ()):
-            targets = tombstone.targets
-            assert targets is not None
+            targets = self._targets[tombstone]
             targets.discard(seg)
             if not targets:
+                del self._targets[tombstone]
                 home = tombstone.seg
                 if home.items.pop(tombstone.offset, None) is tombstone:
                     home.live_bytes -= tombstone.size

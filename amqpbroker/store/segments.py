@@ -69,16 +69,16 @@ class _Segment:
 
 
 class _Loc:
-    """Where one live record (or needed tombstone) is."""
+    """Where one live record (or needed tombstone) is. Two per queued durable message:
+    nothing else on it (a tombstone's targets and compaction's copying are kept by the
+    journal, issue 20)."""
 
-    __slots__ = ("copying", "offset", "seg", "size", "targets")
+    __slots__ = ("offset", "seg", "size")
 
     def __init__(self, seg: _Segment, offset: int, size: int) -> None:
         self.seg = seg
         self.offset = offset
         self.size = size
-        self.targets: set[_Segment] | None = None  # tombstone: segments it must outlive
-        self.copying = False  # being copied by compaction
 
 
 class _Pending:

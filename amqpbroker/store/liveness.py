@@ -39,14 +39,6 @@ from amqpbroker.store.codec import MessageLayout
 _Item = TypeVar("_Item")
 
 
-class _MessageSlot(Generic[_Item]):
-    __slots__ = ("item", "refs")
-
-    def __init__(self, item: _Item) -> None:
-        self.item = item
-        self.refs = 0
-
-
 class _RefSlot(Generic[_Item]):
     """A reference with updates (a delivery count, a schedule) besides its `AddRef`; a
     reference with none is held as its `AddRef`'s item alone (issue 20: one object less
@@ -75,7 +67,10 @@ class _LiveSet(Generic[_Item]):
         self._dead = dead
         self.addresses: dict[str, _Item] = {}
         self.queues: dict[str, _Item] = {}
-        self.messages: dict[int, _MessageSlot[_Item]] = {}
+        self.messages: dict[int, _Item] = {}
+        # How many references hold each message whose count is not 1 (0: none yet): most
+        # messages are in one queue, and then cost no count at all (issue 20).
+        self.ref_counts: dict[int, int] = {}
         # References by queue, then message id, in the order they were added: no key
         # tuple per reference, and a queue's references are at hand (issue 20).
         self.refs: dict[str, dict[int, _Item | _RefSlot[_Item]]] = {}
@@ -106,24 +101,25 @@ class _LiveSet(Generic[_Item]):
     def add_message(self, msg_id: int, item: _Item) -> bool:
         """`AddMessage` by its id alone (recovery indexes a message before reading its
         body, and reads the body only if the message is still live)."""
-        slot = self.messages.get(msg_id)
-        if slot is None:
-            self.messages[msg_id] = _MessageSlot(item)
+        old = self.messages.get(msg_id)
+        if old is None:
+            self.ref_counts[msg_id] = 0
         else:
-            self._dead(slot.item, False)
-            slot.item = item
+            self._dead(old, False)
+        self.messages[msg_id] = item
         return True
 
     def _add_ref(self, record: AddRef, item: _Item) -> bool:
-        message = self.messages.get(record.msg_id)
-        if message is None:
+        if record.msg_id not in self.messages:
             return False  # its message is gone (or never was): replay ignores it too
         held = self.refs.get(record.queue)
         if held is None:  # (not setdefault: that builds a dict per reference)
             held = self.refs[record.queue] = {}
         old = held.get(record.msg_id)
         if old is None:
-            message.refs += 1
+            count = self.ref_counts.pop(record.msg_id, 1) + 1
+            if count != 1:
+                self.ref_counts[record.msg_id] = count
         elif isinstance(old, _RefSlot):  # the new AddRef is the whole state of the reference
             self._dead(old.add, False)
             self._drop_updates(old)
@@ -146,11 +142,11 @@ class _LiveSet(Generic[_Item]):
             self._drop_updates(ref)
         else:
             self._dead(ref, True)
-        message = self.messages[msg_id]
-        message.refs -= 1
-        if message.refs == 0:
-            del self.messages[msg_id]
-            self._dead(message.item, False)
+        count = self.ref_counts.pop(msg_id, 1) - 1
+        if count == 0:
+            self._dead(self.messages.pop(msg_id), False)
+        elif count != 1:
+            self.ref_counts[msg_id] = count
 
     def _ack_ref(self, record: AckRef, item: _Item) -> bool:
         refs = self.refs.get(record.queue)

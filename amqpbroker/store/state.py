@@ -73,7 +73,9 @@ class JournalState:
         own.queues = {k: record_of(v) for k, v in live.queues.items()}
         own.page_cursors = {k: record_of(v) for k, v in live.page_cursors.items()}
         messages: dict[int, Any] = {
-            msg_id: record_of(slot.item) for msg_id, slot in live.messages.items() if slot.refs
+            msg_id: record_of(item)
+            for msg_id, item in live.messages.items()
+            if live.ref_counts.get(msg_id, 1)
         }
         rows = []
         resolve: Callable[[Any], Any] = record_of  # AddRef, UpdateDeliveryCount, Scheduled...
@@ -149,9 +151,9 @@ class JournalState:
         if self._messages is not None:
             return dict(self._messages)
         return {
-            msg_id: slot.item
-            for msg_id, slot in self._live.messages.items()
-            if slot.refs and isinstance(slot.item, AddMessage)
+            msg_id: item
+            for msg_id, item in self._live.messages.items()
+            if self._live.ref_counts.get(msg_id, 1) and isinstance(item, AddMessage)
         }
 
     def refs(self, queue: str | None = None) -> list[RecoveredRef]:

@@ -45,6 +45,7 @@ from amqpbroker.store.api import (
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _FRAME,
+    _SPAN_SHIFT,
     _TEMP_SUFFIX,
     BATCH_END,
     FRAME_BYTES,
@@ -182,7 +183,8 @@ class _Compaction:
             for seg, items in snapshot:
                 with open(seg.path, "rb") as f:
                     data = f.read(seg.size_bytes)
-                for item_offset, item in items:
+                for _, item in items:
+                    item_offset = item.offset
                     frame = data[item_offset : item_offset + item.size]
                     checked = _check_frame(frame, 0)
                     if isinstance(checked, _Bad):
@@ -212,12 +214,13 @@ class _Compaction:
             new = _Segment(last.number, last.path, offset)
             self._copying.clear()
             for item, new_offset in copied:
-                if item.seg.items.get(item.offset) is item:  # still live (or needed)
-                    del item.seg.items[item.offset]
+                if item.seg.items.get(item.span) is item:  # still live (or needed)
+                    del item.seg.items[item.span]
+                    size = item.size
                     item.seg = new
-                    item.offset = new_offset
-                    new.items[new_offset] = item
-                    new.live_bytes += item.size
+                    item.span = new_offset << _SPAN_SHIFT | size
+                    new.items[item.span] = item
+                    new.live_bytes += size
             # Tombstones written while we copied, for records we copied: they must now
             # outlive the new file.
             for tombstone in self._late_tombstones:

@@ -90,6 +90,7 @@ from amqpbroker.store.opening import _Opening
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _NEXT_SUFFIX,
+    _SIZE_MASK,
     FRAME_BYTES,
     HEADER_BYTES,
     MAGIC,
@@ -264,8 +265,9 @@ class FileJournal(_Opening, _Failure, _Compaction):
         if opened is not None:
             opened.pop(item, None)
         seg = item.seg
-        if seg.items.pop(item.offset, None) is item:
-            seg.live_bytes -= item.size
+        span = item.span
+        if seg.items.pop(span, None) is item:
+            seg.live_bytes -= span & _SIZE_MASK
         applying = self._applying
         if needs_tombstone and applying is not None and seg.number < applying.number:
             self._kill_targets.add(seg)
@@ -290,7 +292,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
             item = _Loc(seg, offset, size)
             if isinstance(record, tuple):  # always live, and kills no tombstone target
                 live.add_message(record[0], item)
-                items[offset] = item
+                items[item.span] = item
                 added += size
                 if keep is not None:
                     keep[item] = record
@@ -300,13 +302,13 @@ class FileJournal(_Opening, _Failure, _Compaction):
                 kill_targets.clear()
             self._late_kill = False
             if rules[type(record)](record, item):
-                items[offset] = item
+                items[item.span] = item
                 added += size
                 if keep is not None:
                     keep[item] = record
             elif kill_targets:
                 self._targets[item] = set(kill_targets)
-                items[offset] = item
+                items[item.span] = item
                 added += size
                 for target in kill_targets:
                     self._targeted_by.setdefault(target, set()).add(item)
@@ -323,7 +325,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
             if not targets:
                 del self._targets[tombstone]
                 home = tombstone.seg
-                if home.items.pop(tombstone.offset, None) is tombstone:
+                if home.items.pop(tombstone.span, None) is tombstone:
                     home.live_bytes -= tombstone.size
 
     # --- appending ---

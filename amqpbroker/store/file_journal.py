@@ -475,6 +475,8 @@ class FileJournal(_Opening, _Failure, _Compaction):
             self._answer(batch[:done])  # in segments this pass sealed: on disk
             self._refuse(batch[done:])
             return
+        for entry in batch:  # written: the index needs records and sizes, not the bytes
+            entry.data = b""
         self._answer(batch)
 
     def _answer(self, entries: list[_Pending]) -> None:

@@ -398,7 +398,17 @@ class EventLogWriter:
         events = self._pending
         if events:
             self._pending = []
-            self._enqueue(events, final=final)
+            # A submit flushes at FLUSH_EVENTS, so a frame holds a few more; but one call
+            # may record far more (a management purge): then frames of FLUSH_EVENTS, so
+            # the hand-off's bound drops only what it cannot hold, not the whole call.
+            step = FLUSH_EVENTS
+            if len(events) < 2 * step:
+                self._enqueue(events, final=final)
+            else:
+                first = self._pending_first
+                for start in range(0, len(events), step):
+                    self._pending_first = first + start
+                    self._enqueue(events[start : start + step], final=final)
         self._send_backlog()
 
     def _enqueue(self, events: list[RawEvent], *, final: bool) -> None:

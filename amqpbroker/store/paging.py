@@ -296,10 +296,15 @@ class QueuePages:
 
     def browse_from(self, position: Position) -> Iterator[tuple[Message, Position]]:
         """The paged messages from `position` (a cursor or a position this returned,
-        of the current `epoch`) on, each with the position after it; read lazily."""
-        for frame in self._frames(position, self._end()):
-            if frame.kind == _KIND_MESSAGE:
-                yield self._message(frame), frame.end
+        of the current `epoch`) on, each with the position after it; read lazily. A page
+        file that cannot be read ends it, logged: a browser or a listing sees less, and
+        the broker's dispatch is not cut short (nothing is taken here)."""
+        try:
+            for frame in self._frames(position, self._end()):
+                if frame.kind == _KIND_MESSAGE:
+                    yield self._message(frame), frame.end
+        except OSError as e:
+            log.error("paging %s: cannot read a page file to browse: %s", self.directory, e)
 
     def remove(self, doomed: set[int]) -> None:
         """Drop the paged messages in `doomed`: a marker, then copies of the rest."""

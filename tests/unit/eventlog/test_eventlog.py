@@ -1136,3 +1136,21 @@ def test_a_write_that_fails_part_way_counts_the_frames_it_took_as_written(
     w._rotate()
     [part] = tmp_path.glob("*.jsonl.part")
     assert part.read_text().count("\n") == 2  # seq 1 and 2, then a torn line
+
+
+def test_one_submit_of_more_than_the_hand_off_holds_is_framed_in_capped_frames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B-170, issue 20 (a frame per loop turn), attacked: one call that records more
+    events than `queue_events` (a management purge of 300,000 messages) went out as one
+    frame, which the bound dropped whole: every event lost with an idle writer process,
+    and a frame of any size marshalled first. Now a frame holds at most FLUSH_EVENTS:
+    what the hand-off holds is written, only the rest is dropped (and counted)."""
+    monkeypatch.setattr(writer_module, "FLUSH_EVENTS", 50)
+    w = writer(tmp_path, queue_events=150)
+    w.start()
+    w.submit([event(msg_id=i) for i in range(200)])
+    w.close()
+    written = [r["seq"] for r in records(tmp_path)]
+    assert written[:150] == list(range(1, 151))
+    assert len(written) + w.dropped_total == 200

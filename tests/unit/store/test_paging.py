@@ -757,3 +757,29 @@ def test_looking_for_expired_paged_messages_pulls_at_most_a_step_into_memory(
     assert queue.counters.expired == 1
     assert queue.memory_count <= in_memory + READ_STEP_MESSAGES
     assert _pages(h).messages > 1_500
+
+
+def test_a_page_file_a_browser_cannot_read_ends_its_browse_not_the_broker(
+    files: PageFiles, caplog: pytest.LogCaptureFixture
+) -> None:
+    """B-031 over B-151 (issue 23, browsers read on into the page files): a page file
+    that cannot be opened (an operator's mistake: a directory in its place, an I/O
+    error) raised out of `set_credit` in the middle of a dispatch. Now the browser sees
+    the paged messages up to it, the error is logged, nothing is taken or moved (count
+    and cursor unchanged), and the management browse answers too."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 200)
+    pages = _pages(h)
+    browser = h.consumer("q", "queue", credit=70, browse=True)
+    assert len(h.take(browser)) == 70
+    cursor = pages.position
+    doomed = sorted(pages.directory.glob("*.page"))[-2]
+    doomed.unlink()
+    doomed.mkdir()
+    seen = _browse_all(h, browser, credit=9)
+    assert 0 < len(seen) < 130
+    assert seen == [f"message-{i:05d}" for i in range(70, 70 + len(seen))]
+    assert "cannot read" in caplog.text
+    assert len(ops.browse(h.broker, "q", limit=1_000)) < 200
+    assert h.queue("q").message_count == 200
+    assert pages.position == cursor

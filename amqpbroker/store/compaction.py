@@ -45,6 +45,7 @@ from amqpbroker.store.api import (
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _FRAME,
+    _SPAN_SHIFT,
     _TEMP_SUFFIX,
     BATCH_END,
     FRAME_BYTES,
@@ -75,6 +76,8 @@ class _Compaction:
     _segments: list[_Segment]
     _late_tombstones: list[_Loc]
     _targeted_by: dict[_Segment, set[_Loc]]
+    _targets: dict[_Loc, set[_Segment]]
+    _copying: set[_Segment]
     _compact_wanted: threading.Event
     _stopping: bool
     _readers: int
@@ -171,9 +174,7 @@ class _Compaction:
         last = run[-1]
         with self._lock:
             snapshot = [(seg, sorted(seg.items.items())) for seg in run]
-            for _, items in snapshot:
-                for _, item in items:
-                    item.copying = True
+            self._copying.update(run)  # sealed: every item in them is in the snapshot
         temp = last.path.with_name(last.path.name + _TEMP_SUFFIX)
         copied: list[tuple[_Loc, int]] = []
         try:
@@ -182,7 +183,8 @@ class _Compaction:
             for seg, items in snapshot:
                 with open(seg.path, "rb") as f:
                     data = f.read(seg.size_bytes)
-                for item_offset, item in items:
+                for _, item in items:
+                    item_offset = item.offset
                     frame = data[item_offset : item_offset + item.size]
                     checked = _check_frame(frame, 0)
                     if isinstance(checked, _Bad):
@@ -203,31 +205,26 @@ class _Compaction:
             os.replace(temp, last.path)
         except BaseException:
             with self._lock:
-                for _, items in snapshot:
-                    for _, item in items:
-                        item.copying = False
+                self._copying.clear()
                 self._late_tombstones.clear()
             temp.unlink(missing_ok=True)
             raise
         # The rename is the commit point: from here on the index describes the new file.
         with self._lock:
             new = _Segment(last.number, last.path, offset)
+            self._copying.clear()
             for item, new_offset in copied:
-                item.copying = False
-                if item.seg.items.get(item.offset) is item:  # still live (or needed)
-                    del item.seg.items[item.offset]
+                if item.seg.items.get(item.span) is item:  # still live (or needed)
+                    del item.seg.items[item.span]
+                    size = item.size
                     item.seg = new
-                    item.offset = new_offset
-                    new.items[new_offset] = item
-                    new.live_bytes += item.size
-            for _, items in snapshot:
-                for _, item in items:
-                    item.copying = False
+                    item.span = new_offset << _SPAN_SHIFT | size
+                    new.items[item.span] = item
+                    new.live_bytes += size
             # Tombstones written while we copied, for records we copied: they must now
             # outlive the new file.
             for tombstone in self._late_tombstones:
-                assert tombstone.targets is not None
-                tombstone.targets.add(new)
+                self._targets[tombstone].add(new)
                 self._targeted_by.setdefault(new, set()).add(tombstone)
             self._late_tombstones.clear()
             at = self._segments.index(last)

@@ -90,6 +90,7 @@ from amqpbroker.store.opening import _Opening
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _NEXT_SUFFIX,
+    _SIZE_MASK,
     FRAME_BYTES,
     HEADER_BYTES,
     MAGIC,
@@ -184,6 +185,8 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._live: _LiveSet[_Loc] = _LiveSet(self._on_dead)
         self._segments: list[_Segment] = []
         self._targeted_by: dict[_Segment, set[_Loc]] = {}
+        self._targets: dict[_Loc, set[_Segment]] = {}  # tombstone: segments it must outlive
+        self._copying: set[_Segment] = set()  # what compaction is copying (its snapshot)
         self._applying: _Segment | None = None
         self._kill_targets: set[_Segment] = set()
         self._late_kill = False
@@ -262,12 +265,13 @@ class FileJournal(_Opening, _Failure, _Compaction):
         if opened is not None:
             opened.pop(item, None)
         seg = item.seg
-        if seg.items.pop(item.offset, None) is item:
-            seg.live_bytes -= item.size
+        span = item.span
+        if seg.items.pop(span, None) is item:
+            seg.live_bytes -= span & _SIZE_MASK
         applying = self._applying
         if needs_tombstone and applying is not None and seg.number < applying.number:
             self._kill_targets.add(seg)
-            if item.copying:
+            if seg in self._copying:
                 self._late_kill = True
 
     def _index_batch(
@@ -288,7 +292,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
             item = _Loc(seg, offset, size)
             if isinstance(record, tuple):  # always live, and kills no tombstone target
                 live.add_message(record[0], item)
-                items[offset] = item
+                items[item.span] = item
                 added += size
                 if keep is not None:
                     keep[item] = record
@@ -298,13 +302,13 @@ class FileJournal(_Opening, _Failure, _Compaction):
                 kill_targets.clear()
             self._late_kill = False
             if rules[type(record)](record, item):
-                items[offset] = item
+                items[item.span] = item
                 added += size
                 if keep is not None:
                     keep[item] = record
             elif kill_targets:
-                item.targets = set(kill_targets)
-                items[offset] = item
+                self._targets[item] = set(kill_targets)
+                items[item.span] = item
                 added += size
                 for target in kill_targets:
                     self._targeted_by.setdefault(target, set()).add(item)
@@ -316,12 +320,12 @@ class FileJournal(_Opening, _Failure, _Compaction):
     def _retire(self, seg: _Segment) -> None:
         """`seg`'s dead records are gone from disk: tombstones aimed at it may go too."""
         for tombstone in self._targeted_by.pop(seg, ()):
-            targets = tombstone.targets
-            assert targets is not None
+            targets = self._targets[tombstone]
             targets.discard(seg)
             if not targets:
+                del self._targets[tombstone]
                 home = tombstone.seg
-                if home.items.pop(tombstone.offset, None) is tombstone:
+                if home.items.pop(tombstone.span, None) is tombstone:
                     home.live_bytes -= tombstone.size
 
     # --- appending ---
@@ -471,6 +475,8 @@ class FileJournal(_Opening, _Failure, _Compaction):
             self._answer(batch[:done])  # in segments this pass sealed: on disk
             self._refuse(batch[done:])
             return
+        for entry in batch:  # written: the index needs records and sizes, not the bytes
+            entry.data = b""
         self._answer(batch)
 
     def _answer(self, entries: list[_Pending]) -> None:

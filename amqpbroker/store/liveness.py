@@ -39,15 +39,11 @@ from amqpbroker.store.codec import MessageLayout
 _Item = TypeVar("_Item")
 
 
-class _MessageSlot(Generic[_Item]):
-    __slots__ = ("item", "refs")
-
-    def __init__(self, item: _Item) -> None:
-        self.item = item
-        self.refs = 0
-
-
 class _RefSlot(Generic[_Item]):
+    """A reference with updates (a delivery count, a schedule) besides its `AddRef`; a
+    reference with none is held as its `AddRef`'s item alone (issue 20: one object less
+    per queued message)."""
+
     __slots__ = ("add", "count", "scheduled")
 
     def __init__(self, add: _Item) -> None:
@@ -71,9 +67,13 @@ class _LiveSet(Generic[_Item]):
         self._dead = dead
         self.addresses: dict[str, _Item] = {}
         self.queues: dict[str, _Item] = {}
-        self.messages: dict[int, _MessageSlot[_Item]] = {}
-        self.refs: dict[tuple[str, int], _RefSlot[_Item]] = {}
-        self.queue_refs: dict[str, dict[int, None]] = {}
+        self.messages: dict[int, _Item] = {}
+        # How many references hold each message whose count is not 1 (0: none yet): most
+        # messages are in one queue, and then cost no count at all (issue 20).
+        self.ref_counts: dict[int, int] = {}
+        # References by queue, then message id, in the order they were added: no key
+        # tuple per reference, and a queue's references are at hand (issue 20).
+        self.refs: dict[str, dict[int, _Item | _RefSlot[_Item]]] = {}
         self.page_cursors: dict[str, _Item] = {}
         # The rule of each record type (`apply`; the file journal's index calls them).
         self.rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
@@ -101,31 +101,31 @@ class _LiveSet(Generic[_Item]):
     def add_message(self, msg_id: int, item: _Item) -> bool:
         """`AddMessage` by its id alone (recovery indexes a message before reading its
         body, and reads the body only if the message is still live)."""
-        slot = self.messages.get(msg_id)
-        if slot is None:
-            self.messages[msg_id] = _MessageSlot(item)
+        old = self.messages.get(msg_id)
+        if old is None:
+            self.ref_counts[msg_id] = 0
         else:
-            self._dead(slot.item, False)
-            slot.item = item
+            self._dead(old, False)
+        self.messages[msg_id] = item
         return True
 
     def _add_ref(self, record: AddRef, item: _Item) -> bool:
-        message = self.messages.get(record.msg_id)
-        if message is None:
+        if record.msg_id not in self.messages:
             return False  # its message is gone (or never was): replay ignores it too
-        key = (record.queue, record.msg_id)
-        slot = self.refs.get(key)
-        if slot is None:
-            self.refs[key] = _RefSlot(item)
-            message.refs += 1
-            held = self.queue_refs.get(record.queue)
-            if held is None:  # (not setdefault: that builds a dict per reference)
-                held = self.queue_refs[record.queue] = {}
-            held[record.msg_id] = None
-        else:  # the new AddRef is the whole state of the reference
-            self._dead(slot.add, False)
-            self._drop_updates(slot)
-            slot.add = item
+        held = self.refs.get(record.queue)
+        if held is None:  # (not setdefault: that builds a dict per reference)
+            held = self.refs[record.queue] = {}
+        old = held.get(record.msg_id)
+        if old is None:
+            count = self.ref_counts.pop(record.msg_id, 1) + 1
+            if count != 1:
+                self.ref_counts[record.msg_id] = count
+        elif isinstance(old, _RefSlot):  # the new AddRef is the whole state of the reference
+            self._dead(old.add, False)
+            self._drop_updates(old)
+        else:
+            self._dead(old, False)
+        held[record.msg_id] = item
         return True
 
     def _drop_updates(self, slot: _RefSlot[_Item]) -> None:
@@ -136,27 +136,41 @@ class _LiveSet(Generic[_Item]):
             self._dead(slot.scheduled, False)
             slot.scheduled = None
 
-    def _remove_ref(self, queue: str, msg_id: int, slot: _RefSlot[_Item]) -> None:
-        self._dead(slot.add, True)
-        self._drop_updates(slot)
-        message = self.messages[msg_id]
-        message.refs -= 1
-        if message.refs == 0:
-            del self.messages[msg_id]
-            self._dead(message.item, False)
+    def _remove_ref(self, msg_id: int, ref: _Item | _RefSlot[_Item]) -> None:
+        if isinstance(ref, _RefSlot):
+            self._dead(ref.add, True)
+            self._drop_updates(ref)
+        else:
+            self._dead(ref, True)
+        count = self.ref_counts.pop(msg_id, 1) - 1
+        if count == 0:
+            self._dead(self.messages.pop(msg_id), False)
+        elif count != 1:
+            self.ref_counts[msg_id] = count
 
     def _ack_ref(self, record: AckRef, item: _Item) -> bool:
-        slot = self.refs.pop((record.queue, record.msg_id), None)
-        if slot is not None:
-            refs = self.queue_refs[record.queue]
-            del refs[record.msg_id]
-            if not refs:
-                del self.queue_refs[record.queue]
-            self._remove_ref(record.queue, record.msg_id, slot)
+        refs = self.refs.get(record.queue)
+        if refs is not None:
+            ref = refs.pop(record.msg_id, None)
+            if ref is not None:
+                if not refs:
+                    del self.refs[record.queue]
+                self._remove_ref(record.msg_id, ref)
         return False
 
+    def _slot(self, queue: str, msg_id: int) -> _RefSlot[_Item] | None:
+        """The reference's slot, made if it had none (None: no such reference)."""
+        refs = self.refs.get(queue)
+        if refs is None:
+            return None
+        ref = refs.get(msg_id)
+        if ref is None or isinstance(ref, _RefSlot):
+            return ref
+        slot = refs[msg_id] = _RefSlot(ref)  # (same key: its place in the order stays)
+        return slot
+
     def _update_count(self, record: UpdateDeliveryCount, item: _Item) -> bool:
-        slot = self.refs.get((record.queue, record.msg_id))
+        slot = self._slot(record.queue, record.msg_id)
         if slot is None:
             return False
         if slot.count is not None:
@@ -165,7 +179,7 @@ class _LiveSet(Generic[_Item]):
         return True
 
     def _scheduled(self, record: ScheduledDelivery, item: _Item) -> bool:
-        slot = self.refs.get((record.queue, record.msg_id))
+        slot = self._slot(record.queue, record.msg_id)
         if slot is None:
             return False
         if slot.scheduled is not None:
@@ -187,8 +201,8 @@ class _LiveSet(Generic[_Item]):
         cursor = self.page_cursors.pop(record.name, None)
         if cursor is not None:
             self._dead(cursor, False)
-        for msg_id in self.queue_refs.pop(record.name, {}):
-            self._remove_ref(record.name, msg_id, self.refs.pop((record.name, msg_id)))
+        for msg_id, ref in self.refs.pop(record.name, {}).items():
+            self._remove_ref(msg_id, ref)
         return False
 
     def _add_address(self, record: AddAddress, item: _Item) -> bool:

@@ -126,10 +126,11 @@ class _Opening:
             self._scan_segment(number, path, last=i == len(paths) - 1)
         # A message with no reference after replay is dead (JournalState drops it too):
         # its references went with segments compaction deleted, or never made it to disk.
-        for msg_id, slot in list(self._live.messages.items()):
-            if not slot.refs:
-                del self._live.messages[msg_id]
-                self._on_dead(slot.item, False)
+        live = self._live
+        for msg_id, count in list(live.ref_counts.items()):
+            if not count:
+                del live.ref_counts[msg_id]
+                self._on_dead(live.messages.pop(msg_id), False)
         if not self._segments and not self.read_only:
             self._segments.append(self._create_segment(1))
 

@@ -61,24 +61,37 @@ class _Segment:
         self.path = path
         self.size_bytes = size_bytes  # bytes on disk, header included
         self.live_bytes = 0  # of live records and needed tombstones
-        self.items: dict[int, _Loc] = {}  # offset -> live record or needed tombstone
+        self.items: dict[int, _Loc] = {}  # `_Loc.span` -> live record or needed tombstone
         self.skips: list[tuple[int, int]] = []  # corrupt ranges skipped (skip_corrupt)
 
     def __repr__(self) -> str:
         return f"<segment {self.number} {self.size_bytes}B live={self.live_bytes}B>"
 
 
-class _Loc:
-    """Where one live record (or needed tombstone) is."""
+_SPAN_SHIFT = 33  # `_Loc.span`: offset << _SPAN_SHIFT | size
+_SIZE_MASK = (1 << _SPAN_SHIFT) - 1
 
-    __slots__ = ("copying", "offset", "seg", "size", "targets")
+
+class _Loc:
+    """Where one live record (or needed tombstone) is. Two per queued durable message:
+    nothing else on it (a tombstone's targets and compaction's copying are kept by the
+    journal, issue 20). `span` is offset and size in one int (`offset << 33 | size`: a
+    frame is at most 2**32 + 11 bytes): one int object where two were, also the key in
+    `_Segment.items` (so in offset order)."""
+
+    __slots__ = ("seg", "span")
 
     def __init__(self, seg: _Segment, offset: int, size: int) -> None:
         self.seg = seg
-        self.offset = offset
-        self.size = size
-        self.targets: set[_Segment] | None = None  # tombstone: segments it must outlive
-        self.copying = False  # being copied by compaction
+        self.span = offset << _SPAN_SHIFT | size
+
+    @property
+    def offset(self) -> int:
+        return self.span >> _SPAN_SHIFT
+
+    @property
+    def size(self) -> int:
+        return self.span & _SIZE_MASK
 
 
 class _Pending:

@@ -23,7 +23,7 @@ from amqpbroker.core.records import (
     ScheduledDelivery,
     UpdateDeliveryCount,
 )
-from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet
+from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet, _RefSlot
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +40,8 @@ class JournalState:
     """The durable state a sequence of records describes: what recovery rebuilds.
 
     Apply `journal.replay()` (or use `JournalState.of(journal.replay())`), then read
-    `addresses`, `queues`, `messages` and `refs()`, each in append order.
+    `addresses`, `queues`, `messages` and `refs()`, each in append order (`refs()`: per
+    queue, queues by name).
     `max_msg_id` is the largest message id in the records replayed, live or not: a
     restarted broker numbers new messages above it. Compaction can drop the records of
     the newest messages once they are all acknowledged, so it is a floor, not a counter.
@@ -72,20 +73,26 @@ class JournalState:
         own.queues = {k: record_of(v) for k, v in live.queues.items()}
         own.page_cursors = {k: record_of(v) for k, v in live.page_cursors.items()}
         messages: dict[int, Any] = {
-            msg_id: record_of(slot.item) for msg_id, slot in live.messages.items() if slot.refs
+            msg_id: record_of(item)
+            for msg_id, item in live.messages.items()
+            if live.ref_counts.get(msg_id, 1)
         }
         rows = []
         resolve: Callable[[Any], Any] = record_of  # AddRef, UpdateDeliveryCount, Scheduled...
-        for key, ref in live.refs.items():
-            count, scheduled = ref.count, ref.scheduled
-            rows.append(
-                (
-                    key[0],
-                    key[1],
-                    resolve(ref.add if count is None else count).delivery_count,
-                    0 if scheduled is None else resolve(scheduled).at_ms,
+        for queue in sorted(live.refs):
+            for msg_id, ref in live.refs[queue].items():
+                if not isinstance(ref, _RefSlot):
+                    rows.append((queue, msg_id, resolve(ref).delivery_count, 0))
+                    continue
+                count, scheduled = ref.count, ref.scheduled
+                rows.append(
+                    (
+                        queue,
+                        msg_id,
+                        resolve(ref.add if count is None else count).delivery_count,
+                        0 if scheduled is None else resolve(scheduled).at_ms,
+                    )
                 )
-            )
         state._messages, state._rows = messages, rows
         return state
 
@@ -144,13 +151,14 @@ class JournalState:
         if self._messages is not None:
             return dict(self._messages)
         return {
-            msg_id: slot.item
-            for msg_id, slot in self._live.messages.items()
-            if slot.refs and isinstance(slot.item, AddMessage)
+            msg_id: item
+            for msg_id, item in self._live.messages.items()
+            if self._live.ref_counts.get(msg_id, 1) and isinstance(item, AddMessage)
         }
 
     def refs(self, queue: str | None = None) -> list[RecoveredRef]:
-        """References in the order they were added (of one queue, or of all)."""
+        """References in the order they were added to their queue (one queue, or all,
+        queues by name: the order of one queue's is all recovery needs, issue 20)."""
         return [RecoveredRef(*row) for row in self.ref_rows(queue)]
 
     def ref_rows(self, queue: str | None = None) -> list[tuple[str, int, int, int]]:
@@ -159,26 +167,24 @@ class JournalState:
         rows = self._rows
         if rows is not None:
             return list(rows) if queue is None else [row for row in rows if row[0] == queue]
-        live = self._live
-        keys: Iterable[tuple[str, int]] = (
-            live.refs
-            if queue is None
-            else [(queue, msg_id) for msg_id in live.queue_refs.get(queue, ())]
-        )
-        slots = live.refs
+        refs = self._live.refs
         result = []
-        for key in keys:
-            slot = slots[key]
-            add, count, scheduled = slot.add, slot.count, slot.scheduled
-            assert isinstance(add, AddRef)
-            result.append(
-                (
-                    key[0],
-                    key[1],
-                    count.delivery_count
-                    if isinstance(count, UpdateDeliveryCount)
-                    else add.delivery_count,
-                    scheduled.at_ms if isinstance(scheduled, ScheduledDelivery) else 0,
+        for name in sorted(refs) if queue is None else (queue,) if queue in refs else ():
+            for msg_id, ref in refs[name].items():
+                if not isinstance(ref, _RefSlot):
+                    assert isinstance(ref, AddRef)
+                    result.append((name, msg_id, ref.delivery_count, 0))
+                    continue
+                add, count, scheduled = ref.add, ref.count, ref.scheduled
+                assert isinstance(add, AddRef)
+                result.append(
+                    (
+                        name,
+                        msg_id,
+                        count.delivery_count
+                        if isinstance(count, UpdateDeliveryCount)
+                        else add.delivery_count,
+                        scheduled.at_ms if isinstance(scheduled, ScheduledDelivery) else 0,
+                    )
                 )
-            )
         return result

@@ -52,8 +52,8 @@ def decide_redelivery(
     if limit > 0 and delivery_count >= limit:  # B-060: <= 0 means unlimited
         return DeadLetter(reason="max-attempts")
     if not delay:
-        return Redeliver(at_ms=now_ms)
-    return Redeliver(at_ms=now_ms + redelivery_delay_ms(settings, delivery_count, rng))
+        return Redeliver(now_ms)
+    return Redeliver(now_ms + redelivery_delay_ms(settings, delivery_count, rng))
 
 
 def redelivery_delay_ms(settings: ResolvedSettings, delivery_count: int, rng: Random) -> int:

@@ -25,7 +25,8 @@ from setuptools.command.build_ext import build_ext
 # The per-message path (callgrind): decode, queue, refs, route, lifecycle events, the
 # shell, a connection's event loop and transfers (`protocol/transfers.py`, a part of
 # `AmqpConnection` by composition), `Broker`'s own methods (publish, settle, credit), the
-# clock read per call, the effects.
+# clock read per call, the effects, the redelivery decision of every return (released,
+# modified).
 # Mixins stay pure Python (`Broker`'s, `AmqpConnection`'s attach and transactions): mypyc
 # makes a class native, and a native mixin's methods refuse the class that combines them;
 # `Broker`, which combines them, is compiled as a regular Python class
@@ -50,6 +51,7 @@ HOT_MODULES = [
     "amqpbroker/core/broker.py",
     "amqpbroker/core/clock.py",
     "amqpbroker/core/effects.py",
+    "amqpbroker/core/redelivery.py",
 ]
 
 

@@ -18,6 +18,18 @@ _ACCEPTED = lib.PN_ACCEPTED
 _RELEASED = lib.PN_RELEASED
 _MODIFIED = lib.PN_MODIFIED
 _REJECTED = lib.PN_REJECTED
+_is_failed = lib.pn_disposition_is_failed
+_is_undeliverable = lib.pn_disposition_is_undeliverable
+_delivery_remote = lib.pn_delivery_remote
+# The four modified outcomes, built once (issue 20: a frozen dataclass built per
+# disposition was a measurable part of a redelivery), indexed by
+# 2 x delivery-failed + undeliverable-here.
+_MODIFIED_OUTCOMES = (
+    Modified(),
+    Modified(undeliverable_here=True),
+    Modified(delivery_failed=True),
+    Modified(delivery_failed=True, undeliverable_here=True),
+)
 
 
 def outcome_at(delivery: Any, state: int) -> Outcome | None:
@@ -29,11 +41,9 @@ def outcome_at(delivery: Any, state: int) -> Outcome | None:
     if state == _RELEASED:
         return RELEASED
     if state == _MODIFIED:
-        remote = lib.pn_delivery_remote(delivery)
-        return Modified(
-            delivery_failed=bool(lib.pn_disposition_is_failed(remote)),
-            undeliverable_here=bool(lib.pn_disposition_is_undeliverable(remote)),
-        )
+        remote = _delivery_remote(delivery)
+        failed = 2 if _is_failed(remote) else 0
+        return _MODIFIED_OUTCOMES[failed + (1 if _is_undeliverable(remote) else 0)]
     if state == _REJECTED:
         return _rejected(lib.pn_disposition_condition(lib.pn_delivery_remote(delivery)))
     return None

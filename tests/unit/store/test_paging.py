@@ -783,3 +783,83 @@ def test_a_page_file_a_browser_cannot_read_ends_its_browse_not_the_broker(
     assert len(ops.browse(h.broker, "q", limit=1_000)) < 200
     assert h.queue("q").message_count == 200
     assert pages.position == cursor
+
+
+def _tagged(i: int, tag: str) -> bytes:
+    return bytes(ProtonMessage(body=f"message-{i:05d}" + "x" * 20, properties={"k": tag}).encode())
+
+
+@pytest.mark.parametrize("drain", [False, True])
+def test_a_browser_whose_selector_matches_nothing_walks_a_step_per_loop_turn(
+    files: PageFiles, drain: bool
+) -> None:
+    """B-031 over B-151 (issue 23 defect 1): a browser whose selector matches none of a
+    paged backlog walked every page file in one dispatch (a 10 GiB backlog would hold
+    the loop). Now it walks at most a read step per dispatch and goes on next loop turn
+    (`tick`), and sees exactly what it saw before: the matching messages behind the
+    backlog, in order, once; a drain completes only once the walk has ended."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    target = h.producer("q", "queue")
+    n = 4 * READ_STEP_MESSAGES
+    for i in range(n + 3):
+        tag = "yes" if i >= n else "no"
+        h.send(target, _tagged(i, tag), props={"k": tag})
+    assert _pages(h).messages > 3 * READ_STEP_MESSAGES
+    browser = h.consumer("q", "queue", credit=0, browse=True, selector="k = 'yes'")
+    h.broker.set_credit(browser, 10, drain=drain)
+    h._collect()
+    mark = next(c for c in h.queue("q").consumers if c.browser).page_mark
+    assert mark is not None
+    assert mark.seen <= READ_STEP_MESSAGES  # a step, not the backlog
+    assert mark.walking
+    assert h.take(browser) == []
+    assert browser not in h.drained  # a drain waits for the walk
+    turns = 0
+    while (due := h.broker.next_deadline_ms()) is not None and due <= h.clock.now_ms():
+        before = mark.seen
+        h.broker.tick()
+        h._collect()
+        assert mark.seen - before <= READ_STEP_MESSAGES
+        turns += 1
+        assert turns < 100
+    assert turns >= 3
+    got = [_decode(d.message.data) for d in h.take(browser)]
+    assert got == [f"message-{i:05d}" for i in range(n, n + 3)]
+    assert (browser in h.drained) is drain
+    assert h.queue("q").message_count == n + 3  # nothing taken
+
+
+@pytest.mark.parametrize("expired_while_down", [True, False])
+def test_recovered_paged_messages_expire_when_due_not_at_the_first_expiry_scan(
+    tmp_path: Path, expired_while_down: bool
+) -> None:
+    """B-084/B-085 over B-151 + B-095 (issue 23 defect 2): page files a restart finds
+    hold messages whose TTL passed while the broker was down (or passes soon after):
+    they waited for the first periodic expiry scan (never, with no other expiring
+    message). Now `enable_paging` arms the page expiry for the earliest one: they go to
+    the expiry address as soon as due, with no consumer and no scan."""
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 2_000)
+    files.recover({}, {})
+    pages = files.open(address="q", queue="q", durable=True)
+    h = Harness({"#": AddressSettings.of(max_size_bytes=LIMIT, expiry_address="EXP")})
+    due_ms = h.clock.now_ms() + (-1 if expired_while_down else 5_000)
+    for i in range(50):
+        message = _durable(i)
+        message.address, message.expiration_ms = "q", due_ms
+        pages.write(message)
+    files.close()
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 2_000)
+    h.producer("EXP", "queue")
+    h.producer("q", "queue")
+    h.broker.enable_paging(files, paged=tuple(files.recover({"q": "q"}, {})))
+    queue = h.queue("q")
+    assert queue.message_count == 50
+    assert h.broker.next_deadline_ms() == due_ms  # armed at enable_paging
+    if not expired_while_down:
+        _run_due(h)
+        assert queue.message_count == 50  # not yet
+        h.clock.advance(5_000)
+    _run_due(h)
+    assert (queue.message_count, queue.counters.expired) == (0, 50)
+    assert h.queue("EXP").message_count == 50
+    files.close()

@@ -4,6 +4,7 @@ directory (`store/paging.py`), driven like the adapter drives it (`Harness`)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 import zlib
 from collections.abc import Iterator
@@ -863,3 +864,62 @@ def test_recovered_paged_messages_expire_when_due_not_at_the_first_expiry_scan(
     assert (queue.message_count, queue.counters.expired) == (0, 50)
     assert h.queue("EXP").message_count == 50
     files.close()
+
+
+def _frames_of(pages: QueuePages, path: Path) -> list[tuple[int, int, str]]:
+    """(start, end, message) of each message frame in the page file at `path`."""
+    out, start = [], 0
+    for frame in pages._file_frames(int(path.stem), 0, -1):
+        if frame.kind == 1:
+            out.append((start, frame.end[1], _decode(pages._message(frame).data)))
+        start = frame.end[1]
+    return out
+
+
+@pytest.mark.parametrize("damage", ["unreadable", "corrupt-middle", "torn-tail"])
+def test_a_damaged_page_file_loses_only_its_part_counted_and_the_queue_goes_on(
+    files: PageFiles, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """B-151 PAGE (issue 23 defect 3): a consumer's read back from a page file that
+    cannot be read raised out of dispatch (`set_credit`), and a corrupt frame in the
+    middle of a file silently dropped the rest of it while the queue kept counting it.
+    Now, as the journal handles damage: the torn tail of the last file is cut (a
+    warning), other damage skips the rest of that file (an error); the log names the
+    file and the byte; what is lost is counted (`lost`) and out of the queue's count;
+    the consumer gets every other message in order, and new ones after."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 200)
+    pages = _pages(h)
+    paths = sorted(pages.directory.glob("*.page"))
+    assert len(paths) > 4
+    if damage == "unreadable":  # an operator's mistake or an I/O error
+        path, byte = paths[2], 0
+        lost = [name for _, _, name in _frames_of(pages, path)]
+        path.unlink()
+        path.mkdir()
+    elif damage == "corrupt-middle":
+        path = paths[2]
+        frames = _frames_of(pages, path)
+        byte = frames[3][0]
+        lost = [name for _, _, name in frames[3:]]
+        data = bytearray(path.read_bytes())
+        data[byte + 12] ^= 0xFF  # inside the body: the checksum does not match
+        path.write_bytes(bytes(data))
+    else:
+        path = paths[-1]
+        frames = _frames_of(pages, path)
+        byte = frames[-1][0]
+        lost = [frames[-1][2]]
+        os.truncate(path, frames[-1][1] - 5)
+    assert lost
+    c = h.consumer("q", "queue", credit=0)
+    got = _drain(h, c)  # raised IsADirectoryError for "unreadable"
+    assert got == [f"message-{i:05d}" for i in range(200) if f"message-{i:05d}" not in lost]
+    assert h.queue("q").message_count == 0  # counted 'lost' ones forever
+    assert (pages.messages, pages.size_bytes) == (0, 0)
+    assert pages.lost == len(lost)
+    assert f"{path.name} at byte {byte}" in caplog.text
+    level = "WARNING" if damage == "torn-tail" else "ERROR"
+    assert any(r.levelname == level and path.name in r.getMessage() for r in caplog.records)
+    _send(h, 60, start=200)  # paging and reading back go on
+    assert _drain(h, c) == [f"message-{i:05d}" for i in range(200, 260)]

@@ -17,7 +17,7 @@ from amqpbroker.amqp import sections
 from amqpbroker.core import AddressSettings
 from amqpbroker.core import operations as ops
 from amqpbroker.core.model import Message
-from amqpbroker.core.outcomes import Accepted, Rejected
+from amqpbroker.core.outcomes import Accepted, Modified, Rejected
 from amqpbroker.core.paging import READ_STEP_MESSAGES
 from amqpbroker.protocol import message_of
 from amqpbroker.protocol.moves import COPIER
@@ -923,3 +923,48 @@ def test_a_damaged_page_file_loses_only_its_part_counted_and_the_queue_goes_on(
     assert any(r.levelname == level and path.name in r.getMessage() for r in caplog.records)
     _send(h, 60, start=200)  # paging and reading back go on
     assert _drain(h, c) == [f"message-{i:05d}" for i in range(200, 260)]
+
+
+def test_a_consumer_selector_takes_paged_messages_as_in_memory_ones(files: PageFiles) -> None:
+    """B-151 PAGE with selectors (issue 23 audit: "selectors/filters behave the same for
+    paged messages"): on a queue that pages most of a mixed backlog, a consumer with a
+    selector gets exactly the matching messages, in order, read back from the page
+    files; a plain consumer then gets the others, in order."""
+    h = _paging(files)
+    target = h.producer("q", "queue")
+    for i in range(300):
+        tag = "yes" if i % 3 == 0 else "no"
+        h.send(target, _tagged(i, tag), props={"k": tag})
+    assert _pages(h).messages > 250
+    picky = h.consumer("q", "queue", credit=0, selector="k = 'yes'")
+    assert _drain(h, picky) == [f"message-{i:05d}" for i in range(0, 300, 3)]
+    rest = _drain(h, h.consumer("q", "queue", credit=0))
+    assert rest == [f"message-{i:05d}" for i in range(300) if i % 3]
+    assert h.queue("q").message_count == 0
+
+
+def test_a_paged_message_read_back_waits_its_redelivery_delay(files: PageFiles) -> None:
+    """B-065 over B-151 (issue 23 audit: "redelivery delay behaves the same for paged
+    messages"): a message that was paged, read back and delivered, then failed
+    (modified delivery-failed), is scheduled for redelivery-delay while the others keep
+    flowing, and comes back with its delivery count."""
+    h = _paging(files, redelivery_delay=1_000)
+    _send(h, 60)
+    assert _pages(h).messages > 30
+    c = h.consumer("q", "queue", credit=0)
+    h.broker.set_credit(c, 40)
+    batch = h.take(c)
+    assert len(batch) == 40
+    failed = batch[-1]  # paged at first: memory held about 20
+    for d in batch[:-1]:
+        h.broker.settle(c, d.delivery, ACCEPTED)
+    h.broker.settle(c, failed.delivery, Modified(delivery_failed=True))
+    h._collect()
+    assert h.queue("q").scheduled_count == 1
+    got = _drain(h, c)
+    assert got == [f"message-{i:05d}" for i in range(40, 60)]
+    h.advance(1_000)
+    h.broker.set_credit(c, 10)
+    [again] = h.take(c)
+    assert _decode(again.message.data) == _decode(failed.message.data) == "message-00039"
+    assert again.wire_count == 1

@@ -968,3 +968,31 @@ def test_a_paged_message_read_back_waits_its_redelivery_delay(files: PageFiles) 
     [again] = h.take(c)
     assert _decode(again.message.data) == _decode(failed.message.data) == "message-00039"
     assert again.wire_count == 1
+
+
+def test_retry_of_a_paged_dead_letter_queue_sends_everything_back_in_order(
+    files: PageFiles,
+) -> None:
+    """B-161 retryMessages over B-151 (issue 23 audit: "management operations (...
+    retry ...) behave the same for paged messages"): dead letters that paged in the
+    dead-letter queue are all sent back to their queue by a retry, in order, and leave
+    the dead-letter queue's page files."""
+    h = _paging(files, dead_letter_address="DLA", max_delivery_attempts=1)
+    h.producer("DLA", "queue")
+    _send(h, 80)
+    c = h.consumer("q", "queue", credit=0)
+    while True:
+        h.broker.set_credit(c, 20)
+        batch = h.take(c)
+        if not batch:
+            break
+        for d in batch:
+            h.broker.settle(c, d.delivery, Rejected())
+    dla = h.queue("DLA")
+    assert dla.message_count == 80
+    assert dla.pages is not None
+    assert dla.pages.messages > 40
+    assert ops.retry(h.broker, "DLA").retried == 80
+    assert dla.message_count == 0
+    assert dla.pages.messages == 0
+    assert _drain(h, c) == [f"message-{i:05d}" for i in range(80)]

@@ -996,3 +996,16 @@ def test_retry_of_a_paged_dead_letter_queue_sends_everything_back_in_order(
     assert dla.message_count == 0
     assert dla.pages.messages == 0
     assert _drain(h, c) == [f"message-{i:05d}" for i in range(80)]
+
+
+def test_priorities_apply_to_paged_messages_once_read_back(files: PageFiles) -> None:
+    """B-013/B-014 over B-151 (issue 23 audit: "priorities ... behave the same for paged
+    messages"; docs/decisions.md: they apply among the messages read back): paged
+    high-priority messages, read back with the low ones ahead of them, go first."""
+    h = _paging(files)
+    target = h.producer("q", "queue")
+    for i in range(40):
+        h.send(target, _amqp(i), priority=9 if i >= 30 else 1)
+    assert _pages(h).messages >= 15  # the high ones are all paged
+    got = _drain(h, h.consumer("q", "queue", credit=0))
+    assert got == [f"message-{i:05d}" for i in [*range(30, 40), *range(30)]]

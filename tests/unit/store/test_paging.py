@@ -1009,3 +1009,43 @@ def test_priorities_apply_to_paged_messages_once_read_back(files: PageFiles) -> 
     assert _pages(h).messages >= 15  # the high ones are all paged
     got = _drain(h, h.consumer("q", "queue", credit=0))
     assert got == [f"message-{i:05d}" for i in [*range(30, 40), *range(30)]]
+
+
+def test_lifecycle_events_of_paged_messages_are_those_of_in_memory_ones(
+    tmp_path: Path,
+) -> None:
+    """Issue 23 audit ("lifecycle events for paged messages are unchanged: the pipeline
+    must not see a difference"): the same sends, rejections and drain on a queue that
+    pages most of them and on one that holds everything in memory give the same events,
+    field for field (one `enqueued` per message, not another when read back)."""
+
+    def run(limit: int, directory: Path) -> tuple[int, list[object]]:
+        files = PageFiles(directory, message_of=message_of, page_size_bytes=lambda a: 2_000)
+        files.recover({}, {})
+        h = Harness(
+            {"#": AddressSettings.of(max_size_bytes=limit, dead_letter_address="DLA")},
+            copier=COPIER,
+        )
+        h.broker.enable_paging(files)
+        h.producer("DLA", "queue")
+        h.broker.emitter.take()
+        _send(h, 100)
+        pages = h.queue("q").pages
+        paged = pages.messages if pages is not None else 0
+        c = h.consumer("q", "queue", credit=0)
+        while True:
+            h.broker.set_credit(c, 15)
+            batch = h.take(c)
+            if not batch:
+                break
+            for d in batch:
+                outcome = Rejected() if d.message.msg_id % 7 == 0 else ACCEPTED
+                h.broker.settle(c, d.delivery, outcome)
+        events: list[object] = list(h.broker.emitter.take())
+        files.close()
+        return paged, events
+
+    paged, events = run(LIMIT, tmp_path / "paged")
+    assert paged > 70
+    assert run(-1, tmp_path / "memory") == (0, events)
+    assert sum(1 for e in events if getattr(e, "event", None) == "enqueued") >= 100

@@ -874,11 +874,12 @@ class Queue:
 
     def _browse_pages(self, browser: Consumer, pages: PageStore, out: list[Effect]) -> None:
         """B-031 over B-151: a browser that has seen what memory holds goes on into the
-        page files, read as its credit and window allow (core/paging.py `PageMark`), at
-        most a read step (`READ_STEP_MESSAGES` / `READ_STEP_BYTES`) per call: a selector
-        that matches nothing walked every page file in one dispatch (issue 23: a 10 GiB
-        backlog would hold the loop); past the step the walk goes on next loop turn
-        (`tick`), and a drain waits for it (`mark.walking`)."""
+        page files, read as its credit and window allow (core/paging.py `PageMark`),
+        skipping at most a read step (`READ_STEP_MESSAGES` / `READ_STEP_BYTES`) of
+        messages it does not take per call: a selector that matches nothing walked every
+        page file in one dispatch (issue 23: a 10 GiB backlog would hold the loop); past
+        the step the walk goes on next loop turn (`tick`), and a drain waits for it
+        (`mark.walking`)."""
         if browser.credit <= 0 or browser.window.room <= 0:
             return
         mark = browser.page_mark
@@ -886,22 +887,22 @@ class Queue:
             mark = browser.page_mark = PageMark(pages)
         mark.walking = False
         now_ms = self._owner.now_ms
-        walked = walked_bytes = 0
+        skipped = skipped_bytes = 0  # what is sent is bounded by the credit and window
         for message, end in pages.browse_from(mark.start(pages)):
             if browser.credit <= 0 or browser.window.room <= 0:
                 break
-            if walked >= READ_STEP_MESSAGES or walked_bytes >= READ_STEP_BYTES:
+            if skipped >= READ_STEP_MESSAGES or skipped_bytes >= READ_STEP_BYTES:
                 mark.walking = True  # the rest next turn, from `mark.position`
                 if not self._page_browse_ms:
                     self._page_browse_ms = now_ms
                     self._owner.schedule(now_ms)
                 break
-            walked += 1
-            walked_bytes += message.size
             mark.seen += 1
             mark.position = end
             expiration = message.expiration_ms
             if (expiration and now_ms >= expiration) or not browser.accepts(Ref(message, -1)):
+                skipped += 1
+                skipped_bytes += message.size
                 continue  # B-084: never sent, not even to a browser
             browser.credit -= 1
             browser.window.room -= message.size

@@ -224,8 +224,10 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
 
     def _open_pages(self, queue: Queue) -> None:
         assert self.page_stores is not None
-        queue.pages = self.page_stores.open(
-            address=queue.address, queue=queue.name, durable=queue.store is not None
+        queue.attach_pages(
+            self.page_stores.open(
+                address=queue.address, queue=queue.name, durable=queue.store is not None
+            )
         )
 
     def _journal_address(self, address: Address) -> None:

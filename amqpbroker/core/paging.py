@@ -40,7 +40,9 @@ paged messages only once depaged).
 A browser (B-031) sees the paged messages too, after the in-memory ones, read from the
 page files as its credit allows (never all held): its `PageMark` counts the paged
 messages it was sent and where the next one starts, so that those the queue reads back
-later (they get new places in memory) are not sent to it again.
+later (they get new places in memory) are not sent to it again. It walks at most a read
+step of page files per loop turn, as the read back does, however few messages its
+selector takes (`Queue._browse_pages`).
 """
 
 from __future__ import annotations
@@ -162,10 +164,11 @@ class PageMark:
     all the queue holds in memory; when the queue reads paged messages back, the first
     `seen` of them are ones the browser has seen (`read`)."""
 
-    __slots__ = ("epoch", "position", "seen")
+    __slots__ = ("epoch", "position", "seen", "walking")
 
     def __init__(self, pages: PageStore) -> None:
         self.seen = 0
+        self.walking = False  # stopped at a read step with more to walk (next loop turn)
         self.epoch = pages.epoch
         self.position = pages.position
 

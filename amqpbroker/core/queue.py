@@ -339,6 +339,7 @@ class Queue:
         self.pages: PageStore | None = None
         self._doomed: set[int] = set()
         self._page_expiry_ms = 0  # when `tick` next reads back for expired paged ones
+        self._page_browse_ms = 0  # when `tick` lets browsers walk on through the pages
         # Last-value, ring, non-destructive (`set_kind`); None: a plain queue.
         self.kind: QueueKind | None = None
         # How ready references reach consumers: taken, or walked by each (B-123).
@@ -396,6 +397,8 @@ class Queue:
         due = self._scheduled[0][0] if self._scheduled else None
         if (paged := self._page_expiry_ms) and (due is None or paged < due):
             due = paged  # B-151: paged messages may have expired
+        if (walk := self._page_browse_ms) and (due is None or walk < due):
+            due = walk  # B-031 over B-151: a browser's walk goes on
         if self.policy is not None and (gate := self.policy.deadline_ms()) is not None:
             due = gate if due is None else min(due, gate)  # B-128 delay-before-dispatch
         return due
@@ -679,7 +682,13 @@ class Queue:
                 self._deliver_ready(active, out)
         for consumer in consumers:
             # A stalled consumer drains once its window reopens: what is ready goes first.
-            if consumer.drain and consumer.credit > 0 and consumer.window.room > 0:
+            # A browser still walking the page files (`_browse_pages`) has more to see.
+            if (
+                consumer.drain
+                and consumer.credit > 0
+                and consumer.window.room > 0
+                and (consumer.page_mark is None or not consumer.page_mark.walking)
+            ):
                 consumer.credit = 0
                 consumer.drain = False
                 out.append(Drained(consumer.id))
@@ -860,23 +869,40 @@ class Queue:
             else:
                 if self.pages is not None and self.pages.messages:
                     self._browse_pages(browser, self.pages, out)
+                elif browser.page_mark is not None:
+                    browser.page_mark.walking = False  # nothing paged is left to walk
 
     def _browse_pages(self, browser: Consumer, pages: PageStore, out: list[Effect]) -> None:
         """B-031 over B-151: a browser that has seen what memory holds goes on into the
-        page files, read as its credit and window allow (core/paging.py `PageMark`)."""
+        page files, read as its credit and window allow (core/paging.py `PageMark`),
+        skipping at most a read step (`READ_STEP_MESSAGES` / `READ_STEP_BYTES`) of
+        messages it does not take per call: a selector that matches nothing walked every
+        page file in one dispatch (issue 23: a 10 GiB backlog would hold the loop); past
+        the step the walk goes on next loop turn (`tick`), and a drain waits for it
+        (`mark.walking`)."""
         if browser.credit <= 0 or browser.window.room <= 0:
             return
         mark = browser.page_mark
         if mark is None:
             mark = browser.page_mark = PageMark(pages)
+        mark.walking = False
         now_ms = self._owner.now_ms
+        skipped = skipped_bytes = 0  # what is sent is bounded by the credit and window
         for message, end in pages.browse_from(mark.start(pages)):
             if browser.credit <= 0 or browser.window.room <= 0:
+                break
+            if skipped >= READ_STEP_MESSAGES or skipped_bytes >= READ_STEP_BYTES:
+                mark.walking = True  # the rest next turn, from `mark.position`
+                if not self._page_browse_ms:
+                    self._page_browse_ms = now_ms
+                    self._owner.schedule(now_ms)
                 break
             mark.seen += 1
             mark.position = end
             expiration = message.expiration_ms
             if (expiration and now_ms >= expiration) or not browser.accepts(Ref(message, -1)):
+                skipped += 1
+                skipped_bytes += message.size
                 continue  # B-084: never sent, not even to a browser
             browser.credit -= 1
             browser.window.room -= message.size
@@ -1029,6 +1055,10 @@ class Queue:
             self.dispatch(out)  # a policy's delay-before-dispatch may be what is due
         if 0 < self._page_expiry_ms <= now_ms:
             self.expire_paged(now_ms, out)
+        if 0 < self._page_browse_ms <= now_ms:
+            self._page_browse_ms = 0
+            if self.consumers:
+                self.dispatch(out)  # B-031 over B-151: browsers walk on, a step a turn
 
     # -- consumers --------------------------------------------------------------------
     def add_consumer(self, consumer: Consumer) -> None:
@@ -1227,6 +1257,15 @@ class Queue:
         if messages and not kept and pages.messages:
             self._arm_page_expiry(now_ms)  # a step of expired ones: the next, next turn
         return kept > 0
+
+    def attach_pages(self, pages: PageStore) -> None:
+        """The queue's page files, opened (first paging, or found by a restart): what they
+        hold may expire (issue 23 defect 2: a recovered paged message whose TTL passed
+        while the broker was down waited for the first periodic expiry scan, or forever
+        with the scan off), so the expiry is armed for their earliest expiration now."""
+        self.pages = pages
+        if pages.expiring_ms:
+            self._arm_page_expiry(pages.expiring_ms)
 
     def _arm_page_expiry(self, at_ms: int) -> None:
         """Have `tick` call `expire_paged` at `at_ms` (one pending time per queue)."""

@@ -28,6 +28,13 @@ from there (counting, not keeping: memory does not grow with the backlog); a tor
 corrupt frame ends the files there, as in the journal (what was lost is logged). Paged
 non-durable messages are not recovered (as Artemis): the scan and reads skip them.
 
+A page file found damaged or unreadable while reading back (`_damaged`, issue 23) is
+handled as the journal handles damage, never by raising into dispatch: a torn tail of
+the last page file is cut (a warning), any other damage skips the rest of that file (an
+error naming the file and the offset); either way the messages lost are counted
+(`lost`, from the per-file counts `_held`), not left in the queue's count, and reading
+goes on with what follows.
+
 Loop thread only; the I/O is synchronous (buffered writes, one fsync per loop step that
 paged durable messages, `PageFiles.flush`).
 """
@@ -145,6 +152,17 @@ class _Frame:
         return int(_MESSAGE.unpack_from(self.body, 1)[3])
 
 
+class _Damaged(OSError):
+    """A page file read back stops before its end: a torn or corrupt frame at `offset`
+    (`io` False), or an I/O error (`io` True: not a torn tail, never cut)."""
+
+    def __init__(self, path: Path, offset: int, reason: str, *, io: bool) -> None:
+        super().__init__(f"{path} at byte {offset}: {reason}")
+        self.path = path
+        self.offset = offset
+        self.io = io
+
+
 def _earlier(expiring_ms: int, expiration_ms: int) -> int:
     """The earlier of two expiration times, 0 meaning never."""
     if not expiring_ms or (expiration_ms and expiration_ms < expiring_ms):
@@ -175,6 +193,10 @@ class QueuePages:
         self.epoch = 0  # + 1 when a removal rewrites the files: older positions are void
         self.expiring_ms = 0  # no paged message expires before this (0: none expires)
         self.durable_written = False  # since the last flush
+        self.lost = 0  # paged messages lost to a damaged page file (`_damaged`)
+        # page number -> [messages, bytes] of it counted in `messages` / `size_bytes`:
+        # what a damaged file loses is counted, not left in the queue's count
+        self._held: dict[int, list[int]] = {}
         directory.mkdir(parents=True, exist_ok=True)
         pages = sorted(
             int(p.stem)
@@ -243,6 +265,7 @@ class QueuePages:
             raise ResourceLimitExceeded(f"cannot page message {message.msg_id}: {e}") from e
         self.messages += 1
         self.size_bytes += message.size
+        self._hold(self._write_page, 1, message.size)
         self.expiring_ms = _earlier(self.expiring_ms, message.expiration_ms)
         if message.durable and self.journaled:
             self.durable_written = True
@@ -272,23 +295,86 @@ class QueuePages:
     def read(self, *, max_bytes: int, max_messages: int) -> list[Message]:
         taken: list[Message] = []
         taken_bytes = 0
-        for frame in self._frames(self._cursor, self._end()):
+        first_page = self._cursor[0]
+        for frame in self._frames(self._cursor, self._end(), damaged=self._damaged):
             self._cursor = frame.end
             if frame.kind != _KIND_MESSAGE:
                 continue
             message = self._message(frame)
             self.messages -= 1
             self.size_bytes -= message.size
+            self._hold(frame.end[0], -1, -message.size)
             taken.append(message)
             taken_bytes += message.size
             if (0 <= max_bytes <= taken_bytes) or (0 <= max_messages <= len(taken)):
                 break
         self._roll_cursor()
+        for page in range(first_page, self._cursor[0]):
+            if page in self._held:  # passed, yet not all read: the file went missing
+                self._lose(page, "missing or cut short", self._path(page), 0)
         if not self.messages:
             self.expiring_ms = 0
         if not self.journaled:
             self.release(self._cursor)
         return taken
+
+    def _hold(self, page: int, messages: int, size: int) -> None:
+        held = self._held.get(page)
+        if held is None:
+            self._held[page] = [messages, size]
+        else:
+            held[0] += messages
+            held[1] += size
+            if held[0] <= 0:
+                del self._held[page]
+
+    def _lose(self, page: int, what: str, path: Path, offset: int) -> None:
+        """The unread messages of `page` are lost: counted and logged, never silently."""
+        messages, size = self._held.pop(page, (0, 0))
+        self.messages -= messages
+        self.size_bytes -= size
+        self.lost += messages
+        log.error(
+            "paging %s: page file %s %s at byte %d: %d paged messages (%d bytes) lost",
+            self.directory,
+            path,
+            what,
+            offset,
+            messages,
+            size,
+        )
+
+    def _damaged(self, page: int, error: _Damaged) -> bool:
+        """A read back met damage in `page` (`_frames`). The torn tail of the last page
+        file is cut there (the journal's rule) and writing goes on after the last sound
+        frame; otherwise the rest of the file is skipped (and the file being written, if
+        it is the one, is left for a new one). Whether to skip to the next file."""
+        if page == self._write_page and not error.io:
+            log.warning(
+                "paging %s: the last page file %s is torn at byte %d; truncating it",
+                self.directory,
+                error.path,
+                error.offset,
+            )
+            try:
+                os.truncate(error.path, error.offset)
+            except OSError as e:
+                log.error("paging %s: cannot truncate %s: %s", self.directory, error.path, e)
+            else:
+                self._write_offset = error.offset
+                self._lose(page, f"torn ({error})", error.path, error.offset)
+                return False
+        self._lose(page, f"damaged, skipped ({error})", error.path, error.offset)
+        if page == self._write_page:  # new messages go to a new file, after the cursor
+            if self._writer is not None:
+                with contextlib.suppress(OSError):
+                    self._writer.close()
+                self._writer = None
+                self._owner.writers.pop(self, None)
+                self._owner.dirty.discard(self)
+            self._write_page += 1
+            self._write_offset = 0
+        return True
 
     def browse(self) -> Iterator[Message]:
         for message, _ in self.browse_from(self._cursor):
@@ -318,6 +404,7 @@ class QueuePages:
         undo: Position = (self._write_page, self._write_offset)
         messages = size = expiring = 0
         durable = False
+        held, self._held = self._held, {}
         try:
             self._append(_marker(kept))
             after_marker = (self._write_page, self._write_offset)
@@ -325,12 +412,14 @@ class QueuePages:
                 if frame.kind == _KIND_MESSAGE and frame.msg_id not in doomed:
                     body = frame.body
                     self._append(_FRAME.pack(len(body), zlib.crc32(body)) + body)
+                    self._hold(self._write_page, 1, frame.size)
                     messages += 1
                     size += frame.size
                     durable = durable or frame.durable
                     expiring = _earlier(expiring, frame.expiration_ms)
         except OSError:  # a marker without all its copies would make a reader skip
             self._undo(undo)  # later messages: the removal did not happen
+            self._held = held
             raise
         self.messages, self.size_bytes, self.expiring_ms = messages, size, expiring
         self.epoch += 1
@@ -356,6 +445,7 @@ class QueuePages:
     def clear(self) -> None:
         self._cursor = self._end()
         self.messages = self.size_bytes = self.expiring_ms = 0
+        self._held = {}
         self.epoch += 1
         self._roll_cursor()
         if not self.journaled:
@@ -369,7 +459,10 @@ class QueuePages:
     def release(self, position: Position) -> None:
         """A cursor at `position` is durable: delete the page files before it."""
         while self._released < position[0]:
-            self._path(self._released).unlink(missing_ok=True)
+            try:
+                self._path(self._released).unlink(missing_ok=True)
+            except OSError as e:  # a damaged file skipped (`_damaged`): the queue goes on
+                log.error("paging %s: cannot delete a page file: %s", self.directory, e)
             self._released += 1
 
     def flush(self, *, sync: bool) -> None:
@@ -398,6 +491,7 @@ class QueuePages:
         with contextlib.suppress(OSError):
             self.directory.parent.rmdir()  # the address's, when it was the last queue
         self.messages = self.size_bytes = 0
+        self._held = {}
 
     # -- reading ------------------------------------------------------------------------
     def _end(self) -> Position:
@@ -418,48 +512,73 @@ class QueuePages:
         except FileNotFoundError:
             return 0
 
-    def _frames(self, start: Position, end: Position) -> Iterator[_Frame]:
+    def _frames(
+        self,
+        start: Position,
+        end: Position,
+        *,
+        damaged: Callable[[int, _Damaged], bool] | None = None,
+    ) -> Iterator[_Frame]:
         """Sound frames from `start` to `end` (offset -1: the end of that file), copies
         after a marker met by reading skipped, and non-durable messages written before a
-        restart skipped."""
+        restart skipped. A file damaged before its end raises `_Damaged`, or, with
+        `damaged`, is handed to it: when it says so, the rest of that file is skipped (a
+        frame with nothing to hand out, ending at the next file, is yielded for it)."""
         skip = 0
         page, offset = start
         while page <= end[0]:
             limit = end[1] if page == end[0] else -1
-            for frame in self._file_frames(page, offset, limit):
-                offset = frame.end[1]
-                if frame.kind == _KIND_MARKER:
-                    skip = _MARKER.unpack_from(frame.body, 1)[0]
+            try:
+                for frame in self._file_frames(page, offset, limit):
+                    offset = frame.end[1]
+                    if frame.kind == _KIND_MARKER:
+                        skip = _MARKER.unpack_from(frame.body, 1)[0]
+                        yield frame
+                        continue
+                    if skip:
+                        skip -= 1
+                        yield _Frame(0, b"", frame.end)  # consumed, nothing to hand out
+                        continue
+                    if not frame.durable and (page, offset) <= self._recovered_end:
+                        yield _Frame(0, b"", frame.end)
+                        continue
                     yield frame
-                    continue
-                if skip:
-                    skip -= 1
-                    yield _Frame(0, b"", frame.end)  # consumed, nothing to hand out
-                    continue
-                if not frame.durable and (page, offset) <= self._recovered_end:
-                    yield _Frame(0, b"", frame.end)
-                    continue
-                yield frame
+            except _Damaged as e:
+                if damaged is None:
+                    raise
+                if not damaged(page, e):
+                    return
+                yield _Frame(0, b"", (page + 1, 0))
             page, offset = page + 1, 0
 
     def _file_frames(self, page: int, offset: int, limit: int) -> Iterator[_Frame]:
+        """The sound frames of one file from `offset` to `limit` (-1: its end); a frame
+        that is not sound before there raises `_Damaged` (a missing file holds none)."""
         path = self._path(page)
         try:
             f = open(path, "rb")  # noqa: SIM115 (closed below)
         except FileNotFoundError:
             return
+        except OSError as e:  # a directory in its place, no permission, an I/O error
+            raise _Damaged(path, offset, str(e), io=True) from e
         with f:
-            f.seek(offset)
-            while limit < 0 or offset < limit:
-                head = f.read(_FRAME.size)
-                if len(head) < _FRAME.size:
-                    return
-                length, crc = _FRAME.unpack(head)
-                body = f.read(length) if 0 < length < _MAX_BODY else b""
-                if len(body) != length or zlib.crc32(body) != crc or not _sound(body):
-                    return  # a torn tail (the scan at open truncated any)
-                offset += _FRAME.size + length
-                yield _Frame(body[0], body, (page, offset))
+            try:
+                end = limit if limit >= 0 else os.fstat(f.fileno()).st_size
+                f.seek(offset)
+                while offset < end:
+                    head = f.read(_FRAME.size)
+                    if len(head) < _FRAME.size:
+                        break
+                    length, crc = _FRAME.unpack(head)
+                    body = f.read(length) if 0 < length < _MAX_BODY else b""
+                    if len(body) != length or zlib.crc32(body) != crc or not _sound(body):
+                        break
+                    offset += _FRAME.size + length
+                    yield _Frame(body[0], body, (page, offset))
+            except OSError as e:
+                raise _Damaged(path, offset, str(e), io=True) from e
+        if offset < end:
+            raise _Damaged(path, offset, "a torn or corrupt frame", io=False)
 
     def _message(self, frame: _Frame) -> Message:
         body = frame.body
@@ -490,12 +609,17 @@ class QueuePages:
         for number in pages:
             start = offset if number == page else 0
             good = (number, start)
-            for frame in self._file_frames(number, start, -1):
-                if frame.kind == _KIND_MARKER:
-                    marker, copies = good, _MARKER.unpack_from(frame.body, 1)[0]
-                elif copies:
-                    copies -= 1
-                good = frame.end
+            try:
+                for frame in self._file_frames(number, start, -1):
+                    if frame.kind == _KIND_MARKER:
+                        marker, copies = good, _MARKER.unpack_from(frame.body, 1)[0]
+                    elif copies:
+                        copies -= 1
+                    good = frame.end
+            except _Damaged as e:
+                if e.io:  # not a torn tail: the start fails, as before, with the file
+                    raise
+                # cut below
             size_on_disk = self._file_size(number)
             if good[1] != size_on_disk:
                 self._cut(number, good[1], size_on_disk, pages)
@@ -510,6 +634,7 @@ class QueuePages:
             if frame.kind == _KIND_MESSAGE:
                 messages += 1
                 size += frame.size
+                self._hold(frame.end[0], 1, frame.size)
                 self.expiring_ms = _earlier(self.expiring_ms, frame.expiration_ms)
         self.messages, self.size_bytes = messages, size
         self._write_offset = good[1]

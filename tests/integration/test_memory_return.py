@@ -1,4 +1,4 @@
-"""Issue 23 item 3: memory that a purge frees goes back to the system in bounded time
+"""Issue 23 item 3: memory that a purge or a drain frees goes back to the system in bounded time
 (glibc keeps freed message buffers in the heap; the broker calls malloc_trim,
 `store/sysmem.MemoryReturner`)."""
 
@@ -49,6 +49,42 @@ def test_rss_comes_back_after_a_purge_of_a_large_backlog(tmp_path: Path) -> None
         wait_until(
             lambda: broker.rss_bytes() - before < 16 * 1024 * 1024,
             timeout=5,
+            message=f"RSS back near {before} (peak {peak})",
+        )
+    finally:
+        broker.stop()
+
+
+def test_rss_comes_back_after_a_drain_of_a_large_backlog(tmp_path: Path) -> None:
+    """Issue 23 ("memory that a purge, a drain ... frees comes back to the system within
+    a bounded time"), the drain: a consumer takes a 25 MiB in-memory backlog; within
+    seconds RSS gives back most of what the backlog took (the server's engine timer
+    calls the returner, not only a management command; once the drain stops, what it
+    freed below the returner's threshold goes back too). Measured with 50 MiB: 52 MB
+    before, 120 MB at the peak, 73 MB after (the rest is not free heap: a trim then
+    gives back < 1 MB)."""
+    broker = start_broker(
+        tmp_path,
+        """
+        global-max-size: 1073741824
+        addresses:
+          - name: q
+            anycast: [{name: q}]
+        """,
+        log_level="info",
+    )
+    try:
+        assert bulk.send(broker.url, "q", range(1_000), size=1024, durable=lambda i: False)
+        assert len(bulk.receive(broker.url, "q", 1_000)) == 1_000  # warm: code, buffers
+        before = broker.rss_bytes()
+        n = N // 2  # a drain is slower than a purge: half the backlog keeps it quick
+        assert bulk.send(broker.url, "q", range(n), size=1024, durable=lambda i: False) == n
+        peak = broker.rss_bytes()
+        assert peak - before > n * 1024  # held in memory: ~1.4x the bodies
+        assert bulk.receive(broker.url, "q", n) == list(range(n))
+        wait_until(
+            lambda: broker.rss_bytes() - before < (peak - before) // 2,
+            timeout=10,
             message=f"RSS back near {before} (peak {peak})",
         )
     finally:

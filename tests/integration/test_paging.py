@@ -79,6 +79,8 @@ def test_a_backlog_ten_times_global_max_size_stays_on_disk_and_drains_in_order(
         assert row["paging"] is True
         assert row["paged_messages"] > N * 8 // 10
         assert _metric(broker, "amqpbroker_address_paged_messages") == row["paged_messages"]
+        assert _metric(broker, "amqpbroker_address_paged_bytes") == row["paged_bytes"]
+        assert row["paged_bytes"] >= row["paged_messages"] * SIZE
         assert _metric(broker, "amqpbroker_address_page_files") > 5
         assert bulk.receive(broker.url, "q", N) == list(range(N))
         assert _api(broker, "/api/v1/queues/q")["messages"] == 0
@@ -177,6 +179,8 @@ def test_a_paged_backlog_comes_back_after_a_restart_without_its_non_durable_part
     broker = start_broker(tmp_path, _config(persistence=True), log_level="info")
     try:
         assert broker.rss_bytes() < 3 * LIMIT + 80 * 1024 * 1024  # not the 20 MiB backlog
+        # nor at any moment of the recovery (the peak, VmHWM: issue 23 audit)
+        assert broker.peak_rss_bytes() < 3 * LIMIT + 80 * 1024 * 1024
         kept = [i for i in range(N) if durable(i)]
         row = _api(broker, "/api/v1/queues/q")
         in_memory = row["messages"] - row["paged_messages"]

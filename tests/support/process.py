@@ -75,6 +75,14 @@ class BrokerProcess:
                 return int(line.split()[1]) * 1024
         raise AssertionError("no VmRSS")
 
+    def peak_rss_bytes(self) -> int:
+        """The broker's highest resident memory so far (VmHWM): what its start-up, a
+        journal replay included, took at most (issue 23: RSS bounded during recovery)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmHWM")
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.kill()

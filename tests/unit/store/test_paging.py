@@ -4,6 +4,7 @@ directory (`store/paging.py`), driven like the adapter drives it (`Harness`)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import struct
 import zlib
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from amqpbroker.amqp import sections
 from amqpbroker.core import AddressSettings
 from amqpbroker.core import operations as ops
 from amqpbroker.core.model import Message
-from amqpbroker.core.outcomes import Accepted, Rejected
+from amqpbroker.core.outcomes import Accepted, Modified, Rejected
 from amqpbroker.core.paging import READ_STEP_MESSAGES
 from amqpbroker.protocol import message_of
 from amqpbroker.protocol.moves import COPIER
@@ -783,3 +784,268 @@ def test_a_page_file_a_browser_cannot_read_ends_its_browse_not_the_broker(
     assert len(ops.browse(h.broker, "q", limit=1_000)) < 200
     assert h.queue("q").message_count == 200
     assert pages.position == cursor
+
+
+def _tagged(i: int, tag: str) -> bytes:
+    return bytes(ProtonMessage(body=f"message-{i:05d}" + "x" * 20, properties={"k": tag}).encode())
+
+
+@pytest.mark.parametrize("drain", [False, True])
+def test_a_browser_whose_selector_matches_nothing_walks_a_step_per_loop_turn(
+    files: PageFiles, drain: bool
+) -> None:
+    """B-031 over B-151 (issue 23 defect 1): a browser whose selector matches none of a
+    paged backlog walked every page file in one dispatch (a 10 GiB backlog would hold
+    the loop). Now it walks at most a read step per dispatch and goes on next loop turn
+    (`tick`), and sees exactly what it saw before: the matching messages behind the
+    backlog, in order, once; a drain completes only once the walk has ended."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    target = h.producer("q", "queue")
+    n = 4 * READ_STEP_MESSAGES
+    for i in range(n + 3):
+        tag = "yes" if i >= n else "no"
+        h.send(target, _tagged(i, tag), props={"k": tag})
+    assert _pages(h).messages > 3 * READ_STEP_MESSAGES
+    browser = h.consumer("q", "queue", credit=0, browse=True, selector="k = 'yes'")
+    h.broker.set_credit(browser, 10, drain=drain)
+    h._collect()
+    mark = next(c for c in h.queue("q").consumers if c.browser).page_mark
+    assert mark is not None
+    assert mark.seen <= READ_STEP_MESSAGES  # a step, not the backlog
+    assert mark.walking
+    assert h.take(browser) == []
+    assert browser not in h.drained  # a drain waits for the walk
+    turns = 0
+    while (due := h.broker.next_deadline_ms()) is not None and due <= h.clock.now_ms():
+        before = mark.seen
+        h.broker.tick()
+        h._collect()
+        assert mark.seen - before <= READ_STEP_MESSAGES
+        turns += 1
+        assert turns < 100
+    assert turns >= 3
+    got = [_decode(d.message.data) for d in h.take(browser)]
+    assert got == [f"message-{i:05d}" for i in range(n, n + 3)]
+    assert (browser in h.drained) is drain
+    assert h.queue("q").message_count == n + 3  # nothing taken
+
+
+@pytest.mark.parametrize("expired_while_down", [True, False])
+def test_recovered_paged_messages_expire_when_due_not_at_the_first_expiry_scan(
+    tmp_path: Path, expired_while_down: bool
+) -> None:
+    """B-084/B-085 over B-151 + B-095 (issue 23 defect 2): page files a restart finds
+    hold messages whose TTL passed while the broker was down (or passes soon after):
+    they waited for the first periodic expiry scan (never, with no other expiring
+    message). Now `enable_paging` arms the page expiry for the earliest one: they go to
+    the expiry address as soon as due, with no consumer and no scan."""
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 2_000)
+    files.recover({}, {})
+    pages = files.open(address="q", queue="q", durable=True)
+    h = Harness({"#": AddressSettings.of(max_size_bytes=LIMIT, expiry_address="EXP")})
+    due_ms = h.clock.now_ms() + (-1 if expired_while_down else 5_000)
+    for i in range(50):
+        message = _durable(i)
+        message.address, message.expiration_ms = "q", due_ms
+        pages.write(message)
+    files.close()
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 2_000)
+    h.producer("EXP", "queue")
+    h.producer("q", "queue")
+    h.broker.enable_paging(files, paged=tuple(files.recover({"q": "q"}, {})))
+    queue = h.queue("q")
+    assert queue.message_count == 50
+    assert h.broker.next_deadline_ms() == due_ms  # armed at enable_paging
+    if not expired_while_down:
+        _run_due(h)
+        assert queue.message_count == 50  # not yet
+        h.clock.advance(5_000)
+    _run_due(h)
+    assert (queue.message_count, queue.counters.expired) == (0, 50)
+    assert h.queue("EXP").message_count == 50
+    files.close()
+
+
+def _frames_of(pages: QueuePages, path: Path) -> list[tuple[int, int, str]]:
+    """(start, end, message) of each message frame in the page file at `path`."""
+    out, start = [], 0
+    for frame in pages._file_frames(int(path.stem), 0, -1):
+        if frame.kind == 1:
+            out.append((start, frame.end[1], _decode(pages._message(frame).data)))
+        start = frame.end[1]
+    return out
+
+
+@pytest.mark.parametrize("damage", ["unreadable", "corrupt-middle", "torn-tail"])
+def test_a_damaged_page_file_loses_only_its_part_counted_and_the_queue_goes_on(
+    files: PageFiles, damage: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """B-151 PAGE (issue 23 defect 3): a consumer's read back from a page file that
+    cannot be read raised out of dispatch (`set_credit`), and a corrupt frame in the
+    middle of a file silently dropped the rest of it while the queue kept counting it.
+    Now, as the journal handles damage: the torn tail of the last file is cut (a
+    warning), other damage skips the rest of that file (an error); the log names the
+    file and the byte; what is lost is counted (`lost`) and out of the queue's count;
+    the consumer gets every other message in order, and new ones after."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 200)
+    pages = _pages(h)
+    paths = sorted(pages.directory.glob("*.page"))
+    assert len(paths) > 4
+    if damage == "unreadable":  # an operator's mistake or an I/O error
+        path, byte = paths[2], 0
+        lost = [name for _, _, name in _frames_of(pages, path)]
+        path.unlink()
+        path.mkdir()
+    elif damage == "corrupt-middle":
+        path = paths[2]
+        frames = _frames_of(pages, path)
+        byte = frames[3][0]
+        lost = [name for _, _, name in frames[3:]]
+        data = bytearray(path.read_bytes())
+        data[byte + 12] ^= 0xFF  # inside the body: the checksum does not match
+        path.write_bytes(bytes(data))
+    else:
+        path = paths[-1]
+        frames = _frames_of(pages, path)
+        byte = frames[-1][0]
+        lost = [frames[-1][2]]
+        os.truncate(path, frames[-1][1] - 5)
+    assert lost
+    c = h.consumer("q", "queue", credit=0)
+    got = _drain(h, c)  # raised IsADirectoryError for "unreadable"
+    assert got == [f"message-{i:05d}" for i in range(200) if f"message-{i:05d}" not in lost]
+    assert h.queue("q").message_count == 0  # counted 'lost' ones forever
+    assert (pages.messages, pages.size_bytes) == (0, 0)
+    assert pages.lost == len(lost)
+    assert f"{path.name} at byte {byte}" in caplog.text
+    level = "WARNING" if damage == "torn-tail" else "ERROR"
+    assert any(r.levelname == level and path.name in r.getMessage() for r in caplog.records)
+    _send(h, 60, start=200)  # paging and reading back go on
+    assert _drain(h, c) == [f"message-{i:05d}" for i in range(200, 260)]
+
+
+def test_a_consumer_selector_takes_paged_messages_as_in_memory_ones(files: PageFiles) -> None:
+    """B-151 PAGE with selectors (issue 23 audit: "selectors/filters behave the same for
+    paged messages"): on a queue that pages most of a mixed backlog, a consumer with a
+    selector gets exactly the matching messages, in order, read back from the page
+    files; a plain consumer then gets the others, in order."""
+    h = _paging(files)
+    target = h.producer("q", "queue")
+    for i in range(300):
+        tag = "yes" if i % 3 == 0 else "no"
+        h.send(target, _tagged(i, tag), props={"k": tag})
+    assert _pages(h).messages > 250
+    picky = h.consumer("q", "queue", credit=0, selector="k = 'yes'")
+    assert _drain(h, picky) == [f"message-{i:05d}" for i in range(0, 300, 3)]
+    rest = _drain(h, h.consumer("q", "queue", credit=0))
+    assert rest == [f"message-{i:05d}" for i in range(300) if i % 3]
+    assert h.queue("q").message_count == 0
+
+
+def test_a_paged_message_read_back_waits_its_redelivery_delay(files: PageFiles) -> None:
+    """B-065 over B-151 (issue 23 audit: "redelivery delay behaves the same for paged
+    messages"): a message that was paged, read back and delivered, then failed
+    (modified delivery-failed), is scheduled for redelivery-delay while the others keep
+    flowing, and comes back with its delivery count."""
+    h = _paging(files, redelivery_delay=1_000)
+    _send(h, 60)
+    assert _pages(h).messages > 30
+    c = h.consumer("q", "queue", credit=0)
+    h.broker.set_credit(c, 40)
+    batch = h.take(c)
+    assert len(batch) == 40
+    failed = batch[-1]  # paged at first: memory held about 20
+    for d in batch[:-1]:
+        h.broker.settle(c, d.delivery, ACCEPTED)
+    h.broker.settle(c, failed.delivery, Modified(delivery_failed=True))
+    h._collect()
+    assert h.queue("q").scheduled_count == 1
+    got = _drain(h, c)
+    assert got == [f"message-{i:05d}" for i in range(40, 60)]
+    h.advance(1_000)
+    h.broker.set_credit(c, 10)
+    [again] = h.take(c)
+    assert _decode(again.message.data) == _decode(failed.message.data) == "message-00039"
+    assert again.wire_count == 1
+
+
+def test_retry_of_a_paged_dead_letter_queue_sends_everything_back_in_order(
+    files: PageFiles,
+) -> None:
+    """B-161 retryMessages over B-151 (issue 23 audit: "management operations (...
+    retry ...) behave the same for paged messages"): dead letters that paged in the
+    dead-letter queue are all sent back to their queue by a retry, in order, and leave
+    the dead-letter queue's page files."""
+    h = _paging(files, dead_letter_address="DLA", max_delivery_attempts=1)
+    h.producer("DLA", "queue")
+    _send(h, 80)
+    c = h.consumer("q", "queue", credit=0)
+    while True:
+        h.broker.set_credit(c, 20)
+        batch = h.take(c)
+        if not batch:
+            break
+        for d in batch:
+            h.broker.settle(c, d.delivery, Rejected())
+    dla = h.queue("DLA")
+    assert dla.message_count == 80
+    assert dla.pages is not None
+    assert dla.pages.messages > 40
+    assert ops.retry(h.broker, "DLA").retried == 80
+    assert dla.message_count == 0
+    assert dla.pages.messages == 0
+    assert _drain(h, c) == [f"message-{i:05d}" for i in range(80)]
+
+
+def test_priorities_apply_to_paged_messages_once_read_back(files: PageFiles) -> None:
+    """B-013/B-014 over B-151 (issue 23 audit: "priorities ... behave the same for paged
+    messages"; docs/decisions.md: they apply among the messages read back): paged
+    high-priority messages, read back with the low ones ahead of them, go first."""
+    h = _paging(files)
+    target = h.producer("q", "queue")
+    for i in range(40):
+        h.send(target, _amqp(i), priority=9 if i >= 30 else 1)
+    assert _pages(h).messages >= 15  # the high ones are all paged
+    got = _drain(h, h.consumer("q", "queue", credit=0))
+    assert got == [f"message-{i:05d}" for i in [*range(30, 40), *range(30)]]
+
+
+def test_lifecycle_events_of_paged_messages_are_those_of_in_memory_ones(
+    tmp_path: Path,
+) -> None:
+    """Issue 23 audit ("lifecycle events for paged messages are unchanged: the pipeline
+    must not see a difference"): the same sends, rejections and drain on a queue that
+    pages most of them and on one that holds everything in memory give the same events,
+    field for field (one `enqueued` per message, not another when read back)."""
+
+    def run(limit: int, directory: Path) -> tuple[int, list[object]]:
+        files = PageFiles(directory, message_of=message_of, page_size_bytes=lambda a: 2_000)
+        files.recover({}, {})
+        h = Harness(
+            {"#": AddressSettings.of(max_size_bytes=limit, dead_letter_address="DLA")},
+            copier=COPIER,
+        )
+        h.broker.enable_paging(files)
+        h.producer("DLA", "queue")
+        h.broker.emitter.take()
+        _send(h, 100)
+        pages = h.queue("q").pages
+        paged = pages.messages if pages is not None else 0
+        c = h.consumer("q", "queue", credit=0)
+        while True:
+            h.broker.set_credit(c, 15)
+            batch = h.take(c)
+            if not batch:
+                break
+            for d in batch:
+                outcome = Rejected() if d.message.msg_id % 7 == 0 else ACCEPTED
+                h.broker.settle(c, d.delivery, outcome)
+        events: list[object] = list(h.broker.emitter.take())
+        files.close()
+        return paged, events
+
+    paged, events = run(LIMIT, tmp_path / "paged")
+    assert paged > 70
+    assert run(-1, tmp_path / "memory") == (0, events)
+    assert sum(1 for e in events if getattr(e, "event", None) == "enqueued") >= 100

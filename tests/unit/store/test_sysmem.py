@@ -28,6 +28,24 @@ def test_the_returner_trims_once_queued_bytes_fell_by_the_threshold() -> None:
     assert len(calls) == 1
 
 
+def test_the_returner_trims_what_is_left_once_a_drain_has_stopped() -> None:
+    """Issue 23 (memory a drain frees comes back within a bounded time): the last part
+    of a drain, less than the threshold, was never given back (RSS +18 MB after a
+    50 MiB drain, for good). Now, once the queued bytes stop falling (the same at two
+    checks, a second apart on the server), a drop of `settled_bytes` is trimmed too,
+    once."""
+    calls: list[int] = []
+    returner = sysmem.MemoryReturner(threshold_bytes=100, settled_bytes=10)
+    returner._trim = lambda: calls.append(1) or True
+    assert not returner.check(500)
+    assert not returner.check(450)  # still falling, by less than the threshold
+    assert returner.check(450)  # stopped: the 50 freed go back
+    assert not returner.check(450)  # once
+    assert not returner.check(445)  # less than settled_bytes
+    assert not returner.check(445)
+    assert len(calls) == 1
+
+
 def test_a_purge_drops_the_removed_references_at_once() -> None:
     """Issue 23 item 3: purged messages are not left in the queue's structures until
     dispatch reaches them (their memory is freed with the purge)."""

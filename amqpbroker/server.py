@@ -247,24 +247,22 @@ class _AmqpProtocol(asyncio.Protocol):
         if amqp is None:
             return
         try:
-            amqp.feed(data)
-            if amqp.awaiting_authentication and not self._auth_paused:
-                self._auth_paused = True
-                self._update_reading()
-            server = self.server
-            written = server.written_bytes
-            server.flush()
             reads = 0
-            while (
-                len(data) >= READ_AHEAD_MIN_BYTES
-                and reads < READ_AHEAD_MAX_READS
-                and 2 * (server.written_bytes - written) >= len(data)
-                and (data := self._read_ahead())
-            ):
-                reads += 1
-                written = server.written_bytes
+            while True:
+                written = self.server.written_bytes
                 amqp.feed(data)
-                server.flush()
+                if amqp.awaiting_authentication and not self._auth_paused:
+                    self._auth_paused = True
+                    self._update_reading()
+                self.server.flush()
+                if (
+                    len(data) < READ_AHEAD_MIN_BYTES
+                    or reads == READ_AHEAD_MAX_READS
+                    or 2 * (self.server.written_bytes - written) < len(data)
+                    or not (data := self._read_ahead())
+                ):
+                    break
+                reads += 1
         except Exception:
             self._internal_error("reading from")
 

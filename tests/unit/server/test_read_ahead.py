@@ -212,3 +212,18 @@ def test_the_peers_end_of_file_is_left_to_the_loop(
     _received(protocol, _first_read(ours))
     assert [entry for entry in log if entry[0] == "feed"] == [("feed", READ)] * 2
     assert ours.recv(READ) == b""  # still there for the transport: connection_lost follows
+
+
+def test_a_credentials_check_stops_the_read_ahead(
+    tmp_path: Path, pair: tuple[socket.socket, socket.socket]
+) -> None:
+    # The bytes a read fed started a password check: reading pauses until it ends, also
+    # for what read-ahead would take (the SASL layer must not get the next bytes early).
+    ours, peer = pair
+    protocol, transport, log = _wired(tmp_path, ours)
+    engine = protocol.amqp
+    engine.awaiting_authentication = True  # type: ignore[misc,union-attr]
+    peer.sendall(b"t" * (READ * 3))
+    _received(protocol, _first_read(ours))
+    assert [entry for entry in log if entry[0] == "feed"] == [("feed", READ)]
+    assert not transport.reading

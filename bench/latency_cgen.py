@@ -96,18 +96,35 @@ def _figures(latencies_ms: list[float]) -> tuple[float, float, float, float]:
     )
 
 
+def _drain_ms(rows: list[list[str]]) -> float:
+    """The burst's drain: from the consumer's receipt of message 1 (the burst's first) to
+    that of message 999 (its last but the one a credit top-up lets through); the broker's
+    throughput on a backlog, without the producer's own delay before its first write."""
+    received = {int(r[0]): int(r[2]) for r in rows}
+    if 1 not in received or 999 not in received:
+        return float("nan")
+    return (received[999] - received[1]) / 1e6
+
+
 def report(out: Path) -> None:
     """Per broker and generator: the medians over the reps of p50/p99/p99.9/max, of all
-    messages and of those after the first BURST_MESSAGES."""
+    messages and of those after the first BURST_MESSAGES; then per generator, the median
+    over the reps of amqpbroker's p99 over the C broker's in the same rep, and of each
+    broker's drain of the burst (`_drain_ms`)."""
     runs: dict[tuple[str, str], list[tuple[tuple[float, ...], tuple[float, ...]]]] = {}
+    p99: dict[tuple[str, str, str], float] = {}
+    drain: dict[tuple[str, str], list[float]] = {}
     for path in sorted(out.glob("*.lat")):
-        broker, gen, _rep, _ = path.name.split(".")
+        broker, gen, rep, _ = path.name.split(".")
         rows = [line.split() for line in path.read_text().splitlines() if line.strip()]
         every = [int(r[1]) / 1e6 for r in rows]
         later = [int(r[1]) / 1e6 for r in rows if int(r[0]) >= BURST_MESSAGES]
         if not every or not later:
             continue
-        runs.setdefault((broker, gen), []).append((_figures(every), _figures(later)))
+        figures = (_figures(every), _figures(later))
+        runs.setdefault((broker, gen), []).append(figures)
+        p99[broker, gen, rep] = figures[0][1]
+        drain.setdefault((broker, gen), []).append(_drain_ms(rows))
     head = "p50 / p99 / p99.9 / max ms"
     print(
         f"{'broker':<12} {'generator':<9} {'reps':>4}  {'all: ' + head:<38} "
@@ -119,6 +136,21 @@ def report(out: Path) -> None:
             med = [statistics.median(f[part][i] for f in figures) for i in range(4)]
             cols.append(" / ".join(f"{v:.2f}" for v in med))
         print(f"{broker:<12} {gen:<9} {len(figures):>4}  {cols[0]:<38} {cols[1]}")
+    for gen in sorted({g for _, g in runs}):
+        ratios = [
+            v / p99["cbroker", g, rep]
+            for (b, g, rep), v in sorted(p99.items())
+            if b == "amqpbroker" and g == gen and ("cbroker", g, rep) in p99
+        ]
+        ratio = f"{statistics.median(ratios):.2f}x" if ratios else "-"
+        line = f"{gen}: amqpbroker p99 / C broker p99, median of the reps: {ratio}"
+        if gen == "burst":
+            line += "; drain " + ", ".join(
+                f"{b} {statistics.median(drain[b, gen]):.2f} ms"
+                for b in ("amqpbroker", "cbroker")
+                if (b, gen) in drain
+            )
+        print(line)
 
 
 def main(argv: list[str]) -> None:

@@ -348,6 +348,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             rng=self.rng,
             delivery_ids=self._delivery_ids,
             emitter=self.emitter,
+            settings_source=self.settings,
         )
         kind = kind_of(queue, config)
         if kind is not None:

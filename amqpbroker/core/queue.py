@@ -938,9 +938,11 @@ class Queue:
         (B-055: ignored). `reason` names a return in events and metrics (B-171)."""
         if consumer.browser:
             return True
-        ref = consumer.unsettled.pop(delivery, None)
+        unsettled = consumer.unsettled
+        ref = unsettled.get(delivery)  # get and del: compiled, `pop` is a method call
         if ref is None:
             return False
+        del unsettled[delivery]
         self.delivering -= 1
         kind = self.kind
         if kind is not None and kind.non_destructive:

@@ -109,7 +109,9 @@ class ConsumerLink(Generic[C]):
         impl = self.impl
         tag = b"%d" % dispatch.delivery  # read back by `delivery_id_of`
         delivery = _pn_delivery(impl, (len(tag), _from_buffer(tag)))
-        _pn_link_send(impl, _from_buffer(data), len(data))
+        # bytes go to a `char *` as they are (cffi passes their buffer, which proton
+        # copies); only another buffer type needs a cdata (`from_buffer`: a call more).
+        _pn_link_send(impl, data if type(data) is bytes else _from_buffer(data), len(data))
         _pn_link_advance(impl)
         if dispatch.settled:
             _pn_delivery_settle(delivery)
@@ -121,8 +123,12 @@ class ConsumerLink(Generic[C]):
         call it only when the broker is about to settle the delivery locally, or once
         the core has its outcome. Unknown (already forgotten, or made by the peer): its
         tag (`delivery_id_of`, which refuses a delivery of the peer's)."""
-        known = self.unsettled.pop(delivery, None)
-        return delivery_id_of(delivery) if known is None else known
+        unsettled = self.unsettled
+        known = unsettled.get(delivery)  # get and del: compiled, `pop` is a method call
+        if known is None:
+            return delivery_id_of(delivery)
+        del unsettled[delivery]
+        return known
 
 
 class ProducerLink:

@@ -91,6 +91,13 @@ def wire_size(message: Message, delivery_count: int) -> int:
     return message.size - message.header_end + MAX_HEADER_BYTES
 
 
+# The outcome classes as C statics (compiled, setup.py): an imported name is a module-dict
+# lookup at each use, four a return in `Queue.settle` (issue 20).
+_ACCEPTED: Final = Accepted
+_RELEASED: Final = Released
+_REJECTED: Final = Rejected
+_MODIFIED: Final = Modified
+
 # The `extra` of a `returned` event without delay or transaction (`Queue._note_returned`):
 # (txn, target_address, target_queues, copy_msg_id, delay_ms, ...), see `lifecycle.Extra`.
 _RETURNED_AT_ONCE: Final[Extra] = (None, None, None, None, 0, None, None, None)
@@ -947,22 +954,23 @@ class Queue:
         kind = self.kind
         if kind is not None and kind.non_destructive:
             kind.settled(consumer)  # B-123: any outcome only ends the delivery
-        elif isinstance(outcome, Accepted):
+        elif isinstance(outcome, _ACCEPTED):
             self._acknowledge(ref, consumer)
-        elif isinstance(outcome, Rejected):
-            self._kill_to_dla(ref, "rejected", outcome)
-        elif isinstance(outcome, Released):
+        elif isinstance(outcome, _RELEASED):  # the commoner outcomes first (issue 20)
             ref.delivery_count -= 1
             self._return(ref, now_ms, delay=True, reason="released", consumer=consumer)
-        elif isinstance(outcome, Modified):
-            if not outcome.delivery_failed:
+        elif isinstance(outcome, _REJECTED):
+            self._kill_to_dla(ref, "rejected", outcome)
+        elif isinstance(outcome, _MODIFIED):
+            failed = outcome.delivery_failed
+            if not failed:
                 ref.delivery_count -= 1
             if outcome.undeliverable_here:
                 if ref.blocked is None:
                     ref.blocked = set()
                 ref.blocked.add(consumer.id)
             if reason is None:
-                reason = "modified-failed" if outcome.delivery_failed else "modified"
+                reason = "modified-failed" if failed else "modified"
             self._return(ref, now_ms, delay=True, reason=reason, consumer=consumer)
         consumers = self.consumers
         if ref.state == READY and len(consumers) == 1 and self._ready == 1 and kind is None:

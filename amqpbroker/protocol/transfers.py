@@ -185,10 +185,13 @@ class Transfers:
                     # the GIL around each: ~370 instructions, issue 20); a delivery in its
                     # consumer link's `unsettled` is one the broker sent, never the
                     # peer's (no `pn_link_current` check).
-                    consumer = consumers.get(link)
-                    if consumer is not None and delivery in consumer.unsettled:
+                    if link in producers:
+                        self.on_transfer(delivery, link)
+                    elif (consumer := consumers.get(link)) is not None and (
+                        delivery in consumer.unsettled
+                    ):
                         self.on_disposition(delivery, consumer)  # one we sent (issue 20)
-                    elif link in producers or (consumer is None and _pn_link_is_receiver(link)):
+                    elif consumer is None and _pn_link_is_receiver(link):
                         self.on_transfer(delivery, link)
                     elif _pn_link_current(link) == delivery:  # ours are never current
                         # The peer sent on a link it receives on; proton keeps that

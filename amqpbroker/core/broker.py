@@ -350,6 +350,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             rng=self.rng,
             delivery_ids=self._delivery_ids,
             emitter=self.emitter,
+            settings_source=self.settings,
         )
         kind = kind_of(queue, config)
         if kind is not None:
@@ -846,15 +847,20 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         queue.dispatch(self._effects)
 
     def settle(self, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome) -> None:
-        """Apply a consumer's outcome; ignore deliveries no longer held (B-055)."""
-        if not self.in_call:  # a hot entry point (core/clock.py)
-            self.now_ms = self.clock.now_ms()
+        """Apply a consumer's outcome; ignore deliveries no longer held (B-055).
+
+        Each attribute of `self` read here is a dictionary lookup (`Broker` is not a native
+        class, setup.py), so each is read once (issue 20: two settles a redelivery)."""
+        if self.in_call:
+            now_ms = self.now_ms
+        else:  # a hot entry point (core/clock.py)
+            now_ms = self.now_ms = self.clock.now_ms()
         info = self._consumers.get(consumer_id)
         if info is None:
             log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)
             return
-        queue = info.consumer.queue
-        held = queue.settle(info.consumer, delivery, outcome, self.now_ms, self._effects)
+        consumer = info.consumer
+        held = consumer.queue.settle(consumer, delivery, outcome, now_ms, self._effects)
         if not held:
             log.debug(
                 "outcome for delivery %s not held by consumer %s ignored (B-055)",

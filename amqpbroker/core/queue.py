@@ -38,7 +38,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from random import Random
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import TYPE_CHECKING, Final, Protocol, cast
 
 from amqpbroker.core.dispatch import (
     DispatchPolicy,
@@ -65,7 +65,7 @@ from amqpbroker.core.paging import (
 )
 from amqpbroker.core.redelivery import DeadLetter, decide_redelivery
 from amqpbroker.core.refs import DELIVERING, GONE, PAGED, READY, SCHEDULED, Ref
-from amqpbroker.core.settings import ResolvedSettings
+from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
 
 if TYPE_CHECKING:
     from amqpbroker.core.paging import PageStore
@@ -89,6 +89,18 @@ def wire_size(message: Message, delivery_count: int) -> int:
     if not delivery_count and message.header is None:
         return message.size
     return message.size - message.header_end + MAX_HEADER_BYTES
+
+
+# The outcome classes as C statics (compiled, setup.py): an imported name is a module-dict
+# lookup at each use, four a return in `Queue.settle` (issue 20).
+_ACCEPTED: Final = Accepted
+_RELEASED: Final = Released
+_REJECTED: Final = Rejected
+_MODIFIED: Final = Modified
+
+# The `extra` of a `returned` event without delay or transaction (`Queue._note_returned`):
+# (txn, target_address, target_queues, copy_msg_id, delay_ms, ...), see `lifecycle.Extra`.
+_RETURNED_AT_ONCE: Final[Extra] = (None, None, None, None, 0, None, None, None)
 
 
 # A window that never closes: a consumer no adapter bounds (the core's own tests, tools).
@@ -137,6 +149,8 @@ class Consumer:
     event_by: By = field(init=False)
     event_dispatched: Shape = field(init=False)
     event_acked: Shape = field(init=False)
+    # Its `returned` shapes by reason, built at the first return of each (issue 20).
+    event_returned: dict[str, Shape] = field(init=False, default_factory=dict)
     # Takes any message as dispatch offers it: not a browser, no selector, no size limit
     # (all fixed at attach): one test on the hot path (`Queue._hand_over`, `_deliver`).
     plain: bool = field(init=False)
@@ -293,6 +307,7 @@ class Queue:
         rng: Random,
         delivery_ids: Iterator[int],
         emitter: Emitter | None = None,
+        settings_source: SettingsRepository | None = None,
     ) -> None:
         self.config = config
         self.name = config.name
@@ -306,6 +321,11 @@ class Queue:
         self.durable = config.durable
         self.selector = selector  # the queue filter: what may enter
         self._owner = owner
+        # The repository behind `owner.queue_settings`, when the owner has one: its
+        # `version` says when the settings kept here (`settings()`) are stale.
+        self._settings_source = settings_source
+        self._settings: ResolvedSettings | None = None
+        self._settings_version = -1
         self.counters = QueueCounters()
         self.consumers: list[Consumer] = []
         self._browsers = 0  # browsers among them (`dispatch` skips the browse pass at 0)
@@ -364,8 +384,16 @@ class Queue:
 
     # -- state ------------------------------------------------------------------------
     def settings(self) -> ResolvedSettings:
-        """The settings of its address, as they are now."""
-        return self._owner.queue_settings(self)
+        """The settings of its address, as they are now: asked of the owner once per
+        change of its settings repository (issue 20: every return reads them)."""
+        source = self._settings_source
+        if source is None:
+            return self._owner.queue_settings(self)
+        settings = self._settings
+        if settings is None or self._settings_version != source.version:
+            settings = self._settings = self._owner.queue_settings(self)
+            self._settings_version = source.version
+        return settings
 
     @property
     def message_count(self) -> int:
@@ -943,29 +971,32 @@ class Queue:
         (B-055: ignored). `reason` names a return in events and metrics (B-171)."""
         if consumer.browser:
             return True
-        ref = consumer.unsettled.pop(delivery, None)
+        unsettled = consumer.unsettled
+        ref = unsettled.get(delivery)  # get and del: compiled, `pop` is a method call
         if ref is None:
             return False
+        del unsettled[delivery]
         self.delivering -= 1
         kind = self.kind
         if kind is not None and kind.non_destructive:
             kind.settled(consumer)  # B-123: any outcome only ends the delivery
-        elif isinstance(outcome, Accepted):
+        elif isinstance(outcome, _ACCEPTED):
             self._acknowledge(ref, consumer)
-        elif isinstance(outcome, Rejected):
-            self._kill_to_dla(ref, "rejected", outcome)
-        elif isinstance(outcome, Released):
+        elif isinstance(outcome, _RELEASED):  # the commoner outcomes first (issue 20)
             ref.delivery_count -= 1
             self._return(ref, now_ms, delay=True, reason="released", consumer=consumer)
-        elif isinstance(outcome, Modified):
-            if not outcome.delivery_failed:
+        elif isinstance(outcome, _REJECTED):
+            self._kill_to_dla(ref, "rejected", outcome)
+        elif isinstance(outcome, _MODIFIED):
+            failed = outcome.delivery_failed
+            if not failed:
                 ref.delivery_count -= 1
             if outcome.undeliverable_here:
                 if ref.blocked is None:
                     ref.blocked = set()
                 ref.blocked.add(consumer.id)
             if reason is None:
-                reason = "modified-failed" if outcome.delivery_failed else "modified"
+                reason = "modified-failed" if failed else "modified"
             self._return(ref, now_ms, delay=True, reason=reason, consumer=consumer)
         consumers = self.consumers
         if ref.state == READY and len(consumers) == 1 and self._ready == 1 and kind is None:
@@ -995,7 +1026,7 @@ class Queue:
         self.counters.returned += 1  # B-171: it went back to its queue
         self.counters.count(self.counters.returned_by_reason, reason)
         if self.emitter.failures:
-            self.event("returned", ref, consumer, reason=reason, delay_ms=decision.at_ms - now_ms)
+            self._note_returned(ref, consumer, reason, decision.at_ms - now_ms)
         if decision.at_ms > now_ms:
             heapq.heappush(self._scheduled, (decision.at_ms, ref.seq, ref))
             ref.state = SCHEDULED
@@ -1005,6 +1036,28 @@ class Queue:
                 self._owner.track_expiry(self, ref)  # it may expire while it waits
         else:
             self._put_back(ref)
+
+    def _note_returned(
+        self, ref: Ref, consumer: Consumer | None, reason: str, delay_ms: int
+    ) -> None:
+        """The `returned` event (B-171), as `event` records it. A consumer's return outside
+        a transaction, the common case (a redelivery's return leg), takes the shape the
+        consumer keeps for `reason` and, without a delay, one shared `extra` (issue 20:
+        the two tuples were built per return, and `marshal` then wrote them in full)."""
+        if consumer is None or self.emitter.txn_extra is not None:
+            self.event("returned", ref, consumer, reason=reason, delay_ms=delay_ms)
+            return
+        shapes = consumer.event_returned
+        shape = shapes.get(reason)
+        if shape is None:
+            shape = shapes[reason] = ("returned", self.event_where, consumer.event_by, reason)
+        self.note(
+            shape,
+            ref,
+            _RETURNED_AT_ONCE
+            if delay_ms == 0
+            else (None, None, None, None, delay_ms, None, None, None),
+        )
 
     def kill(self, ref: Ref, reason: str) -> None:
         """Remove a waiting reference for good (purge, a failed store): counted as killed

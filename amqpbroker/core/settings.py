@@ -194,6 +194,9 @@ class SettingsRepository:
         self._entries: dict[str, AddressSettings] = {}
         self._cache: dict[str, ResolvedSettings] = {}
         self._publishing: dict[str, tuple[ResolvedSettings, bool, bool]] = {}
+        # Bumped by every change (`_changed`): a copy of resolved settings kept elsewhere
+        # (`Queue.settings`) is good while the version it was read at is current.
+        self.version = 0
         for pattern, entry in (entries or {}).items():
             self.add(pattern, entry)
 
@@ -207,13 +210,18 @@ class SettingsRepository:
         if problem:
             raise ValueError(f"address-settings match {pattern!r}: {problem}")
         self._entries[pattern] = entry
-        self._cache.clear()
-        self._publishing.clear()
+        self._changed()
 
     def remove(self, pattern: str) -> None:
         self._entries.pop(pattern, None)
+        self._changed()
+
+    def _changed(self) -> None:
+        """B-102: a change takes effect on the next lookup: the one place that drops what
+        was derived from the entries, here and (by `version`) wherever it was kept."""
         self._cache.clear()
         self._publishing.clear()
+        self.version += 1
 
     def matching(self, address: str) -> list[str]:
         """Patterns that match `address`, most specific first (B-100)."""

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from cproton_ffi import ffi, lib
 from proton import Delivery
@@ -14,17 +14,20 @@ from proton import Delivery
 from amqpbroker.core.outcomes import ACCEPTED, RELEASED, Modified, Outcome, Rejected
 from amqpbroker.protocol.peer import PeerDecodeError, PeerInvalidField, data_at, read_symbol_map
 
-_ACCEPTED = lib.PN_ACCEPTED
-_RELEASED = lib.PN_RELEASED
-_MODIFIED = lib.PN_MODIFIED
-_REJECTED = lib.PN_REJECTED
-_is_failed = lib.pn_disposition_is_failed
-_is_undeliverable = lib.pn_disposition_is_undeliverable
-_delivery_remote = lib.pn_delivery_remote
+# `Final`: compiled (setup.py), a C static, not a module-dict lookup per use (issue 20).
+_ACCEPTED: Final = lib.PN_ACCEPTED
+_RELEASED: Final = lib.PN_RELEASED
+_MODIFIED: Final = lib.PN_MODIFIED
+_REJECTED: Final = lib.PN_REJECTED
+_is_failed: Final = lib.pn_disposition_is_failed
+_is_undeliverable: Final = lib.pn_disposition_is_undeliverable
+_delivery_remote: Final = lib.pn_delivery_remote
+_ACCEPTED_OUTCOME: Final = ACCEPTED
+_RELEASED_OUTCOME: Final = RELEASED
 # The four modified outcomes, built once (issue 20: a frozen dataclass built per
 # disposition was a measurable part of a redelivery), indexed by
 # 2 x delivery-failed + undeliverable-here.
-_MODIFIED_OUTCOMES = (
+_MODIFIED_OUTCOMES: Final[tuple[Modified, ...]] = (  # variadic: one object, not boxed per use
     Modified(),
     Modified(undeliverable_here=True),
     Modified(delivery_failed=True),
@@ -37,9 +40,9 @@ def outcome_at(delivery: Any, state: int) -> Outcome | None:
     pointer: the hot path, no wrapper) and its remote `state`; None for no or a
     non-terminal state (B-048: no action; the message stays acquired)."""
     if state == _ACCEPTED:
-        return ACCEPTED
+        return _ACCEPTED_OUTCOME
     if state == _RELEASED:
-        return RELEASED
+        return _RELEASED_OUTCOME
     if state == _MODIFIED:
         remote = _delivery_remote(delivery)
         failed = 2 if _is_failed(remote) else 0

@@ -10,7 +10,8 @@ applies them in order:
 
 * `Dispatch` -> `ConsumerLink.send`: a transfer on the consumer's proton `Sender`, with the
   stored bytes (only the header re-encoded on a redelivery, B-050) and the delivery id as
-  its tag; `delivery_id_of` reads that tag back when the consumer settles;
+  its tag; the link keeps the id by its `pn_delivery_t` until the consumer settles
+  (`ConsumerLink.delivery_id`; the tag, read back by `delivery_id_of`, is the fallback);
 * `Drained` -> the link's drain is answered; `CloseConsumer` -> the link is closed with
   the condition the core names; `AddressUnblocked` -> every connection tops up the credit
   of its producers to that address and of its anonymous relays (all of them when the
@@ -85,13 +86,19 @@ _unpack: Final = ffi.unpack
 class ConsumerLink(Generic[C]):
     """A consumer, as the broker sees it: wraps the proton `Sender` the broker sends on."""
 
-    __slots__ = ("connection", "id", "impl", "link")
+    __slots__ = ("connection", "id", "impl", "link", "unsettled")
 
     def __init__(self, consumer: ConsumerId, link: Link, connection: C) -> None:
         self.id = consumer
         self.link = link
         self.impl = link._impl  # the pn_link_t: the hot path calls the C API directly
         self.connection = connection
+        # The id of each unsettled delivery sent, by its `pn_delivery_t` (issue 20: reading
+        # the tag back cost ~4.5k instructions a disposition, three of them cffi calls).
+        # An entry leaves before the broker settles the delivery locally, the only way
+        # proton frees it (and may reuse its address) while the link lives; the map goes
+        # with the link.
+        self.unsettled: dict[object, DeliveryId] = {}
 
     def send(self, dispatch: Dispatch) -> None:
         message = dispatch.message
@@ -102,10 +109,26 @@ class ConsumerLink(Generic[C]):
         impl = self.impl
         tag = b"%d" % dispatch.delivery  # read back by `delivery_id_of`
         delivery = _pn_delivery(impl, (len(tag), _from_buffer(tag)))
-        _pn_link_send(impl, _from_buffer(data), len(data))
+        # bytes go to a `char *` as they are (cffi passes their buffer, which proton
+        # copies); only another buffer type needs a cdata (`from_buffer`: a call more).
+        _pn_link_send(impl, data if type(data) is bytes else _from_buffer(data), len(data))
         _pn_link_advance(impl)
         if dispatch.settled:
             _pn_delivery_settle(delivery)
+        else:
+            self.unsettled[delivery] = dispatch.delivery
+
+    def delivery_id(self, delivery: object) -> DeliveryId:
+        """The id of delivery `delivery` (a `pn_delivery_t` of this link), forgotten here:
+        call it only when the broker is about to settle the delivery locally, or once
+        the core has its outcome. Unknown (already forgotten, or made by the peer): its
+        tag (`delivery_id_of`, which refuses a delivery of the peer's)."""
+        unsettled = self.unsettled
+        known = unsettled.get(delivery)  # get and del: compiled, `pop` is a method call
+        if known is None:
+            return delivery_id_of(delivery)
+        del unsettled[delivery]
+        return known
 
 
 class ProducerLink:

@@ -42,7 +42,7 @@ from amqpbroker.core import (
 )
 from amqpbroker.protocol.dispositions import outcome_of
 from amqpbroker.protocol.peer import PeerInvalidField, data_at, read_data
-from amqpbroker.protocol.shell import ConsumerLink, ProducerLink, delivery_id_of
+from amqpbroker.protocol.shell import ConsumerLink, ProducerLink
 
 log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
 
@@ -263,7 +263,7 @@ class _Transactions:
     def _transactional_outcome(self, delivery: Delivery, consumer: ConsumerLink[Any]) -> None:
         txn_id = txn_id_of(delivery)
         txn = self.transactions.get(txn_id) if txn_id is not None else None
-        delivery_id = delivery_id_of(delivery._impl)
+        delivery_id = consumer.delivery_id(delivery._impl)
         if txn is None:
             log.info(
                 "connection %s: disposition in unknown transaction %r ignored", self.id, txn_id

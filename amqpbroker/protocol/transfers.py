@@ -58,7 +58,6 @@ from amqpbroker.protocol.shell import (
     ConsumerLink,
     ProducerLink,
     Shell,
-    delivery_id_of,
     wrong_direction,
 )
 from amqpbroker.protocol.transactions import TRANSACTIONAL_STATE
@@ -182,9 +181,17 @@ class Transfers:
                     delivery = _pn_event_delivery(event)
                     link = _pn_delivery_link(delivery)
                     # Producer links receive, consumer links send: the maps answer for
-                    # nearly every delivery without the C call (cffi releases and
-                    # retakes the GIL around each: ~370 instructions, issue 20).
-                    if link in producers or (link not in consumers and _pn_link_is_receiver(link)):
+                    # nearly every delivery without a C call (cffi releases and retakes
+                    # the GIL around each: ~370 instructions, issue 20); a delivery in its
+                    # consumer link's `unsettled` is one the broker sent, never the
+                    # peer's (no `pn_link_current` check).
+                    if link in producers:
+                        self.on_transfer(delivery, link)
+                    elif (consumer := consumers.get(link)) is not None and (
+                        delivery in consumer.unsettled
+                    ):
+                        self.on_disposition(delivery, consumer)  # one we sent (issue 20)
+                    elif consumer is None and _pn_link_is_receiver(link):
                         self.on_transfer(delivery, link)
                     elif _pn_link_current(link) == delivery:  # ours are never current
                         # The peer sent on a link it receives on; proton keeps that
@@ -192,7 +199,7 @@ class Transfers:
                         # detach behind it, so the connection ends (issue 15).
                         owner._refuse(wrong_direction(), None)
                     else:
-                        self.on_disposition(delivery, link)
+                        self.on_disposition(delivery, consumer)
                 elif kind == _PN_LINK_FLOW:
                     self.on_link_flow(_pn_event_link(event))
                 else:
@@ -380,8 +387,9 @@ class Transfers:
             delivery_delay_ms=delivery_delay_ms,
         )
 
-    def on_disposition(self, delivery: Any, link: Any) -> None:
-        consumer = self.consumers.get(link)
+    def on_disposition(self, delivery: Any, consumer: ConsumerLink[Any] | None) -> None:
+        """A consumer's disposition of `delivery` (`consumer`: its link, None for a link
+        that is no longer, or never was, a consumer)."""
         outcome = None
         if consumer is not None:
             state = _pn_delivery_remote_state(delivery)
@@ -393,10 +401,12 @@ class Transfers:
             outcome = FAILED  # B-047: rejected behaves exactly like modified{df=true}
         if outcome is None:
             if _pn_delivery_settled(delivery):
+                if consumer is not None:
+                    consumer.unsettled.pop(delivery, None)  # proton may free it now
                 _pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
             return
         assert consumer is not None
-        self.broker.settle(consumer.id, delivery_id_of(delivery), outcome)
+        self.broker.settle(consumer.id, consumer.delivery_id(delivery), outcome)
         _pn_delivery_settle(delivery)
 
     def on_link_flow(self, link: Any) -> None:

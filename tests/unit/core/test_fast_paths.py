@@ -2,14 +2,26 @@
 the highest non-empty priority level (B-013, B-014, B-161 changeMessagesPriority), the
 hand-over of an arrival to a queue's only consumer (B-003 rotation, B-031 browsers, the
 memory of removed references), and the routing of filtered and purge-on-no-consumers
-queues (B-002, B-126)."""
+queues (B-002, B-126); the return leg of a redelivery (issue 20): the `returned` event
+(B-171) and the address-settings a queue keeps between changes (B-102, B-060, B-065)."""
 
 from __future__ import annotations
 
 from support.core_harness import Harness, bodies
 
-from amqpbroker.core import ACCEPTED, RELEASED, Message, Modified, QueueConfig, RoutingType
+from amqpbroker.core import (
+    ACCEPTED,
+    RELEASED,
+    AddressSettings,
+    LifecycleEvent,
+    Message,
+    Modified,
+    QueueConfig,
+    RawEvent,
+    RoutingType,
+)
 from amqpbroker.core.operations import change_priority
+from amqpbroker.core.refs import Ref
 
 
 def test_a_released_high_priority_message_goes_before_a_waiting_lower_one() -> None:
@@ -176,3 +188,94 @@ def test_messages_restored_in_bulk_are_found_at_every_priority() -> None:
     )
     c = h.consumer("q", "queue")
     assert bodies(h.take(c)) == [b"h", b"n"]
+
+
+def _returned_by_the_general_path(h: Harness, event: LifecycleEvent) -> RawEvent:
+    """The `returned` event `Queue.event` records for the same return (the slow path)."""
+    queue = h.queue(event.queue)
+    consumer = next(iter(h.broker._consumers.values())).consumer
+    ref = Ref(next(r for r in queue.iter_refs() if r.message.msg_id == event.msg_id).message, 0)
+    ref.delivery_count = event.delivery_count or 0
+    h.broker.now_ms = event.ts
+    queue.event("returned", ref, consumer, reason=event.reason, delay_ms=event.delay_ms)
+    [raw] = h.broker.emitter.take_raw()
+    return raw
+
+
+def test_a_return_records_the_returned_event_of_the_general_path() -> None:
+    """B-171 `returned`, issue 20: the shape a consumer keeps per reason and the shared
+    `extra` of a return without delay give the very event `Queue.event` builds, with
+    and without a redelivery delay, for each reason; a shape is built once per
+    consumer and reason (the fast path is taken)."""
+    h = Harness({"q": AddressSettings.of(redelivery_delay=0)})
+    target = h.producer("q", "queue")
+    c = h.consumer("q", "queue")
+    h.send(target, b"m")
+    h.broker.emitter.take()
+    recorded = []
+    for outcome in (RELEASED, Modified(), Modified(delivery_failed=True), RELEASED):
+        [d] = h.take(c)
+        h.settle(c, d, outcome)
+        [returned] = [e for e in h.broker.emitter.take_raw() if e[0][0] == "returned"]
+        recorded.append(returned)
+    reasons = [raw[0][3] for raw in recorded]
+    assert reasons == ["released", "modified", "modified-failed", "released"]
+    assert recorded[0][0] is recorded[3][0]  # the kept shape, not one built per return
+    assert recorded[0][4] is recorded[1][4]  # the shared extra of a return at once
+    h.broker.settings.add("q", AddressSettings.of(redelivery_delay=500))
+    [d] = h.take(c)
+    h.settle(c, d, Modified(delivery_failed=True))
+    [delayed] = [e for e in h.broker.emitter.take_raw() if e[0][0] == "returned"]
+    for raw in (*recorded, delayed):
+        assert raw == _returned_by_the_general_path(h, LifecycleEvent.of(raw))
+    assert LifecycleEvent.of(delayed).delay_ms == 500
+
+
+def test_a_returned_event_in_a_transaction_carries_it() -> None:
+    """B-170 `txn`: a return while a transaction is carried out (B-143 rollback) takes
+    the general path, which names the transaction; the kept shapes do not leak it."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    c = h.consumer("q", "queue")
+    h.send(target, b"m")
+    [d] = h.take(c)
+    h.broker.emitter.txn = "ab12"
+    try:
+        h.broker.rollback_delivery(c, d.delivery)
+    finally:
+        h.broker.emitter.txn = None
+    [event] = [e for e in h.broker.emitter.take() if e.event == "returned"]
+    assert (event.txn, event.reason) == ("ab12", "tx-rollback")
+    [d] = h.take(c)
+    h.settle(c, d, RELEASED)
+    [event] = [e for e in h.broker.emitter.take() if e.event == "returned"]
+    assert (event.txn, event.reason, event.delay_ms) == (None, "released", 0)
+
+
+def test_a_settings_change_reaches_the_next_return() -> None:
+    """B-102 (a change takes effect on the next lookup) over the settings a queue keeps
+    for its returns (issue 20): max-delivery-attempts lowered between two failed
+    attempts dead-letters the message at the next one (B-060), and a redelivery delay
+    set meanwhile delays it (B-065)."""
+    h = Harness({"DLQ": AddressSettings.of()})
+    h.broker.create_address("DLQ", {RoutingType.ANYCAST})
+    h.broker.create_queue(QueueConfig(name="DLQ", address="DLQ", routing_type=RoutingType.ANYCAST))
+    target = h.producer("q", "queue")
+    c = h.consumer("q", "queue")
+    h.send(target, b"m")
+    [d] = h.take(c)
+    h.settle(c, d, Modified(delivery_failed=True))  # attempt 1 of 10 (the default)
+    [d] = h.take(c)
+    h.broker.settings.add("q", AddressSettings.of(redelivery_delay=1000))
+    h.settle(c, d, Modified(delivery_failed=True))
+    assert h.take(c) == []  # delayed by the new setting
+    assert h.queue("q").scheduled_count == 1
+    h.advance(1000)
+    [d] = h.take(c)
+    h.broker.settings.add(
+        "q", AddressSettings.of(max_delivery_attempts=3, dead_letter_address="DLQ")
+    )
+    h.settle(c, d, Modified(delivery_failed=True))  # attempt 3 of 3
+    assert h.take(c) == []
+    assert h.queue("q").message_count == 0
+    assert h.queue("DLQ").message_count == 1

@@ -288,6 +288,32 @@ def test_settled_without_outcome_keeps_the_message_acquired(shell: Shell) -> Non
     assert shell.broker.queues["q"].ready_count == 1  # B-053: returned on link close
 
 
+def test_a_disposition_finds_its_delivery_id_by_the_engine_handle(shell: Shell) -> None:
+    """Issue 20: the consumer link keeps the id of each unsettled delivery it sent by its
+    `pn_delivery_t` (no tag read back); settled out of order, each outcome reaches its own
+    message (B-041, B-044), and every entry goes when the broker settles its delivery,
+    with an outcome or without one (B-048), so that proton may reuse the handle."""
+    client = Client(shell)
+    client.receiver("q", "queue")
+    sender = client.sender("q", "queue")
+    for body in ("a", "b", "c"):
+        client.send(sender, Message(body=body))
+    [link] = shell.consumers.values()
+    ids = [int(d.tag) for _, d in client.received]
+    assert sorted(link.unsettled.values()) == ids
+    client.settle(1, Delivery.MODIFIED, failed=True)  # "b" again, its count now 1
+    assert [m.body for m, _ in client.received] == ["a", "b", "c", "b"]
+    assert client.received[3][0].delivery_count == 1
+    client.settle(0, Delivery.ACCEPTED)
+    client.received[2][1].settle()  # "c": settled with no outcome, still acquired
+    client.pump()
+    assert list(link.unsettled.values()) == [int(client.received[3][1].tag)]
+    client.settle(3, Delivery.ACCEPTED)
+    assert link.unsettled == {}
+    queue = shell.broker.queues["q"]
+    assert (queue.message_count, queue.delivering) == (1, 1)  # "c", B-048
+
+
 def test_modified_annotations_are_ignored(shell: Shell) -> None:
     """B-049: the message-annotations field of `modified` is not merged."""
     client = Client(shell)

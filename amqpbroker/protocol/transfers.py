@@ -172,13 +172,15 @@ class Transfers:
         peek, pop, event_type = _pn_collector_peek, _pn_collector_pop, _pn_event_type
         null = _NULL
         while (event := peek(collector)) != null:
-            kind = event_type(event)
+            # A PN_DELIVERY event, and only that kind, has a delivery: one C call fewer
+            # for the two events of every message than reading the kind first (issue 20).
+            delivery = _pn_event_delivery(event)
+            kind = _PN_DELIVERY if delivery != null else event_type(event)
             if self.closed and kind != _PN_TRANSPORT_CLOSED:
                 pop(collector)  # issue 15: nothing a peer sends after the end is acted on
                 continue
             try:
                 if kind == _PN_DELIVERY:
-                    delivery = _pn_event_delivery(event)
                     link = _pn_delivery_link(delivery)
                     # Producer links receive, consumer links send: the maps answer for
                     # nearly every delivery without a C call (cffi releases and retakes
@@ -241,7 +243,8 @@ class Transfers:
         received = _pn_link_recv(link, _from_buffer(buffer), size)
         _pn_link_advance(link)
         producer = self.producers.get(link)
-        if _pn_delivery_aborted(delivery) or producer is None or received < 0:
+        # An aborted delivery reads as PN_ABORTED (< 0): no C call to ask (issue 20).
+        if producer is None or received < 0:
             if link in self.coordinators and not _pn_delivery_aborted(delivery):
                 self.owner._on_control(Delivery.wrap(delivery), bytes(buffer[:received]))
                 self._top_up(link, None)

@@ -85,7 +85,8 @@ from amqpbroker.store.api import (
 from amqpbroker.store.compaction import _Compaction
 from amqpbroker.store.failure import RETRY_FIRST_SECONDS, _Failure
 from amqpbroker.store.framing import frame_records
-from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
+from amqpbroker.store.indexing import survivors
+from amqpbroker.store.liveness import _LiveSet
 from amqpbroker.store.opening import _Opening
 from amqpbroker.store.segments import (
     _FILE_HEADER,
@@ -455,20 +456,10 @@ class FileJournal(_Opening, _Failure, _Compaction):
         synced = self._synced_unindexed
         window = self._unindexed[:synced]
         segments = dict.fromkeys(seg for seg, _ in window)  # in write order
+        known = self._live.messages
         for seg in segments:
             placed = [p for s, entries in window if s is seg for p in entries]
-            gone = _short_lived([r for entry, _ in placed for r in entry.records], self._live)
-            batch = []
-            for entry, offset in placed:
-                for record, size in zip(entry.records, entry.sizes, strict=True):
-                    if (
-                        not gone
-                        or not isinstance(record, _WITH_MSG_ID)
-                        or record.msg_id not in gone
-                    ):
-                        batch.append((record, offset, size))
-                    offset += size
-            self._index_batch(seg, batch)
+            self._index_batch(seg, survivors(placed, known))  # compiled: per record
         del self._unindexed[:synced]
         self._synced_unindexed = 0
 

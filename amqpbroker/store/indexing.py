@@ -84,15 +84,11 @@ def short_lived(records: Sequence[Record | MessageLayout], known: dict[int, Any]
 
 
 def survivors(
-    placed: Sequence[tuple[_Pending, int]], known: dict[int, Any]
+    placed: Sequence[tuple[_Pending, int]], gone: set[int]
 ) -> list[tuple[Record, int, int]]:
     """What of the written appends `placed` (one segment's: each append and its offset, in
     order) the index must apply: each record with its offset and size, but the records of
-    the `short_lived` messages."""
-    records: list[Record] = []
-    for entry, _ in placed:
-        records.extend(entry.records)
-    gone = short_lived(records, known)
+    the messages in `gone` (`short_lived`)."""
     batch: list[tuple[Record, int, int]] = []
     for entry, offset in placed:
         recs = entry.records

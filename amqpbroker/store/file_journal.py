@@ -85,7 +85,8 @@ from amqpbroker.store.api import (
 from amqpbroker.store.compaction import _Compaction
 from amqpbroker.store.failure import RETRY_FIRST_SECONDS, _Failure
 from amqpbroker.store.framing import frame_records
-from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
+from amqpbroker.store.indexing import short_lived, survivors
+from amqpbroker.store.liveness import _LiveSet
 from amqpbroker.store.opening import _Opening
 from amqpbroker.store.segments import (
     _FILE_HEADER,
@@ -192,8 +193,10 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._late_kill = False
         self._late_tombstones: list[_Loc] = []
 
-        self._cond = threading.Condition(threading.Lock())
+        self._queue_lock = threading.Lock()
+        self._cond = threading.Condition(self._queue_lock)
         self._queue: list[_Pending] = []
+        self._writer_waits = False  # in `_cond.wait()`: an append must notify (`_queue_lock`)
         self._closed = False
         self._failure: JournalFailed | None = None
         self._fd = -1
@@ -203,6 +206,9 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._unindexed_syncs = 0  # syncs since the last `_index_synced`
         self._unindexed_bytes = 0  # bytes written since then (about: a bound, not a count)
         self._synced_unindexed = 0  # how many `_unindexed` entries are on disk
+        # Messages the last window found gone whose records may still wait in the newer
+        # half it left for the next (see `_index_synced`): skipped there too.
+        self._carried_gone: set[int] = set()
         self._compact_lock = threading.Lock()
         self._readers = 0  # replays in progress: compaction waits for them
         self._compact_wanted = threading.Event()
@@ -335,13 +341,16 @@ class FileJournal(_Opening, _Failure, _Compaction):
     ) -> None:
         data, sizes = frame_records(records)  # one pass, no Python call per record
         pending = _Pending(tuple(records), data, sizes, sync, on_durable)
-        with self._cond:
+        # The condition's lock itself (a C call), and a notify only when the writer waits:
+        # while it writes or syncs, appends just queue (issue 20: ~2k instructions each).
+        with self._queue_lock:
             if self._closed or self.read_only:
                 raise JournalClosed(f"journal {self.directory} is closed or read-only")
             if records:
                 self._opened_live = None  # the state moved on: `state()` replays the files
             self._queue.append(pending)
-            self._cond.notify()
+            if self._writer_waits:
+                self._cond.notify()
 
     def flush(self, timeout: float | None = None) -> None:
         done = threading.Event()
@@ -366,11 +375,15 @@ class FileJournal(_Opening, _Failure, _Compaction):
                     elif self._unsynced_bytes:
                         left = self._unsynced_since + self.lazy_sync_seconds - time.monotonic()
                     else:
+                        self._writer_waits = True
                         self._cond.wait()
+                        self._writer_waits = False
                         continue
                     if left <= 0:
                         break
+                    self._writer_waits = True
                     self._cond.wait(left)
+                    self._writer_waits = False
                 batch, self._queue = self._queue, []
                 closing = self._closed
             if self._failure is not None and time.monotonic() >= self._retry_at and self._retry():
@@ -427,41 +440,49 @@ class FileJournal(_Opening, _Failure, _Compaction):
                 or self._unindexed_syncs >= INDEX_EVERY_SYNCS
                 or self._unindexed_bytes >= INDEX_EVERY_BYTES
             ):
-                self._index_synced()
+                self._index_synced(final=index_all)
         if self._sync_seconds is not None:
             try:
                 self._sync_seconds(elapsed)
             except Exception:
                 log.exception("journal %s: sync_seconds observer failed", self.directory)
 
-    def _index_synced(self) -> None:
+    def _index_synced(self, *, final: bool = True) -> None:
         """Index what is written and synced. Only ever what is on disk: compaction may act
         on what the index says (delete the segment of a message acked here), and must never
         outrun the disk. Deferred for a few syncs or MiB (INDEX_EVERY_SYNCS, _BYTES) because
-        a message's add and its ack then usually meet in one batch, and `_short_lived` skips
-        both;
-        never past a roll: a sealed segment is always fully indexed, and only sealed
-        segments are compacted; `compact()` indexes first. Holds `_lock`."""
+        a message's add and its ack then usually meet in one window, and `short_lived` skips
+        both. Not `final` (the periodic pass): only the older half of the window is indexed,
+        and the newer half waits for the next window, so that a message added late in a
+        window and acked early in the next still costs the index nothing (issue 20: such
+        messages, indexed and killed, made the durable benchmark vary by ~8k instructions
+        per message from run to run). Final, never past a roll: a sealed segment is always
+        fully indexed, and only sealed segments are compacted; `compact()` indexes first.
+        Holds `_lock`."""
         self._unindexed_syncs = self._unindexed_bytes = 0
         synced = self._synced_unindexed
         window = self._unindexed[:synced]
-        segments = dict.fromkeys(seg for seg, _ in window)  # in write order
-        for seg in segments:
-            placed = [p for s, entries in window if s is seg for p in entries]
-            gone = _short_lived([r for entry, _ in placed for r in entry.records], self._live)
-            batch = []
-            for entry, offset in placed:
-                for record, size in zip(entry.records, entry.sizes, strict=True):
-                    if (
-                        not gone
-                        or not isinstance(record, _WITH_MSG_ID)
-                        or record.msg_id not in gone
-                    ):
-                        batch.append((record, offset, size))
-                    offset += size
-            self._index_batch(seg, batch)
-        del self._unindexed[:synced]
-        self._synced_unindexed = 0
+        done = synced if final else (synced + 1) // 2
+        carried = self._carried_gone
+        known = self._live.messages
+        gone_here: set[int] = set()
+        for seg in dict.fromkeys(seg for seg, _ in window):  # in write order
+            records: list[Record] = []
+            older: list[tuple[_Pending, int]] = []
+            for k, (s, entries) in enumerate(window):
+                if s is seg:
+                    for entry, _ in entries:
+                        records.extend(entry.records)
+                    if k < done:
+                        older.extend(entries)
+            gone = short_lived(records, known)  # over the whole window (compiled)
+            if older:
+                # The carried messages are gone too: their adds were skipped last time.
+                self._index_batch(seg, survivors(older, gone | carried if carried else gone))
+            gone_here |= gone
+        del self._unindexed[:done]
+        self._synced_unindexed = synced - done
+        self._carried_gone = gone_here if done < synced else set()
 
     def _write_batch(self, batch: list[_Pending]) -> None:
         if self._failure is not None:

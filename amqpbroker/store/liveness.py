@@ -33,6 +33,7 @@ from amqpbroker.core.records import (
     UpdateDeliveryCount,
 )
 from amqpbroker.store.codec import MessageLayout
+from amqpbroker.store.indexing import short_lived
 
 # --- liveness ------------------------------------------------------------------------
 
@@ -230,47 +231,13 @@ class _LiveSet(Generic[_Item]):
 
 
 _WITH_MSG_ID = (AddMessage, AddRef, AckRef, UpdateDeliveryCount, ScheduledDelivery)
-_REF_RECORDS = (AddRef, AckRef)
 
 
 def _short_lived(records: Sequence[Record | MessageLayout], live: _LiveSet[Any]) -> set[int]:
     """The messages whose every record in `records` (one segment's, in order) is dead by
-    their end: added here, unknown to `live` before, and every reference added here acked
-    here (a message added with no reference yet is not: its references may be in the next
-    batch).
-
-    The index can skip their records: indexing them and then killing them leaves it as it
-    was (no live bytes, and an ack in the segment of its add needs no tombstone). Under a
-    steady load most messages are consumed within a few group commits of being stored, and
-    indexing them record by record held the GIL for ~5 µs per message against the event
-    loop. Records that delete a queue leave everything to the full rules.
-    """
-    known = live.messages
-    open_refs: dict[int, set[str] | None] = {}  # msg_id -> queues holding it; None: keep
-    referenced: set[int] = set()  # a message whose references come later is not gone
-    for record in records:
-        if isinstance(record, _REF_RECORDS):  # a tuple: isinstance is cheap, and narrows
-            refs = open_refs.get(record.msg_id)
-            if refs is None:
-                continue
-            adding = type(record) is AddRef
-            if (record.queue in refs) is adding:  # a second add, or an ack of nothing
-                open_refs[record.msg_id] = None
-            elif adding:
-                refs.add(record.queue)
-                referenced.add(record.msg_id)
-            else:
-                refs.discard(record.queue)
-        elif isinstance(record, AddMessage | tuple):  # a tuple: its layout, read at open
-            msg_id = record[0] if isinstance(record, tuple) else record.msg_id
-            open_refs[msg_id] = None if msg_id in known or msg_id in open_refs else set()
-        elif isinstance(record, DeleteQueue):
-            return set()
-    return {
-        msg_id
-        for msg_id, refs in open_refs.items()
-        if refs is not None and not refs and msg_id in referenced
-    }
+    their end, which the file journal's index then skips: `store/indexing.short_lived`
+    (compiled: it runs per record on the journal's writer thread) against `live`."""
+    return short_lived(records, live.messages)
 
 
 def _ignore_dead(item: Record, needs_tombstone: bool) -> None:

@@ -1081,3 +1081,43 @@ def test_the_index_skips_messages_acked_within_dozens_of_syncs(
     journal.compact()  # indexes everything synced
     assert not [r for r in indexed if isinstance(r, AddMessage) and r.msg_id <= 20]
     assert {r.msg_id for r in indexed if isinstance(r, AddMessage)} == set(range(21, 41))
+
+
+def test_a_message_acked_in_the_next_window_is_never_indexed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20: the periodic index takes the older half of its window and leaves the
+    newer half to the next, so a message added late in one window and acked early in the
+    next is skipped like one acked within a window; B-095: what stays queued is indexed
+    and comes back after a reopen, what was acked does not."""
+    monkeypatch.setattr(file_journal, "INDEX_EVERY_SYNCS", 4)
+    indexed: list[int] = []
+    with FileJournal(tmp_path, auto_compact=False) as journal:
+        apply = journal._index_batch
+
+        def spy(seg: Any, batch: Any, keep: Any = None) -> None:
+            indexed.extend(getattr(record, "msg_id", -1) for record, _, _ in batch)
+            apply(seg, batch, keep)
+
+        monkeypatch.setattr(journal, "_index_batch", spy)
+
+        def step(records: list[Record]) -> None:  # one append, one sync
+            journal.append(records, sync=True)
+            journal.flush()
+
+        step([message(1), AddRef(queue="q", msg_id=1)])  # stays queued
+        step([message(2), AddRef(queue="q", msg_id=2)])
+        step([message(3), AddRef(queue="q", msg_id=3)])
+        step([message(4), AddRef(queue="q", msg_id=4)])  # 4 syncs: 1 and 2 indexed
+        assert sorted(set(indexed)) == [1, 2]
+        step([AckRef(queue="q", msg_id=4), AckRef(queue="q", msg_id=2)])
+        step([message(5), AddRef(queue="q", msg_id=5)])
+        step([AckRef(queue="q", msg_id=3)])
+        step([message(6), AddRef(queue="q", msg_id=6)])  # 4 syncs: the next window
+        assert not {3, 4} & set(indexed)  # added late, acked in the next
+        journal.compact()  # indexes everything synced (final)
+        assert not {3, 4} & set(indexed)
+        assert {1, 2, 5, 6} <= set(indexed)
+        assert sorted(ref.msg_id for ref in journal.state().refs()) == [1, 5, 6]
+    with FileJournal(tmp_path, auto_compact=False) as reopened:
+        assert sorted(ref.msg_id for ref in reopened.state().refs()) == [1, 5, 6]

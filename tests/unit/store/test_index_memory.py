@@ -17,7 +17,7 @@ from amqpbroker.core.records import (
 from amqpbroker.store import FileJournal, JournalState
 
 N = 10_000
-STORE_FILES = ("file_journal.py", "liveness.py", "segments.py")
+STORE_FILES = ("file_journal.py", "liveness.py", "segments.py", "indexing.py")
 
 
 def _index_bytes(snapshot: tracemalloc.Snapshot, before: tracemalloc.Snapshot) -> int:

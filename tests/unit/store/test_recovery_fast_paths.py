@@ -35,7 +35,7 @@ from amqpbroker.core.records import (
     UpdateDeliveryCount,
 )
 from amqpbroker.protocol import message_of
-from amqpbroker.store import FileJournal, codec
+from amqpbroker.store import FileJournal, codec, frames
 from amqpbroker.store import segments as segment_format
 from amqpbroker.store.journal import JournalState
 from amqpbroker.store.liveness import _LiveSet
@@ -371,3 +371,59 @@ def test_messages_consumed_within_what_the_open_read_are_not_indexed(
         state = journal.state()
     assert indexed == [2, 3]
     _assert_same_state(state, JournalState.of(r for records in appends for r in records))
+
+
+def _index_view(journal: FileJournal) -> tuple[Any, ...]:
+    live, seg = journal._live, journal._segments[-1]
+    return (
+        {k: v.span for k, v in live.messages.items()},
+        dict(live.ref_counts),
+        {
+            q: {m: getattr(r, "span", None) for m, r in held.items()}
+            for q, held in live.refs.items()
+        },
+        sorted(seg.items),
+        seg.live_bytes,
+        {item.span: record for item, record in (journal._opened_live or {}).items()},
+        [item.span for item in journal._unread],
+    )
+
+
+def test_the_opens_plain_indexing_equals_the_index_batch_rules(tmp_path: Path) -> None:
+    """Issue 23 item 4: `frames.index_plain` (the open's loop for AddMessage layouts and
+    AddRefs) leaves the index as `FileJournal._index_batch` does, for the records it
+    takes (a message re-added, a reference to a message never added, a second queue), and
+    stops at the first record it does not take (an AckRef), which `_index_batch` then
+    indexes: the two journals' indexes are the same."""
+    message = AddMessage(msg_id=1, address="q", data=b"body")
+    payload = codec.encode(message)
+    layout = codec.add_message_layout(payload, 0, len(payload))
+    assert layout is not None
+    two = (2, *layout[1:])
+    batch: list[frames.Entry] = [
+        (layout, 16, 40),
+        (AddRef(queue="q", msg_id=1), 56, 30),
+        (AddRef(queue="r", msg_id=1), 86, 30),
+        (AddRef(queue="q", msg_id=9), 116, 30),  # no such message: not live
+        (two, 146, 40),
+        (layout, 186, 40),  # message 1 again: the first add dies
+        (AddRef(queue="q", msg_id=2), 226, 30),
+        (AckRef(queue="q", msg_id=2), 256, 20),
+        (AddRef(queue="q", msg_id=1), 276, 30),
+    ]
+    plain, rules = _open(tmp_path / "plain"), _open(tmp_path / "rules")
+    try:
+        for journal in (plain, rules):
+            journal._opened_live = {}
+        keep = plain._opened_live
+        assert keep is not None
+        seg = plain._segments[-1]
+        done = frames.index_plain(seg, batch, plain._live, keep, plain._unread)
+        assert done == 7  # up to the AckRef
+        plain._index_batch(seg, batch[done:], keep)
+        rules._index_batch(rules._segments[-1], batch, rules._opened_live)
+        assert _index_view(plain) == _index_view(rules)
+        assert _index_view(plain)[3]  # something is indexed at all
+    finally:
+        plain.close()
+        rules.close()

@@ -294,6 +294,8 @@ _SCHEMAS = {type_id: _Schema(cls) for type_id, cls in RECORD_CLASSES.items()}
 # writer, a field out of the usual types) goes to the general decoder.
 _STRINGS: Final[dict[bytes, str]] = {}  # queue and address names repeat: decode each once
 _ADD_MESSAGE_HEAD: Final = struct.Struct("<BBqBI")  # count, tag, msg_id, tag, address length
+_BOOL_TAG_LEN: Final = struct.Struct("<BBI")  # durable, the body's tag and length
+_SIX_INTS: Final = struct.Struct("<BqBqBqBqBqBq")  # an issue-23 AddMessage's last six fields
 
 
 # Records built without the dataclass's keyword call (a third of its cost, as
@@ -360,9 +362,8 @@ def add_message_layout(buf: bytes, start: int, stop: int) -> MessageLayout | Non
         scanned = count == 10
         pos = start + _ADD_MESSAGE_HEAD.size + address_len
         address = _string(buf[start + _ADD_MESSAGE_HEAD.size : pos])
-        durable = buf[pos]
-        data_tag, data_len = _TAG_LEN.unpack_from(buf, pos + 1)
-        data_start = pos + 1 + _TAG_LEN.size
+        durable, data_tag, data_len = _BOOL_TAG_LEN.unpack_from(buf, pos)
+        data_start = pos + _BOOL_TAG_LEN.size
         end = data_start + data_len
         if (
             durable not in (_TRUE, _FALSE)
@@ -370,16 +371,28 @@ def add_message_layout(buf: bytes, start: int, stop: int) -> MessageLayout | Non
             or stop != end + _THREE_INTS.size * (2 if scanned else 1)
         ):
             return None
-        tag1, expiration_ms, tag2, first_ts, tag3, priority = _THREE_INTS.unpack_from(buf, end)
-        if tag1 != _INT or tag2 != _INT or tag3 != _INT:
-            return None
-        header_end, head_end, header_count = -1, 0, -1
-        if scanned:
-            tag1, header_end, tag2, head_end, tag3, header_count = _THREE_INTS.unpack_from(
-                buf, end + _THREE_INTS.size
-            )
-            if tag1 != _INT or tag2 != _INT or tag3 != _INT:
+        if scanned:  # the six ints in one unpack
+            (
+                tag1,
+                expiration_ms,
+                tag2,
+                first_ts,
+                tag3,
+                priority,
+                tag4,
+                header_end,
+                tag5,
+                head_end,
+                tag6,
+                header_count,
+            ) = _SIX_INTS.unpack_from(buf, end)
+            if not tag1 == tag2 == tag3 == tag4 == tag5 == tag6 == _INT:
                 return None
+        else:
+            tag1, expiration_ms, tag2, first_ts, tag3, priority = _THREE_INTS.unpack_from(buf, end)
+            if not tag1 == tag2 == tag3 == _INT:
+                return None
+            header_end, head_end, header_count = -1, 0, -1
     except (IndexError, struct.error, UnicodeDecodeError):
         return None
     return (

@@ -23,6 +23,7 @@ from amqpbroker.store.segments import (
     _FLAGS_KNOWN,
     _FRAME,
     _MAX_PAYLOAD,
+    _SPAN_SHIFT,
     BATCH_END,
     FRAME_BYTES,
     _Loc,
@@ -41,6 +42,7 @@ _MAX: Final = _MAX_PAYLOAD
 _END: Final = BATCH_END
 _UNPACK: Final = _FRAME.unpack_from
 _DECODERS: Final = codec._FAST_DECODE_AT
+_SHIFT: Final = _SPAN_SHIFT  # `_Loc.span` (computed here too: no attribute read per record)
 
 
 def read_batches(
@@ -134,7 +136,7 @@ def index_plain(
                 continue
         else:
             break
-        items[item.span] = item
+        items[offset << _SHIFT | size] = item
         keep[item] = record
         added += size
         done += 1

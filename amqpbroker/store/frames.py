@@ -23,7 +23,6 @@ from amqpbroker.store.segments import (
     _FLAGS_KNOWN,
     _FRAME,
     _MAX_PAYLOAD,
-    _SPAN_SHIFT,
     BATCH_END,
     FRAME_BYTES,
     _Loc,
@@ -42,7 +41,6 @@ _MAX: Final = _MAX_PAYLOAD
 _END: Final = BATCH_END
 _UNPACK: Final = _FRAME.unpack_from
 _DECODERS: Final = codec._FAST_DECODE_AT
-_SHIFT: Final = _SPAN_SHIFT  # `_Loc.span` (computed here too: no attribute read per record)
 
 
 def read_batches(
@@ -136,7 +134,7 @@ def index_plain(
                 continue
         else:
             break
-        items[offset << _SHIFT | size] = item
+        items[item.span] = item  # the span itself: one int object per record, not two
         keep[item] = record
         added += size
         done += 1

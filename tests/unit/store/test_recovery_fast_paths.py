@@ -424,6 +424,8 @@ def test_the_opens_plain_indexing_equals_the_index_batch_rules(tmp_path: Path) -
         rules._index_batch(rules._segments[-1], batch, rules._opened_live)
         assert _index_view(plain) == _index_view(rules)
         assert _index_view(plain)[3]  # something is indexed at all
+        # A key is its location's own span object (the memory of an index entry: issue 23).
+        assert all(span is item.span for span, item in seg.items.items())
     finally:
         plain.close()
         rules.close()

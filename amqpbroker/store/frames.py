@@ -117,19 +117,18 @@ def index_plain(
     how many it indexed; the rest of `batch` is for `_index_batch`. Almost every record of
     a journal is one of the two: compiled, this is the open's per-record loop (issue 23
     item 4)."""
-    items = seg.items
-    add_message = live.add_message
-    add_ref = live.add_ref
+    items = seg.items  # (`live.add_message`, not a bound method in a local: compiled, a
+    # direct call of a native method, not a call through Python's protocol)
     added = 0  # live bytes (the `_on_dead` calls meanwhile subtract theirs)
     done = 0
     for record, offset, size in batch:
         if isinstance(record, tuple):
             item = _Loc(seg, offset, size)
-            add_message(record[0], item)
+            live.add_message(record[0], item)
             unread.append(item)
         elif type(record) is AddRef:
             item = _Loc(seg, offset, size)
-            if not add_ref(record, item):
+            if not live.add_ref(record, item):
                 done += 1
                 continue
         else:
@@ -147,8 +146,7 @@ def read_unread(
 ) -> None:
     """Decode the AddMessages of `unread` that are still live (their layouts in `keep`),
     from the segment `data` they were read from: `_Opening._read_unread`."""
-    message_of = codec.add_message_of
     for item in unread:
         layout = keep.get(item)
         if isinstance(layout, tuple):
-            keep[item] = message_of(data, layout)
+            keep[item] = codec.add_message_of(data, layout)

@@ -59,9 +59,8 @@ def test_the_hot_modules_are_compiled_exactly_when_expected() -> None:
 def test_the_recovery_read_path_is_compiled() -> None:
     """Issue 23 item 4: the open's per-frame and per-record loops (`store/frames.py`), the
     liveness rules they apply, the state and the recovery into the broker are compiled
-    with the codec they call: a compiled function calling an interpreted one per record
-    (or the other way round) measured slower than all pure Python (4.6 against 2.7 CPU-s
-    for the open of 200k messages)."""
+    with the codec they call: with the loop interpreted and the codec compiled, the open
+    of 200k messages took 4.6 CPU-s against 2.7 in pure Python (main 876988f)."""
     hot = set(_setup_module().HOT_MODULES)
     read_path = {
         f"amqpbroker/store/{name}.py"

@@ -133,7 +133,10 @@ def index_plain(
                 continue
         else:
             break
-        items[item.span] = item  # the span itself: one int object per record, not two
+        # The span itself: one int object per record, not two (`Any`: compiled code would
+        # unbox an `int` attribute and box it again as the key, a new object).
+        loc: Any = item
+        items[loc.span] = item
         keep[item] = record
         added += size
         done += 1

@@ -53,6 +53,10 @@ HOT_MODULES = [
     "amqpbroker/core/clock.py",
     "amqpbroker/core/effects.py",
     "amqpbroker/core/redelivery.py",
+    "amqpbroker/store/frames.py",
+    "amqpbroker/store/liveness.py",
+    "amqpbroker/store/state.py",
+    "amqpbroker/store/recovery.py",
 ]
 
 

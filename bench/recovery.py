@@ -47,7 +47,7 @@ BATCH = 1000
 
 def write(directory: Path) -> None:
     message = ProtonMessage(body=b"x" * 1024, durable=True)
-    data = message.encode()
+    data = bytes(message.encode())  # (proton may hand a bytearray)
     scanned = sections.scan(data)  # as the broker does once, when the message arrives
     seen = {"header_end": scanned.header_end, "head_end": scanned.head_end()}
     journal = FileJournal(directory, fsync=lambda fd: None, auto_compact=False)

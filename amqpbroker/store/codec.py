@@ -32,7 +32,7 @@ import struct
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, fields
-from typing import Any
+from typing import Any, Final
 
 from amqpbroker.core.records import (
     RECORD_CLASSES,
@@ -51,13 +51,23 @@ class CodecError(ValueError):
     """A value cannot be encoded, or a payload is not a valid encoding."""
 
 
-_NONE, _FALSE, _TRUE, _INT, _STR, _BYTES, _LIST, _DICT, _FLOAT = range(9)
-_TAG_INT = struct.Struct("<Bq")
-_TAG_LEN = struct.Struct("<BI")
-_TAG_FLOAT = struct.Struct("<Bd")
-_I64 = struct.Struct("<q")
-_U32 = struct.Struct("<I")
-_F64 = struct.Struct("<d")
+# Final: mypyc makes them C statics (a plain module global costs a compiled function a
+# dict lookup per use, where the interpreter caches it: issue 23 item 4).
+_NONE: Final = 0
+_FALSE: Final = 1
+_TRUE: Final = 2
+_INT: Final = 3
+_STR: Final = 4
+_BYTES: Final = 5
+_LIST: Final = 6
+_DICT: Final = 7
+_FLOAT: Final = 8
+_TAG_INT: Final = struct.Struct("<Bq")
+_TAG_LEN: Final = struct.Struct("<BI")
+_TAG_FLOAT: Final = struct.Struct("<Bd")
+_I64: Final = struct.Struct("<q")
+_U32: Final = struct.Struct("<I")
+_F64: Final = struct.Struct("<d")
 _B_NONE, _B_FALSE, _B_TRUE = bytes([_NONE]), bytes([_FALSE]), bytes([_TRUE])
 
 
@@ -132,8 +142,8 @@ def encode_generic(record: Record) -> bytes:
 # Fast paths for the records written per message (the journal's hot path): the same bytes
 # as `encode_generic`, with the names' encodings cached. tests/unit/store checks equality.
 _NAMES: dict[str, bytes] = {}
-_TWO_INTS = struct.Struct("<BqBq")
-_THREE_INTS = struct.Struct("<BqBqBq")
+_TWO_INTS: Final = struct.Struct("<BqBq")
+_THREE_INTS: Final = struct.Struct("<BqBqBq")
 
 
 def _name(text: str) -> bytes:
@@ -282,14 +292,16 @@ _SCHEMAS = {type_id: _Schema(cls) for type_id, cls in RECORD_CLASSES.items()}
 # Fast decoders for the same records (recovery replays millions of them, issue 23 item
 # 4): the layout `_fast_*` writes, checked byte for byte; anything else (an older or newer
 # writer, a field out of the usual types) goes to the general decoder.
-_STRINGS: dict[bytes, str] = {}  # queue and address names repeat: decode each once
-_ADD_MESSAGE_HEAD = struct.Struct("<BBqBI")  # count, tag, msg_id, tag, address length
+_STRINGS: Final[dict[bytes, str]] = {}  # queue and address names repeat: decode each once
+_ADD_MESSAGE_HEAD: Final = struct.Struct("<BBqBI")  # count, tag, msg_id, tag, address length
+_BOOL_TAG_LEN: Final = struct.Struct("<BBI")  # durable, the body's tag and length
+_SIX_INTS: Final = struct.Struct("<BqBqBqBqBqBq")  # an issue-23 AddMessage's last six fields
 
 
 # Records built without the dataclass's keyword call (a third of its cost, as
 # `core/persistence.py` builds them); each sets every field its class declares
 # (tests/unit/store/test_codec_fast.py compares with the general decoder's records).
-_new = object.__new__
+_new: Final = object.__new__
 
 
 def _string(raw: bytes) -> str:
@@ -350,9 +362,8 @@ def add_message_layout(buf: bytes, start: int, stop: int) -> MessageLayout | Non
         scanned = count == 10
         pos = start + _ADD_MESSAGE_HEAD.size + address_len
         address = _string(buf[start + _ADD_MESSAGE_HEAD.size : pos])
-        durable = buf[pos]
-        data_tag, data_len = _TAG_LEN.unpack_from(buf, pos + 1)
-        data_start = pos + 1 + _TAG_LEN.size
+        durable, data_tag, data_len = _BOOL_TAG_LEN.unpack_from(buf, pos)
+        data_start = pos + _BOOL_TAG_LEN.size
         end = data_start + data_len
         if (
             durable not in (_TRUE, _FALSE)
@@ -360,16 +371,28 @@ def add_message_layout(buf: bytes, start: int, stop: int) -> MessageLayout | Non
             or stop != end + _THREE_INTS.size * (2 if scanned else 1)
         ):
             return None
-        tag1, expiration_ms, tag2, first_ts, tag3, priority = _THREE_INTS.unpack_from(buf, end)
-        if tag1 != _INT or tag2 != _INT or tag3 != _INT:
-            return None
-        header_end, head_end, header_count = -1, 0, -1
-        if scanned:
-            tag1, header_end, tag2, head_end, tag3, header_count = _THREE_INTS.unpack_from(
-                buf, end + _THREE_INTS.size
-            )
-            if tag1 != _INT or tag2 != _INT or tag3 != _INT:
+        if scanned:  # the six ints in one unpack
+            (
+                tag1,
+                expiration_ms,
+                tag2,
+                first_ts,
+                tag3,
+                priority,
+                tag4,
+                header_end,
+                tag5,
+                head_end,
+                tag6,
+                header_count,
+            ) = _SIX_INTS.unpack_from(buf, end)
+            if not tag1 == tag2 == tag3 == tag4 == tag5 == tag6 == _INT:
                 return None
+        else:
+            tag1, expiration_ms, tag2, first_ts, tag3, priority = _THREE_INTS.unpack_from(buf, end)
+            if not tag1 == tag2 == tag3 == _INT:
+                return None
+            header_end, head_end, header_count = -1, 0, -1
     except (IndexError, struct.error, UnicodeDecodeError):
         return None
     return (

@@ -14,17 +14,33 @@ from __future__ import annotations
 
 import struct
 import zlib
-from typing import Any
+from typing import Any, Final
 
 import amqpbroker.store.codec as codec
-from amqpbroker.core.records import Record, RecordType
-from amqpbroker.store.segments import _FLAGS_KNOWN, _FRAME, _MAX_PAYLOAD, BATCH_END, FRAME_BYTES
+from amqpbroker.core.records import AddRef, Record, RecordType
+from amqpbroker.store.liveness import _LiveSet
+from amqpbroker.store.segments import (
+    _FLAGS_KNOWN,
+    _FRAME,
+    _MAX_PAYLOAD,
+    BATCH_END,
+    FRAME_BYTES,
+    _Loc,
+    _Segment,
+)
 
 # A record read (or an AddMessage's layout), its offset and its frame's size.
 Entry = tuple[Record | codec.MessageLayout, int, int]
 
-_ADD_MESSAGE = int(RecordType.ADD_MESSAGE)
-_ACK_REF = int(RecordType.ACK_REF)
+# Final: C statics once compiled (a plain global is a dict lookup per use there).
+_ADD_MESSAGE: Final = int(RecordType.ADD_MESSAGE)
+_ACK_REF: Final = int(RecordType.ACK_REF)
+_HEAD: Final = FRAME_BYTES
+_UNKNOWN_FLAGS: Final = ~_FLAGS_KNOWN
+_MAX: Final = _MAX_PAYLOAD
+_END: Final = BATCH_END
+_UNPACK: Final = _FRAME.unpack_from
+_DECODERS: Final = codec._FAST_DECODE_AT
 
 
 def read_batches(
@@ -37,46 +53,103 @@ def read_batches(
     read (none: no message can have died meanwhile)."""
     size = len(data)
     view = memoryview(data)
-    unpack = _FRAME.unpack_from
+    unpack = _UNPACK
     crc32 = zlib.crc32
-    layout_of = codec.add_message_layout
-    decoders = codec._FAST_DECODE_AT
     acks = 0
-    while size - pos >= FRAME_BYTES:
+    # The crc of a frame's length field, by length: a journal's frames come in a few
+    # sizes, and a lookup costs less than a crc32 call over a slice.
+    heads: dict[int, int] = {}
+    while size - pos >= _HEAD:
         length, crc, type_id, flags = unpack(data, pos)
-        end = pos + FRAME_BYTES + length
-        if (
-            end > size
-            or flags & ~_FLAGS_KNOWN
-            or length > _MAX_PAYLOAD
-            or crc32(view[pos + 8 : end], crc32(view[pos : pos + 4])) != crc
-        ):
+        end = pos + _HEAD + length
+        if end > size or flags & _UNKNOWN_FLAGS or length > _MAX:
             break
-        record: Any = None
+        head = heads.get(length)
+        if head is None:
+            head = crc32(view[pos : pos + 4])
+            if len(heads) < 1024:
+                heads[length] = head
+        if crc32(view[pos + 8 : end], head) != crc:
+            break
+        msg_id: int
+        record: Record | codec.MessageLayout
         if type_id == _ADD_MESSAGE:
-            record = layout_of(data, pos + FRAME_BYTES, end)
-            if record is None:
+            layout = codec.add_message_layout(data, pos + _HEAD, end)
+            if layout is None:
                 break
-            msg_id = record[0]
+            msg_id = layout[0]
+            record = layout
         else:
-            decoder = decoders.get(type_id)
+            decoder = _DECODERS.get(type_id)
             if decoder is None:
                 break
             try:
-                record = decoder(data, pos + FRAME_BYTES, end)
+                decoded: Any = decoder(data, pos + _HEAD, end)
             except (IndexError, struct.error, UnicodeError):
                 break
-            if record is None:
+            if decoded is None:
                 break
-            msg_id = record.msg_id
+            msg_id = decoded.msg_id
+            record = decoded
             if type_id == _ACK_REF:
                 acks += 1
         if msg_id > top:
             top = msg_id
         batch.append((record, pos, end - pos))
         pos = end
-        if flags & BATCH_END:
+        if flags & _END:
             batches.append((batch, top))
             batch = []
             top = 0
     return pos, batch, top, acks
+
+
+def index_plain(
+    seg: _Segment,
+    batch: list[Entry],
+    live: _LiveSet[_Loc],
+    keep: dict[_Loc, Record | codec.MessageLayout],
+    unread: list[_Loc],
+) -> int:
+    """Index the leading AddMessage layouts and AddRefs of `batch` (an append read at
+    open) as `FileJournal._index_batch` does, without its checks for tombstones: neither
+    record kills one that needs one (`_LiveSet.add_message`, `_LiveSet.add_ref`). Returns
+    how many it indexed; the rest of `batch` is for `_index_batch`. Almost every record of
+    a journal is one of the two: compiled, this is the open's per-record loop (issue 23
+    item 4)."""
+    items = seg.items  # (`live.add_message`, not a bound method in a local: compiled, a
+    # direct call of a native method, not a call through Python's protocol)
+    added = 0  # live bytes (the `_on_dead` calls meanwhile subtract theirs)
+    done = 0
+    for record, offset, size in batch:
+        if isinstance(record, tuple):
+            item = _Loc(seg, offset, size)
+            live.add_message(record[0], item)
+            unread.append(item)
+        elif type(record) is AddRef:
+            item = _Loc(seg, offset, size)
+            if not live.add_ref(record, item):
+                done += 1
+                continue
+        else:
+            break
+        # The span itself: one int object per record, not two (`Any`: compiled code would
+        # unbox an `int` attribute and box it again as the key, a new object).
+        loc: Any = item
+        items[loc.span] = item
+        keep[item] = record
+        added += size
+        done += 1
+    seg.live_bytes += added
+    return done
+
+
+def read_unread(
+    data: bytes, unread: list[_Loc], keep: dict[_Loc, Record | codec.MessageLayout]
+) -> None:
+    """Decode the AddMessages of `unread` that are still live (their layouts in `keep`),
+    from the segment `data` they were read from: `_Opening._read_unread`."""
+    for item in unread:
+        layout = keep.get(item)
+        if isinstance(layout, tuple):
+            keep[item] = codec.add_message_of(data, layout)

@@ -79,7 +79,7 @@ class _LiveSet(Generic[_Item]):
         # The rule of each record type (`apply`; the file journal's index calls them).
         self.rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
             AddMessage: self._add_message,
-            AddRef: self._add_ref,
+            AddRef: self.add_ref,
             AckRef: self._ack_ref,
             UpdateDeliveryCount: self._update_count,
             ScheduledDelivery: self._scheduled,
@@ -110,7 +110,8 @@ class _LiveSet(Generic[_Item]):
         self.messages[msg_id] = item
         return True
 
-    def _add_ref(self, record: AddRef, item: _Item) -> bool:
+    def add_ref(self, record: AddRef, item: _Item) -> bool:
+        """`AddRef`'s rule (public: the open's `frames.index_plain` calls it)."""
         if record.msg_id not in self.messages:
             return False  # its message is gone (or never was): replay ignores it too
         held = self.refs.get(record.queue)

@@ -38,7 +38,7 @@ from amqpbroker.store.api import (
     JournalCorrupt,
     JournalError,
 )
-from amqpbroker.store.frames import Entry, read_batches
+from amqpbroker.store.frames import Entry, index_plain, read_batches, read_unread
 from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
 from amqpbroker.store.segments import (
     _FILE_HEADER,
@@ -147,8 +147,12 @@ class _Opening:
 
     def _index_opened(self, seg: _Segment, batch: list[Entry], top: int) -> None:
         """Index a batch read at open, keeping the records it made live for `state()`;
-        `top` is the batch's largest message id."""
-        self._index_batch(seg, batch, self._opened_live)
+        `top` is the batch's largest message id. Its leading AddMessages and AddRefs (the
+        whole batch, as a broker writes them) go through `index_plain`."""
+        keep = self._opened_live
+        done = 0 if keep is None else index_plain(seg, batch, self._live, keep, self._unread)
+        if done < len(batch):
+            self._index_batch(seg, batch[done:] if done else batch, keep)
         if top > self._opened_max_id:
             self._opened_max_id = top
 
@@ -173,10 +177,7 @@ class _Opening:
         end of its segment costs no body copy, no record)."""
         keep = self._opened_live
         if keep is not None:
-            for item in self._unread:
-                layout = keep.get(item)
-                if isinstance(layout, tuple):
-                    keep[item] = codec.add_message_of(data, layout)
+            read_unread(data, self._unread, keep)
         self._unread = []
 
     def _scan_segment(self, number: int, path: Path, *, last: bool) -> None:

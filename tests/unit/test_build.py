@@ -54,3 +54,16 @@ def test_the_hot_modules_are_compiled_exactly_when_expected() -> None:
         module = importlib.import_module(path.removesuffix(".py").replace("/", "."))
         loaded[path] = str(module.__file__).endswith(".so")
     assert loaded == dict.fromkeys(loaded, compiled)
+
+
+def test_the_recovery_read_path_is_compiled() -> None:
+    """Issue 23 item 4: the open's per-frame and per-record loops (`store/frames.py`), the
+    liveness rules they apply, the state and the recovery into the broker are compiled
+    with the codec they call: with the loop interpreted and the codec compiled, the open
+    of 200k messages took 4.6 CPU-s against 2.7 in pure Python (main 876988f)."""
+    hot = set(_setup_module().HOT_MODULES)
+    read_path = {
+        f"amqpbroker/store/{name}.py"
+        for name in ("codec", "frames", "liveness", "state", "recovery")
+    }
+    assert read_path <= hot

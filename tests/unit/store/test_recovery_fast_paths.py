@@ -35,10 +35,9 @@ from amqpbroker.core.records import (
     UpdateDeliveryCount,
 )
 from amqpbroker.protocol import message_of
-from amqpbroker.store import FileJournal, codec
+from amqpbroker.store import FileJournal, codec, frames, opening
 from amqpbroker.store import segments as segment_format
 from amqpbroker.store.journal import JournalState
-from amqpbroker.store.liveness import _LiveSet
 from amqpbroker.store.recovery import _message
 
 QUEUES = ("q", "r", "s")
@@ -128,13 +127,14 @@ def test_the_open_index_gives_the_state_of_every_record(
         journal.flush()
     model = JournalState.of(record for records in appends for record in records)
     read: list[int] = []
-    real = codec.add_message_of
+    real = opening.read_unread  # (patched where the open calls it: compiled, `frames`
+    # calls the codec natively, and a patch of `codec` would not be seen)
 
-    def counting(buf: bytes, layout: codec.MessageLayout) -> AddMessage:
-        read.append(layout[0])
-        return real(buf, layout)
+    def counting(data: bytes, unread: list[Any], keep: dict[Any, Any]) -> None:
+        read.extend(keep[item][0] for item in unread if isinstance(keep.get(item), tuple))
+        real(data, unread, keep)
 
-    monkeypatch.setattr(codec, "add_message_of", counting)
+    monkeypatch.setattr(opening, "read_unread", counting)
     with _open(tmp_path) as journal:
         _assert_same_state(journal.state(), model)
     added = sum(isinstance(r, AddMessage) for records in appends for r in records)
@@ -360,14 +360,73 @@ def test_messages_consumed_within_what_the_open_read_are_not_indexed(
             journal.append(records, sync=False)
         journal.flush()
     indexed: list[int] = []
-    real = _LiveSet.add_message
+    real = opening.index_plain  # (patched where the open calls it: compiled, `_LiveSet`
+    # is a native class, whose methods cannot be patched)
 
-    def counting(self: _LiveSet[Any], msg_id: int, item: Any) -> bool:
-        indexed.append(msg_id)
-        return real(self, msg_id, item)
+    def counting(seg: Any, batch: list[Any], *rest: Any) -> int:
+        indexed.extend(record[0] for record, _, _ in batch if isinstance(record, tuple))
+        return real(seg, batch, *rest)
 
-    monkeypatch.setattr(_LiveSet, "add_message", counting)
+    monkeypatch.setattr(opening, "index_plain", counting)
     with _open(tmp_path) as journal:
         state = journal.state()
     assert indexed == [2, 3]
     _assert_same_state(state, JournalState.of(r for records in appends for r in records))
+
+
+def _index_view(journal: FileJournal) -> tuple[Any, ...]:
+    live, seg = journal._live, journal._segments[-1]
+    return (
+        {k: v.span for k, v in live.messages.items()},
+        dict(live.ref_counts),
+        {
+            q: {m: getattr(r, "span", None) for m, r in held.items()}
+            for q, held in live.refs.items()
+        },
+        sorted(seg.items),
+        seg.live_bytes,
+        {item.span: record for item, record in (journal._opened_live or {}).items()},
+        [item.span for item in journal._unread],
+    )
+
+
+def test_the_opens_plain_indexing_equals_the_index_batch_rules(tmp_path: Path) -> None:
+    """Issue 23 item 4: `frames.index_plain` (the open's loop for AddMessage layouts and
+    AddRefs) leaves the index as `FileJournal._index_batch` does, for the records it
+    takes (a message re-added, a reference to a message never added, a second queue), and
+    stops at the first record it does not take (an AckRef), which `_index_batch` then
+    indexes: the two journals' indexes are the same."""
+    message = AddMessage(msg_id=1, address="q", data=b"body")
+    payload = codec.encode(message)
+    layout = codec.add_message_layout(payload, 0, len(payload))
+    assert layout is not None
+    two = (2, *layout[1:])
+    batch: list[frames.Entry] = [
+        (layout, 16, 40),
+        (AddRef(queue="q", msg_id=1), 56, 30),
+        (AddRef(queue="r", msg_id=1), 86, 30),
+        (AddRef(queue="q", msg_id=9), 116, 30),  # no such message: not live
+        (two, 146, 40),
+        (layout, 186, 40),  # message 1 again: the first add dies
+        (AddRef(queue="q", msg_id=2), 226, 30),
+        (AckRef(queue="q", msg_id=2), 256, 20),
+        (AddRef(queue="q", msg_id=1), 276, 30),
+    ]
+    plain, rules = _open(tmp_path / "plain"), _open(tmp_path / "rules")
+    try:
+        for journal in (plain, rules):
+            journal._opened_live = {}
+        keep = plain._opened_live
+        assert keep is not None
+        seg = plain._segments[-1]
+        done = frames.index_plain(seg, batch, plain._live, keep, plain._unread)
+        assert done == 7  # up to the AckRef
+        plain._index_batch(seg, batch[done:], keep)
+        rules._index_batch(rules._segments[-1], batch, rules._opened_live)
+        assert _index_view(plain) == _index_view(rules)
+        assert _index_view(plain)[3]  # something is indexed at all
+        # A key is its location's own span object (the memory of an index entry: issue 23).
+        assert all(span is item.span for span, item in seg.items.items())
+    finally:
+        plain.close()
+        rules.close()

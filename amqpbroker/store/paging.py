@@ -393,14 +393,18 @@ class QueuePages:
             log.error("paging %s: cannot read a page file to browse: %s", self.directory, e)
 
     def remove(self, doomed: set[int]) -> None:
-        """Drop the paged messages in `doomed`: a marker, then copies of the rest."""
-        end = self._end()
+        """Drop the paged messages in `doomed`: a marker, then copies of the rest. A
+        damaged page file is handled as the read back handles it (`_damaged`: its part
+        lost, counted, logged) by the first walk, and skipped alike by the second: the
+        caller has already taken `doomed` (killed or moved), so raising here would leave
+        them in the files too (a 500 from the API, moved messages delivered twice)."""
         kept = sum(
             1
-            for f in self._frames(self._cursor, end)
+            for f in self._frames(self._cursor, self._end(), damaged=self._damaged)
             if f.kind == _KIND_MESSAGE and f.msg_id not in doomed
         )
         self._open_writer()
+        end = self._end()  # after `_damaged` (a cut tail, a new file), the writer open
         undo: Position = (self._write_page, self._write_offset)
         messages = size = expiring = 0
         durable = False
@@ -408,7 +412,7 @@ class QueuePages:
         try:
             self._append(_marker(kept))
             after_marker = (self._write_page, self._write_offset)
-            for frame in self._frames(self._cursor, end):
+            for frame in self._frames(self._cursor, end, damaged=lambda page, e: True):
                 if frame.kind == _KIND_MESSAGE and frame.msg_id not in doomed:
                     body = frame.body
                     self._append(_FRAME.pack(len(body), zlib.crc32(body)) + body)

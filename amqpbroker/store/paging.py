@@ -163,6 +163,11 @@ class _Damaged(OSError):
         self.io = io
 
 
+def _skip_damaged(page: int, error: _Damaged) -> bool:
+    """A `_frames` damage handler for a second walk: the first logged (and counted) it."""
+    return True
+
+
 def _earlier(expiring_ms: int, expiration_ms: int) -> int:
     """The earlier of two expiration times, 0 meaning never."""
     if not expiring_ms or (expiration_ms and expiration_ms < expiring_ms):
@@ -412,7 +417,7 @@ class QueuePages:
         try:
             self._append(_marker(kept))
             after_marker = (self._write_page, self._write_offset)
-            for frame in self._frames(self._cursor, end, damaged=lambda page, e: True):
+            for frame in self._frames(self._cursor, end, damaged=_skip_damaged):
                 if frame.kind == _KIND_MESSAGE and frame.msg_id not in doomed:
                     body = frame.body
                     self._append(_FRAME.pack(len(body), zlib.crc32(body)) + body)
@@ -623,7 +628,16 @@ class QueuePages:
             except _Damaged as e:
                 if e.io:  # not a torn tail: the start fails, as before, with the file
                     raise
-                # cut below
+                if number != pages[-1]:  # not a tail either: as the read back does
+                    # (`_damaged`), the rest of this file is skipped, the later files kept
+                    log.error(
+                        "paging %s: page file %s damaged, the rest of it skipped: %s",
+                        self.directory,
+                        e.path,
+                        e,
+                    )
+                    continue
+                # a torn tail: cut below
             size_on_disk = self._file_size(number)
             if good[1] != size_on_disk:
                 self._cut(number, good[1], size_on_disk, pages)
@@ -634,7 +648,7 @@ class QueuePages:
             good = marker
         self._recovered_end = good
         self._write_page = good[0]
-        for frame in self._frames(self._cursor, (good[0], good[1])):
+        for frame in self._frames(self._cursor, (good[0], good[1]), damaged=_skip_damaged):
             if frame.kind == _KIND_MESSAGE:
                 messages += 1
                 size += frame.size

@@ -1101,3 +1101,39 @@ def test_a_filtered_operation_over_a_damaged_page_file_takes_each_message_once(
         assert sorted(_drain(h, o)) == sorted(taken_names)
     _send(h, 30, start=200)  # paging and reading back go on
     assert _drain(h, c) == [f"message-{i:05d}" for i in range(200, 230)]
+
+
+@pytest.mark.parametrize("how", ["bit-flip", "zeros"])
+def test_a_corrupt_page_file_before_the_last_loses_only_its_rest_at_a_restart(
+    tmp_path: Path, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """B-151 PAGE (issue 23 attack): the start-up scan treated damage in any page file as
+    a torn tail: it truncated that file and deleted every later page file, so one flipped
+    bit in an early file lost the whole backlog behind it. Now, as the read back: only the
+    last file's tail is cut; damage before it loses the rest of that file only (logged),
+    and every later message comes back in order."""
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 2_000)
+    files.recover({}, {})
+    pages = files.open(address="a", queue="q", durable=True)
+    _fill(pages, range(200))
+    files.close()
+    paths = sorted(tmp_path.rglob("*.page"))
+    assert len(paths) > 4
+    frames = _frames_of(pages, paths[1])
+    byte = frames[3][0]
+    lost = {name for _, _, name in frames[3:]}
+    data = bytearray(paths[1].read_bytes())
+    if how == "bit-flip":
+        data[byte + 12] ^= 0xFF
+    else:  # a block of zeros in the middle of the file
+        data[byte : byte + 64] = bytes(64)
+    paths[1].write_bytes(bytes(data))
+    reopened = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 2_000)
+    assert reopened.recover({"q": "a"}, {}) == ["q"]
+    again = reopened.open(address="a", queue="q", durable=True)
+    assert all(path.exists() for path in paths)  # later files kept
+    got = [_decode(m.data) for m in again.read(max_bytes=-1, max_messages=-1)]
+    assert got == [f"message-{i:05d}" for i in range(200) if f"message-{i:05d}" not in lost]
+    assert again.messages == 0
+    assert paths[1].name in caplog.text
+    reopened.close()

@@ -202,6 +202,7 @@ class QueuePages:
         # page number -> [messages, bytes] of it counted in `messages` / `size_bytes`:
         # what a damaged file loses is counted, not left in the queue's count
         self._held: dict[int, list[int]] = {}
+        self._browse_damaged: set[int] = set()  # page files a browse logged as damaged
         directory.mkdir(parents=True, exist_ok=True)
         pages = sorted(
             int(p.stem)
@@ -387,15 +388,25 @@ class QueuePages:
 
     def browse_from(self, position: Position) -> Iterator[tuple[Message, Position]]:
         """The paged messages from `position` (a cursor or a position this returned,
-        of the current `epoch`) on, each with the position after it; read lazily. A page
-        file that cannot be read ends it, logged: a browser or a listing sees less, and
-        the broker's dispatch is not cut short (nothing is taken here)."""
-        try:
-            for frame in self._frames(position, self._end()):
-                if frame.kind == _KIND_MESSAGE:
-                    yield self._message(frame), frame.end
-        except OSError as e:
-            log.error("paging %s: cannot read a page file to browse: %s", self.directory, e)
+        of the current `epoch`) on, each with the position after it; read lazily. The
+        rest of a damaged page file is skipped, as the read back skips it (a browser or a
+        listing sees what a consumer will get), logged once a file: every dispatch walks
+        a browser on from its position, and it would log again each time (nothing is
+        taken or counted here: the read back does that)."""
+
+        def skip(page: int, error: _Damaged) -> bool:
+            if page not in self._browse_damaged:
+                self._browse_damaged.add(page)
+                log.error(
+                    "paging %s: cannot read a page file to browse, the rest of it skipped: %s",
+                    self.directory,
+                    error,
+                )
+            return True
+
+        for frame in self._frames(position, self._end(), damaged=skip):
+            if frame.kind == _KIND_MESSAGE:
+                yield self._message(frame), frame.end
 
     def remove(self, doomed: set[int]) -> None:
         """Drop the paged messages in `doomed`: a marker, then copies of the rest. A

@@ -12,10 +12,12 @@ import struct
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 
 import pytest
 from proton import Message
 from support import frames as F
+from support import raw
 from support.client import QUEUE, connect
 from support.inproc import ThreadBroker
 
@@ -221,3 +223,54 @@ def test_a_peer_that_never_reads_while_it_bursts_is_paused_and_others_are_served
         thread.join(timeout=5)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         sock.close()
+
+
+def _secure_config() -> str:
+    from amqpbroker.security import hash_password
+
+    return f"""
+security:
+  enabled: true
+  users:
+    admin: {{password-hash: "{hash_password("right-pw")}", roles: [admin]}}
+  security-settings:
+    "#": {{send: [admin], consume: [admin], browse: [admin], manage: [admin],
+          create-address: [admin], create-durable-queue: [admin],
+          create-non-durable-queue: [admin]}}
+"""
+
+
+@pytest.mark.parametrize("password", ["right-pw", "wrong-pw"])
+def test_a_burst_behind_a_sasl_init_waits_for_the_credentials_check(
+    broker_in_thread: Callable[[str], ThreadBroker], read_aheads: list[int], password: str
+) -> None:
+    """B-095 with security on: SASL PLAIN, the AMQP header, open, begin and attach, and
+    with a wrong password 1 MiB of transfers too, in one write. Read-ahead takes nothing
+    while the password is checked; a wrong password routes nothing and closes; with the
+    right one the pipelined frames are handled after the check (credit comes back)."""
+    running = broker_in_thread(_secure_config())
+    sock = raw.open_socket(running.ports["amqp"])
+    target = F.target("burst-sasl", "queue")
+    pipelined = (
+        raw.plain_sasl("admin", password)
+        + F.AMQP_HEADER
+        + F.frame(F.open_())
+        + F.frame(F.begin(incoming_window=65535))
+        + F.frame(F.attach("p", role_receiver=False, target=target))
+    )
+    with sock:
+        if password == "wrong-pw":
+            sock.sendall(pipelined + _transfers(0, 500, "ok"))
+            code, _ = raw.read_sasl_outcome(sock)
+            assert code == 1
+            assert _read_until_closed(sock)[1]
+        else:
+            sock.sendall(pipelined)
+            code, rest = raw.read_sasl_outcome(sock)
+            assert code == 0
+            while not any(F.performative_code(p) == F.FLOW for _, _, p in F.read_frames(rest)):
+                chunk = sock.recv(65536)
+                assert chunk, f"closed: {rest!r}"
+                rest += chunk
+    assert not read_aheads  # nothing read past the paused socket
+    assert ("burst-sasl" in running.server.broker.queues) == (password == "right-pw")

@@ -1166,3 +1166,32 @@ def test_a_browser_passes_a_damaged_page_file_and_logs_it_once(
     ]
     errors = [r for r in caplog.records if r.levelname == "ERROR" and paths[2].name in r.message]
     assert len(errors) == 1
+
+
+def test_a_non_matching_browsers_walk_is_a_step_per_loop_turn_while_a_producer_pages(
+    files: PageFiles,
+) -> None:
+    """B-031 over B-151 (issue 23 attack): the browser's read step bounded one dispatch,
+    but every message paged to the queue is a dispatch: a producer's burst of N messages
+    in one loop turn walked N steps of the page files (a 256 KiB read of small messages:
+    ~1,000 x 256 messages decoded in one turn). Now a browser that stopped at a step walks
+    on only at the next loop turn (`tick`), however many dispatches come before it."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    target = h.producer("q", "queue")
+    n = 8 * READ_STEP_MESSAGES
+    for i in range(n):
+        h.send(target, _tagged(i, "no"), props={"k": "no"})
+    browser = h.consumer("q", "queue", credit=0, browse=True, selector="k = 'yes'")
+    h.broker.set_credit(browser, 10)
+    h._collect()
+    mark = next(c for c in h.queue("q").consumers if c.browser).page_mark
+    assert mark is not None
+    assert mark.walking
+    walked = mark.seen
+    for i in range(n, n + 50):  # one loop turn: no tick between these
+        h.send(target, _tagged(i, "yes"), props={"k": "yes"})
+    assert mark.seen == walked  # the walk waits for the next turn
+    _run_due(h)  # the turns go on: the walk reaches the matching messages
+    h._collect()
+    got = [_decode(d.message.data) for d in h.take(browser)]
+    assert got == [f"message-{i:05d}" for i in range(n, n + 10)]

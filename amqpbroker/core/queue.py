@@ -913,7 +913,10 @@ class Queue:
         mark = browser.page_mark
         if mark is None:
             mark = browser.page_mark = PageMark(pages)
-        mark.walking = False
+        elif mark.walking:
+            # It stopped at a step this loop turn: `tick` walks it on. Every message paged
+            # is a dispatch, and a producer's burst walked a step for each (h-attack).
+            return
         now_ms = self._owner.now_ms
         skipped = skipped_bytes = 0  # what is sent is bounded by the credit and window
         for message, end in pages.browse_from(mark.start(pages)):
@@ -1110,6 +1113,9 @@ class Queue:
             self.expire_paged(now_ms, out)
         if 0 < self._page_browse_ms <= now_ms:
             self._page_browse_ms = 0
+            for consumer in self.consumers:
+                if (mark := consumer.page_mark) is not None:
+                    mark.walking = False  # a new loop turn: a step more (`_browse_pages`)
             if self.consumers:
                 self.dispatch(out)  # B-031 over B-151: browsers walk on, a step a turn
 

@@ -163,6 +163,11 @@ class _Damaged(OSError):
         self.io = io
 
 
+def _skip_damaged(page: int, error: _Damaged) -> bool:
+    """A `_frames` damage handler for a second walk: the first logged (and counted) it."""
+    return True
+
+
 def _earlier(expiring_ms: int, expiration_ms: int) -> int:
     """The earlier of two expiration times, 0 meaning never."""
     if not expiring_ms or (expiration_ms and expiration_ms < expiring_ms):
@@ -197,6 +202,7 @@ class QueuePages:
         # page number -> [messages, bytes] of it counted in `messages` / `size_bytes`:
         # what a damaged file loses is counted, not left in the queue's count
         self._held: dict[int, list[int]] = {}
+        self._browse_damaged: set[int] = set()  # page files a browse logged as damaged
         directory.mkdir(parents=True, exist_ok=True)
         pages = sorted(
             int(p.stem)
@@ -382,25 +388,39 @@ class QueuePages:
 
     def browse_from(self, position: Position) -> Iterator[tuple[Message, Position]]:
         """The paged messages from `position` (a cursor or a position this returned,
-        of the current `epoch`) on, each with the position after it; read lazily. A page
-        file that cannot be read ends it, logged: a browser or a listing sees less, and
-        the broker's dispatch is not cut short (nothing is taken here)."""
-        try:
-            for frame in self._frames(position, self._end()):
-                if frame.kind == _KIND_MESSAGE:
-                    yield self._message(frame), frame.end
-        except OSError as e:
-            log.error("paging %s: cannot read a page file to browse: %s", self.directory, e)
+        of the current `epoch`) on, each with the position after it; read lazily. The
+        rest of a damaged page file is skipped, as the read back skips it (a browser or a
+        listing sees what a consumer will get), logged once a file: every dispatch walks
+        a browser on from its position, and it would log again each time (nothing is
+        taken or counted here: the read back does that)."""
+
+        def skip(page: int, error: _Damaged) -> bool:
+            if page not in self._browse_damaged:
+                self._browse_damaged.add(page)
+                log.error(
+                    "paging %s: cannot read a page file to browse, the rest of it skipped: %s",
+                    self.directory,
+                    error,
+                )
+            return True
+
+        for frame in self._frames(position, self._end(), damaged=skip):
+            if frame.kind == _KIND_MESSAGE:
+                yield self._message(frame), frame.end
 
     def remove(self, doomed: set[int]) -> None:
-        """Drop the paged messages in `doomed`: a marker, then copies of the rest."""
-        end = self._end()
+        """Drop the paged messages in `doomed`: a marker, then copies of the rest. A
+        damaged page file is handled as the read back handles it (`_damaged`: its part
+        lost, counted, logged) by the first walk, and skipped alike by the second: the
+        caller has already taken `doomed` (killed or moved), so raising here would leave
+        them in the files too (a 500 from the API, moved messages delivered twice)."""
         kept = sum(
             1
-            for f in self._frames(self._cursor, end)
+            for f in self._frames(self._cursor, self._end(), damaged=self._damaged)
             if f.kind == _KIND_MESSAGE and f.msg_id not in doomed
         )
         self._open_writer()
+        end = self._end()  # after `_damaged` (a cut tail, a new file), the writer open
         undo: Position = (self._write_page, self._write_offset)
         messages = size = expiring = 0
         durable = False
@@ -408,7 +428,7 @@ class QueuePages:
         try:
             self._append(_marker(kept))
             after_marker = (self._write_page, self._write_offset)
-            for frame in self._frames(self._cursor, end):
+            for frame in self._frames(self._cursor, end, damaged=_skip_damaged):
                 if frame.kind == _KIND_MESSAGE and frame.msg_id not in doomed:
                     body = frame.body
                     self._append(_FRAME.pack(len(body), zlib.crc32(body)) + body)
@@ -619,7 +639,16 @@ class QueuePages:
             except _Damaged as e:
                 if e.io:  # not a torn tail: the start fails, as before, with the file
                     raise
-                # cut below
+                if number != pages[-1]:  # not a tail either: as the read back does
+                    # (`_damaged`), the rest of this file is skipped, the later files kept
+                    log.error(
+                        "paging %s: page file %s damaged, the rest of it skipped: %s",
+                        self.directory,
+                        e.path,
+                        e,
+                    )
+                    continue
+                # a torn tail: cut below
             size_on_disk = self._file_size(number)
             if good[1] != size_on_disk:
                 self._cut(number, good[1], size_on_disk, pages)
@@ -630,7 +659,7 @@ class QueuePages:
             good = marker
         self._recovered_end = good
         self._write_page = good[0]
-        for frame in self._frames(self._cursor, (good[0], good[1])):
+        for frame in self._frames(self._cursor, (good[0], good[1]), damaged=_skip_damaged):
             if frame.kind == _KIND_MESSAGE:
                 messages += 1
                 size += frame.size

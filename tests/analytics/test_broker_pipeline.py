@@ -121,8 +121,8 @@ def analyzed(
         address-settings:
           "#": {dead-letter-address: DLA, auto-create-dead-letter-resources: true,
                 max-delivery-attempts: 3, expiry-address: ExpiryQueue,
-                auto-create-expiry-resources: true}
-        """,
+                auto-create-expiry-resources: true, auto-delete-queues: false}
+        """,  # auto-delete off: the retry needs `orders` after a slow Spark job (B-111, B-161)
     )
     try:
         run_scenario(broker)

@@ -40,12 +40,15 @@ pytestmark = [pytest.mark.spark, pytest.mark.integration, pytest.mark.timeout(18
 
 TRANSIENT = "amqp:resource-limit-exceeded"
 # The shipped config/broker.yaml dead-letter layout, with 3 attempts and fast rotation.
+# Auto-delete off: the retry test needs the original queues (B-161 leaves a message whose
+# queue is gone in place), and on a slow machine the Spark job outlasts the reaper's two
+# scan periods (B-111), which then deleted the idle `shipping` queue first.
 CONFIG = """
 persistence: {enabled: true, sync: false}
 event-log: {enabled: true, level: lifecycle, max-file-age: 100}
 address-settings:
   "#": {dead-letter-address: DLA, auto-create-dead-letter-resources: true,
-        max-delivery-attempts: 3, redelivery-delay: 0}
+        max-delivery-attempts: 3, redelivery-delay: 0, auto-delete-queues: false}
   DLA: {default-address-routing-type: MULTICAST, default-queue-routing-type: MULTICAST}
 addresses:
   - name: DLA

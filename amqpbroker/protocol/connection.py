@@ -301,7 +301,15 @@ class AmqpConnection(_Attach, _Transactions, Engine):
             return True
         # Once the engine reads no more (a framing error, an expired idle-timeout), the
         # socket goes as soon as the engine has written its last bytes.
-        return (self.closed or self._input_closed) and self.transport.pending() < 0
+        if not (self.closed or self._input_closed):
+            return False
+        pending = self.transport.pending()
+        if pending < 0:
+            return True
+        # Reading nothing, closed on our side and with nothing to write, the engine never
+        # will: proton's SASL layer reads AMQP frames sent in place of a `sasl-init`, and
+        # then writes nothing, not even a close (fuzz case open/type:0x10[2]+bytes:flip).
+        return pending == 0 and self.closed and self._input_closed
 
     def output(self, limit: int = OUTPUT_CHUNK_BYTES) -> bytes:
         """Bytes to send now: the SASL layer's, then up to about `limit` of the engine's.

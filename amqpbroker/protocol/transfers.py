@@ -71,6 +71,7 @@ _TRANSACTIONAL_STATE: Final = TRANSACTIONAL_STATE
 _PN_ACCEPTED: Final = lib.PN_ACCEPTED
 _PN_DELIVERY: Final = lib.PN_DELIVERY
 _PN_TRANSPORT_CLOSED: Final = lib.PN_TRANSPORT_CLOSED
+_PN_TRANSPORT_TAIL_CLOSED: Final = lib.PN_TRANSPORT_TAIL_CLOSED
 _PN_LINK_FLOW: Final = lib.PN_LINK_FLOW
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
 # The C API of the hot path, bound once: compiled (setup.py), a `Final` name is a C
@@ -176,9 +177,9 @@ class Transfers:
             # for the two events of every message than reading the kind first (issue 20).
             delivery = _pn_event_delivery(event)
             kind = _PN_DELIVERY if delivery != null else event_type(event)
-            if self.closed and kind != _PN_TRANSPORT_CLOSED:
+            if self.closed and kind != _PN_TRANSPORT_CLOSED and kind != _PN_TRANSPORT_TAIL_CLOSED:
                 pop(collector)  # issue 15: nothing a peer sends after the end is acted on
-                continue
+                continue  # (but the engine's end of input is seen: `finished` needs it)
             try:
                 if kind == _PN_DELIVERY:
                     link = _pn_delivery_link(delivery)

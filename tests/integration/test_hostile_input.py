@@ -86,6 +86,21 @@ def test_framing_error_closes_the_connection_within_a_second(
     assert F.close_condition(received) == "amqp:connection:framing-error"
 
 
+def test_amqp_frames_in_place_of_sasl_init_do_not_leave_the_socket_open(
+    broker: BrokerProcess,
+) -> None:
+    """Fuzz case open/type:0x10[2]+bytes:flip (seed 692011): the SASL header, then an
+    open and a close as AMQP frames where a `sasl-init` belongs. Proton's SASL layer read
+    them and stopped reading, but wrote nothing more, so the socket stayed open for as
+    long as the client kept it (B-153: a malformed connection is closed)."""
+    data = F.SASL_HEADER + F.frame(F.open_()) + F.frame(F.close())
+    started = time.monotonic()
+    received, hung_up = _exchange(broker, data + bytes(1024), timeout_s=3.0)
+    assert hung_up
+    assert time.monotonic() - started < 1.0
+    assert received.startswith(F.SASL_HEADER)  # the mechanisms, then nothing but the end
+
+
 def test_deeply_nested_message_is_rejected_at_the_door(broker: BrokerProcess) -> None:
     """Issue 15: a body nesting deeper than MAX_DEPTH is rejected (amqp:decode-error)
     instead of being stored and breaking the management API later."""

@@ -25,14 +25,15 @@ run: $(STAMP)
 	$(BIN)/amqpbroker run --config config/broker.yaml --data-dir ./data
 
 # pytest: two xdist workers, a module per worker at a time (tests/conftest.py), then the
-# wall-clock `timing` tests and the client stacks (interop) in one process.
+# wall-clock `timing` tests and the client stacks (interop) in one process; each prints its
+# 15 slowest tests (the suite is kept under 10 minutes on 2 cores).
 test: $(DEV_STAMP)
 	sh tests/support/install-browser.sh  # chromium + chromium-driver for the console tests
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not timing and not interop'
-	$(BIN)/pytest -m 'timing or interop'
+	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not timing and not interop' --durations=15
+	$(BIN)/pytest -m 'timing or interop' --durations=15
 
 # Issue 23: the paging tests at ten times their size (200 MiB backlogs; several minutes).
 PAGING_SCALE ?= 10

@@ -123,7 +123,9 @@ def test_one_large_message_arrives_without_waiting_for_the_tick(broker: BrokerPr
 
 
 def test_a_backlog_arrives_without_waiting_for_the_tick(broker: BrokerProcess) -> None:
-    """Issue 16 item 1: 5,000 x 1 KiB with credit 5,000 in well under a second (was 15 s)."""
+    """Issue 16 item 1: 5,000 x 1 KiB with credit 5,000 in a few seconds at most (was 15 s,
+    waiting for the 1 s tick between output buffers; ~0.3 s on an idle machine, 1.6 s seen
+    on a loaded 2-core one: the bound tells a tick-paced drain from a CPU-bound one)."""
     bodies = [b"%05d" % n + b"x" * 1019 for n in range(5000)]
     _fill(broker, "flush.backlog", bodies)
     consumer = ReadOnlyConsumer(broker.ports["amqp"], "flush.backlog", credit=5000)
@@ -133,4 +135,4 @@ def test_a_backlog_arrives_without_waiting_for_the_tick(broker: BrokerProcess) -
         consumer.close()
     assert len(consumer.bodies) == len(bodies), elapsed
     assert consumer.bodies == bodies
-    assert elapsed < 1.0
+    assert elapsed < 4.0

@@ -12,11 +12,15 @@ T = TypeVar("T")
 def wait_until(
     predicate: Callable[[], T],
     *,
-    timeout: float = 5.0,
+    timeout: float = 15.0,
     interval: float = 0.02,
     message: str = "condition",
 ) -> T:
-    """Return the first truthy value of `predicate()`, or fail after `timeout` seconds."""
+    """Return the first truthy value of `predicate()`, or fail after `timeout` seconds.
+
+    The default is generous (a loaded 2-core host held a writer process past 5 s): it
+    costs nothing when the condition comes, and every test is bounded by pytest-timeout.
+    """
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

@@ -1212,4 +1212,10 @@ def parse_selector(text: str) -> Selector:
         start += len(marker)
         marker = next((m for m in _MODE_MARKERS if text.startswith(m, start)), None)
     tokens = _Scanner(text, start, hyphenated=hyphenated).tokens()
-    return Selector(text, _Parser(text, tokens, convert=convert).selector())
+    try:
+        return Selector(text, _Parser(text, tokens, convert=convert).selector())
+    except RecursionError:
+        # Parsing and compiling recurse per level of nesting (parentheses, NOT, signs, a
+        # chain of + or *): 400 parentheses, in a 1 KiB attach or an HTTP filter, ended in
+        # an internal error (issue 15 attack). Refused like any selector that does not parse.
+        raise InvalidSelector(f"Invalid filter: nested too deeply: {text[:100]!r}") from None

@@ -569,3 +569,20 @@ def test_one_selector_serves_messages_and_dicts() -> None:
 def test_parsed_selectors_are_cached() -> None:
     """Parse once, evaluate many times: the same text gives the same Selector."""
     assert parse_selector("weight = 1") is parse_selector("weight = 1")
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "(" * 400 + "a = 1" + ")" * 400,
+        "NOT " * 2000 + "a = 1",
+        "a = " + " + ".join(["1"] * 5000),
+        "a = " + " * ".join(["2"] * 5000),
+    ],
+    ids=["parentheses", "not", "sum", "product"],
+)
+def test_a_selector_nested_past_the_recursion_limit_is_invalid(selector: str) -> None:
+    """Issue 15 attack, B-032: RecursionError escaped parse_selector (an internal error
+    at attach, a 500 over HTTP); it is an InvalidSelector like any that does not parse."""
+    with pytest.raises(InvalidSelector, match="Invalid filter: nested too deeply"):
+        parse_selector(selector)

@@ -184,6 +184,33 @@ def test_wrongly_typed_link_field_refuses_the_link_naming_it(
     assert not peer.connection.closed
 
 
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "(" * 400 + "a = 1" + ")" * 400,
+        "NOT " * 2000 + "a = 1",
+        "a = " + "- " * 2000 + "1",  # "--" would start a comment
+        "a = " + " + ".join(["1"] * 5000),
+    ],
+    ids=["parentheses", "not", "signs", "sum"],
+)
+def test_a_selector_nested_too_deeply_refuses_the_link_with_invalid_field(
+    peer: F.RawPeer, selector: str
+) -> None:
+    """Issue 15 attack, B-032: a selector nested past the parser's recursion (400
+    parentheses: a 1 KiB attach) was an internal error that closed the connection, with
+    a traceback in the log; now the link is refused with amqp:invalid-field."""
+    jms = {Symbol("jms"): Described(Symbol("apache.org:selector-filter:string"), selector)}
+    peer.opened()
+    peer.send(_consumer(_source(filter=F.enc(jms))))
+    code, error = _refusal(peer)
+    assert code == F.DETACH
+    assert error is not None
+    assert error[0] == "amqp:invalid-field"
+    assert "nested too deeply" in error[1]
+    assert not peer.connection.closed
+
+
 OPEN_FIELDS = [
     (
         [F.enc("c"), F.NULL, F.NULL, F.NULL, F.NULL, F.NULL, F.NULL, F.NULL, F.enc(UInt(9))],

@@ -150,6 +150,7 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         else:
             self._setup_sasl()
         self.transactions: dict[bytes, Transaction] = {}
+        self.kept_bytes = 0  # of the transactions' kept sends (transactions.py)
         self._links_per_session: dict[Any, int] = {}  # pn_session_t -> links not yet ended
         self.window = Window(ENGINE_WINDOW_BYTES)  # issue 15: shared by its consumers
         self._resume_from = 0
@@ -429,6 +430,7 @@ class AmqpConnection(_Attach, _Transactions, Engine):
             return
         self.closed = True
         transactions, self.transactions = self.transactions, {}
+        self.kept_bytes = 0
         for txn in transactions.values():
             self._rollback(txn, forced=True)  # B-143: before the links return the rest
         for link in list(self.consumers.values()):

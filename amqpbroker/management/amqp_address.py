@@ -137,14 +137,33 @@ def _routing_types(value: Any) -> set[RoutingType]:
     return out
 
 
+def _loads(text: str, what: str) -> Any:
+    """`text` as JSON, refused when a string in it is not Unicode text.
+
+    JSON escapes can spell lone surrogates (`"\\udc80"`), which no UTF-8 encoder takes: an
+    address created with one failed the journal's encoding (every durable send refused
+    until a restart) and every /metrics scrape (issue 15 attack).
+
+    Raises:
+        RequestError: not JSON, or a lone surrogate in a string.
+    """
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise RequestError(f"{what} is not valid JSON: {str(e)[:200]}") from None
+    try:  # ensure_ascii=False keeps the surrogates for the strict encoder to find
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError(f"{what} holds a string that is not Unicode text") from None
+    except (ValueError, RecursionError) as e:  # never expected: it was just parsed
+        raise RequestError(f"{what} is not valid JSON: {str(e)[:200]}") from None
+    return value
+
+
 def _json_object(value: Any, what: str) -> dict[str, Any]:
     """A JSON object given as its text (Artemis passes JSON arguments as strings)."""
     if isinstance(value, str):
-        text = value.strip() or "{}"
-        try:
-            value = json.loads(text)
-        except (ValueError, RecursionError) as e:
-            raise RequestError(f"{what} is not valid JSON: {e}") from None
+        value = _loads(value.strip() or "{}", what)
     if not isinstance(value, dict):
         raise RequestError(f"{what} must be a JSON object, not {_kind(value)}")
     return value
@@ -530,10 +549,7 @@ def _arguments(message: Message) -> Args:
         raise RequestError("the body must be an amqp-value string holding a JSON array")
     if not body.strip():
         return []
-    try:
-        args = json.loads(body)
-    except (ValueError, RecursionError) as e:
-        raise RequestError(f"the body is not a JSON array: {str(e)[:200]}") from None
+    args = _loads(body, "the body")
     if not isinstance(args, list):
         raise RequestError("the body must be a JSON array of the operation's arguments")
     return args

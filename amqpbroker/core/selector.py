@@ -74,6 +74,9 @@ _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _ID_PART = _LETTERS | _DIGITS
 _SINGLE_OPS = frozenset("=+-*/%(),")
 _EXPONENT = re.compile(r"[eE][+-]?[0-9]")
+# The longest decimal integer literal: Python's int() refuses more than 4300 digits
+# (sys.int_info.default_max_str_digits); a Java long has 19.
+_MAX_DECIMAL_DIGITS = 4300
 
 
 class _Token:
@@ -197,6 +200,9 @@ class _Scanner:
             if not set(text) <= set("01234567"):
                 raise self.fail(f"invalid octal literal {text!r}", start)
             return self.integer(start, int(text, 8))
+        if len(text) > _MAX_DECIMAL_DIGITS:
+            # int() refuses more (ValueError, an internal error at attach: issue 15 attack)
+            raise self.fail("integer literal out of range", start)
         return self.integer(start, int(text), decimal=True)
 
     def integer(self, start: int, value: int, *, decimal: bool = False) -> _Token:

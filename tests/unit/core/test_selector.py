@@ -312,6 +312,7 @@ def test_three_valued_logic(selector: str, truth: bool | None) -> None:
         "0x = 1",
         "1.5f = 1.5",
         "0xFFFFFFFFFFFFFFFF = 1",  # beyond a Java long
+        "a = " + "1" * 5000,  # issue 15 attack: int() refused it (ValueError)
         "größe = 1",  # identifiers are ASCII, as in Artemis's grammar
         "-- only a comment",
         "hyphenated_props:",

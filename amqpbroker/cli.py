@@ -31,12 +31,32 @@ if TYPE_CHECKING:
 log = logging.getLogger("amqpbroker")
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
+# Line breaks and other control characters, as escapes: a log line is one line.
+_LINE_ESCAPES = {
+    code: {"\n": "\\n", "\r": "\\r"}.get(chr(code), f"\\x{code:02x}")
+    for code in (*range(0x20), 0x7F, 0x85)
+    if code != 0x09
+} | {0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+class OneLineFormatter(logging.Formatter):
+    """Each record's message on one line: what a peer sends (a container-id, a link or
+    address name) is logged as it came, and a line break in it forged whole log lines,
+    `ERROR` included (issue 15 attack). A traceback keeps its own lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return super().formatMessage(record).translate(_LINE_ESCAPES)
+
+
 def _setup_logging(level: str) -> None:
     logging.basicConfig(
         level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        format=LOG_FORMAT,
         stream=sys.stderr,
     )
+    for handler in logging.getLogger().handlers:
+        handler.setFormatter(OneLineFormatter(LOG_FORMAT))
 
 
 def raise_descriptor_limit() -> None:

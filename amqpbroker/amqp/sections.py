@@ -1088,6 +1088,10 @@ def _list_head(buf: bytes, vpos: int) -> tuple[int, int]:
     return 0, vpos
 
 
+_TIMESTAMP_MIN: Final = -(2**63)  # an AMQP timestamp: i64 ms
+_TIMESTAMP_MAX: Final = 2**63 - 1
+
+
 def _absolute_expiry_time(buf: bytes, vpos: int, end: int) -> int | None:
     """Field 9 of the properties list, reached by skipping the first 8 (B-080)."""
     count, p = _list_head(buf, vpos)
@@ -1102,6 +1106,10 @@ def _absolute_expiry_time(buf: bytes, vpos: int, end: int) -> int | None:
         return None
     if type(value) is bool or not isinstance(value, int):
         raise SectionError(f"absolute-expiry-time is not a timestamp: {value!r}")
+    if not _TIMESTAMP_MIN <= value <= _TIMESTAMP_MAX:
+        # A ulong past a timestamp (i64 ms) failed the journal's encoding, and with it
+        # every durable send after it until a restart (issue 15 attack).
+        raise SectionError(f"absolute-expiry-time is out of the timestamp range: {value!r}")
     return int(value)
 
 

@@ -54,6 +54,7 @@ from amqpbroker.core import (
     WildcardConfig,
 )
 from amqpbroker.core.management import MANAGEMENT_ADDRESS
+from amqpbroker.core.names import is_text
 from amqpbroker.core.security import PERMISSIONS
 from amqpbroker.core.selector import parse_selector
 from amqpbroker.core.settings import (
@@ -148,6 +149,8 @@ def name_problem(name: str, what: str) -> str | None:
         return f"{what} name must not be empty"
     if any(ord(ch) < 0x20 for ch in name):
         return f"{what} name {name!r} contains a control character"
+    if not is_text(name):
+        return f"{what} name {name!r} is not Unicode text (a lone surrogate)"
     if name.count("::") > 1:
         return f"{what} name {name!r} has more than one '::'"
     return None

@@ -45,6 +45,7 @@ from amqpbroker.core.ids import MessageIds
 from amqpbroker.core.lifecycle import Emitter, EventLevel, Extra, Shape
 from amqpbroker.core.management import MANAGEMENT_ADDRESS, ManagementHandler
 from amqpbroker.core.model import (
+    LATEST_DELIVERY_MS,
     ConnectionId,
     ConsumerId,
     DeliveryId,
@@ -507,6 +508,8 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         now_ms = self.now_ms
         if delivery_delay_ms > 0 and not message.deliver_at_ms:
             message.deliver_at_ms = now_ms + delivery_delay_ms
+        if message.deliver_at_ms > LATEST_DELIVERY_MS:  # B-015: what the stores can hold
+            message.deliver_at_ms = LATEST_DELIVERY_MS
         if message.durable and self.persistence is not None and self.persistence.failure:
             raise ResourceLimitExceeded(
                 f"the broker cannot store durable messages: {self.persistence.failure}"

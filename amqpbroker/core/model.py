@@ -27,6 +27,11 @@ ConnectionId = NewType("ConnectionId", int)
 
 DEFAULT_PRIORITY = 4  # B-013: priority when the header or the field is absent
 DUPLICATE_ID = "_AMQ_DUPL_ID"  # B-012: the application property holding a duplicate id
+# B-015: the latest scheduled delivery time, epoch ms: a Java long, what the journal and
+# the page files store (i64). A later `x-opt-delivery-time` (a ulong) or a delay that
+# passes it is this time: it failed the journal's encoding, and with it every durable
+# send after it until a restart (issue 15 attack).
+LATEST_DELIVERY_MS = 2**63 - 1
 
 
 class RoutingType(enum.Enum):

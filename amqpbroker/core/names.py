@@ -26,11 +26,20 @@ class ParsedName:
 
 
 def validate_name(name: str, *, what: str = "address") -> None:
-    """Refuse empty names and control characters (B-150)."""
+    """Refuse empty names, control characters and lone surrogates (B-150)."""
     if not name:
         raise ClientError(f"{what} name must not be empty")
     if any(ord(ch) < 0x20 for ch in name):
         raise ClientError(f"{what} name {name!r} contains a control character")
+    if not is_text(name):
+        raise ClientError(f"{what} name {name!r} is not Unicode text (a lone surrogate)")
+
+
+def is_text(name: str) -> bool:
+    """Whether `name` has no lone surrogate, which JSON and YAML escapes can spell and no
+    UTF-8 encoder takes: the journal's records, page file names and /metrics labels
+    (issue 15 attack)."""
+    return not any(0xD800 <= ord(ch) <= 0xDFFF for ch in name)
 
 
 def advisory_characters(name: str) -> list[str]:

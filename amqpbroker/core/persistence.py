@@ -291,6 +291,19 @@ class Persistence:
         done = self._done(waiters, added) if waiters or added else None
         try:
             self.journal.append(records, sync=sync, on_durable=done)
+        except ValueError as e:
+            # A record the journal cannot encode (store's CodecError, a UnicodeEncodeError):
+            # nothing was written and the journal works. This step is refused as a failed
+            # append is; then, as after a journal that works again, the topology is
+            # journaled anew and durable sends are taken (issue 15 attack: three peer
+            # inputs, now refused where they enter, made every later durable send fail
+            # until a restart).
+            log.error("journal: this step's records cannot be encoded, refused: %s", e)
+            if done is None:
+                self._failed(e)
+            else:
+                done(e)
+            self.resumed()
         except Exception as e:  # closed or failed journal: refuse, never pretend
             if done is None:
                 self._failed(e)

@@ -74,6 +74,9 @@ _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _ID_PART = _LETTERS | _DIGITS
 _SINGLE_OPS = frozenset("=+-*/%(),")
 _EXPONENT = re.compile(r"[eE][+-]?[0-9]")
+# The longest decimal integer literal: Python's int() refuses more than 4300 digits
+# (sys.int_info.default_max_str_digits); a Java long has 19.
+_MAX_DECIMAL_DIGITS = 4300
 
 
 class _Token:
@@ -197,6 +200,9 @@ class _Scanner:
             if not set(text) <= set("01234567"):
                 raise self.fail(f"invalid octal literal {text!r}", start)
             return self.integer(start, int(text, 8))
+        if len(text) > _MAX_DECIMAL_DIGITS:
+            # int() refuses more (ValueError, an internal error at attach: issue 15 attack)
+            raise self.fail("integer literal out of range", start)
         return self.integer(start, int(text), decimal=True)
 
     def integer(self, start: int, value: int, *, decimal: bool = False) -> _Token:
@@ -780,11 +786,66 @@ def _like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
                 return lambda s: s.endswith(lit)
             case (True, False, True):
                 return lambda s: lit in s
-    regex = "".join(
-        ".*" if item is None else "." if item == "" else re.escape(item) for item in items
-    )
-    match = re.compile(regex, re.DOTALL).fullmatch
-    return lambda s: match(s) is not None
+    # The runs between '%'s: text, or a tuple of characters and None for '_'. A regex of
+    # `.*a.*a.*...b` backtracks exponentially: `'%a' * 8 + '%b'` against 40 a's took
+    # 6.4 s of the event loop, every connection stalled (issue 15 attack). The first run
+    # is matched at the start, the last at the end and each run between at its leftmost
+    # place after the one before: a '%' takes whatever lies between, so the leftmost
+    # place never loses a match. Linear in the string per run.
+    parts: list[tuple[str | None, ...]] = [()]
+    for item in items:
+        if item is None:
+            parts.append(())
+        else:
+            parts[-1] += tuple(item) if item else (None,)
+    runs = tuple(_Run(part) for part in parts)
+    return functools.partial(_like_runs, runs)
+
+
+class _Run:
+    """A run of a LIKE pattern between '%'s: characters, None for '_' (any one)."""
+
+    __slots__ = ("chars", "size", "text")
+
+    def __init__(self, chars: tuple[str | None, ...]) -> None:
+        self.chars = chars
+        self.size = len(chars)
+        # Without '_': the text itself, for str.startswith / endswith / find.
+        self.text = None if None in chars else "".join(ch for ch in chars if ch is not None)
+
+    def at(self, s: str, pos: int) -> bool:
+        """Whether the run matches `s` at `pos`."""
+        if pos < 0 or pos + self.size > len(s):
+            return False
+        if self.text is not None:
+            return s.startswith(self.text, pos)
+        return all(ch is None or s[pos + i] == ch for i, ch in enumerate(self.chars))
+
+    def find(self, s: str, start: int, end: int) -> int:
+        """The leftmost place of the run in `s[start:end]`, or -1."""
+        if self.text is not None:
+            return s.find(self.text, start, end)
+        for pos in range(start, end - self.size + 1):
+            if self.at(s, pos):
+                return pos
+        return -1
+
+
+def _like_runs(runs: tuple[_Run, ...], s: str) -> bool:
+    """LIKE over the runs between '%'s (`_like_matcher`)."""
+    first, last = runs[0], runs[-1]
+    if len(runs) == 1:
+        return len(s) == first.size and first.at(s, 0)
+    end = len(s) - last.size
+    if end < first.size or not first.at(s, 0) or not last.at(s, end):
+        return False
+    pos = first.size
+    for run in runs[1:-1]:
+        found = run.find(s, pos, end)
+        if found < 0:
+            return False
+        pos = found + run.size
+    return True
 
 
 # -- parser --------------------------------------------------------------------------------
@@ -1212,4 +1273,10 @@ def parse_selector(text: str) -> Selector:
         start += len(marker)
         marker = next((m for m in _MODE_MARKERS if text.startswith(m, start)), None)
     tokens = _Scanner(text, start, hyphenated=hyphenated).tokens()
-    return Selector(text, _Parser(text, tokens, convert=convert).selector())
+    try:
+        return Selector(text, _Parser(text, tokens, convert=convert).selector())
+    except RecursionError:
+        # Parsing and compiling recurse per level of nesting (parentheses, NOT, signs, a
+        # chain of + or *): 400 parentheses, in a 1 KiB attach or an HTTP filter, ended in
+        # an internal error (issue 15 attack). Refused like any selector that does not parse.
+        raise InvalidSelector(f"Invalid filter: nested too deeply: {text[:100]!r}") from None

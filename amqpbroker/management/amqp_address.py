@@ -38,7 +38,7 @@ from typing import Any, TypeGuard
 from amqpbroker import __version__
 from amqpbroker.amqp import sections
 from amqpbroker.amqp.sections import Described, ULong
-from amqpbroker.config import ConfigError, parse_config
+from amqpbroker.config import BrokerConfig, ConfigError, parse_config
 from amqpbroker.core import (
     Broker,
     BrokerError,
@@ -64,6 +64,13 @@ OPERATION = "_AMQ_OperationName"
 ATTRIBUTE = "_AMQ_Attribute"
 SUCCEEDED = "_AMQ_OperationSucceeded"
 MAX_REQUEST_BYTES = 1024 * 1024  # a request's JSON text; more is refused, not parsed
+# What one request hands the config loader (PyYAML in pure Python, on the event loop): a
+# queue configuration or an address-settings entry is a flat object of a few dozen
+# scalars. Within MAX_REQUEST_BYTES, 50,000 unknown keys took it 9 s (a "did you mean"
+# each) and nested lists ~30 s, every connection stalled (issue 15 attack); with these
+# bounds a request costs it ~50 ms at most.
+MAX_CONFIG_KEYS = 100
+MAX_CONFIG_BYTES = 64 * 1024
 _PROPERTIES, _APPLICATION_PROPERTIES, _AMQP_VALUE, _DATA = 0x73, 0x74, 0x77, 0x75
 _MAX_ID = 2**63 - 1
 
@@ -137,14 +144,33 @@ def _routing_types(value: Any) -> set[RoutingType]:
     return out
 
 
+def _loads(text: str, what: str) -> Any:
+    """`text` as JSON, refused when a string in it is not Unicode text.
+
+    JSON escapes can spell lone surrogates (`"\\udc80"`), which no UTF-8 encoder takes: an
+    address created with one failed the journal's encoding (every durable send refused
+    until a restart) and every /metrics scrape (issue 15 attack).
+
+    Raises:
+        RequestError: not JSON, or a lone surrogate in a string.
+    """
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise RequestError(f"{what} is not valid JSON: {str(e)[:200]}") from None
+    try:  # ensure_ascii=False keeps the surrogates for the strict encoder to find
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise RequestError(f"{what} holds a string that is not Unicode text") from None
+    except (ValueError, RecursionError) as e:  # never expected: it was just parsed
+        raise RequestError(f"{what} is not valid JSON: {str(e)[:200]}") from None
+    return value
+
+
 def _json_object(value: Any, what: str) -> dict[str, Any]:
     """A JSON object given as its text (Artemis passes JSON arguments as strings)."""
     if isinstance(value, str):
-        text = value.strip() or "{}"
-        try:
-            value = json.loads(text)
-        except (ValueError, RecursionError) as e:
-            raise RequestError(f"{what} is not valid JSON: {e}") from None
+        value = _loads(value.strip() or "{}", what)
     if not isinstance(value, dict):
         raise RequestError(f"{what} must be a JSON object, not {_kind(value)}")
     return value
@@ -158,6 +184,36 @@ def _kebab(key: str) -> str:
 def _loader_problems(e: ConfigError) -> str:
     """The config loader's messages without the meaningless file and line."""
     return "; ".join(f"{p.path}: {p.message}" for p in e.problems)
+
+
+def _flat_object(value: Any, what: str) -> dict[str, Any]:
+    """A queue configuration or an address-settings entry: a JSON object of at most
+    MAX_CONFIG_KEYS scalars (every key the loader takes there is one)."""
+    config = _json_object(value, what)
+    if len(config) > MAX_CONFIG_KEYS:
+        raise RequestError(f"{what} has more than {MAX_CONFIG_KEYS} keys")
+    for key, item in config.items():
+        if not _jsonable(item):
+            raise RequestError(
+                f"{what}: {key[:100]!r} must be a string, number, boolean or null, "
+                f"not {type(item).__name__}"
+            )
+    return config
+
+
+def _load(document: dict[str, Any]) -> BrokerConfig:
+    """`document` checked by the config loader (one place: its messages and refusals).
+
+    Raises:
+        RequestError: its problems, or a document over MAX_CONFIG_BYTES.
+    """
+    text = json.dumps(document)
+    if len(text) > MAX_CONFIG_BYTES:
+        raise RequestError(f"the configuration is over {MAX_CONFIG_BYTES} bytes")
+    try:
+        return parse_config(text)
+    except ConfigError as e:
+        raise RequestError(_loader_problems(e)) from None
 
 
 # -- queue operations (B-161) ---------------------------------------------------------
@@ -322,10 +378,7 @@ def _create_address(broker: Broker, args: Args) -> None:
     types = _routing_types(args[1])
     if name in broker.post_office.addresses:
         raise RequestError(f"address {name} already exists")
-    try:  # the loader's name rules (B-150), as for a configured address
-        parse_config(json.dumps({"addresses": [{"name": name}]}))
-    except ConfigError as e:
-        raise RequestError(_loader_problems(e)) from None
+    _load({"addresses": [{"name": name}]})  # the loader's name rules (B-150)
     if name == MANAGEMENT_ADDRESS or broker.settings.wildcards.has_wildcard(name):
         raise RequestError(f"cannot create address {name}")
     broker.create_address(name, types)
@@ -339,7 +392,7 @@ _CREATE_ONLY = ("name", "address", "routing-type", "auto-create-address", "auto-
 def _create_queue(broker: Broker, args: Args) -> str:
     """B-162 createQueue(queueConfigurationJSON[, ignoreIfExists]): checked by the config
     loader as a configured queue would be; answers the created queue's JSON."""
-    spec = {_kebab(k): v for k, v in _json_object(args[0], "queueConfiguration").items()}
+    spec = {_kebab(k): v for k, v in _flat_object(args[0], "queueConfiguration").items()}
     ignore = _flag(args[1], "ignoreIfExists") if len(args) > 1 else False
     name = _name(spec.get("name"), "name")
     address = _name(spec.get("address", name), "address")
@@ -358,10 +411,7 @@ def _create_queue(broker: Broker, args: Args) -> str:
     for key in _CREATE_ONLY:
         queue_keys.pop(key, None)
     document = {"addresses": [{"name": address, routing.lower(): [{"name": name, **queue_keys}]}]}
-    try:
-        config = parse_config(json.dumps(document))
-    except ConfigError as e:
-        raise RequestError(_loader_problems(e)) from None
+    config = _load(document)
     (queue_def,) = config.addresses[0].anycast or config.addresses[0].multicast
     queue = ops.create_queue(
         broker,
@@ -378,11 +428,8 @@ def _add_address_settings(broker: Broker, args: Args) -> None:
     """B-102/B-162: checked by the config loader as an address-settings entry; in effect
     until the broker stops (not written to the config file or the journal)."""
     match = _name(args[0], "match")
-    values = {_kebab(k): v for k, v in _json_object(args[1], "addressSettings").items()}
-    try:
-        config = parse_config(json.dumps({"address-settings": {match: values}}))
-    except ConfigError as e:
-        raise RequestError(_loader_problems(e)) from None
+    values = {_kebab(k): v for k, v in _flat_object(args[1], "addressSettings").items()}
+    config = _load({"address-settings": {match: values}})
     try:
         broker.settings.add(match, config.address_settings[match])
     except ValueError as e:  # the broker's own wildcard delimiters (B-101)
@@ -530,10 +577,7 @@ def _arguments(message: Message) -> Args:
         raise RequestError("the body must be an amqp-value string holding a JSON array")
     if not body.strip():
         return []
-    try:
-        args = json.loads(body)
-    except (ValueError, RecursionError) as e:
-        raise RequestError(f"the body is not a JSON array: {str(e)[:200]}") from None
+    args = _loads(body, "the body")
     if not isinstance(args, list):
         raise RequestError("the body must be a JSON array of the operation's arguments")
     return args

@@ -448,7 +448,9 @@ class ManagementApi:
             lambda: runner.create(
                 kind,
                 queue,
-                rate=float(rate),
+                # As sent: `create` bounds it before converting (an integer of 400 digits
+                # has no float, and float() here raised OverflowError: a 500).
+                rate=rate,
                 filter=selector,
                 ids=ids,
                 expect=expect,

@@ -57,7 +57,7 @@ from proton import (
 )
 
 from amqpbroker.amqp import sections
-from amqpbroker.amqp.frames import frame
+from amqpbroker.amqp.frames import AMQP_HEADER, frame
 from amqpbroker.core import ClientError, Window
 from amqpbroker.protocol.attach import _Attach
 from amqpbroker.protocol.peer import data_at, read_symbol_map, read_symbols, read_text
@@ -142,11 +142,15 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         self.security_enabled = sasl is not None
         self.user: str | None = None
         self._roles: frozenset[str] = frozenset()
+        # After the broker's sasl-outcome the first bytes must be the AMQP header (AMQP 1.0
+        # §5.3.2): the start of what came so far; None once checked (or no broker SASL).
+        self._after_outcome: bytes | None = b"" if sasl is not None else None
         if sasl is not None:
             self.sasl = sasl(self._authenticated, self._sasl_failed)
         else:
             self._setup_sasl()
         self.transactions: dict[bytes, Transaction] = {}
+        self.kept_bytes = 0  # of the transactions' kept sends (transactions.py)
         self._links_per_session: dict[Any, int] = {}  # pn_session_t -> links not yet ended
         self.window = Window(ENGINE_WINDOW_BYTES)  # issue 15: shared by its consumers
         self._resume_from = 0
@@ -256,6 +260,9 @@ class AmqpConnection(_Attach, _Transactions, Engine):
             sasl.feed(data)  # the bytes after a successful outcome go to _authenticated
             self.shell.dirty.add(self)
             return
+        if self._after_outcome is not None:
+            self._first_after_outcome(data)
+            return
         self._push(data)
 
     def _authenticated(self, identity: Identity, rest: bytes) -> None:
@@ -264,7 +271,26 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         self._roles = self.shell.roles_for(identity.user)
         self.shell.dirty.add(self)
         if rest:
-            self._push(rest)
+            self._first_after_outcome(rest)
+
+    def _first_after_outcome(self, data: bytes) -> None:
+        """The bytes after the broker's sasl-outcome: the engine gets them only once they
+        start with the AMQP header. Proton, which has no SASL layer of its own here, would
+        otherwise run a second SASL exchange (for a SASL header it offered ANONYMOUS and
+        let it in) or guess at another protocol (issue 15 attack)."""
+        head = (self._after_outcome or b"") + data
+        start = head[: len(AMQP_HEADER)]
+        if not AMQP_HEADER.startswith(start):
+            self._after_outcome = None
+            self._push(AMQP_HEADER)  # the engine answers in AMQP: its header, then the close
+            self._framing_error("expected the AMQP protocol header after the SASL outcome")
+            self.shell.dirty.add(self)
+            return
+        if len(start) < len(AMQP_HEADER):
+            self._after_outcome = head  # at most 7 bytes, until the rest of the header
+            return
+        self._after_outcome = None
+        self._push(head)
 
     def _sasl_failed(self, why: str) -> None:
         self.shell.auth_failures += 1
@@ -412,6 +438,7 @@ class AmqpConnection(_Attach, _Transactions, Engine):
             return
         self.closed = True
         transactions, self.transactions = self.transactions, {}
+        self.kept_bytes = 0
         for txn in transactions.values():
             self._rollback(txn, forced=True)  # B-143: before the links return the rest
         for link in list(self.consumers.values()):

@@ -53,6 +53,12 @@ _DECLARE = (0x31, "amqp:declare:list")
 _DISCHARGE = (0x32, "amqp:discharge:list")
 UNKNOWN_ID = "amqp:transaction:unknown-id"
 MAX_TRANSACTIONS = 1024  # declared and not yet discharged, per connection (issue 15)
+# The message bytes a connection's open transactions may keep until their discharge
+# (issue 15 attack): kept sends are held in memory, outside every address limit and the
+# global max size, so a peer that never discharged grew the broker without bound (540 MB
+# from one connection). A send past it is refused with resource-limit-exceeded and its
+# transaction can only roll back (B-154 style), so that a commit never routes a part.
+MAX_TRANSACTION_BYTES = 64 * 1024 * 1024
 # Transaction ids are unique in the broker process, not per connection: the event log's
 # `txn` (B-170) must tell two connections' transactions apart.
 _TXN_IDS = itertools.count(1)
@@ -75,6 +81,8 @@ class Transaction:
     sends: list[Callable[[], None]] = field(default_factory=list)
     # (consumer, delivery id, the unsettled wire delivery or None when settled)
     acks: list[tuple[ConsumerId, DeliveryId, Delivery | None]] = field(default_factory=list)
+    kept_bytes: int = 0  # of `sends`, counted in the connection's `kept_bytes`
+    rollback_only: str | None = None  # why a send was refused: the commit rolls back
 
 
 def control_request(raw: bytes) -> tuple[str, list[Any]]:
@@ -174,6 +182,7 @@ class _Transactions:
     broker: Broker
     id: ConnectionId
     transactions: dict[bytes, Transaction]
+    kept_bytes: int  # of the kept sends of every open transaction (MAX_TRANSACTION_BYTES)
     # the other part's (transfers.py)
     _publish: Callable[[ProducerLink, bytes], None]
     _stored: Callable[[Delivery, BaseException | None], None]
@@ -195,10 +204,14 @@ class _Transactions:
             txn = self.transactions.pop(named, None) if named is not None else None
             if txn is None:
                 raise ControlError(UNKNOWN_ID, f"unknown transaction {named!r}")
+            self.kept_bytes -= txn.kept_bytes
             if len(fields) > 1 and fields[1]:
                 self._rollback(txn, forced=False)
                 delivery.update(Delivery.ACCEPTED)
                 delivery.settle()
+            elif txn.rollback_only is not None:
+                self._rollback(txn, forced=False)
+                answer_rejected(delivery, "amqp:transaction:rollback", txn.rollback_only)
             else:
                 self._commit(txn, delivery)
         except ControlError as e:
@@ -216,6 +229,16 @@ class _Transactions:
         except sections.SectionError as e:
             answer_rejected(delivery, "amqp:decode-error", str(e))
             return
+        if self.kept_bytes + len(raw) > MAX_TRANSACTION_BYTES:
+            why = (
+                f"the open transactions of this connection keep more than "
+                f"{MAX_TRANSACTION_BYTES} bytes of messages: discharge them first"
+            )
+            txn.rollback_only = why
+            answer_rejected(delivery, "amqp:resource-limit-exceeded", why)
+            return
+        txn.kept_bytes += len(raw)
+        self.kept_bytes += len(raw)
         txn.sends.append(functools.partial(self._publish, producer, raw))
         answer_transactional_accepted(delivery, txn.id)
 

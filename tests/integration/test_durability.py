@@ -243,3 +243,38 @@ def test_journal_metrics_show_syncs_and_size(
         )
     finally:
         assert broker.stop() == 0, broker.log()
+
+
+@pytest.mark.parametrize(
+    "annotation",
+    [
+        {"x-opt-delivery-time": 2**64 - 1},  # a ulong past the journal's i64
+        {"x-opt-delivery-delay": 2**63 - 1},  # receipt time + a long: past it too
+    ],
+)
+def test_a_delivery_time_past_a_long_is_stored_and_later_durable_sends_too(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess], annotation: dict[str, int]
+) -> None:
+    """Issue 15 attack, B-015/B-095: one durable message scheduled past what the journal
+    stores (i64 ms) failed the journal's encoding, and from then on every durable send on
+    every connection was refused (resource-limit-exceeded) until a restart. Now it is
+    scheduled at the latest time a long holds; other sends are stored; both survive."""
+    from proton import symbol, ulong
+
+    broker = spawn(tmp_path, _config())
+    key, value = next(iter(annotation.items()))
+    conn = connect(broker.url)
+    try:
+        sender = conn.create_sender("far", options=QUEUE)
+        sender.send(Message(body="far", durable=True, annotations={symbol(key): ulong(value)}))
+    finally:
+        conn.close()
+    _send(broker, "orders", "after")  # SendException (rejected) before the fix
+    assert broker.stop() == 0, broker.log()
+    broker = spawn(tmp_path, _config())
+    try:
+        assert _drain(broker, "orders") == [("after", 0)]
+        assert _drain(broker, "far", timeout=0.5) == []  # still scheduled
+        assert "recovered 2 messages" in broker.log()
+    finally:
+        assert broker.stop() == 0, broker.log()

@@ -693,6 +693,9 @@ def test_long_descriptor_forms_are_understood(descriptor: bytes) -> None:
         (_section(HEADER, [True, None, None, "yes"]), "first-acquirer"),
         (_section(HEADER, [True, None, None, None, proton.ulong(2**32)]), "delivery-count"),
         (_section(PROPS, [None] * 8 + ["soon"]), "absolute-expiry-time"),
+        # Issue 15 attack: a ulong past a timestamp failed the journal for good.
+        (_section(PROPS, [None] * 8 + [proton.ulong(2**63)]), "timestamp range"),
+        (_section(PROPS, [None] * 8 + [proton.ulong(2**64 - 1)]), "timestamp range"),
         (b"\x00\x53\x77\x00" * 5000, "deeper than 32 levels"),  # described in described
         (b"\x00\x53\x77\xff", "invalid constructor"),
         (b"\x00\x53\x77\xb0\xff\xff\xff\xff", "past the end"),

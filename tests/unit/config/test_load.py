@@ -349,6 +349,11 @@ ERRORS = [
         'addresses:\n  - name: "a\\u0001b"\n',
         "b.yaml:2: addresses[0].name: address name 'a\\x01b' contains a control character",
     ),
+    (  # issue 15 attack: no UTF-8 encoder takes it (journal, metrics labels)
+        'addresses:\n  - name: "a\\udc80"\n',
+        "b.yaml:2: addresses[0].name: address name 'a\\udc80' is not Unicode text (a lone "
+        "surrogate)",
+    ),
     (
         "addresses:\n  - name: 'a::b::c'\n",
         "b.yaml:2: addresses[0].name: address name 'a::b::c' has more than one '::'",

@@ -316,6 +316,43 @@ def test_a_step_nobody_waits_on_is_appended_without_a_callback() -> None:
     assert isinstance(persistence.failure, OSError)
 
 
+def test_a_step_the_journal_cannot_encode_is_refused_alone() -> None:
+    """Issue 15 attack (B-095): a record the journal cannot encode (a value past i64, a
+    lone surrogate) raised from `append` and failed persistence for good: every later
+    durable send was refused until a restart. Now that step alone is refused (its
+    producer told, its message killed) and the next durable send is stored, with the
+    topology journaled anew."""
+    from amqpbroker.store.codec import CodecError
+
+    h, journal, persistence = _harness()
+    target = h.producer("q", "queue")
+
+    class Unencodable(FakeJournal):
+        """Takes the topology, not the message (a field of it past i64)."""
+
+        def append(
+            self, records: Sequence[Record], *, sync: bool, on_durable: OnStored | None = None
+        ) -> None:
+            if any(isinstance(r, AddMessage) for r in records):
+                raise CodecError("integer out of the i64 range: 18446744073709551615")
+            journal.append(records, sync=sync, on_durable=on_durable)
+
+    persistence.journal = Unencodable()
+    h.send(target, b"refused", durable=True)
+    answers: list[BaseException | None] = []
+    persistence.when_stored(answers.append)
+    _step(persistence)
+    assert [type(a) for a in answers] == [CodecError]
+    assert persistence.failure is None
+    persistence.journal = journal
+    h.send(target, b"stored", durable=True)  # ResourceLimitExceeded before
+    _step(persistence)
+    journal.complete()
+    assert any(isinstance(r, AddQueue) and r.name == "q" for r in journal.records())
+    c = h.consumer("q", "queue")
+    assert [d.message.data for d in h.take(c)] == [b"stored"]
+
+
 def test_a_resumed_journal_accepts_durable_sends_and_still_knows_their_queue() -> None:
     """Issue 15 item 2 (B-095): the first send to an auto-created queue fails with the
     disk, and its AddQueue with it; once the journal works again, durable sends are

@@ -312,6 +312,7 @@ def test_three_valued_logic(selector: str, truth: bool | None) -> None:
         "0x = 1",
         "1.5f = 1.5",
         "0xFFFFFFFFFFFFFFFF = 1",  # beyond a Java long
+        "a = " + "1" * 5000,  # issue 15 attack: int() refused it (ValueError)
         "größe = 1",  # identifiers are ASCII, as in Artemis's grammar
         "-- only a comment",
         "hyphenated_props:",
@@ -569,3 +570,51 @@ def test_one_selector_serves_messages_and_dicts() -> None:
 def test_parsed_selectors_are_cached() -> None:
     """Parse once, evaluate many times: the same text gives the same Selector."""
     assert parse_selector("weight = 1") is parse_selector("weight = 1")
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "(" * 400 + "a = 1" + ")" * 400,
+        "NOT " * 2000 + "a = 1",
+        "a = " + " + ".join(["1"] * 5000),
+        "a = " + " * ".join(["2"] * 5000),
+    ],
+    ids=["parentheses", "not", "sum", "product"],
+)
+def test_a_selector_nested_past_the_recursion_limit_is_invalid(selector: str) -> None:
+    """Issue 15 attack, B-032: RecursionError escaped parse_selector (an internal error
+    at attach, a 500 over HTTP); it is an InvalidSelector like any that does not parse."""
+    with pytest.raises(InvalidSelector, match="Invalid filter: nested too deeply"):
+        parse_selector(selector)
+
+
+def test_like_agrees_with_a_regex_on_every_small_case() -> None:
+    """Issue 15 attack: LIKE no longer compiles to a backtracking regex; over every
+    pattern of up to 4 of `a`, `b`, `%`, `_` and every string of up to 4 of `a`, `b` it
+    answers as the anchored regex did."""
+    import itertools
+    import re
+
+    from amqpbroker.core.selector import _like_matcher
+
+    def strings(alphabet: str, most: int) -> list[str]:
+        return ["".join(p) for n in range(most + 1) for p in itertools.product(alphabet, repeat=n)]
+
+    texts = strings("ab", 4)
+    for pattern in strings("ab%_", 4):
+        regex = "".join({"%": ".*", "_": "."}.get(ch, ch) for ch in pattern)
+        expected = re.compile(regex, re.DOTALL).fullmatch
+        match = _like_matcher(pattern, None)
+        for text in texts:
+            assert match(text) == (expected(text) is not None), (pattern, text)
+
+
+@pytest.mark.timeout(30)
+def test_like_with_many_wildcards_is_linear_not_exponential() -> None:
+    """Issue 15 attack: `'%a' * 8 + '%b'` against 40 a's took 6.4 s of the event loop as
+    a regex (a consumer's selector stalled every connection); 30 of them against 100,000
+    characters now answer at once."""
+    selector = parse_selector("p LIKE '" + "%a" * 30 + "%b'")
+    assert selector.matches(Message(b"", application_properties={"p": "a" * 100_000})) is False
+    assert selector.matches(Message(b"", application_properties={"p": "a" * 100 + "b"})) is True

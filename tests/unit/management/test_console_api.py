@@ -205,6 +205,9 @@ def test_retry_with_a_rate_is_a_task_listed_and_cancellable() -> None:
     for bad in (
         {"kind": "x", "queue": "DLQ.orders", "rate": 1},
         {"kind": "retry", "queue": "DLQ.orders", "rate": True},
+        # An integer with no float (OverflowError in float()) was a 500 (issue 15 attack).
+        {"kind": "retry", "queue": "DLQ.orders", "rate": 10**400},
+        {"kind": "retry", "queue": "DLQ.orders", "rate": -(10**400)},
     ):
         assert call(api, "POST", "/api/v1/tasks", body=bad).status == HTTPStatus.BAD_REQUEST
 

@@ -24,6 +24,7 @@ from proton import (
     Terminus,
     Transport,
 )
+from support import frames as F
 
 from amqpbroker.core import Broker, LifecycleEvent, ManualClock, SettingsRepository
 from amqpbroker.protocol import AmqpConnection, Shell, connection, moves
@@ -779,6 +780,76 @@ def test_security_disabled_is_explicit_and_no_roles_before_authentication(
     assert (secured.user, secured.roles) == ("u", frozenset({"app"}))
     assert secured.opened
     assert secured.container_id == "pipelined"
+
+
+def _plain_secured(shell: Shell) -> AmqpConnection:
+    """A connection with the broker's SASL layer (security on) whose checks pass at once."""
+    from amqpbroker.protocol.sasl import Credentials, SaslServer
+
+    def verify(credentials: Credentials, done: Any) -> Any:
+        done(credentials.authcid or "")
+        return lambda: None
+
+    def sasl(authenticated: Any, failed: Any) -> SaslServer:
+        return SaslServer(
+            mechanisms=("PLAIN",),
+            verify=verify,
+            peer_cn=None,
+            on_authenticated=authenticated,
+            on_failure=failed,
+        )
+
+    return AmqpConnection(shell, peer="memory", sasl=sasl)
+
+
+@pytest.mark.parametrize("split", [False, True])
+@pytest.mark.parametrize(
+    "after",
+    [
+        # A second SASL layer: proton offered ANONYMOUS and let it in (issue 15 attack).
+        b"AMQP\x03\x01\x00\x00",
+        b"AMQP\x02\x01\x00\x00",  # TLS after SASL
+        b"AMQP\x00\x02\x00\x00",  # another AMQP version
+        b"GET / HTTP/1.1\r\n\r\n",
+    ],
+)
+def test_after_the_sasl_outcome_only_the_amqp_header_is_taken(
+    shell: Shell, after: bytes, split: bool
+) -> None:
+    """Issue 15 attack, AMQP 1.0 §5.3.2: after the broker's sasl-outcome the peer must send
+    the AMQP header; anything else (a second SASL header included, also a byte at a time)
+    closes the connection with amqp:connection:framing-error before the engine reads it."""
+    from amqpbroker.protocol.sasl import SASL_HEADER
+
+    secured = _plain_secured(shell)
+    init = F.frame(F.sasl_init("PLAIN", b"\x00u\x00p"), kind=1)
+    rest = after + F.frame(F.sasl_init("ANONYMOUS"), kind=1) + F.AMQP_HEADER
+    rest += F.frame(F.open_("second"))
+    pieces = [SASL_HEADER + init, *(bytes([b]) for b in rest)]
+    if not split:
+        pieces = [b"".join(pieces)]
+    received = b""
+    for piece in pieces:
+        secured.feed(piece)
+        received += secured.output()
+    assert secured.user == "u"
+    assert not secured.opened
+    assert secured.finished
+    after_outcome = received[received.index(b"AMQP\x00") :] if b"AMQP\x00" in received else b""
+    assert F.close_condition(after_outcome) == "amqp:connection:framing-error", received
+    assert SASL_HEADER not in received[len(SASL_HEADER) :]  # no second SASL exchange
+
+
+def test_the_amqp_header_after_the_sasl_outcome_may_come_a_byte_at_a_time(shell: Shell) -> None:
+    """Issue 15 attack: the header check waits for the whole header, then the engine opens."""
+    from amqpbroker.protocol.sasl import SASL_HEADER
+
+    secured = _plain_secured(shell)
+    secured.feed(SASL_HEADER + F.frame(F.sasl_init("PLAIN", b"\x00u\x00p"), kind=1))
+    for byte in F.AMQP_HEADER + F.frame(F.open_("slow")):
+        secured.feed(bytes([byte]))
+    assert secured.opened
+    assert secured.container_id == "slow"
 
 
 # -- issue 15: the write window of a consumer that does not read --------------------------

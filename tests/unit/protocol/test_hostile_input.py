@@ -17,7 +17,7 @@ from support import frames as F
 
 from amqpbroker.amqp.sections import MAX_DEPTH, Described, Symbol, UInt, ULong
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
-from amqpbroker.protocol import AmqpConnection, Shell, moves
+from amqpbroker.protocol import AmqpConnection, Shell, moves, transactions
 
 LYING_ARRAY = b"\xe0\x08\x09\xa3\x05queue"  # array8, count 9, one symbol (the issue's input)
 NOT_UTF8 = b"\xa1\x03\xff\xfe\xfd"
@@ -181,6 +181,33 @@ def test_wrongly_typed_link_field_refuses_the_link_naming_it(
     assert code == F.DETACH
     assert error is not None
     assert (error[0], error[1].split(":")[0]) == (condition, field)
+    assert not peer.connection.closed
+
+
+@pytest.mark.parametrize(
+    "selector",
+    [
+        "(" * 400 + "a = 1" + ")" * 400,
+        "NOT " * 2000 + "a = 1",
+        "a = " + "- " * 2000 + "1",  # "--" would start a comment
+        "a = " + " + ".join(["1"] * 5000),
+    ],
+    ids=["parentheses", "not", "signs", "sum"],
+)
+def test_a_selector_nested_too_deeply_refuses_the_link_with_invalid_field(
+    peer: F.RawPeer, selector: str
+) -> None:
+    """Issue 15 attack, B-032: a selector nested past the parser's recursion (400
+    parentheses: a 1 KiB attach) was an internal error that closed the connection, with
+    a traceback in the log; now the link is refused with amqp:invalid-field."""
+    jms = {Symbol("jms"): Described(Symbol("apache.org:selector-filter:string"), selector)}
+    peer.opened()
+    peer.send(_consumer(_source(filter=F.enc(jms))))
+    code, error = _refusal(peer)
+    assert code == F.DETACH
+    assert error is not None
+    assert error[0] == "amqp:invalid-field"
+    assert "nested too deeply" in error[1]
     assert not peer.connection.closed
 
 
@@ -485,6 +512,48 @@ def test_declares_beyond_1024_open_transactions_are_rejected(peer: F.RawPeer) ->
     peer.send(F.frame(F.transfer(delivery_id=1026, tag=b"n"), payload=F.declare()))
     assert len(peer.connection.transactions) == 1024
     assert len(peer.errors()) == 1
+
+
+def test_open_transactions_keep_a_bounded_number_of_bytes_and_commit_all_or_nothing(
+    peer: F.RawPeer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15 attack: the sends a transaction keeps until its discharge were held
+    without a bound (540 MB from one connection that never discharged). Past the
+    connection's MAX_TRANSACTION_BYTES a send is refused with resource-limit-exceeded,
+    its transaction can only roll back (nothing of it is routed), and the bytes are
+    freed at the discharge: the next transaction commits."""
+    monkeypatch.setattr(transactions, "MAX_TRANSACTION_BYTES", 5000)
+    peer.opened()
+    coordinator = F.attach("txn", role_receiver=False, source=F.source("s"), target=F.coordinator())
+    producer = F.attach("p", handle=1, role_receiver=False, source=F.source("s"), target=_target())
+    peer.send(F.frame(coordinator), F.frame(producer))
+    ids = iter(range(100))
+
+    def declared() -> bytes:
+        peer.send(F.frame(F.transfer(delivery_id=next(ids), tag=b"d"), payload=F.declare()))
+        return list(peer.connection.transactions)[-1]
+
+    def send_in(txn: bytes, count: int) -> None:
+        state = F.Node(transactions.TRANSACTIONAL_STATE, [F.enc(txn)])
+        for _ in range(count):
+            n = next(ids)
+            transfer = F.transfer(handle=1, delivery_id=n, tag=b"%d" % n, state=state)
+            peer.send(F.frame(transfer, payload=F.message("x" * 1000)))
+
+    txn = declared()
+    send_in(txn, 6)  # ~1 KB each: the 5th passes the 5,000 bytes
+    assert [e for _, e in peer.errors()][-1][0] == "amqp:resource-limit-exceeded"
+    peer.send(F.frame(F.transfer(delivery_id=next(ids), tag=b"c"), payload=F.discharge(txn)))
+    assert [e for _, e in peer.errors()][-1][0] == "amqp:transaction:rollback"
+    assert peer.connection.broker.queues["q"].message_count == 0  # all or nothing
+    assert peer.connection.kept_bytes == 0
+    txn = declared()
+    send_in(txn, 3)
+    errors = len(peer.errors())
+    peer.send(F.frame(F.transfer(delivery_id=next(ids), tag=b"c2"), payload=F.discharge(txn)))
+    assert len(peer.errors()) == errors  # committed
+    assert peer.connection.broker.queues["q"].message_count == 3
+    assert not peer.connection.closed
 
 
 def test_unknown_protocol_bytes_are_not_logged(

@@ -24,6 +24,9 @@ back (`max-read-page-bytes` / `max-read-page-messages`, Artemis's names and defa
 the queue's in-memory part has room for them; a message read back is an ordinary
 reference from then on (priorities, delivery counts, redelivery, expiry, filters and
 dead letters as for any other). Counts include paged messages (Artemis messageCount).
+A drain (B-037) is not answered while paged messages it could take remain: with memory
+at the read limits, a step is read beyond them for it, up to the draining consumers'
+credit (`Queue._drain_allowance`, docs/decisions.md).
 
 Reading back happens on the event loop, so it goes in steps of at most
 `READ_STEP_BYTES` / `READ_STEP_MESSAGES` per call (memory still fills up to

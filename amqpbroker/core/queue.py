@@ -700,7 +700,15 @@ class Queue:
             browsers = [c for c in consumers if c.browser and c.credit > 0 and c.window.room > 0]
             if browsers:
                 self._browse(browsers, out)
-        if self._ready and not self.paused:
+        # Nothing ready in memory, yet paged messages: `_deliver` reads them back (a drain
+        # beyond the read limits, `_drain_allowance`), as far as memory or credit allows.
+        kind = self.kind
+        paged = (
+            pages is not None
+            and pages.messages > 0
+            and (kind is None or not kind.non_destructive)  # its `deliver` reads no pages
+        )
+        if (self._ready or paged) and not self.paused:
             active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
             policy = self.policy
             if active and (
@@ -716,10 +724,35 @@ class Queue:
                 and consumer.credit > 0
                 and consumer.window.room > 0
                 and (consumer.page_mark is None or not consumer.page_mark.walking)
+                and not self._reading_on()
             ):
                 consumer.credit = 0
                 consumer.drain = False
                 out.append(Drained(consumer.id))
+
+    def _reading_on(self) -> bool:
+        """Whether a read back of paged messages stopped at a step of expired ones and
+        goes on next loop turn (`expire_paged`, armed for now): a drain waits for it
+        (issue 23: it was answered while live paged messages remained behind them)."""
+        pages = self.pages
+        return (
+            pages is not None
+            and pages.messages > 0
+            and 0 < self._page_expiry_ms <= self._owner.now_ms
+        )
+
+    def _drain_allowance(self, active: list[Consumer]) -> int:
+        """How many messages a read back may take beyond max-read-page-bytes/-messages
+        for this dispatch: the credit of the draining consumers (docs/decisions.md,
+        "A drain reads paged messages beyond the read limits"). A drain spends its credit
+        on every available message before it is answered (AMQP 1.0 2.6.7), and paged
+        messages are available; what is read for it is delivered at once, so memory
+        grows by what the consumers' credit holds, as for an unpaged queue."""
+        allowance = 0
+        for consumer in active:
+            if consumer.drain:
+                allowance += consumer.credit
+        return allowance
 
     def _hand_over(self, consumer: Consumer, ref: Ref, out: list[Effect]) -> None:
         """`dispatch` for the commonest cases (issue 20): `ref`, just added or just returned
@@ -770,13 +803,24 @@ class Queue:
         policy = self.policy  # B-122/B-127/B-128 (core/dispatch.py); None: a plain queue
         ranked = self._prioritized
         owner_ms = self._owner
+        allowance = -1  # beyond the read limits, for a drain (`_drain_allowance`)
         while active:
             ref = self._pop_next() if self._ready else None
             if ref is None:
                 pages = self.pages
-                if pages is not None and pages.messages and self._depage(empty=True):
-                    continue  # B-151 PAGE: the next slice of the page files
-                break
+                if pages is None or not pages.messages:
+                    break
+                if allowance < 0:
+                    allowance = self._drain_allowance(active)
+                # B-151 PAGE: the next slice of the page files; a drain goes beyond the
+                # limits only while nothing read waits in memory (a selector's misses
+                # stop it: memory never fills with what no drainer takes)
+                beyond = allowance if skipped is None else 0
+                kept = self._depage(empty=True, beyond=beyond)
+                if not kept:
+                    break
+                allowance = max(0, allowance - kept)
+                continue
             message = ref.message
             expiration = message.expiration_ms
             if expiration and owner_ms.now_ms >= expiration and self.expire(ref, popped=True):
@@ -1262,27 +1306,36 @@ class Queue:
         if self.consumers:
             self.dispatch(out)
 
-    def _depage(self, *, empty: bool = False) -> bool:
+    def _depage(self, *, empty: bool = False, beyond: int = 0) -> int:
         """Read paged messages back up to max-read-page-bytes and -messages in memory, once
         the queue's memory is under half of them (or nothing is ready: `empty`), so that
         they come back in slices, not one file read per message; durable ones are
         journaled as they come in, with the page cursor, in one append
-        (core/persistence.py `page_read`)."""
+        (core/persistence.py `page_read`). `beyond`: with memory at the limits, a step
+        of at most this many is read anyway (a drain, `_drain_allowance`). How many
+        were kept (read and not expired)."""
         pages = self.pages
         assert pages is not None
         settings = self.settings()
         max_bytes, max_messages = settings.max_read_page_bytes, settings.max_read_page_messages
         size, count = self.size_bytes, self.memory_count
         if 0 <= max_bytes <= size or 0 <= max_messages <= count:
-            return False
-        if not empty and (0 <= max_bytes < 2 * size or 0 <= max_messages < 2 * count):
-            return False
-        messages = pages.read(  # a step at a time: the loop is not held (core/paging.py)
-            max_bytes=min(max_bytes - size, READ_STEP_BYTES) if max_bytes >= 0 else READ_STEP_BYTES,
-            max_messages=min(max_messages - count, READ_STEP_MESSAGES)
-            if max_messages >= 0
-            else READ_STEP_MESSAGES,
-        )
+            if beyond <= 0:
+                return 0
+            read_bytes, read_messages = READ_STEP_BYTES, min(beyond, READ_STEP_MESSAGES)
+        elif not empty and (0 <= max_bytes < 2 * size or 0 <= max_messages < 2 * count):
+            return 0
+        else:
+            read_bytes = (
+                min(max_bytes - size, READ_STEP_BYTES) if max_bytes >= 0 else READ_STEP_BYTES
+            )
+            read_messages = (
+                min(max_messages - count, READ_STEP_MESSAGES)
+                if max_messages >= 0
+                else READ_STEP_MESSAGES
+            )
+        # a step at a time: the loop is not held (core/paging.py)
+        messages = pages.read(max_bytes=read_bytes, max_messages=read_messages)
         store = self.store
         kind = self.kind
         now_ms = self._owner.now_ms
@@ -1315,7 +1368,7 @@ class Queue:
                     consumer.page_mark = None  # back at the read cursor
         if messages and not kept and pages.messages:
             self._arm_page_expiry(now_ms)  # a step of expired ones: the next, next turn
-        return kept > 0
+        return kept
 
     def attach_pages(self, pages: PageStore) -> None:
         """The queue's page files, opened (first paging, or found by a restart): what they

@@ -1195,3 +1195,74 @@ def test_a_non_matching_browsers_walk_is_a_step_per_loop_turn_while_a_producer_p
     h._collect()
     got = [_decode(d.message.data) for d in h.take(browser)]
     assert got == [f"message-{i:05d}" for i in range(n, n + 10)]
+
+
+def test_a_drain_takes_paged_messages_beyond_the_read_limits_before_it_is_answered(
+    files: PageFiles,
+) -> None:
+    """B-037/B-151 (issue 23 fix 1): with the queue's memory at max-read-page-bytes held
+    by unsettled deliveries and paged messages left, a drain was answered "drained" (its
+    credit spent on nothing) while messages waited on disk. A drain uses its credit for
+    every available message first (AMQP 1.0 2.6.7): paged ones are read back for it,
+    beyond the read limits, then it is answered once the queue has no more."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 200)
+    c = h.consumer("q", "queue", credit=0)
+    h.broker.set_credit(c, 150, drain=True)
+    first = h.take(c)
+    assert [_decode(d.message.data) for d in first] == [f"message-{i:05d}" for i in range(150)]
+    assert h.drained == []  # its credit went on messages, not on a "drained"
+    h.broker.set_credit(c, 100, drain=True)  # none settled yet: memory still full
+    rest = h.take(c)
+    assert [_decode(d.message.data) for d in rest] == [f"message-{i:05d}" for i in range(150, 200)]
+    assert h.drained == [c]  # the queue had no more: answered
+    for d in first + rest:
+        h.broker.settle(c, d.delivery, ACCEPTED)
+    assert h.queue("q").message_count == 0
+
+
+def test_a_drain_without_a_drain_flag_still_keeps_the_read_limits(files: PageFiles) -> None:
+    """Issue 23 fix 1, the other side (docs/decisions.md): a consumer that does not drain
+    waits for memory to free (settles) as Artemis's read limits have it; and a drain
+    whose selector takes none of a step read beyond the limits stops there (what no
+    drainer takes never fills memory)."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 200)
+    c = h.consumer("q", "queue", credit=150)
+    got = h.take(c)
+    assert 0 < len(got) < 40  # the read limit: about LIMIT of messages
+    h.broker.set_credit(c, 0)
+    picky = h.consumer("q", "queue", credit=0, selector="k = 'yes'")
+    before = h.queue("q").memory_count
+    h.broker.set_credit(picky, 100, drain=True)
+    assert h.take(picky) == []
+    assert picky in h.drained
+    assert h.queue("q").memory_count - before <= READ_STEP_MESSAGES
+
+
+def test_a_drain_waits_past_a_step_of_expired_paged_messages_for_the_live_ones(
+    files: PageFiles,
+) -> None:
+    """B-084 + B-037 over B-151 (issue 23 fix 1): a read back step that found only
+    expired paged messages (expired, not delivered) ended the drain although live ones
+    followed on disk; the read back goes on a step a loop turn, and the drain is
+    answered only once it has reached them."""
+    h = _paging(files, expiry_address="EXP")
+    h.producer("EXP", "queue")
+    _send(h, 20)  # in memory
+    expiring = 3 * READ_STEP_MESSAGES  # steps of nothing but expired ones
+    _send(h, expiring, start=20, ttl_ms=1_000)  # paged, about to expire
+    _send(h, 30, start=20 + expiring)  # paged, live
+    h.clock.advance(2_000)
+    c = h.consumer("q", "queue", credit=0)
+    h.broker.set_credit(c, 100, drain=True)
+    got = [_decode(d.message.data) for d in h.take(c)]
+    for _ in range(20):
+        if c in h.drained:
+            break
+        _run_due(h)
+        got += [_decode(d.message.data) for d in h.take(c)]
+    live = list(range(20)) + list(range(20 + expiring, 50 + expiring))
+    assert got == [f"message-{i:05d}" for i in live]
+    assert h.drained == [c]
+    assert h.queue("q").counters.expired == expiring

@@ -1436,15 +1436,24 @@ class Queue:
 
     def purge_paged(self, reason: str) -> int:
         """Kill every paged message (purge without a filter): counted and evented one by
-        one, as `kill` does, without holding them."""
+        one, as `kill` does, without holding them. They are taken as a read back takes
+        them, a step at a time, so that a damaged page file's part is counted as lost
+        (`PageStore.lost`, issue 23 fix 2: a browse skipped it and `clear` dropped it
+        from the count uncounted), not as killed."""
         pages = self.pages
         if pages is None or not pages.messages:
             return 0
         killed = 0
-        for ref in self.paged_refs():
-            killed += 1
-            self.counters.killed += 1
-            self.killed(ref, reason)
+        while pages.messages:
+            step = pages.read(max_bytes=READ_STEP_BYTES, max_messages=READ_STEP_MESSAGES)
+            if not step:
+                break
+            for message in step:
+                ref = Ref(message, -1)
+                ref.state = PAGED
+                killed += 1
+                self.counters.killed += 1
+                self.killed(ref, reason)
         pages.clear()
         for consumer in self.consumers:
             consumer.page_mark = None  # B-031: nothing paged is left to browse

@@ -33,7 +33,8 @@ handled as the journal handles damage, never by raising into dispatch: a torn ta
 the last page file is cut (a warning), any other damage skips the rest of that file (an
 error naming the file and the offset); either way the messages lost are counted
 (`lost`, from the per-file counts `_held`), not left in the queue's count, and reading
-goes on with what follows.
+goes on with what follows. A purge takes the messages by reading them back, so that
+its count of lost ones is the same.
 
 Loop thread only; the I/O is synchronous (buffered writes, one fsync per loop step that
 paged durable messages, `PageFiles.flush`).

@@ -1266,3 +1266,32 @@ def test_a_drain_waits_past_a_step_of_expired_paged_messages_for_the_live_ones(
     assert got == [f"message-{i:05d}" for i in live]
     assert h.drained == [c]
     assert h.queue("q").counters.expired == expiring
+
+
+@pytest.mark.parametrize("how", ["directory", "bit-flip"])
+def test_a_purge_over_a_damaged_page_file_counts_its_part_as_lost(
+    files: PageFiles, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """B-161 purge over B-151 (issue 23 fix 2): a purge without a filter browsed the page
+    files (skipping a damaged file's rest) and then dropped the whole count: the
+    messages the damage lost left the queue's count without being counted in `lost`.
+    Now they are counted there (and logged), the others as killed, and the sum is what
+    the queue counted."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 200)
+    pages = _pages(h)
+    paths = sorted(pages.directory.glob("*.page"))
+    assert len(paths) > 4
+    damaged = len(_frames_of(pages, paths[2]))
+    _damage_page(paths[2], how)
+    queue = h.queue("q")
+    assert queue.message_count == 200
+    purged = ops.purge(h.broker, "q")
+    assert pages.lost == damaged  # the whole file: its first frame is the damaged one
+    assert purged + pages.lost == 200
+    assert queue.counters.killed == purged
+    assert (queue.message_count, pages.messages, pages.size_bytes) == (0, 0, 0)
+    assert "lost" in caplog.text
+    _send(h, 30, start=200)  # paging and reading back go on
+    c = h.consumer("q", "queue", credit=0)
+    assert _drain(h, c) == [f"message-{i:05d}" for i in range(200, 230)]

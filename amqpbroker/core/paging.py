@@ -105,6 +105,7 @@ class PageStore(Protocol):
 
     messages: int
     size_bytes: int
+    lost: int  # paged messages lost to damaged page files (counted and logged, not held)
     epoch: int  # changes when a removal rewrites the files (older positions are void)
     # No paged message expires before this (epoch ms; 0: none expires). A lower bound:
     # exact after a removal or a restart, kept (early) as messages are read back.

@@ -216,6 +216,7 @@ class QueueCounters:
         default_factory=lambda: dict.fromkeys(RETURN_OUTCOMES, 0)
     )
     replaced: int = 0  # ring and last-value removals (B-120, B-121)
+    paged_lost: int = 0  # paged messages lost to damaged page files (B-151, issue 23)
     replaced_by_reason: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(REPLACE_REASONS, 0)
     )
@@ -232,6 +233,7 @@ class QueueCounters:
         self.expired += other.expired
         self.returned += other.returned
         self.replaced += other.replaced
+        self.paged_lost += other.paged_lost
         for mine, theirs in (
             (self.dead_lettered_by_reason, other.dead_lettered_by_reason),
             (self.killed_by_reason, other.killed_by_reason),
@@ -360,6 +362,7 @@ class Queue:
         self._doomed: set[int] = set()
         self._page_expiry_ms = 0  # when `tick` next reads back for expired paged ones
         self._page_browse_ms = 0  # when `tick` lets browsers walk on through the pages
+        self._pages_lost = 0  # `pages.lost` already in `counters.paged_lost`
         # Last-value, ring, non-destructive (`set_kind`); None: a plain queue.
         self.kind: QueueKind | None = None
         # How ready references reach consumers: taken, or walked by each (B-123).
@@ -1336,6 +1339,8 @@ class Queue:
             )
         # a step at a time: the loop is not held (core/paging.py)
         messages = pages.read(max_bytes=read_bytes, max_messages=read_messages)
+        if pages.lost != self._pages_lost:
+            self._count_lost(pages)
         store = self.store
         kind = self.kind
         now_ms = self._owner.now_ms
@@ -1376,8 +1381,17 @@ class Queue:
         while the broker was down waited for the first periodic expiry scan, or forever
         with the scan off), so the expiry is armed for their earliest expiration now."""
         self.pages = pages
+        self._pages_lost = pages.lost
         if pages.expiring_ms:
             self._arm_page_expiry(pages.expiring_ms)
+
+    def _count_lost(self, pages: PageStore) -> None:
+        """Paged messages lost to a damaged page file (`PageStore.lost`, counted there as
+        the damage is met) go to the queue's counters: the per-address metric and the
+        API's `paged_lost` (issue 23 fix 3), kept across queue incarnations as the other
+        counters are (core/totals.py)."""
+        self.counters.paged_lost += pages.lost - self._pages_lost
+        self._pages_lost = pages.lost
 
     def _arm_page_expiry(self, at_ms: int) -> None:
         """Have `tick` call `expire_paged` at `at_ms` (one pending time per queue)."""
@@ -1431,6 +1445,7 @@ class Queue:
         self._doomed = set()
         forget_removed(pages, doomed, (c.page_mark for c in self.consumers if c.page_mark))
         pages.remove(doomed)
+        self._count_lost(pages)
         if self.store is not None:
             self.store.page_read(self.name, pages)
 
@@ -1455,6 +1470,7 @@ class Queue:
                 self.counters.killed += 1
                 self.killed(ref, reason)
         pages.clear()
+        self._count_lost(pages)
         for consumer in self.consumers:
             consumer.page_mark = None  # B-031: nothing paged is left to browse
         self.used = True

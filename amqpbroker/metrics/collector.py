@@ -371,6 +371,11 @@ def _address_totals(s: BrokerSnapshot) -> Iterator[Metric]:
         (names.ADDRESS_ADDED, "Messages added to the address's queues.", "added"),
         (names.ADDRESS_ACKNOWLEDGED, "Messages acknowledged from them.", "acknowledged"),
         (names.ADDRESS_EXPIRED, "Messages expired from them.", "expired"),
+        (
+            names.ADDRESS_PAGED_LOST,
+            "Paged messages lost to damaged page files (B-151; logged).",
+            "paged_lost",
+        ),
     )
     for name, doc, attr in plain:
         family = CounterMetricFamily(name, doc, labels=["address"])

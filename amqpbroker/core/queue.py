@@ -1338,6 +1338,7 @@ class Queue:
                 else READ_STEP_MESSAGES
             )
         # a step at a time: the loop is not held (core/paging.py)
+        position = pages.position
         messages = pages.read(max_bytes=read_bytes, max_messages=read_messages)
         if pages.lost != self._pages_lost:
             self._count_lost(pages)
@@ -1364,7 +1365,9 @@ class Queue:
             if kind is not None:  # it enters the queue now (B-120, B-121, B-123)
                 kind.arrived(ref)
                 kind.trim()
-        if store is not None and messages:
+        if store is not None and (messages or pages.position != position):
+            # also a read that only passed a damaged page file (issue 23 fix 4): else its
+            # cursor was not journaled, and a restart met the damage again
             store.page_read(self.name, pages)
         for consumer in self.consumers:
             if (mark := consumer.page_mark) is not None:

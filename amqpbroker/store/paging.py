@@ -213,8 +213,12 @@ class QueuePages:
         first = cursor[0] if cursor is not None else (pages[0] if pages else 1)
         self._cursor: Position = cursor if cursor is not None else (first, 0)
         for number in pages:
-            if number < self._cursor[0]:
-                self._path(number).unlink(missing_ok=True)  # read before the crash
+            if number < self._cursor[0]:  # read before the crash, or skipped as damaged
+                try:
+                    self._path(number).unlink(missing_ok=True)
+                except OSError as e:  # a directory in its place (issue 23 fix 4: the start
+                    # failed on a file the read back had already skipped and counted)
+                    log.error("paging %s: cannot delete a read page file: %s", directory, e)
         pages = [n for n in pages if n >= self._cursor[0]]
         if not pages and self._cursor[1]:  # its files were deleted by hand: a new file
             # from byte 0 read from the cursor's offset would lose (or strand) messages
@@ -638,16 +642,18 @@ class QueuePages:
                         copies -= 1
                     good = frame.end
             except _Damaged as e:
-                if e.io:  # not a torn tail: the start fails, as before, with the file
-                    raise
-                if number != pages[-1]:  # not a tail either: as the read back does
-                    # (`_damaged`), the rest of this file is skipped, the later files kept
+                if e.io or number != pages[-1]:  # not a torn tail: as the read back does
+                    # (`_damaged`), the rest of this file is skipped, the later files kept;
+                    # an unreadable one too (issue 23 fix 4: the start failed, on a file a
+                    # crash had kept the read back's skip of from the journal)
                     log.error(
                         "paging %s: page file %s damaged, the rest of it skipped: %s",
                         self.directory,
                         e.path,
                         e,
                     )
+                    if e.io and number == pages[-1]:
+                        good = (number + 1, 0)  # new messages go to a new file
                     continue
                 # a torn tail: cut below
             size_on_disk = self._file_size(number)

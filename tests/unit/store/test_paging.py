@@ -19,10 +19,13 @@ from amqpbroker.core import operations as ops
 from amqpbroker.core.model import Message
 from amqpbroker.core.outcomes import Accepted, Modified, Rejected
 from amqpbroker.core.paging import READ_STEP_MESSAGES
+from amqpbroker.core.persistence import Persistence
+from amqpbroker.core.records import PageCursor
 from amqpbroker.protocol import message_of
 from amqpbroker.protocol.moves import COPIER
 from amqpbroker.store.paging import PageFiles, QueuePages
 from tests.support.core_harness import Harness
+from tests.unit.core.test_persistence import FakeJournal
 
 ACCEPTED = Accepted()
 LIMIT = 1_000  # max-size-bytes: ~20 messages of `_amqp`'s size in memory
@@ -1295,3 +1298,37 @@ def test_a_purge_over_a_damaged_page_file_counts_its_part_as_lost(
     _send(h, 30, start=200)  # paging and reading back go on
     c = h.consumer("q", "queue", credit=0)
     assert _drain(h, c) == [f"message-{i:05d}" for i in range(200, 230)]
+
+
+def test_a_read_back_that_only_passed_a_damaged_page_file_journals_its_cursor(
+    files: PageFiles,
+) -> None:
+    """B-151 + B-095 (issue 23 fix 4): a durable queue's read back journaled the page
+    cursor only with messages read; one that met an unreadable page file, counted its
+    messages lost and found nothing after it left the cursor before that file in the
+    journal, so a restart met the damage again (and failed to start on it). Now the
+    cursor is journaled whenever a read moves it."""
+    h = Harness(
+        {"#": AddressSettings.of(max_size_bytes=LIMIT, max_read_page_bytes=LIMIT)},
+        copier=COPIER,
+    )
+    journal = FakeJournal()
+    persistence = Persistence(journal)  # type: ignore[arg-type]
+    h.broker.enable_persistence(persistence)
+    h.broker.enable_paging(files)
+    _send(h, 40, durable=True)
+    persistence.flush()
+    pages = _pages(h)
+    paths = sorted(pages.directory.glob("*.page"))
+    assert len(paths) == 1  # every paged message in one file
+    assert pages.messages > 0
+    paths[0].unlink()
+    paths[0].mkdir()
+    c = h.consumer("q", "queue", credit=0)
+    got = _drain(h, c)
+    persistence.flush()
+    assert len(got) + pages.lost == 40
+    cursors = [r for r in journal.records() if isinstance(r, PageCursor)]
+    assert cursors, "the cursor past the skipped file was never journaled"
+    assert (cursors[-1].page, cursors[-1].offset) == pages.position
+    assert cursors[-1].page > int(paths[0].stem)

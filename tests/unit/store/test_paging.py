@@ -20,12 +20,11 @@ from amqpbroker.core.model import Message
 from amqpbroker.core.outcomes import Accepted, Modified, Rejected
 from amqpbroker.core.paging import READ_STEP_MESSAGES
 from amqpbroker.core.persistence import Persistence
-from amqpbroker.core.records import PageCursor
+from amqpbroker.core.records import PageCursor, Record
 from amqpbroker.protocol import message_of
 from amqpbroker.protocol.moves import COPIER
 from amqpbroker.store.paging import PageFiles, QueuePages
 from tests.support.core_harness import Harness
-from tests.unit.core.test_persistence import FakeJournal
 
 ACCEPTED = Accepted()
 LIMIT = 1_000  # max-size-bytes: ~20 messages of `_amqp`'s size in memory
@@ -1300,6 +1299,19 @@ def test_a_purge_over_a_damaged_page_file_counts_its_part_as_lost(
     assert _drain(h, c) == [f"message-{i:05d}" for i in range(200, 230)]
 
 
+class _Journal:
+    """Keeps what is appended (the journal port `Persistence` writes to)."""
+
+    def __init__(self) -> None:
+        self.appended: list[Record] = []
+
+    def on_resume(self, callback: object) -> None:
+        pass
+
+    def append(self, records: list[Record], *, sync: bool, on_durable: object = None) -> None:
+        self.appended.extend(records)
+
+
 def test_a_read_back_that_only_passed_a_damaged_page_file_journals_its_cursor(
     files: PageFiles,
 ) -> None:
@@ -1312,7 +1324,7 @@ def test_a_read_back_that_only_passed_a_damaged_page_file_journals_its_cursor(
         {"#": AddressSettings.of(max_size_bytes=LIMIT, max_read_page_bytes=LIMIT)},
         copier=COPIER,
     )
-    journal = FakeJournal()
+    journal = _Journal()
     persistence = Persistence(journal)  # type: ignore[arg-type]
     h.broker.enable_persistence(persistence)
     h.broker.enable_paging(files)
@@ -1328,7 +1340,7 @@ def test_a_read_back_that_only_passed_a_damaged_page_file_journals_its_cursor(
     got = _drain(h, c)
     persistence.flush()
     assert len(got) + pages.lost == 40
-    cursors = [r for r in journal.records() if isinstance(r, PageCursor)]
+    cursors = [r for r in journal.appended if isinstance(r, PageCursor)]
     assert cursors, "the cursor past the skipped file was never journaled"
     assert (cursors[-1].page, cursors[-1].offset) == pages.position
     assert cursors[-1].page > int(paths[0].stem)

@@ -134,6 +134,10 @@ class PageStore(Protocol):
     def read(self, *, max_bytes: int, max_messages: int) -> list[Message]:
         """Take the oldest messages, at least one when any, up to the limits (< 0: none)."""
 
+    def oldest_ts(self) -> int | None:
+        """`first_ts` of the paged message at the read cursor (the next read back), or
+        None when there is none."""
+
     def browse(self) -> Iterator[Message]:
         """Every paged message, oldest first, without taking them."""
 

@@ -492,6 +492,13 @@ class Queue:
             ts = ref.message.first_ts
             if ts and (oldest is None or ts < oldest):
                 oldest = ts
+        pages = self.pages
+        if oldest is None and pages is not None and pages.messages:
+            # B-151: nothing waits in memory (all delivering, or a restart left only the
+            # paged part): the head of the page files waits (issue 23 audit: the age was
+            # "nothing waits" over a paged backlog). Paged messages come after those in
+            # memory, so with any waiting there they are not the head; one frame read.
+            oldest = pages.oldest_ts()
         return oldest
 
     # -- arrival ----------------------------------------------------------------------

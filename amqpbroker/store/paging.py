@@ -387,6 +387,17 @@ class QueuePages:
             self._write_offset = 0
         return True
 
+    def oldest_ts(self) -> int | None:
+        """`first_ts` of the next paged message, from its frame's header (the message
+        is not decoded); a damaged file is passed as a browse passes it, silently (the
+        read back logs and counts it)."""
+        if not self.messages:
+            return None
+        for frame in self._frames(self._cursor, self._end(), damaged=_skip_damaged):
+            if frame.kind == _KIND_MESSAGE:
+                return int(_MESSAGE.unpack_from(frame.body, 1)[2])
+        return None
+
     def browse(self) -> Iterator[Message]:
         for message, _ in self.browse_from(self._cursor):
             yield message

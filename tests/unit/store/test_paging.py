@@ -1344,3 +1344,19 @@ def test_a_read_back_that_only_passed_a_damaged_page_file_journals_its_cursor(
     assert cursors, "the cursor past the skipped file was never journaled"
     assert (cursors[-1].page, cursors[-1].offset) == pages.position
     assert cursors[-1].page > int(paths[0].stem)
+
+
+def test_the_oldest_waiting_age_sees_the_head_of_the_page_files(files: PageFiles) -> None:
+    """Issue 24's oldest-message age over B-151 (issue 23 audit): with every message in
+    memory delivered and not settled, a paged backlog was reported as "nothing waits"
+    (no age). The head of the page files is what waits: its `first_ts`."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 40)
+    first_paged = h.clock.now_ms()
+    h.clock.advance(5_000)
+    _send(h, 40, start=40)
+    queue = h.queue("q")
+    c = h.consumer("q", "queue", credit=100)
+    assert h.take(c)  # memory's part, delivering
+    assert _pages(h).messages > 0
+    assert queue.oldest_waiting_ts() == first_paged

@@ -301,7 +301,10 @@ class BrokerCollector:
         for key, attr in fields:
             family = GaugeMetricFamily(a[key], help_[key], labels=labels)
             for q in s.queues:
-                family.add_metric([s.broker, q.address, q.name], getattr(q, attr))
+                value = getattr(q, attr)
+                if key == "persistent_size":  # Artemis counts its paged part too, as the
+                    value += q.paged_bytes  # message count does (issue 23 audit)
+                family.add_metric([s.broker, q.address, q.name], value)
             yield family
         for key, attr in (("routed", "routed"), ("unrouted", "unrouted")):
             family = GaugeMetricFamily(a[key], help_[key], labels=["broker", "address"])

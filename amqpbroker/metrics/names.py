@@ -76,7 +76,7 @@ ARTEMIS = {
 ARTEMIS_HELP = {
     "messages": "Messages in this queue now, scheduled and in-delivery ones included.",
     "persistent_size": "Encoded size in bytes of the messages in this queue now, durable or"
-    " not, scheduled and in-delivery ones included.",
+    " not, scheduled, in-delivery and paged ones included.",
     "added": "Messages added to this queue since it was created.",
     "killed": "Messages removed from this queue since it was created because they exceeded"
     " the max delivery attempts.",

@@ -21,6 +21,7 @@ from amqpbroker.core.outcomes import Accepted, Modified, Rejected
 from amqpbroker.core.paging import READ_STEP_MESSAGES
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.records import PageCursor, Record
+from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.protocol import message_of
 from amqpbroker.protocol.moves import COPIER
 from amqpbroker.store.paging import PageFiles, QueuePages
@@ -1360,3 +1361,22 @@ def test_the_oldest_waiting_age_sees_the_head_of_the_page_files(files: PageFiles
     assert h.take(c)  # memory's part, delivering
     assert _pages(h).messages > 0
     assert queue.oldest_waiting_ts() == first_paged
+
+
+def test_the_artemis_persistent_size_counts_the_paged_part_as_the_message_count_does(
+    files: PageFiles,
+) -> None:
+    """The Artemis plugin names over B-151 (issue 23 audit): `artemis_message_count`
+    counted paged messages, `artemis_persistent_size` only the bytes held in memory (a
+    queue of 1M paged messages showed the size of a few); Artemis's persistent size
+    includes the paged part."""
+    h = _paging(files)
+    _send(h, 200)
+    queue, pages = h.queue("q"), _pages(h)
+    assert pages.messages > 100
+    snapshot = BrokerSnapshot.take(h.broker, connections=0, connections_opened=0)
+    text = render(BrokerCollector(lambda: snapshot, artemis_names=True)).decode()
+    broker = h.broker.name
+    series = f'artemis_persistent_size{{address="q",broker="{broker}",queue="q"}}'
+    [line] = [line for line in text.splitlines() if line.startswith(series)]
+    assert float(line.rsplit(" ", 1)[1]) == queue.size_bytes + pages.size_bytes

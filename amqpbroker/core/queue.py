@@ -1419,10 +1419,11 @@ class Queue:
         (as Artemis: only depaged messages expire). How many expired."""
         self._page_expiry_ms = 0
         pages = self.pages
-        if pages is None or not pages.expiring_ms:
-            return 0
-        if pages.expiring_ms > now_ms:
-            self._arm_page_expiry(pages.expiring_ms)
+        if pages is None or not pages.expiring_ms or pages.expiring_ms > now_ms:
+            if pages is not None and pages.expiring_ms:
+                self._arm_page_expiry(pages.expiring_ms)
+            if self.consumers:
+                self.dispatch(out)  # a drain that waited for this read back (`_reading_on`)
             return 0
         if not self.consumers and (
             self.size_bytes >= READ_STEP_BYTES or self.memory_count >= READ_STEP_MESSAGES

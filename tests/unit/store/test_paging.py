@@ -1380,3 +1380,29 @@ def test_the_artemis_persistent_size_counts_the_paged_part_as_the_message_count_
     series = f'artemis_persistent_size{{address="q",broker="{broker}",queue="q"}}'
     [line] = [line for line in text.splitlines() if line.startswith(series)]
     assert float(line.rsplit(" ", 1)[1]) == queue.size_bytes + pages.size_bytes
+
+
+def test_a_drain_held_for_a_due_page_expiry_is_answered_when_there_is_nothing_to_read(
+    files: PageFiles,
+) -> None:
+    """B-037 over B-084/B-151 (issue 23 audit of fix 1): a drain waits while a read back
+    of paged messages is due (`Queue._reading_on`); when the expiry tick then found
+    nothing to read (the expiring paged messages had been removed) it returned without a
+    dispatch, and the drain was never answered. A consumer whose selector takes nothing
+    now hears "drained" at that tick."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    target = h.producer("q", "queue")
+    for i in range(20):
+        h.send(target, _amqp(i))  # memory's part
+    for i in range(20, 30):
+        h.send(target, _tagged(i, "x"), ttl_ms=1_000, props={"k": "x"})  # paged, expiring
+    for i in range(30, 60):
+        h.send(target, _tagged(i, "no"), props={"k": "no"})  # paged, live
+    assert ops.purge(h.broker, "q", selector="k = 'x'") == 10
+    assert _pages(h).messages > 0
+    h.clock.advance(2_000)  # the page expiry armed for them is due, not yet run
+    picky = h.consumer("q", "queue", credit=0, selector="k = 'yes'")
+    h.broker.set_credit(picky, 10, drain=True)
+    _run_due(h)
+    h.take(picky)
+    assert picky in h.drained

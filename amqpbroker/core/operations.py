@@ -69,6 +69,7 @@ class QueueStats:
     paged_messages: int = 0
     paged_bytes: int = 0
     page_files: int = 0
+    paged_lost: int = 0  # lost to damaged page files (a counter, B-151 issue 23)
 
 
 def queue_stats(broker: Broker) -> list[QueueStats]:
@@ -109,6 +110,7 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
                 paged_messages=pages.messages if pages is not None else 0,
                 paged_bytes=pages.size_bytes if pages is not None else 0,
                 page_files=pages.files if pages is not None else 0,
+                paged_lost=c.paged_lost,
             )
         )
     return rows

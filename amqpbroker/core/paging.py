@@ -24,6 +24,9 @@ back (`max-read-page-bytes` / `max-read-page-messages`, Artemis's names and defa
 the queue's in-memory part has room for them; a message read back is an ordinary
 reference from then on (priorities, delivery counts, redelivery, expiry, filters and
 dead letters as for any other). Counts include paged messages (Artemis messageCount).
+A drain (B-037) is not answered while paged messages it could take remain: with memory
+at the read limits, a step is read beyond them for it, up to the draining consumers'
+credit (`Queue._drain_allowance`, docs/decisions.md).
 
 Reading back happens on the event loop, so it goes in steps of at most
 `READ_STEP_BYTES` / `READ_STEP_MESSAGES` per call (memory still fills up to
@@ -102,6 +105,7 @@ class PageStore(Protocol):
 
     messages: int
     size_bytes: int
+    lost: int  # paged messages lost to damaged page files (counted and logged, not held)
     epoch: int  # changes when a removal rewrites the files (older positions are void)
     # No paged message expires before this (epoch ms; 0: none expires). A lower bound:
     # exact after a removal or a restart, kept (early) as messages are read back.
@@ -129,6 +133,10 @@ class PageStore(Protocol):
 
     def read(self, *, max_bytes: int, max_messages: int) -> list[Message]:
         """Take the oldest messages, at least one when any, up to the limits (< 0: none)."""
+
+    def oldest_ts(self) -> int | None:
+        """`first_ts` of the paged message at the read cursor (the next read back), or
+        None when there is none."""
 
     def browse(self) -> Iterator[Message]:
         """Every paged message, oldest first, without taking them."""

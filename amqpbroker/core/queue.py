@@ -216,6 +216,7 @@ class QueueCounters:
         default_factory=lambda: dict.fromkeys(RETURN_OUTCOMES, 0)
     )
     replaced: int = 0  # ring and last-value removals (B-120, B-121)
+    paged_lost: int = 0  # paged messages lost to damaged page files (B-151, issue 23)
     replaced_by_reason: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(REPLACE_REASONS, 0)
     )
@@ -232,6 +233,7 @@ class QueueCounters:
         self.expired += other.expired
         self.returned += other.returned
         self.replaced += other.replaced
+        self.paged_lost += other.paged_lost
         for mine, theirs in (
             (self.dead_lettered_by_reason, other.dead_lettered_by_reason),
             (self.killed_by_reason, other.killed_by_reason),
@@ -360,6 +362,7 @@ class Queue:
         self._doomed: set[int] = set()
         self._page_expiry_ms = 0  # when `tick` next reads back for expired paged ones
         self._page_browse_ms = 0  # when `tick` lets browsers walk on through the pages
+        self._pages_lost = 0  # `pages.lost` already in `counters.paged_lost`
         # Last-value, ring, non-destructive (`set_kind`); None: a plain queue.
         self.kind: QueueKind | None = None
         # How ready references reach consumers: taken, or walked by each (B-123).
@@ -489,6 +492,13 @@ class Queue:
             ts = ref.message.first_ts
             if ts and (oldest is None or ts < oldest):
                 oldest = ts
+        pages = self.pages
+        if oldest is None and pages is not None and pages.messages:
+            # B-151: nothing waits in memory (all delivering, or a restart left only the
+            # paged part): the head of the page files waits (issue 23 audit: the age was
+            # "nothing waits" over a paged backlog). Paged messages come after those in
+            # memory, so with any waiting there they are not the head; one frame read.
+            oldest = pages.oldest_ts()
         return oldest
 
     # -- arrival ----------------------------------------------------------------------
@@ -700,7 +710,15 @@ class Queue:
             browsers = [c for c in consumers if c.browser and c.credit > 0 and c.window.room > 0]
             if browsers:
                 self._browse(browsers, out)
-        if self._ready and not self.paused:
+        # Nothing ready in memory, yet paged messages: `_deliver` reads them back (a drain
+        # beyond the read limits, `_drain_allowance`), as far as memory or credit allows.
+        kind = self.kind
+        paged = (
+            pages is not None
+            and pages.messages > 0
+            and (kind is None or not kind.non_destructive)  # its `deliver` reads no pages
+        )
+        if (self._ready or paged) and not self.paused:
             active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
             policy = self.policy
             if active and (
@@ -716,10 +734,35 @@ class Queue:
                 and consumer.credit > 0
                 and consumer.window.room > 0
                 and (consumer.page_mark is None or not consumer.page_mark.walking)
+                and not self._reading_on()
             ):
                 consumer.credit = 0
                 consumer.drain = False
                 out.append(Drained(consumer.id))
+
+    def _reading_on(self) -> bool:
+        """Whether a read back of paged messages stopped at a step of expired ones and
+        goes on next loop turn (`expire_paged`, armed for now): a drain waits for it
+        (issue 23: it was answered while live paged messages remained behind them)."""
+        pages = self.pages
+        return (
+            pages is not None
+            and pages.messages > 0
+            and 0 < self._page_expiry_ms <= self._owner.now_ms
+        )
+
+    def _drain_allowance(self, active: list[Consumer]) -> int:
+        """How many messages a read back may take beyond max-read-page-bytes/-messages
+        for this dispatch: the credit of the draining consumers (docs/decisions.md,
+        "A drain reads paged messages beyond the read limits"). A drain spends its credit
+        on every available message before it is answered (AMQP 1.0 2.6.7), and paged
+        messages are available; what is read for it is delivered at once, so memory
+        grows by what the consumers' credit holds, as for an unpaged queue."""
+        allowance = 0
+        for consumer in active:
+            if consumer.drain:
+                allowance += consumer.credit
+        return allowance
 
     def _hand_over(self, consumer: Consumer, ref: Ref, out: list[Effect]) -> None:
         """`dispatch` for the commonest cases (issue 20): `ref`, just added or just returned
@@ -770,13 +813,24 @@ class Queue:
         policy = self.policy  # B-122/B-127/B-128 (core/dispatch.py); None: a plain queue
         ranked = self._prioritized
         owner_ms = self._owner
+        allowance = -1  # beyond the read limits, for a drain (`_drain_allowance`)
         while active:
             ref = self._pop_next() if self._ready else None
             if ref is None:
                 pages = self.pages
-                if pages is not None and pages.messages and self._depage(empty=True):
-                    continue  # B-151 PAGE: the next slice of the page files
-                break
+                if pages is None or not pages.messages:
+                    break
+                if allowance < 0:
+                    allowance = self._drain_allowance(active)
+                # B-151 PAGE: the next slice of the page files; a drain goes beyond the
+                # limits only while nothing read waits in memory (a selector's misses
+                # stop it: memory never fills with what no drainer takes)
+                beyond = allowance if skipped is None else 0
+                kept = self._depage(empty=True, beyond=beyond)
+                if not kept:
+                    break
+                allowance = max(0, allowance - kept)
+                continue
             message = ref.message
             expiration = message.expiration_ms
             if expiration and owner_ms.now_ms >= expiration and self.expire(ref, popped=True):
@@ -1262,27 +1316,39 @@ class Queue:
         if self.consumers:
             self.dispatch(out)
 
-    def _depage(self, *, empty: bool = False) -> bool:
+    def _depage(self, *, empty: bool = False, beyond: int = 0) -> int:
         """Read paged messages back up to max-read-page-bytes and -messages in memory, once
         the queue's memory is under half of them (or nothing is ready: `empty`), so that
         they come back in slices, not one file read per message; durable ones are
         journaled as they come in, with the page cursor, in one append
-        (core/persistence.py `page_read`)."""
+        (core/persistence.py `page_read`). `beyond`: with memory at the limits, a step
+        of at most this many is read anyway (a drain, `_drain_allowance`). How many
+        were kept (read and not expired)."""
         pages = self.pages
         assert pages is not None
         settings = self.settings()
         max_bytes, max_messages = settings.max_read_page_bytes, settings.max_read_page_messages
         size, count = self.size_bytes, self.memory_count
         if 0 <= max_bytes <= size or 0 <= max_messages <= count:
-            return False
-        if not empty and (0 <= max_bytes < 2 * size or 0 <= max_messages < 2 * count):
-            return False
-        messages = pages.read(  # a step at a time: the loop is not held (core/paging.py)
-            max_bytes=min(max_bytes - size, READ_STEP_BYTES) if max_bytes >= 0 else READ_STEP_BYTES,
-            max_messages=min(max_messages - count, READ_STEP_MESSAGES)
-            if max_messages >= 0
-            else READ_STEP_MESSAGES,
-        )
+            if beyond <= 0:
+                return 0
+            read_bytes, read_messages = READ_STEP_BYTES, min(beyond, READ_STEP_MESSAGES)
+        elif not empty and (0 <= max_bytes < 2 * size or 0 <= max_messages < 2 * count):
+            return 0
+        else:
+            read_bytes = (
+                min(max_bytes - size, READ_STEP_BYTES) if max_bytes >= 0 else READ_STEP_BYTES
+            )
+            read_messages = (
+                min(max_messages - count, READ_STEP_MESSAGES)
+                if max_messages >= 0
+                else READ_STEP_MESSAGES
+            )
+        # a step at a time: the loop is not held (core/paging.py)
+        position = pages.position
+        messages = pages.read(max_bytes=read_bytes, max_messages=read_messages)
+        if pages.lost != self._pages_lost:
+            self._count_lost(pages)
         store = self.store
         kind = self.kind
         now_ms = self._owner.now_ms
@@ -1306,7 +1372,9 @@ class Queue:
             if kind is not None:  # it enters the queue now (B-120, B-121, B-123)
                 kind.arrived(ref)
                 kind.trim()
-        if store is not None and messages:
+        if store is not None and (messages or pages.position != position):
+            # also a read that only passed a damaged page file (issue 23 fix 4): else its
+            # cursor was not journaled, and a restart met the damage again
             store.page_read(self.name, pages)
         for consumer in self.consumers:
             if (mark := consumer.page_mark) is not None:
@@ -1315,7 +1383,7 @@ class Queue:
                     consumer.page_mark = None  # back at the read cursor
         if messages and not kept and pages.messages:
             self._arm_page_expiry(now_ms)  # a step of expired ones: the next, next turn
-        return kept > 0
+        return kept
 
     def attach_pages(self, pages: PageStore) -> None:
         """The queue's page files, opened (first paging, or found by a restart): what they
@@ -1323,8 +1391,17 @@ class Queue:
         while the broker was down waited for the first periodic expiry scan, or forever
         with the scan off), so the expiry is armed for their earliest expiration now."""
         self.pages = pages
+        self._pages_lost = pages.lost
         if pages.expiring_ms:
             self._arm_page_expiry(pages.expiring_ms)
+
+    def _count_lost(self, pages: PageStore) -> None:
+        """Paged messages lost to a damaged page file (`PageStore.lost`, counted there as
+        the damage is met) go to the queue's counters: the per-address metric and the
+        API's `paged_lost` (issue 23 fix 3), kept across queue incarnations as the other
+        counters are (core/totals.py)."""
+        self.counters.paged_lost += pages.lost - self._pages_lost
+        self._pages_lost = pages.lost
 
     def _arm_page_expiry(self, at_ms: int) -> None:
         """Have `tick` call `expire_paged` at `at_ms` (one pending time per queue)."""
@@ -1342,10 +1419,11 @@ class Queue:
         (as Artemis: only depaged messages expire). How many expired."""
         self._page_expiry_ms = 0
         pages = self.pages
-        if pages is None or not pages.expiring_ms:
-            return 0
-        if pages.expiring_ms > now_ms:
-            self._arm_page_expiry(pages.expiring_ms)
+        if pages is None or not pages.expiring_ms or pages.expiring_ms > now_ms:
+            if pages is not None and pages.expiring_ms:
+                self._arm_page_expiry(pages.expiring_ms)
+            if self.consumers:
+                self.dispatch(out)  # a drain that waited for this read back (`_reading_on`)
             return 0
         if not self.consumers and (
             self.size_bytes >= READ_STEP_BYTES or self.memory_count >= READ_STEP_MESSAGES
@@ -1378,21 +1456,32 @@ class Queue:
         self._doomed = set()
         forget_removed(pages, doomed, (c.page_mark for c in self.consumers if c.page_mark))
         pages.remove(doomed)
+        self._count_lost(pages)
         if self.store is not None:
             self.store.page_read(self.name, pages)
 
     def purge_paged(self, reason: str) -> int:
         """Kill every paged message (purge without a filter): counted and evented one by
-        one, as `kill` does, without holding them."""
+        one, as `kill` does, without holding them. They are taken as a read back takes
+        them, a step at a time, so that a damaged page file's part is counted as lost
+        (`PageStore.lost`, issue 23 fix 2: a browse skipped it and `clear` dropped it
+        from the count uncounted), not as killed."""
         pages = self.pages
         if pages is None or not pages.messages:
             return 0
         killed = 0
-        for ref in self.paged_refs():
-            killed += 1
-            self.counters.killed += 1
-            self.killed(ref, reason)
+        while pages.messages:
+            step = pages.read(max_bytes=READ_STEP_BYTES, max_messages=READ_STEP_MESSAGES)
+            if not step:
+                break
+            for message in step:
+                ref = Ref(message, -1)
+                ref.state = PAGED
+                killed += 1
+                self.counters.killed += 1
+                self.killed(ref, reason)
         pages.clear()
+        self._count_lost(pages)
         for consumer in self.consumers:
             consumer.page_mark = None  # B-031: nothing paged is left to browse
         self.used = True

@@ -170,6 +170,7 @@ def queue_view(stats: ops.QueueStats) -> dict[str, Any]:
         "paging": stats.paged_messages > 0,
         "paged_messages": stats.paged_messages,
         "paged_bytes": stats.paged_bytes,
+        "paged_lost": stats.paged_lost,  # lost to damaged page files (a counter)
     }
 
 

@@ -301,7 +301,10 @@ class BrokerCollector:
         for key, attr in fields:
             family = GaugeMetricFamily(a[key], help_[key], labels=labels)
             for q in s.queues:
-                family.add_metric([s.broker, q.address, q.name], getattr(q, attr))
+                value = getattr(q, attr)
+                if key == "persistent_size":  # Artemis counts its paged part too, as the
+                    value += q.paged_bytes  # message count does (issue 23 audit)
+                family.add_metric([s.broker, q.address, q.name], value)
             yield family
         for key, attr in (("routed", "routed"), ("unrouted", "unrouted")):
             family = GaugeMetricFamily(a[key], help_[key], labels=["broker", "address"])
@@ -371,6 +374,11 @@ def _address_totals(s: BrokerSnapshot) -> Iterator[Metric]:
         (names.ADDRESS_ADDED, "Messages added to the address's queues.", "added"),
         (names.ADDRESS_ACKNOWLEDGED, "Messages acknowledged from them.", "acknowledged"),
         (names.ADDRESS_EXPIRED, "Messages expired from them.", "expired"),
+        (
+            names.ADDRESS_PAGED_LOST,
+            "Paged messages lost to damaged page files (B-151; logged).",
+            "paged_lost",
+        ),
     )
     for name, doc, attr in plain:
         family = CounterMetricFamily(name, doc, labels=["address"])

@@ -20,6 +20,9 @@ ADDRESS_UNROUTED = "amqpbroker_address_unrouted_messages"  # _total
 ADDRESS_PAGED_BYTES = "amqpbroker_address_paged_bytes"
 ADDRESS_PAGED_MESSAGES = "amqpbroker_address_paged_messages"
 ADDRESS_PAGE_FILES = "amqpbroker_address_page_files"
+# _total: paged messages lost to damaged page files (counted and logged, across queue
+# incarnations as the counters below; docs/decisions.md, h-pagefix)
+ADDRESS_PAGED_LOST = "amqpbroker_address_paged_messages_lost"
 # The queue counters summed per address, kept across queue (and address) incarnations, so
 # an auto-deleted queue that comes back does not restart them (issue 16 item 4).
 ADDRESS_ADDED = "amqpbroker_address_messages_added"  # _total
@@ -73,7 +76,7 @@ ARTEMIS = {
 ARTEMIS_HELP = {
     "messages": "Messages in this queue now, scheduled and in-delivery ones included.",
     "persistent_size": "Encoded size in bytes of the messages in this queue now, durable or"
-    " not, scheduled and in-delivery ones included.",
+    " not, scheduled, in-delivery and paged ones included.",
     "added": "Messages added to this queue since it was created.",
     "killed": "Messages removed from this queue since it was created because they exceeded"
     " the max delivery attempts.",

@@ -33,7 +33,8 @@ handled as the journal handles damage, never by raising into dispatch: a torn ta
 the last page file is cut (a warning), any other damage skips the rest of that file (an
 error naming the file and the offset); either way the messages lost are counted
 (`lost`, from the per-file counts `_held`), not left in the queue's count, and reading
-goes on with what follows.
+goes on with what follows. A purge takes the messages by reading them back, so that
+its count of lost ones is the same.
 
 Loop thread only; the I/O is synchronous (buffered writes, one fsync per loop step that
 paged durable messages, `PageFiles.flush`).
@@ -212,8 +213,12 @@ class QueuePages:
         first = cursor[0] if cursor is not None else (pages[0] if pages else 1)
         self._cursor: Position = cursor if cursor is not None else (first, 0)
         for number in pages:
-            if number < self._cursor[0]:
-                self._path(number).unlink(missing_ok=True)  # read before the crash
+            if number < self._cursor[0]:  # read before the crash, or skipped as damaged
+                try:
+                    self._path(number).unlink(missing_ok=True)
+                except OSError as e:  # a directory in its place (issue 23 fix 4: the start
+                    # failed on a file the read back had already skipped and counted)
+                    log.error("paging %s: cannot delete a read page file: %s", directory, e)
         pages = [n for n in pages if n >= self._cursor[0]]
         if not pages and self._cursor[1]:  # its files were deleted by hand: a new file
             # from byte 0 read from the cursor's offset would lose (or strand) messages
@@ -381,6 +386,17 @@ class QueuePages:
             self._write_page += 1
             self._write_offset = 0
         return True
+
+    def oldest_ts(self) -> int | None:
+        """`first_ts` of the next paged message, from its frame's header (the message
+        is not decoded); a damaged file is passed as a browse passes it, silently (the
+        read back logs and counts it)."""
+        if not self.messages:
+            return None
+        for frame in self._frames(self._cursor, self._end(), damaged=_skip_damaged):
+            if frame.kind == _KIND_MESSAGE:
+                return int(_MESSAGE.unpack_from(frame.body, 1)[2])
+        return None
 
     def browse(self) -> Iterator[Message]:
         for message, _ in self.browse_from(self._cursor):
@@ -637,16 +653,18 @@ class QueuePages:
                         copies -= 1
                     good = frame.end
             except _Damaged as e:
-                if e.io:  # not a torn tail: the start fails, as before, with the file
-                    raise
-                if number != pages[-1]:  # not a tail either: as the read back does
-                    # (`_damaged`), the rest of this file is skipped, the later files kept
+                if e.io or number != pages[-1]:  # not a torn tail: as the read back does
+                    # (`_damaged`), the rest of this file is skipped, the later files kept;
+                    # an unreadable one too (issue 23 fix 4: the start failed, on a file a
+                    # crash had kept the read back's skip of from the journal)
                     log.error(
                         "paging %s: page file %s damaged, the rest of it skipped: %s",
                         self.directory,
                         e.path,
                         e,
                     )
+                    if e.io and number == pages[-1]:
+                        good = (number + 1, 0)  # new messages go to a new file
                     continue
                 # a torn tail: cut below
             size_on_disk = self._file_size(number)

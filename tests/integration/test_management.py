@@ -112,6 +112,7 @@ def test_queues_and_browse_show_why_messages_died(broker: BrokerProcess) -> None
         "paging",  # B-151 PAGE (issue 23)
         "paged_messages",
         "paged_bytes",
+        "paged_lost",  # lost to damaged page files (issue 23 fix 3)
     }
     assert rows["shop"]["paging"] is False
     status, messages = http(broker, "/api/v1/queues/DLQ.shop/messages?filter=color%3D'red'")

@@ -19,6 +19,9 @@ from amqpbroker.core import operations as ops
 from amqpbroker.core.model import Message
 from amqpbroker.core.outcomes import Accepted, Modified, Rejected
 from amqpbroker.core.paging import READ_STEP_MESSAGES
+from amqpbroker.core.persistence import Persistence
+from amqpbroker.core.records import PageCursor, Record
+from amqpbroker.metrics import BrokerCollector, BrokerSnapshot, render
 from amqpbroker.protocol import message_of
 from amqpbroker.protocol.moves import COPIER
 from amqpbroker.store.paging import PageFiles, QueuePages
@@ -1195,3 +1198,211 @@ def test_a_non_matching_browsers_walk_is_a_step_per_loop_turn_while_a_producer_p
     h._collect()
     got = [_decode(d.message.data) for d in h.take(browser)]
     assert got == [f"message-{i:05d}" for i in range(n, n + 10)]
+
+
+def test_a_drain_takes_paged_messages_beyond_the_read_limits_before_it_is_answered(
+    files: PageFiles,
+) -> None:
+    """B-037/B-151 (issue 23 fix 1): with the queue's memory at max-read-page-bytes held
+    by unsettled deliveries and paged messages left, a drain was answered "drained" (its
+    credit spent on nothing) while messages waited on disk. A drain uses its credit for
+    every available message first (AMQP 1.0 2.6.7): paged ones are read back for it,
+    beyond the read limits, then it is answered once the queue has no more."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 200)
+    c = h.consumer("q", "queue", credit=0)
+    h.broker.set_credit(c, 150, drain=True)
+    first = h.take(c)
+    assert [_decode(d.message.data) for d in first] == [f"message-{i:05d}" for i in range(150)]
+    assert h.drained == []  # its credit went on messages, not on a "drained"
+    h.broker.set_credit(c, 100, drain=True)  # none settled yet: memory still full
+    rest = h.take(c)
+    assert [_decode(d.message.data) for d in rest] == [f"message-{i:05d}" for i in range(150, 200)]
+    assert h.drained == [c]  # the queue had no more: answered
+    for d in first + rest:
+        h.broker.settle(c, d.delivery, ACCEPTED)
+    assert h.queue("q").message_count == 0
+
+
+def test_a_drain_without_a_drain_flag_still_keeps_the_read_limits(files: PageFiles) -> None:
+    """Issue 23 fix 1, the other side (docs/decisions.md): a consumer that does not drain
+    waits for memory to free (settles) as Artemis's read limits have it; and a drain
+    whose selector takes none of a step read beyond the limits stops there (what no
+    drainer takes never fills memory)."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 200)
+    c = h.consumer("q", "queue", credit=150)
+    got = h.take(c)
+    assert 0 < len(got) < 40  # the read limit: about LIMIT of messages
+    h.broker.set_credit(c, 0)
+    picky = h.consumer("q", "queue", credit=0, selector="k = 'yes'")
+    before = h.queue("q").memory_count
+    h.broker.set_credit(picky, 100, drain=True)
+    assert h.take(picky) == []
+    assert picky in h.drained
+    assert h.queue("q").memory_count - before <= READ_STEP_MESSAGES
+
+
+def test_a_drain_waits_past_a_step_of_expired_paged_messages_for_the_live_ones(
+    files: PageFiles,
+) -> None:
+    """B-084 + B-037 over B-151 (issue 23 fix 1): a read back step that found only
+    expired paged messages (expired, not delivered) ended the drain although live ones
+    followed on disk; the read back goes on a step a loop turn, and the drain is
+    answered only once it has reached them."""
+    h = _paging(files, expiry_address="EXP")
+    h.producer("EXP", "queue")
+    _send(h, 20)  # in memory
+    expiring = 3 * READ_STEP_MESSAGES  # steps of nothing but expired ones
+    _send(h, expiring, start=20, ttl_ms=1_000)  # paged, about to expire
+    _send(h, 30, start=20 + expiring)  # paged, live
+    h.clock.advance(2_000)
+    c = h.consumer("q", "queue", credit=0)
+    h.broker.set_credit(c, 100, drain=True)
+    got = [_decode(d.message.data) for d in h.take(c)]
+    for _ in range(20):
+        if c in h.drained:
+            break
+        _run_due(h)
+        got += [_decode(d.message.data) for d in h.take(c)]
+    live = list(range(20)) + list(range(20 + expiring, 50 + expiring))
+    assert got == [f"message-{i:05d}" for i in live]
+    assert h.drained == [c]
+    assert h.queue("q").counters.expired == expiring
+
+
+@pytest.mark.parametrize("how", ["directory", "bit-flip"])
+def test_a_purge_over_a_damaged_page_file_counts_its_part_as_lost(
+    files: PageFiles, how: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """B-161 purge over B-151 (issue 23 fix 2): a purge without a filter browsed the page
+    files (skipping a damaged file's rest) and then dropped the whole count: the
+    messages the damage lost left the queue's count without being counted in `lost`.
+    Now they are counted there (and logged), the others as killed, and the sum is what
+    the queue counted."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 200)
+    pages = _pages(h)
+    paths = sorted(pages.directory.glob("*.page"))
+    assert len(paths) > 4
+    damaged = len(_frames_of(pages, paths[2]))
+    _damage_page(paths[2], how)
+    queue = h.queue("q")
+    assert queue.message_count == 200
+    purged = ops.purge(h.broker, "q")
+    assert pages.lost == damaged  # the whole file: its first frame is the damaged one
+    assert purged + pages.lost == 200
+    assert queue.counters.killed == purged
+    assert (queue.message_count, pages.messages, pages.size_bytes) == (0, 0, 0)
+    assert "lost" in caplog.text
+    _send(h, 30, start=200)  # paging and reading back go on
+    c = h.consumer("q", "queue", credit=0)
+    assert _drain(h, c) == [f"message-{i:05d}" for i in range(200, 230)]
+
+
+class _Journal:
+    """Keeps what is appended (the journal port `Persistence` writes to)."""
+
+    def __init__(self) -> None:
+        self.appended: list[Record] = []
+
+    def on_resume(self, callback: object) -> None:
+        pass
+
+    def append(self, records: list[Record], *, sync: bool, on_durable: object = None) -> None:
+        self.appended.extend(records)
+
+
+def test_a_read_back_that_only_passed_a_damaged_page_file_journals_its_cursor(
+    files: PageFiles,
+) -> None:
+    """B-151 + B-095 (issue 23 fix 4): a durable queue's read back journaled the page
+    cursor only with messages read; one that met an unreadable page file, counted its
+    messages lost and found nothing after it left the cursor before that file in the
+    journal, so a restart met the damage again (and failed to start on it). Now the
+    cursor is journaled whenever a read moves it."""
+    h = Harness(
+        {"#": AddressSettings.of(max_size_bytes=LIMIT, max_read_page_bytes=LIMIT)},
+        copier=COPIER,
+    )
+    journal = _Journal()
+    persistence = Persistence(journal)  # type: ignore[arg-type]
+    h.broker.enable_persistence(persistence)
+    h.broker.enable_paging(files)
+    _send(h, 40, durable=True)
+    persistence.flush()
+    pages = _pages(h)
+    paths = sorted(pages.directory.glob("*.page"))
+    assert len(paths) == 1  # every paged message in one file
+    assert pages.messages > 0
+    paths[0].unlink()
+    paths[0].mkdir()
+    c = h.consumer("q", "queue", credit=0)
+    got = _drain(h, c)
+    persistence.flush()
+    assert len(got) + pages.lost == 40
+    cursors = [r for r in journal.appended if isinstance(r, PageCursor)]
+    assert cursors, "the cursor past the skipped file was never journaled"
+    assert (cursors[-1].page, cursors[-1].offset) == pages.position
+    assert cursors[-1].page > int(paths[0].stem)
+
+
+def test_the_oldest_waiting_age_sees_the_head_of_the_page_files(files: PageFiles) -> None:
+    """Issue 24's oldest-message age over B-151 (issue 23 audit): with every message in
+    memory delivered and not settled, a paged backlog was reported as "nothing waits"
+    (no age). The head of the page files is what waits: its `first_ts`."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    _send(h, 40)
+    first_paged = h.clock.now_ms()
+    h.clock.advance(5_000)
+    _send(h, 40, start=40)
+    queue = h.queue("q")
+    c = h.consumer("q", "queue", credit=100)
+    assert h.take(c)  # memory's part, delivering
+    assert _pages(h).messages > 0
+    assert queue.oldest_waiting_ts() == first_paged
+
+
+def test_the_artemis_persistent_size_counts_the_paged_part_as_the_message_count_does(
+    files: PageFiles,
+) -> None:
+    """The Artemis plugin names over B-151 (issue 23 audit): `artemis_message_count`
+    counted paged messages, `artemis_persistent_size` only the bytes held in memory (a
+    queue of 1M paged messages showed the size of a few); Artemis's persistent size
+    includes the paged part."""
+    h = _paging(files)
+    _send(h, 200)
+    queue, pages = h.queue("q"), _pages(h)
+    assert pages.messages > 100
+    snapshot = BrokerSnapshot.take(h.broker, connections=0, connections_opened=0)
+    text = render(BrokerCollector(lambda: snapshot, artemis_names=True)).decode()
+    broker = h.broker.name
+    series = f'artemis_persistent_size{{address="q",broker="{broker}",queue="q"}}'
+    [line] = [line for line in text.splitlines() if line.startswith(series)]
+    assert float(line.rsplit(" ", 1)[1]) == queue.size_bytes + pages.size_bytes
+
+
+def test_a_drain_held_for_a_due_page_expiry_is_answered_when_there_is_nothing_to_read(
+    files: PageFiles,
+) -> None:
+    """B-037 over B-084/B-151 (issue 23 audit of fix 1): a drain waits while a read back
+    of paged messages is due (`Queue._reading_on`); when the expiry tick then found
+    nothing to read (the expiring paged messages had been removed) it returned without a
+    dispatch, and the drain was never answered. A consumer whose selector takes nothing
+    now hears "drained" at that tick."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    target = h.producer("q", "queue")
+    for i in range(20):
+        h.send(target, _amqp(i))  # memory's part
+    for i in range(20, 30):
+        h.send(target, _tagged(i, "x"), ttl_ms=1_000, props={"k": "x"})  # paged, expiring
+    for i in range(30, 60):
+        h.send(target, _tagged(i, "no"), props={"k": "no"})  # paged, live
+    assert ops.purge(h.broker, "q", selector="k = 'x'") == 10
+    assert _pages(h).messages > 0
+    h.clock.advance(2_000)  # the page expiry armed for them is due, not yet run
+    picky = h.consumer("q", "queue", credit=0, selector="k = 'yes'")
+    h.broker.set_credit(picky, 10, drain=True)
+    _run_due(h)
+    h.take(picky)
+    assert picky in h.drained

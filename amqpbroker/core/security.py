@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from amqpbroker.core.errors import NotAuthorized
+from amqpbroker.core.management import MANAGEMENT_ADDRESS
 from amqpbroker.core.wildcard import WildcardConfig
 
 PERMISSIONS = frozenset(
@@ -41,6 +42,7 @@ class SecurityRepository:
         self.wildcards = wildcards or WildcardConfig()
         self._settings = {pattern: dict(perms) for pattern, perms in settings.items()}
         self._cache: dict[str, dict[str, tuple[str, ...]]] = {}
+        self._pattern_cache: dict[str, list[dict[str, tuple[str, ...]]]] = {}
 
     def entry(self, address: str) -> dict[str, tuple[str, ...]]:
         """The permissions of the most specific pattern matching `address`."""
@@ -57,7 +59,48 @@ class SecurityRepository:
     def allowed(self, roles: frozenset[str] | None, permission: str, address: str) -> bool:
         if roles is None:
             return True
+        address = address.split("::", 1)[0]
+        if self.wildcards.has_wildcard(address):
+            entries = self._pattern_entries(address)
+            return bool(entries) and all(
+                any(role in roles for role in entry.get(permission, ())) for entry in entries
+            )
         return any(role in roles for role in self.entry(address).get(permission, ()))
+
+    def _pattern_entries(self, pattern: str) -> list[dict[str, tuple[str, ...]]]:
+        """The entries that decide for some address a wildcard `pattern` (a wildcard
+        subscription) can name: a permission on the pattern is one on each of them.
+
+        Issue 15 attack: `pattern` was looked up as one address, so `a.#` took the entry of
+        `a.*` (whose `*` matches the word `#`), and a user allowed to consume `a.*` received
+        `a.x.secret`, which only `#` grants. Now: the most specific entry covering every
+        address of `pattern`, and each more specific entry that covers some of them (for
+        those it is the one that decides). None covering all: no permission. A literal
+        pattern naming the management address decides for no message (B-160: requests
+        there are never routed), so it is left out.
+        """
+        cached = self._pattern_cache.get(pattern)
+        if cached is not None:
+            return cached
+        wc = self.wildcards
+        words = tuple(pattern.split(wc.delimiter))
+
+        def split(p: str) -> tuple[str, ...]:
+            return tuple(p.split(wc.delimiter))
+
+        covering = [p for p in self._settings if _covers(split(p), words, wc)]
+        entries: list[dict[str, tuple[str, ...]]] = []
+        if covering:
+            best = min(wc.specificity_key(p) for p in covering)
+            entries = [
+                self._settings[p]
+                for p in self._settings
+                if p != MANAGEMENT_ADDRESS
+                and wc.specificity_key(p) <= best
+                and _overlap(split(p), words, wc)
+            ]
+        self._pattern_cache[pattern] = entries
+        return entries
 
     def require(
         self,
@@ -73,3 +116,29 @@ class SecurityRepository:
             raise NotAuthorized(
                 f"{who} does not have permission '{permission}' on address {address}"
             )
+
+
+def _covers(pattern: tuple[str, ...], words: tuple[str, ...], wc: WildcardConfig) -> bool:
+    """Whether every address the pattern `words` names is matched by `pattern`."""
+    if not pattern:
+        return not words
+    head = pattern[0]
+    if head == wc.any_words:
+        return True
+    if not words or words[0] == wc.any_words:
+        return False
+    if head == wc.single_word or (head == words[0] and words[0] != wc.single_word):
+        return _covers(pattern[1:], words[1:], wc)
+    return False
+
+
+def _overlap(pattern: tuple[str, ...], words: tuple[str, ...], wc: WildcardConfig) -> bool:
+    """Whether some address is matched both by `pattern` and by the pattern `words`."""
+    if (pattern and pattern[0] == wc.any_words) or (words and words[0] == wc.any_words):
+        return True
+    if not pattern or not words:
+        return not pattern and not words
+    one = wc.single_word
+    if pattern[0] == one or words[0] == one or pattern[0] == words[0]:
+        return _overlap(pattern[1:], words[1:], wc)
+    return False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import ipaddress
 import json
 import logging
 import uuid
@@ -260,6 +261,42 @@ def csrf_refusal(
     return None
 
 
+def is_loopback_name(host: str) -> bool:
+    """Whether `host` (a name or an address, no port) can only mean this machine."""
+    name = host.strip().rstrip(".").lower()
+    if name == "localhost" or name.endswith(".localhost"):  # RFC 6761 section 6.3
+        return True
+    try:
+        return ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def host_refusal(host: str | None, loopback_only: bool) -> str | None:
+    """Why a request may come through DNS rebinding (None: it does not).
+
+    A page on `evil.example` whose name is made to resolve to 127.0.0.1 talks to a broker
+    bound to loopback as its own origin: the browser sends `Host: evil.example:8161`, the
+    CSRF check sees a matching Origin, and with security off nothing else stands in the
+    way. A server bound to loopback can only be meant by a loopback name, so any other
+    Host is refused; one bound elsewhere is reached by names we cannot know. A request
+    without Host (HTTP/1.0, not a browser) passes."""
+    if not loopback_only or host is None:
+        return None
+    text = host.strip()
+    if text.startswith("["):  # [::1]:8161
+        name, _, rest = text[1:].partition("]")
+        ok = rest == "" or (rest.startswith(":") and rest[1:].isdigit())
+    else:
+        name, colon, port = text.rpartition(":")
+        if not colon or not port.isdigit():
+            name = text
+        ok = True
+    if ok and is_loopback_name(name):
+        return None
+    return f"Host {text[:100]!r} does not name this loopback-only server (DNS rebinding defence)"
+
+
 class ManagementApi:
     """Authenticates and routes requests to broker operations on the loop (HTTP threads)."""
 
@@ -292,10 +329,14 @@ class ManagementApi:
         csrf_token: str | None = None,
         origin: str | None = None,
         host: str | None = None,
+        loopback_only: bool = False,
     ) -> Reply:
-        """The whole of one request: target, authentication (`browse` to read, `manage`
-        for anything else), CSRF check, body, route; never raises."""
+        """The whole of one request: Host check, target, authentication (`browse` to
+        read, `manage` for anything else), CSRF check, body, route; never raises."""
         try:
+            rebound = host_refusal(host, loopback_only)
+            if rebound is not None:
+                raise HttpError(HTTPStatus.FORBIDDEN, rebound)
             target = parse_target(raw_target)
             found = endpoint_of(target.segments)
             public = found is not None and found[0] in PUBLIC and method in READ_METHODS

@@ -24,7 +24,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from amqpbroker.management.api import CSRF_HEADER, HttpError, ManagementApi
+from amqpbroker.management.api import CSRF_HEADER, HttpError, ManagementApi, is_loopback_name
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,9 @@ class _DeadlineReader(io.RawIOBase):
         return count
 
 
-def _handler_class(api: ManagementApi, read_timeout_s: float) -> type[BaseHTTPRequestHandler]:
+def _handler_class(
+    api: ManagementApi, read_timeout_s: float, loopback_only: bool
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "amqpbroker"
         protocol_version = "HTTP/1.1"
@@ -156,7 +158,9 @@ def _handler_class(api: ManagementApi, read_timeout_s: float) -> type[BaseHTTPRe
                 read_body=self._read_body,
                 csrf_token=self.headers.get(CSRF_HEADER),
                 origin=self.headers.get("Origin"),
-                host=self.headers.get("Host"),
+                # Several Host headers (RFC 9112: a 400) name no one host: refused.
+                host=", ".join(self.headers.get_all("Host") or []) or None,
+                loopback_only=loopback_only,
             )
             if reply.status >= 400:
                 # The body may be unread (refused before reading): never guess where the
@@ -259,8 +263,10 @@ class HttpServer:
         read_timeout_s: float = 10.0,
         max_connections: int = 100,
     ) -> None:
+        # Bound to loopback only: requests must name it by a loopback Host (DNS rebinding).
+        loopback_only = is_loopback_name(host)
         self._server = _Server(
-            (host, port), _handler_class(api, read_timeout_s), slots=max_connections
+            (host, port), _handler_class(api, read_timeout_s, loopback_only), slots=max_connections
         )
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)

@@ -176,7 +176,7 @@ def send_head(broker: BrokerProcess, head: str, body: bytes = b"") -> tuple[int,
 
 def post_head(content_length: str, *, authorization: str = ADMIN, extra: str = "") -> str:
     return (
-        "POST /api/v1/queues/Q/purge HTTP/1.1\r\nHost: x\r\n"
+        "POST /api/v1/queues/Q/purge HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         f"Authorization: {authorization}\r\nContent-Length: {content_length}\r\n"
         f"X-Requested-By: test\r\n{extra}\r\n"
     )
@@ -238,7 +238,7 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
 
 def half_open(broker: BrokerProcess) -> socket.socket:
     sock = socket.create_connection(("127.0.0.1", port(broker)), timeout=5)
-    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # the head never ends
+    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")  # the head never ends
     return sock
 
 
@@ -313,7 +313,7 @@ def test_a_request_head_over_64_kib_is_refused_with_431(broker: BrokerProcess) -
     big = "".join(f"X-Pad-{n}: {'a' * 40_000}\r\n" for n in range(2))
     status, _, _ = raw_request(port(broker), "GET", "/healthz", headers={"X-Pad": "a" * 60_000})
     assert status == 200
-    assert send_head(broker, f"GET /healthz HTTP/1.1\r\nHost: x\r\n{big}\r\n")[0] == 431
+    assert send_head(broker, f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n{big}\r\n")[0] == 431
     before = broker.rss_bytes()
     for _ in range(20):
         status, _, took = send_head(broker, "GET /healthz HTTP/1.1\r\n" + "X-a: b\r\n" * 100_000)

@@ -273,3 +273,29 @@ def test_bad_json_is_400(broker: BrokerProcess) -> None:
 
 def test_unknown_route_is_404(broker: BrokerProcess) -> None:
     assert http(broker, "/api/v1/nothing-here")[0] == 404
+
+
+def test_a_rebound_host_name_is_refused_on_a_loopback_server(broker: BrokerProcess) -> None:
+    """DNS rebinding (issue 15 attack): a page on a name made to resolve to 127.0.0.1
+    sends its own Host and a matching Origin; with security off the purge went through.
+    A loopback-bound server answers only loopback names (CONTRACT: HTTP on `http.bind`)."""
+    from support.http import raw_request
+
+    conn = connect(broker.url)
+    conn.create_sender("rebind", options=QUEUE).send(Message(body="keep me"))
+    conn.close()
+    port = broker.ports["http"]
+    forged = {
+        "Host": f"rebind.example:{port}",
+        "Origin": f"http://rebind.example:{port}",
+        "X-Requested-By": "page",
+    }
+    status, _, body = raw_request(port, "POST", "/api/v1/queues/rebind/purge", headers=forged)
+    assert status == 403, body
+    assert b"DNS rebinding" in body
+    status, _, _ = raw_request(port, "GET", "/api/v1/queues", headers={"Host": "rebind.example"})
+    assert status == 403  # reading messages is refused too
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "localhost."):
+        status, _, _ = raw_request(port, "GET", "/healthz", headers={"Host": host})
+        assert status == 200, host
+    assert http(broker, "/api/v1/queues/rebind")[1]["messages"] == 1

@@ -65,8 +65,10 @@ def raw_request(
 
     Returns (status, headers with lower-case names, body).
     """
-    lines = [f"{method} {target} HTTP/1.1", "Host: 127.0.0.1", "Connection: close"]
-    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    headers = headers or {}
+    host = [] if any(k.lower() == "host" for k in headers) else ["Host: 127.0.0.1"]
+    lines = [f"{method} {target} HTTP/1.1", *host, "Connection: close"]
+    lines += [f"{k}: {v}" for k, v in headers.items()]
     if body:
         lines.append(f"Content-Length: {len(body)}")
     request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body

@@ -245,3 +245,34 @@ def test_queue_settings_never_show_an_unimplemented_key() -> None:
     settings = json.loads(request(api, "GET", "/api/v1/queues/Q").body)["settings"]
     assert settings["max-delivery-attempts"] == 10
     assert not {name.replace("_", "-") for name in UNSUPPORTED_SETTINGS} & settings.keys()
+
+
+@pytest.mark.parametrize(
+    ("host", "refused"),
+    [
+        (None, False),  # HTTP/1.0, no browser
+        ("127.0.0.1:8161", False),
+        ("127.8.9.10", False),
+        ("localhost:8161", False),
+        ("LOCALHOST.:8161", False),
+        ("app.localhost", False),
+        ("[::1]:8161", False),
+        ("[::1]", False),
+        ("evil.example:8161", True),
+        ("evil.example", True),
+        ("127.0.0.1.evil.example", True),
+        ("localhost.evil.example", True),
+        ("[::1]x", True),
+        ("127.0.0.1:8161, evil.example", True),  # several Host headers
+        ("10.0.0.1:8161", True),
+        ("", True),
+    ],
+)
+def test_a_loopback_server_answers_only_loopback_host_names(
+    host: str | None, refused: bool
+) -> None:
+    """DNS rebinding (issue 15 attack): see `host_refusal`."""
+    from amqpbroker.management.api import host_refusal
+
+    assert (host_refusal(host, loopback_only=True) is not None) is refused
+    assert host_refusal(host, loopback_only=False) is None  # bound elsewhere: no check

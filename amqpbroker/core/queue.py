@@ -824,8 +824,11 @@ class Queue:
                     allowance = self._drain_allowance(active)
                 # B-151 PAGE: the next slice of the page files; a drain goes beyond the
                 # limits only while nothing read waits in memory (a selector's misses
-                # stop it: memory never fills with what no drainer takes)
-                beyond = allowance if skipped is None else 0
+                # stop it: memory never fills with what no drainer takes) and less than
+                # a step waits for its delivery time (each drain would pull its credit's
+                # worth of messages due later in)
+                waiting = skipped is not None or self._scheduled_live >= READ_STEP_MESSAGES
+                beyond = 0 if waiting else allowance
                 kept = self._depage(empty=True, beyond=beyond)
                 if not kept:
                     break

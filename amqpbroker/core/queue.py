@@ -741,9 +741,10 @@ class Queue:
                 out.append(Drained(consumer.id))
 
     def _reading_on(self) -> bool:
-        """Whether a read back of paged messages stopped at a step of expired ones and
-        goes on next loop turn (`expire_paged`, armed for now): a drain waits for it
-        (issue 23: it was answered while live paged messages remained behind them)."""
+        """Whether a read back of paged messages is due and not yet run (`tick` runs
+        `expire_paged`): after a step of only expired ones, or at the earliest paged
+        expiration. A drain waits for it (issue 23: it was answered while live paged
+        messages remained behind expired ones); `expire_paged` always dispatches."""
         pages = self.pages
         return (
             pages is not None

@@ -741,9 +741,10 @@ class Queue:
                 out.append(Drained(consumer.id))
 
     def _reading_on(self) -> bool:
-        """Whether a read back of paged messages stopped at a step of expired ones and
-        goes on next loop turn (`expire_paged`, armed for now): a drain waits for it
-        (issue 23: it was answered while live paged messages remained behind them)."""
+        """Whether a read back of paged messages is due and not yet run (`tick` runs
+        `expire_paged`): after a step of only expired ones, or at the earliest paged
+        expiration. A drain waits for it (issue 23: it was answered while live paged
+        messages remained behind expired ones); `expire_paged` always dispatches."""
         pages = self.pages
         return (
             pages is not None
@@ -824,8 +825,11 @@ class Queue:
                     allowance = self._drain_allowance(active)
                 # B-151 PAGE: the next slice of the page files; a drain goes beyond the
                 # limits only while nothing read waits in memory (a selector's misses
-                # stop it: memory never fills with what no drainer takes)
-                beyond = allowance if skipped is None else 0
+                # stop it: memory never fills with what no drainer takes) and less than
+                # a step waits for its delivery time (each drain would pull its credit's
+                # worth of messages due later in)
+                waiting = skipped is not None or self._scheduled_live >= READ_STEP_MESSAGES
+                beyond = 0 if waiting else allowance
                 kept = self._depage(empty=True, beyond=beyond)
                 if not kept:
                     break

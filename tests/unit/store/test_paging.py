@@ -1406,3 +1406,25 @@ def test_a_drain_held_for_a_due_page_expiry_is_answered_when_there_is_nothing_to
     _run_due(h)
     h.take(picky)
     assert picky in h.drained
+
+
+def test_drains_over_paged_messages_due_later_leave_at_most_a_step_waiting_in_memory(
+    files: PageFiles,
+) -> None:
+    """B-015 + B-037 over B-151 (issue 23 audit of fix 1): a drain reads beyond the read
+    limits for its credit; paged messages with a delivery delay read back for it wait
+    in memory (scheduled), so each drain round pulled its credit's worth more in, with
+    no bound. Beyond the limits, what waits scheduled stays under a read step."""
+    h = _paging(files, max_read_page_bytes=LIMIT)
+    target = h.producer("q", "queue")
+    for i in range(20):
+        h.send(target, _amqp(i))  # memory's part
+    for i in range(20, 2_020):
+        h.send(target, _amqp(i), delivery_delay_ms=60_000)  # paged, due in a minute
+    queue = h.queue("q")
+    c = h.consumer("q", "queue", credit=0)
+    for _ in range(10):
+        h.broker.set_credit(c, 100, drain=True)
+        h.take(c)
+    assert c in h.drained
+    assert queue.scheduled_count <= READ_STEP_MESSAGES + 100

@@ -426,6 +426,76 @@ def add_message_of(buf: bytes, layout: MessageLayout) -> AddMessage:
     return record
 
 
+# An AddMessage as a plain tuple, its body copied out (`message_row`): what the open keeps
+# of a live message for recovery, which reads it by index (compiled, a tuple's item is a
+# C read where a record's attribute is a Python attribute lookup, issue 23 item 4).
+# (msg_id, address, durable, data, expiration_ms, first_ts, priority, header_end,
+# head_end, header_count): `AddMessage`'s fields in its order.
+MessageRow = tuple[int, str, bool, bytes, int, int, int, int, int, int]
+
+
+def message_row(buf: bytes, layout: MessageLayout) -> MessageRow:
+    """The `MessageRow` whose `add_message_layout` in `buf` is `layout`."""
+    return (
+        layout[0],
+        layout[1],
+        layout[2],
+        buf[layout[3] : layout[4]],
+        layout[5],
+        layout[6],
+        layout[7],
+        layout[8],
+        layout[9],
+        layout[10],
+    )
+
+
+def add_message_of_row(row: MessageRow) -> AddMessage:
+    """The AddMessage a `MessageRow` stands for."""
+    record: AddMessage = _new(AddMessage)
+    (
+        record.msg_id,
+        record.address,
+        record.durable,
+        record.data,
+        record.expiration_ms,
+        record.first_ts,
+        record.priority,
+        record.header_end,
+        record.head_end,
+        record.header_count,
+    ) = row
+    return record
+
+
+# An AddRef read at open as (msg_id, queue, delivery_count) (`add_ref_row`): no record
+# object for the one record every queued message has (issue 23 item 4); the message id
+# first, as in a `MessageLayout`, so that `row[0]` is the message id of either.
+RefRow = tuple[int, str, int]
+
+
+def add_ref_row(buf: bytes, start: int, stop: int) -> RefRow | None:
+    """The AddRef payload at `buf[start:stop]` as a `RefRow`, checked as the fast decoder
+    checks it; None: for the full decoder."""
+    try:
+        if buf[start] != 3 or buf[start + 1] != _STR:
+            return None
+        end = start + 6 + _U32.unpack_from(buf, start + 2)[0]
+        if stop != end + _TWO_INTS.size:
+            return None
+        tag1, msg_id, tag2, count = _TWO_INTS.unpack_from(buf, end)
+        if tag1 != _INT or tag2 != _INT:
+            return None
+        return (msg_id, _string(buf[start + 6 : end]), count)
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None
+
+
+def add_ref_of_row(row: RefRow) -> AddRef:
+    """The AddRef a `RefRow` stands for."""
+    return AddRef(queue=row[1], msg_id=row[0], delivery_count=row[2])
+
+
 def _fast_decode_add_message(buf: bytes, start: int, stop: int) -> Any:
     layout = add_message_layout(buf, start, stop)
     return None if layout is None else add_message_of(buf, layout)

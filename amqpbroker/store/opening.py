@@ -38,7 +38,7 @@ from amqpbroker.store.api import (
     JournalCorrupt,
     JournalError,
 )
-from amqpbroker.store.frames import Entry, index_plain, read_batches, read_unread
+from amqpbroker.store.frames import Entry, Kept, index_plain, read_batches, read_unread
 from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
 from amqpbroker.store.segments import (
     _FILE_HEADER,
@@ -72,7 +72,7 @@ class _Opening:
     skip_corrupt: bool
     _segments: list[_Segment]
     _live: _LiveSet[_Loc]
-    _opened_live: dict[_Loc, Record | codec.MessageLayout] | None
+    _opened_live: dict[_Loc, Kept] | None
     _unread: list[_Loc]
     _opened_max_id: int
 
@@ -82,8 +82,8 @@ class _Opening:
     def _index_batch(
         self,
         seg: _Segment,
-        batch: Iterable[tuple[Record | codec.MessageLayout, int, int]],
-        keep: dict[_Loc, Record | codec.MessageLayout] | None = None,
+        batch: Iterable[Entry],
+        keep: dict[_Loc, Kept] | None = None,
     ) -> None:
         raise NotImplementedError  # FileJournal's
 
@@ -311,6 +311,6 @@ class _Opening:
         return resume
 
 
-def _msg_id(record: Record | codec.MessageLayout) -> int:
-    """The message id of a record `read_batches` reads (each has one)."""
+def _msg_id(record: Record | codec.MessageLayout | codec.RefRow) -> int:
+    """The message id of a record `read_batches` reads (each has one; a row's first)."""
     return record[0] if isinstance(record, tuple) else getattr(record, "msg_id", 0)

@@ -19,7 +19,8 @@ segments, so an append bigger than the limit gets a segment of its own.
 Reading checks every frame (`_check_frame`: length, crc, known type and flags); a bad
 frame is `_Bad`, and `_next_sound_frame` finds where valid frames start again. What a bad
 frame means (a torn tail or corruption) is the file journal's call (`store/file_journal.py`).
-`_Segment`, `_Loc` and `_Pending` are the small structures the journal's parts share.
+`_Pending` and (`store/locs.py`, re-exported here) `_Segment` and `_Loc` are the small
+structures the journal's parts share.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from amqpbroker.core.records import (
     Record,
 )
 from amqpbroker.store.api import OnDurable
+from amqpbroker.store.locs import _SIZE_MASK as _SIZE_MASK  # re-exported
+from amqpbroker.store.locs import _SPAN_SHIFT as _SPAN_SHIFT
+from amqpbroker.store.locs import _Loc as _Loc
+from amqpbroker.store.locs import _Segment as _Segment
 
 MAGIC = b"AMQPBJNL"
 VERSION = 1
@@ -51,47 +56,6 @@ _KNOWN_TYPES = frozenset(int(t) for t in RECORD_CLASSES)
 _SEGMENT_GLOB = "journal-*.seg"
 _TEMP_SUFFIX = ".compact"
 _NEXT_SUFFIX = ".next"  # the spare next segment, opened ahead of need
-
-
-class _Segment:
-    __slots__ = ("items", "live_bytes", "number", "path", "size_bytes", "skips")
-
-    def __init__(self, number: int, path: Path, size_bytes: int) -> None:
-        self.number = number
-        self.path = path
-        self.size_bytes = size_bytes  # bytes on disk, header included
-        self.live_bytes = 0  # of live records and needed tombstones
-        self.items: dict[int, _Loc] = {}  # `_Loc.span` -> live record or needed tombstone
-        self.skips: list[tuple[int, int]] = []  # corrupt ranges skipped (skip_corrupt)
-
-    def __repr__(self) -> str:
-        return f"<segment {self.number} {self.size_bytes}B live={self.live_bytes}B>"
-
-
-_SPAN_SHIFT = 33  # `_Loc.span`: offset << _SPAN_SHIFT | size
-_SIZE_MASK = (1 << _SPAN_SHIFT) - 1
-
-
-class _Loc:
-    """Where one live record (or needed tombstone) is. Two per queued durable message:
-    nothing else on it (a tombstone's targets and compaction's copying are kept by the
-    journal, issue 20). `span` is offset and size in one int (`offset << 33 | size`: a
-    frame is at most 2**32 + 11 bytes): one int object where two were, also the key in
-    `_Segment.items` (so in offset order)."""
-
-    __slots__ = ("seg", "span")
-
-    def __init__(self, seg: _Segment, offset: int, size: int) -> None:
-        self.seg = seg
-        self.span = offset << _SPAN_SHIFT | size
-
-    @property
-    def offset(self) -> int:
-        return self.span >> _SPAN_SHIFT
-
-    @property
-    def size(self) -> int:
-        return self.span & _SIZE_MASK
 
 
 class _Pending:

@@ -28,6 +28,7 @@ nothing in a journal file can make the decoder run code.
 from __future__ import annotations
 
 import enum
+import mmap
 import struct
 import typing
 from collections.abc import Callable
@@ -292,6 +293,9 @@ _SCHEMAS = {type_id: _Schema(cls) for type_id, cls in RECORD_CLASSES.items()}
 # Fast decoders for the same records (recovery replays millions of them, issue 23 item
 # 4): the layout `_fast_*` writes, checked byte for byte; anything else (an older or newer
 # writer, a field out of the usual types) goes to the general decoder.
+# What the decoders read from: a segment's bytes, or its pages mapped (`mmap`: the open
+# maps each segment instead of reading it into a new buffer, issue 23 item 4).
+Data = bytes | mmap.mmap
 _STRINGS: Final[dict[bytes, str]] = {}  # queue and address names repeat: decode each once
 _ADD_MESSAGE_HEAD: Final = struct.Struct("<BBqBI")  # count, tag, msg_id, tag, address length
 _BOOL_TAG_LEN: Final = struct.Struct("<BBI")  # durable, the body's tag and length
@@ -313,8 +317,8 @@ def _string(raw: bytes) -> str:
     return text
 
 
-def _fast_decode_ref(cls: type[Any]) -> Callable[[bytes, int, int], Any]:
-    def decode(buf: bytes, start: int, stop: int) -> Any:
+def _fast_decode_ref(cls: type[Any]) -> Callable[[Data, int, int], Any]:
+    def decode(buf: Data, start: int, stop: int) -> Any:
         if buf[start] != 3 or buf[start + 1] != _STR:
             return None
         end = start + 6 + _U32.unpack_from(buf, start + 2)[0]
@@ -332,7 +336,7 @@ def _fast_decode_ref(cls: type[Any]) -> Callable[[bytes, int, int], Any]:
     return decode
 
 
-def _fast_decode_ack(buf: bytes, start: int, stop: int) -> Any:
+def _fast_decode_ack(buf: Data, start: int, stop: int) -> Any:
     if buf[start] != 2 or buf[start + 1] != _STR:
         return None
     end = start + 6 + _U32.unpack_from(buf, start + 2)[0]
@@ -352,7 +356,7 @@ def _fast_decode_ack(buf: bytes, start: int, stop: int) -> Any:
 MessageLayout = tuple[int, str, bool, int, int, int, int, int, int, int, int]
 
 
-def add_message_layout(buf: bytes, start: int, stop: int) -> MessageLayout | None:
+def add_message_layout(buf: Data, start: int, stop: int) -> MessageLayout | None:
     """The fields of the AddMessage payload at `buf[start:stop]`, checked as the fast
     decoder checks them, without copying its body; None: a layout for `decode`."""
     try:
@@ -410,7 +414,7 @@ def add_message_layout(buf: bytes, start: int, stop: int) -> MessageLayout | Non
     )
 
 
-def add_message_of(buf: bytes, layout: MessageLayout) -> AddMessage:
+def add_message_of(buf: Data, layout: MessageLayout) -> AddMessage:
     """The AddMessage whose `add_message_layout` in `buf` is `layout`."""
     record: AddMessage = _new(AddMessage)
     record.msg_id = layout[0]
@@ -434,7 +438,7 @@ def add_message_of(buf: bytes, layout: MessageLayout) -> AddMessage:
 MessageRow = tuple[int, str, bool, bytes, int, int, int, int, int, int]
 
 
-def message_row(buf: bytes, layout: MessageLayout) -> MessageRow:
+def message_row(buf: Data, layout: MessageLayout) -> MessageRow:
     """The `MessageRow` whose `add_message_layout` in `buf` is `layout`."""
     return (
         layout[0],
@@ -474,7 +478,7 @@ def add_message_of_row(row: MessageRow) -> AddMessage:
 RefRow = tuple[int, str, int]
 
 
-def add_ref_row(buf: bytes, start: int, stop: int) -> RefRow | None:
+def add_ref_row(buf: Data, start: int, stop: int) -> RefRow | None:
     """The AddRef payload at `buf[start:stop]` as a `RefRow`, checked as the fast decoder
     checks it; None: for the full decoder."""
     try:
@@ -496,12 +500,12 @@ def add_ref_of_row(row: RefRow) -> AddRef:
     return AddRef(queue=row[1], msg_id=row[0], delivery_count=row[2])
 
 
-def _fast_decode_add_message(buf: bytes, start: int, stop: int) -> Any:
+def _fast_decode_add_message(buf: Data, start: int, stop: int) -> Any:
     layout = add_message_layout(buf, start, stop)
     return None if layout is None else add_message_of(buf, layout)
 
 
-_FAST_DECODE_AT: dict[int, Callable[[bytes, int, int], Any]] = {
+_FAST_DECODE_AT: dict[int, Callable[[Data, int, int], Any]] = {
     RecordType.ADD_REF: _fast_decode_ref(AddRef),
     RecordType.UPDATE_DELIVERY_COUNT: _fast_decode_ref(UpdateDeliveryCount),
     RecordType.ACK_REF: _fast_decode_ack,
@@ -509,7 +513,7 @@ _FAST_DECODE_AT: dict[int, Callable[[bytes, int, int], Any]] = {
 }
 
 
-def _whole(fast: Callable[[bytes, int, int], Any]) -> Callable[[bytes], Any]:
+def _whole(fast: Callable[[Data, int, int], Any]) -> Callable[[bytes], Any]:
     return lambda payload: fast(payload, 0, len(payload))
 
 
@@ -518,7 +522,7 @@ _FAST_DECODE: dict[int, Callable[[bytes], Any]] = {
 }
 
 
-def decode_at(type_id: int, buf: bytes, start: int, stop: int) -> Record:
+def decode_at(type_id: int, buf: Data, start: int, stop: int) -> Record:
     """`decode(type_id, buf[start:stop])` without copying the payload out first (recovery
     reads records straight from a segment's bytes)."""
     fast = _FAST_DECODE_AT.get(type_id)

@@ -48,7 +48,11 @@ _DECODERS: Final = codec._FAST_DECODE_AT
 
 
 def read_batches(
-    data: bytes, pos: int, batch: list[Entry], top: int, batches: list[tuple[list[Entry], int]]
+    data: codec.Data,
+    pos: int,
+    batch: list[Entry],
+    top: int,
+    batches: list[tuple[list[Entry], int]],
 ) -> tuple[int, list[Entry], int, int]:
     """Read frames from `pos` on, adding to `batch` (the records of an unfinished append,
     whose largest message id is `top`); each complete append goes to `batches` with its
@@ -160,7 +164,7 @@ def index_plain(
     return done
 
 
-def read_unread(data: bytes, unread: list[_Loc], keep: dict[_Loc, Kept]) -> None:
+def read_unread(data: codec.Data, unread: list[_Loc], keep: dict[_Loc, Kept]) -> None:
     """Copy out the AddMessages of `unread` that are still live (their layouts in `keep`),
     from the segment `data` they were read from, as `codec.MessageRow`s:
     `_Opening._read_unread`."""

@@ -133,7 +133,7 @@ class _Bad:
         self.intact = intact
 
 
-def _check_frame(data: bytes, pos: int) -> tuple[int, int, int] | _Bad:
+def _check_frame(data: codec.Data, pos: int) -> tuple[int, int, int] | _Bad:
     """(end, type id, flags) of a sound frame at `pos`, or why it is not one."""
     if len(data) - pos < FRAME_BYTES:
         return _Bad("truncated frame header", -1)
@@ -163,7 +163,7 @@ _TYPE_AND_FLAGS = re.compile(
 )
 
 
-def _next_sound_frame(data: bytes, start: int) -> int:
+def _next_sound_frame(data: codec.Data, start: int) -> int:
     """Offset of the first sound frame at or after `start`, or -1."""
     offset = FRAME_BYTES - 4  # of the type id in a frame
     for match in _TYPE_AND_FLAGS.finditer(data, start + offset):
@@ -173,7 +173,7 @@ def _next_sound_frame(data: bytes, start: int) -> int:
     return -1
 
 
-def _decode_at(data: bytes, pos: int, end: int, type_id: int) -> Record | _Bad:
+def _decode_at(data: codec.Data, pos: int, end: int, type_id: int) -> Record | _Bad:
     try:
         return codec.decode_at(type_id, data, pos + FRAME_BYTES, end)
     except codec.CodecError as e:

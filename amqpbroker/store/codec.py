@@ -359,6 +359,15 @@ MessageLayout = tuple[int, str, bool, int, int, int, int, int, int, int, int]
 def add_message_layout(buf: Data, start: int, stop: int) -> MessageLayout | None:
     """The fields of the AddMessage payload at `buf[start:stop]`, checked as the fast
     decoder checks them, without copying its body; None: a layout for `decode`."""
+    # Declared: compiled, native ints rather than objects (see `frames.read_batches`).
+    count: int
+    tag: int
+    msg_id: int
+    address_tag: int
+    address_len: int
+    durable: int
+    data_tag: int
+    data_len: int
     try:
         count, tag, msg_id, address_tag, address_len = _ADD_MESSAGE_HEAD.unpack_from(buf, start)
         if count not in (7, 10) or tag != _INT or address_tag != _STR:  # 7: before issue 23
@@ -487,6 +496,10 @@ def add_ref_row(buf: Data, start: int, stop: int) -> RefRow | None:
         end = start + 6 + _U32.unpack_from(buf, start + 2)[0]
         if stop != end + _TWO_INTS.size:
             return None
+        tag1: int
+        msg_id: int
+        tag2: int
+        count: int
         tag1, msg_id, tag2, count = _TWO_INTS.unpack_from(buf, end)
         if tag1 != _INT or tag2 != _INT:
             return None

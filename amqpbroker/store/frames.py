@@ -67,6 +67,12 @@ def read_batches(
     # The crc of a frame's length field, by length: a journal's frames come in a few
     # sizes, and a lookup costs less than a crc32 call over a slice.
     heads: dict[int, int] = {}
+    # Declared: compiled, the unpacked fields are then native ints, not objects each
+    # operation below goes through Python's number protocol for.
+    length: int
+    crc: int
+    type_id: int
+    flags: int
     while size - pos >= _HEAD:
         length, crc, type_id, flags = unpack(data, pos)
         end = pos + _HEAD + length

@@ -300,6 +300,17 @@ _STRINGS: Final[dict[bytes, str]] = {}  # queue and address names repeat: decode
 _ADD_MESSAGE_HEAD: Final = struct.Struct("<BBqBI")  # count, tag, msg_id, tag, address length
 _BOOL_TAG_LEN: Final = struct.Struct("<BBI")  # durable, the body's tag and length
 _SIX_INTS: Final = struct.Struct("<BqBqBqBqBqBq")  # an issue-23 AddMessage's last six fields
+# The same, bound and sized once (compiled: a call of a C static, not a method looked up
+# by name per call; a size that is a constant, not an attribute read).
+_UNPACK_HEAD: Final = _ADD_MESSAGE_HEAD.unpack_from
+_UNPACK_BOOL_TAG_LEN: Final = _BOOL_TAG_LEN.unpack_from
+_UNPACK_SIX_INTS: Final = _SIX_INTS.unpack_from
+_UNPACK_TWO_INTS: Final = _TWO_INTS.unpack_from
+_UNPACK_U32: Final = _U32.unpack_from
+_HEAD_SIZE: Final = 15  # _ADD_MESSAGE_HEAD.size
+_BOOL_TAG_LEN_SIZE: Final = 6  # _BOOL_TAG_LEN.size
+_THREE_INTS_SIZE: Final = 27  # _THREE_INTS.size
+_TWO_INTS_SIZE: Final = 18  # _TWO_INTS.size
 
 
 # Records built without the dataclass's keyword call (a third of its cost, as
@@ -369,19 +380,19 @@ def add_message_layout(buf: Data, start: int, stop: int) -> MessageLayout | None
     data_tag: int
     data_len: int
     try:
-        count, tag, msg_id, address_tag, address_len = _ADD_MESSAGE_HEAD.unpack_from(buf, start)
+        count, tag, msg_id, address_tag, address_len = _UNPACK_HEAD(buf, start)
         if count not in (7, 10) or tag != _INT or address_tag != _STR:  # 7: before issue 23
             return None
         scanned = count == 10
-        pos = start + _ADD_MESSAGE_HEAD.size + address_len
-        address = _string(buf[start + _ADD_MESSAGE_HEAD.size : pos])
-        durable, data_tag, data_len = _BOOL_TAG_LEN.unpack_from(buf, pos)
-        data_start = pos + _BOOL_TAG_LEN.size
+        pos = start + _HEAD_SIZE + address_len
+        address = _string(buf[start + _HEAD_SIZE : pos])
+        durable, data_tag, data_len = _UNPACK_BOOL_TAG_LEN(buf, pos)
+        data_start = pos + _BOOL_TAG_LEN_SIZE
         end = data_start + data_len
         if (
             durable not in (_TRUE, _FALSE)
             or data_tag != _BYTES
-            or stop != end + _THREE_INTS.size * (2 if scanned else 1)
+            or stop != end + _THREE_INTS_SIZE * (2 if scanned else 1)
         ):
             return None
         if scanned:  # the six ints in one unpack
@@ -398,7 +409,7 @@ def add_message_layout(buf: Data, start: int, stop: int) -> MessageLayout | None
                 head_end,
                 tag6,
                 header_count,
-            ) = _SIX_INTS.unpack_from(buf, end)
+            ) = _UNPACK_SIX_INTS(buf, end)
             if not tag1 == tag2 == tag3 == tag4 == tag5 == tag6 == _INT:
                 return None
         else:
@@ -493,14 +504,14 @@ def add_ref_row(buf: Data, start: int, stop: int) -> RefRow | None:
     try:
         if buf[start] != 3 or buf[start + 1] != _STR:
             return None
-        end = start + 6 + _U32.unpack_from(buf, start + 2)[0]
-        if stop != end + _TWO_INTS.size:
+        end = start + 6 + _UNPACK_U32(buf, start + 2)[0]
+        if stop != end + _TWO_INTS_SIZE:
             return None
         tag1: int
         msg_id: int
         tag2: int
         count: int
-        tag1, msg_id, tag2, count = _TWO_INTS.unpack_from(buf, end)
+        tag1, msg_id, tag2, count = _UNPACK_TWO_INTS(buf, end)
         if tag1 != _INT or tag2 != _INT:
             return None
         return (msg_id, _string(buf[start + 6 : end]), count)

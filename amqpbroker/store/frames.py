@@ -174,8 +174,7 @@ def read_unread(data: codec.Data, unread: list[_Loc], keep: dict[_Loc, Kept]) ->
     """Copy out the AddMessages of `unread` that are still live (their layouts in `keep`),
     from the segment `data` they were read from, as `codec.MessageRow`s:
     `_Opening._read_unread`."""
-    row = codec.message_row
     for item in unread:
         layout: Any = keep.get(item)
         if layout is not None:
-            keep[item] = row(data, layout)
+            keep[item] = codec.message_row(data, layout)  # (a direct call, compiled)

@@ -54,6 +54,7 @@ HOT_MODULES = [
     "amqpbroker/core/effects.py",
     "amqpbroker/core/redelivery.py",
     "amqpbroker/store/frames.py",
+    "amqpbroker/store/locs.py",
     "amqpbroker/store/liveness.py",
     "amqpbroker/store/state.py",
     "amqpbroker/store/recovery.py",

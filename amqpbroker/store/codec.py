@@ -28,6 +28,7 @@ nothing in a journal file can make the decoder run code.
 from __future__ import annotations
 
 import enum
+import mmap
 import struct
 import typing
 from collections.abc import Callable
@@ -292,10 +293,24 @@ _SCHEMAS = {type_id: _Schema(cls) for type_id, cls in RECORD_CLASSES.items()}
 # Fast decoders for the same records (recovery replays millions of them, issue 23 item
 # 4): the layout `_fast_*` writes, checked byte for byte; anything else (an older or newer
 # writer, a field out of the usual types) goes to the general decoder.
+# What the decoders read from: a segment's bytes, or its pages mapped (`mmap`: the open
+# maps each segment instead of reading it into a new buffer, issue 23 item 4).
+Data = bytes | mmap.mmap
 _STRINGS: Final[dict[bytes, str]] = {}  # queue and address names repeat: decode each once
 _ADD_MESSAGE_HEAD: Final = struct.Struct("<BBqBI")  # count, tag, msg_id, tag, address length
 _BOOL_TAG_LEN: Final = struct.Struct("<BBI")  # durable, the body's tag and length
 _SIX_INTS: Final = struct.Struct("<BqBqBqBqBqBq")  # an issue-23 AddMessage's last six fields
+# The same, bound and sized once (compiled: a call of a C static, not a method looked up
+# by name per call; a size that is a constant, not an attribute read).
+_UNPACK_HEAD: Final = _ADD_MESSAGE_HEAD.unpack_from
+_UNPACK_BOOL_TAG_LEN: Final = _BOOL_TAG_LEN.unpack_from
+_UNPACK_SIX_INTS: Final = _SIX_INTS.unpack_from
+_UNPACK_TWO_INTS: Final = _TWO_INTS.unpack_from
+_UNPACK_U32: Final = _U32.unpack_from
+_HEAD_SIZE: Final = 15  # _ADD_MESSAGE_HEAD.size
+_BOOL_TAG_LEN_SIZE: Final = 6  # _BOOL_TAG_LEN.size
+_THREE_INTS_SIZE: Final = 27  # _THREE_INTS.size
+_TWO_INTS_SIZE: Final = 18  # _TWO_INTS.size
 
 
 # Records built without the dataclass's keyword call (a third of its cost, as
@@ -313,8 +328,8 @@ def _string(raw: bytes) -> str:
     return text
 
 
-def _fast_decode_ref(cls: type[Any]) -> Callable[[bytes, int, int], Any]:
-    def decode(buf: bytes, start: int, stop: int) -> Any:
+def _fast_decode_ref(cls: type[Any]) -> Callable[[Data, int, int], Any]:
+    def decode(buf: Data, start: int, stop: int) -> Any:
         if buf[start] != 3 or buf[start + 1] != _STR:
             return None
         end = start + 6 + _U32.unpack_from(buf, start + 2)[0]
@@ -332,7 +347,7 @@ def _fast_decode_ref(cls: type[Any]) -> Callable[[bytes, int, int], Any]:
     return decode
 
 
-def _fast_decode_ack(buf: bytes, start: int, stop: int) -> Any:
+def _fast_decode_ack(buf: Data, start: int, stop: int) -> Any:
     if buf[start] != 2 or buf[start + 1] != _STR:
         return None
     end = start + 6 + _U32.unpack_from(buf, start + 2)[0]
@@ -352,23 +367,32 @@ def _fast_decode_ack(buf: bytes, start: int, stop: int) -> Any:
 MessageLayout = tuple[int, str, bool, int, int, int, int, int, int, int, int]
 
 
-def add_message_layout(buf: bytes, start: int, stop: int) -> MessageLayout | None:
+def add_message_layout(buf: Data, start: int, stop: int) -> MessageLayout | None:
     """The fields of the AddMessage payload at `buf[start:stop]`, checked as the fast
     decoder checks them, without copying its body; None: a layout for `decode`."""
+    # Declared: compiled, native ints rather than objects (see `frames.read_batches`).
+    count: int
+    tag: int
+    msg_id: int
+    address_tag: int
+    address_len: int
+    durable: int
+    data_tag: int
+    data_len: int
     try:
-        count, tag, msg_id, address_tag, address_len = _ADD_MESSAGE_HEAD.unpack_from(buf, start)
+        count, tag, msg_id, address_tag, address_len = _UNPACK_HEAD(buf, start)
         if count not in (7, 10) or tag != _INT or address_tag != _STR:  # 7: before issue 23
             return None
         scanned = count == 10
-        pos = start + _ADD_MESSAGE_HEAD.size + address_len
-        address = _string(buf[start + _ADD_MESSAGE_HEAD.size : pos])
-        durable, data_tag, data_len = _BOOL_TAG_LEN.unpack_from(buf, pos)
-        data_start = pos + _BOOL_TAG_LEN.size
+        pos = start + _HEAD_SIZE + address_len
+        address = _string(buf[start + _HEAD_SIZE : pos])
+        durable, data_tag, data_len = _UNPACK_BOOL_TAG_LEN(buf, pos)
+        data_start = pos + _BOOL_TAG_LEN_SIZE
         end = data_start + data_len
         if (
             durable not in (_TRUE, _FALSE)
             or data_tag != _BYTES
-            or stop != end + _THREE_INTS.size * (2 if scanned else 1)
+            or stop != end + _THREE_INTS_SIZE * (2 if scanned else 1)
         ):
             return None
         if scanned:  # the six ints in one unpack
@@ -385,7 +409,7 @@ def add_message_layout(buf: bytes, start: int, stop: int) -> MessageLayout | Non
                 head_end,
                 tag6,
                 header_count,
-            ) = _SIX_INTS.unpack_from(buf, end)
+            ) = _UNPACK_SIX_INTS(buf, end)
             if not tag1 == tag2 == tag3 == tag4 == tag5 == tag6 == _INT:
                 return None
         else:
@@ -410,7 +434,7 @@ def add_message_layout(buf: bytes, start: int, stop: int) -> MessageLayout | Non
     )
 
 
-def add_message_of(buf: bytes, layout: MessageLayout) -> AddMessage:
+def add_message_of(buf: Data, layout: MessageLayout) -> AddMessage:
     """The AddMessage whose `add_message_layout` in `buf` is `layout`."""
     record: AddMessage = _new(AddMessage)
     record.msg_id = layout[0]
@@ -426,12 +450,86 @@ def add_message_of(buf: bytes, layout: MessageLayout) -> AddMessage:
     return record
 
 
-def _fast_decode_add_message(buf: bytes, start: int, stop: int) -> Any:
+# An AddMessage as a plain tuple, its body copied out (`message_row`): what the open keeps
+# of a live message for recovery, which reads it by index (compiled, a tuple's item is a
+# C read where a record's attribute is a Python attribute lookup, issue 23 item 4).
+# (msg_id, address, durable, data, expiration_ms, first_ts, priority, header_end,
+# head_end, header_count): `AddMessage`'s fields in its order.
+MessageRow = tuple[int, str, bool, bytes, int, int, int, int, int, int]
+
+
+def message_row(buf: Data, layout: MessageLayout) -> MessageRow:
+    """The `MessageRow` whose `add_message_layout` in `buf` is `layout`."""
+    return (
+        layout[0],
+        layout[1],
+        layout[2],
+        buf[layout[3] : layout[4]],
+        layout[5],
+        layout[6],
+        layout[7],
+        layout[8],
+        layout[9],
+        layout[10],
+    )
+
+
+def add_message_of_row(row: MessageRow) -> AddMessage:
+    """The AddMessage a `MessageRow` stands for."""
+    record: AddMessage = _new(AddMessage)
+    (
+        record.msg_id,
+        record.address,
+        record.durable,
+        record.data,
+        record.expiration_ms,
+        record.first_ts,
+        record.priority,
+        record.header_end,
+        record.head_end,
+        record.header_count,
+    ) = row
+    return record
+
+
+# An AddRef read at open as (msg_id, queue, delivery_count) (`add_ref_row`): no record
+# object for the one record every queued message has (issue 23 item 4); the message id
+# first, as in a `MessageLayout`, so that `row[0]` is the message id of either.
+RefRow = tuple[int, str, int]
+
+
+def add_ref_row(buf: Data, start: int, stop: int) -> RefRow | None:
+    """The AddRef payload at `buf[start:stop]` as a `RefRow`, checked as the fast decoder
+    checks it; None: for the full decoder."""
+    try:
+        if buf[start] != 3 or buf[start + 1] != _STR:
+            return None
+        end = start + 6 + _UNPACK_U32(buf, start + 2)[0]
+        if stop != end + _TWO_INTS_SIZE:
+            return None
+        tag1: int
+        msg_id: int
+        tag2: int
+        count: int
+        tag1, msg_id, tag2, count = _UNPACK_TWO_INTS(buf, end)
+        if tag1 != _INT or tag2 != _INT:
+            return None
+        return (msg_id, _string(buf[start + 6 : end]), count)
+    except (IndexError, struct.error, UnicodeDecodeError):
+        return None
+
+
+def add_ref_of_row(row: RefRow) -> AddRef:
+    """The AddRef a `RefRow` stands for."""
+    return AddRef(queue=row[1], msg_id=row[0], delivery_count=row[2])
+
+
+def _fast_decode_add_message(buf: Data, start: int, stop: int) -> Any:
     layout = add_message_layout(buf, start, stop)
     return None if layout is None else add_message_of(buf, layout)
 
 
-_FAST_DECODE_AT: dict[int, Callable[[bytes, int, int], Any]] = {
+_FAST_DECODE_AT: dict[int, Callable[[Data, int, int], Any]] = {
     RecordType.ADD_REF: _fast_decode_ref(AddRef),
     RecordType.UPDATE_DELIVERY_COUNT: _fast_decode_ref(UpdateDeliveryCount),
     RecordType.ACK_REF: _fast_decode_ack,
@@ -439,7 +537,7 @@ _FAST_DECODE_AT: dict[int, Callable[[bytes, int, int], Any]] = {
 }
 
 
-def _whole(fast: Callable[[bytes, int, int], Any]) -> Callable[[bytes], Any]:
+def _whole(fast: Callable[[Data, int, int], Any]) -> Callable[[bytes], Any]:
     return lambda payload: fast(payload, 0, len(payload))
 
 
@@ -448,7 +546,7 @@ _FAST_DECODE: dict[int, Callable[[bytes], Any]] = {
 }
 
 
-def decode_at(type_id: int, buf: bytes, start: int, stop: int) -> Record:
+def decode_at(type_id: int, buf: Data, start: int, stop: int) -> Record:
     """`decode(type_id, buf[start:stop])` without copying the payload out first (recovery
     reads records straight from a segment's bytes)."""
     fast = _FAST_DECODE_AT.get(type_id)

@@ -84,6 +84,7 @@ from amqpbroker.store.api import (
 )
 from amqpbroker.store.compaction import _Compaction
 from amqpbroker.store.failure import RETRY_FIRST_SECONDS, _Failure
+from amqpbroker.store.frames import Entry, Kept
 from amqpbroker.store.framing import frame_records
 from amqpbroker.store.indexing import short_lived, survivors
 from amqpbroker.store.liveness import _LiveSet
@@ -231,7 +232,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
         # nothing was appended since (issue 23 item 4: recovery decodes the journal once).
         # Records that die are dropped as they die; an AddMessage is kept as its layout
         # (`codec.add_message_layout`) until its segment is read, then decoded if live.
-        self._opened_live: dict[_Loc, Record | codec.MessageLayout] | None = {}
+        self._opened_live: dict[_Loc, Kept] | None = {}
         self._unread: list[_Loc] = []  # AddMessages of this segment kept as layouts
         self._opened_max_id = 0
         self._lock_fd = self._lock_directory()
@@ -283,25 +284,31 @@ class FileJournal(_Opening, _Failure, _Compaction):
     def _index_batch(
         self,
         seg: _Segment,
-        batch: Iterable[tuple[Record | codec.MessageLayout, int, int]],
-        keep: dict[_Loc, Record | codec.MessageLayout] | None = None,
+        batch: Iterable[Entry],
+        keep: dict[_Loc, Kept] | None = None,
     ) -> None:
         """Apply written records at (offset, size) of `seg` to the index. Holds `_lock`.
         `keep` (at open) gets the record of each location made live; an AddMessage may
-        come as its layout (read at open without its body: see `_opened_live`)."""
+        come as its layout (read at open without its body: see `_opened_live`), an AddRef
+        as its row (`codec.RefRow`)."""
         self._applying = seg
         kill_targets = self._kill_targets
         live, rules, items = self._live, self._live.rules, seg.items
         unread = self._unread
         added = 0  # live bytes (the `_on_dead` calls meanwhile subtract theirs)
-        for record, offset, size in batch:
+        for entry, offset, size in batch:
             item = _Loc(seg, offset, size)
-            if isinstance(record, tuple):  # always live, and kills no tombstone target
-                live.add_message(record[0], item)
+            record: Record
+            if not isinstance(entry, tuple):
+                record = entry
+            elif len(entry) == 3:  # an AddRef's row, read at open
+                record = codec.add_ref_of_row(entry)
+            else:  # an AddMessage's layout: always live, and kills no tombstone target
+                live.add_message(entry[0], item)
                 items[item.span] = item
                 added += size
                 if keep is not None:
-                    keep[item] = record
+                    keep[item] = entry
                     unread.append(item)
                 continue
             if kill_targets:
@@ -652,7 +659,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
         with self._lock:
             live, self._opened_live = self._opened_live, None
             if live is not None:
-                # Every layout was decoded when its segment was read: records only.
+                # Every layout was read when its segment was: records and rows only.
                 records = cast(dict[_Loc, Record], live)
                 return JournalState._from_live(self._live, records.__getitem__, self._opened_max_id)
         return JournalState.of(self.replay())

@@ -5,7 +5,8 @@ writes per message. `read_batches` checks those (length, flags, crc, payload lay
 as `segments._check_frame` and `codec.decode` do, in one loop without a call per check,
 and stops at the first frame it does not take: the end of the data, a bad frame, or a
 record of another type or layout, which the caller reads with the full checks (and their
-reasons). An AddMessage comes back as its `codec.MessageLayout` (no body copied).
+reasons). An AddMessage comes back as its `codec.MessageLayout` (no body copied), an
+AddRef as its `codec.RefRow` (no record object): tuples, told apart by their length.
 
 A plain module (not a part of `FileJournal`), so that mypyc can compile it (setup.py).
 """
@@ -29,11 +30,14 @@ from amqpbroker.store.segments import (
     _Segment,
 )
 
-# A record read (or an AddMessage's layout), its offset and its frame's size.
-Entry = tuple[Record | codec.MessageLayout, int, int]
+# A record read (or an AddMessage's layout, an AddRef's row), its offset, its frame's size.
+Entry = tuple[Record | codec.MessageLayout | codec.RefRow, int, int]
+# What the open keeps of a live record for `FileJournal.state()`: the record, or a row.
+Kept = Record | codec.MessageLayout | codec.MessageRow | codec.RefRow
 
 # Final: C statics once compiled (a plain global is a dict lookup per use there).
 _ADD_MESSAGE: Final = int(RecordType.ADD_MESSAGE)
+_ADD_REF: Final = int(RecordType.ADD_REF)
 _ACK_REF: Final = int(RecordType.ACK_REF)
 _HEAD: Final = FRAME_BYTES
 _UNKNOWN_FLAGS: Final = ~_FLAGS_KNOWN
@@ -44,7 +48,11 @@ _DECODERS: Final = codec._FAST_DECODE_AT
 
 
 def read_batches(
-    data: bytes, pos: int, batch: list[Entry], top: int, batches: list[tuple[list[Entry], int]]
+    data: codec.Data,
+    pos: int,
+    batch: list[Entry],
+    top: int,
+    batches: list[tuple[list[Entry], int]],
 ) -> tuple[int, list[Entry], int, int]:
     """Read frames from `pos` on, adding to `batch` (the records of an unfinished append,
     whose largest message id is `top`); each complete append goes to `batches` with its
@@ -59,6 +67,12 @@ def read_batches(
     # The crc of a frame's length field, by length: a journal's frames come in a few
     # sizes, and a lookup costs less than a crc32 call over a slice.
     heads: dict[int, int] = {}
+    # Declared: compiled, the unpacked fields are then native ints, not objects each
+    # operation below goes through Python's number protocol for.
+    length: int
+    crc: int
+    type_id: int
+    flags: int
     while size - pos >= _HEAD:
         length, crc, type_id, flags = unpack(data, pos)
         end = pos + _HEAD + length
@@ -72,13 +86,19 @@ def read_batches(
         if crc32(view[pos + 8 : end], head) != crc:
             break
         msg_id: int
-        record: Record | codec.MessageLayout
+        record: Record | codec.MessageLayout | codec.RefRow
         if type_id == _ADD_MESSAGE:
             layout = codec.add_message_layout(data, pos + _HEAD, end)
             if layout is None:
                 break
             msg_id = layout[0]
             record = layout
+        elif type_id == _ADD_REF:
+            row = codec.add_ref_row(data, pos + _HEAD, end)
+            if row is None:
+                break
+            msg_id = row[0]
+            record = row
         else:
             decoder = _DECODERS.get(type_id)
             if decoder is None:
@@ -108,7 +128,7 @@ def index_plain(
     seg: _Segment,
     batch: list[Entry],
     live: _LiveSet[_Loc],
-    keep: dict[_Loc, Record | codec.MessageLayout],
+    keep: dict[_Loc, Kept],
     unread: list[_Loc],
 ) -> int:
     """Index the leading AddMessage layouts and AddRefs of `batch` (an append read at
@@ -124,8 +144,14 @@ def index_plain(
     for record, offset, size in batch:
         if isinstance(record, tuple):
             item = _Loc(seg, offset, size)
-            live.add_message(record[0], item)
-            unread.append(item)
+            if len(record) == 3:  # an AddRef's row
+                ref: Any = record
+                if not live.add_ref_of(ref[1], ref[0], item):
+                    done += 1
+                    continue
+            else:
+                live.add_message(record[0], item)
+                unread.append(item)
         elif type(record) is AddRef:
             item = _Loc(seg, offset, size)
             if not live.add_ref(record, item):
@@ -144,12 +170,11 @@ def index_plain(
     return done
 
 
-def read_unread(
-    data: bytes, unread: list[_Loc], keep: dict[_Loc, Record | codec.MessageLayout]
-) -> None:
-    """Decode the AddMessages of `unread` that are still live (their layouts in `keep`),
-    from the segment `data` they were read from: `_Opening._read_unread`."""
+def read_unread(data: codec.Data, unread: list[_Loc], keep: dict[_Loc, Kept]) -> None:
+    """Copy out the AddMessages of `unread` that are still live (their layouts in `keep`),
+    from the segment `data` they were read from, as `codec.MessageRow`s:
+    `_Opening._read_unread`."""
     for item in unread:
-        layout = keep.get(item)
-        if isinstance(layout, tuple):
-            keep[item] = codec.add_message_of(data, layout)
+        layout: Any = keep.get(item)
+        if layout is not None:
+            keep[item] = codec.message_row(data, layout)  # (a direct call, compiled)

@@ -27,7 +27,7 @@ from amqpbroker.core.records import (
     ScheduledDelivery,
     UpdateDeliveryCount,
 )
-from amqpbroker.store.codec import MessageLayout
+from amqpbroker.store.codec import MessageLayout, RefRow
 from amqpbroker.store.segments import _Pending
 
 __all__ = ["short_lived", "survivors"]
@@ -40,7 +40,9 @@ _WITH_MSG_ID: Final = (AddMessage, AddRef, AckRef, UpdateDeliveryCount, Schedule
 _SPECIAL: Final = (AddRef, AckRef, AddMessage, DeleteQueue, tuple)
 
 
-def short_lived(records: Sequence[Record | MessageLayout], known: dict[int, Any]) -> set[int]:
+def short_lived(
+    records: Sequence[Record | MessageLayout | RefRow], known: dict[int, Any]
+) -> set[int]:
     """The messages whose every record in `records` (one segment's, in order) is dead by
     their end: added here, not in `known` (the live messages) before, and every reference
     added here acked here (a message added with no reference yet is not: its references
@@ -55,13 +57,14 @@ def short_lived(records: Sequence[Record | MessageLayout], known: dict[int, Any]
     for record in records:
         kind: object = type(record)
         rec: Any = record
-        if kind is _AddRef or kind is _AckRef:
-            msg_id: int = rec.msg_id
+        row = kind is tuple and len(rec) == 3  # an AddRef's row, read at open
+        if row or kind is _AddRef or kind is _AckRef:
+            msg_id: int = rec[0] if row else rec.msg_id
             refs = open_refs.get(msg_id)
             if refs is None:
                 continue
-            queue: str = rec.queue
-            adding = kind is _AddRef
+            queue: str = rec[1] if row else rec.queue
+            adding = row or kind is _AddRef
             if (queue in refs) is adding:  # a second add, or an ack of nothing
                 open_refs[msg_id] = None
             elif adding:

@@ -32,7 +32,7 @@ from amqpbroker.core.records import (
     TxRollback,
     UpdateDeliveryCount,
 )
-from amqpbroker.store.codec import MessageLayout
+from amqpbroker.store.codec import MessageLayout, RefRow
 from amqpbroker.store.indexing import short_lived
 
 # --- liveness ------------------------------------------------------------------------
@@ -112,22 +112,27 @@ class _LiveSet(Generic[_Item]):
 
     def add_ref(self, record: AddRef, item: _Item) -> bool:
         """`AddRef`'s rule (public: the open's `frames.index_plain` calls it)."""
-        if record.msg_id not in self.messages:
+        return self.add_ref_of(record.queue, record.msg_id, item)
+
+    def add_ref_of(self, queue: str, msg_id: int, item: _Item) -> bool:
+        """`add_ref` by the reference's queue and message id (the open reads an AddRef
+        as a row, not a record: `codec.RefRow`)."""
+        if msg_id not in self.messages:
             return False  # its message is gone (or never was): replay ignores it too
-        held = self.refs.get(record.queue)
+        held = self.refs.get(queue)
         if held is None:  # (not setdefault: that builds a dict per reference)
-            held = self.refs[record.queue] = {}
-        old = held.get(record.msg_id)
+            held = self.refs[queue] = {}
+        old = held.get(msg_id)
         if old is None:
-            count = self.ref_counts.pop(record.msg_id, 1) + 1
+            count = self.ref_counts.pop(msg_id, 1) + 1
             if count != 1:
-                self.ref_counts[record.msg_id] = count
+                self.ref_counts[msg_id] = count
         elif isinstance(old, _RefSlot):  # the new AddRef is the whole state of the reference
             self._dead(old.add, False)
             self._drop_updates(old)
         else:
             self._dead(old, False)
-        held[record.msg_id] = item
+        held[msg_id] = item
         return True
 
     def _drop_updates(self, slot: _RefSlot[_Item]) -> None:
@@ -234,7 +239,9 @@ class _LiveSet(Generic[_Item]):
 _WITH_MSG_ID = (AddMessage, AddRef, AckRef, UpdateDeliveryCount, ScheduledDelivery)
 
 
-def _short_lived(records: Sequence[Record | MessageLayout], live: _LiveSet[Any]) -> set[int]:
+def _short_lived(
+    records: Sequence[Record | MessageLayout | RefRow], live: _LiveSet[Any]
+) -> set[int]:
     """The messages whose every record in `records` (one segment's, in order) is dead by
     their end, which the file journal's index then skips: `store/indexing.short_lived`
     (compiled: it runs per record on the journal's writer thread) against `live`."""

@@ -23,9 +23,11 @@ The frame format and checks are in `store/segments.py`. `_Opening` is a part of
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
+import mmap
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -38,7 +40,7 @@ from amqpbroker.store.api import (
     JournalCorrupt,
     JournalError,
 )
-from amqpbroker.store.frames import Entry, index_plain, read_batches, read_unread
+from amqpbroker.store.frames import Entry, Kept, index_plain, read_batches, read_unread
 from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
 from amqpbroker.store.segments import (
     _FILE_HEADER,
@@ -72,7 +74,7 @@ class _Opening:
     skip_corrupt: bool
     _segments: list[_Segment]
     _live: _LiveSet[_Loc]
-    _opened_live: dict[_Loc, Record | codec.MessageLayout] | None
+    _opened_live: dict[_Loc, Kept] | None
     _unread: list[_Loc]
     _opened_max_id: int
 
@@ -82,8 +84,8 @@ class _Opening:
     def _index_batch(
         self,
         seg: _Segment,
-        batch: Iterable[tuple[Record | codec.MessageLayout, int, int]],
-        keep: dict[_Loc, Record | codec.MessageLayout] | None = None,
+        batch: Iterable[Entry],
+        keep: dict[_Loc, Kept] | None = None,
     ) -> None:
         raise NotImplementedError  # FileJournal's
 
@@ -171,7 +173,7 @@ class _Opening:
                 entries = [e for e in entries if _msg_id(e[0]) not in gone]
             self._index_opened(seg, entries, top)
 
-    def _read_unread(self, data: bytes) -> None:
+    def _read_unread(self, data: codec.Data) -> None:
         """Decode the AddMessages of the segment just read (`data`) that are still live:
         the open indexed them by id alone (issue 23 item 4: a message consumed before the
         end of its segment costs no body copy, no record)."""
@@ -181,13 +183,26 @@ class _Opening:
         self._unread = []
 
     def _scan_segment(self, number: int, path: Path, *, last: bool) -> None:
-        data = path.read_bytes()
+        """Scan the segment's pages mapped, not read into a new buffer: no copy of it,
+        and no fresh pages to fault in and zero for each (issue 23 item 4: reading 1 GiB
+        of segments cost ~1.1 s of system time, mapping them ~0.05 s). A torn tail is cut
+        off the file while it is mapped: only what is before the cut is read after."""
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:  # (an empty file cannot be mapped)
+                self._scan_data(number, path, b"", last=last)
+                return
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
-            self._scan_data(number, path, data, last=last)
+            data.madvise(mmap.MADV_SEQUENTIAL)
+            try:
+                self._scan_data(number, path, data, last=last)
+            finally:
+                self._read_unread(data)
         finally:
-            self._read_unread(data)
+            with contextlib.suppress(BufferError):  # (a view left by an error: unmapped later)
+                data.close()
 
-    def _scan_data(self, number: int, path: Path, data: bytes, *, last: bool) -> None:
+    def _scan_data(self, number: int, path: Path, data: codec.Data, *, last: bool) -> None:
         seg = _Segment(number, path, len(data))
         if len(data) < HEADER_BYTES or data[:HEADER_BYTES] == bytes(HEADER_BYTES):
             if not last:
@@ -249,11 +264,11 @@ class _Opening:
             self._index_opened(seg, batch, top)
 
     @staticmethod
-    def _is_tail(data: bytes, pos: int, bad: _Bad) -> bool:
+    def _is_tail(data: codec.Data, pos: int, bad: _Bad) -> bool:
         """Whether a bad frame in the last segment is its tail rather than its middle."""
         if bad.intact:
             return False
-        if bad.end > len(data) or data.count(0, pos) == len(data) - pos:
+        if bad.end > len(data) or data[pos:].count(0) == len(data) - pos:
             return True  # cut short by a crash, or zeros the crash left
         if bad.end >= 0:
             if bad.end == len(data):
@@ -263,7 +278,7 @@ class _Opening:
         return _next_sound_frame(data, pos + 1) < 0
 
     def _truncate_tail(
-        self, seg: _Segment, data: bytes, keep: int, bad_at: int, bad: _Bad | None, whole: int
+        self, seg: _Segment, data: codec.Data, keep: int, bad_at: int, bad: _Bad | None, whole: int
     ) -> None:
         lost = len(data) - keep
         what = f"{whole} complete record(s) of an unfinished append"
@@ -290,7 +305,7 @@ class _Opening:
                 os.fsync(f.fileno())
         seg.size_bytes = keep
 
-    def _skip(self, seg: _Segment, data: bytes, pos: int, bad: _Bad) -> int:
+    def _skip(self, seg: _Segment, data: codec.Data, pos: int, bad: _Bad) -> int:
         if 0 <= bad.end <= len(data) and (
             bad.end == len(data) or not isinstance(_check_frame(data, bad.end), _Bad)
         ):
@@ -311,6 +326,6 @@ class _Opening:
         return resume
 
 
-def _msg_id(record: Record | codec.MessageLayout) -> int:
-    """The message id of a record `read_batches` reads (each has one)."""
+def _msg_id(record: Record | codec.MessageLayout | codec.RefRow) -> int:
+    """The message id of a record `read_batches` reads (each has one; a row's first)."""
     return record[0] if isinstance(record, tuple) else getattr(record, "msg_id", 0)

@@ -19,6 +19,7 @@ from amqpbroker.amqp import sections
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.model import Message, QueueConfig
 from amqpbroker.core.records import AddMessage, AddQueue
+from amqpbroker.store.codec import MessageRow, add_message_of_row
 from amqpbroker.store.journal import JournalState
 
 log = logging.getLogger(__name__)
@@ -93,7 +94,7 @@ def _recover(broker: Broker, state: JournalState, message_of: MessageOf) -> Reco
         broker.create_queue(_queue_config(record))
         queues += 1
     messages: dict[int, Message] = {}
-    stored = state.messages
+    stored = state.stored_messages()
     refs = orphans = 0
     # Each run of references to one queue goes back in one call (issue 23 item 4),
     # in append order: the same order, and the same calls, as one at a time.
@@ -143,7 +144,10 @@ def _queue_config(record: AddQueue) -> QueueConfig:
     )
 
 
-def _message(record: AddMessage, message_of: MessageOf) -> Message:
+def _message(stored: AddMessage | MessageRow, message_of: MessageOf) -> Message:
+    if isinstance(stored, tuple):
+        return _message_of_row(stored, message_of)
+    record = stored
     if record.header_end >= 0:  # scanned when it was stored: no need to scan again
         return Message(
             record.data,
@@ -167,3 +171,35 @@ def _message(record: AddMessage, message_of: MessageOf) -> Message:
     message.priority = record.priority
     message.durable = True
     return message
+
+
+def _message_of_row(row: MessageRow, message_of: MessageOf) -> Message:
+    """`_message` of the open's row of an AddMessage (`codec.MessageRow`): its fields by
+    index, no record in between (issue 23 item 4)."""
+    (
+        msg_id,
+        address,
+        _,
+        data,
+        expiration_ms,
+        first_ts,
+        priority,
+        header_end,
+        head_end,
+        header_count,
+    ) = row
+    if header_end < 0:  # an older journal's: scanned again
+        return _message(add_message_of_row(row), message_of)
+    return Message(
+        data,
+        msg_id=msg_id,
+        durable=True,
+        priority=priority,
+        expiration_ms=expiration_ms,  # computed once (B-080/B-083)
+        header_end=header_end,
+        head_end=head_end,
+        header=None if header_count < 0 else {"delivery-count": header_count},
+        address=address,
+        first_ts=first_ts,
+        reader=sections.READER,
+    )

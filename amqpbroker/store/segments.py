@@ -19,7 +19,8 @@ segments, so an append bigger than the limit gets a segment of its own.
 Reading checks every frame (`_check_frame`: length, crc, known type and flags); a bad
 frame is `_Bad`, and `_next_sound_frame` finds where valid frames start again. What a bad
 frame means (a torn tail or corruption) is the file journal's call (`store/file_journal.py`).
-`_Segment`, `_Loc` and `_Pending` are the small structures the journal's parts share.
+`_Pending` and (`store/locs.py`, re-exported here) `_Segment` and `_Loc` are the small
+structures the journal's parts share.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from amqpbroker.core.records import (
     Record,
 )
 from amqpbroker.store.api import OnDurable
+from amqpbroker.store.locs import _SIZE_MASK as _SIZE_MASK  # re-exported
+from amqpbroker.store.locs import _SPAN_SHIFT as _SPAN_SHIFT
+from amqpbroker.store.locs import _Loc as _Loc
+from amqpbroker.store.locs import _Segment as _Segment
 
 MAGIC = b"AMQPBJNL"
 VERSION = 1
@@ -51,47 +56,6 @@ _KNOWN_TYPES = frozenset(int(t) for t in RECORD_CLASSES)
 _SEGMENT_GLOB = "journal-*.seg"
 _TEMP_SUFFIX = ".compact"
 _NEXT_SUFFIX = ".next"  # the spare next segment, opened ahead of need
-
-
-class _Segment:
-    __slots__ = ("items", "live_bytes", "number", "path", "size_bytes", "skips")
-
-    def __init__(self, number: int, path: Path, size_bytes: int) -> None:
-        self.number = number
-        self.path = path
-        self.size_bytes = size_bytes  # bytes on disk, header included
-        self.live_bytes = 0  # of live records and needed tombstones
-        self.items: dict[int, _Loc] = {}  # `_Loc.span` -> live record or needed tombstone
-        self.skips: list[tuple[int, int]] = []  # corrupt ranges skipped (skip_corrupt)
-
-    def __repr__(self) -> str:
-        return f"<segment {self.number} {self.size_bytes}B live={self.live_bytes}B>"
-
-
-_SPAN_SHIFT = 33  # `_Loc.span`: offset << _SPAN_SHIFT | size
-_SIZE_MASK = (1 << _SPAN_SHIFT) - 1
-
-
-class _Loc:
-    """Where one live record (or needed tombstone) is. Two per queued durable message:
-    nothing else on it (a tombstone's targets and compaction's copying are kept by the
-    journal, issue 20). `span` is offset and size in one int (`offset << 33 | size`: a
-    frame is at most 2**32 + 11 bytes): one int object where two were, also the key in
-    `_Segment.items` (so in offset order)."""
-
-    __slots__ = ("seg", "span")
-
-    def __init__(self, seg: _Segment, offset: int, size: int) -> None:
-        self.seg = seg
-        self.span = offset << _SPAN_SHIFT | size
-
-    @property
-    def offset(self) -> int:
-        return self.span >> _SPAN_SHIFT
-
-    @property
-    def size(self) -> int:
-        return self.span & _SIZE_MASK
 
 
 class _Pending:
@@ -169,7 +133,7 @@ class _Bad:
         self.intact = intact
 
 
-def _check_frame(data: bytes, pos: int) -> tuple[int, int, int] | _Bad:
+def _check_frame(data: codec.Data, pos: int) -> tuple[int, int, int] | _Bad:
     """(end, type id, flags) of a sound frame at `pos`, or why it is not one."""
     if len(data) - pos < FRAME_BYTES:
         return _Bad("truncated frame header", -1)
@@ -199,7 +163,7 @@ _TYPE_AND_FLAGS = re.compile(
 )
 
 
-def _next_sound_frame(data: bytes, start: int) -> int:
+def _next_sound_frame(data: codec.Data, start: int) -> int:
     """Offset of the first sound frame at or after `start`, or -1."""
     offset = FRAME_BYTES - 4  # of the type id in a frame
     for match in _TYPE_AND_FLAGS.finditer(data, start + offset):
@@ -209,7 +173,7 @@ def _next_sound_frame(data: bytes, start: int) -> int:
     return -1
 
 
-def _decode_at(data: bytes, pos: int, end: int, type_id: int) -> Record | _Bad:
+def _decode_at(data: codec.Data, pos: int, end: int, type_id: int) -> Record | _Bad:
     try:
         return codec.decode_at(type_id, data, pos + FRAME_BYTES, end)
     except codec.CodecError as e:

@@ -23,7 +23,11 @@ from amqpbroker.core.records import (
     ScheduledDelivery,
     UpdateDeliveryCount,
 )
+from amqpbroker.store.codec import MessageRow, add_message_of_row
 from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet, _RefSlot
+
+# A live message as `_from_live` reads it: its record, or the open's row of it.
+StoredMessage = AddMessage | MessageRow
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +59,7 @@ class JournalState:
         # Read off another index (`_from_live`): the live messages and the reference
         # rows, resolved once instead of a copy of that index's slots; `apply` puts them
         # back in `_live` first.
-        self._messages: dict[int, AddMessage] | None = None
+        self._messages: dict[int, StoredMessage] | None = None
         self._rows: list[tuple[str, int, int, int]] | None = None
 
     @classmethod
@@ -65,7 +69,9 @@ class JournalState:
         """The state of a liveness index another reader built (the file journal's, at
         open, where every message has a reference), its items mapped back to their
         records: what applying the same records again would give, without applying them
-        twice (issue 23 item 4). A copy: later changes to `live` do not show."""
+        twice (issue 23 item 4). A copy: later changes to `live` do not show. An item may
+        map to a row instead of its record (`codec.MessageRow`, `codec.RefRow`: the open
+        makes no record object per message)."""
         state = cls()
         state.max_msg_id = max_msg_id
         own = state._live
@@ -82,14 +88,14 @@ class JournalState:
         for queue in sorted(live.refs):
             for msg_id, ref in live.refs[queue].items():
                 if not isinstance(ref, _RefSlot):
-                    rows.append((queue, msg_id, resolve(ref).delivery_count, 0))
+                    rows.append((queue, msg_id, _count(resolve(ref)), 0))
                     continue
                 count, scheduled = ref.count, ref.scheduled
                 rows.append(
                     (
                         queue,
                         msg_id,
-                        resolve(ref.add if count is None else count).delivery_count,
+                        _count(resolve(ref.add if count is None else count)),
                         0 if scheduled is None else resolve(scheduled).at_ms,
                     )
                 )
@@ -105,7 +111,8 @@ class JournalState:
             return
         self._messages = self._rows = None
         live = self._live
-        for record in messages.values():
+        for stored in messages.values():
+            record = stored if isinstance(stored, AddMessage) else add_message_of_row(stored)
             live.apply(record, record)
         for queue, msg_id, count, at_ms in rows:
             add = AddRef(queue=queue, msg_id=msg_id, delivery_count=count)
@@ -149,12 +156,22 @@ class JournalState:
     def messages(self) -> dict[int, AddMessage]:
         """Live messages by id: those with at least one reference."""
         if self._messages is not None:
-            return dict(self._messages)
+            return {
+                msg_id: stored if isinstance(stored, AddMessage) else add_message_of_row(stored)
+                for msg_id, stored in self._messages.items()
+            }
         return {
             msg_id: item
             for msg_id, item in self._live.messages.items()
             if self._live.ref_counts.get(msg_id, 1) and isinstance(item, AddMessage)
         }
+
+    def stored_messages(self) -> dict[int, StoredMessage]:
+        """`messages`, a row where the open kept one (`codec.MessageRow`): what recovery
+        reads, millions of them (issue 23 item 4). Not a copy: read it, do not change it."""
+        if self._messages is not None:
+            return self._messages
+        return dict(self.messages)
 
     def refs(self, queue: str | None = None) -> list[RecoveredRef]:
         """References in the order they were added to their queue (one queue, or all,
@@ -188,3 +205,10 @@ class JournalState:
                     )
                 )
         return result
+
+
+def _count(ref: Any) -> int:
+    """The delivery count of a reference's AddRef or UpdateDeliveryCount, or of an
+    AddRef's row (`codec.RefRow`: msg_id, queue, count)."""
+    count: int = ref[2] if isinstance(ref, tuple) else ref.delivery_count
+    return count

@@ -64,6 +64,6 @@ def test_the_recovery_read_path_is_compiled() -> None:
     hot = set(_setup_module().HOT_MODULES)
     read_path = {
         f"amqpbroker/store/{name}.py"
-        for name in ("codec", "frames", "liveness", "state", "recovery")
+        for name in ("codec", "frames", "locs", "liveness", "state", "recovery")
     }
     assert read_path <= hot

@@ -56,3 +56,12 @@ def test_a_payload_the_fast_decoder_does_not_expect_falls_back() -> None:
     assert codec._FAST_DECODE[AddRef.type_id](odd) is None
     with pytest.raises(codec.CodecError):
         codec.decode(AddRef.type_id, odd + b"\x00")
+
+
+def test_the_fast_decoders_sizes_are_their_structs() -> None:
+    """The decoders' sizes are constants (compiled: no attribute read per frame, issue 23
+    item 4): each must be its struct's."""
+    assert codec._ADD_MESSAGE_HEAD.size == codec._HEAD_SIZE
+    assert codec._BOOL_TAG_LEN.size == codec._BOOL_TAG_LEN_SIZE
+    assert codec._THREE_INTS.size == codec._THREE_INTS_SIZE
+    assert codec._TWO_INTS.size == codec._TWO_INTS_SIZE

@@ -186,7 +186,8 @@ def test_a_dead_message_is_dropped_from_the_open_state_when_it_dies(tmp_path: Pa
     with _open(tmp_path) as journal:
         kept = journal._opened_live
         assert kept is not None
-        assert [r.msg_id for r in kept.values() if isinstance(r, AddMessage)] == [2]
+        # (a live message is kept as its row: `codec.MessageRow`, 10 fields)
+        assert [r[0] for r in kept.values() if isinstance(r, tuple) and len(r) == 10] == [2]
         state = journal.state()
     assert list(state.messages) == [2]
     assert state.ref_rows() == [("q", 2, 0, 0)]
@@ -364,7 +365,9 @@ def test_messages_consumed_within_what_the_open_read_are_not_indexed(
     # is a native class, whose methods cannot be patched)
 
     def counting(seg: Any, batch: list[Any], *rest: Any) -> int:
-        indexed.extend(record[0] for record, _, _ in batch if isinstance(record, tuple))
+        indexed.extend(  # the AddMessages (layouts: 11 fields; an AddRef's row has 3)
+            record[0] for record, _, _ in batch if isinstance(record, tuple) and len(record) == 11
+        )
         return real(seg, batch, *rest)
 
     monkeypatch.setattr(opening, "index_plain", counting)
@@ -430,3 +433,53 @@ def test_the_opens_plain_indexing_equals_the_index_batch_rules(tmp_path: Path) -
     finally:
         plain.close()
         rules.close()
+
+
+def test_an_add_ref_read_as_a_row_keeps_its_count_on_either_index_path(tmp_path: Path) -> None:
+    """Issue 23 item 4: the open reads an AddRef as a row (`codec.RefRow`, no record): on
+    the plain path (`frames.index_plain`) and after an AckRef in the same append (the rest
+    of it goes through `FileJournal._index_batch`, which makes the row a record again),
+    the state keeps each reference's delivery count (B-095) as replaying the files does,
+    and keeps no AddRef or AddMessage object for a plain message."""
+    appends: list[list[Record]] = [
+        [AddQueue(name=q, address=q, routing_type=RoutingType.ANYCAST) for q in QUEUES],
+        [
+            AddMessage(msg_id=1, address="q", data=b"one", header_end=0, priority=1),
+            AddRef(queue="q", msg_id=1, delivery_count=2),
+            AddRef(queue="r", msg_id=1),
+            AddMessage(msg_id=2, address="q", data=b"two", header_end=0, priority=2),
+            AddRef(queue="q", msg_id=2),
+        ],
+        [
+            AckRef(queue="r", msg_id=1),  # (message 1 lives on in q: the ack is indexed)
+            AddMessage(msg_id=3, address="q", data=b"three", header_end=0, priority=3),
+            AddRef(queue="q", msg_id=3, delivery_count=3),
+            AddRef(queue="s", msg_id=1, delivery_count=1),
+        ],
+    ]
+    with _open(tmp_path) as journal:
+        for records in appends:
+            journal.append(records, sync=False)
+        journal.flush()
+    with _open(tmp_path) as journal:
+        kept = list((journal._opened_live or {}).values())
+        state = journal.state()
+    _assert_same_state(state, JournalState.of(r for records in appends for r in records))
+    assert state.ref_rows("q") == [("q", 1, 2, 0), ("q", 2, 0, 0), ("q", 3, 3, 0)]
+    assert state.ref_rows("r") == []
+    assert state.ref_rows("s") == [("s", 1, 1, 0)]
+    plain = [k for k in kept if isinstance(k, (AddRef, AddMessage))]
+    assert plain == [
+        AddRef(queue="q", msg_id=3, delivery_count=3),
+        AddRef(queue="s", msg_id=1, delivery_count=1),
+    ]
+    stored = state.stored_messages()
+    assert all(isinstance(row, tuple) for row in stored.values())
+    for msg_id, record in state.messages.items():  # the same Message from a row
+        got, want = _message(stored[msg_id], message_of), _message(record, message_of)
+        assert (got.data, got.msg_id, got.address, got.priority) == (
+            want.data,
+            want.msg_id,
+            want.address,
+            want.priority,
+        )

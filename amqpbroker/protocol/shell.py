@@ -134,12 +134,14 @@ class ConsumerLink(Generic[C]):
 class ProducerLink:
     """A producer: wraps the proton `Receiver` the broker receives on."""
 
-    __slots__ = ("last_to", "link", "target")
+    __slots__ = ("credit", "last_to", "link", "target")
 
     def __init__(self, link: Link, target: ProducerTarget) -> None:
         self.link = link
         self.target = target
         self.last_to: str | None = None  # anonymous relay: its last message's `to` (B-151)
+        # At least the link's credit (`Transfers._top_up`, B-021); 0: ask the engine.
+        self.credit = 0
 
 
 def wrong_direction() -> PeerInvalidField:

@@ -1158,10 +1158,18 @@ _NOT_NESTING: Final = bytes(b for b in range(256) if b not in _NESTING)
 # 1 at each nesting constructor: indexing bytes is a C read when compiled, where `in` on
 # the tuple boxes the byte and compares up to seven objects (issue 20).
 _IS_NESTING: Final = bytes(1 if b in _NESTING else 0 for b in range(256))
-# Up to this many bytes a value's nesting constructors are counted by a loop (compiled:
-# ~15 instructions a byte), above it by `translate` (a copy, a table and a pass: ~2.7k
-# instructions for a 33-byte application-properties map, issue 20).
-_COUNT_BY_LOOP: Final = 128
+
+
+def _compiled() -> bool:
+    """Whether this module runs compiled (mypyc): its functions are then not `function`s."""
+    return type(_compiled).__name__ != "function"
+
+
+# Up to this many bytes a value's nesting constructors are counted by a loop when compiled
+# (~70 instructions a byte), above it by `translate` (a copy, a table and a pass: ~2.7k
+# instructions for a 33-byte application-properties map, issue 20). Interpreted, the loop
+# costs ~350 a byte: `translate` always.
+_COUNT_BY_LOOP: Final = 128 if _compiled() else 0
 
 
 def _check_nesting(buf: bytes, vpos: int, end: int) -> None:

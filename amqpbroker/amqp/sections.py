@@ -294,8 +294,8 @@ def _skip(buf: bytes, pos: int, depth: int = 0) -> int:
         end = pos + 1 + kind
     elif kind == -1:
         end = pos + 2 + buf[pos + 1]
-    elif kind == -4:
-        end = pos + 5 + _U32.unpack_from(buf, pos + 1)[0]
+    elif kind == -4:  # the size by hand: compiled, C arithmetic (issue 20)
+        end = pos + 5 + (buf[pos + 1] << 24 | buf[pos + 2] << 16 | buf[pos + 3] << 8 | buf[pos + 4])
     elif kind == -2:
         if depth >= MAX_DEPTH:
             raise _too_deep(pos)
@@ -860,8 +860,17 @@ def encode_annotations(annotations: Mapping[Any, Any]) -> bytes:
 
 # -- Sections ---------------------------------------------------------------------------------
 
-HEADER, DELIVERY_ANNOTATIONS, MESSAGE_ANNOTATIONS, PROPERTIES = 0x70, 0x71, 0x72, 0x73
-APPLICATION_PROPERTIES, DATA, AMQP_SEQUENCE, AMQP_VALUE, FOOTER = 0x74, 0x75, 0x76, 0x77, 0x78
+# One `Final` each: compiled (setup.py), a C constant; a plain module name was a dict
+# lookup at every use, ~17 a message in `scan` (issue 20).
+HEADER: Final = 0x70
+DELIVERY_ANNOTATIONS: Final = 0x71
+MESSAGE_ANNOTATIONS: Final = 0x72
+PROPERTIES: Final = 0x73
+APPLICATION_PROPERTIES: Final = 0x74
+DATA: Final = 0x75
+AMQP_SEQUENCE: Final = 0x76
+AMQP_VALUE: Final = 0x77
+FOOTER: Final = 0x78
 
 _SECTION_NAMES: Final = {
     b"amqp:header:list": HEADER,
@@ -892,6 +901,13 @@ _SECTION_VALUES: Final = frozenset(
     )
     for constructor in constructors
 )
+# The same as a table indexed by ((code - HEADER) << 8 | constructor): compiled, a byte
+# read, where the set's `in` boxes the key and hashes it (issue 20).
+_SECTION_VALID: Final = bytes(
+    1 if (HEADER + (key >> 8)) << 8 | (key & 0xFF) in _SECTION_VALUES else 0
+    for key in range((FOOTER - HEADER + 1) << 8)
+)
+_SECTION_VALID_SIZE: Final = len(_SECTION_VALID)
 
 PROPERTY_NAMES: Final = (
     "message-id",
@@ -953,12 +969,15 @@ _CACHE_MAX_KEY: Final = 48  # bytes; a real header is under 30, a padded one is 
 # (measured: 1 MiB concatenated 1 ms, joined 40 us; 1 KiB concatenated is the faster).
 _LARGE: Final = 4096
 # Producers send few distinct headers (often just `durable`): memoize both directions.
-_HEADERS: dict[bytes, Header] = {}  # encoded header list -> its fields
-_REDELIVERY_HEADERS: dict[tuple[bytes, int], bytes] = {}  # (header section, count) -> new one
+# `Final`: compiled, the dicts are C statics, not module-dict lookups (issue 20).
+_HEADERS: Final[dict[bytes, Header]] = {}  # encoded header list -> its fields
+_REDELIVERY_HEADERS: Final[dict[tuple[bytes, int], bytes]] = {}  # (section, count) -> new one
 
 
 def _decode_header(buf: bytes, vpos: int, end: int) -> Header:
     """The header list at `vpos` (memoized by its bytes)."""
+    if buf[vpos] == 0x45:  # list0: every field absent (proton's encoders send one)
+        return _NO_HEADER
     key = buf[vpos:end]
     if type(key) is not bytes:
         key = bytes(key)  # a bytearray slice is not hashable
@@ -1144,6 +1163,21 @@ def _group(buf: bytes, vpos: int, end: int) -> tuple[str, int] | None:
 _NESTING: Final = (0x00, 0xC0, 0xC1, 0xD0, 0xD1, 0xE0, 0xF0)
 # Every byte that is not a nesting constructor: deleting them leaves one byte per candidate.
 _NOT_NESTING: Final = bytes(b for b in range(256) if b not in _NESTING)
+# 1 at each nesting constructor: indexing bytes is a C read when compiled, where `in` on
+# the tuple boxes the byte and compares up to seven objects (issue 20).
+_IS_NESTING: Final = bytes(1 if b in _NESTING else 0 for b in range(256))
+
+
+def _compiled() -> bool:
+    """Whether this module runs compiled (mypyc): its functions are then not `function`s."""
+    return type(_compiled).__name__ != "function"
+
+
+# Up to this many bytes a value's nesting constructors are counted by a loop when compiled
+# (~70 instructions a byte), above it by `translate` (a copy, a table and a pass: ~2.7k
+# instructions for a 33-byte application-properties map, issue 20). Interpreted, the loop
+# costs ~350 a byte: `translate` always.
+_COUNT_BY_LOOP: Final = 128 if _compiled() else 0
 
 
 def _check_nesting(buf: bytes, vpos: int, end: int) -> None:
@@ -1154,9 +1188,16 @@ def _check_nesting(buf: bytes, vpos: int, end: int) -> None:
     (`translate` deleting every other byte; seven `count` passes cost ~14k instructions a
     message, issue 20), and only the rare value with that many is walked (no decoding).
     """
-    if buf[vpos] not in _NESTING or end - vpos < MAX_DEPTH:  # too short to be too deep
+    if not _IS_NESTING[buf[vpos]] or end - vpos < MAX_DEPTH:  # too short to be too deep
         return  # (a durable message's header: no counting per message, issue 20)
-    if len(buf[vpos:end].translate(None, _NOT_NESTING)) < MAX_DEPTH:
+    if end - vpos <= _COUNT_BY_LOOP:
+        table = _IS_NESTING
+        count = 0
+        for i in range(vpos, end):
+            count += table[buf[i]]
+        if count < MAX_DEPTH:
+            return
+    elif len(buf[vpos:end].translate(None, _NOT_NESTING)) < MAX_DEPTH:
         return
     if _walk(buf, vpos, 0) != end:
         raise SectionError(f"section value at offset {vpos} does not end at {end}")
@@ -1232,7 +1273,7 @@ def scan(raw: bytes) -> Scanned:
     ma = props = ap = expiry = group = None
     body_start = footer_start = -1
     body_code = 0
-    kinds, valid, unpack_u32 = _KIND, _SECTION_VALUES, _U32.unpack_from
+    kinds, valid = _KIND, _SECTION_VALID
     try:
         while pos < n:
             if raw[pos + 1] == 0x53 and raw[pos] == 0x00:
@@ -1243,17 +1284,29 @@ def scan(raw: bytes) -> Scanned:
             constructor = raw[vpos]
             kind = kinds[constructor]
             if kind == -4:
-                end = vpos + 5 + unpack_u32(raw, vpos + 1)[0]
+                # The size, big-endian, by hand: compiled, C arithmetic (issue 20), where
+                # a struct call was ~850 instructions.
+                end = (
+                    vpos
+                    + 5
+                    + (
+                        raw[vpos + 1] << 24
+                        | raw[vpos + 2] << 16
+                        | raw[vpos + 3] << 8
+                        | raw[vpos + 4]
+                    )
+                )
             elif kind == -1:
                 end = vpos + 2 + raw[vpos + 1]
             else:
                 end = _skip(raw, vpos)
             if end > n:
                 raise SectionError(f"section at offset {pos} runs past the end ({end} > {n})")
-            if (code << 8 | constructor) not in valid:
+            key = (code - HEADER) << 8 | constructor
+            if not (0 <= key < _SECTION_VALID_SIZE and valid[key]):
                 raise _bad_section(code, constructor, pos)
-            if code != DATA:
-                _check_nesting(raw, vpos, end)
+            if code != DATA and _IS_NESTING[constructor] and end - vpos >= MAX_DEPTH:
+                _check_nesting(raw, vpos, end)  # (the call only for what could be deep)
             if code > rank:
                 if code <= APPLICATION_PROPERTIES:
                     rank = code

@@ -81,6 +81,10 @@ _pn_link_advance: Final = lib.pn_link_advance
 _pn_link_send: Final = lib.pn_link_send
 _from_buffer: Final = ffi.from_buffer
 _unpack: Final = ffi.unpack
+# A delivery's tag is written here and handed to `pn_delivery`, which copies it: one
+# buffer for the loop thread, not a `from_buffer` cdata per transfer (issue 20).
+_TAG_BYTES: Final = 24  # a delivery id in decimal: at most 20 digits
+_TAG: Final = ffi.new("char[]", _TAG_BYTES)
 
 
 class ConsumerLink(Generic[C]):
@@ -108,7 +112,9 @@ class ConsumerLink(Generic[C]):
             data = sections.with_delivery_count(data, message.header_end, dispatch.wire_count)
         impl = self.impl
         tag = b"%d" % dispatch.delivery  # read back by `delivery_id_of`
-        delivery = _pn_delivery(impl, (len(tag), _from_buffer(tag)))
+        size = len(tag)
+        _TAG[0:size] = tag
+        delivery = _pn_delivery(impl, (size, _TAG))
         # bytes go to a `char *` as they are (cffi passes their buffer, which proton
         # copies); only another buffer type needs a cdata (`from_buffer`: a call more).
         _pn_link_send(impl, data if type(data) is bytes else _from_buffer(data), len(data))
@@ -134,12 +140,14 @@ class ConsumerLink(Generic[C]):
 class ProducerLink:
     """A producer: wraps the proton `Receiver` the broker receives on."""
 
-    __slots__ = ("last_to", "link", "target")
+    __slots__ = ("credit", "last_to", "link", "target")
 
     def __init__(self, link: Link, target: ProducerTarget) -> None:
         self.link = link
         self.target = target
         self.last_to: str | None = None  # anonymous relay: its last message's `to` (B-151)
+        # At least the link's credit (`Transfers._top_up`, B-021); 0: ask the engine.
+        self.credit = 0
 
 
 def wrong_direction() -> PeerInvalidField:

@@ -699,6 +699,25 @@ def test_max_message_size_is_checked_as_the_frames_arrive(shell: Shell) -> None:
     assert shell.broker.queues["q"].message_count == 0
 
 
+def test_a_producer_is_topped_up_below_the_low_mark_cycle_after_cycle(shell: Shell) -> None:
+    """B-021 (issue 20: the broker keeps an upper bound of a producer's credit and asks
+    the engine only near the low mark): credit goes back to 1000 each time it falls
+    below 300, over two cycles, and a transfer bigger than the receive buffer (64 KiB)
+    arrives whole among them."""
+    client, sender = _limited_sender(shell, 0)
+    assert sender.credit == 1000
+    seen = []
+    for i in range(1450):
+        body = b"x" * 70_000 if i == 800 else b"m%d" % i
+        client.send(sender, Message(body=body))
+        seen.append(sender.credit)
+        assert 300 <= sender.credit <= 1000
+    assert seen.count(1000) == 2  # topped up at the 701st and the 1,402nd message
+    queue = shell.broker.queues["q"]
+    assert queue.message_count == 1450
+    assert [r.message.size > 70_000 for r in queue.iter_refs()].count(True) == 1
+
+
 def test_an_aborted_transfer_is_discarded_and_its_credit_restored(shell: Shell) -> None:
     """B-152: an aborted (partial) transfer is dropped; the producer's credit is back."""
     client, sender = _limited_sender(shell, 0)

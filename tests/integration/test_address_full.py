@@ -41,54 +41,34 @@ def _send_until_blocked(sender: BlockingSender, total: int) -> int:
     return sent
 
 
-def test_anonymous_relay_is_blocked_at_the_address_limit(tmp_path: Path) -> None:
-    """B-151 BLOCK: the relay gets no more credit once its address is full; the address
-    holds at most limit + one credit window; after a drain the relay sends again."""
-    broker = start_broker(
-        tmp_path,
-        f"""
+# The two limits that pace a relay under BLOCK (B-151): its address's own, and, with no
+# address limit, the broker-wide one (issue 23: "the anonymous relay is paced by the
+# broker-wide limit under BLOCK", so no producer gets past a limit with a null target).
+RELAY_LIMITS = {
+    "address-limit": f"""
         address-settings:
           "#": {{max-size-bytes: {LIMIT}, address-full-policy: BLOCK}}
-        addresses:
-          - name: q
-            anycast: [{{name: q, durable: false}}]
         """,
-    )
-    try:
-        producer = connect(broker.url, timeout=3)
-        relay = producer.create_sender(None)
-        sent = _send_until_blocked(relay, 5 * CREDIT_WINDOW)
-        assert sent < 5 * CREDIT_WINDOW, "the relay was never blocked"
-        held = _api(broker, "/api/v1/queues/q")["messages"]
-        assert held == sent
-        assert held * len(BODY) <= LIMIT + CREDIT_WINDOW * (len(BODY) + 100)
-        consumer = connect(broker.url)
-        receiver = consumer.create_receiver("q", credit=200, options=Capabilities("queue"))
-        assert len(receive_bodies(receiver, held)) == held
-        consumer.close()
-        # Room again: the same relay link gets credit and sends (the one that timed out
-        # goes first).
-        relay.send(Message(address="q", body=b"after", durable=False))
-        assert _api(broker, "/api/v1/queues/q")["messages"] == 2
-        producer.close()
-    finally:
-        broker.stop()
-
-
-def test_anonymous_relay_is_paced_by_the_broker_wide_limit(tmp_path: Path) -> None:
-    """B-151 BLOCK (issue 23: "the anonymous relay is paced by the broker-wide limit
-    under BLOCK"): no address limit, only global-max-size; a producer on the null
-    target is blocked once the broker holds the limit (plus at most one credit window),
-    not let fill the address; after a drain the same relay link sends again."""
-    broker = start_broker(
-        tmp_path,
-        f"""
+    "broker-wide-limit": f"""
         global-max-size: {LIMIT}
         address-settings:
           "#": {{address-full-policy: BLOCK}}
+        """,
+}
+
+
+@pytest.mark.parametrize("limit", sorted(RELAY_LIMITS))
+def test_anonymous_relay_is_blocked_at_the_limit(tmp_path: Path, limit: str) -> None:
+    """B-151 BLOCK: the relay gets no more credit once the limit is reached; the address
+    holds at most the limit + one credit window, not more; after a drain the same relay
+    link gets credit and sends again (the send that timed out goes first)."""
+    broker = start_broker(
+        tmp_path,
+        RELAY_LIMITS[limit]
+        + """
         addresses:
           - name: q
-            anycast: [{{name: q, durable: false}}]
+            anycast: [{name: q, durable: false}]
         """,
     )
     try:

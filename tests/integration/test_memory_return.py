@@ -17,6 +17,13 @@ from support.waiting import wait_until
 SCALE = int(os.environ.get("PAGING_SCALE", "1"))
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120 * SCALE)]
 
+# One queue, and a global-max-size far above the backlog: everything stays in memory.
+HELD_IN_MEMORY = """
+global-max-size: 1073741824
+addresses:
+  - name: q
+    anycast: [{name: q}]
+"""
 N = 50_000 * SCALE  # 1 KiB messages held in memory (global-max-size is far above)
 
 
@@ -25,12 +32,7 @@ def test_rss_comes_back_after_a_purge_of_a_large_backlog(tmp_path: Path) -> None
     HTTP RSS falls back to within a few MiB of where it started, within seconds."""
     broker = start_broker(
         tmp_path,
-        """
-        global-max-size: 1073741824
-        addresses:
-          - name: q
-            anycast: [{name: q}]
-        """,
+        HELD_IN_MEMORY,
         log_level="info",
     )
     try:
@@ -65,12 +67,7 @@ def test_rss_comes_back_after_a_drain_of_a_large_backlog(tmp_path: Path) -> None
     gives back < 1 MB)."""
     broker = start_broker(
         tmp_path,
-        """
-        global-max-size: 1073741824
-        addresses:
-          - name: q
-            anycast: [{name: q}]
-        """,
+        HELD_IN_MEMORY,
         log_level="info",
     )
     try:

@@ -11,6 +11,7 @@ from proton.utils import SendException
 from support import frames as F
 from support.client import QUEUE, connect, receive_bodies
 from support.process import BrokerProcess
+from support.raw import read_until_closed
 
 from amqpbroker.amqp.sections import MAX_DEPTH
 
@@ -24,18 +25,7 @@ def _exchange(broker: BrokerProcess, data: bytes, *, timeout_s: float = 1.0) -> 
     """Send `data`; read for up to `timeout_s`: (what the broker sent, whether it hung up)."""
     with socket.create_connection(("127.0.0.1", broker.ports["amqp"]), timeout=5) as sock:
         sock.sendall(data)
-        deadline = time.monotonic() + timeout_s
-        received = b""
-        while (left := deadline - time.monotonic()) > 0:
-            sock.settimeout(left)
-            try:
-                chunk = sock.recv(65536)
-            except TimeoutError:
-                break
-            if not chunk:
-                return received, True
-            received += chunk
-        return received, False
+        return read_until_closed(sock, timeout_s)
 
 
 def _round_trip(broker: BrokerProcess, address: str) -> list[object]:

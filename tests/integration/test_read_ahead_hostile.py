@@ -84,23 +84,6 @@ def _transfers(first: int, n: int, tag: str) -> bytes:
     )
 
 
-def _read_until_closed(sock: socket.socket, timeout_s: float = 5) -> tuple[bytes, bool]:
-    deadline = time.monotonic() + timeout_s
-    got = b""
-    while (left := deadline - time.monotonic()) > 0:
-        sock.settimeout(left)
-        try:
-            chunk = sock.recv(65536)
-        except TimeoutError:
-            return got, False
-        except ConnectionResetError:
-            return got, True
-        if not chunk:
-            return got, True
-        got += chunk
-    return got, False
-
-
 def _count(broker: ThreadBroker, queue: str) -> int:
     url = f"http://127.0.0.1:{broker.ports['http']}/api/v1/queues/{queue}"
     with urllib.request.urlopen(url, timeout=10) as response:
@@ -137,7 +120,7 @@ def test_a_bad_frame_inside_a_burst_closes_with_framing_error_and_routes_nothing
         garbage = struct.pack(">IBBH", 3, 2, 0, 0)
         burst = _transfers(0, at, "ok") + garbage + _transfers(at, 1000 - at, "late")
         sock.sendall(burst)
-        got, closed = _read_until_closed(sock)
+        got, closed = raw.read_until_closed(sock)
     assert closed
     assert F.close_condition(got) == "amqp:connection:framing-error"
     bodies = _drain_bodies(broker, queue)
@@ -162,7 +145,7 @@ def test_a_burst_ended_by_a_reset_or_a_half_close_leaves_the_broker_whole(
         sock.close()
     else:
         sock.shutdown(socket.SHUT_WR)
-        _, closed = _read_until_closed(sock)
+        _, closed = raw.read_until_closed(sock)
         sock.close()
         assert closed
     conn = connect(broker.url)  # another peer is served
@@ -263,7 +246,7 @@ def test_a_burst_behind_a_sasl_init_waits_for_the_credentials_check(
             sock.sendall(pipelined + _transfers(0, 500, "ok"))
             code, _ = raw.read_sasl_outcome(sock)
             assert code == 1
-            assert _read_until_closed(sock)[1]
+            assert raw.read_until_closed(sock)[1]
         else:
             sock.sendall(pipelined)
             code, rest = raw.read_sasl_outcome(sock)

@@ -68,6 +68,24 @@ def _recv(sock: socket.socket) -> bytes:
     return chunk
 
 
+def read_until_closed(sock: socket.socket, timeout_s: float = 5) -> tuple[bytes, bool]:
+    """Everything the broker sends within `timeout_s`, and whether it hung up by then."""
+    deadline = time.monotonic() + timeout_s
+    got = b""
+    while (left := deadline - time.monotonic()) > 0:
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            return got, False
+        except ConnectionResetError:
+            return got, True
+        if not chunk:
+            return got, True
+        got += chunk
+    return got, False
+
+
 def closed_by_peer(sock: socket.socket) -> bool:
     """Whether the broker has closed `sock` (reads and drops whatever it sent first)."""
     readable, _, _ = select.select([sock], [], [], 0)

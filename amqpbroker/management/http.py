@@ -159,7 +159,7 @@ def _handler_class(
                 csrf_token=self.headers.get(CSRF_HEADER),
                 origin=self.headers.get("Origin"),
                 # Several Host headers (RFC 9112: a 400) name no one host: refused.
-                host=", ".join(self.headers.get_all("Host") or []) or None,
+                host=None if (hosts := self.headers.get_all("Host")) is None else ", ".join(hosts),
                 loopback_only=loopback_only,
             )
             if reply.status >= 400:

@@ -295,6 +295,8 @@ def test_a_rebound_host_name_is_refused_on_a_loopback_server(broker: BrokerProce
     assert b"DNS rebinding" in body
     status, _, _ = raw_request(port, "GET", "/api/v1/queues", headers={"Host": "rebind.example"})
     assert status == 403  # reading messages is refused too
+    status, _, _ = raw_request(port, "GET", "/healthz", headers={"Host": ""})
+    assert status == 403  # an empty Host names no loopback host either
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "localhost."):
         status, _, _ = raw_request(port, "GET", "/healthz", headers={"Host": host})
         assert status == 200, host

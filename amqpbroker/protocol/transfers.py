@@ -60,7 +60,7 @@ from amqpbroker.protocol.shell import (
     Shell,
     wrong_direction,
 )
-from amqpbroker.protocol.transactions import TRANSACTIONAL_STATE
+from amqpbroker.protocol.transactions import MAX_CONTROL_BYTES, TRANSACTIONAL_STATE
 
 log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
 
@@ -68,6 +68,7 @@ PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
 _DUPLICATE_ID_KEY: Final = DUPLICATE_ID.encode()
 _TRANSACTIONAL_STATE: Final = TRANSACTIONAL_STATE
+_MAX_CONTROL_BYTES: Final = MAX_CONTROL_BYTES
 _PN_ACCEPTED: Final = lib.PN_ACCEPTED
 _PN_DELIVERY: Final = lib.PN_DELIVERY
 _PN_TRANSPORT_CLOSED: Final = lib.PN_TRANSPORT_CLOSED
@@ -237,12 +238,10 @@ class Transfers:
         size = _pn_delivery_pending(delivery)
         limit = self.max_message_size
         if (
-            limit
-            and size > limit
+            (size > _MAX_CONTROL_BYTES or (limit and size > limit))
             and not _pn_delivery_aborted(delivery)
-            and link not in self.coordinators  # the limit is advertised on producers only
+            and self._too_large(delivery, link, size)  # B-152: as the frames arrive
         ):
-            self._too_large(delivery, link, size)  # B-152: checked as the frames arrive
             return
         if _pn_delivery_partial(delivery):
             return  # proton buffers the frames until the last one
@@ -300,17 +299,27 @@ class Transfers:
                 _pn_delivery_settle(delivery)
         self._top_up(link, producer)
 
-    def _too_large(self, delivery: Any, link: Any, size: int) -> None:
-        """B-152: detach the producer with message-size-exceeded and drop what arrived."""
+    def _too_large(self, delivery: Any, link: Any, size: int) -> bool:
+        """B-152: whether the delivery is over its link's limit (the acceptor's
+        max-message-size for a producer, `MAX_CONTROL_BYTES` for a coordinator); if so,
+        detach the link with message-size-exceeded and drop what arrived."""
+        if link in self.coordinators:
+            if size <= _MAX_CONTROL_BYTES:
+                return False
+            what, limit, closing = "control message", _MAX_CONTROL_BYTES, Link.wrap(link)
+        else:
+            limit = self.max_message_size
+            if not limit or size <= limit:
+                return False
+            producer = self.producers.get(link)
+            what, closing = "message", None if producer is None else producer.link
         _pn_delivery_settle(delivery)
-        producer = self.producers.get(link)
-        if producer is None:
-            return  # detached already: the rest of the message is discarded as it comes
-        description = (
-            f"message of {size} bytes or more exceeds max-message-size {self.max_message_size}"
-        )
-        log.info("connection %s link %r: %s", self.id, producer.link.name, description)
-        self.owner.close_link(producer.link, "amqp:link:message-size-exceeded", description)
+        if closing is None:
+            return True  # detached already: the rest of the message is discarded as it comes
+        description = f"{what} of {size} bytes or more exceeds max-message-size {limit}"
+        log.info("connection %s link %r: %s", self.id, closing.name, description)
+        self.owner.close_link(closing, "amqp:link:message-size-exceeded", description)
+        return True
 
     def _top_up(self, link: Any, producer: ProducerLink | None) -> None:
         """B-021: credit back to `PRODUCER_CREDIT` once it falls below the low mark.

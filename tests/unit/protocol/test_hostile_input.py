@@ -567,3 +567,37 @@ def test_unknown_protocol_bytes_are_not_logged(
     assert F.close_condition(peer.received) == "amqp:connection:framing-error"
     assert "Unknown protocol detected (the bytes are not logged)" in caplog.text
     assert "nobody-pw" not in caplog.text
+
+
+def test_a_control_message_past_64_kib_detaches_the_coordinator(peer: F.RawPeer) -> None:
+    """Issue 15 attack (B-152/B-140): max-message-size was checked on producers only, so
+    proton buffered an endless multi-frame transfer on a coordinator link (200 MB sent,
+    the broker 196 MB larger, with or without max-message-size). A declare or discharge
+    is a few dozen bytes: past MAX_CONTROL_BYTES the coordinator is detached with
+    message-size-exceeded, what follows of the transfer is dropped, and a new
+    coordinator declares as before."""
+    peer.opened()
+    coordinator = F.attach("txn", role_receiver=False, source=F.source("s"), target=F.coordinator())
+    peer.send(F.frame(coordinator))
+    chunk = b"\x00\x53\x77\xb0" + (30_000).to_bytes(4, "big") + b"x" * 30_000
+    peer.send(F.frame(F.transfer(more=True), payload=chunk))
+    more = F.frame(F.transfer(delivery_id=None, tag=None, more=True), payload=b"y" * 30_000)
+    for _ in range(6):
+        peer.send(more)
+    assert peer.errors() == [
+        (
+            F.DETACH,
+            (
+                "amqp:link:message-size-exceeded",
+                "control message of 90008 bytes or more exceeds max-message-size 65536",
+            ),
+        )
+    ]
+    assert not peer.connection.coordinators
+    again = F.attach(
+        "txn2", handle=1, role_receiver=False, source=F.source("s"), target=F.coordinator()
+    )
+    peer.send(F.frame(again))
+    peer.send(F.frame(F.transfer(handle=1, delivery_id=1, tag=b"d"), payload=F.declare()))
+    assert len(peer.connection.transactions) == 1
+    assert not peer.connection.closed

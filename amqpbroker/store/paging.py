@@ -92,7 +92,14 @@ def _safe(name: str) -> str:
 
 
 def _encode(message: Message) -> bytes:
-    address = message.address.encode()[:0xFFFF]
+    """A message frame. Raises ResourceLimitExceeded for an address of 64 KiB or more,
+    which the frame cannot hold: it was cut to 65,535 bytes (mid-character too), and the
+    message came back with another address (issue 15 attack)."""
+    address = message.address.encode()
+    if len(address) > 0xFFFF:
+        raise ResourceLimitExceeded(
+            f"cannot page message {message.msg_id}: its address is over 65535 bytes"
+        )
     head = _MESSAGE.pack(
         1 if message.durable else 0,
         message.msg_id,
@@ -301,8 +308,9 @@ class QueuePages:
         return self._cursor
 
     def write(self, message: Message) -> None:
+        frame = _encode(message)
         try:
-            self._append(_encode(message))
+            self._append(frame)
         except OSError as e:  # disk full, no descriptors: the producer is told, not killed
             log.warning("paging %s: cannot write a page file: %s", self.directory, e)
             raise ResourceLimitExceeded(f"cannot page message {message.msg_id}: {e}") from e

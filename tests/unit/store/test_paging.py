@@ -14,7 +14,7 @@ import pytest
 from proton import Message as ProtonMessage
 
 from amqpbroker.amqp import sections
-from amqpbroker.core import AddressSettings
+from amqpbroker.core import AddressSettings, ResourceLimitExceeded
 from amqpbroker.core import operations as ops
 from amqpbroker.core.model import Message
 from amqpbroker.core.outcomes import Accepted, Modified, Rejected
@@ -1479,3 +1479,22 @@ def test_page_files_far_ahead_of_a_journaled_cursor_follow_it(tmp_path: Path) ->
     assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(3)]
     assert pages.position[0] == 2
     files.close()
+
+
+def test_a_message_whose_address_a_page_frame_cannot_hold_is_refused_not_renamed(
+    files: PageFiles,
+) -> None:
+    """Issue 15 attack (B-151): a page frame holds an address of up to 65,535 bytes; a
+    longer one (an attach frame carries ~128 KiB) was cut there, mid-character, and the
+    message was read back with another address. It is refused as not pageable; an
+    address that fits comes back whole."""
+    pages = files.open(address="a", queue="q", durable=False)
+    fits, too_long = _durable(0), _durable(1)
+    fits.address = "é" * 32_767  # 65,534 bytes
+    too_long.address = "é" * 32_768
+    pages.write(fits)
+    with pytest.raises(ResourceLimitExceeded, match="address is over 65535 bytes"):
+        pages.write(too_long)
+    assert pages.messages == 1
+    [back] = pages.read(max_bytes=-1, max_messages=-1)
+    assert back.address == fits.address

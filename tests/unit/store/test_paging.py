@@ -1449,6 +1449,7 @@ def test_a_page_file_numbered_far_ahead_is_taken_in_sequence(tmp_path: Path, num
     assert pages.position[0] < 2**63
     _fill(pages, range(3, 4))
     assert [_decode(m.data) for m in pages.read(max_bytes=-1, max_messages=-1)] == ["message-00003"]
+    pages.close()
 
 
 @pytest.mark.timeout(20)

@@ -978,7 +978,43 @@ def parse_config(text: str, *, source: str = "<string>") -> BrokerConfig:
         raise ConfigError([problem]) from None
     if root is not None and (problem := _expansion_problem(root, source)) is not None:
         raise ConfigError([problem])
+    if root is not None and (problems := _tag_problems(root, source)):
+        raise ConfigError(problems)
     return check_tree(root, source=source)
+
+
+def _tag_problems(root: yaml.Node, source: str) -> list[ConfigProblem]:
+    """Nodes the checker could not read: a tag the core schema has no constructor for
+    (`!foo`, `!!python/object:...`), or a scalar its explicit tag cannot construct
+    (`!!int abc`, `!!bool maybe`, `!!timestamp x`). Construction raised ConstructorError,
+    ValueError, KeyError or AttributeError out of the loader (issue 15 attack)."""
+    constructor = CoreSchemaLoader("")
+    problems = []
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.tag == _MERGE_TAG:  # a `<<` key: the checker applies merges itself
+            continue
+        if node.tag not in CoreSchemaLoader.yaml_constructors:
+            message = f"the YAML tag {node.tag!r} is not supported"
+        elif isinstance(node, yaml.ScalarNode):
+            try:
+                constructor.construct_object(node, deep=True)
+                continue
+            except (yaml.YAMLError, ValueError, KeyError, TypeError, AttributeError):
+                message = f"{str(node.value)[:100]!r} is not a valid {node.tag!r} value"
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(n for pair in node.value for n in pair)
+            continue
+        else:
+            stack.extend(node.value)
+            continue
+        problems.append(ConfigProblem(source, node.start_mark.line + 1, "(yaml)", message))
+    return problems
 
 
 def _depth_problem(text: str, source: str) -> ConfigProblem | None:

@@ -851,3 +851,30 @@ def test_yaml_nested_past_the_limit_is_a_problem_not_a_recursion_error(
     RecursionError out of the loader (a traceback from `check-config`)."""
     text = "name: x\naddresses: " + open_ * 3000 + "1" + close * 3000 + "\n"
     assert problems(text) == ["b.yaml:2: (yaml): nested more than 64 deep"]
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("!!int abc", "'abc' is not a valid 'tag:yaml.org,2002:int' value"),
+        ("!!bool maybe", "'maybe' is not a valid 'tag:yaml.org,2002:bool' value"),
+        ("!!float x", "'x' is not a valid 'tag:yaml.org,2002:float' value"),
+        ("!!timestamp bad", "'bad' is not a valid 'tag:yaml.org,2002:timestamp' value"),
+        ("!foo bar", "the YAML tag '!foo' is not supported"),
+        ("!foo {a: 1}", "the YAML tag '!foo' is not supported"),
+        (
+            "!!python/object:os.system ls",
+            "the YAML tag 'tag:yaml.org,2002:python/object:os.system' is not supported",
+        ),
+    ],
+)
+def test_a_tag_the_loader_cannot_read_is_a_problem_not_an_exception(
+    value: str, problem: str
+) -> None:
+    """B-160, issue 15 attack: a scalar its explicit tag cannot construct raised
+    ValueError, KeyError or AttributeError out of the loader, an unknown tag
+    ConstructorError (a traceback from `check-config`); now a problem with file and
+    line. Nothing is ever constructed from a tag outside the core schema."""
+    assert problems(f"name: x\npersistence:\n  enabled: {value}\n") == [
+        f"b.yaml:3: (yaml): {problem}"
+    ]

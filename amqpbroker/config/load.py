@@ -76,6 +76,13 @@ SASL_MECHANISMS = ("PLAIN", "EXTERNAL", "ANONYMOUS")
 _PASSWORD_HASH = re.compile(r"^scrypt\$\d+\$\d+\$\d+\$[A-Za-z0-9+/]+=*\$[A-Za-z0-9+/]+=*$")
 _PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
 _MERGE_TAG = "tag:yaml.org,2002:merge"
+# A YAML file's nesting and alias expansion (issue 15 attack, B-160): PyYAML composes
+# recursively (a file nested a thousand deep raised RecursionError out of the loader), and
+# the checker walks an alias or a merge key once per use (ten anchors each merging ten
+# copies of the one before, 600 bytes, took hours). No real config nests past a handful.
+MAX_YAML_DEPTH = 64
+MAX_ALIAS_EXPANSION = 10  # nodes walked per node written, beyond the first 100,000
+_FREE_EXPANSION = 100_000
 _ENUMS: dict[str, tuple[str, ...]] = {
     "address_full_policy": ADDRESS_FULL_POLICIES,
     "slow_consumer_policy": SLOW_CONSUMER_POLICIES,
@@ -958,6 +965,8 @@ def parse_config(text: str, *, source: str = "<string>") -> BrokerConfig:
         ConfigError: every problem found, each with file, line and key path.
     """
     try:
+        if (problem := _depth_problem(text, source)) is not None:
+            raise ConfigError([problem])
         root = yaml.compose(text, Loader=CoreSchemaLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
@@ -967,7 +976,92 @@ def parse_config(text: str, *, source: str = "<string>") -> BrokerConfig:
             reason += f" ({context})"
         problem = ConfigProblem(source, line, "(yaml)", f"not valid YAML: {reason}")
         raise ConfigError([problem]) from None
+    if root is not None and (problem := _expansion_problem(root, source)) is not None:
+        raise ConfigError([problem])
+    if root is not None and (problems := _tag_problems(root, source)):
+        raise ConfigError(problems)
     return check_tree(root, source=source)
+
+
+def _tag_problems(root: yaml.Node, source: str) -> list[ConfigProblem]:
+    """Nodes the checker could not read: a tag the core schema has no constructor for
+    (`!foo`, `!!python/object:...`), or a scalar its explicit tag cannot construct
+    (`!!int abc`, `!!bool maybe`, `!!timestamp x`). Construction raised ConstructorError,
+    ValueError, KeyError or AttributeError out of the loader (issue 15 attack)."""
+    constructor = CoreSchemaLoader("")
+    problems = []
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.tag == _MERGE_TAG:  # a `<<` key: the checker applies merges itself
+            continue
+        if node.tag not in CoreSchemaLoader.yaml_constructors:
+            message = f"the YAML tag {node.tag!r} is not supported"
+        elif isinstance(node, yaml.ScalarNode):
+            try:
+                constructor.construct_object(node, deep=True)
+                continue
+            except (yaml.YAMLError, ValueError, KeyError, TypeError, AttributeError):
+                message = f"{str(node.value)[:100]!r} is not a valid {node.tag!r} value"
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(n for pair in node.value for n in pair)
+            continue
+        else:
+            stack.extend(node.value)
+            continue
+        problems.append(ConfigProblem(source, node.start_mark.line + 1, "(yaml)", message))
+    return problems
+
+
+def _depth_problem(text: str, source: str) -> ConfigProblem | None:
+    """A collection nested past `MAX_YAML_DEPTH`, found from the parser's events (flat,
+    unlike composing) before the file is composed."""
+    depth = 0
+    for event in yaml.parse(text, Loader=CoreSchemaLoader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            depth += 1
+            if depth > MAX_YAML_DEPTH:
+                line = event.start_mark.line + 1 if event.start_mark is not None else 1
+                message = f"nested more than {MAX_YAML_DEPTH} deep"
+                return ConfigProblem(source, line, "(yaml)", message)
+        elif isinstance(event, yaml.CollectionEndEvent):
+            depth -= 1
+    return None
+
+
+def _expansion_problem(root: yaml.Node, source: str) -> ConfigProblem | None:
+    """Aliases and merge keys that make the checker walk more than `MAX_ALIAS_EXPANSION`
+    nodes per node written (a "billion laughs"). Each node's expanded size is counted
+    once (a node met again while counted, a recursive alias, counts one)."""
+    sizes: dict[int, int] = {}
+    written = 0
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, counted = stack.pop()
+        children: list[yaml.Node] = []
+        if isinstance(node, yaml.MappingNode):
+            children = [n for pair in node.value for n in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        if counted:
+            sizes[id(node)] = 1 + sum(sizes.get(id(child), 1) for child in children)
+        elif id(node) not in sizes:
+            sizes[id(node)] = 1  # while its children are counted
+            written += 1
+            stack.append((node, True))
+            stack.extend((child, False) for child in children)
+    expanded = sizes[id(root)]
+    if expanded <= max(_FREE_EXPANSION, MAX_ALIAS_EXPANSION * written):
+        return None
+    message = (
+        f"aliases and merge keys expand {written} nodes to {expanded} "
+        f"(at most {MAX_ALIAS_EXPANSION} times the nodes written)"
+    )
+    return ConfigProblem(source, root.start_mark.line + 1, "(yaml)", message)
 
 
 def default_config_path() -> Path:

@@ -8,6 +8,7 @@ user's roles is refused. No matching entry means no permission.
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Mapping
 
 from amqpbroker.core.errors import NotAuthorized
@@ -142,3 +143,18 @@ def _overlap(pattern: tuple[str, ...], words: tuple[str, ...], wc: WildcardConfi
     if pattern[0] == one or words[0] == one or pattern[0] == words[0]:
         return _overlap(pattern[1:], words[1:], wc)
     return False
+
+
+def source_key(host: str) -> str:
+    """Who is throttled as one (failed logins: SASL in `security/logins.py`, HTTP in
+    `management/auth.py`): an IPv4 address, or an IPv6 /64 (one subscriber's allocation,
+    which holds 2**64 addresses)."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)

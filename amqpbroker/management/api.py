@@ -13,6 +13,7 @@ import base64
 import ipaddress
 import json
 import logging
+import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,7 +66,12 @@ class LoopBridge:
 
 
 def json_safe(value: Any, depth: int = 0) -> Any:
-    """`value` as JSON types; nesting deeper than MAX_JSON_DEPTH becomes "…"."""
+    """`value` as JSON types; nesting deeper than MAX_JSON_DEPTH becomes "…"; a float
+    that is not finite becomes its JavaScript spelling as a string ("NaN", "Infinity",
+    "-Infinity"): JSON has no such numbers, and Python wrote them bare, so one producer's
+    NaN property made a queue's browse a reply no browser could parse (issue 15 attack)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
     if value is None or isinstance(value, bool | int | float | str):
         return value
     if isinstance(value, bytes | bytearray | memoryview):
@@ -424,17 +430,7 @@ class ManagementApi:
             limit = _int_param(query, "limit", 100)
             offset = _int_param(query, "offset", 0)
             selector = query.get("filter", [None])[0] or None
-            total, views = self.bridge.call(
-                lambda: (
-                    ops.count(self.bridge_broker, name, selector=selector),
-                    [
-                        message_view(r)
-                        for r in ops.browse(
-                            self.bridge_broker, name, selector=selector, limit=limit, offset=offset
-                        )
-                    ],
-                )
-            )
+            total, views = self.bridge.call(lambda: self._browse(name, selector, limit, offset))
             return json_reply(HTTPStatus.OK, views, {"X-Total-Count": str(total)})
         body = _json_body(raw_body)
         selector = _opt_str(body, "filter")
@@ -573,6 +569,19 @@ class ManagementApi:
         view["non_destructive"] = queue.config.non_destructive  # B-123
         view["settings"] = broker.settings_for(queue.address).to_config()
         return view
+
+    def _browse(
+        self, name: str, selector: str | None, limit: int, offset: int
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """GET .../messages: the count, and at most `management-browse-page-size` views
+        (B-160, as `listMessages`): `?limit=` of any size listed the whole queue, its
+        paged messages read into memory at once (issue 15 attack)."""
+        broker = self.bridge_broker
+        total = ops.count(broker, name, selector=selector)
+        address = broker.queues[name].address
+        limit = min(limit, broker.settings.resolve(address).management_browse_page_size)
+        refs = ops.browse(broker, name, selector=selector, limit=limit, offset=offset)
+        return total, [message_view(r) for r in refs]
 
     def _retry(self, name: str, selector: str | None, body: dict[str, Any]) -> dict[str, Any]:
         """`{"retried": N}`; with `ids` also `skipped` ([{msg_id, reason}]) and `not_found`

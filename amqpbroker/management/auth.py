@@ -11,6 +11,8 @@ a wrong password. Here:
   costs a dictionary lookup, and the password itself is never kept;
 - `MAX_FAILURES` failed attempts from one client address within `FAILURE_WINDOW_S` make
   that address wait: 429 with Retry-After, without hashing, until its failures age out.
+  An IPv6 /64 counts as one address (`core.security.source_key`, as SASL's throttle):
+  keyed by the whole address, a client rotating through its /64 was never slowed.
   Requests without credentials (a browser's first try) are not failures.
 
 Thread-safe: called from the HTTP threads.
@@ -27,6 +29,8 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
+
+from amqpbroker.core.security import source_key
 
 CACHE_TTL_S = 60.0
 CACHE_ENTRIES = 256
@@ -92,6 +96,7 @@ class BasicAuth:
         if credentials is None:
             return UNAUTHENTICATED
         user, password = credentials
+        client = source_key(client)  # an IPv6 /64 is one client, as for SASL (issue 15)
         now = self._clock()
         key = (user, hashlib.sha256(password.encode("utf-8", "surrogatepass")).digest())
         with self._lock:

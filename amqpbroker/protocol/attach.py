@@ -44,7 +44,7 @@ from amqpbroker.protocol.links import (
 )
 from amqpbroker.protocol.peer import name_for_log, read_link_name
 from amqpbroker.protocol.shell import ConsumerLink, ProducerLink, Shell
-from amqpbroker.protocol.transfers import PRODUCER_CREDIT
+from amqpbroker.protocol.transfers import PRODUCER_CREDIT, Transfers
 
 log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
 
@@ -67,6 +67,7 @@ class _Attach:
     peer: str
     producers: dict[Any, ProducerLink]
     shell: Shell[Any]
+    transfers: Transfers
     user: str | None
     window: Window
     # the other parts' (connection.py, transfers.py)
@@ -191,6 +192,7 @@ class _Attach:
         self.consumers.pop(link._impl, None)
         self.producers.pop(link._impl, None)
         self.coordinators.discard(link._impl)
+        self.transfers.forget_incomplete(link._impl)
 
     def _drop_consumer(self, impl: Any, consumer: ConsumerLink[Any], *, closed: bool) -> None:
         del self.consumers[impl]
@@ -209,6 +211,7 @@ class _Attach:
             self._drop_consumer(link._impl, consumer, closed=closed)
         self.producers.pop(link._impl, None)
         self.coordinators.discard(link._impl)
+        self.transfers.forget_incomplete(link._impl)
         if link.state & Endpoint.LOCAL_ACTIVE:
             if closed:
                 link.close()

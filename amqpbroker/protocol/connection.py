@@ -582,8 +582,10 @@ class AmqpConnection(_Attach, _Transactions, Engine):
                 self._drop_consumer(impl, consumer, closed=False)
         for impl in [i for i, p in self.producers.items() if p.link.session == session]:
             del self.producers[impl]
+            self.transfers.forget_incomplete(impl)
         for impl in [i for i in self.coordinators if lib.pn_link_session(i) == session._impl]:
             self.coordinators.discard(impl)
+            self.transfers.forget_incomplete(impl)
         self._links_per_session.pop(session._impl, None)
         session.close()
         # Issue 15: ended on both sides, so Proton may forget it and its links (else a

@@ -59,6 +59,11 @@ MAX_TRANSACTIONS = 1024  # declared and not yet discharged, per connection (issu
 # from one connection). A send past it is refused with resource-limit-exceeded and its
 # transaction can only roll back (B-154 style), so that a commit never routes a part.
 MAX_TRANSACTION_BYTES = 64 * 1024 * 1024
+# A declare or discharge is a few dozen bytes; the coordinator link takes none past this
+# (issue 15 attack): max-message-size is a producer's limit, and proton buffered an
+# endless multi-frame transfer on a coordinator link (200 MB in, the broker 196 MB larger
+# with max-message-size 50000). Such a link is closed with message-size-exceeded.
+MAX_CONTROL_BYTES = 64 * 1024
 # Transaction ids are unique in the broker process, not per connection: the event log's
 # `txn` (B-170) must tell two connections' transactions apart.
 _TXN_IDS = itertools.count(1)

@@ -60,14 +60,20 @@ from amqpbroker.protocol.shell import (
     Shell,
     wrong_direction,
 )
-from amqpbroker.protocol.transactions import TRANSACTIONAL_STATE
+from amqpbroker.protocol.transactions import MAX_CONTROL_BYTES, TRANSACTIONAL_STATE
 
 log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
 
+# What one connection's incomplete messages may hold together (B-152): this many times
+# max-message-size, and at least MIN_INCOMPLETE_BYTES (room for a few clients' largest
+# messages interleaved on one connection); no bound when max-message-size is 0.
+INCOMPLETE_FACTOR = 4
+MIN_INCOMPLETE_BYTES = 16 * 1024 * 1024
 PRODUCER_CREDIT = 1000  # B-021 amqpCredits
 PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
 _DUPLICATE_ID_KEY: Final = DUPLICATE_ID.encode()
 _TRANSACTIONAL_STATE: Final = TRANSACTIONAL_STATE
+_MAX_CONTROL_BYTES: Final = MAX_CONTROL_BYTES
 _PN_ACCEPTED: Final = lib.PN_ACCEPTED
 _PN_DELIVERY: Final = lib.PN_DELIVERY
 _PN_TRANSPORT_CLOSED: Final = lib.PN_TRANSPORT_CLOSED
@@ -126,6 +132,11 @@ class Owner(Protocol):
     def _fail(self, condition: str, description: str) -> None: ...
 
 
+def incomplete_limit(max_message_size: int) -> int:
+    """The bytes a connection's incomplete messages may hold (`_check_incomplete`)."""
+    return max(INCOMPLETE_FACTOR * max_message_size, MIN_INCOMPLETE_BYTES)
+
+
 class Transfers:
     """A connection's event loop and hot path: transfers in, dispositions and credit.
 
@@ -164,6 +175,9 @@ class Transfers:
         self.producers: dict[Any, ProducerLink] = {}
         self.consumers: dict[Any, ConsumerLink[Any]] = {}
         self.coordinators: set[Any] = set()  # transaction coordinator links (B-140)
+        # link -> bytes of its incomplete message, and their sum (`_check_incomplete`)
+        self.incomplete: dict[Any, int] = {}
+        self.incomplete_bytes = 0
         self.awaiting: list[Any] | None = None  # durable sends of this loop step
 
     def process_events(self) -> None:
@@ -237,15 +251,19 @@ class Transfers:
         size = _pn_delivery_pending(delivery)
         limit = self.max_message_size
         if (
-            limit
-            and size > limit
+            (size > _MAX_CONTROL_BYTES or (limit and size > limit))
             and not _pn_delivery_aborted(delivery)
-            and link not in self.coordinators  # the limit is advertised on producers only
+            and self._too_large(delivery, link, size)  # B-152: as the frames arrive
         ):
-            self._too_large(delivery, link, size)  # B-152: checked as the frames arrive
             return
-        if _pn_delivery_partial(delivery):
-            return  # proton buffers the frames until the last one
+        if _pn_delivery_partial(delivery):  # proton buffers the frames until the last one
+            if link not in self.producers and link not in self.coordinators:
+                _pn_delivery_settle(delivery)  # a link the broker ended: dropped as it comes
+            elif limit:  # bounded with the connection's other incomplete messages
+                self._check_incomplete(delivery, link, size, limit)
+            return
+        if self.incomplete:
+            self.forget_incomplete(link)
         buffer = _RECV_BUFFER if size <= _RECV_BYTES else _uncleared("char[]", size)
         received = _pn_link_recv(link, buffer, size)
         _pn_link_advance(link)
@@ -300,17 +318,57 @@ class Transfers:
                 _pn_delivery_settle(delivery)
         self._top_up(link, producer)
 
-    def _too_large(self, delivery: Any, link: Any, size: int) -> None:
-        """B-152: detach the producer with message-size-exceeded and drop what arrived."""
+    def _too_large(self, delivery: Any, link: Any, size: int) -> bool:
+        """B-152: whether the delivery is over its link's limit (the acceptor's
+        max-message-size for a producer, `MAX_CONTROL_BYTES` for a coordinator); if so,
+        detach the link with message-size-exceeded and drop what arrived."""
+        if link in self.coordinators:
+            if size <= _MAX_CONTROL_BYTES:
+                return False
+            what, limit, closing = "control message", _MAX_CONTROL_BYTES, Link.wrap(link)
+        else:
+            limit = self.max_message_size
+            if not limit or size <= limit:
+                return False
+            producer = self.producers.get(link)
+            what, closing = "message", None if producer is None else producer.link
+        _pn_delivery_settle(delivery)
+        if closing is None:
+            return True  # detached already: the rest of the message is discarded as it comes
+        description = f"{what} of {size} bytes or more exceeds max-message-size {limit}"
+        log.info("connection %s link %r: %s", self.id, closing.name, description)
+        self.owner.close_link(closing, "amqp:link:message-size-exceeded", description)
+        return True
+
+    def _check_incomplete(self, delivery: Any, link: Any, size: int, limit: int) -> None:
+        """B-152: the incomplete messages of the whole connection hold at most
+        `incomplete_limit(limit)` bytes; the link whose frame passes it is detached with
+        resource-limit-exceeded and its part dropped. max-message-size bounds one
+        message, and each link may have one in progress: one connection held 16,384
+        times max-message-size (64 sessions of 256 links; 82 MB from 2,048 links at
+        max-message-size 50000, issue 15 attack). Counted here, link by link (proton's
+        session byte counts keep the frames of a dropped part that follow)."""
+        held = self.incomplete_bytes + size - self.incomplete.get(link, 0)
+        allowed = incomplete_limit(limit)
+        if held <= allowed:
+            self.incomplete[link] = size
+            self.incomplete_bytes = held
+            return
+        self.forget_incomplete(link)
         _pn_delivery_settle(delivery)
         producer = self.producers.get(link)
-        if producer is None:
-            return  # detached already: the rest of the message is discarded as it comes
+        closing = Link.wrap(link) if producer is None else producer.link  # or a coordinator
         description = (
-            f"message of {size} bytes or more exceeds max-message-size {self.max_message_size}"
+            f"incomplete messages on this connection hold {held} bytes, over {allowed} "
+            f"({INCOMPLETE_FACTOR} times max-message-size {limit})"
         )
-        log.info("connection %s link %r: %s", self.id, producer.link.name, description)
-        self.owner.close_link(producer.link, "amqp:link:message-size-exceeded", description)
+        log.info("connection %s link %r: %s", self.id, closing.name, description)
+        self.owner.close_link(closing, "amqp:resource-limit-exceeded", description)
+
+    def forget_incomplete(self, link: Any) -> None:
+        """The message in progress on `link` (a pn_link_t) ended: completed, dropped, or
+        the link ended (every place that forgets a producer or coordinator calls this)."""
+        self.incomplete_bytes -= self.incomplete.pop(link, 0)
 
     def _top_up(self, link: Any, producer: ProducerLink | None) -> None:
         """B-021: credit back to `PRODUCER_CREDIT` once it falls below the low mark.

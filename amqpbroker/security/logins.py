@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import ipaddress
 import logging
 import os
 import threading
@@ -24,6 +23,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from amqpbroker.core.security import source_key
 from amqpbroker.security.passwords import verify_password_or_dummy
 
 log = logging.getLogger(__name__)
@@ -37,20 +37,6 @@ CHECK_NICENESS = 10  # added to the checking threads' nice value
 # Checks one source may have waiting or running: one source must not fill the whole
 # queue (max_waiting) and lock everybody else out with sys-temp.
 MAX_WAITING_PER_SOURCE = 4
-
-
-def source_key(host: str) -> str:
-    """The unit that is throttled: an IPv4 address, or an IPv6 /64 (one subscriber's
-    allocation, which holds 2**64 addresses)."""
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return host
-    if isinstance(address, ipaddress.IPv6Address):
-        if address.ipv4_mapped is not None:
-            return str(address.ipv4_mapped)
-        return str(ipaddress.IPv6Network((address, 64), strict=False))
-    return str(address)
 
 
 @dataclass(slots=True)

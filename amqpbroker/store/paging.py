@@ -92,7 +92,14 @@ def _safe(name: str) -> str:
 
 
 def _encode(message: Message) -> bytes:
-    address = message.address.encode()[:0xFFFF]
+    """A message frame. Raises ResourceLimitExceeded for an address of 64 KiB or more,
+    which the frame cannot hold: it was cut to 65,535 bytes (mid-character too), and the
+    message came back with another address (issue 15 attack)."""
+    address = message.address.encode()
+    if len(address) > 0xFFFF:
+        raise ResourceLimitExceeded(
+            f"cannot page message {message.msg_id}: its address is over 65535 bytes"
+        )
     head = _MESSAGE.pack(
         1 if message.durable else 0,
         message.msg_id,
@@ -205,12 +212,13 @@ class QueuePages:
         self._held: dict[int, list[int]] = {}
         self._browse_damaged: set[int] = set()  # page files a browse logged as damaged
         directory.mkdir(parents=True, exist_ok=True)
+        # only the names `_path` writes: `1.page` would read as page 1 from another file
         pages = sorted(
             int(p.stem)
             for p in directory.glob("*" + _SUFFIX)
-            if p.stem.isascii() and p.stem.isdigit()
+            if p.stem.isascii() and p.stem.isdigit() and p.name == self._path(int(p.stem)).name
         )
-        first = cursor[0] if cursor is not None else (pages[0] if pages else 1)
+        first = cursor[0] if cursor is not None else min(pages[0], 1) if pages else 1
         self._cursor: Position = cursor if cursor is not None else (first, 0)
         for number in pages:
             if number < self._cursor[0]:  # read before the crash, or skipped as damaged
@@ -219,7 +227,7 @@ class QueuePages:
                 except OSError as e:  # a directory in its place (issue 23 fix 4: the start
                     # failed on a file the read back had already skipped and counted)
                     log.error("paging %s: cannot delete a read page file: %s", directory, e)
-        pages = [n for n in pages if n >= self._cursor[0]]
+        pages = self._in_sequence([n for n in pages if n >= self._cursor[0]])
         if not pages and self._cursor[1]:  # its files were deleted by hand: a new file
             # from byte 0 read from the cursor's offset would lose (or strand) messages
             self._cursor = (self._cursor[0] + 1, 0)
@@ -234,6 +242,37 @@ class QueuePages:
     # -- files --------------------------------------------------------------------------
     def _path(self, page: int) -> Path:
         return self.directory / f"{page:012d}{_SUFFIX}"
+
+    def _in_sequence(self, pages: list[int]) -> list[int]:
+        """The page files from the cursor's on, renamed where needed to follow each other
+        from the cursor's (the one after it when the cursor is inside a missing file).
+        The broker writes them so; a gap is damage or a crafted file, and the files are
+        walked page number by page number: one numbered 10^9 held the start in a billion
+        `stat`s, one past a Java long made the journaled cursor unencodable (issue 15
+        attack). Ascending renames never replace a file: each target is below every file
+        not yet renamed."""
+        if not pages:
+            return pages
+        page, offset = self._cursor
+        start = page if pages[0] == page or not offset else page + 1
+        if pages[-1] == start + len(pages) - 1:
+            return pages
+        log.error(
+            "paging %s: page files %s do not follow each other; renumbered from %d",
+            self.directory,
+            pages if len(pages) <= 8 else f"{pages[:4]}...{pages[-4:]}",
+            start,
+        )
+        renamed = []
+        for target, number in enumerate(pages, start):
+            if number != target:
+                try:
+                    self._path(number).rename(self._path(target))
+                except OSError as e:  # left as it is, stray (the start goes on)
+                    log.error("paging %s: cannot renumber a page file: %s", self.directory, e)
+                    break
+            renamed.append(target)
+        return renamed
 
     @property
     def files(self) -> int:
@@ -269,8 +308,9 @@ class QueuePages:
         return self._cursor
 
     def write(self, message: Message) -> None:
+        frame = _encode(message)
         try:
-            self._append(_encode(message))
+            self._append(frame)
         except OSError as e:  # disk full, no descriptors: the producer is told, not killed
             log.warning("paging %s: cannot write a page file: %s", self.directory, e)
             raise ResourceLimitExceeded(f"cannot page message {message.msg_id}: {e}") from e

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 CONFIG = """
 global-max-size: 1048576
 address-settings:
-  "#": {page-size-bytes: 262144, max-read-page-bytes: 262144}
+  "#": {page-size-bytes: 262144, max-read-page-bytes: 262144, management-browse-page-size: 3000}
 addresses:
   - name: q
     anycast: [{name: q}]

@@ -815,3 +815,66 @@ def test_connection_limits_of_an_acceptor_and_their_defaults() -> None:
 def test_connection_limits_are_range_checked(key: str, value: str, message: str) -> None:
     text = f"acceptors:\n  - name: a\n    url: amqp://127.0.0.1:0\n    {key}: {value}\n"
     assert problems(text) == [f"b.yaml:4: acceptors[0].{key}: {message}"]
+
+
+@pytest.mark.timeout(10)
+def test_a_merge_key_bomb_is_refused_before_it_is_walked() -> None:
+    """B-160, issue 15 attack: ten anchors each merging ten copies of the one before (620
+    bytes) made the checker walk ~10^10 merges; the expansion is counted first, once per
+    node, and refused with the file and line."""
+    lines = ["a0: &a0 {max-delivery-attempts: 1}"]
+    lines += [f"a{i}: &a{i} {{<<: [{', '.join([f'*a{i - 1}'] * 10)}]}}" for i in range(1, 10)]
+    lines.append("persistence: {<<: *a9}")
+    found = problems("\n".join(lines) + "\n")
+    assert len(found) == 1
+    assert found[0].startswith("b.yaml:1: (yaml): aliases and merge keys expand 44 nodes to ")
+    assert found[0].endswith("(at most 10 times the nodes written)")
+
+
+@pytest.mark.timeout(10)
+def test_aliases_within_the_expansion_limit_still_work() -> None:
+    lines = ["address-settings:", '  "#": &base {max-delivery-attempts: 3}']
+    lines += [f"  a{i}: {{<<: *base, redelivery-delay: {i}}}" for i in range(200)]
+    config = parse("\n".join(lines) + "\n")
+    assert config.address_settings["a199"].as_dict() == {
+        "max_delivery_attempts": 3,
+        "redelivery_delay": 199,
+    }
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("open_", "close"), [("[", "]"), ("{a: ", "}")])
+def test_yaml_nested_past_the_limit_is_a_problem_not_a_recursion_error(
+    open_: str, close: str
+) -> None:
+    """B-160, issue 15 attack: PyYAML composes recursively; 3,000 nested lists raised
+    RecursionError out of the loader (a traceback from `check-config`)."""
+    text = "name: x\naddresses: " + open_ * 3000 + "1" + close * 3000 + "\n"
+    assert problems(text) == ["b.yaml:2: (yaml): nested more than 64 deep"]
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [
+        ("!!int abc", "'abc' is not a valid 'tag:yaml.org,2002:int' value"),
+        ("!!bool maybe", "'maybe' is not a valid 'tag:yaml.org,2002:bool' value"),
+        ("!!float x", "'x' is not a valid 'tag:yaml.org,2002:float' value"),
+        ("!!timestamp bad", "'bad' is not a valid 'tag:yaml.org,2002:timestamp' value"),
+        ("!foo bar", "the YAML tag '!foo' is not supported"),
+        ("!foo {a: 1}", "the YAML tag '!foo' is not supported"),
+        (
+            "!!python/object:os.system ls",
+            "the YAML tag 'tag:yaml.org,2002:python/object:os.system' is not supported",
+        ),
+    ],
+)
+def test_a_tag_the_loader_cannot_read_is_a_problem_not_an_exception(
+    value: str, problem: str
+) -> None:
+    """B-160, issue 15 attack: a scalar its explicit tag cannot construct raised
+    ValueError, KeyError or AttributeError out of the loader, an unknown tag
+    ConstructorError (a traceback from `check-config`); now a problem with file and
+    line. Nothing is ever constructed from a tag outside the core schema."""
+    assert problems(f"name: x\npersistence:\n  enabled: {value}\n") == [
+        f"b.yaml:3: (yaml): {problem}"
+    ]

@@ -70,6 +70,22 @@ def test_repeated_failures_from_one_client_wait_without_hashing() -> None:
     assert auth.check(basic("admin", "pw"), "10.0.0.9") is None  # the failures aged out
 
 
+def test_an_ipv6_client_rotating_through_its_64_is_throttled_as_one() -> None:
+    """Issue 15 attack (B-154): failures were counted by the whole address, so a client
+    with an IPv6 /64 (2**64 addresses) guessed passwords unthrottled; SASL's throttle
+    already counted a /64 as one source. Now both use `source_key`."""
+    auth, verify, _ = make()
+    for n in range(MAX_FAILURES):
+        refusal = auth.check(basic("admin", "guess"), f"2001:db8:1:2::{n + 1:x}")
+        assert refusal is not None
+        assert refusal.status == HTTPStatus.UNAUTHORIZED
+    refusal = auth.check(basic("admin", "guess"), "2001:db8:1:2:ffff::1")
+    assert refusal is not None
+    assert refusal.status == HTTPStatus.TOO_MANY_REQUESTS
+    assert verify.calls == MAX_FAILURES
+    assert auth.check(basic("admin", "pw"), "2001:db8:1:3::1") is None  # another /64
+
+
 def test_requests_without_credentials_are_not_failures() -> None:
     """A browser's first request (no Authorization) must not lock its address out."""
     auth, verify, _ = make()

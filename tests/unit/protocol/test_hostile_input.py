@@ -17,7 +17,7 @@ from support import frames as F
 
 from amqpbroker.amqp.sections import MAX_DEPTH, Described, Symbol, UInt, ULong
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
-from amqpbroker.protocol import AmqpConnection, Shell, moves, transactions
+from amqpbroker.protocol import AmqpConnection, Shell, moves, transactions, transfers
 
 LYING_ARRAY = b"\xe0\x08\x09\xa3\x05queue"  # array8, count 9, one symbol (the issue's input)
 NOT_UTF8 = b"\xa1\x03\xff\xfe\xfd"
@@ -567,3 +567,95 @@ def test_unknown_protocol_bytes_are_not_logged(
     assert F.close_condition(peer.received) == "amqp:connection:framing-error"
     assert "Unknown protocol detected (the bytes are not logged)" in caplog.text
     assert "nobody-pw" not in caplog.text
+
+
+def test_a_control_message_past_64_kib_detaches_the_coordinator(peer: F.RawPeer) -> None:
+    """Issue 15 attack (B-152/B-140): max-message-size was checked on producers only, so
+    proton buffered an endless multi-frame transfer on a coordinator link (200 MB sent,
+    the broker 196 MB larger, with or without max-message-size). A declare or discharge
+    is a few dozen bytes: past MAX_CONTROL_BYTES the coordinator is detached with
+    message-size-exceeded, what follows of the transfer is dropped, and a new
+    coordinator declares as before."""
+    peer.opened()
+    coordinator = F.attach("txn", role_receiver=False, source=F.source("s"), target=F.coordinator())
+    peer.send(F.frame(coordinator))
+    chunk = b"\x00\x53\x77\xb0" + (30_000).to_bytes(4, "big") + b"x" * 30_000
+    peer.send(F.frame(F.transfer(more=True), payload=chunk))
+    more = F.frame(F.transfer(delivery_id=None, tag=None, more=True), payload=b"y" * 30_000)
+    for _ in range(6):
+        peer.send(more)
+    assert peer.errors() == [
+        (
+            F.DETACH,
+            (
+                "amqp:link:message-size-exceeded",
+                "control message of 90008 bytes or more exceeds max-message-size 65536",
+            ),
+        )
+    ]
+    assert not peer.connection.coordinators
+    again = F.attach(
+        "txn2", handle=1, role_receiver=False, source=F.source("s"), target=F.coordinator()
+    )
+    peer.send(F.frame(again))
+    peer.send(F.frame(F.transfer(handle=1, delivery_id=1, tag=b"d"), payload=F.declare()))
+    assert len(peer.connection.transactions) == 1
+    assert not peer.connection.closed
+
+
+def test_incomplete_messages_of_a_connection_are_bounded_together(
+    peer: F.RawPeer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15 attack (B-152): max-message-size bounded each message, but every link may
+    have one in progress, so one connection held 16,384 times it (82 MB from 2,048 links
+    at max-message-size 50000). Past `incomplete_limit` (here 4 x 50,000) the link
+    whose frame passes it is detached with resource-limit-exceeded and its part
+    dropped; the other links go on, and their messages complete."""
+    monkeypatch.setattr(transfers, "MIN_INCOMPLETE_BYTES", 0)
+    peer.connection.max_message_size = 50_000
+    peer.opened()
+    links = [
+        F.frame(
+            F.attach(f"p{h}", handle=h, role_receiver=False, source=F.source("s"), target=_target())
+        )
+        for h in range(8)
+    ]
+    peer.send(*links)
+    head = b"\x00\x53\x75\xb0" + (45_000).to_bytes(4, "big") + b"x" * 30_000
+
+    def part(
+        handle: int, *, first: bool, more: bool = True, size: int = 15_000, n: int = -1
+    ) -> bytes:
+        if first:
+            number = handle if n < 0 else n
+            node = F.transfer(handle=handle, delivery_id=number, tag=b"t", more=more)
+            return F.frame(node, payload=head)
+        node = F.transfer(handle=handle, delivery_id=None, tag=None, more=more)
+        return F.frame(node, payload=b"y" * size)
+
+    for handle in range(6):  # 30,000 bytes each: the 7th link's frame passes 200,000
+        peer.send(part(handle, first=True))
+    assert peer.errors() == []
+    peer.send(part(6, first=True))
+    [(code, (condition, description))] = peer.errors()  # type: ignore[misc]
+    assert (code, condition) == (F.DETACH, "amqp:resource-limit-exceeded")
+    assert description.startswith("incomplete messages on this connection hold 210")
+    peer.send(part(6, first=False))  # the rest of the dropped part: discarded
+    peer.send(part(0, first=False, size=10_000))  # fits only if link 6's part was freed
+    assert len(peer.errors()) == 1
+    peer.send(part(0, first=False, more=False, size=5_000))
+    for handle in range(1, 6):
+        peer.send(part(handle, first=False, more=False))
+    assert len(peer.errors()) == 1
+    assert peer.connection.broker.queues["q"].message_count == 6
+    peer.send(part(7, first=True), part(7, first=False, more=False))
+    assert peer.connection.broker.queues["q"].message_count == 7
+    counted = peer.connection.transfers
+    assert (counted.incomplete, counted.incomplete_bytes) == ({}, 0)
+    peer.send(part(5, first=True, n=8), F.frame(F.detach(handle=5)))  # a link's end forgets it
+    assert (counted.incomplete, counted.incomplete_bytes) == ({}, 0)
+    peer.send(part(4, first=True, n=9))
+    assert counted.incomplete_bytes == 30_008
+    peer.send(F.frame(F.end()))  # and a session's
+    assert (counted.incomplete, counted.incomplete_bytes) == ({}, 0)
+    assert not peer.connection.closed

@@ -14,7 +14,7 @@ import pytest
 from proton import Message as ProtonMessage
 
 from amqpbroker.amqp import sections
-from amqpbroker.core import AddressSettings
+from amqpbroker.core import AddressSettings, ResourceLimitExceeded
 from amqpbroker.core import operations as ops
 from amqpbroker.core.model import Message
 from amqpbroker.core.outcomes import Accepted, Modified, Rejected
@@ -1428,3 +1428,74 @@ def test_drains_over_paged_messages_due_later_leave_at_most_a_step_waiting_in_me
         h.take(c)
     assert c in h.drained
     assert queue.scheduled_count <= READ_STEP_MESSAGES + 100
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("number", [10**9, 10**30], ids=["gap-1e9", "past-i64"])
+def test_a_page_file_numbered_far_ahead_is_taken_in_sequence(tmp_path: Path, number: int) -> None:
+    """Issue 23 / issue 15 attack (a crafted data directory, B-151/B-153): the page files
+    are walked page number by page number, so one file numbered 10^9 beside page 1 held
+    the start in a billion `stat`s, and one past a Java long would have made the queue's
+    journaled cursor unencodable. Files after a gap are renumbered to follow on; their
+    messages come back in order after the others."""
+    page = _write_durable(tmp_path, 3)
+    ahead = page.parent / f"{number:012d}.page"
+    ahead.write_bytes(page.read_bytes())
+    pages = _reopen(tmp_path)
+    assert pages.messages == 6
+    assert not ahead.exists()
+    got = pages.read(max_bytes=-1, max_messages=-1)
+    assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in (*range(3), *range(3))]
+    assert pages.position[0] < 2**63
+    _fill(pages, range(3, 4))
+    assert [_decode(m.data) for m in pages.read(max_bytes=-1, max_messages=-1)] == ["message-00003"]
+    pages.close()
+
+
+@pytest.mark.timeout(20)
+def test_page_file_names_the_broker_never_writes_are_left_alone(tmp_path: Path) -> None:
+    """Issue 15 attack (B-151): `1.page` and `0000000000001.page` read as page 1, which
+    the broker reads from `000000000001.page`: counted twice, or a gap of a stray name.
+    Only the names the broker writes are page files."""
+    page = _write_durable(tmp_path, 3)
+    for stray in ("1.page", "0000000000001.page", "7.page"):
+        (page.parent / stray).write_bytes(page.read_bytes())
+    pages = _reopen(tmp_path)
+    assert pages.messages == 3
+    assert pages.files == 1
+
+
+@pytest.mark.timeout(20)
+def test_page_files_far_ahead_of_a_journaled_cursor_follow_it(tmp_path: Path) -> None:
+    """Issue 15 attack (B-151): the queue's only page file renumbered far ahead of its
+    journaled cursor (its files before deleted by hand) is read from the cursor's
+    next page, not searched for page by page."""
+    page = _write_durable(tmp_path, 3)
+    page.rename(page.parent / f"{10**20:012d}.page")
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
+    files.recover({"q": "a"}, {"q": (1, 40)})
+    pages = files.open(address="a", queue="q", durable=True)
+    assert pages.messages == 3
+    got = pages.read(max_bytes=-1, max_messages=-1)
+    assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(3)]
+    assert pages.position[0] == 2
+    files.close()
+
+
+def test_a_message_whose_address_a_page_frame_cannot_hold_is_refused_not_renamed(
+    files: PageFiles,
+) -> None:
+    """Issue 15 attack (B-151): a page frame holds an address of up to 65,535 bytes; a
+    longer one (an attach frame carries ~128 KiB) was cut there, mid-character, and the
+    message was read back with another address. It is refused as not pageable; an
+    address that fits comes back whole."""
+    pages = files.open(address="a", queue="q", durable=False)
+    fits, too_long = _durable(0), _durable(1)
+    fits.address = "é" * 32_767  # 65,534 bytes
+    too_long.address = "é" * 32_768
+    pages.write(fits)
+    with pytest.raises(ResourceLimitExceeded, match="address is over 65535 bytes"):
+        pages.write(too_long)
+    assert pages.messages == 1
+    [back] = pages.read(max_bytes=-1, max_messages=-1)
+    assert back.address == fits.address

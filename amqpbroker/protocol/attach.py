@@ -29,7 +29,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from cproton_ffi import lib
+from cproton_ffi import ffi, lib
 from proton import Condition, Endpoint, Event, Link, Terminus
 
 from amqpbroker.core import Broker, BrokerError, ConnectionId, Window
@@ -49,6 +49,30 @@ from amqpbroker.protocol.transfers import PRODUCER_CREDIT, Transfers
 log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
 
 MAX_LINKS_PER_SESSION = 256  # a 257th attach on a session closes the connection (issue 15)
+# What the open links of one connection may hold of the peer's attach fields (names,
+# addresses, filters, capabilities, properties): 64 sessions x 256 links x a 128 KiB
+# frame would be 2 GiB kept for one socket (issue 15 attack: 8 x 256 links with 100 KB
+# names grew the broker by 311 MB). 16 MiB is 16,000 links of 1 KiB each.
+MAX_ATTACH_BYTES = 16 * 1024 * 1024
+
+
+def attach_bytes(impl: Any) -> int:
+    """What the peer's attach of `impl` (a `pn_link_t`) makes the broker keep: its name,
+    and the encoded termini and properties (proton keeps them while the link lives)."""
+    name = lib.pn_link_name(impl)
+    size = len(ffi.string(name)) if name else 0
+    datas = [lib.pn_link_remote_properties(impl)]
+    for terminus in (lib.pn_link_remote_source(impl), lib.pn_link_remote_target(impl)):
+        address = lib.pn_terminus_get_address(terminus)
+        size += len(ffi.string(address)) if address else 0
+        datas += (
+            lib.pn_terminus_capabilities(terminus),
+            lib.pn_terminus_outcomes(terminus),
+            lib.pn_terminus_filter(terminus),
+            lib.pn_terminus_properties(terminus),
+        )
+    encoded: int = sum(max(0, lib.pn_data_encoded_size(d)) for d in datas if d)
+    return size + encoded
 
 
 class _Attach:
@@ -56,6 +80,8 @@ class _Attach:
     `AmqpConnection.__init__` sets)."""
 
     _links_per_session: dict[Any, int]  # pn_session_t -> links not yet ended
+    _attach_bytes: dict[Any, int]  # pn_link_t -> attach_bytes, of links not yet ended
+    attach_bytes_total: int  # their sum (MAX_ATTACH_BYTES)
     anycast_prefix: str | None
     broker: Broker
     consumers: dict[Any, ConsumerLink[Any]]
@@ -88,6 +114,17 @@ class _Attach:
         self._links_per_session[session] = count
         if count > MAX_LINKS_PER_SESSION:
             description = f"more than {MAX_LINKS_PER_SESSION} links on one session"
+            log.warning("connection %s from %s: %s; closing it", self.id, self.peer, description)
+            self._fail("amqp:resource-limit-exceeded", description)
+            return
+        cost = attach_bytes(link._impl)
+        self._attach_bytes[link._impl] = cost
+        self.attach_bytes_total += cost
+        if self.attach_bytes_total > MAX_ATTACH_BYTES:
+            description = (
+                f"the links of this connection hold more than {MAX_ATTACH_BYTES} bytes "
+                "of names and termini"
+            )
             log.warning("connection %s from %s: %s; closing it", self.id, self.peer, description)
             self._fail("amqp:resource-limit-exceeded", description)
             return
@@ -221,4 +258,5 @@ class _Attach:
         count = self._links_per_session.get(session, 0)
         if count > 0:
             self._links_per_session[session] = count - 1
+        self.attach_bytes_total -= self._attach_bytes.pop(link._impl, 0)
         link.free()  # issue 15: ended on both sides (see _on_session_close)

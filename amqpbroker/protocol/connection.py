@@ -152,6 +152,8 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         self.transactions: dict[bytes, Transaction] = {}
         self.kept_bytes = 0  # of the transactions' kept sends (transactions.py)
         self._links_per_session: dict[Any, int] = {}  # pn_session_t -> links not yet ended
+        self._attach_bytes: dict[Any, int] = {}  # pn_link_t -> its attach's bytes (attach.py)
+        self.attach_bytes_total = 0
         self.window = Window(ENGINE_WINDOW_BYTES)  # issue 15: shared by its consumers
         self._resume_from = 0
         self._orderly = False
@@ -587,6 +589,8 @@ class AmqpConnection(_Attach, _Transactions, Engine):
             self.coordinators.discard(impl)
             self.transfers.forget_incomplete(impl)
         self._links_per_session.pop(session._impl, None)
+        for impl in [i for i in self._attach_bytes if lib.pn_link_session(i) == session._impl]:
+            self.attach_bytes_total -= self._attach_bytes.pop(impl)
         session.close()
         # Issue 15: ended on both sides, so Proton may forget it and its links (else a
         # peer that begins and ends sessions, or attaches and detaches links, on one

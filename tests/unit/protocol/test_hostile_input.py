@@ -17,7 +17,7 @@ from support import frames as F
 
 from amqpbroker.amqp.sections import MAX_DEPTH, Described, Symbol, UInt, ULong
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
-from amqpbroker.protocol import AmqpConnection, Shell, moves, transactions, transfers
+from amqpbroker.protocol import AmqpConnection, Shell, attach, moves, transactions, transfers
 
 LYING_ARRAY = b"\xe0\x08\x09\xa3\x05queue"  # array8, count 9, one symbol (the issue's input)
 NOT_UTF8 = b"\xa1\x03\xff\xfe\xfd"
@@ -463,6 +463,37 @@ def test_a_257th_link_on_one_session_closes_the_connection(peer: F.RawPeer) -> N
     assert F.close_condition(peer.received) == "amqp:resource-limit-exceeded"
     assert peer.connection.finished
     assert not peer.connection.shell.consumers
+
+
+def test_the_attach_fields_a_connection_keeps_are_bounded(
+    peer: F.RawPeer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15 attack: names, addresses and termini of open links were bounded only by
+    the frame size, so one connection could make the broker keep 64 x 256 x 128 KiB
+    (8 x 256 links with 100 KB names grew it by 311 MB). Past MAX_ATTACH_BYTES (here
+    30,000) the attach closes the connection with resource-limit-exceeded; a link that
+    ends, or its session, gives its bytes back."""
+    monkeypatch.setattr(attach, "MAX_ATTACH_BYTES", 30_000)
+    peer.opened()
+    big = "n" * 9_000
+
+    def consumer(n: int, channel: int = 0) -> bytes:
+        node = F.attach(f"{n}{big}", handle=n, role_receiver=True, source=_source())
+        return F.frame(node, channel=channel)
+
+    peer.send(consumer(0), consumer(1), consumer(2))  # ~27,000 bytes
+    assert F.close_condition(peer.received) is None
+    assert 27_000 < peer.connection.attach_bytes_total < 30_000
+    peer.send(F.frame(F.detach(handle=2, closed=True)))  # its bytes come back
+    peer.send(F.frame(F.begin(), channel=1), consumer(2, channel=1))
+    assert F.close_condition(peer.received) is None
+    peer.send(F.frame(F.end(), channel=1))  # a session's end gives back its links'
+    assert 18_000 < peer.connection.attach_bytes_total < 19_000
+    peer.send(consumer(2))
+    assert F.close_condition(peer.received) is None
+    peer.send(consumer(3))
+    assert F.close_condition(peer.received) == "amqp:resource-limit-exceeded"
+    assert peer.connection.finished
 
 
 def test_links_detached_by_the_peer_free_their_place_on_the_session(peer: F.RawPeer) -> None:

@@ -2,19 +2,25 @@
 exactly what one run over all the files gives: every table, summary.json, the redrive
 lists. The log is split where per-message state crosses runs: a dead letter whose last
 dispatch (the consumer named in queue_failures) is in the previous run's file, and a DLQ
-copy consumed in the next file (no longer redrivable)."""
+copy consumed in the next file (no longer redrivable).
+
+The run over the whole log is also where the job is checked against what the generator
+planted (poison, the outage's redrive list): one run of it serves both (a run costs tens
+of seconds of Spark on two cores)."""
 
 from __future__ import annotations
 
 import io
 import json
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from pyspark.sql import SparkSession
-from support.synth_events import generate
+from support.synth_events import Planted, generate
 
 from amqpbroker.analytics.job import JobOptions, run
+from amqpbroker.analytics.report import Results
 from amqpbroker.analytics.tables import TriageSettings
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
@@ -64,30 +70,67 @@ def _outputs(out: Path, spark: SparkSession) -> dict[str, object]:
     return got
 
 
-def test_an_incremental_run_equals_a_run_from_scratch(spark: SparkSession, tmp_path: Path) -> None:
-    """Issue 22 item 8: three files analyzed in one run, and the same three files analyzed
-    one run each into another report directory, give the same outputs."""
-    source = tmp_path / "source"
+class Whole(NamedTuple):
+    """The log cut into three files at the split points, and one run over all three."""
+
+    planted: Planted
+    parts: list[list[str]]
+    out: Path
+    results: Results
+
+
+@pytest.fixture(scope="module")
+def whole(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Whole:
+    tmp = tmp_path_factory.mktemp("incremental")
+    source = tmp / "source"
     planted = generate(source, events=6_000, file_events=1_000_000)
     [log] = list(source.iterdir())
     lines = log.read_text().splitlines(keepends=True)
     first, second = _split_points(lines)
     assert 0 < first < second < len(lines)
     parts = [lines[:first], lines[first:second], lines[second:]]
+    events = tmp / "whole"
+    events.mkdir()
+    for n, part in enumerate(parts):
+        (events / f"events-{n}.jsonl").write_text("".join(part))
+    out = tmp / "out-whole"
     settings = TriageSettings(window_ms=planted.window_ms)
-
-    whole, pieces = tmp_path / "whole", tmp_path / "pieces"
-    whole.mkdir()
-    pieces.mkdir()
-    for n, part in enumerate(parts):
-        (whole / f"events-{n}.jsonl").write_text("".join(part))
-    run(
-        JobOptions(events=whole, out=tmp_path / "out-whole", settings=settings),
-        spark,
-        stream=io.StringIO(),
+    results = run(
+        JobOptions(events=events, out=out, settings=settings), spark, stream=io.StringIO()
     )
+    return Whole(planted, parts, out, results)
 
-    for n, part in enumerate(parts):
+
+def test_finds_all_planted_poison_and_exactly_the_outage_messages(whole: Whole) -> None:
+    """Poison payloads fail on 3 messages each; outage victims still in the DLQ are the
+    redrive list, minus those already consumed from the DLQ and the poison one."""
+    planted, out = whole.planted, whole.out
+    assert planted.redrive
+    redrive = map(json.loads, (out / "redrive.jsonl").read_text().splitlines())
+    assert {(row["msg_id"], row["queue"]) for row in redrive} == planted.redrive
+    poison = {(row["key_type"], row["key"]) for row in whole.results.poison}
+    assert poison == {("body_hash", h) for h in planted.poison_body_hashes}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["events"] == planted.events
+    assert summary["malformed_lines"] == planted.malformed_lines
+    assert summary["poison_candidates"] == len(planted.poison_body_hashes)
+    assert summary["redrive_candidates"] == len(planted.redrive)
+    html = (out / "report.html").read_text()
+    assert html.count("<svg") == 3
+    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    tables = {p.name for p in (out / "tables").iterdir()}
+    assert {"queue_windows", "queue_totals", "attempts", "poison", "redrive"} <= tables
+
+
+def test_an_incremental_run_equals_a_run_from_scratch(
+    spark: SparkSession, whole: Whole, tmp_path: Path
+) -> None:
+    """Issue 22 item 8: three files analyzed in one run, and the same three files analyzed
+    one run each into another report directory, give the same outputs."""
+    pieces = tmp_path / "pieces"
+    pieces.mkdir()
+    settings = TriageSettings(window_ms=whole.planted.window_ms)
+    for n, part in enumerate(whole.parts):
         (pieces / f"events-{n}.jsonl").write_text("".join(part))
         result = run(
             JobOptions(events=pieces, out=tmp_path / "out-pieces", settings=settings),
@@ -96,13 +139,13 @@ def test_an_incremental_run_equals_a_run_from_scratch(spark: SparkSession, tmp_p
         )
         assert result.new_lines == len(part)
 
-    expected = _outputs(tmp_path / "out-whole", spark)
+    expected = _outputs(whole.out, spark)
     got = _outputs(tmp_path / "out-pieces", spark)
     assert got.keys() == expected.keys()
     for name in expected:
         assert got[name] == expected[name], name
     summary = expected["summary.json"]
     assert isinstance(summary, dict)
-    assert summary["redrive_candidates"] == len(planted.redrive)
+    assert summary["redrive_candidates"] == len(whole.planted.redrive)
     state = json.loads((tmp_path / "out-pieces" / "_state" / "state.json").read_text())
     assert state["runs"] == ["run-1", "run-2", "run-3"]

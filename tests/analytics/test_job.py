@@ -1,4 +1,5 @@
-"""The whole job: synthetic log with planted poison and an outage; increments; bad input."""
+"""The whole job: increments, restarts, bad input (the synthetic log with planted poison
+and an outage: test_incremental.py, whose run over the whole log serves both)."""
 
 from __future__ import annotations
 
@@ -8,22 +9,22 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 from pyspark.sql import SparkSession
-from support.synth_events import generate
 
 from amqpbroker.analytics.ingest import COMPACTED_MARKER
 from amqpbroker.analytics.job import AnalyzeError, JobOptions, main, run
-from amqpbroker.analytics.report import terminal_summary
-from amqpbroker.analytics.tables import TriageSettings
+from amqpbroker.analytics.report import Results, terminal_summary
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
 
 
-def redrive_ids(out: Path) -> set[tuple[int, str]]:
-    lines = (out / "redrive.jsonl").read_text().splitlines()
-    return {(row["msg_id"], row["queue"]) for row in map(json.loads, lines)}
+class Analyzed(NamedTuple):
+    events: Path
+    out: Path
+    results: Results
 
 
 LINE = (
@@ -43,46 +44,20 @@ def lines(*events: tuple[int, str]) -> str:
     )
 
 
-def test_finds_all_planted_poison_and_exactly_the_outage_messages(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    """Poison payloads fail on 3 messages each; outage victims still in the DLQ are the
-    redrive list, minus those already consumed from the DLQ and the poison one."""
-    planted = generate(tmp_path / "events", events=20_000, file_events=5_000)
-    out = tmp_path / "report"
-    settings = TriageSettings(window_ms=planted.window_ms)
-    results = run(
-        JobOptions(events=tmp_path / "events", out=out, settings=settings),
-        spark,
-        stream=io.StringIO(),
-    )
-    assert planted.redrive
-    assert redrive_ids(out) == planted.redrive
-    poison = {(row["key_type"], row["key"]) for row in results.poison}
-    assert poison == {("body_hash", h) for h in planted.poison_body_hashes}
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["events"] == planted.events
-    assert summary["malformed_lines"] == planted.malformed_lines
-    assert summary["poison_candidates"] == len(planted.poison_body_hashes)
-    assert summary["redrive_candidates"] == len(planted.redrive)
-    html = (out / "report.html").read_text()
-    assert html.count("<svg") == 3
-    assert "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
-    tables = {p.name for p in (out / "tables").iterdir()}
-    assert {"queue_windows", "queue_totals", "attempts", "poison", "redrive"} <= tables
-
-
-def test_plain_and_gzipped_files_are_read_alike_and_marked_compacted(
+def test_a_second_run_reads_only_new_files_plain_or_gzipped_and_marks_them_compacted(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """Issue 17: the broker gzips rotated files (`.jsonl.gz`); analyze reads them with the
     plain ones, each once, and records every file it compacted in `.compacted.json` (what
-    `event-log.keep-until-analyzed` reads), keeping earlier names of files still there."""
+    `event-log.keep-until-analyzed` reads), keeping earlier names of files still there.
+    Incremental compaction: seen files are skipped, .part files are never read; the
+    partials of the tables are computed for the new files only and merged with the first
+    run's (issue 22 item 8). (One scenario of two runs: each run costs seconds of Spark.)"""
     events, out = tmp_path / "events", tmp_path / "out"
     events.mkdir()
     (events / "events-1.jsonl").write_text(lines((1, "enqueued"), (2, "enqueued")))
     (events / "events-2.jsonl.gz").write_bytes(gzip.compress(lines((3, "acked")).encode()))
-    (events / "events-4.jsonl.part").write_text(lines((9, "enqueued")))
+    (events / "events-9.jsonl.part").write_text(lines((9, "enqueued")))
     options = JobOptions(events=events, out=out)
     first = run(options, spark, stream=io.StringIO())
     assert (first.new_lines, first.events) == (3, 3)
@@ -90,12 +65,27 @@ def test_plain_and_gzipped_files_are_read_alike_and_marked_compacted(
     assert marker == {"files": ["events-1.jsonl", "events-2.jsonl.gz"]}
     (events / "events-1.jsonl").unlink()  # retention deleted it
     (events / "events-3.jsonl.gz").write_bytes(gzip.compress(lines((4, "acked")).encode()))
+    (events / "events-4.jsonl").write_text(lines((5, "enqueued"), (6, "acked")) + "{oops\n")
     second = run(options, spark, stream=io.StringIO())
-    assert (second.new_lines, second.events) == (1, 4)
+    assert (second.new_lines, second.events, second.malformed_lines) == (4, 6, 1)
     summary = json.loads((out / "summary.json").read_text())
-    assert (summary["queues"]["q"]["enqueued"], summary["queues"]["q"]["acked"]) == (2, 2)
+    # 1, 2 and 5 (not the .part file's 9); 3, 4 and 6: each file counted once.
+    assert (summary["queues"]["q"]["enqueued"], summary["queues"]["q"]["acked"]) == (3, 3)
     marker = json.loads((events / COMPACTED_MARKER).read_text())
-    assert marker == {"files": ["events-2.jsonl.gz", "events-3.jsonl.gz"]}
+    assert marker == {"files": ["events-2.jsonl.gz", "events-3.jsonl.gz", "events-4.jsonl"]}
+    assert list((out / "events").glob("date=2026-01-01"))
+    # Issue 22 item 8: the second run derived its partials from the new files only; the
+    # sums above are the first run's merged with them (what a full recount gives).
+    state = json.loads((out / "_state" / "state.json").read_text())
+    assert (state["files"], state["runs"]) == (
+        ["events-1.jsonl", "events-2.jsonl.gz", "events-3.jsonl.gz", "events-4.jsonl"],
+        ["run-1", "run-2"],
+    )
+    run2 = spark.read.parquet(str(out / "_state" / "run-2" / "files")).collect()
+    assert sorted((r.file, r.valid, r.malformed) for r in run2) == [
+        ("events-3.jsonl.gz", 1, 0),
+        ("events-4.jsonl", 2, 1),
+    ]
 
 
 def test_compacted_marker_name_is_the_brokers() -> None:
@@ -104,35 +94,6 @@ def test_compacted_marker_name_is_the_brokers() -> None:
     from amqpbroker.eventlog.retention import COMPACTED_MARKER as BROKERS
 
     assert BROKERS == COMPACTED_MARKER
-
-
-def test_second_run_reads_only_new_files(spark: SparkSession, tmp_path: Path) -> None:
-    """Incremental compaction: seen files are skipped, .part files are never read; the
-    partials of the tables are computed for the new file only and merged with the first
-    run's (issue 22 item 8)."""
-    events, out = tmp_path / "events", tmp_path / "out"
-    events.mkdir()
-    (events / "events-1.jsonl").write_text(lines((1, "enqueued"), (2, "enqueued")))
-    (events / "events-3.jsonl.part").write_text(lines((5, "enqueued")))
-    options = JobOptions(events=events, out=out)
-    first = run(options, spark, stream=io.StringIO())
-    assert (first.new_lines, first.events) == (2, 2)
-    (events / "events-2.jsonl").write_text(lines((3, "enqueued"), (4, "acked")) + "{oops\n")
-    second = run(options, spark, stream=io.StringIO())
-    assert (second.new_lines, second.events, second.malformed_lines) == (3, 4, 1)
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["queues"]["q"]["enqueued"] == 3
-    assert summary["queues"]["q"]["acked"] == 1
-    assert list((out / "events").glob("date=2026-01-01"))
-    # Issue 22 item 8: the second run derived its partials from the new file only; the
-    # sums above are the first run's merged with them (what a full recount gives).
-    state = json.loads((out / "_state" / "state.json").read_text())
-    assert (state["files"], state["runs"]) == (
-        ["events-1.jsonl", "events-2.jsonl"],
-        ["run-1", "run-2"],
-    )
-    run2 = spark.read.parquet(str(out / "_state" / "run-2" / "files")).collect()
-    assert [(r.file, r.valid, r.malformed) for r in run2] == [("events-2.jsonl", 2, 1)]
 
 
 @pytest.mark.parametrize(
@@ -195,14 +156,11 @@ def seq_lines(*events: tuple[int, int, str]) -> str:
     )
 
 
-def test_restarts_seq_gaps_and_the_open_file_are_reported(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    """Issue 22 items 2 and 6 (B-170): `seq` starting again at 1 is a restart, a gap in
-    `seq` is dropped events; the `.part` file (the incident in progress) is named with
-    its size, never skipped without a word; a JSON array on one line is one malformed
-    line, not several events. All on stdout too."""
-    events, out = tmp_path / "events", tmp_path / "out"
+@pytest.fixture(scope="module")
+def restarted(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Analyzed:
+    """One run over a log with a restart, a seq gap, a JSON array line and a `.part` file
+    (two tests read it: a run costs seconds of Spark)."""
+    events, out = tmp_path_factory.mktemp("restarted") / "events", tmp_path_factory.mktemp("out")
     events.mkdir()
     (events / "events-1.jsonl").write_text(seq_lines((1, 1, "enqueued"), (2, 2, "acked")))
     (events / "events-2.jsonl").write_text(seq_lines((3, 3, "enqueued"), (9, 7, "acked")))
@@ -210,8 +168,18 @@ def test_restarts_seq_gaps_and_the_open_file_are_reported(
     array = "[" + ",".join(restart.splitlines()) + "]\n"
     (events / "events-3.jsonl").write_text(restart + array)
     (events / "events-4.jsonl.part").write_text(seq_lines((30, 3, "enqueued")))
-    results = run(JobOptions(events=events, out=out), spark, stream=io.StringIO())
-    stdout = terminal_summary(results, out)  # what `main` prints
+    return Analyzed(
+        events, out, run(JobOptions(events=events, out=out), spark, stream=io.StringIO())
+    )
+
+
+def test_restarts_seq_gaps_and_the_open_file_are_reported(restarted: Analyzed) -> None:
+    """Issue 22 items 2 and 6 (B-170): `seq` starting again at 1 is a restart, a gap in
+    `seq` is dropped events; the `.part` file (the incident in progress) is named with
+    its size, never skipped without a word; a JSON array on one line is one malformed
+    line, not several events. All on stdout too."""
+    out = restarted.out
+    stdout = terminal_summary(restarted.results, out)  # what `main` prints
     results_runs = json.loads((out / "summary.json").read_text())
     assert (results_runs["events"], results_runs["malformed_lines"]) == (6, 1)
     assert "WARNING: the broker restarted 1 time(s) (at 2026-01-01 00:00:00Z)" in stdout
@@ -223,18 +191,18 @@ def test_restarts_seq_gaps_and_the_open_file_are_reported(
 
 
 def test_an_out_directory_of_another_event_log_is_refused(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, restarted: Analyzed, tmp_path: Path
 ) -> None:
     """Issue 22 item 6: one --out holds one event log; reusing it for another directory
     would merge two logs: refused (exit 1 from the command line)."""
-    first, second, out = tmp_path / "a", tmp_path / "b", tmp_path / "out"
-    for d in (first, second):
-        d.mkdir()
-        (d / "events-1.jsonl").write_text(lines((1, "enqueued")))
-    run(JobOptions(events=first, out=out), spark, stream=io.StringIO())
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "events-1.jsonl").write_text(lines((1, "enqueued")))
+    out = restarted.out
     stored = sorted((out / "events").rglob("*.parquet"))
-    with pytest.raises(AnalyzeError, match=r"holds the events of .*/a, not .*/b"):
-        run(JobOptions(events=second, out=out), spark, stream=io.StringIO())
+    assert stored
+    with pytest.raises(AnalyzeError, match=r"holds the events of .*/events, not .*/other"):
+        run(JobOptions(events=other, out=out), spark, stream=io.StringIO())
     assert sorted((out / "events").rglob("*.parquet")) == stored  # nothing merged
 
 

@@ -20,7 +20,8 @@ from support.jvm import QUICK_JIT
 from support.synth_events import generate
 from support.waiting import wait_until
 
-pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(240)]
+# A master, a worker and spark-submit: ~100 s of the two cores; `make test-long` (CI).
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.long, pytest.mark.timeout(240)]
 
 SPARK_HOME = Path(pyspark.__file__).parent
 JOB = Path(__file__).resolve().parents[2] / "amqpbroker" / "analytics" / "job.py"

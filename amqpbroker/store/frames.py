@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from typing import Any, Final
 
 import amqpbroker.store.codec as codec
@@ -45,6 +46,20 @@ _MAX: Final = _MAX_PAYLOAD
 _END: Final = BATCH_END
 _UNPACK: Final = _FRAME.unpack_from
 _DECODERS: Final = codec._FAST_DECODE_AT
+_STRINGS: Final = codec._STRINGS
+
+# The same loop in C for the two records of every queued message (`_framescan.c`, built
+# with the compiled build only, setup.py): `read_batches` hands it each run of them and
+# reads the frame it stops at itself. None: this loop does all of it.
+Scan = Callable[
+    [codec.Data, int, list[Entry], int, list[tuple[list[Entry], int]], dict[bytes, str]],
+    tuple[int, list[Entry], int],
+]
+_scan: Scan | None
+try:
+    from amqpbroker.store._framescan import scan as _scan
+except ImportError:  # the pure-Python build (editable installs, no C compiler)
+    _scan = None
 
 
 def read_batches(
@@ -73,7 +88,12 @@ def read_batches(
     crc: int
     type_id: int
     flags: int
+    scan = _scan
     while size - pos >= _HEAD:
+        if scan is not None:
+            pos, batch, top = scan(data, pos, batch, top, batches, _STRINGS)
+            if size - pos < _HEAD:
+                break
         length, crc, type_id, flags = unpack(data, pos)
         end = pos + _HEAD + length
         if end > size or flags & _UNKNOWN_FLAGS or length > _MAX:

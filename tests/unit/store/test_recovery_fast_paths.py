@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from proton import Message as ProtonMessage
 from support.core_harness import Harness
+from support.framescan import framescan
 
 from amqpbroker.amqp import sections
 from amqpbroker.core import AddressSettings
@@ -112,13 +113,16 @@ def vars_of(ref: Any) -> tuple[str, int, int, int]:
     return (ref.queue, ref.msg_id, ref.delivery_count, ref.scheduled_at_ms)
 
 
+@pytest.mark.parametrize("way", ["c", "loop"])
 @pytest.mark.parametrize("seed", range(12))
 def test_the_open_index_gives_the_state_of_every_record(
-    tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, seed: int, way: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Random journals over small segments (messages die in their own segment, in a later
     one, or live on): `state()` from the open's index equals the model, and only the
-    messages still live at the end of their segment had their body read."""
+    messages still live at the end of their segment had their body read; with the open's
+    bulk reader in C (`_framescan`) and without."""
+    monkeypatch.setattr(frames, "_scan", framescan().scan if way == "c" else None)
     rng = Random(seed)
     appends = _random_appends(rng, 400)
     with _open(tmp_path, max_segment_bytes=rng.choice([2048, 8192, 1 << 20])) as journal:
@@ -193,10 +197,14 @@ def test_a_dead_message_is_dropped_from_the_open_state_when_it_dies(tmp_path: Pa
     assert state.ref_rows() == [("q", 2, 0, 0)]
 
 
-def test_an_add_message_of_an_older_journal_opens_on_the_fast_path(tmp_path: Path) -> None:
+@pytest.mark.parametrize("way", ["c", "loop"])
+def test_an_add_message_of_an_older_journal_opens_on_the_fast_path(
+    tmp_path: Path, way: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A segment written before issue 23 (AddMessage with 7 fields, no scan) and one with
     an AddMessage only the general decoder reads (a field of another type) both open:
-    the on-disk format did not change."""
+    the on-disk format did not change (the C reader stops at both: the loop reads them)."""
+    monkeypatch.setattr(frames, "_scan", framescan().scan if way == "c" else None)
     new = AddMessage(msg_id=1, address="q", data=b"one", first_ts=4, header_end=0)
     old = AddMessage(msg_id=2, address="q", data=b"two", first_ts=5)
     odd = AddMessage(msg_id=3, address="q", data=b"three", priority=True)  # type: ignore[arg-type]

@@ -161,7 +161,29 @@ def index_plain(
     # direct call of a native method, not a call through Python's protocol)
     added = 0  # live bytes (the `_on_dead` calls meanwhile subtract theirs)
     done = 0
-    for record, offset, size in batch:
+    count = len(batch)
+    msg_id: int
+    while done < count:
+        record, offset, size = batch[done]
+        if isinstance(record, tuple) and len(record) != 3 and done + 1 < count:
+            # A message and then its one reference, as the broker writes them: both in
+            # one call of the rules when the id is new (`_LiveSet.add_new_message`).
+            row, ref_offset, ref_size = batch[done + 1]
+            msg_id = record[0]
+            if isinstance(row, tuple) and len(row) == 3 and row[0] == msg_id:
+                item = _Loc(seg, offset, size)
+                ref_item = _Loc(seg, ref_offset, ref_size)
+                if live.add_new_message(msg_id, row[1], item, ref_item):
+                    unread.append(item)
+                    loc: Any = item
+                    items[loc.span] = item
+                    keep[item] = record
+                    loc = ref_item
+                    items[loc.span] = ref_item
+                    keep[ref_item] = row
+                    added += size + ref_size
+                    done += 2
+                    continue
         if isinstance(record, tuple):
             item = _Loc(seg, offset, size)
             if len(record) == 3:  # an AddRef's row
@@ -181,7 +203,7 @@ def index_plain(
             break
         # The span itself: one int object per record, not two (`Any`: compiled code would
         # unbox an `int` attribute and box it again as the key, a new object).
-        loc: Any = item
+        loc = item
         items[loc.span] = item
         keep[item] = record
         added += size

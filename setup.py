@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 # The per-message path (callgrind): decode, queue, refs, route, lifecycle events, the
@@ -60,6 +60,11 @@ HOT_MODULES = [
     "amqpbroker/store/recovery.py",
 ]
 
+# Hand-written C beside mypyc's, built with it (the same compiler, no other dependency):
+# the open's bulk frame reader, crc included (issue 23 item 4, docs/decisions.md
+# "Recovery, fifth pass"). Each has a pure-Python fallback in the module that imports it.
+C_MODULES = {"amqpbroker.store._framescan": "amqpbroker/store/_framescan.c"}
+
 
 def _say(text: str) -> None:
     sys.stderr.write(f"amqpbroker setup.py: {text}\n")
@@ -87,10 +92,13 @@ def ext_modules() -> list[Any]:
         return []
     modules = [m for m in HOT_MODULES if Path(m).is_file()]
     try:
-        return list(mypycify(modules, opt_level="3"))
+        compiled = list(mypycify(modules, opt_level="3"))
     except BaseException as e:  # mypyc exits (SystemExit) on a type error
         _say(f"mypyc cannot compile ({e!r}); pure Python")
         return []
+    return compiled + [
+        Extension(name, [source], extra_compile_args=["-O2"]) for name, source in C_MODULES.items()
+    ]
 
 
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Callable
 from typing import Any, Final
 
 import amqpbroker.store.codec as codec
@@ -45,6 +46,20 @@ _MAX: Final = _MAX_PAYLOAD
 _END: Final = BATCH_END
 _UNPACK: Final = _FRAME.unpack_from
 _DECODERS: Final = codec._FAST_DECODE_AT
+_STRINGS: Final = codec._STRINGS
+
+# The same loop in C for the two records of every queued message (`_framescan.c`, built
+# with the compiled build only, setup.py): `read_batches` hands it each run of them and
+# reads the frame it stops at itself. None: this loop does all of it.
+Scan = Callable[
+    [codec.Data, int, list[Entry], int, list[tuple[list[Entry], int]], dict[bytes, str]],
+    tuple[int, list[Entry], int],
+]
+_scan: Scan | None
+try:
+    from amqpbroker.store._framescan import scan as _scan
+except ImportError:  # the pure-Python build (editable installs, no C compiler)
+    _scan = None
 
 
 def read_batches(
@@ -73,7 +88,12 @@ def read_batches(
     crc: int
     type_id: int
     flags: int
+    scan = _scan
     while size - pos >= _HEAD:
+        if scan is not None:
+            pos, batch, top = scan(data, pos, batch, top, batches, _STRINGS)
+            if size - pos < _HEAD:
+                break
         length, crc, type_id, flags = unpack(data, pos)
         end = pos + _HEAD + length
         if end > size or flags & _UNKNOWN_FLAGS or length > _MAX:
@@ -141,7 +161,29 @@ def index_plain(
     # direct call of a native method, not a call through Python's protocol)
     added = 0  # live bytes (the `_on_dead` calls meanwhile subtract theirs)
     done = 0
-    for record, offset, size in batch:
+    count = len(batch)
+    msg_id: int
+    while done < count:
+        record, offset, size = batch[done]
+        if isinstance(record, tuple) and len(record) != 3 and done + 1 < count:
+            # A message and then its one reference, as the broker writes them: both in
+            # one call of the rules when the id is new (`_LiveSet.add_new_message`).
+            row, ref_offset, ref_size = batch[done + 1]
+            msg_id = record[0]
+            if isinstance(row, tuple) and len(row) == 3 and row[0] == msg_id:
+                item = _Loc(seg, offset, size)
+                ref_item = _Loc(seg, ref_offset, ref_size)
+                if live.add_new_message(msg_id, row[1], item, ref_item):
+                    unread.append(item)
+                    loc: Any = item
+                    items[loc.span] = item
+                    keep[item] = record
+                    loc = ref_item
+                    items[loc.span] = ref_item
+                    keep[ref_item] = row
+                    added += size + ref_size
+                    done += 2
+                    continue
         if isinstance(record, tuple):
             item = _Loc(seg, offset, size)
             if len(record) == 3:  # an AddRef's row
@@ -161,7 +203,7 @@ def index_plain(
             break
         # The span itself: one int object per record, not two (`Any`: compiled code would
         # unbox an `int` attribute and box it again as the key, a new object).
-        loc: Any = item
+        loc = item
         items[loc.span] = item
         keep[item] = record
         added += size

@@ -14,6 +14,7 @@ import gc
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
+from typing import Final
 
 from amqpbroker.amqp import sections
 from amqpbroker.core.broker import Broker
@@ -23,6 +24,11 @@ from amqpbroker.store.codec import MessageRow, add_message_of_row
 from amqpbroker.store.journal import JournalState
 
 log = logging.getLogger(__name__)
+
+# The longest run of references restored in one call: a run's list of tuples is garbage
+# once restored, so a bounded one is made of the same few pages again, not of fresh heap
+# for every reference (issue 23 item 4, fifth pass: ~70 MB less at the peak for 1M).
+RUN_MAX: Final = 4096
 
 _QUEUE_FIELDS = {f.name for f in fields(QueueConfig)}
 
@@ -67,19 +73,22 @@ def collector_paused(*, freeze: bool = False) -> Iterator[None]:
             gc.enable()
 
 
-def recover(broker: Broker, state: JournalState, message_of: MessageOf) -> Recovered:
-    """Rebuild addresses, queues and messages of `state` into `broker` (see module doc)."""
+def recover(
+    broker: Broker, state: JournalState, message_of: MessageOf, *, run_max: int = RUN_MAX
+) -> Recovered:
+    """Rebuild addresses, queues and messages of `state` into `broker` (see module doc);
+    at most `run_max` references in one `Broker.restore_many` call."""
     persistence = broker.persistence
     if persistence is not None:
         persistence.suspended = True
     try:
-        return _recover(broker, state, message_of)
+        return _recover(broker, state, message_of, run_max)
     finally:
         if persistence is not None:
             persistence.suspended = False
 
 
-def _recover(broker: Broker, state: JournalState, message_of: MessageOf) -> Recovered:
+def _recover(broker: Broker, state: JournalState, message_of: MessageOf, run_max: int) -> Recovered:
     for address in state.addresses:
         broker.create_address(
             address.name, set(address.routing_types), auto_created=address.auto_created
@@ -96,12 +105,12 @@ def _recover(broker: Broker, state: JournalState, message_of: MessageOf) -> Reco
     messages: dict[int, Message] = {}
     stored = state.stored_messages()
     refs = orphans = 0
-    # Each run of references to one queue goes back in one call (issue 23 item 4),
-    # in append order: the same order, and the same calls, as one at a time.
+    # Each run of references to one queue goes back in one call (issue 23 item 4), up to
+    # `run_max`, in append order: the same order, and the same calls, as one at a time.
     run: list[tuple[Message, int, int]] = []
     run_queue = ""
     for name, msg_id, delivery_count, scheduled_at_ms in state.ref_rows():
-        if name != run_queue:
+        if name != run_queue or len(run) >= run_max:
             if run:
                 refs, orphans = _restore_run(broker, run_queue, run, refs, orphans)
             run, run_queue = [], name

@@ -56,6 +56,17 @@ def test_the_hot_modules_are_compiled_exactly_when_expected() -> None:
     assert loaded == dict.fromkeys(loaded, compiled)
 
 
+def test_the_c_modules_are_built_exactly_when_expected() -> None:
+    """The hand-written C of setup.py C_MODULES (the open's frame reader, issue 23) is
+    built with the compiled build, and absent from editable installs (its module falls
+    back to Python): `make test-compiled` must test it, not the fallback."""
+    setup = _setup_module()
+    compiled = os.environ.get("AMQPBROKER_COMPILED") == "1"
+    for name, source in setup.C_MODULES.items():
+        assert (ROOT / source).is_file()
+        assert (importlib.util.find_spec(name) is not None) == compiled, name
+
+
 def test_the_recovery_read_path_is_compiled() -> None:
     """Issue 23 item 4: the open's per-frame and per-record loops (`store/frames.py`), the
     liveness rules they apply, the state and the recovery into the broker are compiled

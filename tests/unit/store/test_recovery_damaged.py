@@ -1,6 +1,7 @@
 """Issue 23 item 4 ("Recovery is fast"), attacked: the open's fast path
-(`store/frames.read_batches`) gives what the general path (every frame through
-`_check_frame` and `_decode_at`) gives on damaged journals, with and without
+(`store/frames.read_batches`, with and without its C part `_framescan.scan`) gives what
+the general path (every frame through `_check_frame` and `_decode_at`) gives on damaged
+journals, with and without
 skip_corrupt: the same state, the same torn-tail cut, the same `JournalCorrupt` (file
 and offset), and never another exception (B-095 recovered counts; docs/durability.md:
 a torn tail is cut, corruption in the middle stops the open).
@@ -17,7 +18,9 @@ from random import Random
 from typing import Any
 
 import pytest
+from support.framescan import framescan
 
+import amqpbroker.store.frames as frames
 import amqpbroker.store.opening as opening
 from amqpbroker.core.model import RoutingType
 from amqpbroker.core.records import AckRef, AddMessage, AddQueue, AddRef, Record
@@ -139,8 +142,10 @@ def _damages(base: Path) -> list[tuple[str, Damage]]:
 def test_the_fast_open_equals_the_general_one_on_damaged_journals(
     tmp_path: Path, skip: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every damage: the fast open and the general open end alike (state, the files as
-    left, or the same JournalCorrupt); no other exception escapes either."""
+    """Every damage: the fast open, with its C part (`_framescan`) and without, and the
+    general open end alike (state, the files as left, or the same JournalCorrupt); no
+    other exception escapes any."""
+    scan = framescan().scan
     logging.disable(logging.CRITICAL)  # the torn-tail warnings and skip errors, by design
     try:
         base = tmp_path / "base"
@@ -149,16 +154,16 @@ def test_the_fast_open_equals_the_general_one_on_damaged_journals(
         outcomes = set()
         for label, damage in _damages(base):
             ends = []
-            for fast in (True, False):
-                monkeypatch.setattr(
-                    opening, "read_batches", opening.read_batches if fast else _general
-                )
+            for way in ("c", "loop", "general"):
+                monkeypatch.setattr(frames, "_scan", scan if way == "c" else None)
+                if way == "general":
+                    monkeypatch.setattr(opening, "read_batches", _general)
                 shutil.rmtree(work, ignore_errors=True)
                 shutil.copytree(base, work)
                 damage(work)
                 ends.append(_outcome(work, skip=skip))
                 monkeypatch.undo()
-            assert ends[0] == ends[1], label
+            assert ends[0] == ends[1] == ends[2], label
             outcomes.add(ends[0][0])
         assert outcomes == {"ok", "corrupt"}  # skip_corrupt: a missing file header still stops
     finally:

@@ -1,0 +1,15 @@
+"""Stub of `_framescan.c`, the open's bulk frame reader in C (compiled build only)."""
+
+from amqpbroker.store.codec import Data
+from amqpbroker.store.frames import Entry
+
+def scan(
+    data: Data,
+    pos: int,
+    batch: list[Entry],
+    top: int,
+    batches: list[tuple[list[Entry], int]],
+    strings: dict[bytes, str],
+    /,
+) -> tuple[int, list[Entry], int]: ...
+def crc32(data: Data, value: int, /) -> int: ...

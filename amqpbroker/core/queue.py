@@ -21,7 +21,7 @@ references that consumer cannot take; those keep their place.
 
 Delivery counting follows B-040…B-054: the broker count `n` is incremented when a
 reference is handed to a non-browsing consumer; returns that do not signal failure undo
-it. The redelivery decision (dead-letter or delay) is `redelivery.decide_redelivery`;
+it. The redelivery decision (dead-letter or delay) is `redelivery.redelivery_at`;
 what happens to a dead letter is the broker's business. Everything a queue needs from the
 broker that owns it (its settings, the time, dead letters, expiry, size accounting) is
 one declared interface, `QueueOwner`, which `Broker` implements.
@@ -63,7 +63,7 @@ from amqpbroker.core.paging import (
     PageMark,
     forget_removed,
 )
-from amqpbroker.core.redelivery import DeadLetter, decide_redelivery
+from amqpbroker.core.redelivery import DEAD_LETTER, MAX_ATTEMPTS, redelivery_at
 from amqpbroker.core.refs import DELIVERING, GONE, PAGED, READY, SCHEDULED, Ref
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
 
@@ -1069,30 +1069,24 @@ class Queue:
     def _return(
         self, ref: Ref, now_ms: int, *, delay: bool, reason: str, consumer: Consumer | None
     ) -> None:
-        decision = decide_redelivery(
-            self.settings(),
-            delivery_count=ref.delivery_count,
-            now_ms=now_ms,
-            rng=self._rng,
-            delay=delay,
-        )
-        if isinstance(decision, DeadLetter):
-            self._kill_to_dla(ref, decision.reason, None)
+        at_ms = redelivery_at(self.settings(), ref.delivery_count, now_ms, self._rng, delay)
+        if at_ms == DEAD_LETTER:
+            self._kill_to_dla(ref, MAX_ATTEMPTS, None)
             return
         store = self.store
         if ref.stored_count is not None and store is not None:
             store.count_changed(self.name, ref)  # B-095
-            if decision.at_ms > now_ms:
-                store.scheduled(self.name, ref, decision.at_ms)
+            if at_ms > now_ms:
+                store.scheduled(self.name, ref, at_ms)
         self.counters.returned += 1  # B-171: it went back to its queue
         self.counters.count(self.counters.returned_by_reason, reason)
         if self.emitter.failures:
-            self._note_returned(ref, consumer, reason, decision.at_ms - now_ms)
-        if decision.at_ms > now_ms:
-            heapq.heappush(self._scheduled, (decision.at_ms, ref.seq, ref))
+            self._note_returned(ref, consumer, reason, at_ms - now_ms)
+        if at_ms > now_ms:
+            heapq.heappush(self._scheduled, (at_ms, ref.seq, ref))
             ref.state = SCHEDULED
             self._scheduled_live += 1
-            self._owner.schedule(decision.at_ms)
+            self._owner.schedule(at_ms)
             if ref.message.expiration_ms:
                 self._owner.track_expiry(self, ref)  # it may expire while it waits
         else:

@@ -8,9 +8,12 @@ import pytest
 
 from amqpbroker.core import AddressSettings
 from amqpbroker.core.redelivery import (
+    DEAD_LETTER,
+    MAX_ATTEMPTS,
     DeadLetter,
     Redeliver,
     decide_redelivery,
+    redelivery_at,
     redelivery_delay_ms,
 )
 from amqpbroker.core.settings import resolve
@@ -94,3 +97,34 @@ def test_back_off_of_a_message_returned_thousands_of_times_stays_capped(factor: 
     assert 0 <= delay <= 60_000
     if factor < 1.0:
         assert delay == 60_000
+
+
+@pytest.mark.parametrize(
+    ("limit", "delay_ms", "factor", "count", "delay"),
+    [
+        (10, 0, 0.0, 3, True),  # B-065: no delay configured
+        (10, 1000, 0.0, 3, True),  # B-066 back-off
+        (10, 1000, 0.5, 2, True),  # B-066 spread: the same random draws
+        (10, 1000, 0.0, 2, False),  # B-053/B-054: never delayed
+        (3, 1000, 0.0, 3, True),  # B-060: dead-lettered
+        (-1, 0, 0.0, 10_000, True),  # B-060: unlimited
+    ],
+)
+def test_redelivery_at_is_the_same_decision_without_an_object(
+    limit: int, delay_ms: int, factor: float, count: int, delay: bool
+) -> None:
+    """Issue 20: the queue's form of the decision (an int: `at_ms`, or DEAD_LETTER)
+    answers as `decide_redelivery` does, for every branch of B-060/B-065/B-066."""
+    settings = resolved(
+        max_delivery_attempts=limit,
+        redelivery_delay=delay_ms,
+        redelivery_collision_avoidance_factor=factor,
+    )
+    decision = decide_redelivery(
+        settings, delivery_count=count, now_ms=7, rng=Random(3), delay=delay
+    )
+    at_ms = redelivery_at(settings, count, 7, Random(3), delay)
+    if isinstance(decision, DeadLetter):
+        assert (at_ms, decision.reason) == (DEAD_LETTER, MAX_ATTEMPTS)
+    else:
+        assert at_ms == decision.at_ms >= 7

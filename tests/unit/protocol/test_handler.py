@@ -940,3 +940,24 @@ def test_a_drain_while_stalled_is_answered_after_what_was_ready(
     assert shell.broker.queues["w"].delivering == 50
     client.send(client.sender("w", "queue"), Message(body=b"after the drain"))
     assert len(client.received) == 50  # no credit left: the drain was answered
+
+
+@pytest.mark.parametrize("digits", range(1, 21))
+def test_a_sent_delivery_carries_its_id_as_its_tag_at_every_length(digits: int) -> None:
+    """Issue 20: `ConsumerLink.send` hands proton one prebuilt tag struct per length; a
+    delivery id of every length (1 to 20 decimal digits, the most a delivery id has) is
+    the tag proton sends and the one `delivery_id_of` reads back."""
+    from amqpbroker.core import ConsumerId, DeliveryId
+    from amqpbroker.core import Message as CoreMessage
+    from amqpbroker.core.effects import Dispatch
+    from amqpbroker.protocol.shell import ConsumerLink, delivery_id_of
+
+    sender = Connection().session().sender("q")
+    link: ConsumerLink[Any] = ConsumerLink(ConsumerId(1), sender, None)
+    ids = [DeliveryId(10 ** (digits - 1)), DeliveryId(10**digits - 1)]
+    for delivery in ids:
+        link.send(Dispatch(ConsumerId(1), delivery, CoreMessage(b"\x00Sw\xa1\x01x"), 0, False))
+    tags = sorted(Delivery.wrap(d).tag for d in link.unsettled)
+    assert tags == sorted(str(i) for i in ids)
+    assert sorted(link.unsettled.values()) == ids
+    assert sorted(delivery_id_of(d) for d in link.unsettled) == ids

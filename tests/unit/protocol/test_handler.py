@@ -761,7 +761,7 @@ def test_security_disabled_is_explicit_and_no_roles_before_authentication(
     from collections.abc import Callable
 
     from amqpbroker.amqp import sections
-    from amqpbroker.protocol.sasl import SASL_HEADER, Credentials, SaslServer, Verdict
+    from amqpbroker.protocol.sasl import SASL_HEADER, Credentials, Verdict
 
     assert AmqpConnection(shell, peer="memory").roles is None
     pending: list[Callable[[Verdict], None]] = []
@@ -770,17 +770,8 @@ def test_security_disabled_is_explicit_and_no_roles_before_authentication(
         pending.append(done)
         return lambda: None
 
-    def sasl(authenticated: Any, failed: Any) -> SaslServer:
-        return SaslServer(
-            mechanisms=("PLAIN",),
-            verify=verify,
-            peer_cn=None,
-            on_authenticated=authenticated,
-            on_failure=failed,
-        )
-
     shell.roles_for = lambda user: frozenset({"app"}) if user == "u" else frozenset()
-    secured = AmqpConnection(shell, peer="memory", sasl=sasl)
+    secured = AmqpConnection(shell, peer="memory", sasl=_plain_sasl(verify))
     assert secured.roles == frozenset()
     client = Transport()  # no SASL layer: AMQP header and open
     client_connection = Connection()
@@ -801,13 +792,9 @@ def test_security_disabled_is_explicit_and_no_roles_before_authentication(
     assert secured.container_id == "pipelined"
 
 
-def _plain_secured(shell: Shell) -> AmqpConnection:
-    """A connection with the broker's SASL layer (security on) whose checks pass at once."""
-    from amqpbroker.protocol.sasl import Credentials, SaslServer
-
-    def verify(credentials: Credentials, done: Any) -> Any:
-        done(credentials.authcid or "")
-        return lambda: None
+def _plain_sasl(verify: Any) -> Any:
+    """The broker's SASL layer offering PLAIN, checked by `verify` (as `server.py` makes it)."""
+    from amqpbroker.protocol.sasl import SaslServer
 
     def sasl(authenticated: Any, failed: Any) -> SaslServer:
         return SaslServer(
@@ -818,7 +805,18 @@ def _plain_secured(shell: Shell) -> AmqpConnection:
             on_failure=failed,
         )
 
-    return AmqpConnection(shell, peer="memory", sasl=sasl)
+    return sasl
+
+
+def _plain_secured(shell: Shell) -> AmqpConnection:
+    """A connection with the broker's SASL layer (security on) whose checks pass at once."""
+    from amqpbroker.protocol.sasl import Credentials
+
+    def verify(credentials: Credentials, done: Any) -> Any:
+        done(credentials.authcid or "")
+        return lambda: None
+
+    return AmqpConnection(shell, peer="memory", sasl=_plain_sasl(verify))
 
 
 @pytest.mark.parametrize("split", [False, True])

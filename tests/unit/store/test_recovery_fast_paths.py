@@ -10,6 +10,8 @@ reference at a time (B-095 counts, B-015/B-065 scheduled, B-080 expiry, prioriti
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 from random import Random
 from typing import Any
@@ -47,6 +49,21 @@ QUEUES = ("q", "r", "s")
 
 def _open(directory: Path, **kw: Any) -> FileJournal:
     return FileJournal(directory, fsync=lambda fd: None, auto_compact=False, **kw)
+
+
+@contextlib.contextmanager
+def _opening_pair(tmp_path: Path) -> Iterator[tuple[FileJournal, FileJournal, Any, Any]]:
+    """Two empty journals as the open leaves them, for a batch indexed by the fast path
+    (`plain`, its kept-live map and last segment) and by the two rules (`rules`)."""
+    plain, rules = _open(tmp_path / "plain"), _open(tmp_path / "rules")
+    try:
+        for journal in (plain, rules):
+            journal._opened_live = {}
+        assert plain._opened_live is not None
+        yield plain, rules, plain._opened_live, plain._segments[-1]
+    finally:
+        plain.close()
+        rules.close()
 
 
 def _random_appends(rng: Random, count: int) -> list[list[Record]]:
@@ -458,13 +475,7 @@ def test_the_opens_plain_indexing_equals_the_index_batch_rules(tmp_path: Path) -
         (AckRef(queue="q", msg_id=2), 256, 20),
         (AddRef(queue="q", msg_id=1), 276, 30),
     ]
-    plain, rules = _open(tmp_path / "plain"), _open(tmp_path / "rules")
-    try:
-        for journal in (plain, rules):
-            journal._opened_live = {}
-        keep = plain._opened_live
-        assert keep is not None
-        seg = plain._segments[-1]
+    with _opening_pair(tmp_path) as (plain, rules, keep, seg):
         done = frames.index_plain(seg, batch, plain._live, keep, plain._unread)
         assert done == 7  # up to the AckRef
         plain._index_batch(seg, batch[done:], keep)
@@ -473,9 +484,6 @@ def test_the_opens_plain_indexing_equals_the_index_batch_rules(tmp_path: Path) -
         assert _index_view(plain)[3]  # something is indexed at all
         # A key is its location's own span object (the memory of an index entry: issue 23).
         assert all(span is item.span for span, item in seg.items.items())
-    finally:
-        plain.close()
-        rules.close()
 
 
 def test_a_message_and_its_reference_indexed_as_a_pair_equal_the_two_rules(
@@ -503,13 +511,7 @@ def test_a_message_and_its_reference_indexed_as_a_pair_equal_the_two_rules(
         ((9, "q", 0), 326, 30),  # no such message
         (two, 356, 40),  # last: no reference after it
     ]
-    plain, rules = _open(tmp_path / "plain"), _open(tmp_path / "rules")
-    try:
-        for journal in (plain, rules):
-            journal._opened_live = {}
-        keep = plain._opened_live
-        assert keep is not None
-        seg = plain._segments[-1]
+    with _opening_pair(tmp_path) as (plain, rules, keep, seg):
         paired: list[int] = []
         if not str(frames.__file__).endswith(".so"):  # (compiled: a native call, unseen)
             real = _LiveSet.add_new_message
@@ -534,9 +536,6 @@ def test_a_message_and_its_reference_indexed_as_a_pair_equal_the_two_rules(
         assert records(_index_view(plain)) == records(_index_view(rules))
         assert len(plain._live.messages) == 3
         assert all(span is item.span for span, item in seg.items.items())
-    finally:
-        plain.close()
-        rules.close()
     assert paired == ([] if str(frames.__file__).endswith(".so") else [1, 3])
 
 

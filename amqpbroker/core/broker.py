@@ -114,6 +114,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         # The time of the call being handled: one clock reading per call (`clock.entry`).
         self.now_ms = clock.now_ms()
         self.in_call = False
+        self._in_commit = False  # B-141: `committing`
         self.rng = rng or Random()
         self.copier: MessageCopier = copier or _BytesCopier()
         self.post_office = PostOffice(settings.wildcards)
@@ -525,29 +526,17 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         post_office = self.post_office
         fqqn_queue = target.queue
         if address_name is None:  # anonymous relay (B-009)
-            if not to:
-                raise ClientError("message has no 'to' address on an anonymous relay link")
-            parsed = parse_address(to)
-            if self.settings.wildcards.has_wildcard(parsed.address):
-                raise ClientError(f"cannot send to wildcard address {parsed.address} (B-011)")
-            address_name, fqqn_queue = parsed.address, parsed.queue
-            if address_name == MANAGEMENT_ADDRESS:
+            relayed = self._relay_target(target, to, message_routing_type)
+            if relayed is None:
                 return self._management_request(message, target)
-            routing_type = target.link_routing_type or message_routing_type or parsed.routing_type
-            address = self.post_office.addresses.get(address_name)
-            with self._acting_for(target.user, target.roles):
-                self._check("send", address_name)  # per message on the relay (B-154)
-                if address is None or (routing_type and routing_type not in address.routing_types):
-                    try:
-                        address = self._prepare_target(address_name, fqqn_queue, routing_type)
-                    except NotFound as e:
-                        raise NotFound(f"target address {address_name} does not exist") from e
+            address, fqqn_queue, routing_type = relayed
+            address_name = address.name
         else:
             if target.management:
                 return self._management_request(message, target)
-            address = post_office.addresses.get(address_name)
-            if address is None:  # deleted since attach: re-create as attach would
-                address = self._prepare_target(address_name, fqqn_queue, routing_type)
+            found = post_office.addresses.get(address_name)
+            # None: deleted since attach: re-create as attach would
+            address = found or self._prepare_target(address_name, fqqn_queue, routing_type)
         message.address = address_name
         if duplicate_id is not None and self._is_duplicate(address, duplicate_id):
             address.unrouted += 1
@@ -577,6 +566,97 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             if reason is not None:
                 self._block(address, reason)  # full now: no more credit at once
         return routed
+
+    def _relay_target(
+        self, target: ProducerTarget, to: str | None, message_routing_type: RoutingType | None
+    ) -> tuple[Address, str | None, RoutingType | None] | None:
+        """B-009/B-011/B-154: where a message on the anonymous relay goes: its address
+        (auto-created if allowed), FQQN queue and routing type; None for the management
+        address.
+
+        Raises:
+            NotFound: the address does not exist and cannot be auto-created.
+            ClientError: no `to`, a wildcard `to`, or no `send` permission.
+        """
+        if not to:
+            raise ClientError("message has no 'to' address on an anonymous relay link")
+        parsed = parse_address(to)
+        if self.settings.wildcards.has_wildcard(parsed.address):
+            raise ClientError(f"cannot send to wildcard address {parsed.address} (B-011)")
+        name, fqqn_queue = parsed.address, parsed.queue
+        if name == MANAGEMENT_ADDRESS:
+            return None
+        routing_type = target.link_routing_type or message_routing_type or parsed.routing_type
+        address = self.post_office.addresses.get(name)
+        with self._acting_for(target.user, target.roles):
+            self._check("send", name)  # per message on the relay (B-154)
+            if address is None or (routing_type and routing_type not in address.routing_types):
+                try:
+                    address = self._prepare_target(name, fqqn_queue, routing_type)
+                except NotFound as e:
+                    raise NotFound(f"target address {name} does not exist") from e
+        return address, fqqn_queue, routing_type
+
+    def check_publish(
+        self,
+        target: ProducerTarget,
+        *,
+        durable: bool,
+        to: str | None = None,
+        message_routing_type: RoutingType | None = None,
+    ) -> None:
+        """B-141: raise what `publish` would raise for this message now, routing nothing.
+
+        A transaction's sends are checked when they arrive and again, all of them, before
+        its commit routes any (`committing`), so that a commit routes all or none. Like
+        routing it may auto-create the address (Artemis routes a transactional send when
+        it arrives, creating its address then).
+        """
+        if durable and self.persistence is not None and self.persistence.failure:
+            raise ResourceLimitExceeded(
+                f"the broker cannot store durable messages: {self.persistence.failure}"
+            )
+        if target.address is None:
+            relayed = self._relay_target(target, to, message_routing_type)
+            if relayed is None:
+                with self._acting_for(target.user, target.roles):
+                    self._check("manage", MANAGEMENT_ADDRESS)
+                return
+            address = relayed[0]
+        elif target.management:
+            return
+        else:
+            found = self.post_office.addresses.get(target.address)
+            address = found or self._prepare_target(
+                target.address, target.queue, target.routing_type or message_routing_type
+            )
+        settings = self.settings.resolve(address.name)
+        refusal = self._refusal(address, settings, self._full_reason(address, settings))
+        if refusal is not None:
+            raise ResourceLimitExceeded(refusal)
+
+    @contextlib.contextmanager
+    def committing(self) -> Iterator[None]:
+        """B-141: route a commit's sends, all checked by `check_publish` in this same
+        step, without refusing one for a limit: the commit is one unit, let in when its
+        addresses had room before it, as a single message that crosses the limit is."""
+        self._in_commit = True
+        try:
+            yield
+        finally:
+            self._in_commit = False
+
+    @staticmethod
+    def _refusal(address: Address, settings: ResolvedSettings, full: str | None) -> str | None:
+        """B-151: why a message for `address` is refused now (FAIL when `full`, the
+        `_full_reason`; BLOCK past max-size-bytes-reject-threshold), or None."""
+        policy = settings.address_full_policy
+        threshold = settings.max_size_bytes_reject_threshold
+        if policy == "BLOCK" and 0 <= threshold < address.size_bytes:
+            return f"address {address.name} is over max-size-bytes-reject-threshold={threshold}"
+        if policy == "FAIL" and full is not None:
+            return f"address {address.name} is full: {full}"
+        return None
 
     def _management_request(self, message: Message, target: ProducerTarget) -> int:
         """B-160: a request to the management address is answered, never routed; the
@@ -638,16 +718,13 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         lets it in (`_deliver_to` writes it to page files)."""
         settings = self.settings.resolve(address.name)
         policy = settings.address_full_policy
-        threshold = settings.max_size_bytes_reject_threshold
-        if policy == "BLOCK" and 0 <= threshold < address.size_bytes:
-            raise ResourceLimitExceeded(
-                f"address {address.name} is over max-size-bytes-reject-threshold={threshold}"
-            )
         reason = self._full_reason(address, settings)
-        if reason is None:
+        if not self._in_commit:  # else checked before the commit (B-141, `committing`)
+            refusal = self._refusal(address, settings, reason)
+            if refusal is not None:
+                raise ResourceLimitExceeded(refusal)
+        if reason is None or policy == "FAIL":
             return True
-        if policy == "FAIL":
-            raise ResourceLimitExceeded(f"address {address.name} is full: {reason}")
         if policy == "DROP":
             address.unrouted += 1
             if self.emitter.failures:

@@ -189,7 +189,9 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         self.producers: dict[Any, ProducerLink] = self.transfers.producers
         self.consumers: dict[Any, ConsumerLink[Any]] = self.transfers.consumers
         self.coordinators: set[Any] = self.transfers.coordinators  # B-140
-        self._publish = self.transfers.publish  # for transactions.py
+        self._prepare = self.transfers.prepare  # for transactions.py
+        self._check_send = self.transfers.check
+        self._route = self.transfers.route
         self._stored = self.transfers.stored
         shell.connections[self.id] = self
         shell.opened_total += 1

@@ -54,8 +54,10 @@ from amqpbroker.core import (
     Dispatch,
     Drained,
     Effect,
+    Message,
     ProducerTarget,
     RawEvent,
+    RoutingType,
 )
 from amqpbroker.protocol.peer import PeerInvalidField
 
@@ -175,6 +177,36 @@ def delivery_id_of(delivery: object) -> DeliveryId:
     if not raw.isdigit():
         raise wrong_direction()
     return DeliveryId(int(raw))
+
+
+class Prepared:
+    """A decoded transfer and what routing it needs (`Transfers.prepare`): routed at once,
+    or kept by a transaction until its commit (B-141)."""
+
+    __slots__ = (
+        "delivery_delay_ms",
+        "duplicate_id",
+        "message",
+        "message_routing_type",
+        "target",
+        "to",
+    )
+
+    def __init__(
+        self,
+        message: Message,
+        target: ProducerTarget,
+        to: str | None,
+        message_routing_type: RoutingType | None,
+        duplicate_id: str | bytes | None,
+        delivery_delay_ms: int,
+    ) -> None:
+        self.message = message
+        self.target = target
+        self.to = to
+        self.message_routing_type = message_routing_type
+        self.duplicate_id = duplicate_id
+        self.delivery_delay_ms = delivery_delay_ms
 
 
 class Shell(Generic[C]):

@@ -3,9 +3,11 @@
 A client attaches a link whose target is a `coordinator`, declares a transaction on it
 (`declare` → `declared{txn-id}`) and ends it with `discharge{txn-id, fail}`. In between:
 
-* transfers carrying `transactional-state{txn-id}` are answered
-  `transactional-state{txn-id, accepted}` at once and *kept*: they are routed only on
-  commit, and dropped on rollback (B-141);
+* transfers carrying `transactional-state{txn-id}` are checked as routing would check
+  them (permission, address, limits), answered `transactional-state{txn-id, accepted}`
+  and *kept*: they are routed only on commit, and dropped on rollback (B-141). A send
+  that fails the check is rejected and makes the transaction rollback-only; a commit
+  checks all its sends again before routing any, so it routes all of them or none;
 * dispositions `transactional-state{txn-id, accepted}` acknowledge on commit; on
   rollback an unsettled delivery stays acquired with its count + 1 (B-142, `hold`), a
   settled one goes back to its queue with the attempt counted (B-143);
@@ -42,7 +44,7 @@ from amqpbroker.core import (
 )
 from amqpbroker.protocol.dispositions import outcome_of
 from amqpbroker.protocol.peer import PeerInvalidField, data_at, read_data
-from amqpbroker.protocol.shell import ConsumerLink, ProducerLink
+from amqpbroker.protocol.shell import ConsumerLink, Prepared, ProducerLink
 
 log = logging.getLogger("amqpbroker.protocol.handler")  # kept from before the split (issue 18)
 
@@ -82,8 +84,8 @@ class Transaction:
     """One declared transaction of a connection."""
 
     id: bytes
-    # each kept send, as the call that routes it on commit (B-141)
-    sends: list[Callable[[], None]] = field(default_factory=list)
+    # each kept send, decoded and checked when it arrived, routed on commit (B-141)
+    sends: list[Prepared] = field(default_factory=list)
     # (consumer, delivery id, the unsettled wire delivery or None when settled)
     acks: list[tuple[ConsumerId, DeliveryId, Delivery | None]] = field(default_factory=list)
     kept_bytes: int = 0  # of `sends`, counted in the connection's `kept_bytes`
@@ -189,7 +191,9 @@ class _Transactions:
     transactions: dict[bytes, Transaction]
     kept_bytes: int  # of the kept sends of every open transaction (MAX_TRANSACTION_BYTES)
     # the other part's (transfers.py)
-    _publish: Callable[[ProducerLink, bytes], None]
+    _prepare: Callable[[ProducerLink, bytes], Prepared]
+    _check_send: Callable[[Prepared], None]
+    _route: Callable[[Prepared], None]
     _stored: Callable[[Delivery, BaseException | None], None]
 
     def _on_control(self, delivery: Delivery, raw: bytes) -> None:
@@ -230,9 +234,12 @@ class _Transactions:
             answer_rejected(delivery, UNKNOWN_ID, f"unknown transaction {txn_id!r}")
             return
         try:
-            sections.scan(raw)  # a malformed message is refused now, not at commit
-        except sections.SectionError as e:
-            answer_rejected(delivery, "amqp:decode-error", str(e))
+            prepared = self._prepare(producer, raw)
+            self._check_send(prepared)  # B-141: a routing error now, not at commit
+        except (ClientError, sections.SectionError) as e:
+            condition = e.condition if isinstance(e, ClientError) else "amqp:decode-error"
+            txn.rollback_only = str(e)
+            answer_rejected(delivery, condition, str(e))
             return
         if self.kept_bytes + len(raw) > MAX_TRANSACTION_BYTES:
             why = (
@@ -244,22 +251,37 @@ class _Transactions:
             return
         txn.kept_bytes += len(raw)
         self.kept_bytes += len(raw)
-        txn.sends.append(functools.partial(self._publish, producer, raw))
+        txn.sends.append(prepared)
         answer_transactional_accepted(delivery, txn.id)
 
     def _commit(self, txn: Transaction, discharge: Delivery) -> None:
-        """Route the kept sends and acknowledge the accepted deliveries, in one step."""
+        """Route the kept sends and acknowledge the accepted deliveries, in one step.
+
+        Every send is checked again first (an address may have filled, a permission or an
+        address gone since it arrived): one that would be refused rolls the whole
+        transaction back, so a commit never routes a part of it (B-141).
+        """
+        errors = []
+        for prepared in txn.sends:
+            try:
+                self._check_send(prepared)
+            except ClientError as e:
+                errors.append(str(e))
+        if errors:
+            self._rollback(txn, forced=False)
+            answer_rejected(discharge, "amqp:transaction:rollback", "; ".join(errors)[:512])
+            return
         store = self.broker.persistence
         stored_before = store.messages_added if store is not None else 0
-        errors = []
         emitter = self.broker.emitter
         emitter.txn = txn.id.hex()  # B-170: the events of this commit carry it
         try:
-            for route in txn.sends:
-                try:
-                    route()
-                except (ClientError, sections.SectionError) as e:
-                    errors.append(str(e))
+            with self.broker.committing():
+                for prepared in txn.sends:
+                    try:
+                        self._route(prepared)
+                    except ClientError as e:  # checked above in this step: not expected
+                        log.error("connection %s: a checked commit send failed: %s", self.id, e)
             for consumer, delivery_id, wire in txn.acks:
                 self.broker.settle(consumer, delivery_id, ACCEPTED)
                 if wire is not None:
@@ -267,9 +289,7 @@ class _Transactions:
                     wire.settle()
         finally:
             emitter.txn = None
-        if errors:
-            answer_rejected(discharge, "amqp:transaction:rollback", "; ".join(errors)[:512])
-        elif store is not None and store.must_wait(stored_before):
+        if store is not None and store.must_wait(stored_before):
             store.when_stored(functools.partial(self._stored, discharge))
         else:
             discharge.update(Delivery.ACCEPTED)

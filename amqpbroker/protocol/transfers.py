@@ -56,6 +56,7 @@ from amqpbroker.protocol.dispositions import outcome_at
 from amqpbroker.protocol.peer import name_for_log
 from amqpbroker.protocol.shell import (
     ConsumerLink,
+    Prepared,
     ProducerLink,
     Shell,
     wrong_direction,
@@ -433,6 +434,14 @@ class Transfers:
         self.shell.dirty.add(self.owner)
 
     def publish(self, producer: ProducerLink, raw: bytes) -> None:
+        self.route(self.prepare(producer, raw))
+
+    def prepare(self, producer: ProducerLink, raw: bytes) -> Prepared:
+        """Decode what routing needs from a transfer (B-008/B-009/B-012/B-015).
+
+        Raises:
+            SectionError: the message is malformed.
+        """
         scanned = sections.scan(raw)
         message = message_of(scanned, origin_container=self.container_id)
         target = producer.target
@@ -459,13 +468,25 @@ class Transfers:
         ):  # decode only when the key's bytes are there (B-012)
             value = message.get_application_properties().get(DUPLICATE_ID)
             duplicate_id = value if isinstance(value, str | bytes) else None
+        return Prepared(message, target, to, message_routing_type, duplicate_id, delivery_delay_ms)
+
+    def check(self, prepared: Prepared) -> None:
+        """B-141: raise what routing `prepared` would raise now (`Broker.check_publish`)."""
+        self.broker.check_publish(
+            prepared.target,
+            durable=prepared.message.durable,
+            to=prepared.to,
+            message_routing_type=prepared.message_routing_type,
+        )
+
+    def route(self, prepared: Prepared) -> None:
         self.broker.publish(
-            message,
-            target,
-            to=to,
-            message_routing_type=message_routing_type,
-            duplicate_id=duplicate_id,
-            delivery_delay_ms=delivery_delay_ms,
+            prepared.message,
+            prepared.target,
+            to=prepared.to,
+            message_routing_type=prepared.message_routing_type,
+            duplicate_id=prepared.duplicate_id,
+            delivery_delay_ms=prepared.delivery_delay_ms,
         )
 
     def on_disposition(self, delivery: Any, consumer: ConsumerLink[Any] | None) -> None:

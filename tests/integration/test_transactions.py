@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Message
+from proton import Delivery, Message, byte, symbol
 from proton.handlers import MessagingHandler, TransactionHandler
 from proton.reactor import Container
-from proton.utils import BlockingConnection
+from proton.utils import BlockingConnection, SendException
 from support.client import QUEUE, connect, receive_bodies, send
 from support.event_files import read_events
 from support.process import BrokerProcess, start_broker
@@ -30,6 +30,11 @@ address-settings:
     max-delivery-attempts: 3
     dead-letter-address: DLA
     auto-create-dead-letter-resources: true
+  "tx.closed.#":
+    auto-create-addresses: false
+  "tx.full.#":
+    address-full-policy: FAIL
+    max-size-bytes: 4000
 """
 
 
@@ -185,8 +190,6 @@ def test_an_unknown_transaction_is_rejected_and_the_connection_stays(
 ) -> None:
     """B-140 decision: a transfer naming an unknown txn-id gets `rejected` with
     amqp:transaction:unknown-id; the connection stays open."""
-    from proton import Delivery
-
     blocking = connect(broker.url)
     try:
         sender = blocking.create_sender("tx.unknown", options=QUEUE)
@@ -255,3 +258,102 @@ def test_events_of_a_commit_and_a_rollback_carry_the_transaction(tmp_path: Path)
     assert rolled_back
     assert all(t is not None and t != txn for _, t in rolled_back)
     assert all(t is None for kind, _, t in abort if kind in ("sent", "enqueued", "dispatched"))
+
+
+class RelayScenario(MessagingHandler, TransactionHandler):  # type: ignore[misc]
+    """Declare, send each (address, body) on one anonymous-relay link under it; once the
+    broker has answered every send, run `before_commit`, then commit."""
+
+    def __init__(
+        self, url: str, sends: list[tuple[str, str]], before_commit: Callable[[], None]
+    ) -> None:
+        super().__init__()
+        self.url, self.sends, self.before_commit = url, sends, before_commit
+        self.answers: list[str] = []
+        self.outcome = ""
+        self.txn: Any = None
+
+    def on_start(self, event: Any) -> None:
+        self.conn = event.container.connect(self.url)
+        self.sender = event.container.create_sender(self.conn, None)
+        event.container.declare_transaction(self.conn, handler=self)
+
+    def on_transaction_declared(self, event: Any) -> None:
+        self.txn = event.transaction
+        for address, body in self.sends:
+            anycast = {symbol("x-opt-routing-type"): byte(1)}  # B-008: the queues' type
+            message = Message(address=address, body=body, durable=True, annotations=anycast)
+            self.txn.send(self.sender, message)
+
+    def _answered(self, outcome: str) -> None:
+        self.answers.append(outcome)
+        if len(self.answers) == len(self.sends):
+            self.before_commit()
+            self.txn.commit()
+
+    def on_settled(self, event: Any) -> None:
+        """Proton calls no on_accepted for transactional-state (0x34): read the state."""
+        state = event.delivery.remote_state
+        self._answered({0x34: "accepted", Delivery.REJECTED: "rejected"}.get(state, str(state)))
+
+    def on_transaction_committed(self, event: Any) -> None:
+        self.outcome = "committed"
+        self.conn.close()
+
+    def on_transaction_commit_failed(self, event: Any) -> None:
+        self.outcome = "commit-failed"
+        self.conn.close()
+
+
+def test_b141_a_send_refused_on_arrival_makes_the_commit_route_nothing(
+    broker: BrokerProcess, conn: BlockingConnection
+) -> None:
+    """B-141: a send to an address that cannot be auto-created is rejected when it
+    arrives, and the commit routes none of the transaction's sends (it routed the others
+    and answered rollback, before)."""
+    done = run(
+        RelayScenario(
+            broker.url,
+            [("tx.open.a", "first"), ("tx.closed.b", "refused"), ("tx.open.a", "last")],
+            lambda: None,
+        )
+    )
+    assert done.answers == ["accepted", "rejected", "accepted"]
+    assert done.outcome == "commit-failed"
+    assert _nothing_in(conn, "tx.open.a")
+
+
+def test_b141_a_commit_whose_address_filled_meanwhile_routes_nothing(
+    broker: BrokerProcess, conn: BlockingConnection
+) -> None:
+    """B-141 with B-151 FAIL: the sends had room when they arrived; before the commit
+    another producer fills their address, so the commit is refused as a whole: the send
+    to the other address is not routed either."""
+
+    def fill() -> None:
+        send(conn, "tx.full.q", "x" * 5000, caps=("queue",))
+
+    done = run(RelayScenario(broker.url, [("tx.ok", "a"), ("tx.full.q", "b")], fill))
+    assert done.answers == ["accepted", "accepted"]
+    assert done.outcome == "commit-failed"
+    assert _nothing_in(conn, "tx.ok")
+    receiver = conn.create_receiver("tx.full.q", credit=10, options=QUEUE)
+    assert receive_bodies(receiver, 1) == ["x" * 5000]  # only the filler
+    receiver.close()
+    assert _nothing_in(conn, "tx.full.q")
+
+
+def test_b141_a_commit_is_let_into_an_address_with_room_as_one_unit(
+    broker: BrokerProcess, conn: BlockingConnection
+) -> None:
+    """Decision (docs/decisions.md): a commit whose FAIL address has room when it starts
+    routes all its sends, even those past max-size-bytes, as one message that crosses the
+    limit is let in; the next plain send is refused."""
+    bodies = [f"{i}" * 1500 for i in range(4)]  # 6,000 bytes for a 4,000-byte address
+    done = run(RelayScenario(broker.url, [("tx.full.unit", b) for b in bodies], lambda: None))
+    assert done.outcome == "committed"
+    with pytest.raises(SendException) as refused:
+        send(conn, "tx.full.unit", "over", caps=("queue",))
+    assert refused.value.state == Delivery.REJECTED
+    receiver = conn.create_receiver("tx.full.unit", credit=10, options=QUEUE)
+    assert receive_bodies(receiver, 4) == bodies

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from amqpbroker.core import AddressSettings, AddressUnblocked, ResourceLimitExceeded
+from amqpbroker.core import AddressSettings, AddressUnblocked, ClientError, ResourceLimitExceeded
 from amqpbroker.core.outcomes import Accepted
 from tests.support.core_harness import Harness
 
@@ -73,3 +73,31 @@ def test_relay_is_paced_by_the_address_its_last_message_went_to() -> None:
     assert h.broker.producer_may_send(relay)  # nothing sent yet
     assert AddressUnblocked("q") in _drain(h, "q")
     assert h.broker.producer_may_send(relay, to="q")
+
+
+def test_a_commit_is_checked_whole_then_let_in_as_one_unit() -> None:
+    """B-141 with B-151 FAIL: `check_publish` refuses what routing would refuse, routing
+    nothing; inside `committing` the checked sends are let in past the limit, as one
+    message that crosses it is."""
+    h = Harness({"#": AddressSettings.of(max_size_bytes=4, address_full_policy="FAIL")})
+    target = h.producer("q", "queue")
+    h.broker.check_publish(target, durable=False)  # room: no refusal
+    with h.broker.committing():
+        for body in (b"abc", b"def", b"ghi"):
+            h.send(target, body)
+    assert h.queue("q").message_count == 3
+    with pytest.raises(ResourceLimitExceeded, match="is full"):
+        h.broker.check_publish(target, durable=False)
+    assert h.queue("q").message_count == 3
+    with pytest.raises(ResourceLimitExceeded, match="is full"):
+        h.send(target, b"x")  # outside a commit the limit holds again
+
+
+def test_a_relay_send_is_checked_for_its_address_without_being_routed() -> None:
+    """B-141/B-009: the relay's `to` is resolved and checked (a missing `to` is refused)."""
+    h = Harness({"#": AddressSettings.of(address_full_policy="FAIL")})
+    relay = h.producer(None)
+    with pytest.raises(ClientError, match="has no 'to' address"):
+        h.broker.check_publish(relay, durable=False)
+    h.broker.check_publish(relay, durable=False, to="elsewhere")
+    assert h.broker.post_office.addresses["elsewhere"].size_bytes == 0

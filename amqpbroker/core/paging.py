@@ -131,8 +131,15 @@ class PageStore(Protocol):
     def write(self, message: Message) -> None:
         """Append `message` (durable ones survive a crash once the step is flushed)."""
 
-    def read(self, *, max_bytes: int, max_messages: int) -> list[Message]:
-        """Take the oldest messages, at least one when any, up to the limits (< 0: none)."""
+    @property
+    def end(self) -> tuple[int, int]:
+        """Where the next message written will start (a walk's `until`)."""
+
+    def read(
+        self, *, max_bytes: int, max_messages: int, until: tuple[int, int] | None = None
+    ) -> list[Message]:
+        """Take the oldest messages, at least one when any, up to the limits (< 0: none)
+        and, with `until` (an `end` of the same `epoch`), none written after it."""
 
     def oldest_ts(self) -> int | None:
         """`first_ts` of the paged message at the read cursor (the next read back), or

@@ -176,6 +176,13 @@ def _skip_damaged(page: int, error: _Damaged) -> bool:
     return True
 
 
+def _before(until: Position, end: Position) -> Position:
+    """The earlier of a walk's `until` and `_end()` (whose offset -1 is a file's end)."""
+    if until[0] < end[0] or (until[0] == end[0] and (end[1] < 0 or until[1] < end[1])):
+        return until
+    return end
+
+
 def _earlier(expiring_ms: int, expiration_ms: int) -> int:
     """The earlier of two expiration times, 0 meaning never."""
     if not expiring_ms or (expiration_ms and expiration_ms < expiring_ms):
@@ -343,11 +350,22 @@ class QueuePages:
             raise
         self._write_offset += len(frame)
 
-    def read(self, *, max_bytes: int, max_messages: int) -> list[Message]:
+    @property
+    def end(self) -> Position:
+        """Where the next message written will start: what a management walk started
+        now covers (`read`'s and `browse_from`'s `until`; issue 23, sliced walks)."""
+        if self._writer is not None:
+            return (self._write_page, self._write_offset)
+        return (self._write_page, self._file_size(self._write_page))
+
+    def read(
+        self, *, max_bytes: int, max_messages: int, until: Position | None = None
+    ) -> list[Message]:
         taken: list[Message] = []
         taken_bytes = 0
         first_page = self._cursor[0]
-        for frame in self._frames(self._cursor, self._end(), damaged=self._damaged):
+        end = self._end() if until is None else _before(until, self._end())
+        for frame in self._frames(self._cursor, end, damaged=self._damaged):
             self._cursor = frame.end
             if frame.kind != _KIND_MESSAGE:
                 continue

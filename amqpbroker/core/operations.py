@@ -49,6 +49,10 @@ R = TypeVar("R")
 # Messages a walk handles per slice: ~10 ms of the loop for paged ones (read, decoded and
 # matched: ~20 us each on the reference machine), less for those in memory.
 SLICE_MESSAGES = 500
+SLICE_S = 0.010  # and at most this long (a move routes and writes each copy: ~160 us)
+# The wall clock of the slice running now (`Walk.timer`, given by the caller: the core
+# reads no clock of its own, core/clock.py); None: slices are counted in messages only.
+_slice_clock: Callable[[], float] | None = None
 Steps = Generator[None, None, R]
 
 
@@ -56,13 +60,15 @@ class Walk(Generic[R]):
     """A management operation over a queue, a slice at a time (issue 23; module doc).
     Loop thread only."""
 
-    __slots__ = ("_steps", "broker", "queue", "result")
+    __slots__ = ("_steps", "broker", "queue", "result", "timer")
 
     def __init__(self, broker: Broker, queue: Queue, steps: Steps[R]) -> None:
         self.broker = broker
         self.queue = queue
         self.result: R | None = None
         self._steps = steps
+        # seconds, monotonic: with it a slice also ends after SLICE_S (the HTTP API's)
+        self.timer: Callable[[], float] | None = None
 
     @property
     def blocked(self) -> bool:
@@ -103,6 +109,8 @@ class Walk(Generic[R]):
 @entry
 def _slice(broker: Broker, walk: Walk[R]) -> bool:
     """One slice of `walk`, as one call into the broker (one clock reading)."""
+    global _slice_clock
+    _slice_clock = walk.timer
     try:
         next(walk._steps)
     except StopIteration as stop:
@@ -112,6 +120,8 @@ def _slice(broker: Broker, walk: Walk[R]) -> bool:
     except BaseException:
         walk._release()
         raise
+    finally:
+        _slice_clock = None
     return False
 
 
@@ -122,19 +132,38 @@ def _abandon(broker: Broker, walk: Walk[R]) -> None:
 
 
 class _Budget:
-    """Counts the messages of a slice: `spent()` says when to yield."""
+    """Counts the messages and the time of a slice: `spent()` says when to yield."""
 
-    __slots__ = ("left",)
+    __slots__ = ("deadline", "left")
 
     def __init__(self) -> None:
         self.left = SLICE_MESSAGES
+        self.deadline = 0.0  # set by the slice's first message
 
     def spent(self, messages: int = 1) -> bool:
         self.left -= messages
-        if self.left > 0:
-            return False
+        clock = _slice_clock
+        if clock is None:  # no time budget: messages only
+            if self.left > 0:
+                return False
+        else:
+            now = clock()
+            if not self.deadline:
+                self.deadline = now + SLICE_S
+            if self.left > 0 and now < self.deadline:
+                return False
         self.left = SLICE_MESSAGES
+        self.deadline = 0.0
         return True
+
+
+def _slice_done(queue: Queue, prefix: bool) -> bool:
+    """At the end of a slice of a walk that takes messages: while every paged message it
+    met was taken (a move or purge of all), those leave the page files now, the cursor
+    moved past them (O(slice), journaled with this step), not in one pass over the files
+    at the end. Once one is kept the rest wait for the end (`remove_paged`: a rewrite
+    would move the files under the walk). Whether that still holds."""
+    return prefix and queue.remove_paged(prefix_only=True)
 
 
 def _gone(broker: Broker, queue: Queue) -> bool:
@@ -442,6 +471,7 @@ def _purge_all_steps(broker: Broker, queue: Queue) -> Steps[int]:
                 return killed
     queue.compact()
     while True:
+        budget.spent(0)  # the slice's time starts before its first read step
         step, done = queue.purge_paged_step("purge", until, budget.left)
         killed += step
         if done:
@@ -475,10 +505,12 @@ def _on_waiting_steps(
     answering False did not)."""
     acted = 0
     budget = _Budget()
+    prefix = True  # every paged message met so far was taken (`_slice_done`)
     for ref in _waiting(queue, selector, ids):
         if ref is not None and act(queue, ref) is not False:
             acted += 1
         if budget.spent():
+            prefix = _slice_done(queue, prefix)
             yield
             if _gone(broker, queue):
                 return acted
@@ -516,6 +548,7 @@ def _move_steps(
     address = broker.post_office.addresses[target.address]
     moved = 0
     budget = _Budget()
+    prefix = True
     for ref in _waiting(queue, selector, ids):
         if ref is not None:
             copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
@@ -529,6 +562,7 @@ def _move_steps(
             _complete_move(broker, queue, ref, copy, target.address, targets, reason="move")
             moved += 1
         if budget.spent():
+            prefix = _slice_done(queue, prefix)
             yield
             if _gone(broker, queue):
                 return moved
@@ -623,10 +657,12 @@ def _retry_steps(
     skipped: list[tuple[int, str]] = []
     seen: set[int] = set()
     budget = _Budget()
+    prefix = True
     for ref in _waiting(queue, selector, wanted):
         if ref is not None:
             retried += _retry_one(broker, queue, ref, wanted is not None, expect, seen, skipped)
         if budget.spent():
+            prefix = _slice_done(queue, prefix)
             yield
             if _gone(broker, queue):
                 return RetryResult(retried, tuple(skipped))

@@ -152,6 +152,10 @@ class PageStore(Protocol):
         """The paged messages from `position` (`position`, or one this returned in the
         same `epoch`) on, each with the position after it, read as they are consumed."""
 
+    def drop_prefix(self, doomed: set[int]) -> bool:
+        """Remove them if they are the next ones from the cursor (the cursor moves past
+        them; positions after it stay valid, same `epoch`); False, nothing done, if not."""
+
     def remove(self, doomed: set[int]) -> None:
         """Remove the paged messages whose `msg_id` is in `doomed` (management)."""
 

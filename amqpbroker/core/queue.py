@@ -1463,17 +1463,31 @@ class Queue:
         if pages is not None and pages.expiring_ms:
             self._arm_page_expiry(pages.expiring_ms)
 
-    def remove_paged(self) -> None:
-        """Remove the paged messages taken since the last call from the page files."""
+    def remove_paged(self, *, prefix_only: bool = False) -> bool:
+        """Remove the paged messages taken since the last call from the page files: by
+        moving the cursor past them when they are the next ones (`drop_prefix`), else by
+        rewriting the files (`remove`, a new `epoch`). `prefix_only`: never rewrite (a
+        walk still reading the files mid-way, issue 23); False if they stay taken."""
         pages, doomed = self.pages, self._doomed
         if pages is None or not doomed:
-            return
+            return True
+        if pages.drop_prefix(doomed):
+            for consumer in self.consumers:
+                mark = consumer.page_mark
+                if mark is not None:
+                    mark.read([-1] * len(doomed))  # the removed ones it was sent
+                    if not mark.seen:
+                        consumer.page_mark = None  # B-031: back at the read cursor
+        elif prefix_only:
+            return False
+        else:
+            forget_removed(pages, doomed, (c.page_mark for c in self.consumers if c.page_mark))
+            pages.remove(doomed)
         self._doomed = set()
-        forget_removed(pages, doomed, (c.page_mark for c in self.consumers if c.page_mark))
-        pages.remove(doomed)
         self._count_lost(pages)
         if self.store is not None:
             self.store.page_read(self.name, pages)
+        return True
 
     def purge_paged(self, reason: str) -> int:
         """Kill every paged message (purge without a filter): counted and evented one by

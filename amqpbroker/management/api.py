@@ -14,6 +14,7 @@ import ipaddress
 import json
 import logging
 import math
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -76,6 +77,7 @@ class LoopBridge:
     def walk(self, start: Callable[[], ops.Walk[T]], finish: Callable[[T], U]) -> U:
         async def run() -> U:
             walk = start()
+            walk.timer = time.monotonic  # a slice also ends after ops.SLICE_S
             try:
                 while True:
                     blocked = walk.blocked

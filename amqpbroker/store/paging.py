@@ -482,6 +482,41 @@ class QueuePages:
             if frame.kind == _KIND_MESSAGE:
                 yield self._message(frame), frame.end
 
+    def drop_prefix(self, doomed: set[int]) -> bool:
+        """Drop the paged messages in `doomed` if they are the next ones from the cursor
+        (a walk that took every paged message it met: a move or purge of all): the cursor
+        moves past them as a read would, no marker and no copies, O(len(doomed)). False
+        (nothing done) when they are not, or a damaged file is in the way: `remove` then."""
+        if not doomed:
+            return True
+        taken: list[_Frame] = []
+        position = self._cursor
+        try:
+            for frame in self._frames(self._cursor, self._end()):
+                if frame.kind == _KIND_MESSAGE:
+                    if frame.msg_id not in doomed:
+                        return False
+                    taken.append(frame)
+                position = frame.end
+                if len(taken) == len(doomed):
+                    break
+        except _Damaged:
+            return False
+        if len(taken) != len(doomed):
+            return False
+        for frame in taken:
+            size = frame.size
+            self.messages -= 1
+            self.size_bytes -= size
+            self._hold(frame.end[0], -1, -size)
+        self._cursor = position
+        self._roll_cursor()
+        if not self.messages:
+            self.expiring_ms = 0
+        if not self.journaled:
+            self.release(self._cursor)
+        return True
+
     def remove(self, doomed: set[int]) -> None:
         """Drop the paged messages in `doomed`: a marker, then copies of the rest. A
         damaged page file is handled as the read back handles it (`_damaged`: its part

@@ -432,6 +432,8 @@ def _count_steps(broker: Broker, queue: Queue, selector: str | None) -> Steps[in
 
 def count(broker: Broker, queue_name: str, *, selector: str | None = None) -> int:
     """How many messages `browse` would list without a limit."""
+    if not selector:  # O(1): answered even while a walk holds the queue
+        return _queue(broker, queue_name).message_count
     return count_walk(broker, queue_name, selector=selector).run()
 
 

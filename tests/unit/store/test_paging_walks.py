@@ -191,6 +191,7 @@ def test_a_second_walk_waits_and_one_run_at_once_is_refused(files: PageFiles) ->
     assert not second.step()
     with pytest.raises(IllegalState):
         ops.purge(h.broker, "q")
+    assert ops.count(h.broker, "q") == h.queue("q").message_count  # O(1): not refused
     while not first.step():
         pass
     assert first.result == 300

@@ -13,13 +13,26 @@ Paged messages (B-151 PAGE) are part of the queue: they come after the ones in m
 are read from the page files one at a time as an operation walks them (a large paged
 backlog is never held), and the ones an operation takes leave the page files at its end
 (`Queue.remove_paged`).
+
+Walks in slices (issue 23): an operation that walks a queue (browse, count, purge, move,
+retry, expire, dead-letter) is a generator that yields every `SLICE_MESSAGES` messages,
+run by a `Walk`: the HTTP API (`LoopBridge.walk`) gives the loop back between slices, so
+that a walk over a million paged messages (~20 us each) does not stop every connection
+for ~20 s; `Walk.run` runs it at once (the AMQP management address, replay tasks). A walk
+covers the messages the queue held when it started, in order: the in-memory ones as a
+list taken then (each checked again when its turn comes: one a consumer took meanwhile
+is skipped) and the paged ones up to the files' `end` then. While it runs it holds the
+queue (`Queue.walk`): nothing is read back from the page files, so the cursor and the
+positions it walks stay valid; another walk of the queue waits for it, and one run at
+once is refused (`IllegalState`). Arrivals meanwhile are left alone.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
+from typing import Generic, TypeVar
 
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.clock import entry
@@ -31,6 +44,131 @@ from amqpbroker.core.queue import Queue
 from amqpbroker.core.reaper import CREATED_AUTO_DELETE
 from amqpbroker.core.refs import DELIVERING, GONE, PAGED, Ref
 from amqpbroker.core.selector import parse_selector
+
+R = TypeVar("R")
+# Messages a walk handles per slice: ~10 ms of the loop for paged ones (read, decoded and
+# matched: ~20 us each on the reference machine), less for those in memory.
+SLICE_MESSAGES = 500
+SLICE_S = 0.010  # and at most this long (a move routes and writes each copy: ~160 us)
+# The wall clock of the slice running now (`Walk.timer`, given by the caller: the core
+# reads no clock of its own, core/clock.py); None: slices are counted in messages only.
+_slice_clock: Callable[[], float] | None = None
+Steps = Generator[None, None, R]
+
+
+class Walk(Generic[R]):
+    """A management operation over a queue, a slice at a time (issue 23; module doc).
+    Loop thread only."""
+
+    __slots__ = ("_steps", "broker", "queue", "result", "timer")
+
+    def __init__(self, broker: Broker, queue: Queue, steps: Steps[R]) -> None:
+        self.broker = broker
+        self.queue = queue
+        self.result: R | None = None
+        self._steps = steps
+        # seconds, monotonic: with it a slice also ends after SLICE_S (the HTTP API's)
+        self.timer: Callable[[], float] | None = None
+
+    @property
+    def blocked(self) -> bool:
+        """Whether another walk holds the queue (this one waits its turn)."""
+        holder = self.queue.walk
+        return holder is not None and holder is not self
+
+    def step(self) -> bool:
+        """Run the next slice; True once the operation is done (`result`). Nothing is
+        done while `blocked`."""
+        if self.blocked:
+            return False
+        self.queue.walk = self
+        return _slice(self.broker, self)
+
+    def run(self) -> R:
+        """All slices at once (callers that cannot wait: the AMQP management address,
+        replay tasks). Refused while another walk holds the queue."""
+        if self.blocked:
+            raise IllegalState(
+                f"queue {self.queue.name} is busy: a management operation is walking it"
+            )
+        while not self.step():
+            pass
+        return self.result  # type: ignore[return-value]  # R (None only when R is)
+
+    def close(self) -> None:
+        """Abandon the walk (its caller went away): the queue is let go."""
+        _abandon(self.broker, self)
+
+    def _release(self) -> None:
+        if self.queue.walk is self:
+            self.queue.walk_ended()
+            if self.queue.consumers:  # reading back was held for the walk
+                self.broker.redispatch(self.queue)
+
+
+@entry
+def _slice(broker: Broker, walk: Walk[R]) -> bool:
+    """One slice of `walk`, as one call into the broker (one clock reading)."""
+    global _slice_clock
+    _slice_clock = walk.timer
+    try:
+        next(walk._steps)
+    except StopIteration as stop:
+        walk.result = stop.value
+        walk._release()
+        return True
+    except BaseException:
+        walk._release()
+        raise
+    finally:
+        _slice_clock = None
+    return False
+
+
+@entry
+def _abandon(broker: Broker, walk: Walk[R]) -> None:
+    walk._steps.close()
+    walk._release()
+
+
+class _Budget:
+    """Counts the messages and the time of a slice: `spent()` says when to yield."""
+
+    __slots__ = ("deadline", "left")
+
+    def __init__(self) -> None:
+        self.left = SLICE_MESSAGES
+        self.deadline = 0.0  # set by the slice's first message
+
+    def spent(self, messages: int = 1) -> bool:
+        self.left -= messages
+        clock = _slice_clock
+        if clock is None:  # no time budget: messages only
+            if self.left > 0:
+                return False
+        else:
+            now = clock()
+            if not self.deadline:
+                self.deadline = now + SLICE_S
+            if self.left > 0 and now < self.deadline:
+                return False
+        self.left = SLICE_MESSAGES
+        self.deadline = 0.0
+        return True
+
+
+def _slice_done(queue: Queue, prefix: bool) -> bool:
+    """At the end of a slice of a walk that takes messages: while every paged message it
+    met was taken (a move or purge of all), those leave the page files now, the cursor
+    moved past them (O(slice), journaled with this step), not in one pass over the files
+    at the end. Once one is kept the rest wait for the end (`remove_paged`: a rewrite
+    would move the files under the walk). Whether that still holds."""
+    return prefix and queue.remove_paged(prefix_only=True)
+
+
+def _gone(broker: Broker, queue: Queue) -> bool:
+    """The queue was deleted while a walk gave the loop back (the walk stops there)."""
+    return broker.queues.get(queue.name) is not queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +254,11 @@ def queue_stats(broker: Broker) -> list[QueueStats]:
     return rows
 
 
+def queue_of(broker: Broker, name: str) -> Queue:
+    """The queue `name` (NotFound if there is none)."""
+    return _queue(broker, name)
+
+
 def _queue(broker: Broker, name: str) -> Queue:
     queue = broker.queues.get(name)
     if queue is None:
@@ -123,11 +266,14 @@ def _queue(broker: Broker, name: str) -> Queue:
     return queue
 
 
-def _held(queue: Queue, *, lazy: bool = False) -> Iterator[Ref]:
-    """Every message of the queue in order: in memory, then paged (B-151). `lazy`: read
-    as consumed (a browse page costs the page, `Queue.iter_refs`), for callers that do
-    not change the queue while reading it."""
-    return itertools.chain(queue.iter_refs() if lazy else queue.refs(), queue.paged_refs())
+def _held(queue: Queue) -> Iterator[Ref]:
+    """Every message of the queue now, in order: in memory (a list taken now), then the
+    paged ones written until now (B-151; a walk does not chase a producer)."""
+    memory = queue.refs()
+    pages = queue.pages
+    if pages is None or not pages.messages:
+        return iter(memory)
+    return itertools.chain(memory, queue.paged_refs(pages.end))
 
 
 def _named(queue: Queue, ids: Iterable[int]) -> list[Ref]:
@@ -149,20 +295,99 @@ def _named(queue: Queue, ids: Iterable[int]) -> list[Ref]:
     return found
 
 
-def _waiting(queue: Queue, selector: str | None, ids: Iterable[int] | None = None) -> Iterator[Ref]:
-    """Waiting references matching the filter (B-130) and, if given, the message ids.
+def _waiting(
+    queue: Queue, selector: str | None, ids: Iterable[int] | None = None
+) -> Iterator[Ref | None]:
+    """Each message walked: its reference if it is waiting (checked as its turn comes)
+    and matches the filter (B-130) and, if given, the message ids; else None (it still
+    counts for a walk's slice).
 
     With ids, O(ids) by the queue's id index, whatever the queue's length; without, the
-    whole queue, taken as a list first, since acting on one may route a copy back into
-    this queue (a dead-letter or retry address bound to it)."""
+    whole queue as `_held` lists it, since acting on one may route a copy back into this
+    queue (a dead-letter or retry address bound to it)."""
     match = parse_selector(selector).matches if selector else None
     refs = _named(queue, ids) if ids is not None else _held(queue)
     for ref in refs:
-        if ref.state == DELIVERING or ref.state == GONE:
-            continue
-        if match is not None and not match(ref.message):
-            continue
-        yield ref
+        gone = ref.state == DELIVERING or ref.state == GONE
+        yield None if gone or (match is not None and not match(ref.message)) else ref
+
+
+def _check_range(offset: int, limit: int) -> None:
+    if offset < 0 or limit < 0:
+        raise ValueError("a browse's offset and limit must not be negative")
+
+
+def browse_walk(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> Walk[list[Ref]]:
+    """`browse`, a slice at a time."""
+    _check_range(offset, limit)
+    queue = _queue(broker, queue_name)
+    return Walk(broker, queue, _browse_steps(broker, queue, selector, limit, offset))
+
+
+def _browse_steps(
+    broker: Broker, queue: Queue, selector: str | None, limit: int, offset: int
+) -> Steps[list[Ref]]:
+    """The in-memory part lazily (`Queue.iter_refs`: a page costs the page, in this
+    slice: a lazy read must not span a change of the queue), then the paged part a slice
+    at a time, both stopping after `offset + limit` matches."""
+    match = parse_selector(selector).matches if selector else None
+    pages = queue.pages
+    until = pages.end if pages is not None and pages.messages else None
+    found: list[Ref] = []
+    matched = 0
+    if limit == 0:
+        return found
+    for ref in queue.iter_refs():
+        if match is None or match(ref.message):
+            if matched >= offset:
+                found.append(ref)
+            matched += 1
+            if matched >= offset + limit:
+                return found
+    if until is None:
+        return found
+    budget = _Budget()
+    for ref in queue.paged_refs(until):
+        if match is None or match(ref.message):
+            if matched >= offset:
+                found.append(ref)
+            matched += 1
+            if matched >= offset + limit:
+                return found
+        if budget.spent():
+            yield
+            if _gone(broker, queue):
+                return found
+    return found
+
+
+def listing_walk(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> Walk[tuple[int, list[Ref]]]:
+    """`count` and then `browse` in one walk (a page of the HTTP API and its total)."""
+    _check_range(offset, limit)
+    queue = _queue(broker, queue_name)
+    return Walk(broker, queue, _listing_steps(broker, queue, selector, limit, offset))
+
+
+def _listing_steps(
+    broker: Broker, queue: Queue, selector: str | None, limit: int, offset: int
+) -> Steps[tuple[int, list[Ref]]]:
+    total = yield from _count_steps(broker, queue, selector)
+    refs = yield from _browse_steps(broker, queue, selector, limit, offset)
+    return total, refs
 
 
 def browse(
@@ -174,24 +399,89 @@ def browse(
     offset: int = 0,
 ) -> list[Ref]:
     """Messages of a queue in order, without acquiring them (delivering ones included)."""
-    queue = _queue(broker, queue_name)
-    match = parse_selector(selector).matches if selector else None
-    refs = (r for r in _held(queue, lazy=True) if match is None or match(r.message))
-    return list(itertools.islice(refs, offset, offset + limit))
+    return browse_walk(broker, queue_name, selector=selector, limit=limit, offset=offset).run()
 
 
 def waiting_ids(broker: Broker, queue_name: str, *, selector: str | None = None) -> list[int]:
     """The ids of the waiting messages that match, in order (what a task will work on)."""
-    return [ref.message.msg_id for ref in _waiting(_queue(broker, queue_name), selector)]
+    refs = _waiting(_queue(broker, queue_name), selector)
+    return [ref.message.msg_id for ref in refs if ref is not None]
+
+
+def count_walk(broker: Broker, queue_name: str, *, selector: str | None = None) -> Walk[int]:
+    """`count`, a slice at a time."""
+    queue = _queue(broker, queue_name)
+    return Walk(broker, queue, _count_steps(broker, queue, selector))
+
+
+def _count_steps(broker: Broker, queue: Queue, selector: str | None) -> Steps[int]:
+    if not selector:
+        return queue.message_count
+    match = parse_selector(selector).matches
+    counted = 0
+    budget = _Budget()
+    for ref in _held(queue):
+        if ref.state != GONE and match(ref.message):
+            counted += 1
+        if budget.spent():
+            yield
+            if _gone(broker, queue):
+                return counted
+    return counted
 
 
 def count(broker: Broker, queue_name: str, *, selector: str | None = None) -> int:
     """How many messages `browse` would list without a limit."""
+    if not selector:  # O(1): answered even while a walk holds the queue
+        return _queue(broker, queue_name).message_count
+    return count_walk(broker, queue_name, selector=selector).run()
+
+
+def purge_walk(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> Walk[int]:
+    """`purge`, a slice at a time."""
     queue = _queue(broker, queue_name)
-    if not selector:
-        return queue.message_count
-    match = parse_selector(selector).matches
-    return sum(1 for r in _held(queue) if match(r.message))  # all of it: the list is faster
+    if selector is None and ids is None and queue.pages is not None:
+        return Walk(broker, queue, _purge_all_steps(broker, queue))
+    return Walk(
+        broker,
+        queue,
+        _on_waiting_steps(broker, queue, selector, ids, lambda q, r: q.kill(r, "purge")),
+    )
+
+
+def _purge_all_steps(broker: Broker, queue: Queue) -> Steps[int]:
+    """All of a paging queue: the paged ones are counted as they are read, never held
+    (B-151), a read step at a time up to the files' end when the purge started."""
+    pages = queue.pages
+    assert pages is not None
+    until = pages.end
+    killed = 0
+    budget = _Budget()
+    for ref in queue.refs():
+        if ref.state != DELIVERING and ref.state != GONE:
+            queue.kill(ref, "purge")
+            killed += 1
+        if budget.spent():
+            yield
+            if _gone(broker, queue):
+                return killed
+    queue.compact()
+    while True:
+        budget.spent(0)  # the slice's time starts before its first read step
+        step, done = queue.purge_paged_step("purge", until, budget.left)
+        killed += step
+        if done:
+            return killed
+        if budget.spent(step):
+            yield
+            if _gone(broker, queue):
+                return killed
 
 
 @entry
@@ -203,31 +493,86 @@ def purge(
     ids: Iterable[int] | None = None,
 ) -> int:
     """Delete waiting messages; counted as killed (B-161), event `killed`/`purge`."""
-    queue = _queue(broker, queue_name)
-    if selector is None and ids is None and queue.pages is not None:
-        # All: the paged ones are counted as they are read, never held (B-151).
-        refs = [r for r in queue.refs() if r.state != DELIVERING and r.state != GONE]
-        for ref in refs:
-            queue.kill(ref, "purge")
-        queue.compact()
-        return len(refs) + queue.purge_paged("purge")
-    return _on_waiting(broker, queue_name, selector, ids, lambda q, r: q.kill(r, "purge"))
+    return purge_walk(broker, queue_name, selector=selector, ids=ids).run()
 
 
-def _on_waiting(
+def _on_waiting_steps(
     broker: Broker,
-    queue_name: str,
+    queue: Queue,
     selector: str | None,
     ids: Iterable[int] | None,
     act: Callable[[Queue, Ref], bool | None],
-) -> int:
+) -> Steps[int]:
     """Apply `act` to each matching waiting message: how many it acted on (an `act`
     answering False did not)."""
-    queue = _queue(broker, queue_name)
-    acted = sum(1 for ref in _waiting(queue, selector, ids) if act(queue, ref) is not False)
+    acted = 0
+    budget = _Budget()
+    prefix = True  # every paged message met so far was taken (`_slice_done`)
+    for ref in _waiting(queue, selector, ids):
+        if ref is not None and act(queue, ref) is not False:
+            acted += 1
+        if budget.spent():
+            prefix = _slice_done(queue, prefix)
+            yield
+            if _gone(broker, queue):
+                return acted
     queue.remove_paged()  # B-151: the paged ones it took leave the page files
     queue.compact(removed=acted)  # issue 23: the memory of many taken is freed now
     return acted
+
+
+def move_walk(
+    broker: Broker,
+    queue_name: str,
+    *,
+    to_queue: str,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+    reject_duplicates: bool = False,
+) -> Walk[int]:
+    """`move`, a slice at a time."""
+    queue = _queue(broker, queue_name)
+    target = _queue(broker, to_queue)
+    if target is queue:
+        raise ClientError("cannot move messages to the same queue")
+    steps = _move_steps(broker, queue, target, selector, ids, reject_duplicates)
+    return Walk(broker, queue, steps)
+
+
+def _move_steps(
+    broker: Broker,
+    queue: Queue,
+    target: Queue,
+    selector: str | None,
+    ids: Iterable[int] | None,
+    reject_duplicates: bool,
+) -> Steps[int]:
+    address = broker.post_office.addresses[target.address]
+    moved = 0
+    budget = _Budget()
+    prefix = True
+    for ref in _waiting(queue, selector, ids):
+        if ref is not None:
+            copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
+            targets = [target]
+            if reject_duplicates:
+                duplicate_id = ref.message.get_application_properties().get(DUPLICATE_ID)
+                if isinstance(duplicate_id, str | bytes) and broker.is_duplicate(
+                    address, duplicate_id
+                ):
+                    targets = []
+            _complete_move(broker, queue, ref, copy, target.address, targets, reason="move")
+            moved += 1
+        if budget.spent():
+            prefix = _slice_done(queue, prefix)
+            yield
+            if _gone(broker, queue):
+                return moved
+            if _gone(broker, target):  # deleted meanwhile: the rest stay where they are
+                break
+    queue.remove_paged()
+    queue.compact(removed=moved)
+    return moved
 
 
 @entry
@@ -244,24 +589,15 @@ def move(
     `reject_duplicates`, a message whose duplicate id (`_AMQ_DUPL_ID`, B-012) the target
     address has already seen is removed without its copy being routed (Artemis routes
     the copy with rejectDuplicates), and the ids of the others are remembered there."""
-    queue = _queue(broker, queue_name)
-    target = _queue(broker, to_queue)
-    if target is queue:
-        raise ClientError("cannot move messages to the same queue")
-    address = broker.post_office.addresses[target.address]
-    moved = 0
-    for ref in _waiting(queue, selector, ids):
-        copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
-        targets = [target]
-        if reject_duplicates:
-            duplicate_id = ref.message.get_application_properties().get(DUPLICATE_ID)
-            if isinstance(duplicate_id, str | bytes) and broker.is_duplicate(address, duplicate_id):
-                targets = []
-        _complete_move(broker, queue, ref, copy, target.address, targets, reason="move")
-        moved += 1
-    queue.remove_paged()
-    queue.compact(removed=moved)
-    return moved
+    walk = move_walk(
+        broker,
+        queue_name,
+        to_queue=to_queue,
+        selector=selector,
+        ids=ids,
+        reject_duplicates=reject_duplicates,
+    )
+    return walk.run()
 
 
 # What a redrive line may say about the message it names (issue 16 item 2), and where
@@ -298,6 +634,88 @@ def _mismatch(message: Message, queue: Queue, expected: Mapping[str, str | None]
     return None
 
 
+def retry_walk(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+    expect: Mapping[int, Mapping[str, str | None]] | None = None,
+) -> Walk[RetryResult]:
+    """`retry`, a slice at a time."""
+    queue = _queue(broker, queue_name)
+    wanted = None if ids is None else list(ids)
+    return Walk(broker, queue, _retry_steps(broker, queue, selector, wanted, expect))
+
+
+def _retry_steps(
+    broker: Broker,
+    queue: Queue,
+    selector: str | None,
+    wanted: list[int] | None,
+    expect: Mapping[int, Mapping[str, str | None]] | None,
+) -> Steps[RetryResult]:
+    retried = 0
+    skipped: list[tuple[int, str]] = []
+    seen: set[int] = set()
+    budget = _Budget()
+    prefix = True
+    for ref in _waiting(queue, selector, wanted):
+        if ref is not None:
+            retried += _retry_one(broker, queue, ref, wanted is not None, expect, seen, skipped)
+        if budget.spent():
+            prefix = _slice_done(queue, prefix)
+            yield
+            if _gone(broker, queue):
+                return RetryResult(retried, tuple(skipped))
+    queue.remove_paged()
+    queue.compact(removed=retried)
+    not_found = () if wanted is None else tuple(dict.fromkeys(i for i in wanted if i not in seen))
+    return RetryResult(retried, tuple(skipped), not_found)
+
+
+def _retry_one(
+    broker: Broker,
+    queue: Queue,
+    ref: Ref,
+    by_id: bool,
+    expect: Mapping[int, Mapping[str, str | None]] | None,
+    seen: set[int],
+    skipped: list[tuple[int, str]],
+) -> int:
+    """Retry one waiting message (1), or leave it where it is (0, `skipped` says why
+    when it was named by id or failed its `expect`)."""
+    message = ref.message
+    seen.add(message.msg_id)
+    expected = expect.get(message.msg_id) if expect is not None else None
+    why = _mismatch(message, queue, expected) if expected else None
+    if why is not None:
+        skipped.append((message.msg_id, why))
+        return 0
+    annotations = message.get_annotations()
+    address_name = annotations.get(ORIG_ADDRESS)
+    queue_name_orig = annotations.get(ORIG_QUEUE)
+    if not isinstance(address_name, str) or not isinstance(queue_name_orig, str):
+        if by_id:  # named ones are reported; a filter's are left quietly
+            skipped.append((message.msg_id, "no x-opt-ORIG-ADDRESS/x-opt-ORIG-QUEUE"))
+        return 0
+    original = broker.queues.get(queue_name_orig)
+    address = broker.post_office.addresses.get(address_name)
+    if original is None or address is None:
+        if by_id:
+            gone = f"queue {queue_name_orig}" if original is None else f"address {address_name}"
+            skipped.append((message.msg_id, f"original {gone} does not exist"))
+        return 0
+    copy = broker.copy_for_move(message, queue, broker.hop(queue, message))
+    routing_type = annotated_routing_type(copy.get_annotations(), jms_dest=False)
+    if original.name != address.name:
+        targets = [original] if original.accepts_message(copy) else []
+    else:
+        targets = broker.post_office.route(copy, address, routing_type)
+    _complete_move(broker, queue, ref, copy, address.name, targets, reason="retry")
+    return 1
+
+
 @entry
 def retry(
     broker: Broker,
@@ -313,45 +731,7 @@ def retry(
 
     `expect` maps ids to the `EXPECT_FIELDS` a redrive list recorded: a message that does
     not match stays where it is and is reported as skipped (issue 16 item 2)."""
-    queue = _queue(broker, queue_name)
-    wanted = None if ids is None else list(ids)
-    retried = 0
-    skipped: list[tuple[int, str]] = []
-    seen: set[int] = set()
-    for ref in _waiting(queue, selector, wanted):
-        message = ref.message
-        seen.add(message.msg_id)
-        expected = expect.get(message.msg_id) if expect is not None else None
-        why = _mismatch(message, queue, expected) if expected else None
-        if why is not None:
-            skipped.append((message.msg_id, why))
-            continue
-        annotations = message.get_annotations()
-        address_name = annotations.get(ORIG_ADDRESS)
-        queue_name_orig = annotations.get(ORIG_QUEUE)
-        if not isinstance(address_name, str) or not isinstance(queue_name_orig, str):
-            if wanted is not None:  # named ones are reported; a filter's are left quietly
-                skipped.append((message.msg_id, "no x-opt-ORIG-ADDRESS/x-opt-ORIG-QUEUE"))
-            continue
-        original = broker.queues.get(queue_name_orig)
-        address = broker.post_office.addresses.get(address_name)
-        if original is None or address is None:
-            if wanted is not None:
-                gone = f"queue {queue_name_orig}" if original is None else f"address {address_name}"
-                skipped.append((message.msg_id, f"original {gone} does not exist"))
-            continue
-        copy = broker.copy_for_move(message, queue, broker.hop(queue, message))
-        routing_type = annotated_routing_type(copy.get_annotations(), jms_dest=False)
-        if original.name != address.name:
-            targets = [original] if original.accepts_message(copy) else []
-        else:
-            targets = broker.post_office.route(copy, address, routing_type)
-        _complete_move(broker, queue, ref, copy, address.name, targets, reason="retry")
-        retried += 1
-    queue.remove_paged()
-    queue.compact(removed=retried)
-    not_found = () if wanted is None else tuple(dict.fromkeys(i for i in wanted if i not in seen))
-    return RetryResult(retried, tuple(skipped), not_found)
+    return retry_walk(broker, queue_name, selector=selector, ids=ids, expect=expect).run()
 
 
 def _complete_move(
@@ -378,6 +758,20 @@ def _complete_move(
     broker.deliver_copy(copy, address, targets, reason="move")
 
 
+def dead_letter_walk(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> Walk[int]:
+    """`dead_letter`, a slice at a time."""
+    queue = _queue(broker, queue_name)
+    return Walk(
+        broker, queue, _on_waiting_steps(broker, queue, selector, ids, broker.dead_letter_waiting)
+    )
+
+
 @entry
 def dead_letter(
     broker: Broker,
@@ -387,7 +781,21 @@ def dead_letter(
     ids: Iterable[int] | None = None,
 ) -> int:
     """B-161 sendMessagesToDeadLetterAddress: waiting messages dead-lettered now (B-070)."""
-    return _on_waiting(broker, queue_name, selector, ids, broker.dead_letter_waiting)
+    return dead_letter_walk(broker, queue_name, selector=selector, ids=ids).run()
+
+
+def expire_walk(
+    broker: Broker,
+    queue_name: str,
+    *,
+    selector: str | None = None,
+    ids: Iterable[int] | None = None,
+) -> Walk[int]:
+    """`expire`, a slice at a time."""
+    queue = _queue(broker, queue_name)
+    return Walk(
+        broker, queue, _on_waiting_steps(broker, queue, selector, ids, lambda q, r: q.expire(r))
+    )
 
 
 @entry
@@ -400,7 +808,7 @@ def expire(
 ) -> int:
     """B-161 expireMessages: waiting messages expired now (B-085); none on a queue whose
     expiry address is its own (B-087)."""
-    return _on_waiting(broker, queue_name, selector, ids, lambda q, r: q.expire(r))
+    return expire_walk(broker, queue_name, selector=selector, ids=ids).run()
 
 
 def count_delivering(broker: Broker, queue_name: str, *, selector: str | None = None) -> int:
@@ -487,7 +895,7 @@ def change_priority(
         raise ClientError(f"a priority is 0..9, not {priority}")
     queue = _queue(broker, queue_name)
     # In memory only: a paged message gets its priority when it is read back (B-151).
-    refs = [r for r in _waiting(queue, selector, ids) if r.state != PAGED]
+    refs = [r for r in _waiting(queue, selector, ids) if r is not None and r.state != PAGED]
     queue.change_priority(
         [(ref, broker.copier.with_priority(ref.message, priority)) for ref in refs]
     )

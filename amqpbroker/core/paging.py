@@ -131,8 +131,15 @@ class PageStore(Protocol):
     def write(self, message: Message) -> None:
         """Append `message` (durable ones survive a crash once the step is flushed)."""
 
-    def read(self, *, max_bytes: int, max_messages: int) -> list[Message]:
-        """Take the oldest messages, at least one when any, up to the limits (< 0: none)."""
+    @property
+    def end(self) -> tuple[int, int]:
+        """Where the next message written will start (a walk's `until`)."""
+
+    def read(
+        self, *, max_bytes: int, max_messages: int, until: tuple[int, int] | None = None
+    ) -> list[Message]:
+        """Take the oldest messages, at least one when any, up to the limits (< 0: none)
+        and, with `until` (an `end` of the same `epoch`), none written after it."""
 
     def oldest_ts(self) -> int | None:
         """`first_ts` of the paged message at the read cursor (the next read back), or
@@ -144,6 +151,10 @@ class PageStore(Protocol):
     def browse_from(self, position: Position) -> Iterator[tuple[Message, Position]]:
         """The paged messages from `position` (`position`, or one this returned in the
         same `epoch`) on, each with the position after it, read as they are consumed."""
+
+    def drop_prefix(self, doomed: set[int]) -> bool:
+        """Remove them if they are the next ones from the cursor (the cursor moves past
+        them; positions after it stay valid, same `epoch`); False, nothing done, if not."""
 
     def remove(self, doomed: set[int]) -> None:
         """Remove the paged messages whose `msg_id` is in `doomed` (management)."""

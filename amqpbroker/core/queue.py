@@ -360,6 +360,9 @@ class Queue:
         # messages a management operation took (`take`), until `remove_paged`.
         self.pages: PageStore | None = None
         self._doomed: set[int] = set()
+        # The management walk running over the queue a slice at a time (core/operations
+        # `Walk`, issue 23): while set, nothing is read back (the walk owns the cursor).
+        self.walk: object | None = None
         self._page_expiry_ms = 0  # when `tick` next reads back for expired paged ones
         self._page_browse_ms = 0  # when `tick` lets browsers walk on through the pages
         self._pages_lost = 0  # `pages.lost` already in `counters.paged_lost`
@@ -1324,6 +1327,8 @@ class Queue:
         were kept (read and not expired)."""
         pages = self.pages
         assert pages is not None
+        if self.walk is not None:
+            return 0  # a management walk owns the page cursor until it ends (`walk_ended`)
         settings = self.settings()
         max_bytes, max_messages = settings.max_read_page_bytes, settings.max_read_page_messages
         size, count = self.size_bytes, self.memory_count
@@ -1436,27 +1441,53 @@ class Queue:
             self.dispatch(out)
         return expired
 
-    def paged_refs(self) -> Iterator[Ref]:
+    def paged_refs(self, until: tuple[int, int] | None = None) -> Iterator[Ref]:
         """The paged messages in order, as references in state PAGED (for management:
-        `take` or `kill` them, then `remove_paged`)."""
-        if self.pages is None:
+        `take` or `kill` them, then `remove_paged`); with `until` (a `pages.end`), none
+        written after it (a walk does not chase a producer)."""
+        pages = self.pages
+        if pages is None:
             return
-        for message in self.pages.browse():
+        for message, end in pages.browse_from(pages.position):
+            if until is not None and end > until:
+                return
             ref = Ref(message, -1)
             ref.state = PAGED
             yield ref
 
-    def remove_paged(self) -> None:
-        """Remove the paged messages taken since the last call from the page files."""
+    def walk_ended(self) -> None:
+        """A management walk let the queue go (core/operations `Walk`): what it held up
+        goes on (paged expiry, reading back for consumers)."""
+        self.walk = None
+        pages = self.pages
+        if pages is not None and pages.expiring_ms:
+            self._arm_page_expiry(pages.expiring_ms)
+
+    def remove_paged(self, *, prefix_only: bool = False) -> bool:
+        """Remove the paged messages taken since the last call from the page files: by
+        moving the cursor past them when they are the next ones (`drop_prefix`), else by
+        rewriting the files (`remove`, a new `epoch`). `prefix_only`: never rewrite (a
+        walk still reading the files mid-way, issue 23); False if they stay taken."""
         pages, doomed = self.pages, self._doomed
         if pages is None or not doomed:
-            return
+            return True
+        if pages.drop_prefix(doomed):
+            for consumer in self.consumers:
+                mark = consumer.page_mark
+                if mark is not None:
+                    mark.read([-1] * len(doomed))  # the removed ones it was sent
+                    if not mark.seen:
+                        consumer.page_mark = None  # B-031: back at the read cursor
+        elif prefix_only:
+            return False
+        else:
+            forget_removed(pages, doomed, (c.page_mark for c in self.consumers if c.page_mark))
+            pages.remove(doomed)
         self._doomed = set()
-        forget_removed(pages, doomed, (c.page_mark for c in self.consumers if c.page_mark))
-        pages.remove(doomed)
         self._count_lost(pages)
         if self.store is not None:
             self.store.page_read(self.name, pages)
+        return True
 
     def purge_paged(self, reason: str) -> int:
         """Kill every paged message (purge without a filter): counted and evented one by
@@ -1464,28 +1495,45 @@ class Queue:
         them, a step at a time, so that a damaged page file's part is counted as lost
         (`PageStore.lost`, issue 23 fix 2: a browse skipped it and `clear` dropped it
         from the count uncounted), not as killed."""
+        killed = 0
+        while True:
+            step, done = self.purge_paged_step(reason)
+            killed += step
+            if done:
+                return killed
+
+    def purge_paged_step(
+        self, reason: str, until: tuple[int, int] | None = None, most: int = READ_STEP_MESSAGES
+    ) -> tuple[int, bool]:
+        """A read step of `purge_paged` (at most `most` and READ_STEP_MESSAGES), so that
+        a walk can give the loop back between steps (issue 23); with `until` (a
+        `pages.end`), the messages written after it stay. How many it killed, and
+        whether it is done."""
         pages = self.pages
         if pages is None or not pages.messages:
-            return 0
-        killed = 0
-        while pages.messages:
-            step = pages.read(max_bytes=READ_STEP_BYTES, max_messages=READ_STEP_MESSAGES)
-            if not step:
-                break
-            for message in step:
-                ref = Ref(message, -1)
-                ref.state = PAGED
-                killed += 1
-                self.counters.killed += 1
-                self.killed(ref, reason)
-        pages.clear()
+            return 0, True
+        most = max(1, min(most, READ_STEP_MESSAGES))
+        step = pages.read(max_bytes=READ_STEP_BYTES, max_messages=most, until=until)
+        for message in step:
+            ref = Ref(message, -1)
+            ref.state = PAGED
+            self.counters.killed += 1
+            self.killed(ref, reason)
         self._count_lost(pages)
-        for consumer in self.consumers:
-            consumer.page_mark = None  # B-031: nothing paged is left to browse
         self.used = True
+        done = not step or not pages.messages
+        cleared = done and (until is None or not pages.messages)
+        if cleared:  # (without `until`, also what a damaged file left uncounted)
+            pages.clear()
+        for consumer in self.consumers:
+            mark = consumer.page_mark
+            if mark is not None:
+                mark.read([-1] * len(step))  # the killed ones it was sent leave its count
+                if cleared or not mark.seen:
+                    consumer.page_mark = None  # B-031: back at the read cursor
         if self.store is not None:
             self.store.page_read(self.name, pages)
-        return killed
+        return len(step), done
 
     def compact(self, *, removed: int | None = None) -> None:
         """Drop the references removed from the middle of the queue (marked GONE, left in

@@ -14,6 +14,7 @@ import ipaddress
 import json
 import logging
 import math
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,8 +37,13 @@ from amqpbroker.management.tasks import TaskRunner
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+U = TypeVar("U")
 
 COMMAND_TIMEOUT_S = 30.0
+# A walk over millions of paged messages takes tens of seconds, a slice at a time: the
+# HTTP request waits for it (the walk goes on even if the client gives up).
+WALK_TIMEOUT_S = 600.0
+WALK_WAIT_S = 0.005  # between tries while another walk holds the queue
 MAX_JSON_DEPTH = 16  # deeper values of a browsed message are shown as "…"
 
 
@@ -45,6 +51,10 @@ class Bridge(Protocol):
     """Runs a callable on the event loop and returns its result (`LoopBridge`)."""
 
     def call(self, fn: Callable[[], T]) -> T: ...
+
+    def walk(self, start: Callable[[], ops.Walk[T]], finish: Callable[[T], U]) -> U:
+        """Run a management walk a slice at a time, then `finish` its result (all on the
+        loop); the loop serves everything else between slices (issue 23)."""
 
 
 class LoopBridge:
@@ -63,6 +73,27 @@ class LoopBridge:
 
         future = asyncio.run_coroutine_threadsafe(run(), self.loop)
         return future.result(timeout=COMMAND_TIMEOUT_S)
+
+    def walk(self, start: Callable[[], ops.Walk[T]], finish: Callable[[T], U]) -> U:
+        async def run() -> U:
+            walk = start()
+            walk.timer = time.monotonic  # a slice also ends after ops.SLICE_S
+            try:
+                while True:
+                    blocked = walk.blocked
+                    try:
+                        if walk.step():
+                            return finish(walk.result)  # type: ignore[arg-type]
+                    finally:
+                        self._after()
+                    # the next slice after what the loop has ready (another walk of the
+                    # queue: a little later, rather than spinning)
+                    await asyncio.sleep(WALK_WAIT_S if blocked else 0)
+            finally:
+                walk.close()  # the loop stopped, or the walk raised: the queue is let go
+
+        future = asyncio.run_coroutine_threadsafe(run(), self.loop)
+        return future.result(timeout=WALK_TIMEOUT_S)
 
 
 def json_safe(value: Any, depth: int = 0) -> Any:
@@ -430,14 +461,15 @@ class ManagementApi:
             limit = _int_param(query, "limit", 100)
             offset = _int_param(query, "offset", 0)
             selector = query.get("filter", [None])[0] or None
-            total, views = self.bridge.call(lambda: self._browse(name, selector, limit, offset))
+            total, views = self._browse(name, selector, limit, offset)
             return json_reply(HTTPStatus.OK, views, {"X-Total-Count": str(total)})
         body = _json_body(raw_body)
         selector = _opt_str(body, "filter")
         ids = _ids(body)
         if endpoint == "purge":
-            removed = self.bridge.call(
-                lambda: ops.purge(self.bridge_broker, name, selector=selector, ids=ids)
+            removed = self.bridge.walk(
+                lambda: ops.purge_walk(self.bridge_broker, name, selector=selector, ids=ids),
+                _same,
             )
             return json_reply(HTTPStatus.OK, {"removed": removed})
         if endpoint == "move":
@@ -446,10 +478,11 @@ class ManagementApi:
                 raise HttpError(HTTPStatus.BAD_REQUEST, "'to-queue' is required")
             if body.get("rate") is not None:
                 return self._create_task({**body, "kind": "move", "queue": name})
-            moved = self.bridge.call(
-                lambda: ops.move(
+            moved = self.bridge.walk(
+                lambda: ops.move_walk(
                     self.bridge_broker, name, to_queue=to_queue, selector=selector, ids=ids
-                )
+                ),
+                _same,
             )
             return json_reply(HTTPStatus.OK, {"moved": moved})
         if body.get("rate") is not None:
@@ -577,11 +610,18 @@ class ManagementApi:
         (B-160, as `listMessages`): `?limit=` of any size listed the whole queue, its
         paged messages read into memory at once (issue 15 attack)."""
         broker = self.bridge_broker
-        total = ops.count(broker, name, selector=selector)
-        address = broker.queues[name].address
-        limit = min(limit, broker.settings.resolve(address).management_browse_page_size)
-        refs = ops.browse(broker, name, selector=selector, limit=limit, offset=offset)
-        return total, [message_view(r) for r in refs]
+
+        def start() -> ops.Walk[tuple[int, list[Ref]]]:
+            address = ops.queue_of(broker, name).address
+            page = broker.settings.resolve(address).management_browse_page_size
+            return ops.listing_walk(
+                broker, name, selector=selector, limit=min(limit, page), offset=offset
+            )
+
+        def finish(listing: tuple[int, list[Ref]]) -> tuple[int, list[dict[str, Any]]]:
+            return listing[0], [message_view(r) for r in listing[1]]
+
+        return self.bridge.walk(start, finish)
 
     def _retry(self, name: str, selector: str | None, body: dict[str, Any]) -> dict[str, Any]:
         """`{"retried": N}`; with `ids` also `skipped` ([{msg_id, reason}]) and `not_found`
@@ -591,8 +631,11 @@ class ManagementApi:
         expect = _expectations(body.get("expect"))
         if expect is not None and ids is None:
             raise HttpError(HTTPStatus.BAD_REQUEST, "'expect' needs 'ids'")
-        result = self.bridge.call(
-            lambda: ops.retry(self.bridge_broker, name, selector=selector, ids=ids, expect=expect)
+        result = self.bridge.walk(
+            lambda: ops.retry_walk(
+                self.bridge_broker, name, selector=selector, ids=ids, expect=expect
+            ),
+            _same,
         )
         return _retry_answer([result], ids is not None)
 
@@ -641,6 +684,10 @@ def _special_addresses(broker: Any) -> dict[str, str]:
         if settings.dead_letter_address:
             roles[settings.dead_letter_address] = "dlq"
     return roles
+
+
+def _same(result: T) -> T:
+    return result
 
 
 def _ids(body: dict[str, Any]) -> list[int] | None:

@@ -37,6 +37,7 @@ log = logging.getLogger(__name__)
 
 FILE_NAME = "tasks.json"
 CHUNK_MAX = 100  # ids per step: one step holds the loop for ~1 ms
+BUSY_RETRY_S = 0.05  # a step waits this long while a management walk holds its queue
 KEEP_FINISHED = 50  # finished tasks listed (and kept in the file), newest first
 MAX_RUNNING = 100  # running at once: each is a timer and a list of ids in memory
 MAX_RATE = 100_000.0  # msg/s
@@ -327,6 +328,10 @@ class TaskRunner:
         self._handles.pop(task_id, None)
         task = self.tasks.get(task_id)
         if task is None or task.status != RUNNING:
+            return
+        queue = self.broker.queues.get(task.queue)
+        if queue is not None and queue.walk is not None:  # a sliced operation holds it
+            self._schedule(task, BUSY_RETRY_S)  # (core/operations `Walk`): its turn next
             return
         chunk = max(1, min(CHUNK_MAX, int(task.rate)))
         part = task.ids[task.done : task.done + chunk]

@@ -176,6 +176,13 @@ def _skip_damaged(page: int, error: _Damaged) -> bool:
     return True
 
 
+def _before(until: Position, end: Position) -> Position:
+    """The earlier of a walk's `until` and `_end()` (whose offset -1 is a file's end)."""
+    if until[0] < end[0] or (until[0] == end[0] and (end[1] < 0 or until[1] < end[1])):
+        return until
+    return end
+
+
 def _earlier(expiring_ms: int, expiration_ms: int) -> int:
     """The earlier of two expiration times, 0 meaning never."""
     if not expiring_ms or (expiration_ms and expiration_ms < expiring_ms):
@@ -343,11 +350,22 @@ class QueuePages:
             raise
         self._write_offset += len(frame)
 
-    def read(self, *, max_bytes: int, max_messages: int) -> list[Message]:
+    @property
+    def end(self) -> Position:
+        """Where the next message written will start: what a management walk started
+        now covers (`read`'s and `browse_from`'s `until`; issue 23, sliced walks)."""
+        if self._writer is not None:
+            return (self._write_page, self._write_offset)
+        return (self._write_page, self._file_size(self._write_page))
+
+    def read(
+        self, *, max_bytes: int, max_messages: int, until: Position | None = None
+    ) -> list[Message]:
         taken: list[Message] = []
         taken_bytes = 0
         first_page = self._cursor[0]
-        for frame in self._frames(self._cursor, self._end(), damaged=self._damaged):
+        end = self._end() if until is None else _before(until, self._end())
+        for frame in self._frames(self._cursor, end, damaged=self._damaged):
             self._cursor = frame.end
             if frame.kind != _KIND_MESSAGE:
                 continue
@@ -463,6 +481,41 @@ class QueuePages:
         for frame in self._frames(position, self._end(), damaged=skip):
             if frame.kind == _KIND_MESSAGE:
                 yield self._message(frame), frame.end
+
+    def drop_prefix(self, doomed: set[int]) -> bool:
+        """Drop the paged messages in `doomed` if they are the next ones from the cursor
+        (a walk that took every paged message it met: a move or purge of all): the cursor
+        moves past them as a read would, no marker and no copies, O(len(doomed)). False
+        (nothing done) when they are not, or a damaged file is in the way: `remove` then."""
+        if not doomed:
+            return True
+        taken: list[_Frame] = []
+        position = self._cursor
+        try:
+            for frame in self._frames(self._cursor, self._end()):
+                if frame.kind == _KIND_MESSAGE:
+                    if frame.msg_id not in doomed:
+                        return False
+                    taken.append(frame)
+                position = frame.end
+                if len(taken) == len(doomed):
+                    break
+        except _Damaged:
+            return False
+        if len(taken) != len(doomed):
+            return False
+        for frame in taken:
+            size = frame.size
+            self.messages -= 1
+            self.size_bytes -= size
+            self._hold(frame.end[0], -1, -size)
+        self._cursor = position
+        self._roll_cursor()
+        if not self.messages:
+            self.expiring_ms = 0
+        if not self.journaled:
+            self.release(self._cursor)
+        return True
 
     def remove(self, doomed: set[int]) -> None:
         """Drop the paged messages in `doomed`: a marker, then copies of the rest. A

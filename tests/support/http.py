@@ -9,10 +9,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
+    from amqpbroker.core.operations import Walk
     from amqpbroker.management import ManagementApi
     from amqpbroker.management.api import Reply
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 
 class InlineBridge:
@@ -20,6 +22,9 @@ class InlineBridge:
 
     def call(self, fn: Callable[[], T]) -> T:
         return fn()
+
+    def walk(self, start: Callable[[], Walk[T]], finish: Callable[[T], U]) -> U:
+        return finish(start().run())
 
 
 def basic_auth(user: str, password: str) -> str:

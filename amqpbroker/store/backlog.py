@@ -91,6 +91,9 @@ class JournalBacklog:
         self._head_bytes += size
         if expiration_ms and (not self._head_expiring or expiration_ms < self._head_expiring):
             self._head_expiring = expiration_ms
+
+    def added(self) -> None:
+        """Recovery added every reference: the counts are read from now on."""
         self._sync()
 
     def open_tail(self) -> None:

@@ -167,6 +167,7 @@ def _recover(
     if run:
         refs, orphans = _restore_run(broker, run_queue, run, refs, orphans)
     for name, backlog in backlogs.items():
+        backlog.added()
         broker.queues[name].attach_pages(backlog)
     broker.reserve_message_ids(state.max_msg_id)
     if orphans:

@@ -144,17 +144,22 @@ def _recover(
                 refs, orphans = _restore_run(broker, run_queue, run, refs, orphans)
             run, run_queue = [], name
             backlog = backlogs.get(name)
-        item = stored[msg_id]
-        if backlog is None and read is not None and (_bodiless(item) or 0 <= budget <= used):
+        if (
+            backlog is None
+            and budget >= 0
+            and read is not None
+            and (used >= budget or _bodiless(stored[msg_id]))
+        ):
             backlog = _backlog(broker, name, read, message_of)
             if backlog is not None:
                 backlogs[name] = backlog
         if backlog is not None:
-            _left(backlog, item, delivery_count, scheduled_at_ms)
+            _left(backlog, stored[msg_id], delivery_count, scheduled_at_ms)
             refs += 1
             continue
         message = messages.get(msg_id)
         if message is None:
+            item = stored[msg_id]
             if _bodiless(item):  # no body read at open: read now (not a plain queue)
                 assert read is not None
                 row = read(msg_id)

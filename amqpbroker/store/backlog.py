@@ -34,6 +34,8 @@ __all__ = ["JournalBacklog"]
 
 Position = tuple[int, int]
 _HEAD = -1  # the page number of a position in the journal's part (never a page file)
+_WIDTH = 6  # longs a reference in `JournalBacklog.refs`: id, count, at, size, first, expiry
+_COUNT, _AT, _SIZE, _FIRST, _EXPIRY = 1, 2, 3, 4, 5
 
 
 class JournalBacklog:
@@ -52,12 +54,9 @@ class JournalBacklog:
         self._ack = ack
         self._open_tail = open_tail
         self.tail: PageStore | None = None
-        self._ids = array("q")
-        self._counts = array("q")
-        self._at = array("q")
-        self._sizes = array("q")
-        self._firsts = array("q")
-        self._expiries = array("q")
+        # per reference, in order: id, delivery count, scheduled at, body size, first_ts,
+        # expiration (`_WIDTH` longs: one flat array, appended to once per reference)
+        self.refs = array("q")
         self._next = 0  # index of the next reference to read back
         self._head_bytes = 0
         self._head_expiring = 0
@@ -81,20 +80,20 @@ class JournalBacklog:
         first_ts: int,
         expiration_ms: int,
     ) -> None:
-        """A recovered reference, after those added before (recovery, append order)."""
-        self._ids.append(msg_id)
-        self._counts.append(delivery_count)
-        self._at.append(scheduled_at_ms)
-        self._sizes.append(size)
-        self._firsts.append(first_ts)
-        self._expiries.append(expiration_ms)
-        self._head_bytes += size
-        if expiration_ms and (not self._head_expiring or expiration_ms < self._head_expiring):
-            self._head_expiring = expiration_ms
+        """A recovered reference, after those added before (recovery, append order; it
+        extends `refs` itself, the same six values). `added` once all are in."""
+        self.refs.extend((msg_id, delivery_count, scheduled_at_ms, size, first_ts, expiration_ms))
 
     def added(self) -> None:
-        """Recovery added every reference: the counts are read from now on."""
+        """Recovery added every reference: the totals, once."""
+        refs = self.refs
+        self._head_bytes = sum(refs[_SIZE::_WIDTH])
+        self._head_expiring = min((e for e in refs[_EXPIRY::_WIDTH] if e), default=0)
         self._sync()
+
+    def _count(self) -> int:
+        """References in the journal's part, read back or not."""
+        return len(self.refs) // _WIDTH
 
     def open_tail(self) -> None:
         """The page files a restart found for the queue: read after the journal's part."""
@@ -104,7 +103,7 @@ class JournalBacklog:
 
     def _sync(self) -> None:
         tail = self.tail
-        head = len(self._ids) - self._next
+        head = self._count() - self._next
         self.messages = head + (tail.messages if tail is not None else 0)
         self.size_bytes = self._head_bytes + (tail.size_bytes if tail is not None else 0)
         self.lost = tail.lost if tail is not None else 0
@@ -120,7 +119,7 @@ class JournalBacklog:
 
     @property
     def position(self) -> Position:
-        if self._next < len(self._ids) or self.tail is None:
+        if self._next < self._count() or self.tail is None:
             return (_HEAD, self._next)
         return self.tail.position
 
@@ -151,19 +150,19 @@ class JournalBacklog:
         self._sync()
 
     def read(self, *, max_bytes: int, max_messages: int) -> list[Message]:
-        ids = self._ids
-        if self._next >= len(ids):
+        end = self._count()
+        if self._next >= end:
             self.restored = None
             if self.tail is None:
                 return []
             messages = self.tail.read(max_bytes=max_bytes, max_messages=max_messages)
             self._sync()
             return messages
+        refs = self.refs
         out: list[Message] = []
         restored: list[tuple[int, int]] = []
         size = 0
         i = self._next
-        end = len(ids)
         while i < end and (
             not out
             or (
@@ -171,14 +170,15 @@ class JournalBacklog:
                 and (max_messages < 0 or len(out) < max_messages)
             )
         ):
+            at = i * _WIDTH
             message = self._message(i)
-            self._head_bytes -= self._sizes[i]
+            self._head_bytes -= refs[at + _SIZE]
             i += 1
             if message is None:
                 continue
             size += message.size
             out.append(message)
-            restored.append((self._counts[i - 1], self._at[i - 1]))
+            restored.append((refs[at + _COUNT], refs[at + _AT]))
         self._next = i
         if i >= end:
             self._reset()
@@ -187,25 +187,25 @@ class JournalBacklog:
         return out
 
     def _message(self, i: int) -> Message | None:
-        row = self._read(self._ids[i])
+        at = i * _WIDTH
+        row = self._read(self.refs[at])
         if row is None:  # not live in the journal any more: nothing to bring back
             return None
         message = self._materialise(row)
-        message.deliver_at_ms = self._at[i]
+        message.deliver_at_ms = self.refs[at + _AT]
         return message
 
     def _reset(self) -> None:
-        """Nothing is left in the journal's part: its arrays go."""
-        self._ids, self._counts, self._at = array("q"), array("q"), array("q")
-        self._sizes, self._firsts, self._expiries = array("q"), array("q"), array("q")
+        """Nothing is left in the journal's part: its array goes."""
+        self.refs = array("q")
         self._next = 0
         self._head_bytes = 0
         self._head_expiring = 0
         self._epoch_base += 1  # head positions from before are void
 
     def oldest_ts(self) -> int | None:
-        if self._next < len(self._ids):
-            return self._firsts[self._next]
+        if self._next < self._count():
+            return self.refs[self._next * _WIDTH + _FIRST]
         return self.tail.oldest_ts() if self.tail is not None else None
 
     def browse(self) -> Iterator[Message]:
@@ -215,7 +215,7 @@ class JournalBacklog:
     def browse_from(self, position: Position) -> Iterator[tuple[Message, Position]]:
         if position[0] == _HEAD:
             i = position[1]
-            while i < len(self._ids):
+            while i < self._count():
                 message = self._message(i)
                 i += 1
                 if message is not None:
@@ -227,16 +227,17 @@ class JournalBacklog:
             yield from self.tail.browse_from(position)
 
     def remove(self, doomed: set[int]) -> None:
-        ids = self._ids
-        gone = [ids[i] for i in range(self._next, len(ids)) if ids[i] in doomed]
+        refs = self.refs
+        rows = range(self._next * _WIDTH, len(refs), _WIDTH)
+        gone = [refs[at] for at in rows if refs[at] in doomed]
         if gone:
-            kept = [i for i in range(self._next, len(ids)) if ids[i] not in doomed]
-            columns = (self._ids, self._counts, self._at, self._sizes, self._firsts, self._expiries)
-            new = [array("q", (column[i] for i in kept)) for column in columns]
-            self._ids, self._counts, self._at, self._sizes, self._firsts, self._expiries = new
+            kept = array("q")
+            for at in rows:
+                if refs[at] not in doomed:
+                    kept.extend(refs[at : at + _WIDTH])
+            self.refs = kept
             self._next = 0
-            self._head_bytes = sum(self._sizes)
-            self._head_expiring = min((e for e in self._expiries if e), default=0)
+            self.added()
             self._epoch_base += 1
             self._ack(gone)
         if self.tail is not None:
@@ -244,7 +245,7 @@ class JournalBacklog:
         self._sync()
 
     def clear(self) -> None:
-        gone = list(self._ids[self._next :])
+        gone = list(self.refs[self._next * _WIDTH :: _WIDTH])
         self._reset()
         if gone:
             self._ack(gone)

@@ -212,15 +212,17 @@ def _bodiless(item: StoredMessage) -> bool:
 
 
 def _left(backlog: JournalBacklog, item: StoredMessage, count: int, at_ms: int) -> None:
-    """Leave a reference in the journal: what the backlog keeps of it."""
+    """Leave a reference in the journal: what the backlog keeps of it, appended to its
+    array in one call (`JournalBacklog.add`'s six values)."""
+    refs = backlog.refs
     if isinstance(item, AddMessage):
-        backlog.add(item.msg_id, count, at_ms, len(item.data), item.first_ts, item.expiration_ms)
+        refs.extend((item.msg_id, count, at_ms, len(item.data), item.first_ts, item.expiration_ms))
     elif len(item) == _LAYOUT:  # (msg_id, address, durable, start, stop, expiration, first_ts..)
         layout = cast(MessageLayout, item)
-        backlog.add(layout[0], count, at_ms, layout[4] - layout[3], layout[6], layout[5])
+        refs.extend((layout[0], count, at_ms, layout[4] - layout[3], layout[6], layout[5]))
     else:  # a row: (msg_id, address, durable, data, expiration_ms, first_ts, ...)
         row = cast(MessageRow, item)
-        backlog.add(row[0], count, at_ms, len(row[3]), row[5], row[4])
+        refs.extend((row[0], count, at_ms, len(row[3]), row[5], row[4]))
 
 
 def _restore_run(

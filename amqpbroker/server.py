@@ -536,6 +536,8 @@ class BrokerServer:
                 skip_corrupt=self.skip_corrupt_journal,
                 sync_seconds=self.journal_sync.observe,
                 commit_delay_seconds=JOURNAL_COMMIT_DELAY_S,
+                # issue 23: bodies past global-max-size stay in the journal (`recover`)
+                body_budget=self.broker.global_max_size,
             )
         except JournalCorrupt as e:
             raise StartupError(
@@ -555,7 +557,13 @@ class BrokerServer:
             before_delivery=settings.persist_delivery_count_before_delivery,
         )
         self.broker.enable_persistence(persistence)
-        recovered = recover(self.broker, state, message_of)
+        recovered = recover(
+            self.broker,
+            state,
+            message_of,
+            read=journal.read_message,
+            budget=self.broker.global_max_size,
+        )
         pages = self.pages = self._page_files()
         durable = {q.name: q.address for q in self.broker.queues.values() if q.store is not None}
         self.broker.enable_paging(pages, paged=tuple(pages.recover(durable, state.page_cursors)))

@@ -6,6 +6,7 @@ messages into a `Broker`.
     .venv/bin/python bench/recovery.py                 # N=200000
     N=1000000 .venv/bin/python bench/recovery.py       # the issue's figure (~1.1 GB)
     ACKED=0.9 N=1000000 .venv/bin/python bench/recovery.py   # 90% consumed: 100k live
+    BUDGET=67108864 N=1000000 .venv/bin/python bench/recovery.py  # 64 MiB global-max-size
     PROFILE=1 N=200000 .venv/bin/python bench/recovery.py
     DIR=/tmp/j WRITE_ONLY=1 N=200000 .venv/bin/python bench/recovery.py   # write once,
     DIR=/tmp/j N=200000 perf stat -e instructions:u .venv/bin/python bench/recovery.py
@@ -43,6 +44,9 @@ N = int(os.environ.get("N", "200000"))
 # under load leaves its journal: N messages written, N * (1 - ACKED) live at the restart.
 ACKED = float(os.environ.get("ACKED", "0"))
 BATCH = 1000
+# global-max-size at the restart (bytes; < 0: none): messages past it stay in the journal
+# (issue 23, store/backlog.py), as the broker process does with its limit.
+BUDGET = int(os.environ.get("BUDGET", "-1"))
 
 
 def write(directory: Path) -> None:
@@ -89,13 +93,15 @@ def main() -> None:
         c0 = time.process_time()
         t0 = time.monotonic()
         with collector_paused(freeze=True):  # as the broker process does
-            journal = FileJournal(Path(directory), fsync=lambda fd: None, auto_compact=False)
+            journal = FileJournal(
+                Path(directory), fsync=lambda fd: None, auto_compact=False, body_budget=BUDGET
+            )
             t1, c1 = time.monotonic(), time.process_time()
             state = journal.state()
             t2, c2 = time.monotonic(), time.process_time()
             broker = build_broker(parse_config("name: bench\n"))
             broker.enable_persistence(Persistence(_NoJournal()))
-            recovered = recover(broker, state, message_of)
+            recovered = recover(broker, state, message_of, read=journal.read_message, budget=BUDGET)
             t3 = time.monotonic()
         cpu = time.process_time() - c0
         if profile is not None:

@@ -57,7 +57,7 @@ from amqpbroker.core.moves import MessageCopier, MoveAnnotations, _BytesCopier
 from amqpbroker.core.moving import _Moving
 from amqpbroker.core.names import advisory_characters, parse_address
 from amqpbroker.core.outcomes import FAILED, Outcome
-from amqpbroker.core.paging import PageStores, full_reason
+from amqpbroker.core.paging import PageStore, PageStores, Tailed, full_reason
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
@@ -221,15 +221,22 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         self.page_stores = stores
         for name in paged:
             queue = self.queues.get(name)
-            if queue is not None and queue.pages is None:
+            if queue is None:
+                continue
+            if queue.pages is None:
                 self._open_pages(queue)
+            elif isinstance(queue.pages, Tailed):  # recovery left a part in the journal
+                queue.pages.open_tail()
+                queue.attach_pages(queue.pages)  # (its expiry, the files' lost counted)
 
     def _open_pages(self, queue: Queue) -> None:
+        queue.attach_pages(self.page_store(queue))
+
+    def page_store(self, queue: Queue) -> PageStore:
+        """Open `queue`'s page files (paging is enabled)."""
         assert self.page_stores is not None
-        queue.attach_pages(
-            self.page_stores.open(
-                address=queue.address, queue=queue.name, durable=queue.store is not None
-            )
+        return self.page_stores.open(
+            address=queue.address, queue=queue.name, durable=queue.store is not None
         )
 
     def _journal_address(self, address: Address) -> None:

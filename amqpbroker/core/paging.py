@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from amqpbroker.core.model import Message
 from amqpbroker.core.settings import ResolvedSettings
@@ -63,6 +63,7 @@ __all__ = [
     "PageMark",
     "PageStore",
     "PageStores",
+    "Tailed",
     "forget_removed",
     "full_reason",
 ]
@@ -110,9 +111,17 @@ class PageStore(Protocol):
     # No paged message expires before this (epoch ms; 0: none expires). A lower bound:
     # exact after a removal or a restart, kept (early) as messages are read back.
     expiring_ms: int
+    # (delivery count, scheduled at ms) of each message the last `read` returned when
+    # they are journaled already (a recovered queue's part left in the journal,
+    # `store/backlog.py`): enqueued with them, nothing written; None: from page files.
+    restored: list[tuple[int, int]] | None
 
     @property
     def files(self) -> int: ...
+
+    @property
+    def cursor(self) -> tuple[int, int] | None:
+        """The page files' read cursor to journal (`records.PageCursor`); None: none."""
 
     @property
     def position(self) -> tuple[int, int]:
@@ -161,6 +170,14 @@ class PageStore(Protocol):
 
     def clear(self) -> None:
         """Remove every paged message (purge, delete)."""
+
+
+@runtime_checkable
+class Tailed(Protocol):
+    """A page store whose page files come after another part (`store/backlog.py`)."""
+
+    def open_tail(self) -> None:
+        """Page files a restart found for the queue: open them, after the other part."""
 
 
 class PageStores(Protocol):

@@ -154,9 +154,10 @@ class Persistence:
         """Paged messages were read back into `queue` (their AddMessage/AddRef are in
         this step): journal the cursor with them; once it is on disk the page files
         before it may go."""
-        if self.suspended:
-            return
-        page, offset = position = pages.position
+        position = pages.cursor
+        if self.suspended or position is None:
+            return  # (None: a recovered queue's part in the journal, store/backlog.py)
+        page, offset = position
         self._records.append(PageCursor(queue=queue, page=page, offset=offset))
         if pages.releasable:
 
@@ -174,6 +175,11 @@ class Persistence:
         else:
             self._records.append(record)
         ref.stored_count = None
+
+    def refs_removed(self, queue: str, msg_ids: list[int]) -> None:
+        """References left in the journal at recovery (`store/backlog.py`) removed
+        without being read back (purged, removed by management): acknowledged."""
+        self._records.extend(_ack_ref(queue, msg_id) for msg_id in msg_ids)
 
     def count_changed(self, queue: str, ref: Ref) -> None:
         """B-095/B-096: persist the count unless it is past the cap or unchanged."""

@@ -1350,6 +1350,9 @@ class Queue:
         # a step at a time: the loop is not held (core/paging.py)
         position = pages.position
         messages = pages.read(max_bytes=read_bytes, max_messages=read_messages)
+        # journaled already (a recovered queue's part left in the journal, issue 23):
+        # their counts and times, nothing written but the acks of those that expire
+        restored = pages.restored
         if pages.lost != self._pages_lost:
             self._count_lost(pages)
         store = self.store
@@ -1358,24 +1361,32 @@ class Queue:
         expires = settings.expiry_address != self.address  # B-087
         seqs: list[int] = []
         kept = 0
-        for message in messages:
+        for i, message in enumerate(messages):
             expiration = message.expiration_ms
             if expiration and now_ms >= expiration and expires:
                 seqs.append(-1)
                 gone = Ref(message, -1)
                 gone.state = GONE
+                if restored is not None and store is not None:
+                    store.ref_removed(self.name, gone)
                 self._expired(gone)  # B-084: expired as it is read back, never delivered
                 continue
             kept += 1
-            ref = self._enqueue(message, 0, message.deliver_at_ms)
-            seqs.append(ref.seq)
-            if store is not None and message.durable:
-                at_ms = message.deliver_at_ms if ref.state == SCHEDULED else 0
-                store.ref_added(self.name, ref, scheduled_at_ms=at_ms)
+            if restored is not None:
+                count, at_ms = restored[i]
+                ref = self._enqueue(message, count, at_ms)  # B-095, B-065: as recovered
+                ref.stored_count = count
+                seqs.append(ref.seq)
+            else:
+                ref = self._enqueue(message, 0, message.deliver_at_ms)
+                seqs.append(ref.seq)
+                if store is not None and message.durable:
+                    at_ms = message.deliver_at_ms if ref.state == SCHEDULED else 0
+                    store.ref_added(self.name, ref, scheduled_at_ms=at_ms)
             if kind is not None:  # it enters the queue now (B-120, B-121, B-123)
                 kind.arrived(ref)
                 kind.trim()
-        if store is not None and (messages or pages.position != position):
+        if store is not None and restored is None and (messages or pages.position != position):
             # also a read that only passed a damaged page file (issue 23 fix 4): else its
             # cursor was not journaled, and a restart met the damage again
             store.page_read(self.name, pages)
@@ -1514,9 +1525,13 @@ class Queue:
             return 0, True
         most = max(1, min(most, READ_STEP_MESSAGES))
         step = pages.read(max_bytes=READ_STEP_BYTES, max_messages=most, until=until)
+        restored = pages.restored
+        store = self.store
         for message in step:
             ref = Ref(message, -1)
             ref.state = PAGED
+            if restored is not None and store is not None:
+                store.ref_removed(self.name, ref)  # journaled already: acknowledged
             self.counters.killed += 1
             self.killed(ref, reason)
         self._count_lost(pages)

@@ -492,6 +492,22 @@ def add_message_of_row(row: MessageRow) -> AddMessage:
     return record
 
 
+def row_of_add_message(record: AddMessage) -> MessageRow:
+    """The `MessageRow` of an AddMessage record (`add_message_of_row` undone)."""
+    return (
+        record.msg_id,
+        record.address,
+        record.durable,
+        record.data,
+        record.expiration_ms,
+        record.first_ts,
+        record.priority,
+        record.header_end,
+        record.head_end,
+        record.header_count,
+    )
+
+
 # An AddRef read at open as (msg_id, queue, delivery_count) (`add_ref_row`): no record
 # object for the one record every queued message has (issue 23 item 4); the message id
 # first, as in a `MessageLayout`, so that `row[0]` is the message id of either.

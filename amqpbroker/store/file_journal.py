@@ -73,12 +73,11 @@ from pathlib import Path
 from typing import cast
 
 import amqpbroker.store.codec as codec
-from amqpbroker.core.records import (
-    Record,
-)
+from amqpbroker.core.records import AddMessage, Record, RecordType
 from amqpbroker.store.api import (
     JournalClosed,
     JournalCorrupt,
+    JournalError,
     JournalFailed,
     OnDurable,
 )
@@ -113,6 +112,7 @@ log = logging.getLogger("amqpbroker.store.journal")  # one logger for the journa
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 HELD_MAX_BYTES = 16 * 1024 * 1024  # unwaited appends kept while failed; beyond: dropped
+_ADD_MESSAGE = int(RecordType.ADD_MESSAGE)
 
 
 # How far the index may lag behind the disk (see `FileJournal._index_synced`): so many
@@ -168,6 +168,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
         commit_delay_seconds: float = 0.0,
         commit_delay_bytes: int = 16 * 1024,
         retry_max_seconds: float = 5.0,
+        body_budget: int = -1,
     ) -> None:
         self.directory = Path(directory)
         self.max_segment_bytes = max(max_segment_bytes, HEADER_BYTES + FRAME_BYTES)
@@ -235,6 +236,10 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._opened_live: dict[_Loc, Kept] | None = {}
         self._unread: list[_Loc] = []  # AddMessages of this segment kept as layouts
         self._opened_max_id = 0
+        # Bytes of live bodies the open copies out for `state()`; the rest stay in the
+        # files (their rows are layouts) and `read_message` reads them when wanted: a
+        # backlog larger than memory is recoverable (issue 23). < 0: every body.
+        self._body_budget = body_budget
         self._lock_fd = self._lock_directory()
         try:
             self._open_segments()
@@ -663,6 +668,37 @@ class FileJournal(_Opening, _Failure, _Compaction):
                 records = cast(dict[_Loc, Record], live)
                 return JournalState._from_live(self._live, records.__getitem__, self._opened_max_id)
         return JournalState.of(self.replay())
+
+    def read_message(self, msg_id: int) -> codec.MessageRow | None:
+        """The live AddMessage `msg_id` as a `codec.MessageRow`, read from its segment
+        (None: not live, or not an AddMessage the fast layout reads). Loop thread, any
+        time after the open: the file is read without the index lock held, so compaction
+        may move the record meanwhile (its rename comes before its index update): the
+        frame read is checked (crc, type, id) and, if it is not the message, looked up
+        and read again."""
+        for _ in range(8):
+            with self._lock:
+                loc = self._live.messages.get(msg_id)
+                if loc is None:
+                    return None
+                path, offset, size = loc.seg.path, loc.offset, loc.size
+            try:
+                with open(path, "rb") as f:
+                    data = os.pread(f.fileno(), size, offset)
+            except FileNotFoundError:
+                continue  # compacted away meanwhile: the index names its new place
+            checked = _check_frame(data, 0)
+            if isinstance(checked, _Bad) or checked[1] != _ADD_MESSAGE:
+                continue
+            layout = codec.add_message_layout(data, FRAME_BYTES, checked[0])
+            if layout is not None:
+                if layout[0] == msg_id:
+                    return codec.message_row(data, layout)
+                continue
+            record = _decode_at(data, 0, checked[0], checked[1])  # an older layout
+            if isinstance(record, AddMessage) and record.msg_id == msg_id:
+                return codec.row_of_add_message(record)
+        raise JournalError(f"journal {self.directory}: message {msg_id} could not be read back")
 
     def replay(self) -> Iterator[Record]:
         if not self.read_only:

@@ -212,11 +212,20 @@ def index_plain(
     return done
 
 
-def read_unread(data: codec.Data, unread: list[_Loc], keep: dict[_Loc, Kept]) -> None:
+def read_unread(data: codec.Data, unread: list[_Loc], keep: dict[_Loc, Kept], budget: int) -> int:
     """Copy out the AddMessages of `unread` that are still live (their layouts in `keep`),
-    from the segment `data` they were read from, as `codec.MessageRow`s:
-    `_Opening._read_unread`."""
+    from the segment `data` they were read from, as `codec.MessageRow`s, while `budget`
+    bytes of bodies remain (< 0: no limit): `_Opening._read_unread`. Past it a message
+    keeps its layout (no body: recovery leaves it in the journal, issue 23 "memory
+    bounded during recovery"). The budget left."""
     for item in unread:
         layout: Any = keep.get(item)
         if layout is not None:
+            if budget >= 0:
+                size: int = layout[4] - layout[3]
+                if size > budget:
+                    budget = 0
+                    continue
+                budget -= size
             keep[item] = codec.message_row(data, layout)  # (a direct call, compiled)
+    return budget

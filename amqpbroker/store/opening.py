@@ -77,6 +77,7 @@ class _Opening:
     _opened_live: dict[_Loc, Kept] | None
     _unread: list[_Loc]
     _opened_max_id: int
+    _body_budget: int  # bytes of bodies the open still copies out (< 0: all)
 
     def _on_dead(self, item: _Loc, needs_tombstone: bool) -> None:
         raise NotImplementedError  # FileJournal's
@@ -179,7 +180,7 @@ class _Opening:
         end of its segment costs no body copy, no record)."""
         keep = self._opened_live
         if keep is not None:
-            read_unread(data, self._unread, keep)
+            self._body_budget = read_unread(data, self._unread, keep, self._body_budget)
         self._unread = []
 
     def _scan_segment(self, number: int, path: Path, *, last: bool) -> None:

@@ -214,6 +214,7 @@ class QueuePages:
         self.expiring_ms = 0  # no paged message expires before this (0: none expires)
         self.durable_written = False  # since the last flush
         self.lost = 0  # paged messages lost to a damaged page file (`_damaged`)
+        self.restored: list[tuple[int, int]] | None = None  # never journaled when read
         # page number -> [messages, bytes] of it counted in `messages` / `size_bytes`:
         # what a damaged file loses is counted, not left in the queue's count
         self._held: dict[int, list[int]] = {}
@@ -312,6 +313,10 @@ class QueuePages:
     @property
     def position(self) -> Position:
         """The cursor: where the next read starts (journaled for a durable queue)."""
+        return self._cursor
+
+    @property
+    def cursor(self) -> Position:
         return self._cursor
 
     def write(self, message: Message) -> None:

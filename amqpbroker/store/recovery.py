@@ -14,14 +14,16 @@ import gc
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
-from typing import Final
+from typing import Final, cast
 
 from amqpbroker.amqp import sections
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.model import Message, QueueConfig
 from amqpbroker.core.records import AddMessage, AddQueue
-from amqpbroker.store.codec import MessageRow, add_message_of_row
+from amqpbroker.store.backlog import JournalBacklog
+from amqpbroker.store.codec import MessageLayout, MessageRow, add_message_of_row
 from amqpbroker.store.journal import JournalState
+from amqpbroker.store.state import StoredMessage
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +31,7 @@ log = logging.getLogger(__name__)
 # once restored, so a bounded one is made of the same few pages again, not of fresh heap
 # for every reference (issue 23 item 4, fifth pass: ~70 MB less at the peak for 1M).
 RUN_MAX: Final = 4096
+_LAYOUT: Final = 11  # the length of a `codec.MessageLayout`: a message without its body
 
 _QUEUE_FIELDS = {f.name for f in fields(QueueConfig)}
 
@@ -73,22 +76,45 @@ def collector_paused(*, freeze: bool = False) -> Iterator[None]:
             gc.enable()
 
 
+# Reads a live message back from the journal (`FileJournal.read_message`).
+ReadMessage = Callable[[int], MessageRow | None]
+
+
 def recover(
-    broker: Broker, state: JournalState, message_of: MessageOf, *, run_max: int = RUN_MAX
+    broker: Broker,
+    state: JournalState,
+    message_of: MessageOf,
+    *,
+    run_max: int = RUN_MAX,
+    read: ReadMessage | None = None,
+    budget: int = -1,
 ) -> Recovered:
     """Rebuild addresses, queues and messages of `state` into `broker` (see module doc);
-    at most `run_max` references in one `Broker.restore_many` call."""
+    at most `run_max` references in one `Broker.restore_many` call.
+
+    `budget` (bytes, < 0: none; the broker's `global-max-size`) with `read`: messages go
+    into memory until their bodies pass it (or until one the open left without its body,
+    `FileJournal(body_budget=)`); the rest of each plain queue, from there on, stays in
+    the journal as a `JournalBacklog` (store/backlog.py), read back as the queue drains,
+    as paged messages are (issue 23: memory bounded during recovery)."""
     persistence = broker.persistence
     if persistence is not None:
         persistence.suspended = True
     try:
-        return _recover(broker, state, message_of, run_max)
+        return _recover(broker, state, message_of, run_max, read, budget)
     finally:
         if persistence is not None:
             persistence.suspended = False
 
 
-def _recover(broker: Broker, state: JournalState, message_of: MessageOf, run_max: int) -> Recovered:
+def _recover(
+    broker: Broker,
+    state: JournalState,
+    message_of: MessageOf,
+    run_max: int,
+    read: ReadMessage | None,
+    budget: int,
+) -> Recovered:
     for address in state.addresses:
         broker.create_address(
             address.name, set(address.routing_types), auto_created=address.auto_created
@@ -109,23 +135,94 @@ def _recover(broker: Broker, state: JournalState, message_of: MessageOf, run_max
     # `run_max`, in append order: the same order, and the same calls, as one at a time.
     run: list[tuple[Message, int, int]] = []
     run_queue = ""
+    backlogs: dict[str, JournalBacklog] = {}
+    backlog: JournalBacklog | None = None
+    used = 0  # bytes of bodies put in memory
     for name, msg_id, delivery_count, scheduled_at_ms in state.ref_rows():
         if name != run_queue or len(run) >= run_max:
             if run:
                 refs, orphans = _restore_run(broker, run_queue, run, refs, orphans)
             run, run_queue = [], name
+            backlog = backlogs.get(name)
+        if (
+            backlog is None
+            and budget >= 0
+            and read is not None
+            and (used >= budget or _bodiless(stored[msg_id]))
+        ):
+            backlog = _backlog(broker, name, read, message_of)
+            if backlog is not None:
+                backlogs[name] = backlog
+        if backlog is not None:
+            _left(backlog, stored[msg_id], delivery_count, scheduled_at_ms)
+            refs += 1
+            continue
         message = messages.get(msg_id)
         if message is None:
-            message = messages[msg_id] = _message(stored[msg_id], message_of)
+            item = stored[msg_id]
+            if _bodiless(item):  # no body read at open: read now (not a plain queue)
+                assert read is not None
+                row = read(msg_id)
+                assert row is not None, msg_id
+                item = row
+            assert not isinstance(item, tuple) or len(item) != _LAYOUT
+            message = messages[msg_id] = _message(cast(AddMessage | MessageRow, item), message_of)
+            used += message.size
         run.append((message, delivery_count, scheduled_at_ms))
     if run:
         refs, orphans = _restore_run(broker, run_queue, run, refs, orphans)
+    for name, backlog in backlogs.items():
+        backlog.added()
+        broker.queues[name].attach_pages(backlog)
     broker.reserve_message_ids(state.max_msg_id)
     if orphans:
         log.warning(
             "journal: %d message references name queues that do not exist; left alone", orphans
         )
     return Recovered(len(state.addresses), queues, len(messages), refs, orphans)
+
+
+def _backlog(
+    broker: Broker, name: str, read: ReadMessage, message_of: MessageOf
+) -> JournalBacklog | None:
+    """A journal backlog for queue `name`, if it is a plain queue (last-value, ring and
+    non-destructive queues stay in memory, as with paging: decisions.md)."""
+    queue = broker.queues.get(name)
+    if queue is None or queue.kind is not None:
+        return None
+    persistence = broker.persistence
+
+    def ack(msg_ids: list[int]) -> None:
+        if persistence is not None:
+            persistence.refs_removed(name, msg_ids)
+
+    def materialise(row: MessageRow) -> Message:
+        message = _message_of_row(row, message_of)
+        message.stored = True
+        return message
+
+    return JournalBacklog(
+        read=read, materialise=materialise, ack=ack, open_tail=lambda: broker.page_store(queue)
+    )
+
+
+def _bodiless(item: StoredMessage) -> bool:
+    """Whether the open left this message's body in the journal (a layout)."""
+    return isinstance(item, tuple) and len(item) == _LAYOUT
+
+
+def _left(backlog: JournalBacklog, item: StoredMessage, count: int, at_ms: int) -> None:
+    """Leave a reference in the journal: what the backlog keeps of it, appended to its
+    array in one call (`JournalBacklog.add`'s six values)."""
+    refs = backlog.refs
+    if isinstance(item, AddMessage):
+        refs.extend((item.msg_id, count, at_ms, len(item.data), item.first_ts, item.expiration_ms))
+    elif len(item) == _LAYOUT:  # (msg_id, address, durable, start, stop, expiration, first_ts..)
+        layout = cast(MessageLayout, item)
+        refs.extend((layout[0], count, at_ms, layout[4] - layout[3], layout[6], layout[5]))
+    else:  # a row: (msg_id, address, durable, data, expiration_ms, first_ts, ...)
+        row = cast(MessageRow, item)
+        refs.extend((row[0], count, at_ms, len(row[3]), row[5], row[4]))
 
 
 def _restore_run(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from amqpbroker.core.records import (
     AddAddress,
@@ -23,11 +23,12 @@ from amqpbroker.core.records import (
     ScheduledDelivery,
     UpdateDeliveryCount,
 )
-from amqpbroker.store.codec import MessageRow, add_message_of_row
+from amqpbroker.store.codec import MessageLayout, MessageRow, add_message_of_row
 from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet, _RefSlot
 
-# A live message as `_from_live` reads it: its record, or the open's row of it.
-StoredMessage = AddMessage | MessageRow
+# A live message as `_from_live` reads it: its record, or the open's row of it, or its
+# layout when the open left its body in the journal (`FileJournal(body_budget=)`).
+StoredMessage = AddMessage | MessageRow | MessageLayout
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +113,7 @@ class JournalState:
         self._messages = self._rows = None
         live = self._live
         for stored in messages.values():
-            record = stored if isinstance(stored, AddMessage) else add_message_of_row(stored)
+            record = stored if isinstance(stored, AddMessage) else _record_of_row(stored)
             live.apply(record, record)
         for queue, msg_id, count, at_ms in rows:
             add = AddRef(queue=queue, msg_id=msg_id, delivery_count=count)
@@ -157,7 +158,7 @@ class JournalState:
         """Live messages by id: those with at least one reference."""
         if self._messages is not None:
             return {
-                msg_id: stored if isinstance(stored, AddMessage) else add_message_of_row(stored)
+                msg_id: stored if isinstance(stored, AddMessage) else _record_of_row(stored)
                 for msg_id, stored in self._messages.items()
             }
         return {
@@ -205,6 +206,14 @@ class JournalState:
                     )
                 )
         return result
+
+
+def _record_of_row(stored: MessageRow | MessageLayout) -> AddMessage:
+    """The AddMessage of a row; a layout has no body here (recovery reads it from the
+    journal: `FileJournal.read_message`)."""
+    if len(stored) != 10:
+        raise ValueError("the journal was opened with a body budget: its bodies are in it")
+    return add_message_of_row(cast(MessageRow, stored))
 
 
 def _count(ref: Any) -> int:

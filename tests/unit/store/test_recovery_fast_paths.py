@@ -152,9 +152,9 @@ def test_the_open_index_gives_the_state_of_every_record(
     real = opening.read_unread  # (patched where the open calls it: compiled, `frames`
     # calls the codec natively, and a patch of `codec` would not be seen)
 
-    def counting(data: bytes, unread: list[Any], keep: dict[Any, Any]) -> None:
+    def counting(data: bytes, unread: list[Any], keep: dict[Any, Any], budget: int) -> int:
         read.extend(keep[item][0] for item in unread if isinstance(keep.get(item), tuple))
-        real(data, unread, keep)
+        return real(data, unread, keep, budget)
 
     monkeypatch.setattr(opening, "read_unread", counting)
     with _open(tmp_path) as journal:

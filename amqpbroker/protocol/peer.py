@@ -8,10 +8,14 @@ the engine: it reads it here, where every node is checked (declared count = chil
 found, one element type per array, known types only, nesting bounded by
 `sections.MAX_DEPTH`), and builds its own termini from the checked values.
 
-Two refusals, both naming the field:
+Three refusals, each naming the field:
 * `PeerDecodeError` (`amqp:decode-error`): the value is not a well-formed AMQP value;
 * `PeerInvalidField` (`amqp:invalid-field`): well-formed, but of a type the field
-  cannot have (capabilities that are a `uint`, a filter that is a list, ...).
+  cannot have (capabilities that are a `uint`, a filter that is a list, ...);
+* `PeerValueTooLarge` (`amqp:resource-limit-exceeded`): more than `MAX_VALUE_NODES`
+  values in one field. Size in bytes does not bound a tree: an array of 65,000 nulls is
+  10 bytes on the wire, 5 MB of Proton nodes, and walking it here took 0.15 s of CPU
+  (issue 15 attack, B-153).
 Link fields refuse the link; connection fields close the connection.
 """
 
@@ -29,8 +33,11 @@ from amqpbroker.core import ClientError
 T = TypeVar("T")
 
 __all__ = [
+    "MAX_VALUE_NODES",
     "PeerDecodeError",
     "PeerInvalidField",
+    "PeerValueTooLarge",
+    "count_nodes",
     "data_at",
     "name_for_log",
     "read_data",
@@ -62,6 +69,47 @@ class PeerInvalidField(ClientError):
         self.field = field
 
 
+class PeerValueTooLarge(ClientError):
+    """A field the peer sent holds more values than the broker reads (`MAX_VALUE_NODES`)."""
+
+    condition: ClassVar[str] = "amqp:resource-limit-exceeded"
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"{field}: {why}")
+        self.field = field
+
+
+# The values (nodes: each scalar, list, map, array, described and descriptor) one field,
+# or all the fields of one attach together (`attach.attach_bytes`), may hold. Clients send
+# tens (capabilities, outcomes, a selector, a few properties); the walk costs ~1-3 us a
+# node and Proton keeps ~80 bytes a node while the link lives (issue 15 attack, B-153).
+MAX_VALUE_NODES = 1024
+
+
+def count_nodes(impl: Any, budget: int) -> int:
+    """The nodes of the `pn_data_t *` `impl` (0 for NULL), counted up to `budget + 1` at
+    most: the walk stops there, so its cost is bounded whatever the peer sent. Proton
+    caps one tree at 65,535 nodes, a count a 10-byte array of nulls reaches."""
+    if not impl:
+        return 0
+    lib.pn_data_rewind(impl)
+    count = 0
+    depth = 0
+    while count <= budget:
+        if lib.pn_data_next(impl):
+            count += 1
+            if lib.pn_data_type(impl) in _COMPOUND:
+                lib.pn_data_enter(impl)
+                depth += 1
+        elif depth:
+            lib.pn_data_exit(impl)
+            depth -= 1
+        else:
+            break
+    lib.pn_data_rewind(impl)
+    return count
+
+
 # Scalar node types: read with Data.get_object, which is safe for them.
 _SCALARS = frozenset(
     (
@@ -90,6 +138,9 @@ _SCALARS = frozenset(
 )
 
 
+_COMPOUND = frozenset((Data.LIST, Data.MAP, Data.ARRAY, Data.DESCRIBED))
+
+
 def data_at(impl: Any) -> Data | None:
     """A `Data` over a `pn_data_t *` the C API returned (None for NULL: no such field)."""
     return Data(impl) if impl else None
@@ -100,9 +151,12 @@ def read_data(data: Data | None, field: str) -> Any:
 
     Raises:
         PeerDecodeError: the tree does not hold a well-formed value.
+        PeerValueTooLarge: it holds more than `MAX_VALUE_NODES` values.
     """
     if data is None:
         return None
+    if count_nodes(data._data, MAX_VALUE_NODES) > MAX_VALUE_NODES:
+        raise PeerValueTooLarge(field, f"more than {MAX_VALUE_NODES} values")
     data.rewind()
     if not data.next():
         return None

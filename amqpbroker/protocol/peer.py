@@ -155,13 +155,11 @@ def read_data(data: Data | None, field: str) -> Any:
     """
     if data is None:
         return None
-    if count_nodes(data._data, MAX_VALUE_NODES) > MAX_VALUE_NODES:
-        raise PeerValueTooLarge(field, f"more than {MAX_VALUE_NODES} values")
     data.rewind()
     if not data.next():
         return None
     try:
-        value = _node(data, field, 0)
+        value = _node(data, field, 0, [MAX_VALUE_NODES])
     except (UnicodeDecodeError, ValueError, TypeError, KeyError, OverflowError) as e:
         raise PeerDecodeError(field, f"malformed value ({e})") from None
     if data.next():
@@ -169,16 +167,21 @@ def read_data(data: Data | None, field: str) -> Any:
     return value
 
 
-def _node(data: Data, field: str, depth: int) -> Any:
+def _node(data: Data, field: str, depth: int, left: list[int]) -> Any:
+    """The value at the cursor; `left`: how many more nodes the field may have (the walk
+    stops there, before it reads more)."""
+    left[0] -= 1
+    if left[0] < 0:
+        raise PeerValueTooLarge(field, f"more than {MAX_VALUE_NODES} values")
     kind = data.type()
     if kind in _SCALARS:
         return data.get_object()
     if depth >= MAX_DEPTH:
         raise PeerDecodeError(field, f"nests deeper than {MAX_DEPTH} levels")
     if kind == Data.LIST:
-        return _children(data, field, depth, data.get_list())
+        return _children(data, field, depth, data.get_list(), left)
     if kind == Data.MAP:
-        items = _children(data, field, depth, data.get_map())
+        items = _children(data, field, depth, data.get_map(), left)
         if len(items) % 2:
             raise PeerDecodeError(field, "a map with an odd number of elements")
         try:
@@ -186,11 +189,11 @@ def _node(data: Data, field: str, depth: int) -> Any:
         except TypeError:
             raise PeerDecodeError(field, "a map with an unhashable key") from None
     if kind == Data.DESCRIBED:
-        pair = _children(data, field, depth, 2)
+        pair = _children(data, field, depth, 2, left)
         return Described(pair[0], pair[1])
     if kind == Data.ARRAY:
         count, described, element_type = data.get_array()
-        items = _children(data, field, depth, count + (1 if described else 0))
+        items = _children(data, field, depth, count + (1 if described else 0), left)
         if element_type is None or (element_type not in _SCALARS and element_type not in _NESTED):
             raise PeerDecodeError(field, f"an array of unsupported element type {element_type}")
         descriptor = items.pop(0) if described else None
@@ -200,7 +203,7 @@ def _node(data: Data, field: str, depth: int) -> Any:
     raise PeerDecodeError(field, f"a value of unknown type {kind}")
 
 
-def _children(data: Data, field: str, depth: int, declared: int) -> list[Any]:
+def _children(data: Data, field: str, depth: int, declared: int, left: list[int]) -> list[Any]:
     """The children of the current node; exactly `declared` of them, or a decode error."""
     items: list[Any] = []
     data.enter()
@@ -208,7 +211,7 @@ def _children(data: Data, field: str, depth: int, declared: int) -> list[Any]:
         while data.next():
             if len(items) == declared:
                 raise PeerDecodeError(field, f"more elements than the {declared} declared")
-            items.append(_node(data, field, depth + 1))
+            items.append(_node(data, field, depth + 1, left))
     finally:
         data.exit()
     if len(items) != declared:

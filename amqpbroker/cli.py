@@ -246,7 +246,7 @@ def _api(url: Endpoint, path: str, body: dict[str, object] | None = None) -> obj
     except urllib.error.HTTPError as e:
         try:
             message = json.loads(e.read()).get("error", e.reason)
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             message = e.reason
         if e.code == 401:
             message = (
@@ -259,7 +259,7 @@ def _api(url: Endpoint, path: str, body: dict[str, object] | None = None) -> obj
     except (urllib.error.URLError, OSError) as e:
         reason = getattr(e, "reason", e)
         raise CommandError(f"cannot reach the broker at {url}: {reason}") from None
-    except ValueError as e:  # a bad URL, or an answer that is not JSON
+    except (ValueError, RecursionError) as e:  # a bad URL, an answer that is not JSON
         raise CommandError(f"unexpected answer from {url}: {e}") from None
 
 

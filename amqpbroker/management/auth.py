@@ -12,7 +12,8 @@ a wrong password. Here:
 - `MAX_FAILURES` failed attempts from one client address within `FAILURE_WINDOW_S` make
   that address wait: 429 with Retry-After, without hashing, until its failures age out.
   An IPv6 /64 counts as one address (`core.security.source_key`, as SASL's throttle):
-  keyed by the whole address, a client rotating through its /64 was never slowed.
+  keyed by the whole address, a client rotating through its /64 was never slowed; and
+  its /48 as 16 addresses (`source_keys`): rotating through /64s was the same bypass.
   Requests without credentials (a browser's first try) are not failures.
 
 Thread-safe: called from the HTTP threads.
@@ -30,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from amqpbroker.core.security import source_key
+from amqpbroker.core.security import source_keys
 
 CACHE_TTL_S = 60.0
 CACHE_ENTRIES = 256
@@ -96,11 +97,11 @@ class BasicAuth:
         if credentials is None:
             return UNAUTHENTICATED
         user, password = credentials
-        client = source_key(client)  # an IPv6 /64 is one client, as for SASL (issue 15)
+        clients = source_keys(client)  # an IPv6 /64 is one client, its /48 16 (issue 15)
         now = self._clock()
         key = (user, hashlib.sha256(password.encode("utf-8", "surrogatepass")).digest())
         with self._lock:
-            wait = self._throttled(client, now)
+            wait = self._throttled(clients, now)
             if wait is not None:
                 return Refusal(HTTPStatus.TOO_MANY_REQUESTS, "too many failed logins", wait)
             cached = self._verified.get(key, 0.0) > now
@@ -108,7 +109,7 @@ class BasicAuth:
             valid = self._verify(user, password)  # slow: outside the lock
             with self._lock:
                 if not valid:
-                    self._fail(client, now)
+                    self._fail(clients, now)
                     return UNAUTHENTICATED
                 self._verified[key] = now + CACHE_TTL_S
                 self._verified.move_to_end(key)
@@ -116,22 +117,25 @@ class BasicAuth:
                     self._verified.popitem(last=False)
         return None if self.permitted(user, permission) else forbidden(permission)
 
-    def _throttled(self, client: str, now: float) -> int | None:
-        times = self._failures.get(client)
-        if times is None:
-            return None
-        while times and times[0] <= now - FAILURE_WINDOW_S:
-            times.popleft()
-        if not times:
-            del self._failures[client]
-            return None
-        if len(times) < MAX_FAILURES:
-            return None
-        return max(1, int(times[0] + FAILURE_WINDOW_S - now + 0.999))
+    def _throttled(self, clients: tuple[tuple[str, int], ...], now: float) -> int | None:
+        """Seconds to wait when any of the client's keys has had its failures."""
+        waits = []
+        for client, sources in clients:
+            times = self._failures.get(client)
+            if times is None:
+                continue
+            while times and times[0] <= now - FAILURE_WINDOW_S:
+                times.popleft()
+            if not times:
+                del self._failures[client]
+            elif len(times) >= MAX_FAILURES * sources:
+                waits.append(max(1, int(times[0] + FAILURE_WINDOW_S - now + 0.999)))
+        return max(waits) if waits else None
 
-    def _fail(self, client: str, now: float) -> None:
-        times = self._failures.setdefault(client, deque(maxlen=MAX_FAILURES))
-        times.append(now)
-        self._failures.move_to_end(client)
+    def _fail(self, clients: tuple[tuple[str, int], ...], now: float) -> None:
+        for client, sources in clients:
+            times = self._failures.setdefault(client, deque(maxlen=MAX_FAILURES * sources))
+            times.append(now)
+            self._failures.move_to_end(client)
         while len(self._failures) > TRACKED_CLIENTS:
             self._failures.popitem(last=False)

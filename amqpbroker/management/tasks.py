@@ -108,12 +108,78 @@ class Task:
         return f'{{"definition": {self._definition}, "progress": {progress}}}'
 
     @classmethod
-    def from_record(cls, record: dict[str, Any]) -> Task:
-        values = {**record["definition"], **record["progress"]}
+    def from_record(cls, record: Any) -> Task:
+        """The task a saved record holds, every field checked: the file is DATA_DIR's and
+        may be damaged or crafted; a value of the wrong type raised at the start, or
+        later on the loop (issue 15 attack).
+
+        Raises:
+            ValueError: not a record of this version's fields and types.
+        """
+        if not isinstance(record, dict):
+            raise ValueError("a task record is not an object")
+        definition, progress = record.get("definition"), record.get("progress")
+        if not isinstance(definition, dict) or not isinstance(progress, dict):
+            raise ValueError("a task record lacks its definition or progress")
+        values = {**definition, **progress}
+        for name, check in _FIELD_CHECKS.items():
+            if name in values and not check(values[name]):
+                raise ValueError(f"task field {name!r} has a value of the wrong type")
         expect = values.pop("expect", None)
-        task = cls(**{k: values[k] for k in (*DEFINITION, *PROGRESS) if k in values})
+        try:
+            task = cls(**{k: values[k] for k in (*DEFINITION, *PROGRESS) if k in values})
+        except TypeError as e:  # a required field missing
+            raise ValueError(str(e)) from None
         task.expect = None if expect is None else {int(k): v for k, v in expect.items()}
         return task
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_text_or_none(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _are_ints(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_int(v) for v in value)
+
+
+def _is_expect(value: Any) -> bool:
+    return value is None or (
+        isinstance(value, dict)
+        and all(
+            isinstance(fields, dict) and all(_is_text_or_none(v) for v in fields.values())
+            for fields in value.values()
+        )
+    )
+
+
+# What each saved field may hold (`Task.from_record`).
+_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
+    "id": _is_text,
+    "kind": lambda v: v in KINDS,
+    "queue": _is_text,
+    "ids": _are_ints,
+    "rate": lambda v: (_is_int(v) or isinstance(v, float)) and 0 < v <= MAX_RATE,
+    "created_ms": _is_int,
+    "to_queue": _is_text_or_none,
+    "filter": _is_text_or_none,
+    "expect": _is_expect,
+    "by_id": lambda v: isinstance(v, bool),
+    "status": lambda v: v in (RUNNING, COMPLETED, CANCELLED, FAILED),
+    "done": lambda v: _is_int(v) and v >= 0,
+    "moved": lambda v: _is_int(v) and v >= 0,
+    "skipped": lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v),
+    "not_found": _are_ints,
+    "error": _is_text_or_none,
+    "finished_ms": lambda v: v is None or _is_int(v),
+}
 
 
 DEFINITION = (
@@ -153,10 +219,12 @@ class TaskFile:
         """The saved tasks; a file that does not read is set aside, not fatal."""
         try:
             records = json.loads(self.path.read_text())
+            if not isinstance(records, list):
+                raise ValueError("not a list of task records")
             return [Task.from_record(r) for r in records]
         except FileNotFoundError:
             return []
-        except (OSError, ValueError, TypeError, KeyError) as e:
+        except (OSError, ValueError, RecursionError) as e:  # RecursionError: "[[[[..."
             aside = self.path.with_suffix(".json.unreadable")
             log.warning("%s does not read (%s): moved to %s", self.path, e, aside)
             with contextlib.suppress(OSError):

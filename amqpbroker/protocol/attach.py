@@ -42,7 +42,7 @@ from amqpbroker.protocol.links import (
     read_terminus,
     recovered_source,
 )
-from amqpbroker.protocol.peer import name_for_log, read_link_name
+from amqpbroker.protocol.peer import MAX_VALUE_NODES, count_nodes, name_for_log, read_link_name
 from amqpbroker.protocol.shell import ConsumerLink, ProducerLink, Shell
 from amqpbroker.protocol.transfers import PRODUCER_CREDIT, Transfers
 
@@ -54,11 +54,17 @@ MAX_LINKS_PER_SESSION = 256  # a 257th attach on a session closes the connection
 # frame would be 2 GiB kept for one socket (issue 15 attack: 8 x 256 links with 100 KB
 # names grew the broker by 311 MB). 16 MiB is 16,000 links of 1 KiB each.
 MAX_ATTACH_BYTES = 16 * 1024 * 1024
+# What Proton keeps per decoded value (node) besides its encoded bytes: measured ~80 bytes
+# (65,000 nulls, 10 bytes on the wire, grew the process by 5 MB; issue 15 attack).
+NODE_BYTES = 80
 
 
-def attach_bytes(impl: Any) -> int:
+def attach_bytes(impl: Any) -> int | None:
     """What the peer's attach of `impl` (a `pn_link_t`) makes the broker keep: its name,
-    and the encoded termini and properties (proton keeps them while the link lives)."""
+    and its termini and properties, encoded and as Proton's decoded nodes (proton keeps
+    them while the link lives, refused or not). None: its fields hold more than
+    `MAX_VALUE_NODES` values together, which only closing the connection frees (B-153):
+    the bytes alone did not bound them (an array of 65,000 nulls is 10 bytes)."""
     name = lib.pn_link_name(impl)
     size = len(ffi.string(name)) if name else 0
     datas = [lib.pn_link_remote_properties(impl)]
@@ -71,8 +77,13 @@ def attach_bytes(impl: Any) -> int:
             lib.pn_terminus_filter(terminus),
             lib.pn_terminus_properties(terminus),
         )
+    nodes = 0
+    for data in datas:
+        nodes += count_nodes(data, MAX_VALUE_NODES - nodes)
+        if nodes > MAX_VALUE_NODES:
+            return None
     encoded: int = sum(max(0, lib.pn_data_encoded_size(d)) for d in datas if d)
-    return size + encoded
+    return size + encoded + nodes * NODE_BYTES
 
 
 class _Attach:
@@ -118,6 +129,11 @@ class _Attach:
             self._fail("amqp:resource-limit-exceeded", description)
             return
         cost = attach_bytes(link._impl)
+        if cost is None:
+            description = f"an attach whose fields hold more than {MAX_VALUE_NODES} values"
+            log.warning("connection %s from %s: %s; closing it", self.id, self.peer, description)
+            self._fail("amqp:resource-limit-exceeded", description)
+            return
         self._attach_bytes[link._impl] = cost
         self.attach_bytes_total += cost
         if self.attach_bytes_total > MAX_ATTACH_BYTES:

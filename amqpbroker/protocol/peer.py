@@ -8,10 +8,14 @@ the engine: it reads it here, where every node is checked (declared count = chil
 found, one element type per array, known types only, nesting bounded by
 `sections.MAX_DEPTH`), and builds its own termini from the checked values.
 
-Two refusals, both naming the field:
+Three refusals, each naming the field:
 * `PeerDecodeError` (`amqp:decode-error`): the value is not a well-formed AMQP value;
 * `PeerInvalidField` (`amqp:invalid-field`): well-formed, but of a type the field
-  cannot have (capabilities that are a `uint`, a filter that is a list, ...).
+  cannot have (capabilities that are a `uint`, a filter that is a list, ...);
+* `PeerValueTooLarge` (`amqp:resource-limit-exceeded`): more than `MAX_VALUE_NODES`
+  values in one field. Size in bytes does not bound a tree: an array of 65,000 nulls is
+  10 bytes on the wire, 5 MB of Proton nodes, and walking it here took 0.15 s of CPU
+  (issue 15 attack, B-153).
 Link fields refuse the link; connection fields close the connection.
 """
 
@@ -29,8 +33,11 @@ from amqpbroker.core import ClientError
 T = TypeVar("T")
 
 __all__ = [
+    "MAX_VALUE_NODES",
     "PeerDecodeError",
     "PeerInvalidField",
+    "PeerValueTooLarge",
+    "count_nodes",
     "data_at",
     "name_for_log",
     "read_data",
@@ -62,6 +69,47 @@ class PeerInvalidField(ClientError):
         self.field = field
 
 
+class PeerValueTooLarge(ClientError):
+    """A field the peer sent holds more values than the broker reads (`MAX_VALUE_NODES`)."""
+
+    condition: ClassVar[str] = "amqp:resource-limit-exceeded"
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(f"{field}: {why}")
+        self.field = field
+
+
+# The values (nodes: each scalar, list, map, array, described and descriptor) one field,
+# or all the fields of one attach together (`attach.attach_bytes`), may hold. Clients send
+# tens (capabilities, outcomes, a selector, a few properties); the walk costs ~1-3 us a
+# node and Proton keeps ~80 bytes a node while the link lives (issue 15 attack, B-153).
+MAX_VALUE_NODES = 1024
+
+
+def count_nodes(impl: Any, budget: int) -> int:
+    """The nodes of the `pn_data_t *` `impl` (0 for NULL), counted up to `budget + 1` at
+    most: the walk stops there, so its cost is bounded whatever the peer sent. Proton
+    caps one tree at 65,535 nodes, a count a 10-byte array of nulls reaches."""
+    if not impl:
+        return 0
+    lib.pn_data_rewind(impl)
+    count = 0
+    depth = 0
+    while count <= budget:
+        if lib.pn_data_next(impl):
+            count += 1
+            if lib.pn_data_type(impl) in _COMPOUND:
+                lib.pn_data_enter(impl)
+                depth += 1
+        elif depth:
+            lib.pn_data_exit(impl)
+            depth -= 1
+        else:
+            break
+    lib.pn_data_rewind(impl)
+    return count
+
+
 # Scalar node types: read with Data.get_object, which is safe for them.
 _SCALARS = frozenset(
     (
@@ -90,6 +138,9 @@ _SCALARS = frozenset(
 )
 
 
+_COMPOUND = frozenset((Data.LIST, Data.MAP, Data.ARRAY, Data.DESCRIBED))
+
+
 def data_at(impl: Any) -> Data | None:
     """A `Data` over a `pn_data_t *` the C API returned (None for NULL: no such field)."""
     return Data(impl) if impl else None
@@ -100,6 +151,7 @@ def read_data(data: Data | None, field: str) -> Any:
 
     Raises:
         PeerDecodeError: the tree does not hold a well-formed value.
+        PeerValueTooLarge: it holds more than `MAX_VALUE_NODES` values.
     """
     if data is None:
         return None
@@ -107,7 +159,7 @@ def read_data(data: Data | None, field: str) -> Any:
     if not data.next():
         return None
     try:
-        value = _node(data, field, 0)
+        value = _node(data, field, 0, [MAX_VALUE_NODES])
     except (UnicodeDecodeError, ValueError, TypeError, KeyError, OverflowError) as e:
         raise PeerDecodeError(field, f"malformed value ({e})") from None
     if data.next():
@@ -115,16 +167,21 @@ def read_data(data: Data | None, field: str) -> Any:
     return value
 
 
-def _node(data: Data, field: str, depth: int) -> Any:
+def _node(data: Data, field: str, depth: int, left: list[int]) -> Any:
+    """The value at the cursor; `left`: how many more nodes the field may have (the walk
+    stops there, before it reads more)."""
+    left[0] -= 1
+    if left[0] < 0:
+        raise PeerValueTooLarge(field, f"more than {MAX_VALUE_NODES} values")
     kind = data.type()
     if kind in _SCALARS:
         return data.get_object()
     if depth >= MAX_DEPTH:
         raise PeerDecodeError(field, f"nests deeper than {MAX_DEPTH} levels")
     if kind == Data.LIST:
-        return _children(data, field, depth, data.get_list())
+        return _children(data, field, depth, data.get_list(), left)
     if kind == Data.MAP:
-        items = _children(data, field, depth, data.get_map())
+        items = _children(data, field, depth, data.get_map(), left)
         if len(items) % 2:
             raise PeerDecodeError(field, "a map with an odd number of elements")
         try:
@@ -132,11 +189,11 @@ def _node(data: Data, field: str, depth: int) -> Any:
         except TypeError:
             raise PeerDecodeError(field, "a map with an unhashable key") from None
     if kind == Data.DESCRIBED:
-        pair = _children(data, field, depth, 2)
+        pair = _children(data, field, depth, 2, left)
         return Described(pair[0], pair[1])
     if kind == Data.ARRAY:
         count, described, element_type = data.get_array()
-        items = _children(data, field, depth, count + (1 if described else 0))
+        items = _children(data, field, depth, count + (1 if described else 0), left)
         if element_type is None or (element_type not in _SCALARS and element_type not in _NESTED):
             raise PeerDecodeError(field, f"an array of unsupported element type {element_type}")
         descriptor = items.pop(0) if described else None
@@ -146,7 +203,7 @@ def _node(data: Data, field: str, depth: int) -> Any:
     raise PeerDecodeError(field, f"a value of unknown type {kind}")
 
 
-def _children(data: Data, field: str, depth: int, declared: int) -> list[Any]:
+def _children(data: Data, field: str, depth: int, declared: int, left: list[int]) -> list[Any]:
     """The children of the current node; exactly `declared` of them, or a decode error."""
     items: list[Any] = []
     data.enter()
@@ -154,7 +211,7 @@ def _children(data: Data, field: str, depth: int, declared: int) -> list[Any]:
         while data.next():
             if len(items) == declared:
                 raise PeerDecodeError(field, f"more elements than the {declared} declared")
-            items.append(_node(data, field, depth + 1))
+            items.append(_node(data, field, depth + 1, left))
     finally:
         data.exit()
     if len(items) != declared:

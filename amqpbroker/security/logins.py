@@ -23,7 +23,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from amqpbroker.core.security import source_key
+from amqpbroker.core.security import source_key as source_key  # (re-exported)
+from amqpbroker.core.security import source_keys
 from amqpbroker.security.passwords import verify_password_or_dummy
 
 log = logging.getLogger(__name__)
@@ -58,8 +59,9 @@ class LoginThrottle:
         self.max_sources = max_sources
         self._sources: OrderedDict[str, _Source] = OrderedDict()
 
-    def reserve(self, source: str, now_s: float) -> float:
-        """Seconds this attempt must wait before it is checked (0: at once)."""
+    def reserve(self, source: str, now_s: float, sources: int = 1) -> float:
+        """Seconds this attempt must wait before it is checked (0: at once). `sources`:
+        how many sources' failures the key may have (a /48 is 16: `source_keys`)."""
         entry = self._sources.get(source)
         if entry is None:
             return 0.0
@@ -67,24 +69,29 @@ class LoginThrottle:
             del self._sources[source]
             return 0.0
         start_s = max(now_s, entry.next_slot_s)
-        entry.next_slot_s = start_s + self.spacing_s(entry.failures)
+        entry.next_slot_s = start_s + self.spacing_s(entry.failures, sources)
         return start_s - now_s
 
     @staticmethod
-    def spacing_s(failures: int) -> float:
+    def spacing_s(failures: int, sources: int = 1) -> float:
+        """The wait between attempts after `failures`; a key of several `sources` waits
+        as one source does after `failures // sources`."""
+        failures //= sources
         if failures < FREE_FAILURES:
             return 0.0
         return float(min(BASE_DELAY_S * 2 ** (failures - FREE_FAILURES), MAX_DELAY_S))
 
-    def record(self, source: str, *, ok: bool, now_s: float) -> None:
+    def record(self, source: str, *, ok: bool, now_s: float, sources: int = 1) -> None:
         if ok:
-            self._sources.pop(source, None)
+            if sources == 1:  # (a success in a /48 does not forget the others' failures)
+                self._sources.pop(source, None)
             return
         entry = self._sources.pop(source, None) or _Source()
         entry.failures += 1
         entry.last_failure_s = now_s
         # The next attempt waits the spacing from this failure, not from its own start.
-        entry.next_slot_s = max(entry.next_slot_s, now_s + self.spacing_s(entry.failures))
+        spacing = self.spacing_s(entry.failures, sources)
+        entry.next_slot_s = max(entry.next_slot_s, now_s + spacing)
         self._sources[source] = entry  # most recently failed last
         while len(self._sources) > self.max_sources:
             self._sources.popitem(last=False)
@@ -131,14 +138,15 @@ class PasswordChecks:
         """Start checking `password` against `stored` (None: unknown user); `done` is
         called later on the loop with the verdict, never before this returns. Returns a
         function that abandons the check."""
-        source = source_key(host)
+        keys = source_keys(host)  # the source first, then (IPv6) its /48
+        source = keys[0][0]
         waiting = self._waiting.get(source, 0)
         if len(self._tasks) >= self.max_waiting or waiting >= MAX_WAITING_PER_SOURCE:
             self.refused_busy += 1
             handle = self._loop.call_soon(done, None)
             return handle.cancel
         self._waiting[source] = waiting + 1
-        task = self._loop.create_task(self._check(source, password, stored, done))
+        task = self._loop.create_task(self._check(keys, password, stored, done))
         self._tasks.add(task)
         task.add_done_callback(functools.partial(self._finished, source))
 
@@ -153,15 +161,20 @@ class PasswordChecks:
         if left:
             self._waiting[source] = left
 
-    async def _check(self, source: str, password: str, stored: str | None, done: Done) -> None:
-        delay_s = self.throttle.reserve(source, self._loop.time())
+    async def _check(
+        self, keys: tuple[tuple[str, int], ...], password: str, stored: str | None, done: Done
+    ) -> None:
+        now_s = self._loop.time()
+        delay_s = max(self.throttle.reserve(key, now_s, sources) for key, sources in keys)
         if delay_s > 0:
-            log.debug("login from %s waits %.2f s (earlier failures)", source, delay_s)
+            log.debug("login from %s waits %.2f s (earlier failures)", keys[0][0], delay_s)
             await asyncio.sleep(delay_s)
         ok = await self._loop.run_in_executor(
             self._pool, verify_password_or_dummy, password, stored
         )
-        self.throttle.record(source, ok=ok, now_s=self._loop.time())
+        now_s = self._loop.time()
+        for key, sources in keys:
+            self.throttle.record(key, ok=ok, now_s=now_s, sources=sources)
         done(ok)
 
     def close(self) -> None:

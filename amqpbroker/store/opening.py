@@ -48,9 +48,11 @@ from amqpbroker.store.segments import (
     _SEGMENT_GLOB,
     _TEMP_SUFFIX,
     BATCH_END,
+    GAVE_UP,
     HEADER_BYTES,
     MAGIC,
     VERSION,
+    SearchBudget,
     _Bad,
     _check_frame,
     _decode_at,
@@ -78,6 +80,7 @@ class _Opening:
     _unread: list[_Loc]
     _opened_max_id: int
     _body_budget: int  # bytes of bodies the open still copies out (< 0: all)
+    _search_budget: SearchBudget  # the segment being scanned's (`_next_sound_frame`)
 
     def _on_dead(self, item: _Loc, needs_tombstone: bool) -> None:
         raise NotImplementedError  # FileJournal's
@@ -205,6 +208,7 @@ class _Opening:
 
     def _scan_data(self, number: int, path: Path, data: codec.Data, *, last: bool) -> None:
         seg = _Segment(number, path, len(data))
+        self._search_budget = SearchBudget(len(data))
         if len(data) < HEADER_BYTES or data[:HEADER_BYTES] == bytes(HEADER_BYTES):
             if not last:
                 raise JournalCorrupt(path, 0, "file header missing")
@@ -264,9 +268,11 @@ class _Opening:
         elif batch:
             self._index_opened(seg, batch, top)
 
-    @staticmethod
-    def _is_tail(data: codec.Data, pos: int, bad: _Bad) -> bool:
-        """Whether a bad frame in the last segment is its tail rather than its middle."""
+    def _is_tail(self, data: codec.Data, pos: int, bad: _Bad) -> bool:
+        """Whether a bad frame in the last segment is its tail rather than its middle.
+        A search for a sound frame after it that runs out of budget says middle: the
+        open stops there (or skips, with skip_corrupt) rather than cut what it could not
+        look at."""
         if bad.intact:
             return False
         if bad.end > len(data) or data[pos:].count(0) == len(data) - pos:
@@ -276,7 +282,15 @@ class _Opening:
                 return True  # the last record is damaged
             if not isinstance(_check_frame(data, bad.end), _Bad):
                 return False  # a sound frame follows where this one ends
-        return _next_sound_frame(data, pos + 1) < 0
+        found = _next_sound_frame(data, pos + 1, self._search_budget)
+        if found == GAVE_UP:
+            log.error(
+                "journal: a search for sound frames after offset %d gave up (too many "
+                "frame headers claiming long lengths: crafted?); not taken for a torn tail",
+                pos,
+            )
+            return False
+        return found < 0
 
     def _truncate_tail(
         self, seg: _Segment, data: codec.Data, keep: int, bad_at: int, bad: _Bad | None, whole: int
@@ -312,8 +326,8 @@ class _Opening:
         ):
             resume = bad.end
         else:
-            resume = _next_sound_frame(data, pos + 1)
-            if resume < 0:
+            resume = _next_sound_frame(data, pos + 1, self._search_budget)
+            if resume < 0:  # none, or the search gave up: the rest of the segment goes
                 resume = len(data)
         log.error(
             "journal %s: skipping %d corrupt bytes at offset %d (%s): skip_corrupt is set; "

@@ -697,13 +697,19 @@ class QueuePages:
             raise _Damaged(path, offset, str(e), io=True) from e
         with f:
             try:
-                end = limit if limit >= 0 else os.fstat(f.fileno()).st_size
+                size = os.fstat(f.fileno()).st_size
+                end = limit if limit >= 0 else size
                 f.seek(offset)
                 while offset < end:
                     head = f.read(_FRAME.size)
                     if len(head) < _FRAME.size:
                         break
                     length, crc = _FRAME.unpack(head)
+                    # A length past the file's end is torn (or lies): not read, since
+                    # `f.read(n)` allocates n bytes first (2 GiB for one lying frame: a
+                    # MemoryError out of the start under an address-space limit).
+                    if length > size - offset - _FRAME.size:
+                        break
                     body = f.read(length) if 0 < length < _MAX_BODY else b""
                     if len(body) != length or zlib.crc32(body) != crc or not _sound(body):
                         break

@@ -163,11 +163,34 @@ _TYPE_AND_FLAGS = re.compile(
 )
 
 
-def _next_sound_frame(data: codec.Data, start: int) -> int:
-    """Offset of the first sound frame at or after `start`, or -1."""
+# `_next_sound_frame` checks each candidate's crc over the bytes it claims; candidates
+# that each claim most of the rest make that quadratic (a crafted 200 KB tail took 0.8 s,
+# a few MB would hold the open for hours; issue 15 attack). What one open may checksum
+# while searching, per segment: this many times the segment, plus the slack.
+SEARCH_FACTOR = 16
+SEARCH_SLACK = 64 << 20
+GAVE_UP = -2  # `_next_sound_frame`: the budget ran out before the search could say
+
+
+class SearchBudget:
+    """The bytes `_next_sound_frame` may still checksum in one segment."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, size: int) -> None:
+        self.left = SEARCH_FACTOR * size + SEARCH_SLACK
+
+
+def _next_sound_frame(data: codec.Data, start: int, budget: SearchBudget | None = None) -> int:
+    """Offset of the first sound frame at or after `start`, -1 when there is none, or
+    GAVE_UP when `budget` ran out first (each candidate costs the bytes it claims)."""
     offset = FRAME_BYTES - 4  # of the type id in a frame
     for match in _TYPE_AND_FLAGS.finditer(data, start + offset):
         pos = match.start() - offset
+        if budget is not None and pos >= 0:
+            budget.left -= _FRAME.unpack_from(data, pos)[0]
+            if budget.left < 0:
+                return GAVE_UP
         if not isinstance(_check_frame(data, pos), _Bad):
             return pos
     return -1

@@ -122,3 +122,30 @@ def test_consumer_on_hash_does_not_steal_from_orders(broker: BrokerProcess) -> N
     finally:
         conn.close()
         thief_conn.close()
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmRSS:"))
+
+
+def test_attaches_of_many_values_in_few_bytes_close_the_connection(
+    broker: BrokerProcess,
+) -> None:
+    """Issue 15 attack (B-153): an array of 65,000 nulls is 14 bytes on the wire and
+    ~5 MB of Proton nodes; 20 attaches of 198 bytes, each with such arrays in seven
+    fields and refused, grew the broker by 625 MB, the attach bound seeing 2,530 bytes.
+    The first such attach now closes the connection with resource-limit-exceeded."""
+    nulls = b"\xf0" + (5).to_bytes(4, "big") + (65_000).to_bytes(4, "big") + b"\x40"
+    source = F.source("q", "queue")
+    source.fields[9] = source.fields[10] = nulls  # outcomes, capabilities
+    frames = [F.frame(F.open_()), F.frame(F.begin())]
+    for n in range(20):
+        attach = F.attach(f"l{n}", handle=n, role_receiver=True, source=source)
+        frames.append(F.frame(attach))
+    before = _rss_kb(broker.proc.pid)
+    received, hung_up = _exchange(broker, F.AMQP_HEADER + b"".join(frames), timeout_s=3.0)
+    assert F.close_condition(received) == "amqp:resource-limit-exceeded"
+    assert hung_up
+    assert _rss_kb(broker.proc.pid) - before < 64 * 1024
+    assert _round_trip(broker, "after-many-values") == ["still here"]

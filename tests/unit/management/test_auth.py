@@ -7,10 +7,12 @@ from http import HTTPStatus
 
 from support.http import basic_auth as basic
 
+from amqpbroker.core.security import SITE_SOURCES
 from amqpbroker.management.auth import (
     CACHE_TTL_S,
     FAILURE_WINDOW_S,
     MAX_FAILURES,
+    TRACKED_CLIENTS,
     BasicAuth,
     basic_credentials,
 )
@@ -84,6 +86,37 @@ def test_an_ipv6_client_rotating_through_its_64_is_throttled_as_one() -> None:
     assert refusal.status == HTTPStatus.TOO_MANY_REQUESTS
     assert verify.calls == MAX_FAILURES
     assert auth.check(basic("admin", "pw"), "2001:db8:1:3::1") is None  # another /64
+
+
+def test_an_ipv6_client_rotating_through_the_64s_of_its_site_is_throttled() -> None:
+    """Issue 15 attack (B-154): keyed by the /64 alone, a client rotating through the
+    256 /64s of its /56 made 2,560 password checks a minute, and failing once from 4,096
+    /64s pushed a throttled client out of the table. A /48 may now fail as 16 /64s do;
+    the /64s of another /48 are served."""
+    auth, verify, _ = make()
+    refused = 0
+    for net in range(256):
+        for n in range(MAX_FAILURES):
+            refusal = auth.check(basic("admin", "guess"), f"2001:db8:1:{net:x}::{n + 1:x}")
+            assert refusal is not None
+            refused += refusal.status == HTTPStatus.TOO_MANY_REQUESTS
+    assert verify.calls == MAX_FAILURES * SITE_SOURCES
+    assert refused == 256 * MAX_FAILURES - verify.calls
+    assert auth.check(basic("admin", "pw"), "2001:db8:2::1") is None  # another /48
+    assert auth.check(basic("admin", "pw"), "10.0.0.1") is None  # and IPv4
+
+
+def test_a_throttled_client_is_not_pushed_out_by_its_own_64s() -> None:
+    """Issue 15 attack (B-154): the table keeps TRACKED_CLIENTS keys, least recently
+    failed dropped first; the /48 key fails with every /64 in it, so it stays."""
+    auth, _, _ = make()
+    for n in range(MAX_FAILURES * SITE_SOURCES):
+        auth.check(basic("admin", "guess"), f"2001:db8:1:{n:x}::1")
+    for n in range(TRACKED_CLIENTS):
+        auth.check(basic("admin", "guess"), f"2001:db8:1:{n + 0x1000:x}::1")
+    refusal = auth.check(basic("admin", "guess"), "2001:db8:1:ffff::9")
+    assert refusal is not None
+    assert refusal.status == HTTPStatus.TOO_MANY_REQUESTS
 
 
 def test_requests_without_credentials_are_not_failures() -> None:

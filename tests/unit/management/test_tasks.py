@@ -228,6 +228,70 @@ def test_the_task_file_is_replaced_whole_and_an_unreadable_one_set_aside(tmp_pat
     reader.close()
 
 
+_GOOD = {
+    "definition": {
+        "id": "t1",
+        "kind": "retry",
+        "queue": "Q",
+        "ids": [1],
+        "rate": 1.0,
+        "created_ms": 5,
+    },
+    "progress": {"status": "running", "done": 0},
+}
+
+
+def _crafted(**changes: object) -> str:
+    definition = {**_GOOD["definition"], **changes}
+    return json.dumps([{"definition": definition, "progress": _GOOD["progress"]}])
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[" * 100_000 + "]" * 100_000,  # RecursionError out of json.loads
+        '{"definition": {}}',  # not a list
+        "[1]",
+        '[{"definition": [], "progress": {}}]',
+        '[{"definition": {"id": "t"}, "progress": {}}]',  # required fields missing
+        _crafted(ids="abc"),
+        _crafted(ids=[1, "2"]),
+        _crafted(rate="fast"),
+        _crafted(rate=-1),
+        _crafted(kind="delete"),
+        _crafted(queue=["Q"]),
+        _crafted(expect=["not", "a", "map"]),  # AttributeError out of .items()
+        _crafted(expect={"x": {"queue": "Q"}}),
+        _crafted(by_id="yes"),
+        _crafted(created_ms=True),
+    ],
+)
+def test_a_crafted_task_file_is_set_aside_not_raised(tmp_path: Path, text: str) -> None:
+    """Issue 15 attack (B-160): DATA_DIR/tasks.json may be damaged or crafted. Nested
+    deep it raised RecursionError, an `expect` that is a list AttributeError, out of the
+    start; a field of the wrong type was taken and failed later, on the loop. Each is
+    now a file that does not read: moved aside, no tasks."""
+    path = tmp_path / tasks.FILE_NAME
+    path.write_text(text)
+    reader = TaskFile(path)
+    try:
+        assert reader.load() == []
+    finally:
+        reader.close()
+    assert not path.exists()
+    assert path.with_suffix(".json.unreadable").read_text() == text
+
+
+def test_a_good_crafted_record_still_loads(tmp_path: Path) -> None:
+    """The checks above refuse types, not records: the smallest good one loads."""
+    path = tmp_path / tasks.FILE_NAME
+    path.write_text(_crafted())
+    reader = TaskFile(path)
+    [task] = reader.load()
+    reader.close()
+    assert (task.id, task.ids, task.rate, task.status) == ("t1", [1], 1.0, "running")
+
+
 def test_a_task_definition_is_encoded_once() -> None:
     """Progress is saved every second: the ids (maybe millions) are not re-encoded each
     time, so a save costs the loop the progress fields only."""

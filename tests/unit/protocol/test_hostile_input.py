@@ -9,6 +9,7 @@ the answer, and the engine never crashes.
 
 from __future__ import annotations
 
+import struct
 from random import Random
 
 import pytest
@@ -18,6 +19,7 @@ from support import frames as F
 from amqpbroker.amqp.sections import MAX_DEPTH, Described, Symbol, UInt, ULong
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
 from amqpbroker.protocol import AmqpConnection, Shell, attach, moves, transactions, transfers
+from amqpbroker.protocol import peer as peer_module
 
 LYING_ARRAY = b"\xe0\x08\x09\xa3\x05queue"  # array8, count 9, one symbol (the issue's input)
 NOT_UTF8 = b"\xa1\x03\xff\xfe\xfd"
@@ -494,6 +496,98 @@ def test_the_attach_fields_a_connection_keeps_are_bounded(
     peer.send(consumer(3))
     assert F.close_condition(peer.received) == "amqp:resource-limit-exceeded"
     assert peer.connection.finished
+
+
+# An array32 of 65,000 nulls: 14 bytes on the wire, 65,001 nodes in Proton (~5 MB).
+NULLS = b"\xf0" + struct.pack(">II", 5, 65_000) + b"\x40"
+
+
+def _map_of(value: bytes) -> bytes:
+    """`{symbol p: value}` (a map32 of already-encoded bytes)."""
+    body = F.enc(Symbol("p")) + value
+    return b"\xd1" + struct.pack(">II", len(body) + 4, 2) + body
+
+
+def test_an_attach_whose_fields_hold_too_many_values_closes_the_connection(
+    peer: F.RawPeer,
+) -> None:
+    """Issue 15 attack (B-153): the attach bound counted encoded bytes, but a value's
+    size in Proton is its nodes: 20 attaches of 198 bytes, each with arrays of 65,000
+    nulls, grew the broker by 625 MB while `attach_bytes_total` said 2,530 bytes, and
+    every refused link keeps its fields until the peer detaches it. Past MAX_VALUE_NODES
+    values in one attach the connection is closed (only that frees them)."""
+    peer.opened()
+    peer.send(_consumer(_source(capabilities=NULLS)))
+    assert F.close_condition(peer.received) == "amqp:resource-limit-exceeded"
+    assert peer.connection.finished
+    assert peer.connection.attach_bytes_total == 0
+
+
+def test_an_attach_pays_for_its_values_not_only_its_bytes(peer: F.RawPeer) -> None:
+    """Issue 15 attack (B-152, B-153): each decoded value costs NODE_BYTES against
+    MAX_ATTACH_BYTES; an attach just under MAX_VALUE_NODES is served."""
+    peer.opened()
+    many = F.enc([None] * (peer_module.MAX_VALUE_NODES - 40))  # a list: read, then refused
+    peer.send(_consumer(properties=_map_of(F.enc([None] * 10))))
+    assert F.close_condition(peer.received) is None
+    assert peer.connection.attach_bytes_total > 12 * attach.NODE_BYTES
+    peer.send(F.frame(F.detach(handle=0, closed=True)))
+    assert peer.connection.attach_bytes_total == 0
+    peer.send(_consumer(properties=_map_of(many)))
+    assert F.close_condition(peer.received) is None
+    assert peer.connection.attach_bytes_total > 980 * attach.NODE_BYTES
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["capabilities", "outcomes", "filter", "dynamic_node_properties", "properties", "target"],
+)
+def test_each_attach_field_counts_its_values(peer: F.RawPeer, field: str) -> None:
+    """Issue 15 attack (B-153): every field Proton keeps for a link is counted."""
+    peer.opened()
+    if field == "properties":
+        frame = _consumer(properties=_map_of(NULLS))
+    elif field == "target":
+        frame = _consumer(target=_target(capabilities=NULLS))
+    elif field == "filter":
+        frame = _consumer(_source(filter=_map_of(b"\x00" + F.enc(Symbol("x")) + NULLS)))
+    elif field == "dynamic_node_properties":
+        frame = _consumer(_source(dynamic_node_properties=_map_of(NULLS)))
+    else:
+        frame = _consumer(_source(**{field: NULLS}))
+    peer.send(frame)
+    assert F.close_condition(peer.received) == "amqp:resource-limit-exceeded"
+
+
+@pytest.mark.parametrize("where", ["open.properties", "open.desired-capabilities"])
+def test_an_open_field_with_too_many_values_closes_the_connection(
+    peer: F.RawPeer, where: str
+) -> None:
+    """Issue 15 attack (B-153): read_data walked all 65,000 nulls (0.15 s of CPU for a
+    100-byte open) before it refused them as mistyped."""
+    node = (
+        F.open_(properties=_map_of(NULLS)) if where == "open.properties" else F.open_(desired=NULLS)
+    )
+    peer.send(F.frame(node))
+    assert F.close_condition(peer.received) == "amqp:resource-limit-exceeded"
+    found = [e for _, e in peer.errors() if e is not None]
+    assert found[0][1] == f"{where}: more than {peer_module.MAX_VALUE_NODES} values"
+
+
+def test_a_transactional_state_with_too_many_values_ends_the_link(peer: F.RawPeer) -> None:
+    """Issue 15 attack (B-153): a 100-byte transfer whose transactional-state held
+    65,000 nulls cost 0.14 s of CPU to read (1,000 times a message's cost)."""
+    peer.opened()
+    peer.send(_producer())
+    state = F.described_list(F.TRANSACTIONAL_STATE, [F.enc(b"txn"), NULLS])
+    peer.send(F.frame(F.transfer(handle=0, state=state), payload=F.message()))
+    [(code, error)] = peer.errors()
+    assert code == F.DETACH
+    assert error == (
+        "amqp:resource-limit-exceeded",
+        f"transactional-state: more than {peer_module.MAX_VALUE_NODES} values",
+    )
+    assert not peer.connection.closed
 
 
 def test_links_detached_by_the_peer_free_their_place_on_the_session(peer: F.RawPeer) -> None:

@@ -102,3 +102,38 @@ def test_an_unknown_user_is_refused() -> None:
 def test_absurd_scrypt_parameters_in_a_hash_never_match_and_allocate_nothing() -> None:
     """log2 n = 40 would need 128 TiB: refused before any allocation."""
     assert not verify_password("x", "scrypt$40$8$1$c2FsdA==$a2V5")
+
+
+def test_an_ipv6_site_rotating_through_its_64s_is_throttled(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 15 attack (B-154): keyed by the /64 alone, a client rotating through the
+    /64s of its /56 or /48 had FREE_FAILURES free guesses in each (768 in a /56), and
+    failing from 10,000 /64s pushed any throttled source out of the table. Its /48 is
+    now a key too, which may fail as SITE_SOURCES sources do."""
+    import asyncio
+
+    from amqpbroker.core.security import SITE_SOURCES
+    from amqpbroker.security import logins
+
+    monkeypatch.setattr(logins, "verify_password_or_dummy", lambda password, stored: False)
+    loop = asyncio.new_event_loop()
+    checks = logins.PasswordChecks(loop, workers=1, max_waiting=10)
+    try:
+
+        async def guess(host: str) -> bool | None:
+            verdict: asyncio.Future[bool | None] = loop.create_future()
+            checks.check(host, "guess", None, verdict.set_result)
+            return await verdict
+
+        for net in range(FREE_FAILURES * SITE_SOURCES):
+            assert loop.run_until_complete(guess(f"2001:db8:1:{net:x}::1")) is False
+        site = "2001:db8:1::/48"
+        assert checks.throttle.failures(site) == FREE_FAILURES * SITE_SOURCES
+        now = loop.time()
+        assert checks.throttle.failures("2001:db8:1:ffff::/64") == 0  # a fresh /64 of it
+        assert checks.throttle.reserve(site, now, SITE_SOURCES) > 0.0  # ... waits anyway
+        assert checks.throttle.reserve("2001:db8:2::/48", now, SITE_SOURCES) == 0.0
+    finally:
+        checks.close()
+        loop.close()

@@ -200,6 +200,42 @@ def test_zero_filled_tail_is_truncated(tmp_path: Path, caplog: pytest.LogCapture
     assert segment.stat().st_size == size
 
 
+def _long_claims(size: int) -> bytes:
+    """A bad frame, then frame headers every 12 bytes (a known type, plausible flags),
+    each claiming a length to near the end: every one a candidate for the search."""
+    headers = size // FRAME.size
+    out = bytearray()
+    for n in range(headers):
+        rest = (headers - n - 1) * FRAME.size
+        out += FRAME.pack(max(0, rest - FRAME.size), 0, int(RecordType.ADD_MESSAGE), 0)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("skip", [False, True])
+def test_a_tail_crafted_to_make_the_search_quadratic_is_bounded(tmp_path: Path, skip: bool) -> None:
+    """Issue 15 attack (B-153, crafted journal files): after a bad frame the open
+    looks for a sound one, checking each candidate's crc over the bytes it claims; a
+    tail of candidates each claiming most of the rest made that quadratic (200 KB:
+    0.8 s of CPU; 2 MB: ~80 s; a 64 MiB segment: a day). The search has a budget
+    (16 times the segment, plus 64 MiB); past it the tail is not taken for torn: the
+    open stops with JournalCorrupt, or with skip_corrupt skips the rest."""
+    journal = open_journal(tmp_path, max_segment_bytes=1 << 30)
+    append(journal, [address(1)])
+    journal.close()
+    (segment,) = segments(tmp_path)
+    sound = segment.stat().st_size
+    with segment.open("ab") as f:
+        f.write(_long_claims(3_000_000))
+    started = time.process_time()
+    if skip:
+        assert replay_all(tmp_path, skip_corrupt=True) == [address(1)]
+    else:
+        with pytest.raises(JournalCorrupt) as raised:
+            replay_all(tmp_path)
+        assert raised.value.offset == sound
+    assert time.process_time() - started < 10  # (before: ~3 minutes)
+
+
 def test_segment_with_an_incomplete_header_is_recreated(tmp_path: Path) -> None:
     """A crash while rolling to a new segment leaves it without a whole header."""
     journal = open_journal(tmp_path)

@@ -6,6 +6,7 @@ journals in test_recovery_fast_paths.py and test_recovery_damaged.py)."""
 
 from __future__ import annotations
 
+import struct
 import zlib
 from pathlib import Path
 from random import Random
@@ -18,7 +19,7 @@ from amqpbroker.core.model import RoutingType
 from amqpbroker.core.records import AckRef, AddMessage, AddQueue, AddRef, Record
 from amqpbroker.store import FileJournal, codec
 from amqpbroker.store.frames import Entry
-from amqpbroker.store.segments import HEADER_BYTES, _check_frame
+from amqpbroker.store.segments import FRAME_BYTES, HEADER_BYTES, _check_frame
 
 
 def test_its_crc_is_zlibs() -> None:
@@ -106,3 +107,92 @@ def test_it_stops_at_a_frame_it_does_not_read(tmp_path: Path) -> None:
     batch: list[Entry] = []
     pos, left, top = framescan().scan(data, HEADER_BYTES, batch, 0, [], codec._STRINGS)
     assert (pos, left, top) == (HEADER_BYTES, batch, 0)
+
+
+_LIES = [
+    0,
+    1,
+    14,
+    15,
+    20,
+    21,
+    23,
+    24,
+    54,
+    0x7FFFFFFF,
+    0x80000000,
+    0xFFFFFFFF,
+    1 << 30,
+    (1 << 30) + 1,
+]
+
+
+def _refit(buf: bytearray, pos: int) -> None:
+    """Give the frame at `pos` the crc of what it now holds (when it fits in `buf`)."""
+    if pos + FRAME_BYTES > len(buf):
+        return
+    end = pos + FRAME_BYTES + struct.unpack_from("<I", buf, pos)[0]
+    if end <= len(buf):
+        crc = zlib.crc32(bytes(buf[pos + 8 : end]), zlib.crc32(bytes(buf[pos : pos + 4])))
+        struct.pack_into("<I", buf, pos + 4, crc)
+
+
+def _lie(data: bytes, rng: Random, starts: list[int]) -> bytes:
+    """One length that lies, in a frame whose crc is then right again: the frame's own
+    length, an address, body or queue name length, or a frame cut to a few bytes."""
+    buf = bytearray(data)
+    pos = rng.choice(starts)
+    length, _, type_id, _ = struct.unpack_from("<IIHH", buf, pos)
+    payload = pos + FRAME_BYTES
+    kind = rng.randrange(4)
+    if kind == 0:
+        rest = len(buf) - payload
+        lie = rng.choice([*_LIES, rest, rest + 1, rest - 1, length + 1, length - 1])
+        struct.pack_into("<I", buf, pos, lie & 0xFFFFFFFF)
+    elif kind == 1 and type_id == 45:  # AddMessage
+        address_len = struct.unpack_from("<I", buf, payload + 11)[0]
+        if rng.random() < 0.5:
+            lie = rng.choice([*_LIES, address_len + 1, address_len - 1, length - 21])
+            struct.pack_into("<I", buf, payload + 11, lie & 0xFFFFFFFF)
+        else:
+            at = payload + 15 + address_len + 2
+            body = struct.unpack_from("<I", buf, at)[0]
+            lie = rng.choice([*_LIES, body + 1, body - 1, body + 27, body - 27])
+            struct.pack_into("<I", buf, at, lie & 0xFFFFFFFF)
+    elif kind == 1 or kind == 2:  # an AddRef's queue name length, or its last byte cut
+        if type_id == 32:
+            name_len = struct.unpack_from("<I", buf, payload + 2)[0]
+            lie = rng.choice([*_LIES, name_len + 1, name_len - 1])
+            struct.pack_into("<I", buf, payload + 2, lie & 0xFFFFFFFF)
+        elif length:
+            struct.pack_into("<I", buf, pos, length - 1)
+            del buf[payload + length - 1]
+    else:  # a frame of 0 to 25 bytes of a type the reader takes, first bytes plausible
+        size = rng.choice([0, 1, 2, 14, 15, 20, 21, 23, 24, 25])
+        body = bytes([rng.choice([3, 10]), rng.choice([3, 4])]) + rng.randbytes(size)
+        buf[pos:pos] = struct.pack("<IIHH", size, 0, rng.choice([32, 45]), 1) + body[:size]
+    _refit(buf, pos)
+    return bytes(buf)
+
+
+def test_lengths_that_lie_in_frames_whose_crc_is_right_are_read_alike(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 15 attack: a flipped byte fails the crc, so the test above never reached the
+    payload checks of the C reader; here each frame's crc is made right after its lengths
+    are made to lie (address, body and queue lengths near 2^31, 2^32, the payload's
+    bounds; zero-length frames). Both readers take the same frames and stop at the same
+    place. (Run under AddressSanitizer too: docs/security.md, "The C frame reader".)"""
+    data = _segment(tmp_path, 7)
+    starts = []
+    pos = HEADER_BYTES
+    while isinstance(checked := _check_frame(data, pos), tuple):
+        starts.append(pos)
+        pos = checked[0]
+    rng = Random(7)
+    for case in range(250):
+        bad = _lie(data, rng, starts)
+        monkeypatch.setattr(frames, "_scan", None)
+        alone = _read(bad, HEADER_BYTES)
+        monkeypatch.setattr(frames, "_scan", framescan().scan)
+        assert _read(bad, HEADER_BYTES) == alone, case

@@ -279,6 +279,29 @@ def test_a_page_tail_that_is_zeros_or_unsound_is_cut_and_the_rest_recovered(
     assert [_decode(m.data) for m in got] == [f"message-{i:05d}" for i in range(3)]
 
 
+@pytest.mark.parametrize("length", [0x7FFFFFFF, 1 << 30, 100_000])
+def test_a_frame_length_past_the_file_end_is_not_allocated(tmp_path: Path, length: int) -> None:
+    """Issue 15 attack (B-151, page files crafted or damaged): a frame whose length runs
+    past the end of its file was read with `f.read(length)`, which allocates `length`
+    bytes before it reads: 2 GiB for one lying frame (a MemoryError out of the start
+    under an address-space limit). It is a torn tail, cut without reading it."""
+    import tracemalloc
+
+    page = _write_durable(tmp_path, 3)
+    sound = page.stat().st_size
+    with open(page, "ab") as f:
+        f.write(struct.pack("<II", length, 0) + b"\x01" * 64)
+    tracemalloc.start()
+    try:
+        pages = _reopen(tmp_path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 1024 * 1024
+    assert page.stat().st_size == sound
+    assert pages.messages == 3
+
+
 def test_long_names_whose_crc32_collide_page_to_different_directories(
     files: PageFiles,
 ) -> None:

@@ -579,7 +579,9 @@ class BrokerServer:
         )
 
     async def _start_http(self, loop: asyncio.AbstractEventLoop) -> None:
-        bridge = LoopBridge(loop, after=self._after_command)
+        bridge = LoopBridge(
+            loop, after=self._after_command, after_slice=self._after_slice, walked=self._after_walk
+        )
         collector = BrokerCollector(
             lambda: bridge.call(self.snapshot), artemis_names=self.config.metrics.artemis_names
         )
@@ -749,9 +751,17 @@ class BrokerServer:
         )
 
     def _after_command(self) -> None:
+        self._after_slice()
+        self.memory.check(self.broker.memory_bytes)  # a purge may have freed a lot
+
+    def _after_slice(self) -> None:
+        """After a slice of a management walk: no memory check, since what the walk
+        took is freed when it ends (`_after_walk`; a trim in between gives nothing)."""
         self.shell.apply_effects()
         self.flush()
-        self.memory.check(self.broker.memory_bytes)  # a purge may have freed a lot
+
+    def _after_walk(self) -> None:
+        self.memory.check(self.broker.memory_bytes, ended=True)  # issue 23: a purge's
 
     def _write_ports(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)

@@ -269,11 +269,22 @@ def _queue(broker: Broker, name: str) -> Queue:
 def _held(queue: Queue) -> Iterator[Ref]:
     """Every message of the queue now, in order: in memory (a list taken now), then the
     paged ones written until now (B-151; a walk does not chase a producer)."""
-    memory = queue.refs()
+    memory = _let_go(queue.refs())
     pages = queue.pages
     if pages is None or not pages.messages:
-        return iter(memory)
+        return memory
     return itertools.chain(memory, queue.paged_refs(pages.end))
+
+
+def _let_go(refs: list[Ref]) -> Iterator[Ref]:
+    """Each of `refs` in order, dropped from the list as it is given: a walk keeps no
+    message it has passed, so what a slice purged is freed in that slice (issue 23:
+    the whole list kept a purged 50 MiB backlog alive to the walk's end, and the memory
+    returner, which had trimmed as the counted bytes fell, gave nothing back)."""
+    refs.reverse()
+    pop = refs.pop
+    while refs:
+        yield pop()
 
 
 def _named(queue: Queue, ids: Iterable[int]) -> list[Ref]:

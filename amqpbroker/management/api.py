@@ -60,9 +60,18 @@ class Bridge(Protocol):
 class LoopBridge:
     """Runs callables on the event loop from other threads and waits for the result."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, after: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        after: Callable[[], None],
+        *,
+        after_slice: Callable[[], None] | None = None,
+        walked: Callable[[], None] = lambda: None,
+    ) -> None:
         self.loop = loop
         self._after = after  # apply effects and flush sockets after a command
+        self._after_slice = after_slice or after  # the same after each slice of a walk
+        self._walked = walked  # after a walk's last slice (the memory it freed)
 
     def call(self, fn: Callable[[], T]) -> T:
         async def run() -> T:
@@ -83,9 +92,12 @@ class LoopBridge:
                     blocked = walk.blocked
                     try:
                         if walk.step():
-                            return finish(walk.result)  # type: ignore[arg-type]
+                            try:
+                                return finish(walk.result)  # type: ignore[arg-type]
+                            finally:
+                                self._walked()
                     finally:
-                        self._after()
+                        self._after_slice()
                     # the next slice after what the loop has ready (another walk of the
                     # queue: a little later, rather than spinning)
                     await asyncio.sleep(WALK_WAIT_S if blocked else 0)

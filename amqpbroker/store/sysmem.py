@@ -99,9 +99,14 @@ class MemoryReturner:
         self._last = 0  # the queued bytes at the previous check
         self.trims = 0
 
-    def check(self, queued_bytes: int) -> bool:
-        """Note the queued bytes now; trim when they dropped far enough (True if it did)."""
-        settled = queued_bytes == self._last
+    def check(self, queued_bytes: int, *, ended: bool = False) -> bool:
+        """Note the queued bytes now; trim when they dropped far enough (True if it did).
+
+        `ended`: a management walk has just ended (the server checks only then, not
+        after each slice: a queue frees what a walk kills when the walk compacts it, at
+        its end, so trims in between gave nothing back), so the settled rule applies at
+        once; the periodic check runs only while a connection has a timer."""
+        settled = ended or queued_bytes == self._last
         self._last = queued_bytes
         if queued_bytes > self._peak:
             self._peak = queued_bytes

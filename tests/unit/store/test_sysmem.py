@@ -46,6 +46,19 @@ def test_the_returner_trims_what_is_left_once_a_drain_has_stopped() -> None:
     assert len(calls) == 1
 
 
+def test_the_returner_trims_at_once_when_a_walk_has_ended() -> None:
+    """Issue 23: a sliced purge over HTTP frees what it took when it ends; the server
+    checks then with `ended`, so a drop of `settled_bytes` is trimmed at once (the
+    periodic check runs only while a connection has a timer: RSS stayed 60 MB up)."""
+    calls: list[int] = []
+    returner = sysmem.MemoryReturner(threshold_bytes=100, settled_bytes=10)
+    returner._trim = lambda: calls.append(1) or True
+    assert not returner.check(500)
+    assert returner.check(450, ended=True)  # less than the threshold, all freed now
+    assert not returner.check(445, ended=True)  # less than settled_bytes
+    assert len(calls) == 1
+
+
 def test_a_purge_drops_the_removed_references_at_once() -> None:
     """Issue 23 item 3: purged messages are not left in the queue's structures until
     dispatch reaches them (their memory is freed with the purge)."""

@@ -32,7 +32,7 @@ from amqpbroker.core.attach import (
     _Attach,
     _ConsumerInfo,
 )
-from amqpbroker.core.clock import Clock, entry
+from amqpbroker.core.clock import Clock, Moment, entry
 from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Effect
 from amqpbroker.core.errors import (
     ClientError,
@@ -110,10 +110,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         # Who the current client request acts for (set only around attach/publish).
         self._principal: tuple[str | None, frozenset[str]] | None = None
         self.settings = settings
-        self.clock = clock
-        # The time of the call being handled: one clock reading per call (`clock.entry`).
-        self.now_ms = clock.now_ms()
-        self.in_call = False
+        # The time of the call being handled: one clock reading per call (`clock.entry`);
+        # a native object the queues share (`now_ms`, `in_call` and `clock` read it).
+        self.moment = Moment(clock)
         self.rng = rng or Random()
         self.copier: MessageCopier = copier or _BytesCopier()
         self.post_office = PostOffice(settings.wildcards)
@@ -143,6 +142,22 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         self._slow_watched: set[str] = set()
 
     # -- effects and time -----------------------------------------------------------
+    @property
+    def now_ms(self) -> int:
+        """The time of the call being handled (epoch ms; `moment.ms`). The per-message
+        paths read `moment` itself: a property read is a call more."""
+        return self.moment.ms
+
+    @property
+    def in_call(self) -> bool:
+        """Inside a call into the broker: entry points it reaches read no clock."""
+        return self.moment.in_call
+
+    @property
+    def clock(self) -> Clock:
+        """The injected clock (`moment.clock`; a test replaces it there)."""
+        return self.moment.clock
+
     def take_effects(self) -> list[Effect]:
         """Effects since the last call, in the order they must be applied."""
         effects, self._effects = self._effects, []
@@ -502,11 +517,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             ClientError: anonymous relay without `to`, or to a wildcard address.
         """
         # Each attribute of `self` is read once (a non-native class: a dict lookup each).
-        now_ms = self.now_ms
-        if not self.in_call:  # a hot entry point (core/clock.py)
-            read_ms = self.clock.now_ms()
-            if read_ms != now_ms:  # else keep the int object: the messages queued
-                self.now_ms = now_ms = read_ms  # within one ms share one `first_ts` (issue 20)
+        moment = self.moment
+        # A hot entry point (core/clock.py); `read` keeps the int object within one ms.
+        now_ms = moment.ms if moment.in_call else moment.read()
         if delivery_delay_ms > 0 and not message.deliver_at_ms:
             message.deliver_at_ms = now_ms + delivery_delay_ms
         if message.deliver_at_ms > LATEST_DELIVERY_MS:  # B-015: what the stores can hold
@@ -831,8 +844,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     # -- consumers (attaching them: `_Attach`, core/attach.py) ------------------------
     def set_credit(self, consumer_id: ConsumerId, credit: int, *, drain: bool = False) -> None:
         """The link credit the consumer now has (B-037)."""
-        if not self.in_call:  # a hot entry point (core/clock.py)
-            self.now_ms = self.clock.now_ms()
+        moment = self.moment
+        if not moment.in_call:  # a hot entry point (core/clock.py)
+            moment.read()
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.set_credit(info.consumer, credit, drain, self._effects)
@@ -840,8 +854,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     def resume(self, consumer_id: ConsumerId) -> None:
         """The consumer's connection wrote what it was handed and its window has room
         again: dispatch to it, with the credit and drain it kept (issue 15)."""
-        if not self.in_call:  # a hot entry point (core/clock.py)
-            self.now_ms = self.clock.now_ms()
+        moment = self.moment
+        if not moment.in_call:  # a hot entry point (core/clock.py)
+            moment.read()
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.dispatch(self._effects)
@@ -856,10 +871,8 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
 
         Each attribute of `self` read here is a dictionary lookup (`Broker` is not a native
         class, setup.py), so each is read once (issue 20: two settles a redelivery)."""
-        if self.in_call:
-            now_ms = self.now_ms
-        else:  # a hot entry point (core/clock.py)
-            now_ms = self.now_ms = self.clock.now_ms()
+        moment = self.moment
+        now_ms = moment.ms if moment.in_call else moment.read()  # a hot entry point
         info = self._consumers.get(consumer_id)
         if info is None:
             log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)

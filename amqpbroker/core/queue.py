@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from random import Random
 from typing import TYPE_CHECKING, Final, Protocol, cast
 
+from amqpbroker.core.clock import Moment
 from amqpbroker.core.dispatch import (
     DispatchPolicy,
     FirstMarker,
@@ -250,8 +251,9 @@ class QueueOwner(Protocol):
     inside a call into the broker."""
 
     @property
-    def now_ms(self) -> int:
-        """The time of the call into the broker being handled (epoch ms)."""
+    def moment(self) -> Moment:
+        """The time of the call into the broker being handled (`moment.ms`, epoch ms): a
+        native object the queue keeps and reads per event (issue 20)."""
         ...
 
     def queue_settings(self, queue: Queue) -> ResolvedSettings:
@@ -323,6 +325,7 @@ class Queue:
         self.durable = config.durable
         self.selector = selector  # the queue filter: what may enter
         self._owner = owner
+        self._moment = owner.moment  # the call's time, read per event (`note`)
         # The repository behind `owner.queue_settings`, when the owner has one: its
         # `version` says when the settings kept here (`settings()`) are stale.
         self._settings_source = settings_source
@@ -522,7 +525,7 @@ class Queue:
         emitter.events.append(
             (
                 shape,
-                self._owner.now_ms,  # the time of the call into the broker (clock.entry)
+                self._moment.ms,  # the time of the call into the broker (clock.entry)
                 message.event_part or emitter.message_part(message),
                 ref.delivery_count,
                 extra,
@@ -622,7 +625,7 @@ class Queue:
                 self.restore(message, count, at_ms)
             return
         seq, fresh, by_id, owner = self._seq, self._fresh, self._by_id, self._owner
-        now_ms = owner.now_ms
+        now_ms = self._moment.ms
         ready = size = 0
         for message, count, at_ms in restored:
             ref = Ref(message, next(seq), count)
@@ -648,7 +651,7 @@ class Queue:
     def _enqueue(self, message: Message, delivery_count: int, at_ms: int) -> Ref:
         ref = Ref(message, next(self._seq), delivery_count)
         owner = self._owner
-        if at_ms and at_ms > owner.now_ms:  # B-015: scheduled until then
+        if at_ms and at_ms > self._moment.ms:  # B-015: scheduled until then
             heapq.heappush(self._scheduled, (at_ms, ref.seq, ref))
             ref.state = SCHEDULED
             self._scheduled_live += 1
@@ -722,8 +725,7 @@ class Queue:
             active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
             policy = self.policy
             if active and (
-                policy is None
-                or policy.may_dispatch(consumers, self.delivering, self._owner.now_ms)
+                policy is None or policy.may_dispatch(consumers, self.delivering, self._moment.ms)
             ):
                 self._deliver_ready(active, out)
         for consumer in consumers:
@@ -747,9 +749,7 @@ class Queue:
         messages remained behind expired ones); `expire_paged` always dispatches."""
         pages = self.pages
         return (
-            pages is not None
-            and pages.messages > 0
-            and 0 < self._page_expiry_ms <= self._owner.now_ms
+            pages is not None and pages.messages > 0 and 0 < self._page_expiry_ms <= self._moment.ms
         )
 
     def _drain_allowance(self, active: list[Consumer]) -> int:
@@ -791,7 +791,7 @@ class Queue:
             or self.policy is not None
             or message.group_id is not None
             or (pages is not None and pages.messages)
-            or (message.expiration_ms and self._owner.now_ms >= message.expiration_ms)
+            or (message.expiration_ms and self._moment.ms >= message.expiration_ms)
         ):
             self.dispatch(out)
             return
@@ -813,7 +813,7 @@ class Queue:
                 break
         policy = self.policy  # B-122/B-127/B-128 (core/dispatch.py); None: a plain queue
         ranked = self._prioritized
-        owner_ms = self._owner
+        moment = self._moment
         allowance = -1  # beyond the read limits, for a drain (`_drain_allowance`)
         while active:
             ref = self._pop_next() if self._ready else None
@@ -837,7 +837,7 @@ class Queue:
                 continue
             message = ref.message
             expiration = message.expiration_ms
-            if expiration and owner_ms.now_ms >= expiration and self.expire(ref, popped=True):
+            if expiration and moment.ms >= expiration and self.expire(ref, popped=True):
                 continue  # B-084: an expired message is never sent to a consumer
             count = len(active)
             index = self._rr % count
@@ -945,7 +945,7 @@ class Queue:
                 if ref.seq <= browser.browsed_seq or not browser.accepts(ref):
                     continue
                 expiration = ref.message.expiration_ms
-                if expiration and self._owner.now_ms >= expiration:
+                if expiration and self._moment.ms >= expiration:
                     continue  # B-084: never sent, not even to a browser
                 browser.browsed_seq = ref.seq
                 browser.credit -= 1
@@ -975,7 +975,7 @@ class Queue:
             # It stopped at a step this loop turn: `tick` walks it on. Every message paged
             # is a dispatch, and a producer's burst walked a step for each (h-attack).
             return
-        now_ms = self._owner.now_ms
+        now_ms = self._moment.ms
         skipped = skipped_bytes = 0  # what is sent is bounded by the credit and window
         for message, end in pages.browse_from(mark.start(pages)):
             if browser.credit <= 0 or browser.window.room <= 0:
@@ -1176,7 +1176,7 @@ class Queue:
         self.consumers.append(consumer)
         self._consumers_changed()
         if self.policy is not None:
-            self.policy.consumer_added(consumer, self._owner.now_ms)
+            self.policy.consumer_added(consumer, self._moment.ms)
             if (due := self.policy.deadline_ms()) is not None:
                 self._owner.schedule(due)
 
@@ -1349,7 +1349,7 @@ class Queue:
             self._count_lost(pages)
         store = self.store
         kind = self.kind
-        now_ms = self._owner.now_ms
+        now_ms = self._moment.ms
         expires = settings.expiry_address != self.address  # B-087
         seqs: list[int] = []
         kept = 0

@@ -60,7 +60,7 @@ from amqpbroker.core.outcomes import FAILED, Outcome
 from amqpbroker.core.paging import PageStores, full_reason
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
-from amqpbroker.core.queue import Queue
+from amqpbroker.core.queue import Memory, Queue
 from amqpbroker.core.queuekinds import kind_of, last_value_key
 from amqpbroker.core.reaper import _Reaper
 from amqpbroker.core.refs import DELIVERING, Ref
@@ -100,8 +100,6 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         # B-151: the bytes all queues may hold in memory (-1: no broker-wide limit), what
         # they hold, and whether a BLOCK address hit it (producers and relays wait).
         self.global_max_size = global_max_size
-        self.memory_bytes = 0
-        self.global_blocked = False
         self.page_stores: PageStores | None = None  # PAGE writes to disk once set
         self.persistence = persistence  # None: memory only
         self.emitter = Emitter(event_level)
@@ -116,6 +114,8 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         self.rng = rng or Random()
         self.copier: MessageCopier = copier or _BytesCopier()
         self.post_office = PostOffice(settings.wildcards)
+        # B-151: what the queues hold, counted by them per message (`memory_bytes`).
+        self.memory = Memory(self.post_office.addresses)
         self.queues: dict[str, Queue] = {}
         self.stats = BrokerStats()
         self.totals = CounterTotals()  # counters across queue incarnations (issue 16 item 4)
@@ -171,14 +171,22 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     def schedule(self, at_ms: int) -> None:
         heapq.heappush(self._deadlines, at_ms)
 
-    def size_changed(self, queue: Queue, delta_bytes: int) -> None:
-        self.memory_bytes += delta_bytes  # B-151 global-max-size
+    @property
+    def memory_bytes(self) -> int:
+        """B-151: the bytes all queues hold in memory (`memory.used`)."""
+        return self.memory.used
+
+    @property
+    def global_blocked(self) -> bool:
+        """B-151: global-max-size reached under BLOCK: producers and relays wait."""
+        return self.memory.global_blocked
+
+    def freed(self, queue: Queue) -> None:
+        """B-151: `queue` freed bytes while its address or the broker was blocked."""
         address = self.post_office.addresses.get(queue.address)
-        if address is not None:
-            address.size_bytes += delta_bytes
-            if delta_bytes < 0 and address.blocked:
-                self._check_unblocked(address)
-        if delta_bytes < 0 and self.global_blocked:
+        if address is not None and address.blocked:
+            self._check_unblocked(address)
+        if self.memory.global_blocked:
             self._check_global_unblocked()
 
     def next_deadline_ms(self) -> int | None:
@@ -674,8 +682,8 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         """B-151 BLOCK: the address (or, for global-max-size, the broker) is full: no more
         credit for its producers until memory is freed (`AddressUnblocked`)."""
         if reason.startswith("global-max-size"):
-            if not self.global_blocked:
-                self.global_blocked = True
+            if not self.memory.global_blocked:
+                self.memory.global_blocked = True
                 log.info("the broker is full (%s): blocking producers", reason)
         elif not address.blocked:
             address.blocked = True
@@ -703,7 +711,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
 
     def _check_global_unblocked(self) -> None:
         if not 0 <= self.global_max_size <= self.memory_bytes:
-            self.global_blocked = False
+            self.memory.global_blocked = False
             self._effects.append(AddressUnblocked(None))
 
     def producer_may_send(self, target: ProducerTarget, *, to: str | None = None) -> bool:

@@ -71,6 +71,7 @@ from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
 if TYPE_CHECKING:
     from amqpbroker.core.paging import PageStore
     from amqpbroker.core.persistence import Persistence
+    from amqpbroker.core.postoffice import Address
     from amqpbroker.core.selector import Selector
 
 _LEVELS = 10
@@ -117,6 +118,32 @@ class Window:
 
     def __init__(self, room: int = UNBOUNDED) -> None:
         self.room = room
+
+
+class Memory:
+    """B-151: the bytes all queues hold in memory (`used`, against global-max-size), each
+    address's share (`Address.size_bytes`), and whether the broker-wide limit blocks
+    producers. The broker owns it; its queues count every message in and out here, a
+    native object (compiled, setup.py), not through a call on `Broker`, which is not
+    one (issue 20: ~2.4k instructions a call, two a message)."""
+
+    __slots__ = ("addresses", "global_blocked", "used")
+
+    def __init__(self, addresses: dict[str, Address]) -> None:
+        self.addresses = addresses  # the post office's, by name (never replaced)
+        self.used = 0
+        self.global_blocked = False
+
+    def changed(self, address: str, delta_bytes: int) -> bool:
+        """A queue of `address` holds `delta_bytes` more (or fewer). True when bytes were
+        freed while the address or the broker blocks its producers: the owner then checks
+        whether they may resume (`QueueOwner.freed`)."""
+        self.used += delta_bytes
+        entry = self.addresses.get(address)
+        if entry is None:
+            return delta_bytes < 0 and self.global_blocked
+        entry.size_bytes += delta_bytes
+        return delta_bytes < 0 and (entry.blocked or self.global_blocked)
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -264,8 +291,14 @@ class QueueOwner(Protocol):
         """The queue has a scheduled reference due at `at_ms`: `tick()` has work then."""
         ...
 
-    def size_changed(self, queue: Queue, delta_bytes: int) -> None:
-        """`queue` holds `delta_bytes` more (or fewer): its address's size (B-151)."""
+    @property
+    def memory(self) -> Memory:
+        """Where the queue counts the bytes it holds (B-151), per message."""
+        ...
+
+    def freed(self, queue: Queue) -> None:
+        """`queue` freed bytes while its address or the broker blocks producers
+        (`Memory.changed`): they may resume (B-151)."""
         ...
 
     def track_expiry(self, queue: Queue, ref: Ref) -> None:
@@ -326,6 +359,7 @@ class Queue:
         self.selector = selector  # the queue filter: what may enter
         self._owner = owner
         self._moment = owner.moment  # the call's time, read per event (`note`)
+        self._memory = owner.memory  # B-151: the bytes held, counted per message
         # The repository behind `owner.queue_settings`, when the owner has one: its
         # `version` says when the settings kept here (`settings()`) are stale.
         self._settings_source = settings_source
@@ -645,8 +679,7 @@ class Queue:
         self._ready += ready
         if ready:
             self._top = _LEVELS - 1  # an upper bound: `_pop_next` lowers it as it goes
-        self.size_bytes += size
-        owner.size_changed(self, size)
+        self._size_changed(size)
 
     def _enqueue(self, message: Message, delivery_count: int, at_ms: int) -> Ref:
         ref = Ref(message, next(self._seq), delivery_count)
@@ -663,9 +696,7 @@ class Queue:
                 self._top = level
             self._ready += 1
         self._by_id[message.msg_id] = ref
-        size = message.size
-        self.size_bytes += size
-        owner.size_changed(self, size)
+        self._size_changed(message.size)
         if message.expiration_ms:
             owner.track_expiry(self, ref)
         return ref
@@ -1006,9 +1037,14 @@ class Queue:
             del by_id[ref.message.msg_id]
         if ref.stored_count is not None and self.store is not None:
             self.store.ref_removed(self.name, ref)
-        size = ref.message.size
-        self.size_bytes -= size
-        self._owner.size_changed(self, -size)
+        self._size_changed(-ref.message.size)
+
+    def _size_changed(self, delta_bytes: int) -> None:
+        """The queue holds `delta_bytes` more (or fewer): its size, its address's and the
+        broker's (B-151)."""
+        self.size_bytes += delta_bytes
+        if self._memory.changed(self.address, delta_bytes):
+            self._owner.freed(self)
 
     def _acknowledge(self, ref: Ref, consumer: Consumer) -> None:
         self.counters.acknowledged += 1
@@ -1242,8 +1278,7 @@ class Queue:
         for ref, message in changed:
             delta = message.size - ref.message.size
             ref.message = message
-            self.size_bytes += delta
-            self._owner.size_changed(self, delta)
+            self._size_changed(delta)
             if id(ref) in moving:
                 ref.seq = next(self._seq)
                 self._fresh[message.priority].append(ref)

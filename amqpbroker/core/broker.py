@@ -27,11 +27,7 @@ from typing import Any
 
 from mypy_extensions import mypyc_attr
 
-from amqpbroker.core.attach import (
-    ProducerTarget,
-    _Attach,
-    _ConsumerInfo,
-)
+from amqpbroker.core.attach import _Attach, _ConsumerInfo
 from amqpbroker.core.clock import Clock, Moment, entry
 from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Effect
 from amqpbroker.core.errors import (
@@ -50,6 +46,7 @@ from amqpbroker.core.model import (
     ConsumerId,
     DeliveryId,
     Message,
+    ProducerTarget,
     QueueConfig,
     RoutingType,
 )

@@ -7,7 +7,6 @@ from amqpbroker.core.attach import (
     ConsumerAttached,
     ConsumerRequest,
     ProducerRequest,
-    ProducerTarget,
 )
 from amqpbroker.core.broker import Broker
 from amqpbroker.core.clock import Clock, ManualClock, SystemClock
@@ -44,6 +43,7 @@ from amqpbroker.core.model import (
     ConsumerId,
     DeliveryId,
     Message,
+    ProducerTarget,
     QueueConfig,
     RoutingType,
     SectionReader,

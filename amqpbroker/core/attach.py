@@ -35,6 +35,7 @@ from amqpbroker.core.management import MANAGEMENT_ADDRESS
 from amqpbroker.core.model import (
     ConnectionId,
     ConsumerId,
+    ProducerTarget,
     QueueConfig,
     RoutingType,
 )
@@ -62,19 +63,6 @@ class ProducerRequest:
     multicast_prefix: str | None = None
     user: str | None = None
     roles: frozenset[str] | None = None  # None: security disabled, everything allowed
-
-
-@dataclass(frozen=True, slots=True)
-class ProducerTarget:
-    """Where a producer link's messages go. address None: anonymous relay."""
-
-    address: str | None
-    routing_type: RoutingType | None = None  # fixed by capability or prefix (B-008 rule 1)
-    queue: str | None = None  # FQQN: only this queue (B-006)
-    link_routing_type: RoutingType | None = None  # anonymous relay: from link capabilities
-    user: str | None = None
-    roles: frozenset[str] | None = None  # anonymous relay: `send` is checked per message
-    management: bool = False  # a link to the management address: requests (B-160)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,12 +27,8 @@ from typing import Any
 
 from mypy_extensions import mypyc_attr
 
-from amqpbroker.core.attach import (
-    ProducerTarget,
-    _Attach,
-    _ConsumerInfo,
-)
-from amqpbroker.core.clock import Clock, entry
+from amqpbroker.core.attach import _Attach, _ConsumerInfo
+from amqpbroker.core.clock import Clock, Moment, entry
 from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Effect
 from amqpbroker.core.errors import (
     ClientError,
@@ -50,6 +46,7 @@ from amqpbroker.core.model import (
     ConsumerId,
     DeliveryId,
     Message,
+    ProducerTarget,
     QueueConfig,
     RoutingType,
 )
@@ -60,7 +57,7 @@ from amqpbroker.core.outcomes import FAILED, Outcome
 from amqpbroker.core.paging import PageStore, PageStores, Tailed, full_reason
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
-from amqpbroker.core.queue import Queue
+from amqpbroker.core.queue import Memory, Queue
 from amqpbroker.core.queuekinds import kind_of, last_value_key
 from amqpbroker.core.reaper import _Reaper
 from amqpbroker.core.refs import DELIVERING, Ref
@@ -100,8 +97,6 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         # B-151: the bytes all queues may hold in memory (-1: no broker-wide limit), what
         # they hold, and whether a BLOCK address hit it (producers and relays wait).
         self.global_max_size = global_max_size
-        self.memory_bytes = 0
-        self.global_blocked = False
         self.page_stores: PageStores | None = None  # PAGE writes to disk once set
         self.persistence = persistence  # None: memory only
         self.emitter = Emitter(event_level)
@@ -110,14 +105,15 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         # Who the current client request acts for (set only around attach/publish).
         self._principal: tuple[str | None, frozenset[str]] | None = None
         self.settings = settings
-        self.clock = clock
-        # The time of the call being handled: one clock reading per call (`clock.entry`).
-        self.now_ms = clock.now_ms()
-        self.in_call = False
+        # The time of the call being handled: one clock reading per call (`clock.entry`);
+        # a native object the queues share (`now_ms`, `in_call` and `clock` read it).
+        self.moment = Moment(clock)
         self._in_commit = False  # B-141: `committing`
         self.rng = rng or Random()
         self.copier: MessageCopier = copier or _BytesCopier()
         self.post_office = PostOffice(settings.wildcards)
+        # B-151: what the queues hold, counted by them per message (`memory_bytes`).
+        self.memory = Memory(self.post_office.addresses)
         self.queues: dict[str, Queue] = {}
         self.stats = BrokerStats()
         self.totals = CounterTotals()  # counters across queue incarnations (issue 16 item 4)
@@ -144,6 +140,22 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         self._slow_watched: set[str] = set()
 
     # -- effects and time -----------------------------------------------------------
+    @property
+    def now_ms(self) -> int:
+        """The time of the call being handled (epoch ms; `moment.ms`). The per-message
+        paths read `moment` itself: a property read is a call more."""
+        return self.moment.ms
+
+    @property
+    def in_call(self) -> bool:
+        """Inside a call into the broker: entry points it reaches read no clock."""
+        return self.moment.in_call
+
+    @property
+    def clock(self) -> Clock:
+        """The injected clock (`moment.clock`; a test replaces it there)."""
+        return self.moment.clock
+
     def take_effects(self) -> list[Effect]:
         """Effects since the last call, in the order they must be applied."""
         effects, self._effects = self._effects, []
@@ -157,14 +169,22 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     def schedule(self, at_ms: int) -> None:
         heapq.heappush(self._deadlines, at_ms)
 
-    def size_changed(self, queue: Queue, delta_bytes: int) -> None:
-        self.memory_bytes += delta_bytes  # B-151 global-max-size
+    @property
+    def memory_bytes(self) -> int:
+        """B-151: the bytes all queues hold in memory (`memory.used`)."""
+        return self.memory.used
+
+    @property
+    def global_blocked(self) -> bool:
+        """B-151: global-max-size reached under BLOCK: producers and relays wait."""
+        return self.memory.global_blocked
+
+    def freed(self, queue: Queue) -> None:
+        """B-151: `queue` freed bytes while its address or the broker was blocked."""
         address = self.post_office.addresses.get(queue.address)
-        if address is not None:
-            address.size_bytes += delta_bytes
-            if delta_bytes < 0 and address.blocked:
-                self._check_unblocked(address)
-        if delta_bytes < 0 and self.global_blocked:
+        if address is not None and address.blocked:
+            self._check_unblocked(address)
+        if self.memory.global_blocked:
             self._check_global_unblocked()
 
     def next_deadline_ms(self) -> int | None:
@@ -510,11 +530,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             ClientError: anonymous relay without `to`, or to a wildcard address.
         """
         # Each attribute of `self` is read once (a non-native class: a dict lookup each).
-        now_ms = self.now_ms
-        if not self.in_call:  # a hot entry point (core/clock.py)
-            read_ms = self.clock.now_ms()
-            if read_ms != now_ms:  # else keep the int object: the messages queued
-                self.now_ms = now_ms = read_ms  # within one ms share one `first_ts` (issue 20)
+        moment = self.moment
+        # A hot entry point (core/clock.py); `read` keeps the int object within one ms.
+        now_ms = moment.ms if moment.in_call else moment.read()
         if delivery_delay_ms > 0 and not message.deliver_at_ms:
             message.deliver_at_ms = now_ms + delivery_delay_ms
         if message.deliver_at_ms > LATEST_DELIVERY_MS:  # B-015: what the stores can hold
@@ -745,8 +763,8 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         """B-151 BLOCK: the address (or, for global-max-size, the broker) is full: no more
         credit for its producers until memory is freed (`AddressUnblocked`)."""
         if reason.startswith("global-max-size"):
-            if not self.global_blocked:
-                self.global_blocked = True
+            if not self.memory.global_blocked:
+                self.memory.global_blocked = True
                 log.info("the broker is full (%s): blocking producers", reason)
         elif not address.blocked:
             address.blocked = True
@@ -774,7 +792,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
 
     def _check_global_unblocked(self) -> None:
         if not 0 <= self.global_max_size <= self.memory_bytes:
-            self.global_blocked = False
+            self.memory.global_blocked = False
             self._effects.append(AddressUnblocked(None))
 
     def producer_may_send(self, target: ProducerTarget, *, to: str | None = None) -> bool:
@@ -915,8 +933,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     # -- consumers (attaching them: `_Attach`, core/attach.py) ------------------------
     def set_credit(self, consumer_id: ConsumerId, credit: int, *, drain: bool = False) -> None:
         """The link credit the consumer now has (B-037)."""
-        if not self.in_call:  # a hot entry point (core/clock.py)
-            self.now_ms = self.clock.now_ms()
+        moment = self.moment
+        if not moment.in_call:  # a hot entry point (core/clock.py)
+            moment.read()
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.set_credit(info.consumer, credit, drain, self._effects)
@@ -924,8 +943,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     def resume(self, consumer_id: ConsumerId) -> None:
         """The consumer's connection wrote what it was handed and its window has room
         again: dispatch to it, with the credit and drain it kept (issue 15)."""
-        if not self.in_call:  # a hot entry point (core/clock.py)
-            self.now_ms = self.clock.now_ms()
+        moment = self.moment
+        if not moment.in_call:  # a hot entry point (core/clock.py)
+            moment.read()
         info = self._consumers.get(consumer_id)
         if info is not None:
             info.consumer.queue.dispatch(self._effects)
@@ -940,10 +960,8 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
 
         Each attribute of `self` read here is a dictionary lookup (`Broker` is not a native
         class, setup.py), so each is read once (issue 20: two settles a redelivery)."""
-        if self.in_call:
-            now_ms = self.now_ms
-        else:  # a hot entry point (core/clock.py)
-            now_ms = self.now_ms = self.clock.now_ms()
+        moment = self.moment
+        now_ms = moment.ms if moment.in_call else moment.read()  # a hot entry point
         info = self._consumers.get(consumer_id)
         if info is None:
             log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)

@@ -12,11 +12,15 @@ broker (an auto-created address, a deleted queue) reads nothing more (`in_call`)
 
 * `@entry` marks most entry points: it reads the clock and sets `in_call` for the call.
 * The hot ones (publish, settle, credit; called per message) read the clock themselves,
-  `if not self.in_call: self.now_ms = self.clock.now_ms()`: the wrapper would cost them
-  ~2,200 instructions a call (callgrind), the read alone ~450. They are never called
-  from inside the broker, and the only ways from them into other entry points, the
+  `if not moment.in_call: moment.read()`: the wrapper would cost them ~2,200
+  instructions a call (callgrind), the read alone ~450. They are never called from
+  inside the broker, and the only ways from them into other entry points, the
   auto-creation of a producer's target and of dead-letter or expiry resources, are
   marked `@within_call`.
+
+The call's time and `in_call` live in a `Moment`, a native object (compiled, setup.py)
+that the broker and its queues share: `Broker` is not a native class, and each of its
+attributes read or written on the per-message path was a dictionary lookup (issue 20).
 """
 
 from __future__ import annotations
@@ -47,6 +51,28 @@ class SystemClock:
         return _time_ns() // 1_000_000
 
 
+class Moment:
+    """The time of the call into the broker being handled (`ms`, epoch ms), whether a call
+    is being handled (`in_call`), and the clock both come from; shared by the broker and
+    its queues."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.ms = clock.now_ms()
+        self.in_call = False
+
+    def read(self) -> int:
+        """A hot entry point's clock read: the clock's time becomes the call's. The
+        system clock is read without a method call; the kept time is replaced only when
+        the millisecond changed, so that the messages queued within one share one
+        `first_ts` object (issue 20)."""
+        clock = self.clock
+        read_ms = _time_ns() // 1_000_000 if type(clock) is SystemClock else clock.now_ms()
+        if read_ms != self.ms:
+            self.ms = read_ms
+        return self.ms
+
+
 @mypyc_attr(allow_interpreted_subclasses=True)  # tests subclass it; setup.py compiles it
 class ManualClock:
     """A clock that moves only when told to: for tests and simulations."""
@@ -66,9 +92,11 @@ class ManualClock:
 class Timed(Protocol):
     """What `entry` needs of the object it times: the broker."""
 
-    clock: Clock
-    now_ms: int  # the time of the call being handled (epoch ms)
-    in_call: bool  # inside a call: entry points it reaches read no clock
+    @property
+    def moment(self) -> Moment:
+        """The call's time and `in_call` (inside a call: entry points it reaches read no
+        clock)."""
+        ...
 
 
 _T = TypeVar("_T", bound=Timed)
@@ -96,14 +124,15 @@ def _marked(
 
     @functools.wraps(method)
     def call(timed: _T, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        if timed.in_call:
+        moment = timed.moment
+        if moment.in_call:
             return method(timed, *args, **kwargs)
         if reads:
-            timed.now_ms = timed.clock.now_ms()
-        timed.in_call = True
+            moment.ms = moment.clock.now_ms()
+        moment.in_call = True
         try:
             return method(timed, *args, **kwargs)
         finally:
-            timed.in_call = False
+            moment.in_call = False
 
     return call

@@ -69,6 +69,21 @@ def annotated_routing_type(
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerTarget:
+    """Where a producer link's messages go (`Broker.attach_producer`, core/attach.py).
+    address None: anonymous relay. Here, in a compiled module, a native class: `publish`
+    reads four of its fields a message (issue 20)."""
+
+    address: str | None
+    routing_type: RoutingType | None = None  # fixed by capability or prefix (B-008 rule 1)
+    queue: str | None = None  # FQQN: only this queue (B-006)
+    link_routing_type: RoutingType | None = None  # anonymous relay: from link capabilities
+    user: str | None = None
+    roles: frozenset[str] | None = None  # anonymous relay: `send` is checked per message
+    management: bool = False  # a link to the management address: requests (B-160)
+
+
 class SectionReader(Protocol):
     """Decodes sections of an encoded message on demand (implemented in `protocol/`).
 

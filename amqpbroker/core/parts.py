@@ -17,7 +17,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
-from amqpbroker.core.clock import Clock
+from amqpbroker.core.clock import Clock, Moment
 from amqpbroker.core.model import ConnectionId, QueueConfig, RoutingType
 from amqpbroker.core.postoffice import Address, PostOffice
 from amqpbroker.core.queue import Queue
@@ -27,12 +27,22 @@ from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
 class _BrokerPart:
     """The state and the `Broker` methods shared by its mixins (set in Broker.__init__)."""
 
-    clock: Clock
-    in_call: bool
-    now_ms: int
+    moment: Moment  # the call's time and `in_call` (core/clock.py)
     post_office: PostOffice
     queues: dict[str, Queue]
     settings: SettingsRepository
+
+    @property
+    def clock(self) -> Clock:
+        raise NotImplementedError  # Broker's
+
+    @property
+    def in_call(self) -> bool:
+        raise NotImplementedError  # Broker's
+
+    @property
+    def now_ms(self) -> int:
+        raise NotImplementedError  # Broker's
 
     @contextlib.contextmanager
     def _acting_for(self, user: str | None, roles: frozenset[str] | None) -> Iterator[None]:

@@ -12,42 +12,15 @@ ANYCAST queue on a wildcard address never competes with the concrete address's o
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from amqpbroker.core.model import Message, RoutingType
 
-from amqpbroker.core.lifecycle import Extra, Shape
-from amqpbroker.core.model import ConnectionId, Message, RoutingType
+# `Address` is defined in core/queue.py, whose `Memory` counts each message's bytes on it
+# natively (issue 20); it is the post office's, and imported from here.
+from amqpbroker.core.queue import Address as Address
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.wildcard import WildcardConfig
 
 _ANYCAST, _MULTICAST = RoutingType.ANYCAST, RoutingType.MULTICAST
-
-
-@dataclass(eq=False, slots=True, kw_only=True)
-class Address:
-    """An address and its bindings (queues), in binding order."""
-
-    name: str
-    routing_types: set[RoutingType]
-    auto_created: bool = False
-    temporary: bool = False
-    owner: ConnectionId | None = None  # temporary addresses die with their connection
-    queues: list[Queue] = field(default_factory=list)
-    wildcard: bool = False
-    used: bool = False  # a binding was removed (B-114)
-    swept: bool = False
-    idle_since_ms: int = 0
-    anycast_start: int = 0  # rotating start position (B-003)
-    routed: int = 0
-    unrouted: int = 0
-    size_bytes: int = 0  # bytes of the references its queues hold (B-151)
-    duplicate_ids: dict[str | bytes, None] = field(default_factory=dict)  # B-012, in order
-    blocked: bool = False  # full under policy BLOCK: producers get no more credit
-    # The lifecycle `sent` shape per producer container (`Broker._sent_shape`), built once.
-    event_sent: dict[str | None, Shape] = field(default_factory=dict)
-    # The queues the last message routed here reached (two or more), with the `extra` of
-    # its `sent` event (target_queues): the next message that reaches the same queues
-    # shares it instead of building a list and two tuples (fan-out, issue 20).
-    event_routed: tuple[list[Queue], Extra] | None = None
 
 
 class PostOffice:

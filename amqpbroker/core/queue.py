@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from random import Random
 from typing import TYPE_CHECKING, Final, Protocol, cast
 
+from amqpbroker.core.clock import Moment
 from amqpbroker.core.dispatch import (
     DispatchPolicy,
     FirstMarker,
@@ -116,6 +117,61 @@ class Window:
 
     def __init__(self, room: int = UNBOUNDED) -> None:
         self.room = room
+
+
+@dataclass(eq=False, slots=True, kw_only=True)
+class Address:
+    """An address and its bindings (queues), in binding order: the post office's
+    (core/postoffice.py), defined here for `Memory`, which counts its `size_bytes`."""
+
+    name: str
+    routing_types: set[RoutingType]
+    auto_created: bool = False
+    temporary: bool = False
+    owner: ConnectionId | None = None  # temporary addresses die with their connection
+    queues: list[Queue] = field(default_factory=list)
+    wildcard: bool = False
+    used: bool = False  # a binding was removed (B-114)
+    swept: bool = False
+    idle_since_ms: int = 0
+    anycast_start: int = 0  # rotating start position (B-003)
+    routed: int = 0
+    unrouted: int = 0
+    size_bytes: int = 0  # bytes of the references its queues hold (B-151)
+    duplicate_ids: dict[str | bytes, None] = field(default_factory=dict)  # B-012, in order
+    blocked: bool = False  # full under policy BLOCK: producers get no more credit
+    # The lifecycle `sent` shape per producer container (`Broker._sent_shape`), built once.
+    event_sent: dict[str | None, Shape] = field(default_factory=dict)
+    # The queues the last message routed here reached (two or more), with the `extra` of
+    # its `sent` event (target_queues): the next message that reaches the same queues
+    # shares it instead of building a list and two tuples (fan-out, issue 20).
+    event_routed: tuple[list[Queue], Extra] | None = None
+
+
+class Memory:
+    """B-151: the bytes all queues hold in memory (`used`, against global-max-size), each
+    address's share (`Address.size_bytes`), and whether the broker-wide limit blocks
+    producers. The broker owns it; its queues count every message in and out here, a
+    native object (compiled, setup.py), not through a call on `Broker`, which is not
+    one (issue 20: ~2.4k instructions a call, two a message)."""
+
+    __slots__ = ("addresses", "global_blocked", "used")
+
+    def __init__(self, addresses: dict[str, Address]) -> None:
+        self.addresses = addresses  # the post office's, by name (never replaced)
+        self.used = 0
+        self.global_blocked = False
+
+    def changed(self, address: str, delta_bytes: int) -> bool:
+        """A queue of `address` holds `delta_bytes` more (or fewer). True when bytes were
+        freed while the address or the broker blocks its producers: the owner then checks
+        whether they may resume (`QueueOwner.freed`)."""
+        self.used += delta_bytes
+        entry = self.addresses.get(address)
+        if entry is None:
+            return delta_bytes < 0 and self.global_blocked
+        entry.size_bytes += delta_bytes
+        return delta_bytes < 0 and (entry.blocked or self.global_blocked)
 
 
 @dataclass(eq=False, slots=True, kw_only=True)
@@ -250,8 +306,9 @@ class QueueOwner(Protocol):
     inside a call into the broker."""
 
     @property
-    def now_ms(self) -> int:
-        """The time of the call into the broker being handled (epoch ms)."""
+    def moment(self) -> Moment:
+        """The time of the call into the broker being handled (`moment.ms`, epoch ms): a
+        native object the queue keeps and reads per event (issue 20)."""
         ...
 
     def queue_settings(self, queue: Queue) -> ResolvedSettings:
@@ -262,8 +319,14 @@ class QueueOwner(Protocol):
         """The queue has a scheduled reference due at `at_ms`: `tick()` has work then."""
         ...
 
-    def size_changed(self, queue: Queue, delta_bytes: int) -> None:
-        """`queue` holds `delta_bytes` more (or fewer): its address's size (B-151)."""
+    @property
+    def memory(self) -> Memory:
+        """Where the queue counts the bytes it holds (B-151), per message."""
+        ...
+
+    def freed(self, queue: Queue) -> None:
+        """`queue` freed bytes while its address or the broker blocks producers
+        (`Memory.changed`): they may resume (B-151)."""
         ...
 
     def track_expiry(self, queue: Queue, ref: Ref) -> None:
@@ -323,6 +386,8 @@ class Queue:
         self.durable = config.durable
         self.selector = selector  # the queue filter: what may enter
         self._owner = owner
+        self._moment = owner.moment  # the call's time, read per event (`note`)
+        self._memory = owner.memory  # B-151: the bytes held, counted per message
         # The repository behind `owner.queue_settings`, when the owner has one: its
         # `version` says when the settings kept here (`settings()`) are stale.
         self._settings_source = settings_source
@@ -525,7 +590,7 @@ class Queue:
         emitter.events.append(
             (
                 shape,
-                self._owner.now_ms,  # the time of the call into the broker (clock.entry)
+                self._moment.ms,  # the time of the call into the broker (clock.entry)
                 message.event_part or emitter.message_part(message),
                 ref.delivery_count,
                 extra,
@@ -625,7 +690,7 @@ class Queue:
                 self.restore(message, count, at_ms)
             return
         seq, fresh, by_id, owner = self._seq, self._fresh, self._by_id, self._owner
-        now_ms = owner.now_ms
+        now_ms = self._moment.ms
         ready = size = 0
         for message, count, at_ms in restored:
             ref = Ref(message, next(seq), count)
@@ -645,13 +710,12 @@ class Queue:
         self._ready += ready
         if ready:
             self._top = _LEVELS - 1  # an upper bound: `_pop_next` lowers it as it goes
-        self.size_bytes += size
-        owner.size_changed(self, size)
+        self._size_changed(size)
 
     def _enqueue(self, message: Message, delivery_count: int, at_ms: int) -> Ref:
         ref = Ref(message, next(self._seq), delivery_count)
         owner = self._owner
-        if at_ms and at_ms > owner.now_ms:  # B-015: scheduled until then
+        if at_ms and at_ms > self._moment.ms:  # B-015: scheduled until then
             heapq.heappush(self._scheduled, (at_ms, ref.seq, ref))
             ref.state = SCHEDULED
             self._scheduled_live += 1
@@ -663,9 +727,7 @@ class Queue:
                 self._top = level
             self._ready += 1
         self._by_id[message.msg_id] = ref
-        size = message.size
-        self.size_bytes += size
-        owner.size_changed(self, size)
+        self._size_changed(message.size)
         if message.expiration_ms:
             owner.track_expiry(self, ref)
         return ref
@@ -725,8 +787,7 @@ class Queue:
             active = [c for c in consumers if c.credit > 0 and not c.browser and c.window.room > 0]
             policy = self.policy
             if active and (
-                policy is None
-                or policy.may_dispatch(consumers, self.delivering, self._owner.now_ms)
+                policy is None or policy.may_dispatch(consumers, self.delivering, self._moment.ms)
             ):
                 self._deliver_ready(active, out)
         for consumer in consumers:
@@ -750,9 +811,7 @@ class Queue:
         messages remained behind expired ones); `expire_paged` always dispatches."""
         pages = self.pages
         return (
-            pages is not None
-            and pages.messages > 0
-            and 0 < self._page_expiry_ms <= self._owner.now_ms
+            pages is not None and pages.messages > 0 and 0 < self._page_expiry_ms <= self._moment.ms
         )
 
     def _drain_allowance(self, active: list[Consumer]) -> int:
@@ -794,7 +853,7 @@ class Queue:
             or self.policy is not None
             or message.group_id is not None
             or (pages is not None and pages.messages)
-            or (message.expiration_ms and self._owner.now_ms >= message.expiration_ms)
+            or (message.expiration_ms and self._moment.ms >= message.expiration_ms)
         ):
             self.dispatch(out)
             return
@@ -816,7 +875,7 @@ class Queue:
                 break
         policy = self.policy  # B-122/B-127/B-128 (core/dispatch.py); None: a plain queue
         ranked = self._prioritized
-        owner_ms = self._owner
+        moment = self._moment
         allowance = -1  # beyond the read limits, for a drain (`_drain_allowance`)
         while active:
             ref = self._pop_next() if self._ready else None
@@ -840,7 +899,7 @@ class Queue:
                 continue
             message = ref.message
             expiration = message.expiration_ms
-            if expiration and owner_ms.now_ms >= expiration and self.expire(ref, popped=True):
+            if expiration and moment.ms >= expiration and self.expire(ref, popped=True):
                 continue  # B-084: an expired message is never sent to a consumer
             count = len(active)
             index = self._rr % count
@@ -948,7 +1007,7 @@ class Queue:
                 if ref.seq <= browser.browsed_seq or not browser.accepts(ref):
                     continue
                 expiration = ref.message.expiration_ms
-                if expiration and self._owner.now_ms >= expiration:
+                if expiration and self._moment.ms >= expiration:
                     continue  # B-084: never sent, not even to a browser
                 browser.browsed_seq = ref.seq
                 browser.credit -= 1
@@ -978,7 +1037,7 @@ class Queue:
             # It stopped at a step this loop turn: `tick` walks it on. Every message paged
             # is a dispatch, and a producer's burst walked a step for each (h-attack).
             return
-        now_ms = self._owner.now_ms
+        now_ms = self._moment.ms
         skipped = skipped_bytes = 0  # what is sent is bounded by the credit and window
         for message, end in pages.browse_from(mark.start(pages)):
             if browser.credit <= 0 or browser.window.room <= 0:
@@ -1009,9 +1068,14 @@ class Queue:
             del by_id[ref.message.msg_id]
         if ref.stored_count is not None and self.store is not None:
             self.store.ref_removed(self.name, ref)
-        size = ref.message.size
-        self.size_bytes -= size
-        self._owner.size_changed(self, -size)
+        self._size_changed(-ref.message.size)
+
+    def _size_changed(self, delta_bytes: int) -> None:
+        """The queue holds `delta_bytes` more (or fewer): its size, its address's and the
+        broker's (B-151)."""
+        self.size_bytes += delta_bytes
+        if self._memory.changed(self.address, delta_bytes):
+            self._owner.freed(self)
 
     def _acknowledge(self, ref: Ref, consumer: Consumer) -> None:
         self.counters.acknowledged += 1
@@ -1179,7 +1243,7 @@ class Queue:
         self.consumers.append(consumer)
         self._consumers_changed()
         if self.policy is not None:
-            self.policy.consumer_added(consumer, self._owner.now_ms)
+            self.policy.consumer_added(consumer, self._moment.ms)
             if (due := self.policy.deadline_ms()) is not None:
                 self._owner.schedule(due)
 
@@ -1245,8 +1309,7 @@ class Queue:
         for ref, message in changed:
             delta = message.size - ref.message.size
             ref.message = message
-            self.size_bytes += delta
-            self._owner.size_changed(self, delta)
+            self._size_changed(delta)
             if id(ref) in moving:
                 ref.seq = next(self._seq)
                 self._fresh[message.priority].append(ref)
@@ -1357,7 +1420,7 @@ class Queue:
             self._count_lost(pages)
         store = self.store
         kind = self.kind
-        now_ms = self._owner.now_ms
+        now_ms = self._moment.ms
         expires = settings.expiry_address != self.address  # B-087
         seqs: list[int] = []
         kept = 0

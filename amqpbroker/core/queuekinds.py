@@ -197,7 +197,7 @@ class QueueKind:
         the references stay in the queue (the dispatch of a non-destructive queue)."""
         queue = self.queue
         log = self.log
-        now_ms = queue._owner.now_ms
+        now_ms = queue._moment.ms
         for consumer in active:
             i = bisect_right(log, consumer.browsed_seq, key=_position)
             while i < len(log) and consumer.credit > 0 and consumer.window.room > 0:

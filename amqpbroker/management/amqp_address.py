@@ -49,8 +49,8 @@ from amqpbroker.core import (
     WildcardConfig,
 )
 from amqpbroker.core import operations as ops
-from amqpbroker.core.attach import ProducerTarget
 from amqpbroker.core.management import MANAGEMENT_ADDRESS
+from amqpbroker.core.model import ProducerTarget
 from amqpbroker.core.names import parse_address
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.reaper import CREATED_AUTO_DELETE

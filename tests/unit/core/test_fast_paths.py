@@ -196,7 +196,7 @@ def _returned_by_the_general_path(h: Harness, event: LifecycleEvent) -> RawEvent
     consumer = next(iter(h.broker._consumers.values())).consumer
     ref = Ref(next(r for r in queue.iter_refs() if r.message.msg_id == event.msg_id).message, 0)
     ref.delivery_count = event.delivery_count or 0
-    h.broker.now_ms = event.ts
+    h.broker.moment.ms = event.ts
     queue.event("returned", ref, consumer, reason=event.reason, delay_ms=event.delay_ms)
     [raw] = h.broker.emitter.take_raw()
     return raw

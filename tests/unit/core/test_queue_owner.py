@@ -18,9 +18,10 @@ from amqpbroker.core import (
     ResolvedSettings,
     RoutingType,
 )
+from amqpbroker.core.clock import ManualClock, Moment
 from amqpbroker.core.effects import Dispatch, Effect
 from amqpbroker.core.model import ConnectionId, ConsumerId
-from amqpbroker.core.queue import Consumer, Queue, QueueOwner
+from amqpbroker.core.queue import Consumer, Memory, Queue, QueueOwner
 from amqpbroker.core.refs import Ref
 from amqpbroker.core.settings import resolve
 
@@ -29,7 +30,8 @@ class _Owner:
     """Records what the queue asked of it."""
 
     def __init__(self, settings: ResolvedSettings) -> None:
-        self.now_ms = 1_000
+        self.moment = Moment(ManualClock(1_000))
+        self.memory = Memory({})
         self.settings = settings
         self.calls: list[tuple[object, ...]] = []
 
@@ -39,8 +41,8 @@ class _Owner:
     def schedule(self, at_ms: int) -> None:
         self.calls.append(("schedule", at_ms))
 
-    def size_changed(self, queue: Queue, delta_bytes: int) -> None:
-        self.calls.append(("size", delta_bytes))
+    def freed(self, queue: Queue) -> None:
+        self.calls.append(("freed",))
 
     def track_expiry(self, queue: Queue, ref: Ref) -> None:
         self.calls.append(("track", ref.message.msg_id))
@@ -79,35 +81,32 @@ def test_a_queue_runs_with_any_owner_and_asks_it_for_time_and_moves() -> None:
     out: list[Effect] = []
     size = _message(1).size
     queue.add(_message(1), out)
-    queue.add(_message(2, deliver_at_ms=owner.now_ms + 100), out)  # B-015: scheduled
-    queue.add(_message(3, expiration_ms=owner.now_ms + 50), out)
-    assert owner.calls == [
-        ("size", size),
-        ("schedule", 1_100),
-        ("size", size),
-        ("size", size),
-        ("track", 3),
-    ]
+    queue.add(_message(2, deliver_at_ms=owner.moment.ms + 100), out)  # B-015: scheduled
+    queue.add(_message(3, expiration_ms=owner.moment.ms + 50), out)
+    assert owner.calls == [("schedule", 1_100), ("track", 3)]
+    assert owner.memory.used == queue.size_bytes == 3 * size  # B-151, counted by the queue
     owner.calls.clear()
 
     consumer = Consumer(id=ConsumerId(1), queue=queue, connection=ConnectionId(1), credit=10)
     queue.add_consumer(consumer)
-    owner.now_ms += 60  # message 3 is past its expiration: never dispatched (B-084)
+    owner.moment.ms += 60  # message 3 is past its expiration: never dispatched (B-084)
     queue.dispatch(out)
     [first] = [e for e in out if isinstance(e, Dispatch)]
     assert first.message.msg_id == 1
     assert ("expired", 3) in owner.calls
 
     owner.calls.clear()
-    queue.settle(consumer, first.delivery, Modified(delivery_failed=True), owner.now_ms, out)
-    assert owner.calls == [("schedule", owner.now_ms + 500)]  # B-065: the owner's time + delay
+    queue.settle(consumer, first.delivery, Modified(delivery_failed=True), owner.moment.ms, out)
+    assert owner.calls == [("schedule", owner.moment.ms + 500)]  # B-065: the owner's time + delay
 
     owner.calls.clear()
-    owner.now_ms += 500
+    owner.moment.ms += 500
     out.clear()
-    queue.tick(owner.now_ms, out)
+    queue.tick(owner.moment.ms, out)
     again = [e for e in out if isinstance(e, Dispatch)]
     assert [d.message.msg_id for d in again] == [1, 2]  # both due now: at their places
-    queue.settle(consumer, again[0].delivery, Rejected(), owner.now_ms, out)
-    queue.settle(consumer, again[1].delivery, Accepted(), owner.now_ms, out)
-    assert owner.calls == [("size", -size), ("dead-letter", 1, "rejected"), ("size", -size)]
+    owner.memory.global_blocked = True  # B-151: freed bytes may let producers resume
+    queue.settle(consumer, again[0].delivery, Rejected(), owner.moment.ms, out)
+    queue.settle(consumer, again[1].delivery, Accepted(), owner.moment.ms, out)
+    assert owner.calls == [("freed",), ("dead-letter", 1, "rejected"), ("freed",)]
+    assert owner.memory.used == queue.size_bytes == 0

@@ -14,9 +14,11 @@ from typing import NamedTuple
 import pytest
 from pyspark.sql import SparkSession
 
-from amqpbroker.analytics.ingest import COMPACTED_MARKER
+from amqpbroker.analytics.ingest import COMPACTED_MARKER, Store, stored_events
 from amqpbroker.analytics.job import AnalyzeError, JobOptions, main, run
 from amqpbroker.analytics.report import Results, terminal_summary
+from amqpbroker.analytics.state import PARTIALS, State
+from amqpbroker.analytics.tables import TriageSettings
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
 
@@ -214,3 +216,27 @@ def test_a_log_without_one_valid_event_is_bad_input(spark: SparkSession, tmp_pat
     (events / "events-1.jsonl").write_text('{oops\n[{"ts": 1}]\n')
     with pytest.raises(AnalyzeError, match=r"no valid event in .* \(2 malformed lines\)"):
         run(JobOptions(events=events, out=tmp_path / "out"), spark, stream=io.StringIO())
+
+
+def test_the_store_and_the_partials_are_read_without_a_spark_job(
+    spark: SparkSession, restarted: Analyzed
+) -> None:
+    """Suite time (docs/decisions.md, "The long tier"): each read of the store or of a
+    partial that infers its schema runs a Spark job (a Parquet footer read), eight per
+    run. The store's schema is fixed and the partials' are recorded in state.json as
+    written, and they are what inference gives."""
+    tracker = spark.sparkContext.statusTracker()
+    store = Store(restarted.out)
+    state = State.load(store.state, TriageSettings().window_ms)
+    assert {name for name, _ in state.schemas} == set(PARTIALS)
+    before = max(tracker.getJobIdsForGroup(None), default=-1)
+    given = {name: state.read(spark, name) for name in PARTIALS}
+    stored = stored_events(spark, store)
+    assert max(tracker.getJobIdsForGroup(None), default=-1) == before
+    assert stored.schema == spark.read.parquet(str(store.events)).schema
+    inferred = State(state.root, runs=state.runs, window_ms=state.window_ms)
+    for name, df in given.items():
+        assert df is not None
+        read = inferred.read(spark, name)
+        assert read is not None
+        assert df.schema == read.schema, name

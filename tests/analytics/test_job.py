@@ -222,7 +222,7 @@ def test_the_store_and_the_partials_are_read_without_a_spark_job(
     spark: SparkSession, restarted: Analyzed
 ) -> None:
     """Suite time (docs/decisions.md, "The long tier"): each read of the store or of a
-    partial that infers its schema runs a Spark job (a Parquet footer read), eight per
+    partial that infers its schema runs a Spark job (a Parquet footer read), 7 or 8 per
     run. The store's schema is fixed and the partials' are recorded in state.json as
     written, and they are what inference gives."""
     tracker = spark.sparkContext.statusTracker()

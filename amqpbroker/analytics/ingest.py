@@ -34,6 +34,7 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import DateType, StringType, StructField, StructType
 
 from amqpbroker.analytics.schema import CORRUPT_RECORD, RAW_SCHEMA
 
@@ -45,6 +46,15 @@ EVENT_FILES = ("*.jsonl", "*.jsonl.gz")
 # modules are not imported here).
 COMPACTED_MARKER = ".compacted.json"
 SOURCE_FILE = "source.json"  # in --out: the events directory this store was made from
+# What `compact` writes: the parsed line, its file's name (never null), and the date it is
+# partitioned by; what a read inferring the schema would find.
+STORED_SCHEMA = StructType(
+    [
+        *RAW_SCHEMA.fields,
+        StructField("file", StringType(), nullable=False),
+        StructField("date", DateType()),
+    ]
+)
 _NO_DICTIONARY = ("ts", "seq", "msg_id", "first_ts", "copy_msg_id", "amqp_message_id", "body_hash")
 
 
@@ -172,8 +182,9 @@ def valid() -> Column:
 
 
 def stored_events(spark: SparkSession, store: Store) -> DataFrame:
-    """Everything compacted so far, malformed lines included."""
-    return spark.read.parquet(str(store.events.resolve()))
+    """Everything compacted so far, malformed lines included. With its schema given: an
+    inferred one costs a Spark job (reading a footer) per run."""
+    return spark.read.schema(STORED_SCHEMA).parquet(str(store.events.resolve()))
 
 
 def valid_events(stored: DataFrame) -> DataFrame:

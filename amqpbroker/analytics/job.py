@@ -19,6 +19,7 @@ import os
 import sys
 import time
 import urllib.parse
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -150,12 +151,18 @@ def _is_local(master: str) -> bool:
 
 
 def build_session(
-    master: str | None, *, driver_memory: str = "4g", java_options: str = ""
+    master: str | None,
+    *,
+    driver_memory: str = "4g",
+    java_options: str = "",
+    conf: Mapping[str, str] | None = None,
 ) -> SparkSession:
     """A session for this job. Under spark-submit (a gateway is already running) and
     without `--master`, spark-submit's settings win; on this machine the driver, the
     workers and the Python workers are pinned to loopback and to this interpreter.
-    `java_options` go to a driver JVM this call launches (tests: a quicker JIT)."""
+    `java_options` go to a driver JVM this call launches (tests: a quicker JIT); `conf`
+    to the session's SparkConf, where `configure` leaves a setting it finds (tests: fewer
+    shuffle partitions)."""
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
     chosen = master or (None if submitted else DEFAULT_MASTER)
     builder = SparkSession.builder.appName("amqpbroker-analyze")
@@ -177,6 +184,8 @@ def build_session(
                 f"-XX:+UseParallelGC -Dlog4j2.configurationFile={log4j} {java_options}".strip(),
             )
     builder = builder.config("spark.ui.showConsoleProgress", "false")
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, value)
     try:
         spark = builder.getOrCreate()
     except Exception as e:  # Java missing, master unreachable: one line, not a traceback
@@ -203,8 +212,9 @@ def configure(spark: SparkSession) -> None:
 
 
 def _rows(df: DataFrame, *order: str) -> list[dict[str, Any]]:
-    """Collect a small table, sorted here (a Spark sort would be one more job)."""
-    rows = [row.asDict(recursive=True) for row in df.collect()]
+    """Collect a small table, sorted here (a Spark sort would be one more job), in one
+    task (as `_Tables.save`); the rows come in the same order."""
+    rows = [row.asDict(recursive=True) for row in df.coalesce(1).collect()]
     return sorted(rows, key=lambda r: tuple((r[k] is None, r[k]) for k in order))
 
 
@@ -217,9 +227,12 @@ class _Tables:
         self.cached: list[DataFrame] = []
 
     def save(self, name: str, df: DataFrame) -> DataFrame:
-        df = df.cache()
+        # Cached as the one partition written: what reads it (the report's collects, the
+        # tables made from it) then runs a task, not one per shuffle partition, ~0.05 CPU-s
+        # each for tables of a few rows (docs/decisions.md, "The long tier").
+        df = df.coalesce(1).cache()
         self.cached.append(df)
-        df.coalesce(1).write.mode("overwrite").parquet(str((self.out / "tables" / name).resolve()))
+        df.write.mode("overwrite").parquet(str((self.out / "tables" / name).resolve()))
         return df
 
     def release(self) -> None:
@@ -279,8 +292,11 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
     with progress.step("per-queue counters, attempts"):
         counts = partial("counts").cache()
         saved.cached.append(counts)
-        windows = save("queue_windows", tables.queue_windows(counts))
-        totals = save("queue_totals", tables.queue_totals(windows))
+        per_window = tables.queue_windows(counts)
+        windows = save("queue_windows", per_window)
+        # From the windows as computed (not the one cached partition): the rows of
+        # queue_totals are written in the same order whatever `save` caches.
+        totals = save("queue_totals", tables.queue_totals(per_window))
         outcomes = save("queue_outcomes", tables.queue_outcomes(counts))
         attempts = save("attempts", tables.attempt_distribution(counts))
     with progress.step("time to dead-letter"):
@@ -331,10 +347,17 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
             F.max("dead_lettered_ts").alias("last_ms"),
         )
     with progress.step("writing report.html, summary.json, redrive.jsonl"):
-        ordered = redrive.orderBy("queue", "msg_id")
-        redrive_count = report.write_redrive(
-            out / "redrive.jsonl", (row.asDict() for row in ordered.toLocalIterator())
-        )
+        # The report's sample is the first 50 of the rows written, not a `limit` of its
+        # own: that was 1-3 more Spark jobs per run (docs/decisions.md, "The long tier").
+        redrive_sample: list[dict[str, Any]] = []
+
+        def redrive_rows() -> Iterator[dict[str, Any]]:
+            for row in redrive.orderBy("queue", "msg_id").toLocalIterator():
+                if len(redrive_sample) < report.REDRIVE_SAMPLE:
+                    redrive_sample.append(row.asDict(recursive=True))
+                yield row.asDict()
+
+        redrive_count = report.write_redrive(out / "redrive.jsonl", redrive_rows())
         assert hashed is not None
         results = report.Results(
             events=total,
@@ -360,7 +383,7 @@ def run(options: JobOptions, spark: SparkSession, *, stream: TextIO = sys.stderr
             errors=_rows(errors, "queue", "rank"),
             poison=sorted(_rows(poison, "key_type", "key"), key=lambda r: -int(r["failures"])),
             redrive_count=redrive_count,
-            redrive_sample=_rows(ordered.limit(50), "queue", "msg_id"),
+            redrive_sample=redrive_sample,
             outages=_rows(outages.where("failing"), "queue", "start_ms"),
             queue_failures=_rows(per_queue, "queue"),
             redrive_groups=_rows(groups, "queue", "basis", "held_back"),

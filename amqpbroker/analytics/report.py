@@ -22,6 +22,7 @@ from typing import Any, TextIO
 from amqpbroker.analytics.tables import TriageSettings
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#17becf")
+REDRIVE_SAMPLE = 50  # redrive lines shown in report.html (all are in redrive.jsonl)
 PER_QUEUE_DIR = "redrive"  # in --out: redrive/<DLQ, URL-quoted>.jsonl
 QUEUE_KEYS = ("enqueued", "dispatched", "acked", "returned", "dead_lettered", "expired", "killed")
 
@@ -694,7 +695,7 @@ def render_html(results: Results) -> str:
                 "look at them",
             ],
         ),
-        f"<h2>Redrive candidates ({results.redrive_count:,}, first 50)</h2>",
+        f"<h2>Redrive candidates ({results.redrive_count:,}, first {REDRIVE_SAMPLE})</h2>",
         _table(
             results.redrive_sample,
             ["msg_id", "queue", "original_address", "original_queue", "reason", "basis"],

@@ -23,13 +23,14 @@ additive over event files or a narrow, append-only selection of rows:
 
 A run computes the partials of the store files it has not counted (a scan of their
 Parquet rows each), writes them to `_state/run-N/<partial>/`, then replaces
-`_state/state.json` (the counted files, the runs, the window): a run killed before that
-leaves the last complete state, and its `run-N` is written again. Reading a partial unions
-its runs and merges them (sum for the additive ones); past FOLD_RUNS runs they are folded
-into one. A changed `--window`, a state of another version, or a store that no longer holds
-a counted file (deleted by hand) makes the run derive everything again from the store (no
-JSON is parsed again). The tables computed from partials equal those computed from the whole
-store at once: tests/analytics/test_incremental.py checks it on a split workload.
+`_state/state.json` (the counted files, the runs, the window, the partials' schemas): a
+run killed before that leaves the last complete state, and its `run-N` is written again.
+Reading a partial unions its runs and merges them (sum for the additive ones); past
+FOLD_RUNS runs they are folded into one. A changed `--window`, a state of another version,
+or a store that no longer holds a counted file (deleted by hand) makes the run derive
+everything again from the store (no JSON is parsed again). The tables computed from
+partials equal those computed from the whole store at once:
+tests/analytics/test_incremental.py checks it on a split workload.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pathlib import Path
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from amqpbroker.analytics import tables
 from amqpbroker.analytics.ingest import valid
@@ -130,6 +132,10 @@ class State:
     files: tuple[str, ...] = ()
     runs: tuple[str, ...] = ()
     window_ms: int = 0
+    # Partial name -> its schema (StructType JSON), as written: a read that infers it
+    # costs a Spark job (a footer read) per partial and run. Absent (a state.json of an
+    # older build): inferred.
+    schemas: tuple[tuple[str, str], ...] = ()
 
     @property
     def path(self) -> Path:
@@ -149,11 +155,15 @@ class State:
             or not all((root / str(r)).is_dir() for r in data.get("runs", []))
         ):
             return State(root, window_ms=window_ms)
+        schemas = data.get("schemas", {})
         return State(
             root,
             files=tuple(str(f) for f in data.get("files", [])),
             runs=tuple(str(r) for r in data.get("runs", [])),
             window_ms=window_ms,
+            schemas=tuple(sorted((str(k), str(v)) for k, v in schemas.items()))
+            if isinstance(schemas, dict)
+            else (),
         )
 
     def save(self) -> None:
@@ -163,6 +173,7 @@ class State:
             "window_ms": self.window_ms,
             "files": sorted(self.files),
             "runs": list(self.runs),
+            "schemas": dict(self.schemas),
         }
         tmp.write_text(json.dumps(body) + "\n")
         os.replace(tmp, self.path)
@@ -175,7 +186,13 @@ class State:
         """Partial `name` over every counted file, merged; None before the first run."""
         if not self.runs:
             return None
-        df = spark.read.parquet(*[str((self.root / r / name).resolve()) for r in self.runs])
+        schema = dict(self.schemas).get(name)
+        reader = (
+            spark.read
+            if schema is None
+            else spark.read.schema(StructType.fromJson(json.loads(schema)))
+        )
+        df = reader.parquet(*[str((self.root / r / name).resolve()) for r in self.runs])
         merge = _MERGE.get(name)
         return merge(df) if merge is not None else df
 
@@ -189,10 +206,11 @@ class Update:
     rebuilt: bool
 
 
-def _write(df: DataFrame, path: Path) -> None:
+def _write(df: DataFrame, path: Path) -> tuple[str, str]:
     """One file per partial and run; repartition, not coalesce: coalesce(1) would run the
-    scan that produces `df` in one task."""
+    scan that produces `df` in one task. Returns (partial name, its schema) for State."""
     df.repartition(1).write.mode("overwrite").parquet(str(path.resolve()))
+    return path.name, df.schema.json()
 
 
 def update(spark: SparkSession, root: Path, stored: DataFrame, window_ms: int) -> Update:
@@ -217,16 +235,20 @@ def update(spark: SparkSession, root: Path, stored: DataFrame, window_ms: int) -
     known = triage if old_triage is None else old_triage.unionByName(triage)
     run = state.next_run()
     target = root / run
-    _write(file_rows(rows), target / "files")
-    _write(tables.event_counts(events, window_ms), target / "counts")
-    _write(tables.ack_seconds(events), target / "ack_seconds")
-    _write(triage, target / "triage")
+    schemas = [
+        _write(file_rows(rows), target / "files"),
+        _write(tables.event_counts(events, window_ms), target / "counts"),
+        _write(tables.ack_seconds(events), target / "ack_seconds"),
+        _write(triage, target / "triage"),
+    ]
     copies = F.broadcast(_copy_ids(known))
-    _write(removals(events).join(copies, "msg_id", "left_semi"), target / "removed")
+    schemas.append(_write(removals(events).join(copies, "msg_id", "left_semi"), target / "removed"))
     failed = F.broadcast(_broker_side(known))
     found = dispatch_rows(events).join(failed, ["msg_id", "queue"], "left_semi").cache()
     older = _older_dispatches(stored, found, _broker_side(triage), new, rebuilt)
-    _write(found if older is None else found.unionByName(older), target / "dispatches")
+    schemas.append(
+        _write(found if older is None else found.unionByName(older), target / "dispatches")
+    )
     found.unpersist()
     triage.unpersist()
     state = State(
@@ -234,6 +256,7 @@ def update(spark: SparkSession, root: Path, stored: DataFrame, window_ms: int) -
         files=tuple(sorted({*state.files, *new})),
         runs=(*state.runs, run),
         window_ms=window_ms,
+        schemas=tuple(sorted(schemas)),
     )
     state.save()
     if len(state.runs) > FOLD_RUNS:
@@ -260,11 +283,18 @@ def _older_dispatches(
 def fold(spark: SparkSession, state: State) -> State:
     """Merge every run of every partial into one run (fewer, larger files to read)."""
     run = state.next_run()
+    schemas = []
     for name in PARTIALS:
         df = state.read(spark, name)
         assert df is not None
-        _write(df, state.root / run / name)
-    folded = State(state.root, files=state.files, runs=(run,), window_ms=state.window_ms)
+        schemas.append(_write(df, state.root / run / name))
+    folded = State(
+        state.root,
+        files=state.files,
+        runs=(run,),
+        window_ms=state.window_ms,
+        schemas=tuple(sorted(schemas)),
+    )
     folded.save()
     for old in state.runs:
         shutil.rmtree(state.root / old, ignore_errors=True)

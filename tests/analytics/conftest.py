@@ -13,7 +13,15 @@ from amqpbroker.analytics.job import build_session, configure
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    session = build_session("local[1]", driver_memory="1g", java_options=QUICK_JIT)
+    # Two shuffle partitions, not the job's 8 (configure: at least 8): a task each on
+    # tables of a few rows, ~0.05 CPU-s apiece; two still put rows of one table in
+    # different partitions (docs/decisions.md, "The long tier").
+    session = build_session(
+        "local[1]",
+        driver_memory="1g",
+        java_options=QUICK_JIT,
+        conf={"spark.sql.shuffle.partitions": "2"},
+    )
     configure(session)
     yield session
     session.stop()

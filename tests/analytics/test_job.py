@@ -9,14 +9,16 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 from pyspark.sql import SparkSession
 
-from amqpbroker.analytics.ingest import COMPACTED_MARKER
+from amqpbroker.analytics.ingest import COMPACTED_MARKER, Store, stored_events
 from amqpbroker.analytics.job import AnalyzeError, JobOptions, main, run
 from amqpbroker.analytics.report import Results, terminal_summary
+from amqpbroker.analytics.state import PARTIALS, State
+from amqpbroker.analytics.tables import TriageSettings
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(180)]
 
@@ -25,6 +27,8 @@ class Analyzed(NamedTuple):
     events: Path
     out: Path
     results: Results
+    summary: dict[str, Any]  # summary.json as this run wrote it
+    html: str  # report.html as this run wrote it
 
 
 LINE = (
@@ -42,50 +46,6 @@ def lines(*events: tuple[int, str]) -> str:
         LINE.format(ts=1_767_225_600_000 + s, seq=s, event=e, msg=s, queue='"q"' if s else "null")
         for s, e in events
     )
-
-
-def test_a_second_run_reads_only_new_files_plain_or_gzipped_and_marks_them_compacted(
-    spark: SparkSession, tmp_path: Path
-) -> None:
-    """Issue 17: the broker gzips rotated files (`.jsonl.gz`); analyze reads them with the
-    plain ones, each once, and records every file it compacted in `.compacted.json` (what
-    `event-log.keep-until-analyzed` reads), keeping earlier names of files still there.
-    Incremental compaction: seen files are skipped, .part files are never read; the
-    partials of the tables are computed for the new files only and merged with the first
-    run's (issue 22 item 8). (One scenario of two runs: each run costs seconds of Spark.)"""
-    events, out = tmp_path / "events", tmp_path / "out"
-    events.mkdir()
-    (events / "events-1.jsonl").write_text(lines((1, "enqueued"), (2, "enqueued")))
-    (events / "events-2.jsonl.gz").write_bytes(gzip.compress(lines((3, "acked")).encode()))
-    (events / "events-9.jsonl.part").write_text(lines((9, "enqueued")))
-    options = JobOptions(events=events, out=out)
-    first = run(options, spark, stream=io.StringIO())
-    assert (first.new_lines, first.events) == (3, 3)
-    marker = json.loads((events / COMPACTED_MARKER).read_text())
-    assert marker == {"files": ["events-1.jsonl", "events-2.jsonl.gz"]}
-    (events / "events-1.jsonl").unlink()  # retention deleted it
-    (events / "events-3.jsonl.gz").write_bytes(gzip.compress(lines((4, "acked")).encode()))
-    (events / "events-4.jsonl").write_text(lines((5, "enqueued"), (6, "acked")) + "{oops\n")
-    second = run(options, spark, stream=io.StringIO())
-    assert (second.new_lines, second.events, second.malformed_lines) == (4, 6, 1)
-    summary = json.loads((out / "summary.json").read_text())
-    # 1, 2 and 5 (not the .part file's 9); 3, 4 and 6: each file counted once.
-    assert (summary["queues"]["q"]["enqueued"], summary["queues"]["q"]["acked"]) == (3, 3)
-    marker = json.loads((events / COMPACTED_MARKER).read_text())
-    assert marker == {"files": ["events-2.jsonl.gz", "events-3.jsonl.gz", "events-4.jsonl"]}
-    assert list((out / "events").glob("date=2026-01-01"))
-    # Issue 22 item 8: the second run derived its partials from the new files only; the
-    # sums above are the first run's merged with them (what a full recount gives).
-    state = json.loads((out / "_state" / "state.json").read_text())
-    assert (state["files"], state["runs"]) == (
-        ["events-1.jsonl", "events-2.jsonl.gz", "events-3.jsonl.gz", "events-4.jsonl"],
-        ["run-1", "run-2"],
-    )
-    run2 = spark.read.parquet(str(out / "_state" / "run-2" / "files")).collect()
-    assert sorted((r.file, r.valid, r.malformed) for r in run2) == [
-        ("events-3.jsonl.gz", 1, 0),
-        ("events-4.jsonl", 2, 1),
-    ]
 
 
 def test_compacted_marker_name_is_the_brokers() -> None:
@@ -158,19 +118,25 @@ def seq_lines(*events: tuple[int, int, str]) -> str:
 
 @pytest.fixture(scope="module")
 def restarted(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Analyzed:
-    """One run over a log with a restart, a seq gap, a JSON array line and a `.part` file
-    (two tests read it: a run costs seconds of Spark)."""
+    """One run over a log with a restart, a seq gap, a JSON array line, a gzipped file and
+    a `.part` file: a run costs seconds of Spark, so it is also the first of the two runs
+    of `test_a_second_run_reads_only_new_files_plain_or_gzipped_and_marks_them_compacted`
+    (which adds files to `events` and runs again into `out`). What that second run
+    rewrites, summary.json and report.html, is kept here as the first run wrote it; the
+    other tests read only what a second run leaves true."""
     events, out = tmp_path_factory.mktemp("restarted") / "events", tmp_path_factory.mktemp("out")
     events.mkdir()
     (events / "events-1.jsonl").write_text(seq_lines((1, 1, "enqueued"), (2, 2, "acked")))
-    (events / "events-2.jsonl").write_text(seq_lines((3, 3, "enqueued"), (9, 7, "acked")))
+    (events / "events-2.jsonl.gz").write_bytes(
+        gzip.compress(seq_lines((3, 3, "enqueued"), (9, 7, "acked")).encode())
+    )
     restart = seq_lines((20, 1, "enqueued"), (21, 2, "acked"))
     array = "[" + ",".join(restart.splitlines()) + "]\n"
     (events / "events-3.jsonl").write_text(restart + array)
     (events / "events-4.jsonl.part").write_text(seq_lines((30, 3, "enqueued")))
-    return Analyzed(
-        events, out, run(JobOptions(events=events, out=out), spark, stream=io.StringIO())
-    )
+    results = run(JobOptions(events=events, out=out), spark, stream=io.StringIO())
+    summary = json.loads((out / "summary.json").read_text())
+    return Analyzed(events, out, results, summary, (out / "report.html").read_text())
 
 
 def test_restarts_seq_gaps_and_the_open_file_are_reported(restarted: Analyzed) -> None:
@@ -180,14 +146,64 @@ def test_restarts_seq_gaps_and_the_open_file_are_reported(restarted: Analyzed) -
     line, not several events. All on stdout too."""
     out = restarted.out
     stdout = terminal_summary(restarted.results, out)  # what `main` prints
-    results_runs = json.loads((out / "summary.json").read_text())
-    assert (results_runs["events"], results_runs["malformed_lines"]) == (6, 1)
+    summary = restarted.summary
+    assert (summary["events"], summary["malformed_lines"]) == (6, 1)
     assert "WARNING: the broker restarted 1 time(s) (at 2026-01-01 00:00:00Z)" in stdout
     assert "WARNING: 3 event(s) missing (seq gaps" in stdout
     assert "WARNING: NOT ANALYZED: events-4.jsonl.part is still being written (1 lines" in stdout
-    html = (out / "report.html").read_text()
+    html = restarted.html
     assert "events-4.jsonl.part" in html
     assert "restarted 1 time" in html
+
+
+def test_a_second_run_reads_only_new_files_plain_or_gzipped_and_marks_them_compacted(
+    spark: SparkSession, restarted: Analyzed
+) -> None:
+    """Issue 17: the broker gzips rotated files (`.jsonl.gz`); analyze reads them with the
+    plain ones, each once, and records every file it compacted in `.compacted.json` (what
+    `event-log.keep-until-analyzed` reads), keeping earlier names of files still there.
+    Incremental compaction: seen files are skipped, .part files are never read; the
+    partials of the tables are computed for the new files only and merged with the first
+    run's (issue 22 item 8). The first run is the `restarted` fixture's (each run costs
+    seconds of Spark)."""
+    events, out, first = restarted.events, restarted.out, restarted.results
+    assert (first.new_lines, first.events) == (7, 6)
+    marker = json.loads((events / COMPACTED_MARKER).read_text())
+    assert marker == {"files": ["events-1.jsonl", "events-2.jsonl.gz", "events-3.jsonl"]}
+    (events / "events-1.jsonl").unlink()  # retention deleted it
+    (events / "events-5.jsonl.gz").write_bytes(gzip.compress(seq_lines((40, 3, "acked")).encode()))
+    (events / "events-6.jsonl").write_text(
+        seq_lines((41, 4, "enqueued"), (42, 5, "acked")) + "{oops\n"
+    )
+    second = run(JobOptions(events=events, out=out), spark, stream=io.StringIO())
+    assert (second.new_lines, second.events, second.malformed_lines) == (4, 9, 2)
+    summary = json.loads((out / "summary.json").read_text())
+    # 1, 3, 20 and 41 (not the .part file's 30); 2, 9, 21, 40 and 42: each file counted
+    # once, the JSON array line of the first run never.
+    assert (summary["queues"]["q"]["enqueued"], summary["queues"]["q"]["acked"]) == (4, 5)
+    marker = json.loads((events / COMPACTED_MARKER).read_text())
+    assert marker == {
+        "files": ["events-2.jsonl.gz", "events-3.jsonl", "events-5.jsonl.gz", "events-6.jsonl"]
+    }
+    assert list((out / "events").glob("date=2026-01-01"))
+    # Issue 22 item 8: the second run derived its partials from the new files only; the
+    # sums above are the first run's merged with them (what a full recount gives).
+    state = json.loads((out / "_state" / "state.json").read_text())
+    assert (state["files"], state["runs"]) == (
+        [
+            "events-1.jsonl",
+            "events-2.jsonl.gz",
+            "events-3.jsonl",
+            "events-5.jsonl.gz",
+            "events-6.jsonl",
+        ],
+        ["run-1", "run-2"],
+    )
+    run2 = spark.read.parquet(str(out / "_state" / "run-2" / "files")).collect()
+    assert sorted((r.file, r.valid, r.malformed) for r in run2) == [
+        ("events-5.jsonl.gz", 1, 0),
+        ("events-6.jsonl", 2, 1),
+    ]
 
 
 def test_an_out_directory_of_another_event_log_is_refused(
@@ -214,3 +230,27 @@ def test_a_log_without_one_valid_event_is_bad_input(spark: SparkSession, tmp_pat
     (events / "events-1.jsonl").write_text('{oops\n[{"ts": 1}]\n')
     with pytest.raises(AnalyzeError, match=r"no valid event in .* \(2 malformed lines\)"):
         run(JobOptions(events=events, out=tmp_path / "out"), spark, stream=io.StringIO())
+
+
+def test_the_store_and_the_partials_are_read_without_a_spark_job(
+    spark: SparkSession, restarted: Analyzed
+) -> None:
+    """Suite time (docs/decisions.md, "The long tier"): each read of the store or of a
+    partial that infers its schema runs a Spark job (a Parquet footer read), 7 or 8 per
+    run. The store's schema is fixed and the partials' are recorded in state.json as
+    written, and they are what inference gives."""
+    tracker = spark.sparkContext.statusTracker()
+    store = Store(restarted.out)
+    state = State.load(store.state, TriageSettings().window_ms)
+    assert {name for name, _ in state.schemas} == set(PARTIALS)
+    before = max(tracker.getJobIdsForGroup(None), default=-1)
+    given = {name: state.read(spark, name) for name in PARTIALS}
+    stored = stored_events(spark, store)
+    assert max(tracker.getJobIdsForGroup(None), default=-1) == before
+    assert stored.schema == spark.read.parquet(str(store.events)).schema
+    inferred = State(state.root, runs=state.runs, window_ms=state.window_ms)
+    for name, df in given.items():
+        assert df is not None
+        read = inferred.read(spark, name)
+        assert read is not None
+        assert df.schema == read.schema, name

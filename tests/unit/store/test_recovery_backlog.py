@@ -48,28 +48,28 @@ def _journal(directory: Path, **kw: object) -> FileJournal:
     return FileJournal(directory, fsync=lambda fd: None, auto_compact=False, **kw)  # type: ignore[arg-type]
 
 
+def _append_messages(journal: FileJournal, queue: str, n: int) -> None:
+    """Messages 1..n in `queue` (its address of the same name), as a broker journals them."""
+    for i in range(1, n + 1):
+        data = _amqp(i)
+        scanned = sections.scan(data)
+        message = AddMessage(
+            msg_id=i,
+            address=queue,
+            data=data,
+            first_ts=i,
+            header_end=scanned.header_end,
+            head_end=scanned.head_end(),
+        )
+        journal.append([message, AddRef(queue=queue, msg_id=i)], sync=False)
+
+
 def _write(directory: Path, records: list[Record] | None = None) -> None:
     """N durable messages in queue q, as a broker journals them; message 7 was delivered
     twice (count 2), message 9 waits until t=10^15 (B-065)."""
     journal = _journal(directory)
     journal.append([AddQueue(name="q", address="q", routing_type=RoutingType.ANYCAST)], sync=True)
-    for i in range(1, N + 1):
-        data = _amqp(i)
-        scanned = sections.scan(data)
-        journal.append(
-            [
-                AddMessage(
-                    msg_id=i,
-                    address="q",
-                    data=data,
-                    first_ts=i,
-                    header_end=scanned.header_end,
-                    head_end=scanned.head_end(),
-                ),
-                AddRef(queue="q", msg_id=i),
-            ],
-            sync=False,
-        )
+    _append_messages(journal, "q", N)
     journal.append(
         [
             UpdateDeliveryCount(queue="q", msg_id=N - 7, delivery_count=2),
@@ -229,23 +229,7 @@ def test_a_queue_of_another_kind_comes_back_whole_with_the_bodies_the_open_left(
     )
     journal = _journal(tmp_path / "journal")
     journal.append([ring], sync=True)
-    for i in range(1, 101):
-        data = _amqp(i)
-        scanned = sections.scan(data)
-        journal.append(
-            [
-                AddMessage(
-                    msg_id=i,
-                    address="r",
-                    data=data,
-                    first_ts=i,
-                    header_end=scanned.header_end,
-                    head_end=scanned.head_end(),
-                ),
-                AddRef(queue="r", msg_id=i),
-            ],
-            sync=False,
-        )
+    _append_messages(journal, "r", 100)
     journal.close()
     r = _Restarted(tmp_path)
     queue = r.h.queue("r")

@@ -867,6 +867,42 @@ def test_unsubscribe_needs_delete_durable_queue() -> None:
     assert "c.l-news" not in h2.broker.queues
 
 
+def test_reusing_a_subscription_name_needs_delete_on_the_old_address() -> None:
+    """B-154, third attack pass: `bob`'s idle durable subscription `c1.sub` on `bob.t`
+    was deleted, messages and all, when `alice` attached container c1, link `sub` to
+    `alice.t` (the re-create checked only consume on her own address). Now the re-create
+    needs delete-durable-queue on the old address, as Artemis's deleteQueue does."""
+    from amqpbroker.core import NotAuthorized
+    from amqpbroker.core.security import SecurityRepository
+
+    h = Harness()
+    mine = ("send", "consume", "create-address", "create-durable-queue")
+    h.broker.security = SecurityRepository(
+        {f"{u}.#": {p: (u,) for p in mine} for u in ("alice", "bob")}
+    )
+
+    def subscribe(user: str, address: str) -> ConsumerId:
+        return h.consumer(
+            address,
+            "topic",
+            container="c1",
+            name="sub",
+            durable=True,
+            expiry_policy="never",
+            user=user,
+            roles=frozenset({user}),
+        )
+
+    h.broker.detach_consumer(subscribe("bob", "bob.t"), closed=False)
+    h.send(h.producer("bob.t", "topic"), b"bob's")
+    with pytest.raises(NotAuthorized, match="'delete-durable-queue'"):
+        subscribe("alice", "alice.t")
+    assert h.queue("c1.sub").address == "bob.t"
+    assert h.queue("c1.sub").message_count == 1
+    bob_again = subscribe("bob", "bob.t")
+    assert bodies(h.take(bob_again)) == [b"bob's"]
+
+
 def test_scheduled_message_waits_until_its_time() -> None:
     """B-015: counted as scheduled, deliverable at its time; others flow meanwhile."""
     h = Harness()

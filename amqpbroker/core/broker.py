@@ -691,7 +691,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         if self.management is None:
             raise NotFound(f"{MANAGEMENT_ADDRESS} is not served by this broker")
         message.address = MANAGEMENT_ADDRESS
-        self.management.handle(message)
+        self.management.handle(message, target)
         return 1
 
     def is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:

@@ -19,6 +19,7 @@ from amqpbroker.core import (
     Modified,
     NotFound,
     Outcome,
+    ProducerTarget,
     QueueConfig,
     Rejected,
     RoutingType,
@@ -217,6 +218,36 @@ def test_anonymous_relay_to_missing_address_without_auto_create() -> None:
     h = Harness({"#": AddressSettings.of(auto_create_addresses=False)})
     with pytest.raises(NotFound, match="target address ghost does not exist"):
         h.send(h.producer(None), to="ghost")
+
+
+def test_an_fqqn_on_the_relay_reaches_only_a_queue_of_its_address() -> None:
+    """B-006/B-154, third attack pass: with `send` on `alice.#` only, a relay message to
+    `alice.x::bob.q` (alice.x existing) was put on `bob.q`, an address alice may not
+    send to. Now the FQQN's queue must be on the address, as on a link's target."""
+    from amqpbroker.core.security import SecurityRepository
+
+    h = Harness()
+    h.producer("alice.x", "queue")
+    h.producer("bob.q", "queue")
+    h.broker.security = SecurityRepository({"alice.#": {"send": ("alice",)}})
+    relay = ProducerTarget(None, user="alice", roles=frozenset({"alice"}))
+    with pytest.raises(NotFound, match=r"queue bob\.q does not exist for address alice\.x"):
+        h.send(relay, b"injected", to="alice.x::bob.q")
+    assert h.queue("bob.q").message_count == 0
+    h.send(relay, b"mine", to="alice.x::alice.x")
+    assert h.queue("alice.x").message_count == 1
+
+
+def test_an_fqqn_link_sends_nothing_to_a_new_queue_of_that_name_elsewhere() -> None:
+    """B-006, third attack pass: a link attached to `a::q` kept sending to whatever
+    queue was named `q`, also one re-created on another address."""
+    h = Harness()
+    target = h.producer("a::q")
+    h.send(target, b"1")
+    h.broker.delete_queue("q")
+    h.producer("b::q")
+    h.send(target, b"2")
+    assert h.queue("q").message_count == 0
 
 
 # -- credit, order, browsing -------------------------------------------------------------

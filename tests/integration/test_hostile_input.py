@@ -173,3 +173,19 @@ def test_an_attach_over_8_kib_pipelined_with_the_open_is_served(broker: BrokerPr
     received, hung_up = _exchange(broker, refused)
     assert hung_up
     assert F.close_condition(received) == "amqp:connection:framing-error"
+
+
+def test_begins_on_a_channel_in_use_close_the_connection(broker: BrokerProcess) -> None:
+    """Third attack pass (issue 15 bound of 64 sessions): Proton took each begin on a
+    channel in use as a new session and left the old one unreachable, so channel-max
+    bounded nothing; 60,000 begins on channel 0 grew the broker by 190 MB. A client may
+    begin all 64 channels; a begin past that closes with a framing error."""
+    every_channel = b"".join(F.frame(F.begin(), channel=c) for c in range(64))
+    data = F.AMQP_HEADER + F.frame(F.open_()) + every_channel
+    received, hung_up = _exchange(broker, data)
+    assert not hung_up
+    assert sum(F.performative_code(p) == F.BEGIN for _, _, p in F.read_frames(received)) == 64
+    received, hung_up = _exchange(broker, data + F.frame(F.begin(), channel=0) * 1000)
+    assert hung_up
+    assert F.close_condition(received) == "amqp:connection:framing-error"
+    assert _round_trip(broker, "after-many-begins") == ["still here"]

@@ -225,6 +225,36 @@ def _read_password(args: argparse.Namespace, user: str) -> str:
     raise CommandError(f"no password for user {user}: set {PASSWORD_ENV} or use --password-stdin")
 
 
+# Third attack pass: what the CLI reads of one API answer, and for how long. The
+# endpoint is whatever --url names (a typo, a proxy, a compromised host): an endless or
+# trickled answer made the CLI read until memory ran out, or forever. 256 MiB holds a
+# queue list of ~100,000 queues (~2.5 KB each) or a browse page of large headers; an
+# error answer is one line. The time is for the whole answer, not one read (which has
+# the socket timeout, 60 s).
+MAX_ANSWER_BYTES = 256 * 1024 * 1024
+MAX_ERROR_ANSWER_BYTES = 64 * 1024
+ANSWER_TIME_S = 300.0
+_READ_STEP = 1024 * 1024
+
+
+def _read_answer(response: Any, limit: int, deadline: float) -> bytes:
+    """At most `limit` bytes of `response` before `deadline` (monotonic), else
+    ValueError (`_api`: "unexpected answer"). Read in steps: `read(limit)` would
+    allocate `limit` at once."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        if time.monotonic() > deadline:
+            raise ValueError(f"the answer took more than {ANSWER_TIME_S:.0f} s")
+        chunk = response.read1(_READ_STEP)
+        if not chunk:
+            return b"".join(chunks)
+        size += len(chunk)
+        if size > limit:
+            raise ValueError(f"the answer is larger than {limit} bytes")
+        chunks.append(chunk)
+
+
 def _api(url: Endpoint, path: str, body: dict[str, object] | None = None) -> object:
     """Call the broker's HTTP API; errors become one-line CommandErrors."""
     data = json.dumps(body).encode() if body is not None else None
@@ -241,13 +271,17 @@ def _api(url: Endpoint, path: str, body: dict[str, object] | None = None) -> obj
             method="POST" if data is not None else "GET",
             headers=headers,
         )
+        deadline = time.monotonic() + ANSWER_TIME_S
         with urllib.request.urlopen(request, timeout=60) as response:
-            return json.loads(response.read())
+            return json.loads(_read_answer(response, MAX_ANSWER_BYTES, deadline))
     except urllib.error.HTTPError as e:
         try:
-            message = json.loads(e.read()).get("error", e.reason)
-        except (ValueError, AttributeError, RecursionError):
+            answer = _read_answer(e, MAX_ERROR_ANSWER_BYTES, deadline)
+            message = json.loads(answer).get("error", e.reason)
+        except (ValueError, AttributeError, RecursionError, OSError):
             message = e.reason
+        finally:
+            e.close()
         if e.code == 401:
             message = (
                 f"authentication failed for user {url.user}"

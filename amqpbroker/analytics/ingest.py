@@ -98,7 +98,7 @@ def claim(store: Store, events_dir: Path) -> None:
     mine = str(events_dir.resolve())
     try:
         recorded = json.loads(source.read_text()).get("events")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # nested deep: Recursion
         recorded = None
     if recorded is None and store.events.exists():
         raise ValueError(
@@ -162,7 +162,9 @@ def mark_compacted(events_dir: Path, names: list[str]) -> None:
     marker = events_dir / COMPACTED_MARKER
     try:
         earlier = json.loads(marker.read_bytes()).get("files", [])
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):  # nested deep: Recursion
+        earlier = []
+    if not isinstance(earlier, list):  # third attack pass: `"files": 5` raised TypeError
         earlier = []
     present = set(event_files(events_dir))
     done = sorted(n for n in {*names, *earlier} if isinstance(n, str) and n in present)

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from amqpbroker.analytics import tables
 from amqpbroker.analytics.ingest import valid
 
 VERSION = 1
+_RUN = re.compile(r"run-[0-9]{1,9}")
 FOLD_RUNS = 16
 PARTIALS = ("files", "counts", "ack_seconds", "triage", "removed", "dispatches")
 
@@ -144,26 +146,36 @@ class State:
     @staticmethod
     def load(root: Path, window_ms: int) -> State:
         """The state, or an empty one when it cannot be used for `window_ms`."""
+        empty = State(root, window_ms=window_ms)
         try:
             data = json.loads((root / "state.json").read_text())
-        except (OSError, ValueError):
-            return State(root, window_ms=window_ms)
+        except (OSError, ValueError, RecursionError):
+            return empty
         if (
             not isinstance(data, dict)
             or data.get("version") != VERSION
             or data.get("window_ms") != window_ms
-            or not all((root / str(r)).is_dir() for r in data.get("runs", []))
         ):
-            return State(root, window_ms=window_ms)
-        schemas = data.get("schemas", {})
+            return empty
+        # Third attack pass: every value is checked, never trusted. A run is a directory
+        # `run-N` right under `root` (a fold deletes the runs it merged: "../../x" in the
+        # list had it delete any directory), files are names, and each schema parses.
+        runs, files, schemas = data.get("runs", []), data.get("files", []), data.get("schemas", {})
+        if not (
+            isinstance(runs, list)
+            and all(isinstance(r, str) and _RUN.fullmatch(r) and (root / r).is_dir() for r in runs)
+            and isinstance(files, list)
+            and all(isinstance(f, str) for f in files)
+            and isinstance(schemas, dict)
+            and all(isinstance(k, str) and _is_schema(v) for k, v in schemas.items())
+        ):
+            return empty
         return State(
             root,
-            files=tuple(str(f) for f in data.get("files", [])),
-            runs=tuple(str(r) for r in data.get("runs", [])),
+            files=tuple(files),
+            runs=tuple(runs),
             window_ms=window_ms,
-            schemas=tuple(sorted((str(k), str(v)) for k, v in schemas.items()))
-            if isinstance(schemas, dict)
-            else (),
+            schemas=tuple(sorted(schemas.items())),
         )
 
     def save(self) -> None:
@@ -204,6 +216,17 @@ class Update:
     state: State
     new_files: tuple[str, ...]
     rebuilt: bool
+
+
+def _is_schema(text: object) -> bool:
+    """Whether `text` is a StructType's JSON (what `_write` records)."""
+    if not isinstance(text, str):
+        return False
+    try:
+        StructType.fromJson(json.loads(text))
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
+        return False
+    return True
 
 
 def _write(df: DataFrame, path: Path) -> tuple[str, str]:

@@ -445,6 +445,19 @@ class _Attach(_BrokerPart):
                 return existing, kind
             if existing.consumers:
                 raise IllegalState("Unable to recreate subscription, consumers already exist")
+            # Third attack pass (B-154): re-creating deletes the old queue and its
+            # messages, so it needs what a delete and a create need, as in Artemis (its
+            # session's deleteQueue and createQueue check both). Without it, any user
+            # could drop another's durable subscription by reusing its container-id
+            # and link name on an address of their own.
+            old_durable = existing.config.durable
+            self._check(
+                "delete-durable-queue" if old_durable else "delete-non-durable-queue",
+                existing.address,
+            )
+            self._check(
+                "create-durable-queue" if durable else "create-non-durable-queue", address.name
+            )
             self.delete_queue(name, reason="re-created with a new address or filter")
         queue = self.create_queue(
             QueueConfig(

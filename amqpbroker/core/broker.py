@@ -578,7 +578,15 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             return 0
         if fqqn_queue is not None:
             queue = self.queues.get(fqqn_queue)
-            queues = [queue] if queue is not None and queue.accepts_message(message) else []
+            # The queue named at attach may since have been deleted and another of its
+            # name made on another address: that one is not this link's (B-006).
+            queues = (
+                [queue]
+                if queue is not None
+                and queue.address == address_name
+                and queue.accepts_message(message)
+                else []
+            )
         else:
             queues = post_office.route(message, address, routing_type)
         # Not `limited`: no size limit and the broker under global-max-size, so it cannot
@@ -615,10 +623,19 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         address = self.post_office.addresses.get(name)
         with self._acting_for(target.user, target.roles):
             self._check("send", name)  # per message on the relay (B-154)
-            if address is None or (routing_type and routing_type not in address.routing_types):
+            # An FQQN is prepared whenever it is named (third attack pass): that checks
+            # the queue is on `name`. `alice.x::bob.q` on an existing `alice.x` put the
+            # message on `bob.q` with `send` on `alice.x` alone.
+            if (
+                address is None
+                or fqqn_queue is not None
+                or (routing_type and routing_type not in address.routing_types)
+            ):
                 try:
                     address = self._prepare_target(name, fqqn_queue, routing_type)
                 except NotFound as e:
+                    if fqqn_queue is not None:
+                        raise  # which queue of which address, as on a link (B-006)
                     raise NotFound(f"target address {name} does not exist") from e
         return address, fqqn_queue, routing_type
 
@@ -691,7 +708,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         if self.management is None:
             raise NotFound(f"{MANAGEMENT_ADDRESS} is not served by this broker")
         message.address = MANAGEMENT_ADDRESS
-        self.management.handle(message)
+        self.management.handle(message, target)
         return 1
 
     def is_duplicate(self, address: Address, duplicate_id: str | bytes) -> bool:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from amqpbroker.core.model import Message
+from amqpbroker.core.model import Message, ProducerTarget
 
 MANAGEMENT_ADDRESS = "activemq.management"  # B-104 management-address
 
@@ -26,4 +26,5 @@ MANAGEMENT_ADDRESS = "activemq.management"  # B-104 management-address
 class ManagementHandler(Protocol):
     """Answers one management request (B-160); loop thread only."""
 
-    def handle(self, request: Message) -> None: ...
+    def handle(self, request: Message, sender: ProducerTarget) -> None:
+        """`sender`: the request's link, whose user the reply is sent as (B-154)."""

@@ -71,6 +71,7 @@ import os
 import select
 import shutil
 import signal
+import stat
 import sys
 import time
 import traceback
@@ -106,6 +107,11 @@ _INFO_CACHE = 65536  # messages whose decoded fields are remembered
 _JSON_CACHE = 65536  # names whose JSON text is remembered
 # Retention runs after every rotation and at least this often (max-age while idle).
 RETENTION_SECONDS = 60.0
+# Third attack pass: the most of COMPACTED_MARKER read (a file name is ~40 bytes: room
+# for a million files). The marker is written by `analyze`, maybe another user's: one
+# nested deep killed this process (RecursionError), and one that never ends (a FIFO, a
+# link to /dev/zero) would hold or fill it.
+MAX_MARKER_BYTES = 64 << 20
 # Free space (statvfs) is read at most this often; in between, bytes written since the
 # last reading are subtracted from it.
 SPACE_CHECK_SECONDS = 1.0
@@ -762,13 +768,13 @@ class ChildWriter:
     def _compacted(self) -> frozenset[str]:
         """Names of the files an `analyze` run has compacted (its marker), if any."""
         try:
-            data = json.loads((self.directory / COMPACTED_MARKER).read_bytes())
+            data = json.loads(_read_regular(self.directory / COMPACTED_MARKER, MAX_MARKER_BYTES))
             names = data["files"] if isinstance(data, dict) else None
             if isinstance(names, list):
                 return frozenset(n for n in names if isinstance(n, str))
         except FileNotFoundError:
             return frozenset()
-        except (OSError, ValueError, KeyError):
+        except (OSError, ValueError, KeyError, RecursionError):
             pass
         if not self._retention_warned:
             self.log(
@@ -939,6 +945,22 @@ class StatusPipe:
             del writer.logs[: len(logs)]
             if not writer.logs and not final:
                 return
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of `path`, a regular file of at most `limit` bytes (else OSError):
+    opened without blocking (a FIFO's open waits for a writer) and read no further."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read(limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise OSError(f"{path} is larger than {limit} bytes")
+    return data
 
 
 def run() -> None:

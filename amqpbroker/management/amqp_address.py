@@ -607,8 +607,16 @@ class AmqpManagement:
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
 
-    def handle(self, request: Message) -> None:
-        """Run the request and send the reply; drop it (logged) if it has no reply-to."""
+    def handle(self, request: Message, sender: ProducerTarget | None = None) -> None:
+        """Run the request and send the reply; drop it (logged) if it has no reply-to.
+
+        The reply is published as the sender (B-154, third attack pass): `manage` does
+        not grant `send`, and a reply to `reply-to` = any address let a manager put
+        messages (their body partly theirs: the echoed resource name, the correlation-id)
+        on addresses they may not send to, and auto-create addresses. A temporary
+        address (a dynamic node, where management clients take their replies) needs no
+        permission, as sending to one's own dynamic node needs none in Artemis.
+        """
         try:
             properties = request.get_properties()
         except (sections.SectionError, RecursionError) as e:
@@ -627,8 +635,13 @@ class AmqpManagement:
         except (ValueError, RecursionError) as e:  # never expected: json_safe bounds it
             text, succeeded = json.dumps([f"the result cannot be written: {e}"]), False
         reply = _reply(_correlation(properties), reply_to, succeeded, text)
+        as_sender = ProducerTarget(None)
+        if sender is not None and sender.roles is not None:
+            found = self.broker.post_office.addresses.get(parse_address(reply_to).address)
+            if found is None or not found.temporary:
+                as_sender = ProducerTarget(None, user=sender.user, roles=sender.roles)
         try:
-            self.broker.publish(reply, ProducerTarget(None), to=reply_to)
+            self.broker.publish(reply, as_sender, to=reply_to)
         except BrokerError as e:
             log.info("management reply to %s not delivered: %s", reply_to, e)
 

@@ -190,7 +190,11 @@ class _Attach:
             link.max_message_size = self.max_message_size  # B-152: advertised
         link.open()
         self.producers[link._impl] = ProducerLink(link, target)
-        link.flow(PRODUCER_CREDIT)
+        # B-151 BLOCK: no credit to a link of a full address until it has room again
+        # (`resume_producers`); every new link's 1000 let a client past the block by
+        # attaching again (third attack pass).
+        if self.broker.producer_may_send(target):
+            link.flow(PRODUCER_CREDIT)
 
     def _attach_coordinator(
         self, link: Link, source: TerminusFields, target: TerminusFields

@@ -280,6 +280,9 @@ class Transfers:
                 if producer is not None:
                     _pn_link_flow(link, 1)  # B-152: an aborted transfer's credit back
             return
+        if producer.credit <= 0 and _pn_link_credit(link) < 0:
+            self._over_credit(delivery, producer)
+            return
         raw = _unpack(buffer, received)
         if _pn_delivery_remote_state(delivery) == _TRANSACTIONAL_STATE:
             self.owner._transactional_send(Delivery.wrap(delivery), producer, raw)
@@ -318,6 +321,18 @@ class Transfers:
                 _pn_delivery_update(delivery, _PN_ACCEPTED)
                 _pn_delivery_settle(delivery)
         self._top_up(link, producer)
+
+    def _over_credit(self, delivery: Any, producer: ProducerLink) -> None:
+        """A transfer the broker gave no credit for (AMQP 1.0 2.6.7): dropped, and its
+        link detached with transfer-limit-exceeded (third attack pass). Proton counts
+        the credit below zero and hands the transfer on: a producer ignoring credit went
+        past a full BLOCK address without bound. `producer.credit` (at least the link's
+        credit before this transfer, B-021) is checked first, so the engine is asked
+        only when the credit may be spent."""
+        _pn_delivery_settle(delivery)
+        description = "a transfer without link credit"
+        log.info("connection %s link %r: %s", self.id, name_for_log(producer.link), description)
+        self.owner.close_link(producer.link, "amqp:link:transfer-limit-exceeded", description)
 
     def _too_large(self, delivery: Any, link: Any, size: int) -> bool:
         """B-152: whether the delivery is over its link's limit (the acceptor's

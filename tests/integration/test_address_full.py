@@ -88,3 +88,60 @@ def test_anonymous_relay_is_blocked_at_the_limit(tmp_path: Path, limit: str) -> 
         producer.close()
     finally:
         broker.stop()
+
+
+def test_a_producer_past_its_credit_or_attaching_again_is_held_at_the_limit(
+    tmp_path: Path,
+) -> None:
+    """B-151 BLOCK, third attack pass: a raw producer that ignored credit put 3,000 1 KiB
+    messages on an address of max-size-bytes 10,000 (Proton counts the credit below zero
+    and hands the transfers on); one that attached again got 1,000 credit each time. Now
+    a transfer without credit detaches its link with transfer-limit-exceeded and is
+    dropped, and a new link to a full address gets no credit until it has room."""
+    import socket
+
+    from support import frames as F
+    from support.raw import read_until_closed
+
+    broker = start_broker(
+        tmp_path,
+        """
+        address-settings:
+          "blk.#": {address-full-policy: BLOCK, max-size-bytes: 10000}
+        """,
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", broker.ports["amqp"]), timeout=5) as sock:
+            attach = F.attach("p", role_receiver=False, target=F.target("blk.a", "queue"))
+            sock.sendall(
+                F.AMQP_HEADER
+                + F.frame(F.open_())
+                + F.frame(F.begin(incoming_window=65535))
+                + F.frame(attach)
+            )
+            received = b""
+            while not any(F.performative_code(p) == F.FLOW for _, _, p in F.read_frames(received)):
+                chunk = sock.recv(65536)
+                assert chunk, received
+                received += chunk
+            sock.sendall(
+                b"".join(
+                    F.frame(
+                        F.transfer(delivery_id=i, tag=str(i).encode(), settled=True),
+                        payload=F.message("x" * 1000),
+                    )
+                    for i in range(3000)
+                )
+            )
+            received, _ = read_until_closed(sock, 3.0)
+        errors = [F.error_of(p) for _, _, p in F.read_frames(received)]
+        assert any(e is not None and e[0] == "amqp:link:transfer-limit-exceeded" for e in errors)
+        held = _api(broker, "/api/v1/queues/blk.a")["messages"]
+        assert held == CREDIT_WINDOW  # what the first link's credit allowed, no more
+        producer = connect(broker.url, timeout=2)
+        sender = producer.create_sender("blk.a", options=Capabilities("queue"))
+        assert sender.link.credit == 0  # full: a new link gets none
+        producer.close()
+        assert _api(broker, "/api/v1/queues/blk.a")["messages"] == held
+    finally:
+        broker.stop()

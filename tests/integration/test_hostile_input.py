@@ -149,3 +149,43 @@ def test_attaches_of_many_values_in_few_bytes_close_the_connection(
     assert hung_up
     assert _rss_kb(broker.proc.pid) - before < 64 * 1024
     assert _round_trip(broker, "after-many-values") == ["still here"]
+
+
+def test_an_attach_over_8_kib_pipelined_with_the_open_is_served(broker: BrokerProcess) -> None:
+    """Third attack pass (B-021): the open raises the frame size from 8 KiB to 128 KiB,
+    but an attach sent in the same write as the open was read against 8 KiB and closed
+    the connection with a framing error. Now the bytes before the open's handling go to
+    the engine a frame at a time; the attach is answered and a frame past 8 KiB before
+    the open is still refused."""
+    big = F.frame(
+        F.attach("l" * 20_000, role_receiver=False, target=F.target("pipelined", "queue"))
+    )
+    data = F.AMQP_HEADER + F.frame(F.open_()) + F.frame(F.begin()) + big
+    with socket.create_connection(("127.0.0.1", broker.ports["amqp"]), timeout=5) as sock:
+        for i in range(0, len(data), 333):  # in pieces that cut headers and sizes
+            sock.sendall(data[i : i + 333])
+        received, hung_up = read_until_closed(sock, 1.0)
+    codes = [F.performative_code(p) for _, _, p in F.read_frames(received)]
+    assert F.ATTACH in codes, codes
+    assert not hung_up
+    assert F.close_condition(received) is None
+    refused = F.AMQP_HEADER + F.frame(F.open_(), payload=bytes(9000))
+    received, hung_up = _exchange(broker, refused)
+    assert hung_up
+    assert F.close_condition(received) == "amqp:connection:framing-error"
+
+
+def test_begins_on_a_channel_in_use_close_the_connection(broker: BrokerProcess) -> None:
+    """Third attack pass (issue 15 bound of 64 sessions): Proton took each begin on a
+    channel in use as a new session and left the old one unreachable, so channel-max
+    bounded nothing; 60,000 begins on channel 0 grew the broker by 190 MB. A client may
+    begin all 64 channels; a begin past that closes with a framing error."""
+    every_channel = b"".join(F.frame(F.begin(), channel=c) for c in range(64))
+    data = F.AMQP_HEADER + F.frame(F.open_()) + every_channel
+    received, hung_up = _exchange(broker, data)
+    assert not hung_up
+    assert sum(F.performative_code(p) == F.BEGIN for _, _, p in F.read_frames(received)) == 64
+    received, hung_up = _exchange(broker, data + F.frame(F.begin(), channel=0) * 1000)
+    assert hung_up
+    assert F.close_condition(received) == "amqp:connection:framing-error"
+    assert _round_trip(broker, "after-many-begins") == ["still here"]

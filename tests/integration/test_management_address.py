@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from proton import Delivery, Message, symbol
+from proton import Delivery, Message, Timeout, symbol
 from proton.utils import (
     BlockingConnection,
     BlockingReceiver,
@@ -533,10 +533,11 @@ def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]
           users:
             admin: {{password-hash: "{hash_password("admin-pw")}", roles: [admin]}}
             app: {{password-hash: "{hash_password("app-pw")}", roles: [app]}}
+            ops: {{password-hash: "{hash_password("ops-pw")}", roles: [ops]}}
           security-settings:
-            "#": {{send: [admin, app], consume: [admin, app], browse: [admin, app],
+            "#": {{send: [admin, app], consume: [admin, app, ops], browse: [admin, app],
                   create-address: [admin, app], create-durable-queue: [admin, app],
-                  create-non-durable-queue: [admin, app], manage: [admin]}}
+                  create-non-durable-queue: [admin, app, ops], manage: [admin, ops]}}
         """,
     )
     yield running
@@ -638,3 +639,26 @@ def test_by_id_and_list_match_the_whole_queue(manager: Manager) -> None:
     assert [m["messageID"] for m in rows] == [*kept, listed[6]]
     assert next(m["priority"] for m in rows if m["messageID"] == listed[6]) == 9
     assert int(manager.ok("queue.amqp.big", "countMessages")) == 24
+
+
+def test_a_reply_goes_where_its_requester_may_send(secured: BrokerProcess) -> None:
+    """B-154, third attack pass: `ops` may manage but not send. Its request with
+    `reply-to` = `victim` put the reply (its correlation-id and the echoed resource
+    name its own) on `victim`: the reply was sent as nobody. Now it is sent as the
+    requester, so it is dropped there; a dynamic node's reply still arrives."""
+    app = login(secured, "app")
+    try:
+        app.create_sender("victim", options=QUEUE).close()  # creates the queue
+        ops = login(secured, "ops")
+        try:
+            manager = Manager(ops)
+            props = {"_AMQ_ResourceName": "queue.victim", "_AMQ_OperationName": "x"}
+            manager.sender.send(Message(body="[]", properties=props, reply_to="victim"))
+            assert manager.ok("broker", "getQueueNames", "ANYCAST")  # the dynamic reply
+        finally:
+            ops.close()
+        receiver = app.create_receiver("victim", options=QUEUE, credit=10)
+        with pytest.raises(Timeout):
+            receiver.receive(timeout=1)
+    finally:
+        app.close()

@@ -19,6 +19,7 @@ from amqpbroker.core import (
     Modified,
     NotFound,
     Outcome,
+    ProducerTarget,
     QueueConfig,
     Rejected,
     RoutingType,
@@ -217,6 +218,36 @@ def test_anonymous_relay_to_missing_address_without_auto_create() -> None:
     h = Harness({"#": AddressSettings.of(auto_create_addresses=False)})
     with pytest.raises(NotFound, match="target address ghost does not exist"):
         h.send(h.producer(None), to="ghost")
+
+
+def test_an_fqqn_on_the_relay_reaches_only_a_queue_of_its_address() -> None:
+    """B-006/B-154, third attack pass: with `send` on `alice.#` only, a relay message to
+    `alice.x::bob.q` (alice.x existing) was put on `bob.q`, an address alice may not
+    send to. Now the FQQN's queue must be on the address, as on a link's target."""
+    from amqpbroker.core.security import SecurityRepository
+
+    h = Harness()
+    h.producer("alice.x", "queue")
+    h.producer("bob.q", "queue")
+    h.broker.security = SecurityRepository({"alice.#": {"send": ("alice",)}})
+    relay = ProducerTarget(None, user="alice", roles=frozenset({"alice"}))
+    with pytest.raises(NotFound, match=r"queue bob\.q does not exist for address alice\.x"):
+        h.send(relay, b"injected", to="alice.x::bob.q")
+    assert h.queue("bob.q").message_count == 0
+    h.send(relay, b"mine", to="alice.x::alice.x")
+    assert h.queue("alice.x").message_count == 1
+
+
+def test_an_fqqn_link_sends_nothing_to_a_new_queue_of_that_name_elsewhere() -> None:
+    """B-006, third attack pass: a link attached to `a::q` kept sending to whatever
+    queue was named `q`, also one re-created on another address."""
+    h = Harness()
+    target = h.producer("a::q")
+    h.send(target, b"1")
+    h.broker.delete_queue("q")
+    h.producer("b::q")
+    h.send(target, b"2")
+    assert h.queue("q").message_count == 0
 
 
 # -- credit, order, browsing -------------------------------------------------------------
@@ -865,6 +896,42 @@ def test_unsubscribe_needs_delete_durable_queue() -> None:
     sub = _consumer_as(h2, "news", frozenset({"c"}), capabilities=("topic",), durable=True)
     h2.broker.detach_consumer(sub, closed=True)
     assert "c.l-news" not in h2.broker.queues
+
+
+def test_reusing_a_subscription_name_needs_delete_on_the_old_address() -> None:
+    """B-154, third attack pass: `bob`'s idle durable subscription `c1.sub` on `bob.t`
+    was deleted, messages and all, when `alice` attached container c1, link `sub` to
+    `alice.t` (the re-create checked only consume on her own address). Now the re-create
+    needs delete-durable-queue on the old address, as Artemis's deleteQueue does."""
+    from amqpbroker.core import NotAuthorized
+    from amqpbroker.core.security import SecurityRepository
+
+    h = Harness()
+    mine = ("send", "consume", "create-address", "create-durable-queue")
+    h.broker.security = SecurityRepository(
+        {f"{u}.#": {p: (u,) for p in mine} for u in ("alice", "bob")}
+    )
+
+    def subscribe(user: str, address: str) -> ConsumerId:
+        return h.consumer(
+            address,
+            "topic",
+            container="c1",
+            name="sub",
+            durable=True,
+            expiry_policy="never",
+            user=user,
+            roles=frozenset({user}),
+        )
+
+    h.broker.detach_consumer(subscribe("bob", "bob.t"), closed=False)
+    h.send(h.producer("bob.t", "topic"), b"bob's")
+    with pytest.raises(NotAuthorized, match="'delete-durable-queue'"):
+        subscribe("alice", "alice.t")
+    assert h.queue("c1.sub").address == "bob.t"
+    assert h.queue("c1.sub").message_count == 1
+    bob_again = subscribe("bob", "bob.t")
+    assert bodies(h.take(bob_again)) == [b"bob's"]
 
 
 def test_scheduled_message_waits_until_its_time() -> None:

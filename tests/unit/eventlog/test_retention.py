@@ -284,3 +284,33 @@ def test_a_compression_left_half_done_by_a_dead_writer_is_tidied_at_start(tmp_pa
         "events-2.jsonl.gz",
         "events-3.jsonl.part",
     ]
+
+
+@pytest.mark.parametrize(
+    "marker",
+    ["nested", "fifo", "huge", "directory"],
+)
+def test_a_hostile_marker_reads_as_no_marker(
+    tmp_path: Path, marker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Third attack pass (issue 17): a `.compacted.json` nested 200,000 deep killed the
+    writer process with RecursionError at its next retention (every event after it was
+    dropped); a FIFO there would hang it, an endless file fill it. Each reads as no
+    marker now (every file not yet compacted), with one warning, and the writer goes on."""
+    import amqpbroker.eventlog.child as child_module
+
+    path = tmp_path / COMPACTED_MARKER
+    if marker == "nested":
+        path.write_text("[" * 200_000)
+    elif marker == "fifo":
+        os.mkfifo(path)
+    elif marker == "huge":
+        monkeypatch.setattr(child_module, "MAX_MARKER_BYTES", 1000)
+        path.write_text(json.dumps({"files": ["events-x.jsonl"] * 100}))
+    else:
+        path.mkdir()
+    kept = old_file(tmp_path, "events-20200101T000000000Z.jsonl", days=30)
+    w = child(tmp_path, FakeFs(free=50 << 30), max_total_bytes=5, keep_until_analyzed=True)
+    w._retain()
+    assert kept.exists()
+    assert [text for _, text in w.logs if "cannot read" in text] != []

@@ -134,9 +134,9 @@ def test_a_reply_to_naming_the_management_address_as_a_queue_is_dropped() -> Non
     assert handler is not None
 
     class Counting:
-        def handle(self, request: Message) -> None:
+        def handle(self, request: Message, sender: ProducerTarget) -> None:
             handled.append(request)
-            handler.handle(request)
+            handler.handle(request, sender)
 
     h.broker.management = Counting()
     h.send(h.producer("q", "queue"), b"a")

@@ -21,7 +21,19 @@ def test_written_end_reads_back_and_leaves_no_temporary(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir()] == ["message-ids"]
 
 
-@pytest.mark.parametrize("text", ["", "12\n", "amqpbroker message-id reservation v1\n-5\n"])
+HEADER = "amqpbroker message-id reservation v1\n"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "12\n",
+        HEADER + "-5\n",
+        HEADER + "9" * 5000 + "\n",  # third attack pass: ValueError (int's digit limit)
+        HEADER + f"{2**63}\n",  # third attack pass: ids past the journal's i64
+    ],
+)
 def test_a_file_that_says_something_else_is_an_error(tmp_path: Path, text: str) -> None:
     """Never guess where ids start: a wrong guess reuses ids."""
     path = tmp_path / "message-ids"

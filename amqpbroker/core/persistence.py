@@ -40,6 +40,7 @@ from amqpbroker.core.records import (
     DeleteAddress,
     DeleteQueue,
     PageCursor,
+    PageSkip,
     Record,
     ScheduledDelivery,
     UpdateDeliveryCount,
@@ -152,13 +153,17 @@ class Persistence:
 
     def page_read(self, queue: str, pages: PageStore) -> None:
         """Paged messages were read back into `queue` (their AddMessage/AddRef are in
-        this step): journal the cursor with them; once it is on disk the page files
-        before it may go."""
+        this step), or removed by a management walk (its moved copies are): journal the
+        removed ones' positions (`PageSkip`) and the cursor with them; once it is on
+        disk the page files before it may go."""
         position = pages.cursor
         if self.suspended or position is None:
             return  # (None: a recovered queue's part in the journal, store/backlog.py)
         page, offset = position
-        self._records.append(PageCursor(queue=queue, page=page, offset=offset))
+        records = self._records
+        for skipped_page, offsets in pages.journal_skips():
+            records.append(PageSkip(queue=queue, page=skipped_page, offsets=offsets))
+        records.append(PageCursor(queue=queue, page=page, offset=offset))
         if pages.releasable:
 
             def release(error: BaseException | None) -> None:

@@ -18,10 +18,14 @@ the messages read back, in one append: after a crash a message is either still p
 in the journal, never both, never neither), and a page file is deleted only once a cursor
 past it is on disk (`release`). A non-durable queue's files go as soon as they are read.
 
-Removing some paged messages (management purge, move, retry with a filter) appends a
-marker and then copies of the messages kept, and moves the cursor to the copies. A reader
-that meets a marker *by reading* (after a crash, from a cursor before the marker, which
-was never journaled) skips the copies that follow it: it has read the originals.
+Removing some paged messages (management purge, move, retry with a filter, by ids)
+records their positions as *skips* (`skip`): nothing is rewritten, a read back passes
+them, and when they are the next ones the cursor moves past them. A durable queue
+journals each step's skips (`PageSkip`, with the step's moved copies and `PageCursor`, in
+one append: a crash in the middle of a walk repeats no move and loses none); they are
+kept, a few bytes each, until the cursor passes them (issue 23). Files written before
+this may hold a removal's marker and copies of the messages kept: a reader that meets a
+marker *by reading* (a cursor before it was never journaled) skips the copies after it.
 
 Recovery (`PageFiles.recover`) opens the cursors the journal holds and scans the files
 from there (counting, not keeping: memory does not grow with the backlog); a torn or
@@ -42,6 +46,7 @@ paged durable messages, `PageFiles.flush`).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import logging
@@ -49,6 +54,7 @@ import os
 import shutil
 import struct
 import zlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -202,6 +208,7 @@ class QueuePages:
         journaled: bool,
         cursor: Position | None,
         owner: PageFiles,
+        skips: dict[int, list[int]] | None = None,
     ) -> None:
         self.directory = directory
         self._message_of = message_of
@@ -219,6 +226,12 @@ class QueuePages:
         # what a damaged file loses is counted, not left in the queue's count
         self._held: dict[int, list[int]] = {}
         self._browse_damaged: set[int] = set()  # page files a browse logged as damaged
+        # page number -> sorted end offsets of the messages removed ahead of the cursor
+        # (`skip`), and those not journaled yet (`journal_skips`)
+        self._skips: dict[int, array[int]] = {
+            page: array("q", offsets) for page, offsets in (skips or {}).items()
+        }
+        self._new_skips: dict[int, list[int]] = {}
         directory.mkdir(parents=True, exist_ok=True)
         # only the names `_path` writes: `1.page` would read as page 1 from another file
         pages = sorted(
@@ -244,6 +257,7 @@ class QueuePages:
         self._write_offset = 0
         self._released = self._cursor[0]  # files below this page are gone
         self._recovered_end: Position = (0, 0)  # non-durable before this: not recovered
+        self._prune_skips()
         if pages:
             self._scan(pages)
 
@@ -386,6 +400,8 @@ class QueuePages:
         for page in range(first_page, self._cursor[0]):
             if page in self._held:  # passed, yet not all read: the file went missing
                 self._lose(page, "missing or cut short", self._path(page), 0)
+        if self._skips and first_page != self._cursor[0]:
+            self._prune_skips()
         if not self.messages:
             self.expiring_ms = 0
         if not self.journaled:
@@ -487,43 +503,71 @@ class QueuePages:
             if frame.kind == _KIND_MESSAGE:
                 yield self._message(frame), frame.end
 
-    def drop_prefix(self, doomed: set[int]) -> bool:
-        """Drop the paged messages in `doomed` if they are the next ones from the cursor
-        (a walk that took every paged message it met: a move or purge of all): the cursor
-        moves past them as a read would, no marker and no copies, O(len(doomed)). False
-        (nothing done) when they are not, or a damaged file is in the way: `remove` then."""
-        if not doomed:
-            return True
-        taken: list[_Frame] = []
-        position = self._cursor
-        try:
-            for frame in self._frames(self._cursor, self._end()):
-                if frame.kind == _KIND_MESSAGE:
-                    if frame.msg_id not in doomed:
-                        return False
-                    taken.append(frame)
-                position = frame.end
-                if len(taken) == len(doomed):
-                    break
-        except _Damaged:
-            return False
-        if len(taken) != len(doomed):
-            return False
-        for frame in taken:
-            size = frame.size
+    def skip(self, taken: list[tuple[Position, int]]) -> None:
+        """Remove the paged messages that end at these positions (each with its size), as
+        a management walk took them: they leave the counts now, a read back passes them,
+        and the cursor moves past those that are the next ones (O(taken), nothing
+        rewritten: the walk goes on reading the files, and messages paged meanwhile stay
+        where they are)."""
+        if not taken:
+            return
+        journaled = self.journaled
+        for (page, offset), size in taken:
+            offsets = self._skips.get(page)
+            if offsets is None:
+                offsets = self._skips[page] = array("q")
+            if not offsets or offsets[-1] < offset:
+                offsets.append(offset)
+            else:
+                i = bisect.bisect_left(offsets, offset)
+                if i < len(offsets) and offsets[i] == offset:
+                    continue  # taken before (never met: a taken reference is GONE)
+                offsets.insert(i, offset)
             self.messages -= 1
             self.size_bytes -= size
-            self._hold(frame.end[0], -1, -size)
-        self._cursor = position
-        self._roll_cursor()
+            self._hold(page, -1, -size)
+            if journaled:
+                self._new_skips.setdefault(page, []).append(offset)
+        position = self._cursor
+        try:  # past the removed ones that are next: as a read would pass them
+            for frame in self._frames(self._cursor, self._end()):
+                if frame.kind == _KIND_MESSAGE:
+                    break
+                position = frame.end
+        except _Damaged:  # the read back handles it (`_damaged`), in its turn
+            pass
+        if position != self._cursor:
+            self._cursor = position
+            self._roll_cursor()
+            self._prune_skips()
         if not self.messages:
             self.expiring_ms = 0
-        if not self.journaled:
+        if not journaled:
             self.release(self._cursor)
-        return True
+
+    def journal_skips(self) -> list[tuple[int, tuple[int, ...]]]:
+        """The skips since the last call, per page file (`PageSkip` records: journaled
+        with the step that took those messages)."""
+        if not self._new_skips:
+            return []
+        new, self._new_skips = self._new_skips, {}
+        return [(page, tuple(offsets)) for page, offsets in sorted(new.items())]
+
+    def _prune_skips(self) -> None:
+        """Forget the skips the cursor has passed."""
+        page, offset = self._cursor
+        for number in [n for n in self._skips if n < page]:
+            del self._skips[number]
+        offsets = self._skips.get(page)
+        if offsets is not None and offsets and offsets[0] <= offset:
+            del offsets[: bisect.bisect_right(offsets, offset)]
+            if not offsets:
+                del self._skips[page]
 
     def remove(self, doomed: set[int]) -> None:
-        """Drop the paged messages in `doomed`: a marker, then copies of the rest. A
+        """Drop the paged messages in `doomed`: a marker, then copies of the rest (how
+        removals were written before `skip`; kept for what its files look like, which a
+        reader and a restart must still handle: tests/unit/store/test_paging.py). A
         damaged page file is handled as the read back handles it (`_damaged`: its part
         lost, counted, logged) by the first walk, and skipped alike by the second: the
         caller has already taken `doomed` (killed or moved), so raising here would leave
@@ -580,6 +624,7 @@ class QueuePages:
         self._cursor = self._end()
         self.messages = self.size_bytes = self.expiring_ms = 0
         self._held = {}
+        self._skips, self._new_skips = {}, {}
         self.epoch += 1
         self._roll_cursor()
         if not self.journaled:
@@ -626,6 +671,7 @@ class QueuePages:
             self.directory.parent.rmdir()  # the address's, when it was the last queue
         self.messages = self.size_bytes = 0
         self._held = {}
+        self._skips, self._new_skips = {}, {}
 
     # -- reading ------------------------------------------------------------------------
     def _end(self) -> Position:
@@ -655,16 +701,23 @@ class QueuePages:
     ) -> Iterator[_Frame]:
         """Sound frames from `start` to `end` (offset -1: the end of that file), copies
         after a marker met by reading skipped, and non-durable messages written before a
-        restart skipped. A file damaged before its end raises `_Damaged`, or, with
+        restart skipped, and so are those removed ahead of the cursor (`skip`). A file
+        damaged before its end raises `_Damaged`, or, with
         `damaged`, is handed to it: when it says so, the rest of that file is skipped (a
         frame with nothing to hand out, ending at the next file, is yielded for it)."""
         skip = 0
         page, offset = start
         while page <= end[0]:
             limit = end[1] if page == end[0] else -1
+            skips = self._skips.get(page) if self._skips else None
             try:
                 for frame in self._file_frames(page, offset, limit):
                     offset = frame.end[1]
+                    if skips is not None and frame.kind == _KIND_MESSAGE and not skip:
+                        i = bisect.bisect_left(skips, offset)
+                        if i < len(skips) and skips[i] == offset:
+                            yield _Frame(0, b"", frame.end)  # removed (`skip`)
+                            continue
                     if frame.kind == _KIND_MARKER:
                         skip = _MARKER.unpack_from(frame.body, 1)[0]
                         yield frame
@@ -837,13 +890,21 @@ class PageFiles:
         self.dirty: set[QueuePages] = set()
         self.opened: set[QueuePages] = set()
         self._cursors: dict[str, Position] = {}
+        self._skips: dict[str, dict[int, list[int]]] = {}
         self._known: dict[str, str] = {}  # recovered durable queue -> address
 
-    def recover(self, queues: dict[str, str], cursors: dict[str, Position]) -> list[str]:
+    def recover(
+        self,
+        queues: dict[str, str],
+        cursors: dict[str, Position],
+        skips: dict[str, dict[int, list[int]]] | None = None,
+    ) -> list[str]:
         """Start-up: keep the page files of the durable queues in `queues` (name ->
-        address), with their journaled cursors; remove the rest (non-durable queues'
-        pages are not recovered). The names of the queues that have paged messages."""
+        address), with their journaled cursors and skips; remove the rest (non-durable
+        queues' pages are not recovered). The names of the queues that have paged
+        messages."""
         self._cursors = dict(cursors)
+        self._skips = dict(skips or {})
         keep = {(_safe(address), _safe(name)): name for name, address in queues.items()}
         found = []
         if self.directory.is_dir():
@@ -867,6 +928,7 @@ class PageFiles:
             journaled=durable,
             cursor=self._cursors.pop(queue, None) if durable else None,
             owner=self,
+            skips=self._skips.pop(queue, None) if durable else None,
         )
         self.opened.add(pages)
         return pages

@@ -119,6 +119,10 @@ class PageStore(Protocol):
     def files(self) -> int: ...
 
     @property
+    def committed(self) -> tuple[int, int]:
+        """Where the last copy a management walk paged here ends (`records.PageCursor`)."""
+
+    @property
     def cursor(self) -> tuple[int, int] | None:
         """The page files' read cursor to journal (`records.PageCursor`); None: none."""
 
@@ -182,6 +186,10 @@ class Tailed(Protocol):
 
 class PageStores(Protocol):
     """Opens the page files of a queue (the server hands the broker one)."""
+
+    # True while a management walk routes copies: a durable queue pages them so that a
+    # restart can pass those whose move was not journaled (`store/paging.py`)
+    moving: bool
 
     def open(self, *, address: str, queue: str, durable: bool) -> PageStore:
         """The queue's page files; `durable`: its cursor is journaled (kept on restart)."""

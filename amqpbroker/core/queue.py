@@ -1366,7 +1366,10 @@ class Queue:
         (counted, event `enqueued`); `dispatch` reads it back in its turn."""
         pages = self.pages
         assert pages is not None, "the broker opens the page files first"
+        committed = pages.committed
         pages.write(message)
+        if pages.committed != committed and self.store is not None:
+            self.store.moved_in(self.name, pages)  # a walk's copy: journaled with its move
         if message.expiration_ms and not self._page_expiry_ms:
             self._arm_page_expiry(message.expiration_ms)  # B-084: checked when due
         if self.store is not None and message.durable:
@@ -1473,6 +1476,8 @@ class Queue:
         self._pages_lost = pages.lost
         if pages.expiring_ms:
             self._arm_page_expiry(pages.expiring_ms)
+        if self.store is not None:  # what the open passed (a lost move's copies) is
+            self.store.page_read(self.name, pages)  # journaled before anything else
 
     def _count_lost(self, pages: PageStore) -> None:
         """Paged messages lost to a damaged page file (`PageStore.lost`, counted there as

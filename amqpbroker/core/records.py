@@ -185,6 +185,10 @@ class PageCursor:
     queue: str
     page: int
     offset: int
+    # where the last copy a management walk paged here ends (`store/paging.py`, kind 3):
+    # a restart passes those after it (their move's append was lost, issue 23)
+    committed_page: int = 0
+    committed_offset: int = 0
 
 
 @dataclass(slots=True, kw_only=True)

@@ -127,6 +127,10 @@ class JournalBacklog:
         return self.tail.position
 
     @property
+    def committed(self) -> Position:
+        return self.tail.committed if self.tail is not None else (0, 0)
+
+    @property
     def cursor(self) -> Position | None:
         """The page files' cursor, journaled as theirs; the journal's part has none."""
         return self.tail.cursor if self.tail is not None else None

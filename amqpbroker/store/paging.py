@@ -11,6 +11,7 @@ to n+1 when it would pass the address's `page-size-bytes`. A page file is frames
       kind 1 message: u8 durable, i64 msg_id, i64 first_ts, i64 expiration_ms,
                       i64 deliver_at_ms, u8 priority, u16 address length, address, data
       kind 2 marker:  u64 n   (the next n message frames are copies: see `remove`)
+      kind 3 moved:   as kind 1 (a copy a management walk routed here: see below)
 
 all little-endian. Messages are read back in order from a *cursor* (page, offset). For a
 durable queue the cursor is journaled (`PageCursor`, with the `AddMessage`/`AddRef` of
@@ -31,6 +32,14 @@ Recovery (`PageFiles.recover`) opens the cursors the journal holds and scans the
 from there (counting, not keeping: memory does not grow with the backlog); a torn or
 corrupt frame ends the files there, as in the journal (what was lost is logged). Paged
 non-durable messages are not recovered (as Artemis): the scan and reads skip them.
+
+A copy that a management walk routes to a paging durable queue is written as kind 3
+(`PageFiles.moving`): its frame is synced before the journal append that removes its
+original (the walk's `AckRef` or `PageSkip`), and the append carries this queue's
+`PageCursor` with the end of its copies (`committed`). A restart passes the kind 3 frames
+after the journaled `committed` (`_scan`: skipped, and the skips journaled): the append
+that would have removed their originals was lost, so the originals are still where they
+were, and the copies would be duplicates (issue 23).
 
 A page file found damaged or unreadable while reading back (`_damaged`, issue 23) is
 handled as the journal handles damage, never by raising into dispatch: a torn tail of
@@ -72,6 +81,7 @@ _FRAME = struct.Struct("<II")
 _MESSAGE = struct.Struct("<BqqqqBH")
 _MARKER = struct.Struct("<Q")
 _KIND_MESSAGE = 1
+_KIND_MOVED = 2 + 1  # kind 3: a message frame written by a management walk (`moving`)
 _KIND_MARKER = 2
 _MAX_BODY = 1 << 31
 _SUFFIX = ".page"
@@ -97,7 +107,7 @@ def _safe(name: str) -> str:
     return safe
 
 
-def _encode(message: Message) -> bytes:
+def _encode(message: Message, kind: int = _KIND_MESSAGE) -> bytes:
     """A message frame. Raises ResourceLimitExceeded for an address of 64 KiB or more,
     which the frame cannot hold: it was cut to 65,535 bytes (mid-character too), and the
     message came back with another address (issue 15 attack)."""
@@ -115,7 +125,7 @@ def _encode(message: Message) -> bytes:
         message.priority,
         len(address),
     )
-    body = b"".join((bytes([_KIND_MESSAGE]), head, address, message.data))
+    body = b"".join((bytes([kind]), head, address, message.data))
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
@@ -132,7 +142,7 @@ def _sound(body: bytes) -> bool:
         return False
     if body[0] == _KIND_MARKER:
         return len(body) == 1 + _MARKER.size
-    if body[0] == _KIND_MESSAGE and len(body) >= 1 + _MESSAGE.size:
+    if (body[0] == _KIND_MESSAGE or body[0] == _KIND_MOVED) and len(body) >= 1 + _MESSAGE.size:
         return len(body) >= 1 + _MESSAGE.size + int(_MESSAGE.unpack_from(body, 1)[-1])
     return False
 
@@ -209,6 +219,7 @@ class QueuePages:
         cursor: Position | None,
         owner: PageFiles,
         skips: dict[int, list[int]] | None = None,
+        committed: Position | None = (0, 0),
     ) -> None:
         self.directory = directory
         self._message_of = message_of
@@ -232,6 +243,10 @@ class QueuePages:
             page: array("q", offsets) for page, offsets in (skips or {}).items()
         }
         self._new_skips: dict[int, list[int]] = {}
+        # the end of the last copy a management walk wrote here (kind 3), journaled with
+        # this queue's cursor in the walk's append (a restart passes those after it)
+        self.committed: Position = committed or (0, 0)
+        self._check_moved = committed is not None  # (None: not known, every copy kept)
         directory.mkdir(parents=True, exist_ok=True)
         # only the names `_path` writes: `1.page` would read as page 1 from another file
         pages = sorted(
@@ -334,7 +349,8 @@ class QueuePages:
         return self._cursor
 
     def write(self, message: Message) -> None:
-        frame = _encode(message)
+        moved = self._owner.moving and message.durable and self.journaled
+        frame = _encode(message, _KIND_MOVED if moved else _KIND_MESSAGE)
         try:
             self._append(frame)
         except OSError as e:  # disk full, no descriptors: the producer is told, not killed
@@ -343,6 +359,8 @@ class QueuePages:
         self.messages += 1
         self.size_bytes += message.size
         self._hold(self._write_page, 1, message.size)
+        if moved:
+            self.committed = (self._write_page, self._write_offset)
         self.expiring_ms = _earlier(self.expiring_ms, message.expiration_ms)
         if message.durable and self.journaled:
             self.durable_written = True
@@ -511,23 +529,11 @@ class QueuePages:
         where they are)."""
         if not taken:
             return
-        journaled = self.journaled
-        for (page, offset), size in taken:
-            offsets = self._skips.get(page)
-            if offsets is None:
-                offsets = self._skips[page] = array("q")
-            if not offsets or offsets[-1] < offset:
-                offsets.append(offset)
-            else:
-                i = bisect.bisect_left(offsets, offset)
-                if i < len(offsets) and offsets[i] == offset:
-                    continue  # taken before (never met: a taken reference is GONE)
-                offsets.insert(i, offset)
+        for (page, _), size in self._skip_positions(taken):
             self.messages -= 1
             self.size_bytes -= size
             self._hold(page, -1, -size)
-            if journaled:
-                self._new_skips.setdefault(page, []).append(offset)
+        journaled = self.journaled
         position = self._cursor
         try:  # past the removed ones that are next: as a read would pass them
             for frame in self._frames(self._cursor, self._end()):
@@ -544,6 +550,25 @@ class QueuePages:
             self.expiring_ms = 0
         if not journaled:
             self.release(self._cursor)
+
+    def _skip_positions(self, taken: list[tuple[Position, int]]) -> list[tuple[Position, int]]:
+        """Record `taken` as skips (to be journaled); those that were not skips yet."""
+        new = []
+        for (page, offset), size in taken:
+            offsets = self._skips.get(page)
+            if offsets is None:
+                offsets = self._skips[page] = array("q")
+            if not offsets or offsets[-1] < offset:
+                offsets.append(offset)
+            else:
+                i = bisect.bisect_left(offsets, offset)
+                if i < len(offsets) and offsets[i] == offset:
+                    continue  # taken before (never met: a taken reference is GONE)
+                offsets.insert(i, offset)
+            if self.journaled:
+                self._new_skips.setdefault(page, []).append(offset)
+            new.append(((page, offset), size))
+        return new
 
     def journal_skips(self) -> list[tuple[int, tuple[int, ...]]]:
         """The skips since the last call, per page file (`PageSkip` records: journaled
@@ -767,7 +792,8 @@ class QueuePages:
                     if len(body) != length or zlib.crc32(body) != crc or not _sound(body):
                         break
                     offset += _FRAME.size + length
-                    yield _Frame(body[0], body, (page, offset))
+                    kind = body[0] if body[0] != _KIND_MOVED else _KIND_MESSAGE
+                    yield _Frame(kind, body, (page, offset))
             except OSError as e:
                 raise _Damaged(path, offset, str(e), io=True) from e
         if offset < end:
@@ -799,11 +825,18 @@ class QueuePages:
         good: Position = self._cursor
         marker: Position = good  # where the last removal's marker starts
         copies = 0  # of its copies, how many the files do not hold
+        moved: list[Position] = []  # copies of a walk whose append was lost
         for number in pages:
             start = offset if number == page else 0
             good = (number, start)
             try:
                 for frame in self._file_frames(number, start, -1):
+                    if (
+                        frame.body[0] == _KIND_MOVED
+                        and frame.end > self.committed
+                        and self._check_moved
+                    ):
+                        moved.append(frame.end)
                     if frame.kind == _KIND_MARKER:
                         marker, copies = good, _MARKER.unpack_from(frame.body, 1)[0]
                     elif copies:
@@ -834,6 +867,15 @@ class QueuePages:
             good = marker
         self._recovered_end = good
         self._write_page = good[0]
+        lost_moves = [(at, 0) for at in moved if at <= good]
+        if lost_moves:  # their originals are still in their queues: passed, and journaled
+            log.warning(
+                "paging %s: %d copies of a management move whose journal append was lost "
+                "are passed (their originals were not moved)",
+                self.directory,
+                len(lost_moves),
+            )
+            self._skip_positions(lost_moves)
         for frame in self._frames(self._cursor, (good[0], good[1]), damaged=_skip_damaged):
             if frame.kind == _KIND_MESSAGE:
                 messages += 1
@@ -891,6 +933,10 @@ class PageFiles:
         self.opened: set[QueuePages] = set()
         self._cursors: dict[str, Position] = {}
         self._skips: dict[str, dict[int, list[int]]] = {}
+        self._commits: dict[str, Position] | None = {}
+        # True while a management walk routes copies (`core.operations`): a durable
+        # queue's page files then write them as kind 3 (module doc)
+        self.moving = False
         self._known: dict[str, str] = {}  # recovered durable queue -> address
 
     def recover(
@@ -898,6 +944,7 @@ class PageFiles:
         queues: dict[str, str],
         cursors: dict[str, Position],
         skips: dict[str, dict[int, list[int]]] | None = None,
+        commits: dict[str, Position] | None = None,
     ) -> list[str]:
         """Start-up: keep the page files of the durable queues in `queues` (name ->
         address), with their journaled cursors and skips; remove the rest (non-durable
@@ -905,6 +952,7 @@ class PageFiles:
         messages."""
         self._cursors = dict(cursors)
         self._skips = dict(skips or {})
+        self._commits = None if commits is None else dict(commits)
         keep = {(_safe(address), _safe(name)): name for name, address in queues.items()}
         found = []
         if self.directory.is_dir():
@@ -929,9 +977,15 @@ class PageFiles:
             cursor=self._cursors.pop(queue, None) if durable else None,
             owner=self,
             skips=self._skips.pop(queue, None) if durable else None,
+            committed=self._committed(queue) if durable else (0, 0),
         )
         self.opened.add(pages)
         return pages
+
+    def _committed(self, queue: str) -> Position | None:
+        """The journaled end of the copies walks paged to `queue`; None when `recover`
+        was not told (its kind 3 frames are then all kept)."""
+        return None if self._commits is None else self._commits.pop(queue, (0, 0))
 
     def writing(self, pages: QueuePages) -> None:
         """`pages` opens its page file for writing: past `max_writers` open ones, the

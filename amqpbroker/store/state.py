@@ -160,6 +160,16 @@ class JournalState:
         }
 
     @property
+    def page_commits(self) -> dict[str, tuple[int, int]]:
+        """Per queue, where the last copy a management walk paged to it ends (B-151,
+        issue 23: `store/paging.py`, kind 3 frames)."""
+        return {
+            queue: (r.committed_page, r.committed_offset)
+            for queue, r in self._live.page_cursors.items()
+            if isinstance(r, PageCursor)
+        }
+
+    @property
     def page_skips(self) -> dict[str, dict[int, list[int]]]:
         """Per queue, per page file, the positions of the paged messages a management walk
         removed ahead of its cursor (B-151, issue 23), sorted."""

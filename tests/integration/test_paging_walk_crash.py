@@ -6,7 +6,10 @@ message is in exactly one of the two queues: none moved and still paged (a dupli
 as when the page files were rewritten once at the walk's end), none lost.
 
 The broker's slices are made small and slow (`SLOW_SLICES`) so that the kill lands in
-the middle of the walk whatever the machine's load."""
+the middle of the walk whatever the machine's load. When the target queue pages too, the
+moved copies are synced to its page files before the step's journal append: the second
+test kills the broker right between the two (`KILL_BEFORE_APPEND`), the one window where
+a copy was on disk and its original's removal was not."""
 
 from __future__ import annotations
 
@@ -51,6 +54,27 @@ ops._slice = slow
 sys.argv[0] = "amqpbroker"
 runpy.run_module("amqpbroker", run_name="__main__")
 """
+
+
+# `SLOW_SLICES`, and SIGKILL in the 40th slice's step once its page files are synced and
+# before its journal append (a step in which the walk paged copies).
+KILL_BEFORE_APPEND = SLOW_SLICES.replace(
+    "ops._slice = slow",
+    """slices = [0]
+def counting(broker, walk):
+    slices[0] += 1
+    return slow(broker, walk)
+ops._slice = counting
+import os, signal
+from amqpbroker.core import persistence
+real_flush = persistence.Persistence.flush
+def flush(self):
+    if slices[0] >= 40 and self._moved_in and self.before_flush is not None:
+        self.before_flush()  # the copies are on disk...
+        os.kill(os.getpid(), signal.SIGKILL)  # ...their originals' removal is not
+    return real_flush(self)
+persistence.Persistence.flush = flush""",
+)
 
 
 def _api(broker: BrokerProcess, path: str, body: dict[str, Any] | None = None) -> Any:
@@ -99,5 +123,34 @@ def test_sigkill_in_the_middle_of_a_filtered_move_of_a_paged_queue_repeats_and_l
         assert all(i % 2 == 0 for i in moved)
         assert left == sorted(left)  # what stayed is in its order (B-014)
         assert moved == sorted(moved)
+    finally:
+        broker.stop()
+
+
+def test_sigkill_between_the_copies_sync_and_the_append_of_a_move_into_a_paging_queue(
+    tmp_path: Path,
+) -> None:
+    config = CONFIG.replace("global-max-size: 268435456", "global-max-size: 1048576")
+    broker = start_broker(tmp_path, config, log_level="info", python=("-c", KILL_BEFORE_APPEND))
+    assert bulk.send(broker.url, "q", range(N), properties=lambda i: {"k": i % 2}) == N
+    try:
+        _api(broker, "/api/v1/queues/q/move", {"to-queue": "moved", "filter": "k = 0"})
+    except (urllib.error.URLError, ConnectionError, OSError):
+        pass  # killed in the middle, as injected
+    else:
+        raise AssertionError("the move ended: the injected kill did not happen")
+    broker.proc.wait(timeout=60)
+
+    broker = start_broker(tmp_path, config, log_level="info")
+    try:
+        in_q = _api(broker, "/api/v1/queues/q")["messages"]
+        moved_row = _api(broker, "/api/v1/queues/moved")
+        assert moved_row["paged_messages"] > 0  # the copies went to its page files
+        assert 0 < moved_row["messages"] < N // 2
+        assert in_q + moved_row["messages"] == N  # no copy whose original stayed
+        left = bulk.receive(broker.url, "q", in_q)
+        moved = bulk.receive(broker.url, "moved", moved_row["messages"])
+        assert sorted(left + moved) == list(range(N))
+        assert "management move whose journal append was lost" in broker.log()
     finally:
         broker.stop()

@@ -93,7 +93,8 @@ def main() -> None:
         before = broker.rss_bytes()
         pinger = _Pinger(broker.url)
         pinger.start()
-        time.sleep(1)
+        while len(pinger.latencies) < 50:  # connected, and going at its pace
+            time.sleep(0.1)
         idle = list(pinger.latencies)
         peak = [before]
         done = threading.Event()

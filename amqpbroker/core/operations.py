@@ -111,9 +111,6 @@ def _slice(broker: Broker, walk: Walk[R]) -> bool:
     """One slice of `walk`, as one call into the broker (one clock reading)."""
     global _slice_clock
     _slice_clock = walk.timer
-    stores = broker.page_stores
-    if stores is not None:  # its copies are paged as a move's (`store/paging.py`)
-        stores.moving = True
     try:
         next(walk._steps)
     except StopIteration as stop:
@@ -125,8 +122,6 @@ def _slice(broker: Broker, walk: Walk[R]) -> bool:
         raise
     finally:
         _slice_clock = None
-        if stores is not None:
-            stores.moving = False
     return False
 
 

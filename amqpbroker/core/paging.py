@@ -187,8 +187,8 @@ class Tailed(Protocol):
 class PageStores(Protocol):
     """Opens the page files of a queue (the server hands the broker one)."""
 
-    # True while a management walk routes copies: a durable queue pages them so that a
-    # restart can pass those whose move was not journaled (`store/paging.py`)
+    # True while a moved copy is routed (a management move, a dead letter, an expiry): a
+    # durable queue pages it so that a restart can pass it if its move's append was lost
     moving: bool
 
     def open(self, *, address: str, queue: str, durable: bool) -> PageStore:

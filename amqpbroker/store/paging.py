@@ -33,10 +33,11 @@ from there (counting, not keeping: memory does not grow with the backlog); a tor
 corrupt frame ends the files there, as in the journal (what was lost is logged). Paged
 non-durable messages are not recovered (as Artemis): the scan and reads skip them.
 
-A copy that a management walk routes to a paging durable queue is written as kind 3
-(`PageFiles.moving`): its frame is synced before the journal append that removes its
-original (the walk's `AckRef` or `PageSkip`), and the append carries this queue's
-`PageCursor` with the end of its copies (`committed`). A restart passes the kind 3 frames
+A moved copy (a management move or retry, a dead letter, an expiry) routed to a paging
+durable queue is written as kind 3 (`PageFiles.moving`): its frame is synced before the
+journal append that removes its original (an `AckRef`, a `PageSkip`, a read's
+`PageCursor`), and the append carries this queue's `PageCursor` with the end of its
+copies (`committed`). A restart passes the kind 3 frames
 after the journaled `committed` (`_scan`: skipped, and the skips journaled): the append
 that would have removed their originals was lost, so the originals are still where they
 were, and the copies would be duplicates (issue 23).
@@ -81,7 +82,7 @@ _FRAME = struct.Struct("<II")
 _MESSAGE = struct.Struct("<BqqqqBH")
 _MARKER = struct.Struct("<Q")
 _KIND_MESSAGE = 1
-_KIND_MOVED = 2 + 1  # kind 3: a message frame written by a management walk (`moving`)
+_KIND_MOVED = 3  # a moved copy's message frame (`PageFiles.moving`: module doc)
 _KIND_MARKER = 2
 _MAX_BODY = 1 << 31
 _SUFFIX = ".page"
@@ -934,8 +935,8 @@ class PageFiles:
         self._cursors: dict[str, Position] = {}
         self._skips: dict[str, dict[int, list[int]]] = {}
         self._commits: dict[str, Position] | None = {}
-        # True while a management walk routes copies (`core.operations`): a durable
-        # queue's page files then write them as kind 3 (module doc)
+        # True while a moved copy is routed (`core/moving.py` `_route_copy`): a durable
+        # queue's page files then write it as kind 3 (module doc)
         self.moving = False
         self._known: dict[str, str] = {}  # recovered durable queue -> address
 

@@ -871,8 +871,8 @@ class QueuePages:
         lost_moves = [(at, 0) for at in moved if at <= good]
         if lost_moves:  # their originals are still in their queues: passed, and journaled
             log.warning(
-                "paging %s: %d copies of a management move whose journal append was lost "
-                "are passed (their originals were not moved)",
+                "paging %s: %d moved copies (a move, dead letter or expiry) whose journal "
+                "append was lost are passed (their originals were not moved)",
                 self.directory,
                 len(lost_moves),
             )

@@ -566,7 +566,8 @@ class BrokerServer:
         )
         pages = self.pages = self._page_files()
         durable = {q.name: q.address for q in self.broker.queues.values() if q.store is not None}
-        self.broker.enable_paging(pages, paged=tuple(pages.recover(durable, state.page_cursors)))
+        found = pages.recover(durable, state.page_cursors, state.page_skips, state.page_commits)
+        self.broker.enable_paging(pages, paged=tuple(found))
         persistence.before_flush = pages.flush
         persistence.flush()
         log.info(

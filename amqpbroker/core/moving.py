@@ -37,6 +37,7 @@ from amqpbroker.core.model import (
 )
 from amqpbroker.core.moves import ORIG_ROUTING_TYPE, MessageCopier, MoveAnnotations
 from amqpbroker.core.outcomes import Rejected
+from amqpbroker.core.paging import PageStores
 from amqpbroker.core.parts import _BrokerPart
 from amqpbroker.core.postoffice import Address
 from amqpbroker.core.queue import Queue
@@ -56,6 +57,7 @@ class _Moving(_BrokerPart):
     _expiry_drop_warned: set[str]
     _expiry_seq: itertools.count[int]
     _msg_ids: MessageIds
+    page_stores: PageStores | None
     copier: MessageCopier
     emitter: Emitter
     stats: BrokerStats
@@ -138,7 +140,23 @@ class _Moving(_BrokerPart):
         self._set_expiration(copy, address, now_ms)
         target = self.post_office.addresses.get(address)
         if target is not None:
-            self._deliver_to(copy, target, queues, now_ms, reason=reason)
+            self._route_copy(copy, target, queues, now_ms, reason)
+
+    def _route_copy(
+        self, copy: Message, address: Address, queues: list[Queue], now_ms: int, reason: str
+    ) -> None:
+        """Route a moved copy. A copy paged to a durable queue is written as a move's
+        (`PageStores.moving`): its original leaves in the journal append of this step, and
+        a restart passes the copy if that append was lost (issue 23, store/paging.py)."""
+        stores = self.page_stores
+        if stores is None:
+            self._deliver_to(copy, address, queues, now_ms, reason=reason)
+            return
+        moving, stores.moving = stores.moving, True
+        try:
+            self._deliver_to(copy, address, queues, now_ms, reason=reason)
+        finally:
+            stores.moving = moving
 
     def hop(self, queue: Queue, message: Message, **extra: Any) -> MoveAnnotations:
         """The B-090 annotations of a move out of `queue`: where it came from, and the
@@ -221,7 +239,7 @@ class _Moving(_BrokerPart):
                 error_condition=move.dlq_error_condition,
                 error_description=move.dlq_error_description,
             )
-        self._deliver_to(copy, address, queues, self.now_ms, reason="move")
+        self._route_copy(copy, address, queues, self.now_ms, "move")
         return copy
 
     def track_expiry(self, queue: Queue, ref: Ref) -> None:
@@ -284,7 +302,7 @@ class _Moving(_BrokerPart):
                         target_queues=tuple(q.name for q in queues),
                         copy_msg_id=copy.msg_id,
                     )
-                self._deliver_to(copy, address, queues, now_ms, reason="move")
+                self._route_copy(copy, address, queues, now_ms, "move")
                 return
         if self.emitter.failures:
             queue.event("expired", ref, reason="dropped")

@@ -11,8 +11,8 @@ and moves.
 
 Paged messages (B-151 PAGE) are part of the queue: they come after the ones in memory,
 are read from the page files one at a time as an operation walks them (a large paged
-backlog is never held), and the ones an operation takes leave the page files at its end
-(`Queue.remove_paged`).
+backlog is never held), and the ones an operation takes leave the page files after each
+slice (`Queue.remove_paged`: skipped, not rewritten; journaled with the slice's step).
 
 Walks in slices (issue 23): an operation that walks a queue (browse, count, purge, move,
 retry, expire, dead-letter) is a generator that yields every `SLICE_MESSAGES` messages,
@@ -155,15 +155,6 @@ class _Budget:
         self.left = SLICE_MESSAGES
         self.deadline = 0.0
         return True
-
-
-def _slice_done(queue: Queue, prefix: bool) -> bool:
-    """At the end of a slice of a walk that takes messages: while every paged message it
-    met was taken (a move or purge of all), those leave the page files now, the cursor
-    moved past them (O(slice), journaled with this step), not in one pass over the files
-    at the end. Once one is kept the rest wait for the end (`remove_paged`: a rewrite
-    would move the files under the walk). Whether that still holds."""
-    return prefix and queue.remove_paged(prefix_only=True)
 
 
 def _gone(broker: Broker, queue: Queue) -> bool:
@@ -518,12 +509,11 @@ def _on_waiting_steps(
     answering False did not)."""
     acted = 0
     budget = _Budget()
-    prefix = True  # every paged message met so far was taken (`_slice_done`)
     for ref in _waiting(queue, selector, ids):
         if ref is not None and act(queue, ref) is not False:
             acted += 1
         if budget.spent():
-            prefix = _slice_done(queue, prefix)
+            queue.remove_paged()  # the paged ones it took, with this slice's step
             yield
             if _gone(broker, queue):
                 return acted
@@ -561,7 +551,6 @@ def _move_steps(
     address = broker.post_office.addresses[target.address]
     moved = 0
     budget = _Budget()
-    prefix = True
     for ref in _waiting(queue, selector, ids):
         if ref is not None:
             copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
@@ -575,7 +564,7 @@ def _move_steps(
             _complete_move(broker, queue, ref, copy, target.address, targets, reason="move")
             moved += 1
         if budget.spent():
-            prefix = _slice_done(queue, prefix)
+            queue.remove_paged()  # the paged ones it took, with this slice's step
             yield
             if _gone(broker, queue):
                 return moved
@@ -670,12 +659,11 @@ def _retry_steps(
     skipped: list[tuple[int, str]] = []
     seen: set[int] = set()
     budget = _Budget()
-    prefix = True
     for ref in _waiting(queue, selector, wanted):
         if ref is not None:
             retried += _retry_one(broker, queue, ref, wanted is not None, expect, seen, skipped)
         if budget.spent():
-            prefix = _slice_done(queue, prefix)
+            queue.remove_paged()  # the paged ones it took, with this slice's step
             yield
             if _gone(broker, queue):
                 return RetryResult(retried, tuple(skipped))

@@ -64,7 +64,6 @@ __all__ = [
     "PageStore",
     "PageStores",
     "Tailed",
-    "forget_removed",
     "full_reason",
 ]
 
@@ -120,6 +119,10 @@ class PageStore(Protocol):
     def files(self) -> int: ...
 
     @property
+    def committed(self) -> tuple[int, int]:
+        """Where the last copy a management walk paged here ends (`records.PageCursor`)."""
+
+    @property
     def cursor(self) -> tuple[int, int] | None:
         """The page files' read cursor to journal (`records.PageCursor`); None: none."""
 
@@ -161,12 +164,13 @@ class PageStore(Protocol):
         """The paged messages from `position` (`position`, or one this returned in the
         same `epoch`) on, each with the position after it, read as they are consumed."""
 
-    def drop_prefix(self, doomed: set[int]) -> bool:
-        """Remove them if they are the next ones from the cursor (the cursor moves past
-        them; positions after it stay valid, same `epoch`); False, nothing done, if not."""
+    def skip(self, taken: list[tuple[Position, int]]) -> None:
+        """Remove the paged messages that end at these positions (`browse_from`'s, of the
+        current `epoch`), each with its size: a management walk took them. Nothing is
+        rewritten (positions stay valid); the cursor moves past those that are next."""
 
-    def remove(self, doomed: set[int]) -> None:
-        """Remove the paged messages whose `msg_id` is in `doomed` (management)."""
+    def journal_skips(self) -> list[tuple[int, tuple[int, ...]]]:
+        """The skips since the last call, per page file, for the journal (`PageSkip`)."""
 
     def clear(self) -> None:
         """Remove every paged message (purge, delete)."""
@@ -182,6 +186,10 @@ class Tailed(Protocol):
 
 class PageStores(Protocol):
     """Opens the page files of a queue (the server hands the broker one)."""
+
+    # True while a moved copy is routed (a management move, a dead letter, an expiry): a
+    # durable queue pages it so that a restart can pass it if its move's append was lost
+    moving: bool
 
     def open(self, *, address: str, queue: str, durable: bool) -> PageStore:
         """The queue's page files; `durable`: its cursor is journaled (kept on restart)."""
@@ -209,14 +217,21 @@ class PageMark:
         self.position = pages.position
 
     def start(self, pages: PageStore) -> Position:
-        """Where the browser's next paged message starts. After a removal rewrote the
-        files (`forget_removed` fixed `seen`), found again by walking `seen` messages."""
+        """Where the browser's next paged message starts. After the files changed under it
+        (a purge, the journal's part of a recovered queue read to its end), found again by
+        walking `seen` messages."""
         if self.epoch != pages.epoch:
             self.epoch = pages.epoch
             self.position = pages.position
             for _, end in itertools.islice(pages.browse_from(pages.position), self.seen):
                 self.position = end
         return self.position
+
+    def removed(self, positions: Iterable[Position]) -> None:
+        """A walk removed the paged messages ending at `positions` (`PageStore.skip`):
+        those the browser was sent leave `seen`."""
+        if self.seen:
+            self.seen -= sum(1 for at in positions if at <= self.position)
 
     def read(self, seqs: Sequence[int]) -> int:
         """The queue read `len(seqs)` paged messages back, in order, as references
@@ -225,19 +240,3 @@ class PageMark:
         n = min(len(seqs), self.seen)
         self.seen -= n
         return max(seqs[:n], default=-1)
-
-
-def forget_removed(pages: PageStore, doomed: set[int], marks: Iterable[PageMark]) -> None:
-    """Before `pages.remove(doomed)`: each mark stops counting the removed messages it
-    was sent. One walk of the page files up to the farthest mark."""
-    pending = sorted((m for m in marks if m.seen), key=lambda m: m.seen)
-    if not pending:
-        return
-    gone = 0
-    walked = 0
-    messages = pages.browse()
-    for mark in pending:
-        for message in itertools.islice(messages, mark.seen - walked):
-            gone += message.msg_id in doomed
-        walked = mark.seen
-        mark.seen -= gone

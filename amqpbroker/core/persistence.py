@@ -40,6 +40,7 @@ from amqpbroker.core.records import (
     DeleteAddress,
     DeleteQueue,
     PageCursor,
+    PageSkip,
     Record,
     ScheduledDelivery,
     UpdateDeliveryCount,
@@ -97,6 +98,7 @@ class Persistence:
         # AckRefs are written once recovery ends (`suspended` set back to False).
         self._removed_while_suspended: list[Record] = []
         self._records: list[Record] = []
+        self._moved_in: dict[str, PageStore] = {}  # queues a walk paged copies to (step)
         self._waiters: list[OnStored] = []
         self._written: list[OnStored] = []  # wait for the write only, not the sync
         # B-097: this step's dispatches carry counts that must be written first.
@@ -152,13 +154,16 @@ class Persistence:
 
     def page_read(self, queue: str, pages: PageStore) -> None:
         """Paged messages were read back into `queue` (their AddMessage/AddRef are in
-        this step): journal the cursor with them; once it is on disk the page files
-        before it may go."""
+        this step), or removed by a management walk (its moved copies are): journal the
+        removed ones' positions (`PageSkip`) and the cursor with them; once it is on
+        disk the page files before it may go."""
         position = pages.cursor
         if self.suspended or position is None:
             return  # (None: a recovered queue's part in the journal, store/backlog.py)
-        page, offset = position
-        self._records.append(PageCursor(queue=queue, page=page, offset=offset))
+        records = self._records
+        for skipped_page, offsets in pages.journal_skips():
+            records.append(PageSkip(queue=queue, page=skipped_page, offsets=offsets))
+        records.append(_page_cursor(queue, position, pages.committed))
         if pages.releasable:
 
             def release(error: BaseException | None) -> None:
@@ -166,6 +171,13 @@ class Persistence:
                     pages.release(position)
 
             self.when_stored(release)
+
+    def moved_in(self, queue: str, pages: PageStore) -> None:
+        """A management walk paged a copy to `queue` (B-151, issue 23): its cursor, with
+        where its copies end (`committed`), goes into this step's append, the one that
+        removes their originals (written at `flush`: the step's last copy counts)."""
+        if not self.suspended:
+            self._moved_in[queue] = pages
 
     def ref_removed(self, queue: str, ref: Ref) -> None:
         """Acknowledged, expired, dead-lettered, moved, purged: the reference is gone."""
@@ -231,6 +243,7 @@ class Persistence:
 
     def queue_deleted(self, name: str) -> None:
         self._queues.pop(name, None)
+        self._moved_in.pop(name, None)
         if not self.suspended:
             self._records.append(DeleteQueue(name=name))
 
@@ -268,6 +281,12 @@ class Persistence:
 
     def flush(self) -> None:
         """Append this step's records as one atomic append."""
+        if self._moved_in:
+            moved_in, self._moved_in = self._moved_in, {}
+            for queue, pages in moved_in.items():
+                position = pages.cursor
+                if position is not None:
+                    self._records.append(_page_cursor(queue, position, pages.committed))
         page_error: OSError | None = None
         if self.before_flush is not None:
             try:
@@ -376,6 +395,16 @@ def _add_ref(queue: str, msg_id: int, delivery_count: int) -> AddRef:
     record.msg_id = msg_id
     record.delivery_count = delivery_count
     return record
+
+
+def _page_cursor(queue: str, position: tuple[int, int], committed: tuple[int, int]) -> PageCursor:
+    return PageCursor(
+        queue=queue,
+        page=position[0],
+        offset=position[1],
+        committed_page=committed[0],
+        committed_offset=committed[1],
+    )
 
 
 def _ack_ref(queue: str, msg_id: int) -> AckRef:

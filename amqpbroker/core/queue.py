@@ -62,10 +62,9 @@ from amqpbroker.core.paging import (
     READ_STEP_BYTES,
     READ_STEP_MESSAGES,
     PageMark,
-    forget_removed,
 )
 from amqpbroker.core.redelivery import DEAD_LETTER, MAX_ATTEMPTS, redelivery_at
-from amqpbroker.core.refs import DELIVERING, GONE, PAGED, READY, SCHEDULED, Ref
+from amqpbroker.core.refs import DELIVERING, GONE, PAGED, READY, SCHEDULED, PagedRef, Ref
 from amqpbroker.core.settings import ResolvedSettings, SettingsRepository
 
 if TYPE_CHECKING:
@@ -424,7 +423,9 @@ class Queue:
         # Its page files, once it has paged (B-151 PAGE, core/paging.py), and the paged
         # messages a management operation took (`take`), until `remove_paged`.
         self.pages: PageStore | None = None
-        self._doomed: set[int] = set()
+        # paged messages taken by management since the last `remove_paged`: where each
+        # ends in the page files, and its size (`PageStore.skip`)
+        self._doomed: list[tuple[tuple[int, int], int]] = []
         # The management walk running over the queue a slice at a time (core/operations
         # `Walk`, issue 23): while set, nothing is read back (the walk owns the cursor).
         self.walk: object | None = None
@@ -1319,7 +1320,8 @@ class Queue:
         """Remove a waiting (ready, scheduled or paged) reference, for management (B-161);
         a paged one goes from the page files at `remove_paged`."""
         if ref.state == PAGED:
-            self._doomed.add(ref.message.msg_id)
+            assert isinstance(ref, PagedRef), "paged references come from `paged_refs`"
+            self._doomed.append((ref.at, ref.message.size))
             ref.state = GONE
             self.used = True
             return
@@ -1364,7 +1366,10 @@ class Queue:
         (counted, event `enqueued`); `dispatch` reads it back in its turn."""
         pages = self.pages
         assert pages is not None, "the broker opens the page files first"
+        committed = pages.committed
         pages.write(message)
+        if pages.committed != committed and self.store is not None:
+            self.store.moved_in(self.name, pages)  # a walk's copy: journaled with its move
         if message.expiration_ms and not self._page_expiry_ms:
             self._arm_page_expiry(message.expiration_ms)  # B-084: checked when due
         if self.store is not None and message.durable:
@@ -1471,6 +1476,8 @@ class Queue:
         self._pages_lost = pages.lost
         if pages.expiring_ms:
             self._arm_page_expiry(pages.expiring_ms)
+        if self.store is not None:  # what the open passed (a lost move's copies) is
+            self.store.page_read(self.name, pages)  # journaled before anything else
 
     def _count_lost(self, pages: PageStore) -> None:
         """Paged messages lost to a damaged page file (`PageStore.lost`, counted there as
@@ -1525,9 +1532,7 @@ class Queue:
         for message, end in pages.browse_from(pages.position):
             if until is not None and end > until:
                 return
-            ref = Ref(message, -1)
-            ref.state = PAGED
-            yield ref
+            yield PagedRef(message, end)
 
     def walk_ended(self) -> None:
         """A management walk let the queue go (core/operations `Walk`): what it held up
@@ -1537,31 +1542,30 @@ class Queue:
         if pages is not None and pages.expiring_ms:
             self._arm_page_expiry(pages.expiring_ms)
 
-    def remove_paged(self, *, prefix_only: bool = False) -> bool:
-        """Remove the paged messages taken since the last call from the page files: by
-        moving the cursor past them when they are the next ones (`drop_prefix`), else by
-        rewriting the files (`remove`, a new `epoch`). `prefix_only`: never rewrite (a
-        walk still reading the files mid-way, issue 23); False if they stay taken."""
+    def remove_paged(self) -> None:
+        """The paged messages taken since the last call leave the page files (`skip`:
+        nothing is rewritten; the cursor moves past those that are next), and, for a
+        durable queue, the skips and the cursor are journaled with this step (a move's
+        copies are in it: a crash repeats no move and loses none). A management walk
+        calls this after each slice (issue 23)."""
         pages, doomed = self.pages, self._doomed
         if pages is None or not doomed:
-            return True
-        if pages.drop_prefix(doomed):
-            for consumer in self.consumers:
-                mark = consumer.page_mark
-                if mark is not None:
-                    mark.read([-1] * len(doomed))  # the removed ones it was sent
-                    if not mark.seen:
-                        consumer.page_mark = None  # B-031: back at the read cursor
-        elif prefix_only:
-            return False
-        else:
-            forget_removed(pages, doomed, (c.page_mark for c in self.consumers if c.page_mark))
-            pages.remove(doomed)
-        self._doomed = set()
+            return
+        self._doomed = []
+        marks = [c for c in self.consumers if c.page_mark is not None]
+        for consumer in marks:  # B-031: the removed ones it was sent leave its count
+            mark = consumer.page_mark
+            assert mark is not None
+            if mark.epoch == pages.epoch:
+                mark.removed(at for at, _ in doomed)
+        pages.skip(doomed)
+        for consumer in marks:
+            mark = consumer.page_mark
+            if mark is not None and not mark.seen:
+                consumer.page_mark = None  # back at the read cursor
         self._count_lost(pages)
         if self.store is not None:
             self.store.page_read(self.name, pages)
-        return True
 
     def purge_paged(self, reason: str) -> int:
         """Kill every paged message (purge without a filter): counted and evented one by

@@ -22,6 +22,8 @@ What the records mean to the journal (which records are *live* and kept by compa
 * `UpdateDeliveryCount` and `ScheduledDelivery` are live while their reference is, and
   only the latest one per reference (B-095: the last persisted count wins).
 * `PageCursor`: the latest one per queue, until `DeleteQueue`.
+* `PageSkip`: until its queue's `PageCursor` has passed every position it names, or a
+  `DeleteQueue` (Artemis keeps its page-cursor acks until the page is complete).
 * `AddQueue` until `DeleteQueue`; `AddAddress` until `DeleteAddress`; a later add of the
   same name replaces the earlier one.
 * `AckRef`, `DeleteQueue`, `DeleteAddress` are tombstones: kept only while the record they
@@ -55,6 +57,7 @@ class RecordType(enum.IntEnum):
     DELETE_QUEUE = 101  # Artemis deletes the QUEUE_BINDING_RECORD by record id
     DELETE_ADDRESS = 102  # Artemis deletes the ADDRESS_BINDING_RECORD by record id
     PAGE_CURSOR = 103  # Artemis keeps page-cursor acks (PAGE_CURSOR_COMPLETE and others)
+    PAGE_SKIP = 104  # Artemis JournalRecordIds.ACKNOWLEDGE_CURSOR, a page's worth at once
 
 
 @dataclass(slots=True, kw_only=True)
@@ -182,6 +185,23 @@ class PageCursor:
     queue: str
     page: int
     offset: int
+    # where the last copy a management walk paged here ends (`store/paging.py`, kind 3):
+    # a restart passes those after it (their move's append was lost, issue 23)
+    committed_page: int = 0
+    committed_offset: int = 0
+
+
+@dataclass(slots=True, kw_only=True)
+class PageSkip:
+    """Queue `queue` removed the paged messages ending at `offsets` of page file `page`
+    (a management walk took them, issue 23): a read back passes them. Journaled with the
+    step that took them (a move's copies), so that a crash mid-walk repeats no move."""
+
+    type_id: ClassVar[RecordType] = RecordType.PAGE_SKIP
+
+    queue: str
+    page: int
+    offsets: tuple[int, ...]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -222,6 +242,7 @@ Record = (
     | AddAddress
     | DeleteAddress
     | PageCursor
+    | PageSkip
     | TxPrepare
     | TxCommit
     | TxRollback
@@ -240,6 +261,7 @@ RECORD_CLASSES: dict[RecordType, type[Record]] = {
         AddAddress,
         DeleteAddress,
         PageCursor,
+        PageSkip,
         TxPrepare,
         TxCommit,
         TxRollback,

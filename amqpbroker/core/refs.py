@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from amqpbroker.core.model import ConsumerId, Message
 
-__all__ = ["DELIVERING", "GONE", "PAGED", "READY", "SCHEDULED", "Ref"]
+__all__ = ["DELIVERING", "GONE", "PAGED", "READY", "SCHEDULED", "PagedRef", "Ref"]
 
 READY, SCHEDULED, DELIVERING, GONE = range(4)
 # In the queue's page files (B-151 PAGE): a management operation's view of it.
@@ -47,3 +47,15 @@ class Ref:
     def waiting(self) -> bool:
         """Ready, scheduled or paged: in the queue, not out with a consumer, not gone."""
         return self.state == READY or self.state == SCHEDULED or self.state == PAGED
+
+
+class PagedRef(Ref):
+    """A paged message as a management walk sees it (state PAGED): `at` is where it ends
+    in the queue's page files, what `Queue.take` hands to `PageStore.skip` (issue 23)."""
+
+    __slots__ = ("at",)
+
+    def __init__(self, message: Message, at: tuple[int, int]) -> None:
+        super().__init__(message, -1)
+        self.state = PAGED
+        self.at = at

@@ -16,7 +16,8 @@ the queue had, or opens later (new messages while this is not empty page, to kee
 order, B-014), come after (`tail`). What differs is the journal: these references are
 journaled already (AddMessage and AddRef), so a read back writes nothing (`restored`
 tells `Queue._depage`), and one that leaves without being delivered (expired as read,
-purged, removed by management) is acknowledged in the journal (`ack`). The journal keeps
+purged, removed by management) is acknowledged in the journal (`ack`; one a management
+walk takes is marked in `gone` and passed, the array is not rebuilt). The journal keeps
 their records live meanwhile: compaction moves them, and `read_message` finds them where
 its index says.
 """
@@ -58,6 +59,8 @@ class JournalBacklog:
         # expiration (`_WIDTH` longs: one flat array, appended to once per reference)
         self.refs = array("q")
         self._next = 0  # index of the next reference to read back
+        self._gone = bytearray()  # 1: a management walk took it (`skip`), made on first use
+        self._gone_ahead = 0  # of those, how many are at or after `_next`
         self._head_bytes = 0
         self._head_expiring = 0
         # (delivery count, scheduled at ms) of each message the last `read` returned, when
@@ -103,7 +106,7 @@ class JournalBacklog:
 
     def _sync(self) -> None:
         tail = self.tail
-        head = self._count() - self._next
+        head = self._count() - self._next - self._gone_ahead
         self.messages = head + (tail.messages if tail is not None else 0)
         self.size_bytes = self._head_bytes + (tail.size_bytes if tail is not None else 0)
         self.lost = tail.lost if tail is not None else 0
@@ -122,6 +125,10 @@ class JournalBacklog:
         if self._next < self._count() or self.tail is None:
             return (_HEAD, self._next)
         return self.tail.position
+
+    @property
+    def committed(self) -> Position:
+        return self.tail.committed if self.tail is not None else (0, 0)
 
     @property
     def cursor(self) -> Position | None:
@@ -175,6 +182,7 @@ class JournalBacklog:
         restored: list[tuple[int, int]] = []
         size = 0
         i = self._next
+        gone = self._gone
         while i < end and (
             not out
             or (
@@ -183,6 +191,10 @@ class JournalBacklog:
             )
         ):
             at = i * _WIDTH
+            if gone and gone[i]:  # taken by a walk: counted out and acknowledged then
+                self._gone_ahead -= 1
+                i += 1
+                continue
             message = self._message(i)
             self._head_bytes -= refs[at + _SIZE]
             i += 1
@@ -211,6 +223,8 @@ class JournalBacklog:
         """Nothing is left in the journal's part: its array goes."""
         self.refs = array("q")
         self._next = 0
+        self._gone = bytearray()
+        self._gone_ahead = 0
         self._head_bytes = 0
         self._head_expiring = 0
         self._epoch_base += 1  # head positions from before are void
@@ -228,6 +242,9 @@ class JournalBacklog:
         if position[0] == _HEAD:
             i = position[1]
             while i < self._count():
+                if self._gone and self._gone[i]:
+                    i += 1
+                    continue
                 message = self._message(i)
                 i += 1
                 if message is not None:
@@ -238,56 +255,50 @@ class JournalBacklog:
         if self.tail is not None:
             yield from self.tail.browse_from(position)
 
-    def drop_prefix(self, doomed: set[int]) -> bool:
-        """Acknowledge and drop the references in `doomed` if they are the next ones from
-        the cursor, on into the page files (a walk that took every message it met: a move
-        or purge of all); False, nothing done, when they are not (`remove` then)."""
-        if not doomed:
-            return True
-        refs = self.refs
+    def skip(self, taken: list[tuple[Position, int]]) -> None:
+        """Remove the references a management walk took (positions as `browse_from`
+        gives them): those of the journal's part are acknowledged now (in the walk's
+        step) and passed by reads; those of the page files are the tail's (`skip`)."""
+        tail: list[tuple[Position, int]] = []
+        acked: list[int] = []
         count = self._count()
+        for position, size in taken:
+            if position[0] != _HEAD:
+                tail.append((position, size))
+                continue
+            i = position[1] - 1
+            if not self._next <= i < count:
+                continue
+            if not self._gone:
+                self._gone = bytearray(count)
+            if self._gone[i]:
+                continue
+            self._gone[i] = 1
+            self._gone_ahead += 1
+            self._head_bytes -= self.refs[i * _WIDTH + _SIZE]
+            acked.append(self.refs[i * _WIDTH])
+        gone = self._gone
         i = self._next
-        while i < count and i - self._next < len(doomed):
-            if refs[i * _WIDTH] not in doomed:
-                return False
+        while i < count and gone and gone[i]:  # the next ones: passed now
+            self._gone_ahead -= 1
             i += 1
-        gone = [refs[j * _WIDTH] for j in range(self._next, i)]
-        if len(gone) < len(doomed):
-            if i < count or self.tail is None:
-                return False
-            if not self.tail.drop_prefix(doomed.difference(gone)):
-                return False
-        for j in range(self._next, i):
-            self._head_bytes -= refs[j * _WIDTH + _SIZE]
-        if i >= count:  # the journal's part is done: its array goes, positions after
-            self.refs = array("q")  # it (the page files') stay valid
+        if i >= count and i > self._next:  # the journal's part is done: its array goes,
+            self.refs = array("q")  # positions after it (the page files') stay valid
             self._next = 0
+            self._gone = bytearray()
+            self._gone_ahead = 0
             self._head_bytes = 0
             self._head_expiring = 0
         else:
             self._next = i
-        if gone:
-            self._ack(gone)
+        if acked:
+            self._ack(acked)
+        if tail and self.tail is not None:
+            self.tail.skip(tail)
         self._sync()
-        return True
 
-    def remove(self, doomed: set[int]) -> None:
-        refs = self.refs
-        rows = range(self._next * _WIDTH, len(refs), _WIDTH)
-        gone = [refs[at] for at in rows if refs[at] in doomed]
-        if gone:
-            kept = array("q")
-            for at in rows:
-                if refs[at] not in doomed:
-                    kept.extend(refs[at : at + _WIDTH])
-            self.refs = kept
-            self._next = 0
-            self.added()
-            self._epoch_base += 1
-            self._ack(gone)
-        if self.tail is not None:
-            self.tail.remove(doomed)
-        self._sync()
+    def journal_skips(self) -> list[tuple[int, tuple[int, ...]]]:
+        return self.tail.journal_skips() if self.tail is not None else []
 
     def clear(self) -> None:
         gone = list(self.refs[self._next * _WIDTH :: _WIDTH])

@@ -13,6 +13,8 @@ added and acknowledged within one index batch, which the file journal's index th
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -25,6 +27,7 @@ from amqpbroker.core.records import (
     DeleteAddress,
     DeleteQueue,
     PageCursor,
+    PageSkip,
     Record,
     ScheduledDelivery,
     TxCommit,
@@ -76,6 +79,11 @@ class _LiveSet(Generic[_Item]):
         # tuple per reference, and a queue's references are at hand (issue 20).
         self.refs: dict[str, dict[int, _Item | _RefSlot[_Item]]] = {}
         self.page_cursors: dict[str, _Item] = {}
+        # Per queue: where its latest PageCursor stands, and its live PageSkips as a heap
+        # by the last position each names (a cursor past it kills it).
+        self.cursor_at: dict[str, tuple[int, int]] = {}
+        self.page_skips: dict[str, list[tuple[int, int, int, _Item]]] = {}
+        self._skip_seq = itertools.count()
         # The rule of each record type (`apply`; the file journal's index calls them).
         self.rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
             AddMessage: self._add_message,
@@ -88,6 +96,7 @@ class _LiveSet(Generic[_Item]):
             AddAddress: self._add_address,
             DeleteAddress: self._delete_address,
             PageCursor: self._page_cursor,
+            PageSkip: self._page_skip,
             TxPrepare: self._not_kept,
             TxCommit: self._not_kept,
             TxRollback: self._not_kept,
@@ -226,6 +235,9 @@ class _LiveSet(Generic[_Item]):
         cursor = self.page_cursors.pop(record.name, None)
         if cursor is not None:
             self._dead(cursor, False)
+        self.cursor_at.pop(record.name, None)
+        for skip in self.page_skips.pop(record.name, ()):
+            self._dead(skip[3], False)
         for msg_id, ref in self.refs.pop(record.name, {}).items():
             self._remove_ref(msg_id, ref)
         return False
@@ -248,6 +260,23 @@ class _LiveSet(Generic[_Item]):
         if old is not None:
             self._dead(old, False)
         self.page_cursors[record.queue] = item
+        at = self.cursor_at[record.queue] = (record.page, record.offset)
+        skips = self.page_skips.get(record.queue)
+        while skips and (skips[0][0], skips[0][1]) <= at:
+            self._dead(heapq.heappop(skips)[3], False)
+        return True
+
+    def _page_skip(self, record: PageSkip, item: _Item) -> bool:
+        """Live until the queue's cursor passes its last position (born dead when the
+        cursor journaled before it already has)."""
+        if not record.offsets:
+            return False
+        last = (record.page, max(record.offsets))
+        at = self.cursor_at.get(record.queue)
+        if at is not None and last <= at:
+            return False
+        skips = self.page_skips.setdefault(record.queue, [])
+        heapq.heappush(skips, (last[0], last[1], next(self._skip_seq), item))
         return True
 
     def _not_kept(self, record: Record, item: _Item) -> bool:

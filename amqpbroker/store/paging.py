@@ -11,6 +11,7 @@ to n+1 when it would pass the address's `page-size-bytes`. A page file is frames
       kind 1 message: u8 durable, i64 msg_id, i64 first_ts, i64 expiration_ms,
                       i64 deliver_at_ms, u8 priority, u16 address length, address, data
       kind 2 marker:  u64 n   (the next n message frames are copies: see `remove`)
+      kind 3 moved:   as kind 1 (a copy a management walk routed here: see below)
 
 all little-endian. Messages are read back in order from a *cursor* (page, offset). For a
 durable queue the cursor is journaled (`PageCursor`, with the `AddMessage`/`AddRef` of
@@ -18,15 +19,28 @@ the messages read back, in one append: after a crash a message is either still p
 in the journal, never both, never neither), and a page file is deleted only once a cursor
 past it is on disk (`release`). A non-durable queue's files go as soon as they are read.
 
-Removing some paged messages (management purge, move, retry with a filter) appends a
-marker and then copies of the messages kept, and moves the cursor to the copies. A reader
-that meets a marker *by reading* (after a crash, from a cursor before the marker, which
-was never journaled) skips the copies that follow it: it has read the originals.
+Removing some paged messages (management purge, move, retry with a filter, by ids)
+records their positions as *skips* (`skip`): nothing is rewritten, a read back passes
+them, and when they are the next ones the cursor moves past them. A durable queue
+journals each step's skips (`PageSkip`, with the step's moved copies and `PageCursor`, in
+one append: a crash in the middle of a walk repeats no move and loses none); they are
+kept, a few bytes each, until the cursor passes them (issue 23). Files written before
+this may hold a removal's marker and copies of the messages kept: a reader that meets a
+marker *by reading* (a cursor before it was never journaled) skips the copies after it.
 
 Recovery (`PageFiles.recover`) opens the cursors the journal holds and scans the files
 from there (counting, not keeping: memory does not grow with the backlog); a torn or
 corrupt frame ends the files there, as in the journal (what was lost is logged). Paged
 non-durable messages are not recovered (as Artemis): the scan and reads skip them.
+
+A moved copy (a management move or retry, a dead letter, an expiry) routed to a paging
+durable queue is written as kind 3 (`PageFiles.moving`): its frame is synced before the
+journal append that removes its original (an `AckRef`, a `PageSkip`, a read's
+`PageCursor`), and the append carries this queue's `PageCursor` with the end of its
+copies (`committed`). A restart passes the kind 3 frames
+after the journaled `committed` (`_scan`: skipped, and the skips journaled): the append
+that would have removed their originals was lost, so the originals are still where they
+were, and the copies would be duplicates (issue 23).
 
 A page file found damaged or unreadable while reading back (`_damaged`, issue 23) is
 handled as the journal handles damage, never by raising into dispatch: a torn tail of
@@ -42,6 +56,7 @@ paged durable messages, `PageFiles.flush`).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import hashlib
 import logging
@@ -49,6 +64,7 @@ import os
 import shutil
 import struct
 import zlib
+from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -66,6 +82,7 @@ _FRAME = struct.Struct("<II")
 _MESSAGE = struct.Struct("<BqqqqBH")
 _MARKER = struct.Struct("<Q")
 _KIND_MESSAGE = 1
+_KIND_MOVED = 3  # a moved copy's message frame (`PageFiles.moving`: module doc)
 _KIND_MARKER = 2
 _MAX_BODY = 1 << 31
 _SUFFIX = ".page"
@@ -91,7 +108,7 @@ def _safe(name: str) -> str:
     return safe
 
 
-def _encode(message: Message) -> bytes:
+def _encode(message: Message, kind: int = _KIND_MESSAGE) -> bytes:
     """A message frame. Raises ResourceLimitExceeded for an address of 64 KiB or more,
     which the frame cannot hold: it was cut to 65,535 bytes (mid-character too), and the
     message came back with another address (issue 15 attack)."""
@@ -109,7 +126,7 @@ def _encode(message: Message) -> bytes:
         message.priority,
         len(address),
     )
-    body = b"".join((bytes([_KIND_MESSAGE]), head, address, message.data))
+    body = b"".join((bytes([kind]), head, address, message.data))
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
@@ -126,7 +143,7 @@ def _sound(body: bytes) -> bool:
         return False
     if body[0] == _KIND_MARKER:
         return len(body) == 1 + _MARKER.size
-    if body[0] == _KIND_MESSAGE and len(body) >= 1 + _MESSAGE.size:
+    if (body[0] == _KIND_MESSAGE or body[0] == _KIND_MOVED) and len(body) >= 1 + _MESSAGE.size:
         return len(body) >= 1 + _MESSAGE.size + int(_MESSAGE.unpack_from(body, 1)[-1])
     return False
 
@@ -202,6 +219,8 @@ class QueuePages:
         journaled: bool,
         cursor: Position | None,
         owner: PageFiles,
+        skips: dict[int, list[int]] | None = None,
+        committed: Position | None = (0, 0),
     ) -> None:
         self.directory = directory
         self._message_of = message_of
@@ -219,6 +238,16 @@ class QueuePages:
         # what a damaged file loses is counted, not left in the queue's count
         self._held: dict[int, list[int]] = {}
         self._browse_damaged: set[int] = set()  # page files a browse logged as damaged
+        # page number -> sorted end offsets of the messages removed ahead of the cursor
+        # (`skip`), and those not journaled yet (`journal_skips`)
+        self._skips: dict[int, array[int]] = {
+            page: array("q", offsets) for page, offsets in (skips or {}).items()
+        }
+        self._new_skips: dict[int, list[int]] = {}
+        # the end of the last copy a management walk wrote here (kind 3), journaled with
+        # this queue's cursor in the walk's append (a restart passes those after it)
+        self.committed: Position = committed or (0, 0)
+        self._check_moved = committed is not None  # (None: not known, every copy kept)
         directory.mkdir(parents=True, exist_ok=True)
         # only the names `_path` writes: `1.page` would read as page 1 from another file
         pages = sorted(
@@ -244,6 +273,7 @@ class QueuePages:
         self._write_offset = 0
         self._released = self._cursor[0]  # files below this page are gone
         self._recovered_end: Position = (0, 0)  # non-durable before this: not recovered
+        self._prune_skips()
         if pages:
             self._scan(pages)
 
@@ -320,7 +350,8 @@ class QueuePages:
         return self._cursor
 
     def write(self, message: Message) -> None:
-        frame = _encode(message)
+        moved = self._owner.moving and message.durable and self.journaled
+        frame = _encode(message, _KIND_MOVED if moved else _KIND_MESSAGE)
         try:
             self._append(frame)
         except OSError as e:  # disk full, no descriptors: the producer is told, not killed
@@ -329,6 +360,8 @@ class QueuePages:
         self.messages += 1
         self.size_bytes += message.size
         self._hold(self._write_page, 1, message.size)
+        if moved:
+            self.committed = (self._write_page, self._write_offset)
         self.expiring_ms = _earlier(self.expiring_ms, message.expiration_ms)
         if message.durable and self.journaled:
             self.durable_written = True
@@ -386,6 +419,8 @@ class QueuePages:
         for page in range(first_page, self._cursor[0]):
             if page in self._held:  # passed, yet not all read: the file went missing
                 self._lose(page, "missing or cut short", self._path(page), 0)
+        if self._skips and first_page != self._cursor[0]:
+            self._prune_skips()
         if not self.messages:
             self.expiring_ms = 0
         if not self.journaled:
@@ -487,43 +522,78 @@ class QueuePages:
             if frame.kind == _KIND_MESSAGE:
                 yield self._message(frame), frame.end
 
-    def drop_prefix(self, doomed: set[int]) -> bool:
-        """Drop the paged messages in `doomed` if they are the next ones from the cursor
-        (a walk that took every paged message it met: a move or purge of all): the cursor
-        moves past them as a read would, no marker and no copies, O(len(doomed)). False
-        (nothing done) when they are not, or a damaged file is in the way: `remove` then."""
-        if not doomed:
-            return True
-        taken: list[_Frame] = []
-        position = self._cursor
-        try:
-            for frame in self._frames(self._cursor, self._end()):
-                if frame.kind == _KIND_MESSAGE:
-                    if frame.msg_id not in doomed:
-                        return False
-                    taken.append(frame)
-                position = frame.end
-                if len(taken) == len(doomed):
-                    break
-        except _Damaged:
-            return False
-        if len(taken) != len(doomed):
-            return False
-        for frame in taken:
-            size = frame.size
+    def skip(self, taken: list[tuple[Position, int]]) -> None:
+        """Remove the paged messages that end at these positions (each with its size), as
+        a management walk took them: they leave the counts now, a read back passes them,
+        and the cursor moves past those that are the next ones (O(taken), nothing
+        rewritten: the walk goes on reading the files, and messages paged meanwhile stay
+        where they are)."""
+        if not taken:
+            return
+        for (page, _), size in self._skip_positions(taken):
             self.messages -= 1
             self.size_bytes -= size
-            self._hold(frame.end[0], -1, -size)
-        self._cursor = position
-        self._roll_cursor()
+            self._hold(page, -1, -size)
+        journaled = self.journaled
+        position = self._cursor
+        try:  # past the removed ones that are next: as a read would pass them
+            for frame in self._frames(self._cursor, self._end()):
+                if frame.kind == _KIND_MESSAGE:
+                    break
+                position = frame.end
+        except _Damaged:  # the read back handles it (`_damaged`), in its turn
+            pass
+        if position != self._cursor:
+            self._cursor = position
+            self._roll_cursor()
+            self._prune_skips()
         if not self.messages:
             self.expiring_ms = 0
-        if not self.journaled:
+        if not journaled:
             self.release(self._cursor)
-        return True
+
+    def _skip_positions(self, taken: list[tuple[Position, int]]) -> list[tuple[Position, int]]:
+        """Record `taken` as skips (to be journaled); those that were not skips yet."""
+        new = []
+        for (page, offset), size in taken:
+            offsets = self._skips.get(page)
+            if offsets is None:
+                offsets = self._skips[page] = array("q")
+            if not offsets or offsets[-1] < offset:
+                offsets.append(offset)
+            else:
+                i = bisect.bisect_left(offsets, offset)
+                if i < len(offsets) and offsets[i] == offset:
+                    continue  # taken before (never met: a taken reference is GONE)
+                offsets.insert(i, offset)
+            if self.journaled:
+                self._new_skips.setdefault(page, []).append(offset)
+            new.append(((page, offset), size))
+        return new
+
+    def journal_skips(self) -> list[tuple[int, tuple[int, ...]]]:
+        """The skips since the last call, per page file (`PageSkip` records: journaled
+        with the step that took those messages)."""
+        if not self._new_skips:
+            return []
+        new, self._new_skips = self._new_skips, {}
+        return [(page, tuple(offsets)) for page, offsets in sorted(new.items())]
+
+    def _prune_skips(self) -> None:
+        """Forget the skips the cursor has passed."""
+        page, offset = self._cursor
+        for number in [n for n in self._skips if n < page]:
+            del self._skips[number]
+        offsets = self._skips.get(page)
+        if offsets is not None and offsets and offsets[0] <= offset:
+            del offsets[: bisect.bisect_right(offsets, offset)]
+            if not offsets:
+                del self._skips[page]
 
     def remove(self, doomed: set[int]) -> None:
-        """Drop the paged messages in `doomed`: a marker, then copies of the rest. A
+        """Drop the paged messages in `doomed`: a marker, then copies of the rest (how
+        removals were written before `skip`; kept for what its files look like, which a
+        reader and a restart must still handle: tests/unit/store/test_paging.py). A
         damaged page file is handled as the read back handles it (`_damaged`: its part
         lost, counted, logged) by the first walk, and skipped alike by the second: the
         caller has already taken `doomed` (killed or moved), so raising here would leave
@@ -580,6 +650,7 @@ class QueuePages:
         self._cursor = self._end()
         self.messages = self.size_bytes = self.expiring_ms = 0
         self._held = {}
+        self._skips, self._new_skips = {}, {}
         self.epoch += 1
         self._roll_cursor()
         if not self.journaled:
@@ -626,6 +697,7 @@ class QueuePages:
             self.directory.parent.rmdir()  # the address's, when it was the last queue
         self.messages = self.size_bytes = 0
         self._held = {}
+        self._skips, self._new_skips = {}, {}
 
     # -- reading ------------------------------------------------------------------------
     def _end(self) -> Position:
@@ -655,16 +727,23 @@ class QueuePages:
     ) -> Iterator[_Frame]:
         """Sound frames from `start` to `end` (offset -1: the end of that file), copies
         after a marker met by reading skipped, and non-durable messages written before a
-        restart skipped. A file damaged before its end raises `_Damaged`, or, with
+        restart skipped, and so are those removed ahead of the cursor (`skip`). A file
+        damaged before its end raises `_Damaged`, or, with
         `damaged`, is handed to it: when it says so, the rest of that file is skipped (a
         frame with nothing to hand out, ending at the next file, is yielded for it)."""
         skip = 0
         page, offset = start
         while page <= end[0]:
             limit = end[1] if page == end[0] else -1
+            skips = self._skips.get(page) if self._skips else None
             try:
                 for frame in self._file_frames(page, offset, limit):
                     offset = frame.end[1]
+                    if skips is not None and frame.kind == _KIND_MESSAGE and not skip:
+                        i = bisect.bisect_left(skips, offset)
+                        if i < len(skips) and skips[i] == offset:
+                            yield _Frame(0, b"", frame.end)  # removed (`skip`)
+                            continue
                     if frame.kind == _KIND_MARKER:
                         skip = _MARKER.unpack_from(frame.body, 1)[0]
                         yield frame
@@ -714,7 +793,8 @@ class QueuePages:
                     if len(body) != length or zlib.crc32(body) != crc or not _sound(body):
                         break
                     offset += _FRAME.size + length
-                    yield _Frame(body[0], body, (page, offset))
+                    kind = body[0] if body[0] != _KIND_MOVED else _KIND_MESSAGE
+                    yield _Frame(kind, body, (page, offset))
             except OSError as e:
                 raise _Damaged(path, offset, str(e), io=True) from e
         if offset < end:
@@ -746,11 +826,18 @@ class QueuePages:
         good: Position = self._cursor
         marker: Position = good  # where the last removal's marker starts
         copies = 0  # of its copies, how many the files do not hold
+        moved: list[Position] = []  # copies of a walk whose append was lost
         for number in pages:
             start = offset if number == page else 0
             good = (number, start)
             try:
                 for frame in self._file_frames(number, start, -1):
+                    if (
+                        frame.body[0] == _KIND_MOVED
+                        and frame.end > self.committed
+                        and self._check_moved
+                    ):
+                        moved.append(frame.end)
                     if frame.kind == _KIND_MARKER:
                         marker, copies = good, _MARKER.unpack_from(frame.body, 1)[0]
                     elif copies:
@@ -781,6 +868,15 @@ class QueuePages:
             good = marker
         self._recovered_end = good
         self._write_page = good[0]
+        lost_moves = [(at, 0) for at in moved if at <= good]
+        if lost_moves:  # their originals are still in their queues: passed, and journaled
+            log.warning(
+                "paging %s: %d moved copies (a move, dead letter or expiry) whose journal "
+                "append was lost are passed (their originals were not moved)",
+                self.directory,
+                len(lost_moves),
+            )
+            self._skip_positions(lost_moves)
         for frame in self._frames(self._cursor, (good[0], good[1]), damaged=_skip_damaged):
             if frame.kind == _KIND_MESSAGE:
                 messages += 1
@@ -837,13 +933,27 @@ class PageFiles:
         self.dirty: set[QueuePages] = set()
         self.opened: set[QueuePages] = set()
         self._cursors: dict[str, Position] = {}
+        self._skips: dict[str, dict[int, list[int]]] = {}
+        self._commits: dict[str, Position] | None = {}
+        # True while a moved copy is routed (`core/moving.py` `_route_copy`): a durable
+        # queue's page files then write it as kind 3 (module doc)
+        self.moving = False
         self._known: dict[str, str] = {}  # recovered durable queue -> address
 
-    def recover(self, queues: dict[str, str], cursors: dict[str, Position]) -> list[str]:
+    def recover(
+        self,
+        queues: dict[str, str],
+        cursors: dict[str, Position],
+        skips: dict[str, dict[int, list[int]]] | None = None,
+        commits: dict[str, Position] | None = None,
+    ) -> list[str]:
         """Start-up: keep the page files of the durable queues in `queues` (name ->
-        address), with their journaled cursors; remove the rest (non-durable queues'
-        pages are not recovered). The names of the queues that have paged messages."""
+        address), with their journaled cursors and skips; remove the rest (non-durable
+        queues' pages are not recovered). The names of the queues that have paged
+        messages."""
         self._cursors = dict(cursors)
+        self._skips = dict(skips or {})
+        self._commits = None if commits is None else dict(commits)
         keep = {(_safe(address), _safe(name)): name for name, address in queues.items()}
         found = []
         if self.directory.is_dir():
@@ -867,9 +977,16 @@ class PageFiles:
             journaled=durable,
             cursor=self._cursors.pop(queue, None) if durable else None,
             owner=self,
+            skips=self._skips.pop(queue, None) if durable else None,
+            committed=self._committed(queue) if durable else (0, 0),
         )
         self.opened.add(pages)
         return pages
+
+    def _committed(self, queue: str) -> Position | None:
+        """The journaled end of the copies walks paged to `queue`; None when `recover`
+        was not told (its kind 3 frames are then all kept)."""
+        return None if self._commits is None else self._commits.pop(queue, (0, 0))
 
     def writing(self, pages: QueuePages) -> None:
         """`pages` opens its page file for writing: past `max_writers` open ones, the

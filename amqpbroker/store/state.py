@@ -19,6 +19,7 @@ from amqpbroker.core.records import (
     AddQueue,
     AddRef,
     PageCursor,
+    PageSkip,
     Record,
     ScheduledDelivery,
     UpdateDeliveryCount,
@@ -79,6 +80,11 @@ class JournalState:
         own.addresses = {k: record_of(v) for k, v in live.addresses.items()}
         own.queues = {k: record_of(v) for k, v in live.queues.items()}
         own.page_cursors = {k: record_of(v) for k, v in live.page_cursors.items()}
+        own.cursor_at = dict(live.cursor_at)
+        own.page_skips = {  # (the same keys: still heaps)
+            k: [(page, last, n, record_of(item)) for page, last, n, item in heap]
+            for k, heap in live.page_skips.items()
+        }
         messages: dict[int, Any] = {
             msg_id: record_of(item)
             for msg_id, item in live.messages.items()
@@ -152,6 +158,29 @@ class JournalState:
             for queue, r in self._live.page_cursors.items()
             if isinstance(r, PageCursor)
         }
+
+    @property
+    def page_commits(self) -> dict[str, tuple[int, int]]:
+        """Per queue, where the last copy a management walk paged to it ends (B-151,
+        issue 23: `store/paging.py`, kind 3 frames)."""
+        return {
+            queue: (r.committed_page, r.committed_offset)
+            for queue, r in self._live.page_cursors.items()
+            if isinstance(r, PageCursor)
+        }
+
+    @property
+    def page_skips(self) -> dict[str, dict[int, list[int]]]:
+        """Per queue, per page file, the positions of the paged messages a management walk
+        removed ahead of its cursor (B-151, issue 23), sorted."""
+        skips: dict[str, dict[int, list[int]]] = {}
+        for queue, heap in self._live.page_skips.items():
+            pages: dict[int, list[int]] = {}
+            for _, _, _, record in heap:
+                if isinstance(record, PageSkip):
+                    pages.setdefault(record.page, []).extend(record.offsets)
+            skips[queue] = {page: sorted(offsets) for page, offsets in pages.items()}
+        return skips
 
     @property
     def messages(self) -> dict[int, AddMessage]:

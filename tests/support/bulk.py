@@ -33,11 +33,13 @@ class _Sender(MessagingHandler):  # type: ignore[misc]
         durable: Callable[[int], bool],
         on_accepted: Callable[[int], None] | None,
         ttl_s: float | None = None,
+        properties: Callable[[int], dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         self.url, self.address, self.numbers = url, address, numbers
         self.size, self.durable, self.on_accepted_count = size, durable, on_accepted
         self.ttl_s = ttl_s
+        self.properties = properties
         self.next = 0
         self.accepted = 0
         self.error: str | None = None
@@ -53,6 +55,8 @@ class _Sender(MessagingHandler):  # type: ignore[misc]
             message = Message(body=body(i, self.size), durable=self.durable(i))
             if self.ttl_s is not None:
                 message.ttl = self.ttl_s
+            if self.properties is not None:
+                message.properties = self.properties(i)
             sender.send(message)
             self.next += 1
 
@@ -85,11 +89,20 @@ def send(
     durable: Callable[[int], bool] = lambda i: True,
     on_accepted: Callable[[int], None] | None = None,
     ttl_s: float | None = None,
+    properties: Callable[[int], dict[str, Any]] | None = None,
 ) -> int:
     """Send messages `numbers` to the anycast queue `address`; how many were accepted
-    (all, unless the connection dropped: `on_accepted(count)` may kill the broker)."""
+    (all, unless the connection dropped: `on_accepted(count)` may kill the broker).
+    `properties(i)`: the application-properties of message i (for selectors)."""
     sender = _Sender(
-        url, address, numbers, size=size, durable=durable, on_accepted=on_accepted, ttl_s=ttl_s
+        url,
+        address,
+        numbers,
+        size=size,
+        durable=durable,
+        on_accepted=on_accepted,
+        ttl_s=ttl_s,
+        properties=properties,
     )
     Container(sender).run()
     if sender.error is not None and on_accepted is None:

@@ -1115,10 +1115,10 @@ def test_a_filtered_operation_over_a_damaged_page_file_takes_each_message_once(
     else:
         taken = ops.move(h.broker, "q", to_queue="other", ids=doomed)
     assert taken == len(doomed)
-    assert pages.lost > 0
-    assert "lost" in caplog.text
     c = h.consumer("q", "queue", credit=0)
     got = _drain(h, c)
+    assert pages.lost > 0  # met by the read back (a removal rewrites nothing: issue 23)
+    assert "lost" in caplog.text
     taken_names = {f"message-{ids.index(i):05d}" for i in doomed}
     assert not taken_names & set(got)  # taken ones are gone from q: never twice
     assert len(got) == 200 - len(doomed) - pages.lost

@@ -99,7 +99,12 @@ class _Restarted:
         )
         durable = {q.name: q.address for q in self.h.broker.queues.values() if q.store is not None}
         self.h.broker.enable_paging(
-            self.files, paged=tuple(self.files.recover(durable, state.page_cursors))
+            self.files,
+            paged=tuple(
+                self.files.recover(
+                    durable, state.page_cursors, state.page_skips, state.page_commits
+                )
+            ),
         )
         self.persistence.before_flush = self.files.flush
 
@@ -280,4 +285,37 @@ def test_a_sliced_walk_over_the_journal_part_is_journaled_and_keeps_arrivals(
     assert [body for body, _ in again.drain()] == [f"message-{i:05d}" for i in sent]
     if operation == "move":
         assert again.h.queue("dest").message_count == N
+    again.close()
+
+
+def test_a_move_cut_between_its_copies_sync_and_its_append_leaves_no_duplicate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 23 (B-151 with B-161): the copies a walk pages to a durable queue are synced
+    before the append that removes their originals; a crash between the two left both
+    (each copy paged, its original still in `q`). Now the append carries the target's
+    `committed` end, and a restart passes the copies after it: every message once."""
+    monkeypatch.setattr(ops, "SLICE_MESSAGES", 25)
+    _write(tmp_path / "journal")
+    r = _Restarted(tmp_path)
+    r.h.producer("dest", "queue")
+    walk = ops.move_walk(r.h.broker, "q", to_queue="dest")
+    for _ in range(4):  # journaled slices
+        walk.step()
+        r.persistence.flush()
+    dest = r.h.queue("dest")
+    assert dest.pages is not None
+    assert dest.pages.messages > 0  # its copies are paged
+    walk.step()
+    r.files.flush()  # the slice's copies are on disk (`before_flush`) ...
+    r.persistence._records.clear()  # ... and its append is lost: SIGKILL
+    r.persistence._moved_in.clear()
+    r.journal.flush()
+    r.files.close()
+    r.journal.close()
+    again = _Restarted(tmp_path)
+    in_q = again.h.queue("q").message_count
+    in_dest = again.h.queue("dest").message_count
+    assert in_dest == 4 * 25
+    assert in_q + in_dest == N
     again.close()

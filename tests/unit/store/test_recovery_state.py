@@ -17,11 +17,13 @@ from amqpbroker.core.records import (
     DeleteAddress,
     DeleteQueue,
     PageCursor,
+    PageSkip,
     Record,
     ScheduledDelivery,
     UpdateDeliveryCount,
 )
 from amqpbroker.store import FileJournal, JournalState
+from amqpbroker.store.memory import MemoryJournal
 from amqpbroker.store.segments import BATCH_END, _Bad, _check_frame, _frame
 
 QUEUES = ("a", "b", "c")
@@ -50,8 +52,11 @@ def _record(rng: random.Random, next_id: list[int]) -> Record:
         return AddAddress(name=queue, routing_types=(RoutingType.ANYCAST,))
     if kind < 0.92:
         return DeleteAddress(name=queue)
-    if kind < 0.96:
+    if kind < 0.95:
         return PageCursor(queue=queue, page=rng.randint(0, 5), offset=rng.randint(0, 999))
+    if kind < 0.97:
+        offsets = tuple(sorted(rng.sample(range(1000), rng.randint(1, 4))))
+        return PageSkip(queue=queue, page=rng.randint(0, 5), offsets=offsets)
     next_id[0] += 3  # an id skipped: max_msg_id comes from every record
     return AddRef(queue=queue, msg_id=next_id[0])
 
@@ -61,6 +66,7 @@ def _summary(state: JournalState) -> object:
         state.addresses,
         state.queues,
         state.page_cursors,
+        state.page_skips,
         state.messages,
         state.refs(),
         [state.refs(q) for q in QUEUES],
@@ -135,3 +141,31 @@ def test_the_frame_check_reads_the_crc_as_written() -> None:
             damaged = bytearray(frame)
             damaged[at] ^= 1 << rng.randint(0, 7)
             assert isinstance(_check_frame(bytes(damaged), 0), _Bad), at
+
+
+def test_a_page_skip_lives_until_its_queue_s_cursor_passes_it(tmp_path: Path) -> None:
+    """Issue 23 (sliced walks): the positions a walk removed ahead of the cursor come back
+    at a restart until a cursor passes the last of them (then compaction drops them); one
+    journaled behind the cursor is dead at once; `DeleteQueue` ends them."""
+    queue = AddQueue(name="a", address="a", routing_type=RoutingType.ANYCAST)
+    steps: list[list[Record]] = [
+        [queue, PageCursor(queue="a", page=2, offset=100)],
+        [PageSkip(queue="a", page=2, offsets=(50, 90))],  # behind the cursor: dead
+        [PageSkip(queue="a", page=2, offsets=(300, 200))],
+        [PageSkip(queue="a", page=3, offsets=(40,))],
+        [PageCursor(queue="a", page=2, offset=250)],
+    ]
+    with FileJournal(tmp_path, fsync=lambda fd: None) as journal:
+        for step in steps:
+            journal.append(step, sync=True)
+        assert journal.state().page_skips == {"a": {2: [200, 300], 3: [40]}}
+        journal.append([PageCursor(queue="a", page=2, offset=300)], sync=True)
+    with FileJournal(tmp_path, fsync=lambda fd: None) as journal:
+        assert journal.state().page_skips == {"a": {3: [40]}}
+        journal.append([DeleteQueue(name="a")], sync=True)
+        assert journal.state().page_skips == {}
+    memory = MemoryJournal()
+    for step in [*steps, [PageCursor(queue="a", page=2, offset=300)]]:
+        memory.append(step, sync=True)
+    memory.compact()
+    assert [r for r in memory.replay() if isinstance(r, PageSkip)] == [steps[3][0]]

@@ -8,6 +8,13 @@ HASH := $(shell cksum < pyproject.toml | cut -d' ' -f1)
 STAMP := $(VENV)/.installed-broker-$(HASH)
 DEV_STAMP := $(VENV)/.installed-dev-$(HASH)
 
+# Python writes the checkout's bytecode (__pycache__/, git-ignored) even where the shell
+# sets PYTHONDONTWRITEBYTECODE: with it, every broker, CLI and driver process compiled the
+# ~280 modules it imports again (a broker start ~1.1 CPU-s instead of ~0.55) and each pytest
+# process re-rewrote every test module (collection 13 CPU-s instead of 5). docs/decisions.md,
+# "Suite time, third pass".
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: run test test-long test-compiled test-paging-long lint typecheck bench fuzz clean
 
 $(STAMP): pyproject.toml

@@ -8,6 +8,13 @@ HASH := $(shell cksum < pyproject.toml | cut -d' ' -f1)
 STAMP := $(VENV)/.installed-broker-$(HASH)
 DEV_STAMP := $(VENV)/.installed-dev-$(HASH)
 
+# Python writes the checkout's bytecode (__pycache__/, git-ignored) even where the shell
+# sets PYTHONDONTWRITEBYTECODE: with it, every broker, CLI and driver process compiled the
+# ~280 modules it imports again (a broker start ~1.1 CPU-s instead of ~0.55) and each pytest
+# process re-rewrote every test module (collection 13 CPU-s instead of 5). docs/decisions.md,
+# "Suite time, third pass".
+unexport PYTHONDONTWRITEBYTECODE
+
 .PHONY: run test test-long test-compiled test-paging-long lint typecheck bench fuzz clean
 
 $(STAMP): pyproject.toml
@@ -24,17 +31,18 @@ run: $(STAMP)
 	@echo "The amqpbroker command is $(BIN)/amqpbroker (not on PATH): run it as $(BIN)/amqpbroker, or 'source $(BIN)/activate' first."
 	$(BIN)/amqpbroker run --config config/broker.yaml --data-dir ./data
 
-# pytest: two xdist workers, a module per worker at a time (tests/conftest.py), then the
-# wall-clock `timing` tests and the client stacks (interop) in one process; each prints its
-# 15 slowest tests. Kept under 10 minutes on 2 cores: what only scale adds (a standalone
+# pytest: two xdist workers, a module per worker at a time, tests/analytics/ and
+# tests/interop/ one unit each (one Spark JVM; the client stacks' installs one at a time:
+# tests/conftest.py), then the wall-clock `timing` tests alone in one process; each prints
+# its 15 slowest tests. Kept under 10 minutes on 2 cores: what only scale adds (a standalone
 # Spark cluster, 40 crash rounds, 6,000 fuzz cases) is `make test-long`, which CI runs next.
 test: $(DEV_STAMP)
 	sh tests/support/install-browser.sh  # chromium + chromium-driver for the console tests
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not timing and not interop and not long' --durations=15
-	$(BIN)/pytest -m '(timing or interop) and not long' --durations=15
+	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not timing and not long' --durations=15
+	$(BIN)/pytest -m 'timing and not long' --durations=15
 
 # The long tier (CI runs it after `make test`; ~6 min): the `long` tests (spark-submit on a
 # standalone cluster), the crash test at 40 kills and the fuzzer at 6,000 cases.

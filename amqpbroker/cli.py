@@ -484,7 +484,7 @@ def _cmd_purge(args: argparse.Namespace) -> int:
 
 
 def _cmd_certs_create(args: argparse.Namespace) -> int:
-    from amqpbroker.security import create_certificates
+    from amqpbroker.security.certs import create_certificates
 
     try:
         files = create_certificates(Path(args.out), args.host or ["localhost"], client=args.client)

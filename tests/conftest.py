@@ -2,31 +2,39 @@
 
 `make test` runs pytest twice:
 
-1. `-n 2 --dist loadfile --no-loadscope-reorder -m 'not timing and not interop'`: two
+1. `-n 2 --dist loadfile --no-loadscope-reorder -m 'not timing and not long'`: two
    pytest-xdist workers; a worker runs a whole module, so a module's `broker`
-   (scope="module") starts once; the analytics modules spread over both workers (each
-   worker starts its own one SparkSession, `local[1]`: at most two JVMs, one core each).
-2. `-m 'timing or interop'` in one process: the tests that assert how long something took
-   (an upper bound, a ratio of wall-clock times, "within 1 s": marker `timing`), with no
-   other worker competing for the cores, and the client stacks (their builds, npm ci and
-   apt-get as root, must not run twice at the same time on a fresh machine).
+   (scope="module") starts once. Two directories are one unit each (`GROUPED`, the
+   scheduler below): tests/analytics/ (one worker, one SparkSession, one JVM warm-up;
+   never two Spark JVMs at once) and tests/interop/ (the client stacks' builds, npm ci
+   and apt-get as root, run one after the other in one worker, as they must on a fresh
+   machine), beside each other while the other modules fill in behind them.
+2. `-m 'timing and not long'` in one process: the tests that assert how long something
+   took (an upper bound, a ratio of wall-clock times, "within 1 s": marker `timing`), with
+   no other worker competing for the cores.
 
-(`--dist loadgroup` would do 2's interop part in the first run, but pytest-xdist 3.8
-cannot rename node ids on pytest 9, so groups are ignored there.)
+(`--dist loadgroup` with `xdist_group` marks would group too, but pytest-xdist 3.8 cannot
+rename node ids on pytest 9, so groups are ignored there: hence the scheduler hook.)
 
-The collection order here is longest tier first (analytics, integration, the rest), which
-`--no-loadscope-reorder` keeps, so that short modules fill in behind the long ones instead
-of a long one starting last. Plain `pytest` runs everything in one process.
+The collection order here is longest unit first (analytics, interop, integration, the
+rest), which `--no-loadscope-reorder` keeps, so that short modules fill in behind the long
+ones instead of a long one starting last. Plain `pytest` runs everything in one process.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
+if TYPE_CHECKING:
+    from xdist.remote import Producer
+    from xdist.scheduler.protocol import Scheduling
+
 TESTS = Path(__file__).parent
 ORDER = ("analytics", "interop", "integration")  # the longest tiers first, then the rest
+GROUPED = ("analytics", "interop")  # each one xdist work unit (module docstring)
 
 
 def _rank(item: pytest.Item) -> int:
@@ -37,3 +45,20 @@ def _rank(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The long tiers first (a stable sort: the order inside a module is kept)."""
     items.sort(key=_rank)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Producer) -> Scheduling | None:
+    """`--dist loadfile`, but each directory of `GROUPED` is one work unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class GroupedFiles(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            parts = path.split("/")
+            if len(parts) > 2 and parts[0] == "tests" and parts[1] in GROUPED:
+                return f"tests/{parts[1]}/"
+            return path
+
+    return GroupedFiles(config, log)

@@ -1,6 +1,7 @@
-"""Security: TLS contexts for amqps acceptors and development certificates."""
+"""Security: TLS contexts for amqps acceptors and passwords. Development certificates are
+`amqpbroker.security.certs` (imported by `certs create` alone: cryptography costs a
+broker start ~0.15 CPU-s, a third of it)."""
 
-from amqpbroker.security.certs import create_certificates
 from amqpbroker.security.passwords import (
     hash_password,
     verify_password,
@@ -11,7 +12,6 @@ from amqpbroker.security.tls import TlsFileError, acceptor_context, server_conte
 __all__ = [
     "TlsFileError",
     "acceptor_context",
-    "create_certificates",
     "hash_password",
     "server_context",
     "verify_password",

@@ -23,7 +23,10 @@ from amqpbroker.analytics.job import JobOptions, run
 from amqpbroker.analytics.report import Results
 from amqpbroker.analytics.tables import TriageSettings
 
-pytestmark = [pytest.mark.spark, pytest.mark.timeout(240)]
+# Three whole runs and 24 table reads in one test (~115 s on a quiet machine): 240 s timed
+# out at load 21, and a timeout that interrupts a py4j call leaves the worker's session
+# unusable for every analytics test after it. Five times the quiet figure.
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
 
 def _event(line: str) -> dict[str, object]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +19,13 @@ pytestmark = [pytest.mark.spark, pytest.mark.timeout(120)]
 
 T0 = 1_767_225_600_000  # 2026-01-01T00:00:00Z, a window boundary
 MINUTE = 60_000
+
+
+@pytest.fixture(autouse=True)
+def _uncache(spark: SparkSession) -> Iterator[None]:
+    """What a test cached (as the job caches: `classify`) goes with it."""
+    yield
+    spark.catalog.clearCache()
 
 
 def frame(spark: SparkSession, *events: dict[str, Any]) -> DataFrame:
@@ -134,12 +142,16 @@ def _victim(msg_id: int, ts: int, *, body: str | None = "", **more: Any) -> list
     ]
 
 
-def outages_of(events: DataFrame, settings: TriageSettings) -> tuple[DataFrame, DataFrame]:
+def outages_of(
+    events: DataFrame, settings: TriageSettings, failed: DataFrame | None = None
+) -> tuple[DataFrame, DataFrame]:
     """(failure runs, outages) as the job computes them: from the acks per second and
-    the acks it looks up in the store near each run (issue 22 item 8)."""
-    failed = tables.failures(events)
-    acked = tables.ack_seconds(events)
-    runs = tables.failure_runs(failed, acked, settings)
+    the acks it looks up in the store near each run (issue 22 item 8). Cached where the
+    job caches (`job.run`): each uncached use recomputed the whole plan, tens of Spark
+    jobs a test (docs/decisions.md, "Suite time")."""
+    failed = tables.failures(events).cache() if failed is None else failed
+    acked = tables.ack_seconds(events).cache()
+    runs = tables.failure_runs(failed, acked, settings).cache()
     stored = events.withColumn(CORRUPT_RECORD, F.lit(None).cast("string"))
     return runs, tables.outages(runs, state.acks_near(stored, runs, acked, settings), settings)
 
@@ -148,16 +160,17 @@ def classify(
     spark: SparkSession, events: list[dict[str, Any]], settings: TriageSettings
 ) -> dict[int, tuple[str, list[str], str | None, str | None]]:
     """copy msg_id -> (queue to drain, also_in, basis, held_back) over the whole chain."""
-    frame_ = frame(spark, *events)
-    failed = tables.failures(frame_)
-    runs, outages = outages_of(frame_, settings)
+    frame_ = frame(spark, *events).cache()
+    failed = tables.failures(frame_).cache()
+    runs, outages = outages_of(frame_, settings, failed)
     # The acks the job looks up in the store (issue 22 item 8), not all of them.
     stored = frame_.withColumn(CORRUPT_RECORD, F.lit(None).cast("string"))
-    acks = state.acks_of_keys(stored, tables.poison_suspects(failed, settings))
+    suspects = tables.poison_suspects(failed, settings).cache()
+    acks = state.acks_of_keys(stored, suspects)
     classified = tables.classify_dead_letters(
-        tables.still_queued_copies(tables.dead_letters(frame_), frame_),
-        tables.outage_messages(runs, outages),
-        tables.poison_candidates(failed, acks, settings),
+        tables.still_queued_copies(tables.dead_letters(frame_).cache(), frame_),
+        tables.outage_messages(runs, outages.cache()),
+        tables.poison_candidates(failed, acks, settings, suspects),
         settings,
     )
     return {r.msg_id: (r.queue, r.also_in, r.basis, r.held_back) for r in classified.collect()}

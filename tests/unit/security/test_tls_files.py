@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from amqpbroker.cli import main
 from amqpbroker.config import TlsConfig
-from amqpbroker.security import TlsFileError, acceptor_context, create_certificates
+from amqpbroker.security import TlsFileError, acceptor_context
+from amqpbroker.security.certs import create_certificates
 
 
 def test_a_missing_certificate_is_named_with_its_path(tmp_path: Path) -> None:
@@ -71,3 +74,15 @@ def test_check_config_passes_with_readable_certificates(
     )
     assert main(["check-config", str(config)]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_a_broker_start_does_not_load_cryptography() -> None:
+    """Suite time and `make run` (docs/decisions.md, "Suite time, third pass"): only
+    `certs create` needs cryptography, ~0.15 CPU-s of a broker start's ~0.55 when the
+    modules the start imports loaded it. A fresh interpreter: this process has it."""
+    code = (
+        "import sys, amqpbroker.cli, amqpbroker.config, amqpbroker.server; "
+        "amqpbroker.cli.build_parser(); "
+        "sys.exit('cryptography' in sys.modules)"
+    )
+    assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from proton import Message
+from proton.utils import SendException
 from support.client import QUEUE, connect, receive_bodies, send
 from support.event_files import read_events
 from support.process import BrokerProcess
+from support.waiting import wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -78,3 +82,60 @@ def test_an_event_log_key_torn_by_a_kill_is_made_again(
     assert sent
     assert all(e["body_hash"] for e in sent), sent
     assert len((data_dir / "event-log.key").read_bytes()) == 32
+
+
+# `os.fsync` fails with ENOSPC while a marker file exists: the message-id reservation
+# (store/idblock.py) syncs with it; the journal's group commit uses fdatasync and works.
+FULL_AT_START = """
+import errno, os, runpy, sys
+marker = sys.argv.pop(1)
+real = os.fsync
+def failing(fd):
+    if os.path.exists(marker):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    real(fd)
+os.fsync = failing
+sys.argv[0] = "amqpbroker"
+runpy.run_module("amqpbroker", run_name="__main__")
+"""
+
+
+def test_a_full_disk_at_start_up_refuses_sends_and_lets_consumers_drain(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
+    """A broker killed on a full disk could not start again ("cannot start: cannot
+    reserve message ids ... No space left on device"), so nobody could consume what
+    would free the disk. It starts, serves what it stored, refuses sends with
+    amqp:resource-limit-exceeded, and takes them again once the disk has room."""
+    config = "persistence: {enabled: true}\n"
+    broker = spawn(tmp_path, config, log_level="info")
+    conn = connect(broker.url)
+    send(conn, "full", "stored", durable=True, caps=("queue",))
+    conn.close()
+    broker.kill()
+    marker = tmp_path / "disk-full"
+    marker.touch()
+    broker = spawn(tmp_path, config, log_level="info", python=("-c", FULL_AT_START, str(marker)))
+    assert "cannot reserve message ids" in broker.log()
+    conn = connect(broker.url)
+    receiver = conn.create_receiver("full", credit=1, options=QUEUE)
+    assert receive_bodies(receiver, 1) == ["stored"]
+    sender = conn.create_sender("full", options=QUEUE)
+    with pytest.raises(SendException) as refused:
+        sender.send(Message(body="refused", durable=True))
+    assert refused.value.state == 37  # rejected
+    marker.unlink()
+    deadline = time.monotonic() + 10
+
+    def accepted() -> bool:
+        try:
+            sender.send(Message(body="later", durable=True))
+        except SendException:
+            assert time.monotonic() < deadline
+            return False
+        return True
+
+    wait_until(accepted, timeout=15, message="a send once the disk has room")
+    assert receive_bodies(receiver, 1) == ["later"]
+    conn.close()
+    assert broker.stop() == 0, broker.log()

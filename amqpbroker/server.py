@@ -447,6 +447,7 @@ class BrokerServer:
         if self.config.persistence.enabled:
             self._open_journal(loop)
         else:
+            self._refuse_to_drop_durable_pages()
             pages = self.pages = self._page_files()
             pages.recover({}, {})  # memory only: nothing paged survives a restart
             self.broker.enable_paging(pages)
@@ -493,6 +494,24 @@ class BrokerServer:
         self._schedule_engine_tick(loop.time() + ENGINE_TICK_S)
         self._schedule_tick()
         log.info("broker %s started", self.broker.name)
+
+    def _refuse_to_drop_durable_pages(self) -> None:
+        """Without persistence the page files are memory's overflow and a start deletes
+        them; a journal next to them means a persistent run paged durable messages there
+        (they come back only with their journal). One start with `persistence.enabled:
+        false` must not delete them silently (crash pass, docs/decisions.md)."""
+        journal = self.data_dir / "journal"
+        paging = self.data_dir / "paging"
+        if not any(journal.glob("journal-*.seg")):
+            return
+        pages = sum(1 for _ in paging.rglob("*.page")) if paging.is_dir() else 0
+        if pages:
+            raise StartupError(
+                f"{paging} holds {pages} page file(s) of a persistent run (its journal is "
+                f"{journal}); persistence.enabled: false would delete them. Enable "
+                "persistence, or use another data directory"
+            )
+        log.warning("%s is not read: persistence.enabled is false", journal)
 
     def _reserve_message_ids(self) -> None:
         """Message ids from durably reserved blocks, above any a previous run used (issue

@@ -139,3 +139,29 @@ def test_a_full_disk_at_start_up_refuses_sends_and_lets_consumers_drain(
     assert receive_bodies(receiver, 1) == ["later"]
     conn.close()
     assert broker.stop() == 0, broker.log()
+
+
+PAGED = 'address-settings:\n  "pg.#": {max-size-messages: 10, address-full-policy: PAGE}\n'
+
+
+def test_one_start_without_persistence_does_not_delete_durable_page_files(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
+    """B-151 PAGE with a config change: a persistent run paged 40 of 50 durable messages;
+    one start with `persistence.enabled: false` deleted the page files (a non-persistent
+    start clears them) and the next persistent start had 10. It is refused instead,
+    naming the directory, and the 50 are all there when persistence is back."""
+    persistent = "persistence: {enabled: true}\n" + PAGED
+    broker = spawn(tmp_path, persistent, log_level="info")
+    conn = connect(broker.url)
+    send(conn, "pg.a", *range(50), durable=True, caps=("queue",))
+    conn.close()
+    assert broker.stop() == 0, broker.log()
+    with pytest.raises(AssertionError, match=r"persistence\.enabled: false would delete them"):
+        spawn(tmp_path, "persistence: {enabled: false}\n" + PAGED, log_level="info")
+    broker = spawn(tmp_path, persistent, log_level="info")
+    conn = connect(broker.url)
+    receiver = conn.create_receiver("pg.a", credit=10, options=QUEUE)
+    assert receive_bodies(receiver, 50) == list(range(50))
+    conn.close()
+    assert broker.stop() == 0, broker.log()

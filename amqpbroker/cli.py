@@ -74,6 +74,32 @@ def raise_descriptor_limit() -> None:
     log.info("open-files limit: %d", hard)
 
 
+DATA_DIR_LOCK = "broker.lock"
+
+
+def lock_data_dir(data_dir: Path) -> int:
+    """One broker per data directory, whatever it keeps there: an exclusive flock on
+    `DATA_DIR/broker.lock`, held (fd left open, not inherited by children) until the
+    process exits, a kill -9 included. The journal's own lock covers only
+    `persistence.enabled: true`; without it a second broker on the same directory would
+    delete the first one's page files, share its message-id block and event log (crash
+    pass, docs/decisions.md). Raises OSError naming the directory and the file."""
+    import fcntl
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    path = data_dir / DATA_DIR_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise OSError(
+            f"data directory {data_dir} is in use by another broker ({path} is locked;"
+            " is the broker running?)"
+        ) from None
+    return fd
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
     from amqpbroker.config import ConfigError, default_config_path, load_config
     from amqpbroker.server import BrokerServer, StartupError, tune_gc
@@ -91,6 +117,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 1
     data_dir = Path(args.data_dir or config.data_dir or "./data")
     raise_descriptor_limit()
+    try:
+        lock_data_dir(data_dir)
+    except OSError as e:
+        log.error("cannot start: %s", e)
+        return 1
 
     async def serve() -> None:
         server = BrokerServer(

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import gc
 import ipaddress
@@ -446,6 +447,7 @@ class BrokerServer:
         if self.config.persistence.enabled:
             self._open_journal(loop)
         else:
+            self._refuse_to_drop_durable_pages()
             pages = self.pages = self._page_files()
             pages.recover({}, {})  # memory only: nothing paged survives a restart
             self.broker.enable_paging(pages)
@@ -493,16 +495,32 @@ class BrokerServer:
         self._schedule_tick()
         log.info("broker %s started", self.broker.name)
 
+    def _refuse_to_drop_durable_pages(self) -> None:
+        """Without persistence the page files are memory's overflow and a start deletes
+        them; a journal next to them means a persistent run paged durable messages there
+        (they come back only with their journal). One start with `persistence.enabled:
+        false` must not delete them silently (crash pass, docs/decisions.md)."""
+        journal = self.data_dir / "journal"
+        paging = self.data_dir / "paging"
+        if not any(journal.glob("journal-*.seg")):
+            return
+        pages = sum(1 for _ in paging.rglob("*.page")) if paging.is_dir() else 0
+        if pages:
+            raise StartupError(
+                f"{paging} holds {pages} page file(s) of a persistent run (its journal is "
+                f"{journal}); persistence.enabled: false would delete them. Enable "
+                "persistence, or use another data directory"
+            )
+        log.warning("%s is not read: persistence.enabled is false", journal)
+
     def _reserve_message_ids(self) -> None:
         """Message ids from durably reserved blocks, above any a previous run used (issue
         16 item 2): after recovery, which puts the journal's largest id under them."""
         path = self.data_dir / idblock.FILE_NAME
+        ids = self.broker.message_ids
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             reserved = idblock.read_reserved(path)
-            self.broker.message_ids.reserve_with(
-                functools.partial(idblock.write_reserved, path), reserved
-            )
         except idblock.IdBlockError as e:
             raise StartupError(
                 f"{e}. It holds where new message ids start: restore it from a backup, or "
@@ -511,6 +529,20 @@ class BrokerServer:
             ) from e
         except OSError as e:
             raise StartupError(f"cannot reserve message ids in {path}: {e}") from e
+        try:
+            ids.reserve_with(functools.partial(idblock.write_reserved, path), reserved)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise StartupError(f"cannot reserve message ids in {path}: {e}") from e
+            # A full disk is no reason to stay down: consumers must be able to drain
+            # what is stored, which frees it (crash pass, docs/decisions.md). Sends are
+            # refused until a block is reserved, as when a block runs out while running.
+            ids.wait_for_room()
+            log.warning(
+                "cannot reserve message ids in %s (%s): sends are refused until the disk has room",
+                path,
+                e.strerror,
+            )
 
     def _page_files(self) -> PageFiles:
         """B-151 PAGE: page files under DATA_DIR/paging (store/paging.py)."""
@@ -768,8 +800,15 @@ class BrokerServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         path = self.data_dir / "ports.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.ports) + "\n")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(json.dumps(self.ports) + "\n")
+            os.replace(tmp, path)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise StartupError(f"cannot write {path}: {e}") from e
+            # Informational only (the ports are in the log too): a full disk must not
+            # keep the broker down (crash pass).
+            log.warning("cannot write %s (%s): the ports are in the lines above", path, e)
 
     # -- flushing and timers ----------------------------------------------------------
     def flush(self) -> None:

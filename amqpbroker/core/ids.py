@@ -74,6 +74,15 @@ class MessageIds:
         self._reserve = reserve
         self._reserve_from(self._next, wrap=False)
 
+    def wait_for_room(self) -> None:
+        """The first block could not be reserved (a full disk at start-up): hand out
+        nothing until a `next` reserves one; until then each message is refused with
+        `ResourceLimitExceeded`, as when a block runs out on a full disk, while what is
+        already stored can be consumed (which is what frees the disk). Crash pass."""
+        assert self._reserve is not None
+        start = self._next
+        self._hand_out(start, start)
+
     @property
     def reserved_end(self) -> int | None:
         return self._end

@@ -541,32 +541,55 @@ class ChildWriter:
 
     def _body_key(self, path: Path) -> bytes | None:
         """The key of `body-hash: keyed` (issue 22 item 3): 32 random bytes in `path`,
-        made on first use (mode 0600, O_EXCL: two writers never make two keys). None, and
-        an error logged, when it cannot be read or made: events then carry no body_hash
-        (and `analyze` says so) rather than a hash nobody can compare."""
+        made on first use (mode 0600). None, and an error logged, when it cannot be read
+        or made: events then carry no body_hash (and `analyze` says so) rather than a
+        hash nobody can compare.
+
+        The key is written to a temporary file, synced, then linked into place (`link`
+        fails if a key exists: two writers never make two keys), so a kill or a full disk
+        mid-write never leaves a short key. A short one left by an older version is not
+        a key any hash was made with: it is replaced (crash pass, 2026-11-29)."""
         for _ in range(2):
             try:
                 key = path.read_bytes()
                 if len(key) >= 16:
                     return key
-                raise OSError(f"{path} is too short ({len(key)} bytes)")
+                self.log(
+                    logging.WARNING,
+                    f"event log: {path} is torn ({len(key)} bytes, never used): a new key",
+                )
+                self._write_key(path, replace=True)
             except FileNotFoundError:
                 try:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                    self._write_key(path, replace=False)
                 except FileExistsError:
                     continue
                 except OSError as e:
                     self.log(logging.ERROR, f"event log: cannot create {path} ({e}): no body_hash")
                     return None
-                with os.fdopen(fd, "wb") as f:
-                    f.write(os.urandom(32))
-                    f.flush()
-                    os.fsync(f.fileno())
             except OSError as e:
                 self.log(logging.ERROR, f"event log: cannot read {path} ({e}): no body_hash")
                 return None
         return None
+
+    @staticmethod
+    def _write_key(path: Path, *, replace: bool) -> None:
+        """32 random bytes into `path`, whole or not at all (see `_body_key`)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(os.urandom(32))
+                f.flush()
+                os.fsync(f.fileno())
+            if replace:
+                os.replace(temp, path)
+            else:
+                os.link(temp, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
 
     def _message_info(self, msg_id: int, data: bytes, size: int) -> tuple[str, str, str]:
         info = self._info.get(msg_id)

@@ -68,6 +68,32 @@ def test_a_start_up_reservation_failure_is_an_os_error() -> None:
         MessageIds().reserve_with(reserve, 0)
 
 
+def test_a_full_disk_at_start_up_hands_out_nothing_until_a_block_is_reserved() -> None:
+    """Crash pass: the server starts on a full disk (ENOSPC) with `wait_for_room`; no id
+    is handed out unreserved, each message is refused, and the first reservation that
+    works starts at the previous run's end, as a start-up reservation would have."""
+    full = [True]
+    reserved: list[int] = []
+
+    def reserve(end: int) -> None:
+        if full[0]:
+            raise OSError(28, "No space left on device")
+        reserved.append(end)
+
+    ids = MessageIds(block=10)
+    ids.start_above(3)  # the journal's largest id
+    with pytest.raises(OSError, match="No space"):
+        ids.reserve_with(reserve, 50)
+    ids.wait_for_room()
+    assert next(ids.ready, 0) == 0  # the hot path's step finds nothing ready
+    for _ in range(2):
+        with pytest.raises(ResourceLimitExceeded, match="cannot reserve message ids"):
+            next(ids)
+    full[0] = False
+    assert next(ids) == 50
+    assert reserved == [60]
+
+
 def test_without_a_reservation_ids_count_up() -> None:
     ids = MessageIds(block=2)
     assert [next(ids) for _ in range(5)] == [1, 2, 3, 4, 5]

@@ -8,6 +8,7 @@ a stopped one (SIGSTOP); a full disk is a file-size limit the writer process inh
 from __future__ import annotations
 
 import ast
+import errno
 import hashlib
 import hmac
 import json
@@ -1154,3 +1155,42 @@ def test_one_submit_of_more_than_the_hand_off_holds_is_framed_in_capped_frames(
     written = [r["seq"] for r in records(tmp_path)]
     assert written[:150] == list(range(1, 151))
     assert len(written) + w.dropped_total == 200
+
+
+def test_a_key_file_torn_by_a_kill_is_replaced(tmp_path: Path) -> None:
+    """Crash pass (2026-11-29): a kill (or a full disk) between creating event-log.key and
+    writing it left a 0-byte key, and every later start logged "too short" and wrote no
+    body_hash, for ever. A key that short was never used for a hash: a new one is made
+    (written aside and moved in, so no later kill can tear it)."""
+    data_dir = tmp_path / "data"
+    events = data_dir / "events"
+    events.mkdir(parents=True)
+    (data_dir / BODY_KEY_FILE).write_bytes(b"")
+    w = writer(events)
+    w.start()
+    w.submit([event(msg_id=1, data=encoded(body=b"x"))])
+    w.close()
+    (first,) = records(events)
+    assert first["body_hash"] is not None
+    assert len((data_dir / BODY_KEY_FILE).read_bytes()) == 32
+    assert [p.name for p in data_dir.iterdir() if p.is_file()] == [BODY_KEY_FILE]
+
+
+def test_a_key_that_cannot_be_written_leaves_no_key_and_no_crash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Crash pass (2026-11-29): ENOSPC while writing a new key killed the event-log child
+    with a traceback (only the open was guarded) and left a 0-byte key behind. Now: an
+    error, no body_hash, and no key file, so the next start makes one."""
+    from amqpbroker.eventlog.child import ChildWriter
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    child = ChildWriter.__new__(ChildWriter)
+    child.logs = []
+    path = tmp_path / BODY_KEY_FILE
+    assert child._body_key(path) is None
+    assert "No space left" in child.logs[-1][1]
+    assert list(tmp_path.iterdir()) == []

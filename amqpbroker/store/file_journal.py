@@ -87,7 +87,7 @@ from amqpbroker.store.frames import Entry, Kept
 from amqpbroker.store.framing import frame_records
 from amqpbroker.store.indexing import short_lived, survivors
 from amqpbroker.store.liveness import _LiveSet
-from amqpbroker.store.locs import Item, KeptOf, Packs, pack_kill, pack_where
+from amqpbroker.store.locs import Item, Packs, pack_kill, pack_where
 from amqpbroker.store.opening import _Opening
 from amqpbroker.store.segments import (
     _FILE_HEADER,
@@ -681,11 +681,12 @@ class FileJournal(_Opening, _Failure, _Compaction):
             live = self._opened_live
             if live is not None:
                 # Every layout was read when its segment was: records and rows only.
-                record_of = cast(
-                    Callable[[Item], Record], KeptOf(cast(dict[_Loc, object], live), self._packs)
-                )
+                records = cast(dict[_Loc, Record], live)
+                packed = [None if pack is None else pack.kept for pack in self._packs]
                 try:
-                    return JournalState._from_live(self._live, record_of, self._opened_max_id)
+                    return JournalState._from_live(
+                        self._live, records.__getitem__, self._opened_max_id, packed
+                    )
                 finally:
                     self._drop_opened()
         return JournalState.of(self.replay())

@@ -149,22 +149,3 @@ def pack_move(packs: Packs, handle: int, seg: _Segment, span: int) -> None:
     if pack.spans[slot] >= 0:
         pack.spans[slot] = span
         seg.live_bytes += span & _SIZE_MASK
-
-
-class KeptOf:
-    """The open's record (layout, row) of an index item: `keep`'s for a `_Loc`, its
-    pack's for a handle. A native callable, so that `JournalState._from_live` (compiled)
-    calls it per message without an interpreted frame."""
-
-    def __init__(self, keep: dict[_Loc, Any], packs: Packs) -> None:
-        self.keep = keep
-        self.packs = packs
-
-    def __call__(self, item: Any) -> Any:
-        if isinstance(item, int):
-            pack = self.packs[item >> PACK_SHIFT]
-            assert pack is not None
-            kept = pack.kept
-            assert kept is not None
-            return kept[item & _SLOT_MASK]
-        return self.keep[item]

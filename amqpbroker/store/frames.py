@@ -167,6 +167,11 @@ def index_plain(
     kept = pack.kept
     assert kept is not None  # (the open's: `state()` has not read them yet)
     base = pack.number << PACK_SHIFT
+    # The pairs' spans, put into `spans` with one `extend` (compiled, an array's `append`
+    # is a method call by name, ~1.2k instructions): before any record that could kill
+    # one of them (the rules of an unpaired record), and at the end.
+    pending: list[int] = []
+    slot = len(spans)
     added = 0  # live bytes (the `_on_dead` calls meanwhile subtract theirs)
     done = 0
     count = len(batch)
@@ -179,19 +184,22 @@ def index_plain(
             row, ref_offset, ref_size = batch[done + 1]
             msg_id = record[0]
             if isinstance(row, tuple) and len(row) == 3 and row[0] == msg_id:
-                slot = len(spans)
                 if slot + 2 > _SLOT_MASK:  # (a 4 GiB segment of pairs: not met)
                     break
                 handle = base | slot
                 if live.add_new_message(msg_id, row[1], handle, handle + 1):
                     unread.append(handle)
-                    spans.append(offset << _SPAN_SHIFT | size)
-                    spans.append(ref_offset << _SPAN_SHIFT | ref_size)
+                    pending.append(offset << _SPAN_SHIFT | size)
+                    pending.append(ref_offset << _SPAN_SHIFT | ref_size)
                     kept.append(record)
                     kept.append(row)
+                    slot += 2
                     added += size + ref_size
                     done += 2
                     continue
+        if pending:  # (the rules below may kill a packed record: its span must be there)
+            spans.extend(pending)
+            pending = []
         if isinstance(record, tuple):
             item = _Loc(seg, offset, size)
             if len(record) == 3:  # an AddRef's row
@@ -216,6 +224,8 @@ def index_plain(
         keep[item] = record
         added += size
         done += 1
+    if pending:
+        spans.extend(pending)
     seg.live_bytes += added
     return done
 

@@ -42,9 +42,11 @@ from amqpbroker.store.api import (
     JournalCorrupt,
     JournalFailed,
 )
+from amqpbroker.store.locs import Item, Packs, pack_entries, pack_move
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _FRAME,
+    _SIZE_MASK,
     _SPAN_SHIFT,
     _TEMP_SUFFIX,
     BATCH_END,
@@ -74,6 +76,7 @@ class _Compaction:
     _lock: threading.Lock
     _compact_lock: threading.Lock
     _segments: list[_Segment]
+    _packs: Packs
     _late_tombstones: list[_Loc]
     _targeted_by: dict[_Segment, set[_Loc]]
     _targets: dict[_Loc, set[_Segment]]
@@ -143,6 +146,8 @@ class _Compaction:
                 with self._lock:
                     self._segments.remove(seg)
                     self._retire(seg)
+                    for pack in seg.packs:  # all dead: no handle of it is left
+                        self._packs[pack.number] = None
                 deleted += 1
             _sync_directory(self.directory)
 
@@ -173,25 +178,28 @@ class _Compaction:
         """Copy the live records of `run` into a file that replaces its last segment."""
         last = run[-1]
         with self._lock:
-            snapshot = [(seg, sorted(seg.items.items())) for seg in run]
+            # Live records in file order: `_Loc`s and packed ones (their spans sort so).
+            snapshot: list[tuple[_Segment, list[tuple[int, Item]]]] = [
+                (seg, sorted([*seg.items.items(), *pack_entries(seg)])) for seg in run
+            ]
             self._copying.update(run)  # sealed: every item in them is in the snapshot
         temp = last.path.with_name(last.path.name + _TEMP_SUFFIX)
-        copied: list[tuple[_Loc, int]] = []
+        copied: list[tuple[Item, int, int]] = []
         try:
             parts = [_FILE_HEADER.pack(MAGIC, VERSION, 0, last.number)]
             offset = HEADER_BYTES
             for seg, items in snapshot:
                 with open(seg.path, "rb") as f:
                     data = f.read(seg.size_bytes)
-                for _, item in items:
-                    item_offset = item.offset
-                    frame = data[item_offset : item_offset + item.size]
+                for span, item in items:
+                    item_offset, size = span >> _SPAN_SHIFT, span & _SIZE_MASK
+                    frame = data[item_offset : item_offset + size]
                     checked = _check_frame(frame, 0)
                     if isinstance(checked, _Bad):
                         raise JournalCorrupt(seg.path, item_offset, checked.reason)
                     parts.append(frame)
-                    copied.append((item, offset))
-                    offset += item.size
+                    copied.append((item, offset, size))
+                    offset += size
             if copied:  # end on a whole append, as every sealed segment does
                 _, _, type_id, flags = _FRAME.unpack_from(parts[-1])
                 if not flags & BATCH_END:
@@ -213,14 +221,19 @@ class _Compaction:
         with self._lock:
             new = _Segment(last.number, last.path, offset)
             self._copying.clear()
-            for item, new_offset in copied:
-                if item.seg.items.get(item.span) is item:  # still live (or needed)
+            for item, new_offset, size in copied:
+                if isinstance(item, int):  # packed: moved if still live
+                    pack_move(self._packs, item, new, new_offset << _SPAN_SHIFT | size)
+                elif item.seg.items.get(item.span) is item:  # still live (or needed)
                     del item.seg.items[item.span]
-                    size = item.size
                     item.seg = new
                     item.span = new_offset << _SPAN_SHIFT | size
                     new.items[item.span] = item
                     new.live_bytes += size
+            for seg in run:  # every live record of their packs is in `new` now
+                for pack in seg.packs:
+                    pack.seg = new
+                    new.packs.append(pack)
             # Tombstones written while we copied, for records we copied: they must now
             # outlive the new file.
             for tombstone in self._late_tombstones:

@@ -87,6 +87,7 @@ from amqpbroker.store.frames import Entry, Kept
 from amqpbroker.store.framing import frame_records
 from amqpbroker.store.indexing import short_lived, survivors
 from amqpbroker.store.liveness import _LiveSet
+from amqpbroker.store.locs import Item, Packs, pack_kill, pack_where
 from amqpbroker.store.opening import _Opening
 from amqpbroker.store.segments import (
     _FILE_HEADER,
@@ -185,7 +186,9 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self.bytes_written = 0
 
         self._lock = threading.Lock()
-        self._live: _LiveSet[_Loc] = _LiveSet(self._on_dead)
+        self._live: _LiveSet[Item] = _LiveSet(self._on_dead)
+        # The open's packed records (`store/locs.py` `_Pack`), by number (0: none).
+        self._packs: Packs = [None]
         self._segments: list[_Segment] = []
         self._targeted_by: dict[_Segment, set[_Loc]] = {}
         self._targets: dict[_Loc, set[_Segment]] = {}  # tombstone: segments it must outlive
@@ -234,7 +237,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
         # Records that die are dropped as they die; an AddMessage is kept as its layout
         # (`codec.add_message_layout`) until its segment is read, then decoded if live.
         self._opened_live: dict[_Loc, Kept] | None = {}
-        self._unread: list[_Loc] = []  # AddMessages of this segment kept as layouts
+        self._unread: list[Item] = []  # AddMessages of this segment kept as layouts
         self._opened_max_id = 0
         # Bytes of live bodies the open copies out for `state()`; the rest stay in the
         # files (their rows are layouts) and `read_message` reads them when wanted: a
@@ -272,14 +275,20 @@ class FileJournal(_Opening, _Failure, _Compaction):
 
     # --- the index ---
 
-    def _on_dead(self, item: _Loc, needs_tombstone: bool) -> None:
-        opened = self._opened_live
-        if opened is not None:
-            opened.pop(item, None)
-        seg = item.seg
-        span = item.span
-        if seg.items.pop(span, None) is item:
-            seg.live_bytes -= span & _SIZE_MASK
+    def _on_dead(self, item: Item, needs_tombstone: bool) -> None:
+        if isinstance(item, int):  # a packed record's handle (`store/locs.py`)
+            packed = pack_kill(self._packs, item)
+            if packed is None:
+                return
+            seg = packed
+        else:
+            opened = self._opened_live
+            if opened is not None:
+                opened.pop(item, None)
+            seg = item.seg
+            span = item.span
+            if seg.items.pop(span, None) is item:
+                seg.live_bytes -= span & _SIZE_MASK
         applying = self._applying
         if needs_tombstone and applying is not None and seg.number < applying.number:
             self._kill_targets.add(seg)
@@ -358,8 +367,8 @@ class FileJournal(_Opening, _Failure, _Compaction):
         with self._queue_lock:
             if self._closed or self.read_only:
                 raise JournalClosed(f"journal {self.directory} is closed or read-only")
-            if records:
-                self._opened_live = None  # the state moved on: `state()` replays the files
+            if records and self._opened_live is not None:
+                self._drop_opened()  # the state moved on: `state()` replays the files
             self._queue.append(pending)
             if self._writer_waits:
                 self._cond.notify()
@@ -657,16 +666,29 @@ class FileJournal(_Opening, _Failure, _Compaction):
 
     # --- replay ---
 
+    def _drop_opened(self) -> None:
+        """Forget the open's records (`_opened_live`, the packs' `kept`): read once."""
+        self._opened_live = None
+        for pack in self._packs:
+            if pack is not None:
+                pack.kept = None
+
     def state(self) -> JournalState:
         """The state `replay()` describes: from the index the open built, while nothing
         was appended since (issue 23 item 4: liveness applied once, not again by
         `JournalState.of`), else by replaying the files. Once: the open's records go."""
         with self._lock:
-            live, self._opened_live = self._opened_live, None
+            live = self._opened_live
             if live is not None:
                 # Every layout was read when its segment was: records and rows only.
                 records = cast(dict[_Loc, Record], live)
-                return JournalState._from_live(self._live, records.__getitem__, self._opened_max_id)
+                packed = [None if pack is None else pack.kept for pack in self._packs]
+                try:
+                    return JournalState._from_live(
+                        self._live, records.__getitem__, self._opened_max_id, packed
+                    )
+                finally:
+                    self._drop_opened()
         return JournalState.of(self.replay())
 
     def read_message(self, msg_id: int) -> codec.MessageRow | None:
@@ -681,7 +703,10 @@ class FileJournal(_Opening, _Failure, _Compaction):
                 loc = self._live.messages.get(msg_id)
                 if loc is None:
                     return None
-                path, offset, size = loc.seg.path, loc.offset, loc.size
+                if isinstance(loc, int):
+                    path, offset, size = pack_where(self._packs, loc)
+                else:
+                    path, offset, size = loc.seg.path, loc.offset, loc.size
             try:
                 with open(path, "rb") as f:
                     data = os.pread(f.fileno(), size, offset)
@@ -704,7 +729,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
         if not self.read_only:
             self.flush()
         with self._compact_lock, self._lock:  # no compaction runs, none starts
-            self._opened_live = None
+            self._drop_opened()
             self._readers += 1
             plan = [(seg.path, seg.size_bytes, list(seg.skips)) for seg in self._segments]
         try:

@@ -21,10 +21,12 @@ from typing import Any, Final
 import amqpbroker.store.codec as codec
 from amqpbroker.core.records import AddRef, Record, RecordType
 from amqpbroker.store.liveness import _LiveSet
+from amqpbroker.store.locs import _SLOT_MASK, PACK_SHIFT, Item, _Pack
 from amqpbroker.store.segments import (
     _FLAGS_KNOWN,
     _FRAME,
     _MAX_PAYLOAD,
+    _SPAN_SHIFT,
     BATCH_END,
     FRAME_BYTES,
     _Loc,
@@ -147,18 +149,29 @@ def read_batches(
 def index_plain(
     seg: _Segment,
     batch: list[Entry],
-    live: _LiveSet[_Loc],
+    live: _LiveSet[Item],
     keep: dict[_Loc, Kept],
-    unread: list[_Loc],
+    unread: list[Item],
+    pack: _Pack,
 ) -> int:
     """Index the leading AddMessage layouts and AddRefs of `batch` (an append read at
     open) as `FileJournal._index_batch` does, without its checks for tombstones: neither
     record kills one that needs one (`_LiveSet.add_message`, `_LiveSet.add_ref`). Returns
     how many it indexed; the rest of `batch` is for `_index_batch`. Almost every record of
     a journal is one of the two: compiled, this is the open's per-record loop (issue 23
-    item 4)."""
+    item 4). A message and its one reference go into `pack` (`seg`'s), as two slots:
+    no `_Loc`, no `items` or `keep` entry (issue 23, seventh pass)."""
     items = seg.items  # (`live.add_message`, not a bound method in a local: compiled, a
     # direct call of a native method, not a call through Python's protocol)
+    spans = pack.spans
+    kept = pack.kept
+    assert kept is not None  # (the open's: `state()` has not read them yet)
+    base = pack.number << PACK_SHIFT
+    # The pairs' spans, put into `spans` with one `extend` (compiled, an array's `append`
+    # is a method call by name, ~1.2k instructions): before any record that could kill
+    # one of them (the rules of an unpaired record), and at the end.
+    pending: list[int] = []
+    slot = len(spans)
     added = 0  # live bytes (the `_on_dead` calls meanwhile subtract theirs)
     done = 0
     count = len(batch)
@@ -171,19 +184,22 @@ def index_plain(
             row, ref_offset, ref_size = batch[done + 1]
             msg_id = record[0]
             if isinstance(row, tuple) and len(row) == 3 and row[0] == msg_id:
-                item = _Loc(seg, offset, size)
-                ref_item = _Loc(seg, ref_offset, ref_size)
-                if live.add_new_message(msg_id, row[1], item, ref_item):
-                    unread.append(item)
-                    loc: Any = item
-                    items[loc.span] = item
-                    keep[item] = record
-                    loc = ref_item
-                    items[loc.span] = ref_item
-                    keep[ref_item] = row
+                if slot + 2 > _SLOT_MASK:  # (a 4 GiB segment of pairs: not met)
+                    break
+                handle = base | slot
+                if live.add_new_message(msg_id, row[1], handle, handle + 1):
+                    unread.append(handle)
+                    pending.append(offset << _SPAN_SHIFT | size)
+                    pending.append(ref_offset << _SPAN_SHIFT | ref_size)
+                    kept.append(record)
+                    kept.append(row)
+                    slot += 2
                     added += size + ref_size
                     done += 2
                     continue
+        if pending:  # (the rules below may kill a packed record: its span must be there)
+            spans.extend(pending)
+            pending = []
         if isinstance(record, tuple):
             item = _Loc(seg, offset, size)
             if len(record) == 3:  # an AddRef's row
@@ -203,23 +219,34 @@ def index_plain(
             break
         # The span itself: one int object per record, not two (`Any`: compiled code would
         # unbox an `int` attribute and box it again as the key, a new object).
-        loc = item
+        loc: Any = item
         items[loc.span] = item
         keep[item] = record
         added += size
         done += 1
+    if pending:
+        spans.extend(pending)
     seg.live_bytes += added
     return done
 
 
-def read_unread(data: codec.Data, unread: list[_Loc], keep: dict[_Loc, Kept], budget: int) -> int:
-    """Copy out the AddMessages of `unread` that are still live (their layouts in `keep`),
-    from the segment `data` they were read from, as `codec.MessageRow`s, while `budget`
-    bytes of bodies remain (< 0: no limit): `_Opening._read_unread`. Past it a message
-    keeps its layout (no body: recovery leaves it in the journal, issue 23 "memory
-    bounded during recovery"). The budget left."""
+def read_unread(
+    data: codec.Data, unread: list[Item], keep: dict[_Loc, Kept], pack: _Pack, budget: int
+) -> int:
+    """Copy out the AddMessages of `unread` that are still live (their layouts in `keep`,
+    or in `pack` for a handle), from the segment `data` they were read from, as
+    `codec.MessageRow`s, while `budget` bytes of bodies remain (< 0: no limit):
+    `_Opening._read_unread`. Past it a message keeps its layout (no body: recovery leaves
+    it in the journal, issue 23 "memory bounded during recovery"). The budget left."""
+    kept = pack.kept
+    assert kept is not None
+    layout: Any
     for item in unread:
-        layout: Any = keep.get(item)
+        if isinstance(item, int):
+            slot = item & _SLOT_MASK
+            layout = kept[slot]
+        else:
+            layout = keep.get(item)
         if layout is not None:
             if budget >= 0:
                 size: int = layout[4] - layout[3]
@@ -227,5 +254,9 @@ def read_unread(data: codec.Data, unread: list[_Loc], keep: dict[_Loc, Kept], bu
                     budget = 0
                     continue
                 budget -= size
-            keep[item] = codec.message_row(data, layout)  # (a direct call, compiled)
+            row = codec.message_row(data, layout)  # (a direct call, compiled)
+            if isinstance(item, int):
+                kept[item & _SLOT_MASK] = row
+            else:
+                keep[item] = row
     return budget

@@ -1,20 +1,29 @@
-"""Where the file journal's live records are: `_Segment` and `_Loc` (issue 23 item 4).
+"""Where the file journal's live records are: `_Segment`, `_Loc` and `_Pack` (issue 23).
 
 A plain module that mypyc compiles (setup.py HOT_MODULES), apart from `segments.py`:
-the open makes two `_Loc`s per queued durable message, millions at recovery, and the
-compiled read path (`store/frames.py`) then builds them as native objects and reads their
-fields directly, not through an interpreted `__init__` and Python's attribute protocol.
-`segments.py` re-exports both names (the journal's parts import them from there).
+the open indexes millions of records, and the compiled read path (`store/frames.py`)
+builds these as native objects and reads their fields directly, not through an
+interpreted `__init__` and Python's attribute protocol. `segments.py` re-exports the
+names (the journal's parts import them from there).
+
+An index item (`Item`) is a `_Loc` or, for a record the open met in a message's usual
+pair (its AddMessage, then its one AddRef), a *handle*: an int naming a slot of a
+segment's `_Pack` (`pack number << PACK_SHIFT | slot`). The pack keeps the pair's two
+spans in one `array('q')` (8 bytes a record, -1 once dead) where a `_Loc` each, their
+`_Segment.items` entries and the open's `keep` entries were: no object per record for
+the millions of messages a restart indexes, most of which stay untouched until their
+ack (issue 23, seventh pass). The liveness rules see handles as any other item.
 """
 
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 from typing import Any, Final
 
 
 class _Segment:
-    __slots__ = ("items", "live_bytes", "number", "path", "size_bytes", "skips")
+    __slots__ = ("items", "live_bytes", "number", "packs", "path", "size_bytes", "skips")
 
     def __init__(self, number: int, path: Path, size_bytes: int) -> None:
         self.number = number
@@ -23,6 +32,9 @@ class _Segment:
         self.live_bytes = 0  # of live records and needed tombstones
         self.items: dict[int, _Loc] = {}  # `_Loc.span` -> live record or needed tombstone
         self.skips: list[tuple[int, int]] = []  # corrupt ranges skipped (skip_corrupt)
+        # Packed records in this file (the open's, `_Pack`): one per segment read at open,
+        # several after compaction merged segments.
+        self.packs: list[_Pack] = []
 
     def __repr__(self) -> str:
         return f"<segment {self.number} {self.size_bytes}B live={self.live_bytes}B>"
@@ -58,3 +70,82 @@ class _Loc:
     def size(self) -> int:
         size: int = self.span & _SIZE_MASK
         return size
+
+
+PACK_SHIFT: Final = 32  # a handle: pack number << PACK_SHIFT | slot
+_SLOT_MASK: Final = (1 << PACK_SHIFT) - 1
+
+# An index item: a record's `_Loc`, or the handle of its slot in a `_Pack`.
+Item = _Loc | int
+
+
+class _Pack:
+    """The records the open indexed as a message's usual pair, in one segment (see the
+    module docstring). Slot `2i` is the i-th pair's AddMessage, `2i + 1` its AddRef.
+    Records only join at open; they leave by dying (`pack_kill`) and move only when
+    compaction copies them (`pack_move`)."""
+
+    __slots__ = ("kept", "number", "seg", "spans")
+
+    def __init__(self, number: int, seg: _Segment) -> None:
+        self.number = number  # its place in the journal's list of packs
+        self.seg = seg  # the file its live records are in
+        self.spans: array[int] = array("q")  # per slot: `_Loc.span`, or -1: dead
+        # Per slot, the open's layout or row of the record (what `keep` is for a
+        # `_Loc`), until `FileJournal.state()` has read them; None: dead or read.
+        self.kept: list[Any] | None = []
+
+
+Packs = list[_Pack | None]  # by number; None: its segment is deleted
+
+
+def pack_kill(packs: Packs, handle: int) -> _Segment | None:
+    """A packed record dies: its span goes, its segment's live bytes drop. The segment
+    (for the tombstone rule), or None if it was dead already."""
+    pack = packs[handle >> PACK_SHIFT]
+    if pack is None:
+        return None
+    slot = handle & _SLOT_MASK
+    span: int = pack.spans[slot]
+    if span < 0:
+        return None
+    pack.spans[slot] = -1
+    kept = pack.kept
+    if kept is not None:
+        kept[slot] = None
+    seg = pack.seg
+    seg.live_bytes -= span & _SIZE_MASK
+    return seg
+
+
+def pack_where(packs: Packs, handle: int) -> tuple[Path, int, int]:
+    """Path, offset and size of a live packed record (`FileJournal.read_message`)."""
+    pack = packs[handle >> PACK_SHIFT]
+    assert pack is not None
+    span: int = pack.spans[handle & _SLOT_MASK]
+    assert span >= 0, handle
+    return pack.seg.path, span >> _SPAN_SHIFT, span & _SIZE_MASK
+
+
+def pack_entries(seg: _Segment) -> list[tuple[int, Item]]:
+    """`(span, handle)` of the live packed records of `seg` (compaction's snapshot)."""
+    entries: list[tuple[int, Item]] = []
+    for pack in seg.packs:
+        base = pack.number << PACK_SHIFT
+        spans = pack.spans
+        for slot in range(len(spans)):
+            span: int = spans[slot]
+            if span >= 0:
+                entries.append((span, base | slot))
+    return entries
+
+
+def pack_move(packs: Packs, handle: int, seg: _Segment, span: int) -> None:
+    """Compaction copied a packed record to `span` of `seg`: if it is still live, it
+    is there now (the caller moves the packs themselves to `seg`)."""
+    pack = packs[handle >> PACK_SHIFT]
+    assert pack is not None
+    slot = handle & _SLOT_MASK
+    if pack.spans[slot] >= 0:
+        pack.spans[slot] = span
+        seg.live_bytes += span & _SIZE_MASK

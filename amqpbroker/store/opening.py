@@ -42,6 +42,7 @@ from amqpbroker.store.api import (
 )
 from amqpbroker.store.frames import Entry, Kept, index_plain, read_batches, read_unread
 from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
+from amqpbroker.store.locs import Item, Packs, _Pack
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _NEXT_SUFFIX,
@@ -75,14 +76,15 @@ class _Opening:
     read_only: bool
     skip_corrupt: bool
     _segments: list[_Segment]
-    _live: _LiveSet[_Loc]
+    _live: _LiveSet[Item]
     _opened_live: dict[_Loc, Kept] | None
-    _unread: list[_Loc]
+    _unread: list[Item]
+    _packs: Packs
     _opened_max_id: int
     _body_budget: int  # bytes of bodies the open still copies out (< 0: all)
     _search_budget: SearchBudget  # the segment being scanned's (`_next_sound_frame`)
 
-    def _on_dead(self, item: _Loc, needs_tombstone: bool) -> None:
+    def _on_dead(self, item: Item, needs_tombstone: bool) -> None:
         raise NotImplementedError  # FileJournal's
 
     def _index_batch(
@@ -156,7 +158,11 @@ class _Opening:
         `top` is the batch's largest message id. Its leading AddMessages and AddRefs (the
         whole batch, as a broker writes them) go through `index_plain`."""
         keep = self._opened_live
-        done = 0 if keep is None else index_plain(seg, batch, self._live, keep, self._unread)
+        done = (
+            0
+            if keep is None
+            else index_plain(seg, batch, self._live, keep, self._unread, seg.packs[-1])
+        )
         if done < len(batch):
             self._index_batch(seg, batch[done:] if done else batch, keep)
         if top > self._opened_max_id:
@@ -177,13 +183,15 @@ class _Opening:
                 entries = [e for e in entries if _msg_id(e[0]) not in gone]
             self._index_opened(seg, entries, top)
 
-    def _read_unread(self, data: codec.Data) -> None:
-        """Decode the AddMessages of the segment just read (`data`) that are still live:
-        the open indexed them by id alone (issue 23 item 4: a message consumed before the
-        end of its segment costs no body copy, no record)."""
+    def _read_unread(self, seg: _Segment | None, data: codec.Data) -> None:
+        """Decode the AddMessages of the segment just read (`seg`, `data`) that are still
+        live: the open indexed them by id alone (issue 23 item 4: a message consumed
+        before the end of its segment costs no body copy, no record)."""
         keep = self._opened_live
-        if keep is not None:
-            self._body_budget = read_unread(data, self._unread, keep, self._body_budget)
+        if keep is not None and seg is not None and self._unread:
+            self._body_budget = read_unread(
+                data, self._unread, keep, seg.packs[-1], self._body_budget
+            )
         self._unread = []
 
     def _scan_segment(self, number: int, path: Path, *, last: bool) -> None:
@@ -198,16 +206,22 @@ class _Opening:
             data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         try:
             data.madvise(mmap.MADV_SEQUENTIAL)
+            seg: _Segment | None = None
             try:
-                self._scan_data(number, path, data, last=last)
+                seg = self._scan_data(number, path, data, last=last)
             finally:
-                self._read_unread(data)
+                self._read_unread(seg, data)
         finally:
             with contextlib.suppress(BufferError):  # (a view left by an error: unmapped later)
                 data.close()
 
-    def _scan_data(self, number: int, path: Path, data: codec.Data, *, last: bool) -> None:
+    def _scan_data(
+        self, number: int, path: Path, data: codec.Data, *, last: bool
+    ) -> _Segment | None:
+        """Read one segment into the index; the segment (None: none was kept)."""
         seg = _Segment(number, path, len(data))
+        pack = _Pack(len(self._packs), seg)  # its messages' usual pairs (`index_plain`)
+        seg.packs.append(pack)
         self._search_budget = SearchBudget(len(data))
         if len(data) < HEADER_BYTES or data[:HEADER_BYTES] == bytes(HEADER_BYTES):
             if not last:
@@ -215,10 +229,10 @@ class _Opening:
             # A crash while the segment was being created: it holds nothing.
             log.warning("journal %s: segment header incomplete (crash while rolling)", path)
             if self.read_only:
-                return
+                return None
             path.unlink()
             self._segments.append(self._create_segment(number))
-            return
+            return None
         magic, version, _, header_number = _FILE_HEADER.unpack_from(data)
         if magic != MAGIC:
             raise JournalCorrupt(path, 0, "not a journal segment (bad magic)")
@@ -227,6 +241,7 @@ class _Opening:
         if header_number != number:
             raise JournalCorrupt(path, 0, f"header says segment {header_number}")
         self._segments.append(seg)
+        self._packs.append(pack)
         # Records of an unfinished append; an AddMessage as its layout (see `_read_unread`).
         batch: list[Entry] = []
         batch_start = pos = HEADER_BYTES
@@ -247,7 +262,7 @@ class _Opening:
             if isinstance(record, _Bad):
                 if last and self._is_tail(data, pos, record):
                     self._truncate_tail(seg, data, batch_start, pos, record, len(batch))
-                    return
+                    return seg
                 if not self.skip_corrupt:
                     raise JournalCorrupt(path, pos, record.reason)
                 pos = self._skip(seg, data, pos, record)
@@ -267,6 +282,7 @@ class _Opening:
             self._truncate_tail(seg, data, batch_start, pos, None, len(batch))
         elif batch:
             self._index_opened(seg, batch, top)
+        return seg
 
     def _is_tail(self, data: codec.Data, pos: int, bad: _Bad) -> bool:
         """Whether a bad frame in the last segment is its tail rather than its middle.

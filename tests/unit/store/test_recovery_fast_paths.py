@@ -42,6 +42,7 @@ from amqpbroker.store import FileJournal, codec, frames, opening
 from amqpbroker.store import segments as segment_format
 from amqpbroker.store.journal import JournalState
 from amqpbroker.store.liveness import _LiveSet
+from amqpbroker.store.locs import _SLOT_MASK, PACK_SHIFT, _Pack
 from amqpbroker.store.recovery import _message, recover
 
 QUEUES = ("q", "r", "s")
@@ -60,7 +61,10 @@ def _opening_pair(tmp_path: Path) -> Iterator[tuple[FileJournal, FileJournal, An
         for journal in (plain, rules):
             journal._opened_live = {}
         assert plain._opened_live is not None
-        yield plain, rules, plain._opened_live, plain._segments[-1]
+        seg = plain._segments[-1]
+        seg.packs.append(_Pack(len(plain._packs), seg))  # as the open makes one
+        plain._packs.append(seg.packs[-1])
+        yield plain, rules, plain._opened_live, seg
     finally:
         plain.close()
         rules.close()
@@ -152,9 +156,14 @@ def test_the_open_index_gives_the_state_of_every_record(
     real = opening.read_unread  # (patched where the open calls it: compiled, `frames`
     # calls the codec natively, and a patch of `codec` would not be seen)
 
-    def counting(data: bytes, unread: list[Any], keep: dict[Any, Any], budget: int) -> int:
-        read.extend(keep[item][0] for item in unread if isinstance(keep.get(item), tuple))
-        return real(data, unread, keep, budget)
+    def counting(
+        data: bytes, unread: list[Any], keep: dict[Any, Any], pack: Any, budget: int
+    ) -> int:
+        for item in unread:  # a `_Loc`'s layout in `keep`, a packed one's in its pack
+            layout = pack.kept[item & _SLOT_MASK] if isinstance(item, int) else keep.get(item)
+            if isinstance(layout, tuple):
+                read.append(layout[0])
+        return real(data, unread, keep, pack, budget)
 
     monkeypatch.setattr(opening, "read_unread", counting)
     with _open(tmp_path) as journal:
@@ -206,8 +215,7 @@ def test_a_dead_message_is_dropped_from_the_open_state_when_it_dies(tmp_path: Pa
         journal.flush()
         assert journal.segment_count == 2  # message 1 in the first, its ack in the second
     with _open(tmp_path) as journal:
-        kept = journal._opened_live
-        assert kept is not None
+        kept = _opened_records(journal)
         # (a live message is kept as its row: `codec.MessageRow`, 10 fields)
         assert [r[0] for r in kept.values() if isinstance(r, tuple) and len(r) == 10] == [2]
         state = journal.state()
@@ -437,19 +445,46 @@ def test_messages_consumed_within_what_the_open_read_are_not_indexed(
     _assert_same_state(state, JournalState.of(r for records in appends for r in records))
 
 
+def _span(journal: FileJournal, item: Any) -> int | None:
+    """An index item's span: a `_Loc`'s, or a packed record's (its handle's slot)."""
+    if isinstance(item, int):
+        pack = journal._packs[item >> PACK_SHIFT]
+        assert pack is not None
+        span: int = pack.spans[item & _SLOT_MASK]
+        return span
+    return getattr(item, "span", None)
+
+
+def _opened_records(journal: FileJournal) -> dict[int, Any]:
+    """The open's kept records by span: `_opened_live`'s and the live packed ones'."""
+    kept = {item.span: record for item, record in (journal._opened_live or {}).items()}
+    for pack in journal._packs:
+        if pack is not None and pack.kept is not None:
+            for slot, record in enumerate(pack.kept):
+                if pack.spans[slot] >= 0:
+                    kept[pack.spans[slot]] = record
+    return kept
+
+
 def _index_view(journal: FileJournal) -> tuple[Any, ...]:
+    """The index as spans, whichever way each record is held (`_Loc` or packed)."""
     live, seg = journal._live, journal._segments[-1]
+    packed = [s for pack in seg.packs for s in pack.spans if s >= 0]
     return (
-        {k: v.span for k, v in live.messages.items()},
+        {k: _span(journal, v) for k, v in live.messages.items()},
         dict(live.ref_counts),
-        {
-            q: {m: getattr(r, "span", None) for m, r in held.items()}
-            for q, held in live.refs.items()
-        },
-        sorted(seg.items),
+        {q: {m: _span(journal, r) for m, r in held.items()} for q, held in live.refs.items()},
+        sorted([*seg.items, *packed]),
         seg.live_bytes,
-        {item.span: record for item, record in (journal._opened_live or {}).items()},
-        [item.span for item in journal._unread],
+        _opened_records(journal),
+        # (live ones: a dead packed record has no span left, a dead `_Loc` keeps its own)
+        [
+            span
+            for item in journal._unread
+            if (span := _span(journal, item)) is not None
+            and span >= 0
+            and (isinstance(item, int) or item.seg.items.get(span) is item)
+        ],
     )
 
 
@@ -476,7 +511,7 @@ def test_the_opens_plain_indexing_equals_the_index_batch_rules(tmp_path: Path) -
         (AddRef(queue="q", msg_id=1), 276, 30),
     ]
     with _opening_pair(tmp_path) as (plain, rules, keep, seg):
-        done = frames.index_plain(seg, batch, plain._live, keep, plain._unread)
+        done = frames.index_plain(seg, batch, plain._live, keep, plain._unread, seg.packs[-1])
         assert done == 7  # up to the AckRef
         plain._index_batch(seg, batch[done:], keep)
         rules._index_batch(rules._segments[-1], batch, rules._opened_live)
@@ -523,7 +558,9 @@ def test_a_message_and_its_reference_indexed_as_a_pair_equal_the_two_rules(
                 return done
 
             monkeypatch.setattr(_LiveSet, "add_new_message", counting)
-        assert frames.index_plain(seg, batch, plain._live, keep, plain._unread) == len(batch)
+        assert frames.index_plain(
+            seg, batch, plain._live, keep, plain._unread, seg.packs[-1]
+        ) == len(batch)
         rules._index_batch(rules._segments[-1], batch, rules._opened_live)
 
         def records(view: tuple[Any, ...]) -> tuple[Any, ...]:

@@ -52,6 +52,7 @@ from amqpbroker.core import (
     Rejected,
     annotated_routing_type,
 )
+from amqpbroker.core.broker import publish_message, set_consumer_credit, settle_delivery
 from amqpbroker.protocol.dispositions import outcome_at
 from amqpbroker.protocol.peer import name_for_log
 from amqpbroker.protocol.shell import (
@@ -480,13 +481,15 @@ class Transfers:
         )
 
     def route(self, prepared: Prepared) -> None:
-        self.broker.publish(
+        # `Broker.publish` as a module function: compiled, a direct C call (issue 20).
+        publish_message(
+            self.broker,
             prepared.message,
             prepared.target,
-            to=prepared.to,
-            message_routing_type=prepared.message_routing_type,
-            duplicate_id=prepared.duplicate_id,
-            delivery_delay_ms=prepared.delivery_delay_ms,
+            prepared.to,
+            prepared.message_routing_type,
+            prepared.duplicate_id,
+            prepared.delivery_delay_ms,
         )
 
     def on_disposition(self, delivery: Any, consumer: ConsumerLink[Any] | None) -> None:
@@ -508,7 +511,7 @@ class Transfers:
                 _pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
             return
         assert consumer is not None
-        self.broker.settle(consumer.id, consumer.delivery_id(delivery), outcome)
+        settle_delivery(self.broker, consumer.id, consumer.delivery_id(delivery), outcome)
         _pn_delivery_settle(delivery)
 
     def on_link_flow(self, link: Any) -> None:
@@ -516,8 +519,8 @@ class Transfers:
         flow from the client is informational."""
         consumer = self.consumers.get(link)
         if consumer is not None:
-            self.broker.set_credit(
-                consumer.id, _pn_link_credit(link), drain=bool(_pn_link_get_drain(link))
+            set_consumer_credit(  # `Broker.set_credit`: a direct call when compiled
+                self.broker, consumer.id, _pn_link_credit(link), bool(_pn_link_get_drain(link))
             )
             return
         producer = self.producers.get(link)

@@ -529,76 +529,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             NotFound: anonymous relay to an address that cannot be auto-created.
             ClientError: anonymous relay without `to`, or to a wildcard address.
         """
-        # Each attribute of `self` is read once (a non-native class: a dict lookup each).
-        moment = self.moment
-        # A hot entry point (core/clock.py); `read` keeps the int object within one ms.
-        now_ms = moment.ms if moment.in_call else moment.read()
-        if delivery_delay_ms > 0 and not message.deliver_at_ms:
-            message.deliver_at_ms = now_ms + delivery_delay_ms
-        if message.deliver_at_ms > LATEST_DELIVERY_MS:  # B-015: what the stores can hold
-            message.deliver_at_ms = LATEST_DELIVERY_MS
-        if message.durable and self.persistence is not None and self.persistence.failure:
-            raise ResourceLimitExceeded(
-                f"the broker cannot store durable messages: {self.persistence.failure}"
-            )
-        if not message.msg_id:
-            ids = self._msg_ids
-            message.msg_id = next(ids.ready, 0) or next(ids)  # the block's next, or reserve
-        if not message.first_ts:
-            message.first_ts = now_ms
-        routing_type = target.routing_type or message_routing_type
-        address_name = target.address
-        post_office = self.post_office
-        fqqn_queue = target.queue
-        if address_name is None:  # anonymous relay (B-009)
-            relayed = self._relay_target(target, to, message_routing_type)
-            if relayed is None:
-                return self._management_request(message, target)
-            address, fqqn_queue, routing_type = relayed
-            address_name = address.name
-        else:
-            if target.management:
-                return self._management_request(message, target)
-            found = post_office.addresses.get(address_name)
-            # None: deleted since attach: re-create as attach would
-            address = found or self._prepare_target(address_name, fqqn_queue, routing_type)
-        message.address = address_name
-        if duplicate_id is not None and self._is_duplicate(address, duplicate_id):
-            address.unrouted += 1
-            if self.emitter.failures:
-                self._message_event("unrouted", message, now_ms, reason="duplicate")
-            return 0
-        settings, expiry_overrides, size_limited = self.settings.publishing(address_name)
-        if message.ttl_ms or message.expiration_ms or expiry_overrides:
-            self._set_expiration(message, address_name, now_ms)
-        if settings.enable_ingress_timestamp:  # B-018 (d)
-            self.copier.set_ingress_time(message, now_ms)
-        limited = size_limited or 0 <= self.global_max_size <= self.memory_bytes + message.size
-        if limited and not self._has_room(address, message, now_ms):
-            return 0
-        if fqqn_queue is not None:
-            queue = self.queues.get(fqqn_queue)
-            # The queue named at attach may since have been deleted and another of its
-            # name made on another address: that one is not this link's (B-006).
-            queues = (
-                [queue]
-                if queue is not None
-                and queue.address == address_name
-                and queue.accepts_message(message)
-                else []
-            )
-        else:
-            queues = post_office.route(message, address, routing_type)
-        # Not `limited`: no size limit and the broker under global-max-size, so it cannot
-        # be full and nothing pages: `_deliver_to` skips `_must_page`.
-        routed = self._deliver_to(message, address, queues, now_ms, limited=limited)
-        if self._retroactive and fqqn_queue is None:  # B-124: the divert, after the route's
-            self._retain(message, address, routing_type)  # events; an FQQN bypasses it
-        if limited and settings.address_full_policy == "BLOCK":
-            reason = self._full_reason(address, settings)
-            if reason is not None:
-                self._block(address, reason)  # full now: no more credit at once
-        return routed
+        return publish_message(
+            self, message, target, to, message_routing_type, duplicate_id, delivery_delay_ms
+        )
 
     def _relay_target(
         self, target: ProducerTarget, to: str | None, message_routing_type: RoutingType | None
@@ -843,29 +776,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     ) -> None:
         """Record `sent`/`unrouted` (no queue yet) as a `lifecycle.RawEvent`; `shape`, when
         given, is the one `_sent_shape` keeps (the same as the one built here)."""
-        emitter = self.emitter
-        txn_extra = emitter.txn_extra  # None: no transaction (a property read costs a call)
-        emitter.events.append(
-            (
-                shape
-                or (kind, (message.address, None, None), (message.origin_container, None), reason),
-                now_ms,
-                message.event_part or emitter.message_part(message),
-                None,
-                extra
-                if txn_extra is None
-                else (
-                    txn_extra[0],
-                    None,
-                    None if extra is None else extra[2],
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                ),
-            )
-        )
+        message_event(self, kind, message, now_ms, reason, extra, shape)
 
     @staticmethod
     def _sent_shape(address: Address, origin: str | None) -> Shape:
@@ -892,70 +803,12 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         """Add `message` to `queues` (routed to `address`), paging it if the address is
         full under PAGE. `limited` False: the caller found no limit that could make the
         address full (publish), so the B-151 check is skipped."""
-        emitter = self.emitter
-        if emitter.all and reason == "route":
-            origin = message.origin_container
-            if len(queues) == 1:
-                extra = queues[0].event_routed
-            elif (routed := address.event_routed) is not None and routed[0] == queues:
-                extra = routed[1]  # the same queues as the last message (compared by identity)
-            else:
-                names = tuple([q.name for q in queues])
-                extra = (None, None, names, None, None, None, None, None)
-                address.event_routed = (queues, extra)
-            self._message_event(
-                "sent",
-                message,
-                now_ms,
-                extra=extra,
-                shape=address.event_sent.get(origin) or self._sent_shape(address, origin),
-            )
-        if not queues:
-            address.unrouted += 1
-            self.stats.unrouted += 1
-            if emitter.failures:
-                self._message_event("unrouted", message, now_ms, reason="no-bindings")
-            settings = self.settings.resolve(address.name)
-            if settings.send_to_dla_on_no_route and settings.dead_letter_address:
-                move = MoveAnnotations(
-                    orig_address=address.name,
-                    orig_queue=None,
-                    orig_message_id=message.msg_id,
-                    dlq_reason="no-route",
-                )
-                self._move_to_dla(message, address.name, settings, move)
-            return 0
-        address.routed += 1
-        self.stats.routed += 1
-        out = self._effects
-        waiting = False
-        page = limited and self.page_stores is not None and self._must_page(address, message)
-        for queue in queues:
-            pages = queue.pages
-            # Last-value, ring and non-destructive queues stay in memory: replacing,
-            # trimming and their consumers' logs work on what they hold (decisions.md).
-            if (page and queue.kind is None) or (pages is not None and pages.messages):
-                if pages is None:
-                    self._open_pages(queue)
-                queue.page(message, out, reason=reason)  # B-151 PAGE: in order, on disk
-                waiting = True
-            elif queue.add(message, out, reason=reason).state != DELIVERING:
-                waiting = True
-        if waiting:
-            # A message that waits in a queue keeps no copy of its head for its events
-            # (~0.4 KB a message in a deep queue): its next event builds it again.
-            message.event_part = None
-        return len(queues)
+        return deliver_to(self, message, address, queues, now_ms, reason, limited)
 
     # -- consumers (attaching them: `_Attach`, core/attach.py) ------------------------
     def set_credit(self, consumer_id: ConsumerId, credit: int, *, drain: bool = False) -> None:
         """The link credit the consumer now has (B-037)."""
-        moment = self.moment
-        if not moment.in_call:  # a hot entry point (core/clock.py)
-            moment.read()
-        info = self._consumers.get(consumer_id)
-        if info is not None:
-            info.consumer.queue.set_credit(info.consumer, credit, drain, self._effects)
+        set_consumer_credit(self, consumer_id, credit, drain)
 
     def resume(self, consumer_id: ConsumerId) -> None:
         """The consumer's connection wrote what it was handed and its window has room
@@ -977,20 +830,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
 
         Each attribute of `self` read here is a dictionary lookup (`Broker` is not a native
         class, setup.py), so each is read once (issue 20: two settles a redelivery)."""
-        moment = self.moment
-        now_ms = moment.ms if moment.in_call else moment.read()  # a hot entry point
-        info = self._consumers.get(consumer_id)
-        if info is None:
-            log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)
-            return
-        consumer = info.consumer
-        held = consumer.queue.settle(consumer, delivery, outcome, now_ms, self._effects)
-        if not held:
-            log.debug(
-                "outcome for delivery %s not held by consumer %s ignored (B-055)",
-                delivery,
-                consumer_id,
-            )
+        settle_delivery(self, consumer_id, delivery, outcome)
 
     @entry
     def rollback_delivery(self, consumer_id: ConsumerId, delivery: DeliveryId) -> None:
@@ -1038,3 +878,221 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     # -- helpers ------------------------------------------------------------------------
     def _random_name(self) -> str:
         return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
+
+
+# -- the per-message paths as module functions (issue 20) ------------------------
+def publish_message(
+    broker: Broker,
+    message: Message,
+    target: ProducerTarget,
+    to: str | None,
+    message_routing_type: RoutingType | None,
+    duplicate_id: str | bytes | None,
+    delivery_delay_ms: int,
+) -> int:
+    """`Broker.publish`, a module function: compiled (setup.py), the adapter's call is a
+    direct C call, no method lookup on the non-native `Broker` nor keyword parsing."""
+    # Each attribute of `broker` is read once (a non-native class: a dict lookup each).
+    moment = broker.moment
+    # A hot entry point (core/clock.py); `read` keeps the int object within one ms.
+    now_ms = moment.ms if moment.in_call else moment.read()
+    if delivery_delay_ms > 0 and not message.deliver_at_ms:
+        message.deliver_at_ms = now_ms + delivery_delay_ms
+    if message.deliver_at_ms > LATEST_DELIVERY_MS:  # B-015: what the stores can hold
+        message.deliver_at_ms = LATEST_DELIVERY_MS
+    if message.durable and broker.persistence is not None and broker.persistence.failure:
+        raise ResourceLimitExceeded(
+            f"the broker cannot store durable messages: {broker.persistence.failure}"
+        )
+    if not message.msg_id:
+        ids = broker._msg_ids
+        message.msg_id = next(ids.ready, 0) or next(ids)  # the block's next, or reserve
+    if not message.first_ts:
+        message.first_ts = now_ms
+    routing_type = target.routing_type or message_routing_type
+    address_name = target.address
+    post_office = broker.post_office
+    fqqn_queue = target.queue
+    if address_name is None:  # anonymous relay (B-009)
+        relayed = broker._relay_target(target, to, message_routing_type)
+        if relayed is None:
+            return broker._management_request(message, target)
+        address, fqqn_queue, routing_type = relayed
+        address_name = address.name
+    else:
+        if target.management:
+            return broker._management_request(message, target)
+        found = post_office.addresses.get(address_name)
+        # None: deleted since attach: re-create as attach would
+        address = found or broker._prepare_target(address_name, fqqn_queue, routing_type)
+    message.address = address_name
+    if duplicate_id is not None and broker._is_duplicate(address, duplicate_id):
+        address.unrouted += 1
+        if broker.emitter.failures:
+            message_event(broker, "unrouted", message, now_ms, "duplicate", None, None)
+        return 0
+    settings, expiry_overrides, size_limited = broker.settings.publishing(address_name)
+    if message.ttl_ms or message.expiration_ms or expiry_overrides:
+        broker._set_expiration(message, address_name, now_ms)
+    if settings.enable_ingress_timestamp:  # B-018 (d)
+        broker.copier.set_ingress_time(message, now_ms)
+    limited = size_limited or 0 <= broker.global_max_size <= broker.memory_bytes + message.size
+    if limited and not broker._has_room(address, message, now_ms):
+        return 0
+    if fqqn_queue is not None:
+        queue = broker.queues.get(fqqn_queue)
+        # The queue named at attach may since have been deleted and another of its
+        # name made on another address: that one is not this link's (B-006).
+        queues = (
+            [queue]
+            if queue is not None
+            and queue.address == address_name
+            and queue.accepts_message(message)
+            else []
+        )
+    else:
+        queues = post_office.route(message, address, routing_type)
+    # Not `limited`: no size limit and the broker under global-max-size, so it cannot
+    # be full and nothing pages: `_deliver_to` skips `_must_page`.
+    routed = deliver_to(broker, message, address, queues, now_ms, "route", limited)
+    if broker._retroactive and fqqn_queue is None:  # B-124: the divert, after the route's
+        broker._retain(message, address, routing_type)  # events; an FQQN bypasses it
+    if limited and settings.address_full_policy == "BLOCK":
+        reason = broker._full_reason(address, settings)
+        if reason is not None:
+            broker._block(address, reason)  # full now: no more credit at once
+    return routed
+
+
+def message_event(
+    broker: Broker,
+    kind: str,
+    message: Message,
+    now_ms: int,
+    reason: str | None,
+    extra: Extra | None,
+    shape: Shape | None,
+) -> None:
+    """`Broker._message_event`, a module function (a direct call when compiled)."""
+    emitter = broker.emitter
+    txn_extra = emitter.txn_extra  # None: no transaction (a property read costs a call)
+    emitter.events.append(
+        (
+            shape
+            or (kind, (message.address, None, None), (message.origin_container, None), reason),
+            now_ms,
+            message.event_part or emitter.message_part(message),
+            None,
+            extra
+            if txn_extra is None
+            else (
+                txn_extra[0],
+                None,
+                None if extra is None else extra[2],
+                None,
+                None,
+                None,
+                None,
+                None,
+            ),
+        )
+    )
+
+
+def deliver_to(
+    broker: Broker,
+    message: Message,
+    address: Address,
+    queues: list[Queue],
+    now_ms: int,
+    reason: str,
+    limited: bool,
+) -> int:
+    """`Broker._deliver_to`, a module function (a direct call when compiled)."""
+    emitter = broker.emitter
+    if emitter.all and reason == "route":
+        origin = message.origin_container
+        if len(queues) == 1:
+            extra = queues[0].event_routed
+        elif (routed := address.event_routed) is not None and routed[0] == queues:
+            extra = routed[1]  # the same queues as the last message (compared by identity)
+        else:
+            names = tuple([q.name for q in queues])
+            extra = (None, None, names, None, None, None, None, None)
+            address.event_routed = (queues, extra)
+        message_event(
+            broker,
+            "sent",
+            message,
+            now_ms,
+            None,
+            extra,
+            address.event_sent.get(origin) or Broker._sent_shape(address, origin),
+        )
+    if not queues:
+        address.unrouted += 1
+        broker.stats.unrouted += 1
+        if emitter.failures:
+            message_event(broker, "unrouted", message, now_ms, "no-bindings", None, None)
+        settings = broker.settings.resolve(address.name)
+        if settings.send_to_dla_on_no_route and settings.dead_letter_address:
+            move = MoveAnnotations(
+                orig_address=address.name,
+                orig_queue=None,
+                orig_message_id=message.msg_id,
+                dlq_reason="no-route",
+            )
+            broker._move_to_dla(message, address.name, settings, move)
+        return 0
+    address.routed += 1
+    broker.stats.routed += 1
+    out = broker._effects
+    waiting = False
+    page = limited and broker.page_stores is not None and broker._must_page(address, message)
+    for queue in queues:
+        pages = queue.pages
+        # Last-value, ring and non-destructive queues stay in memory: replacing,
+        # trimming and their consumers' logs work on what they hold (decisions.md).
+        if (page and queue.kind is None) or (pages is not None and pages.messages):
+            if pages is None:
+                broker._open_pages(queue)
+            queue.page(message, out, reason=reason)  # B-151 PAGE: in order, on disk
+            waiting = True
+        elif queue.add(message, out, reason=reason).state != DELIVERING:
+            waiting = True
+    if waiting:
+        # A message that waits in a queue keeps no copy of its head for its events
+        # (~0.4 KB a message in a deep queue): its next event builds it again.
+        message.event_part = None
+    return len(queues)
+
+
+def settle_delivery(
+    broker: Broker, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome
+) -> None:
+    """`Broker.settle`, a module function: the adapter's call is a direct C call when
+    compiled (setup.py)."""
+    moment = broker.moment
+    now_ms = moment.ms if moment.in_call else moment.read()  # a hot entry point
+    info = broker._consumers.get(consumer_id)
+    if info is None:
+        log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)
+        return
+    consumer = info.consumer
+    held = consumer.queue.settle(consumer, delivery, outcome, now_ms, broker._effects)
+    if not held:
+        log.debug(
+            "outcome for delivery %s not held by consumer %s ignored (B-055)",
+            delivery,
+            consumer_id,
+        )
+
+
+def set_consumer_credit(broker: Broker, consumer_id: ConsumerId, credit: int, drain: bool) -> None:
+    """`Broker.set_credit`, a module function (a direct call when compiled)."""
+    moment = broker.moment
+    if not moment.in_call:  # a hot entry point (core/clock.py)
+        moment.read()
+    info = broker._consumers.get(consumer_id)
+    if info is not None:
+        info.consumer.queue.set_credit(info.consumer, credit, drain, broker._effects)

@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import final
 
 
+@final  # `Queue.settle` tells them apart by `type(o) is C` (issue 20)
 @dataclass(frozen=True, slots=True)
 class Accepted:
     """B-041: acknowledge and remove."""
 
 
+@final  # `Queue.settle` tells them apart by `type(o) is C` (issue 20)
 @dataclass(frozen=True, slots=True)
 class Released:
     """B-042: return, undoing the delivery-count increment."""
 
 
+@final  # `Queue.settle` tells them apart by `type(o) is C` (issue 20)
 @dataclass(frozen=True, slots=True)
 class Modified:
     """B-043…B-045: return; count the attempt if `delivery_failed`; block the link if
@@ -24,6 +28,7 @@ class Modified:
     undeliverable_here: bool = False
 
 
+@final  # `Queue.settle` tells them apart by `type(o) is C` (issue 20)
 @dataclass(frozen=True, slots=True)
 class Rejected:
     """B-046: dead-letter at once (or drop without a DLA). The error is recorded only."""

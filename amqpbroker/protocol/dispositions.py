@@ -14,11 +14,12 @@ from proton import Delivery
 from amqpbroker.core.outcomes import ACCEPTED, RELEASED, Modified, Outcome, Rejected
 from amqpbroker.protocol.peer import PeerDecodeError, PeerInvalidField, data_at, read_symbol_map
 
-# `Final`: compiled (setup.py), a C static, not a module-dict lookup per use (issue 20).
-_ACCEPTED: Final = lib.PN_ACCEPTED
-_RELEASED: Final = lib.PN_RELEASED
-_MODIFIED: Final = lib.PN_MODIFIED
-_REJECTED: Final = lib.PN_REJECTED
+# `Final`: compiled (setup.py), a C static, not a module-dict lookup per use (issue 20);
+# the states typed `int`, so that comparing one with `state` is a C comparison.
+_ACCEPTED: Final[int] = lib.PN_ACCEPTED
+_RELEASED: Final[int] = lib.PN_RELEASED
+_MODIFIED: Final[int] = lib.PN_MODIFIED
+_REJECTED: Final[int] = lib.PN_REJECTED
 _is_failed: Final = lib.pn_disposition_is_failed
 _is_undeliverable: Final = lib.pn_disposition_is_undeliverable
 _delivery_remote: Final = lib.pn_delivery_remote

@@ -52,6 +52,7 @@ from amqpbroker.core import (
     Rejected,
     annotated_routing_type,
 )
+from amqpbroker.core.broker import publish_message, set_consumer_credit, settle_delivery
 from amqpbroker.protocol.dispositions import outcome_at
 from amqpbroker.protocol.peer import name_for_log
 from amqpbroker.protocol.shell import (
@@ -75,11 +76,13 @@ PRODUCER_LOW_CREDIT = 300  # B-021 amqpLowCredits
 _DUPLICATE_ID_KEY: Final = DUPLICATE_ID.encode()
 _TRANSACTIONAL_STATE: Final = TRANSACTIONAL_STATE
 _MAX_CONTROL_BYTES: Final = MAX_CONTROL_BYTES
-_PN_ACCEPTED: Final = lib.PN_ACCEPTED
-_PN_DELIVERY: Final = lib.PN_DELIVERY
-_PN_TRANSPORT_CLOSED: Final = lib.PN_TRANSPORT_CLOSED
-_PN_TRANSPORT_TAIL_CLOSED: Final = lib.PN_TRANSPORT_TAIL_CLOSED
-_PN_LINK_FLOW: Final = lib.PN_LINK_FLOW
+# Typed `int`: compiled, a comparison with one is a C comparison, not a generic
+# `PyObject_RichCompare` of two objects (~100 instructions each, issue 20).
+_PN_ACCEPTED: Final[int] = lib.PN_ACCEPTED
+_PN_DELIVERY: Final[int] = lib.PN_DELIVERY
+_PN_TRANSPORT_CLOSED: Final[int] = lib.PN_TRANSPORT_CLOSED
+_PN_TRANSPORT_TAIL_CLOSED: Final[int] = lib.PN_TRANSPORT_TAIL_CLOSED
+_PN_LINK_FLOW: Final[int] = lib.PN_LINK_FLOW
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
 # The C API of the hot path, bound once: compiled (setup.py), a `Final` name is a C
 # static, so a call costs no module-dict lookup of `lib` and no attribute lookup on it.
@@ -106,7 +109,6 @@ _pn_link_get_drain: Final = lib.pn_link_get_drain
 _pn_link_is_receiver: Final = lib.pn_link_is_receiver
 _pn_link_recv: Final = lib.pn_link_recv
 _unpack: Final = ffi.unpack
-_NULL: Final = ffi.NULL
 # A transfer of up to this many bytes is read into one buffer the loop thread reuses and
 # copied out once (`ffi.unpack`): a bytearray, its cdata view and the copy to bytes were
 # ~2k instructions a message (issue 20). Larger ones get a buffer of their own.
@@ -192,12 +194,13 @@ class Transfers:
         owner = self.owner
         producers, consumers = self.producers, self.consumers
         peek, pop, event_type = _pn_collector_peek, _pn_collector_pop, _pn_event_type
-        null = _NULL
-        while (event := peek(collector)) != null:
+        # A pointer's truth is whether it is NULL: cheaper than comparing it with
+        # `ffi.NULL` (a generic rich comparison of two cdata objects, issue 20).
+        while event := peek(collector):
             # A PN_DELIVERY event, and only that kind, has a delivery: one C call fewer
             # for the two events of every message than reading the kind first (issue 20).
             delivery = _pn_event_delivery(event)
-            kind = _PN_DELIVERY if delivery != null else event_type(event)
+            kind: int = _PN_DELIVERY if delivery else event_type(event)
             if self.closed and kind != _PN_TRANSPORT_CLOSED and kind != _PN_TRANSPORT_TAIL_CLOSED:
                 pop(collector)  # issue 15: nothing a peer sends after the end is acted on
                 continue  # (but the engine's end of input is seen: `finished` needs it)
@@ -249,7 +252,7 @@ class Transfers:
         self.shell.dirty.add(owner)
 
     def on_transfer(self, delivery: Any, link: Any) -> None:
-        size = _pn_delivery_pending(delivery)
+        size: int = _pn_delivery_pending(delivery)  # typed: C comparisons below
         limit = self.max_message_size
         if (
             (size > _MAX_CONTROL_BYTES or (limit and size > limit))
@@ -266,7 +269,7 @@ class Transfers:
         if self.incomplete:
             self.forget_incomplete(link)
         buffer = _RECV_BUFFER if size <= _RECV_BYTES else _uncleared("char[]", size)
-        received = _pn_link_recv(link, buffer, size)
+        received: int = _pn_link_recv(link, buffer, size)
         _pn_link_advance(link)
         producer = self.producers.get(link)
         # An aborted delivery reads as PN_ABORTED (< 0): no C call to ask (issue 20).
@@ -495,13 +498,15 @@ class Transfers:
         )
 
     def route(self, prepared: Prepared) -> None:
-        self.broker.publish(
+        # `Broker.publish` as a module function: compiled, a direct C call (issue 20).
+        publish_message(
+            self.broker,
             prepared.message,
             prepared.target,
-            to=prepared.to,
-            message_routing_type=prepared.message_routing_type,
-            duplicate_id=prepared.duplicate_id,
-            delivery_delay_ms=prepared.delivery_delay_ms,
+            prepared.to,
+            prepared.message_routing_type,
+            prepared.duplicate_id,
+            prepared.delivery_delay_ms,
         )
 
     def on_disposition(self, delivery: Any, consumer: ConsumerLink[Any] | None) -> None:
@@ -509,7 +514,7 @@ class Transfers:
         that is no longer, or never was, a consumer)."""
         outcome = None
         if consumer is not None:
-            state = _pn_delivery_remote_state(delivery)
+            state: int = _pn_delivery_remote_state(delivery)
             if state == _TRANSACTIONAL_STATE:
                 self.owner._transactional_outcome(Delivery.wrap(delivery), consumer)
                 return
@@ -523,7 +528,7 @@ class Transfers:
                 _pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
             return
         assert consumer is not None
-        self.broker.settle(consumer.id, consumer.delivery_id(delivery), outcome)
+        settle_delivery(self.broker, consumer.id, consumer.delivery_id(delivery), outcome)
         _pn_delivery_settle(delivery)
 
     def on_link_flow(self, link: Any) -> None:
@@ -531,8 +536,8 @@ class Transfers:
         flow from the client is informational."""
         consumer = self.consumers.get(link)
         if consumer is not None:
-            self.broker.set_credit(
-                consumer.id, _pn_link_credit(link), drain=bool(_pn_link_get_drain(link))
+            set_consumer_credit(  # `Broker.set_credit`: a direct call when compiled
+                self.broker, consumer.id, _pn_link_credit(link), bool(_pn_link_get_drain(link))
             )
             return
         producer = self.producers.get(link)

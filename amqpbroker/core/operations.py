@@ -42,7 +42,7 @@ from amqpbroker.core.model import DUPLICATE_ID, Message, QueueConfig, annotated_
 from amqpbroker.core.moves import ORIG_ADDRESS, ORIG_QUEUE
 from amqpbroker.core.queue import Queue
 from amqpbroker.core.reaper import CREATED_AUTO_DELETE
-from amqpbroker.core.refs import DELIVERING, GONE, PAGED, Ref
+from amqpbroker.core.refs import DELIVERING, GONE, Ref
 from amqpbroker.core.selector import parse_selector
 
 R = TypeVar("R")
@@ -314,6 +314,23 @@ def _waiting(
         yield None if gone or (match is not None and not match(ref.message)) else ref
 
 
+def _waiting_in_memory(
+    queue: Queue, selector: str | None, ids: Iterable[int] | None
+) -> Iterator[Ref]:
+    """The waiting messages held in memory that match (by the id index with `ids`), in
+    queue order: never the paged ones, which are not even read (B-151 with B-161
+    changeMessagesPriority, as Artemis changes only the references it holds; issue 23:
+    the walk read every page file in one loop turn to change nothing there)."""
+    match = parse_selector(selector).matches if selector else None
+    if ids is not None:
+        refs = sorted(ref for ref in map(queue.find, dict.fromkeys(ids)) if ref is not None)
+    else:
+        refs = queue.refs()
+    for ref in refs:
+        if ref.waiting and (match is None or match(ref.message)):
+            yield ref
+
+
 def _check_range(offset: int, limit: int) -> None:
     if offset < 0 or limit < 0:
         raise ValueError("a browse's offset and limit must not be negative")
@@ -406,8 +423,30 @@ def browse(
 
 def waiting_ids(broker: Broker, queue_name: str, *, selector: str | None = None) -> list[int]:
     """The ids of the waiting messages that match, in order (what a task will work on)."""
-    refs = _waiting(_queue(broker, queue_name), selector)
-    return [ref.message.msg_id for ref in refs if ref is not None]
+    return waiting_ids_walk(broker, queue_name, selector=selector).run()
+
+
+def waiting_ids_walk(
+    broker: Broker, queue_name: str, *, selector: str | None = None
+) -> Walk[list[int]]:
+    """`waiting_ids`, a slice at a time: a replay task over a filter of a paged queue
+    reads every page file to find its ids (issue 23: that was one loop turn, and the
+    HTTP request's 30 s bound cut it at ~1M paged messages)."""
+    queue = _queue(broker, queue_name)
+    return Walk(broker, queue, _waiting_ids_steps(broker, queue, selector))
+
+
+def _waiting_ids_steps(broker: Broker, queue: Queue, selector: str | None) -> Steps[list[int]]:
+    ids: list[int] = []
+    budget = _Budget()
+    for ref in _waiting(queue, selector):
+        if ref is not None:
+            ids.append(ref.message.msg_id)
+        if budget.spent():
+            yield
+            if _gone(broker, queue):
+                return ids
+    return ids
 
 
 def count_walk(broker: Broker, queue_name: str, *, selector: str | None = None) -> Walk[int]:
@@ -893,8 +932,7 @@ def change_priority(
     if not 0 <= priority <= 9:
         raise ClientError(f"a priority is 0..9, not {priority}")
     queue = _queue(broker, queue_name)
-    # In memory only: a paged message gets its priority when it is read back (B-151).
-    refs = [r for r in _waiting(queue, selector, ids) if r is not None and r.state != PAGED]
+    refs = list(_waiting_in_memory(queue, selector, ids))
     queue.change_priority(
         [(ref, broker.copier.with_priority(ref.message, priority)) for ref in refs]
     )

@@ -248,6 +248,19 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             elif isinstance(queue.pages, Tailed):  # recovery left a part in the journal
                 queue.pages.open_tail()
                 queue.attach_pages(queue.pages)  # (its expiry, the files' lost counted)
+            pages = queue.pages
+            kind = queue.kind
+            # made non-destructive in the file across a restart (docs/decisions.md)
+            if kind is not None and kind.non_destructive and pages is not None and pages.messages:
+                log.warning(
+                    "queue %s is non-destructive and has %d paged messages: they are"
+                    " read back only as far as max-read-page-bytes allows, and"
+                    " non-destructive messages never leave memory, so its consumers"
+                    " may never get them; move or purge them with the management API"
+                    " (docs/decisions.md)",
+                    name,
+                    pages.messages,
+                )
 
     def _open_pages(self, queue: Queue) -> None:
         queue.attach_pages(self.page_store(queue))

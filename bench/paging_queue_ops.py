@@ -1,5 +1,6 @@
 """How long the other walks over a paged queue hold the loop (issue 23, h-page second
-pass): purge-on-no-consumers (B-126), changeMessagesPriority and a replay task's ids.
+pass): purge-on-no-consumers (B-126), changeMessagesPriority, a replay task's ids and
+its steps.
 
     .venv/bin/python bench/paging_queue_ops.py [N]      # N=50000 paged 1 KiB messages
 
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,10 +109,28 @@ def waiting_ids() -> None:
     _report("a task's ids, k = 0", len(ids), holds)  # type: ignore[arg-type]
 
 
+def task_steps() -> None:
+    """A move task over `k = 0`: each step moves the next CHUNK_MAX ids (at once, as
+    `management/tasks.py` runs it); the `k = 1` ones stay at the head of the pages."""
+    h, _ = _paged()
+    h.broker.create_address("other", {RoutingType.ANYCAST})
+    anycast = RoutingType.ANYCAST
+    h.broker.create_queue(QueueConfig(name="other", address="other", routing_type=anycast))
+    ids = ops.waiting_ids(h.broker, "q", selector="k = 0")
+    holds: list[float] = []
+    moved = 0
+    for at in range(0, len(ids), 100):
+        part = ids[at : at + 100]
+        step = partial(ops.move, h.broker, "q", to_queue="other", ids=part)
+        moved += _timed(step, holds)  # type: ignore[operator]
+    _report("a move task's steps, k = 0", moved, holds)
+
+
 def main() -> None:
     purge_on_no_consumers()
     change_priority()
     waiting_ids()
+    task_steps()
 
 
 if __name__ == "__main__":

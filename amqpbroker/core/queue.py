@@ -438,6 +438,9 @@ class Queue:
         # left), holding the queue as a walk does; `_purge_due_ms`: its next step.
         self._purge_until: tuple[int, int] | None = None
         self._purge_due_ms = 0
+        # (epoch, position) where the last paged message a by-id operation found ends: the
+        # next one looks from there first (a task's ids come in queue order), issue 23
+        self.paged_hint: tuple[int, tuple[int, int]] | None = None
         self._page_expiry_ms = 0  # when `tick` next reads back for expired paged ones
         self._page_browse_ms = 0  # when `tick` lets browsers walk on through the pages
         self._pages_lost = 0  # `pages.lost` already in `counters.paged_lost`
@@ -1537,14 +1540,17 @@ class Queue:
             self.dispatch(out)
         return expired
 
-    def paged_refs(self, until: tuple[int, int] | None = None) -> Iterator[Ref]:
+    def paged_refs(
+        self, until: tuple[int, int] | None = None, start: tuple[int, int] | None = None
+    ) -> Iterator[Ref]:
         """The paged messages in order, as references in state PAGED (for management:
         `take` or `kill` them, then `remove_paged`); with `until` (a `pages.end`), none
-        written after it (a walk does not chase a producer)."""
+        written after it (a walk does not chase a producer); from `start` (a `PagedRef.at`
+        of the current `pages.epoch`, past the cursor) rather than from the cursor."""
         pages = self.pages
         if pages is None:
             return
-        for message, end in pages.browse_from(pages.position):
+        for message, end in pages.browse_from(pages.position if start is None else start):
             if until is not None and end > until:
                 return
             yield PagedRef(message, end)

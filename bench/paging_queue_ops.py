@@ -1,6 +1,6 @@
 """How long the other walks over a paged queue hold the loop (issue 23, h-page second
 pass): purge-on-no-consumers (B-126), changeMessagesPriority, a replay task's ids and
-its steps.
+its steps, and a filtered purge sent to the AMQP management address (B-160).
 
     .venv/bin/python bench/paging_queue_ops.py [N]      # N=50000 paged 1 KiB messages
 
@@ -126,11 +126,47 @@ def task_steps() -> None:
     _report("a move task's steps, k = 0", moved, holds)
 
 
+def management_address() -> None:
+    """removeMessages(k = 0) sent to the AMQP management address: the request's own
+    loop turn, then each tick until the reply is there."""
+    from support.core_harness import CONN
+
+    from amqpbroker.amqp import sections
+    from amqpbroker.core import Message, ProducerRequest
+    from amqpbroker.management import AmqpManagement
+
+    h, _ = _paged()
+    h.broker.management = AmqpManagement(h.broker)
+    h.producer("r", "queue")
+    replies = h.consumer("r", "queue", credit=10)
+    request_to = ProducerRequest(connection=CONN, address="activemq.management")
+    target = h.broker.attach_producer(request_to)
+    raw = bytes(
+        ProtonMessage(
+            id=1,
+            reply_to="r",
+            properties={"_AMQ_ResourceName": "queue.q", "_AMQ_OperationName": "removeMessages"},
+            body='["k = 0"]',
+        ).encode()
+    )
+    scanned = sections.scan(raw)
+    head_end = scanned.head_end()
+    request = Message(
+        scanned.data, header_end=scanned.header_end, head_end=head_end, reader=sections.READER
+    )
+    holds: list[float] = []
+    _timed(lambda: h.broker.publish(request, target), holds)
+    while not h.take(replies):
+        _timed(lambda: h.advance(0), holds)
+    _report("removeMessages k = 0 (management address)", h.queue("q").counters.killed, holds)
+
+
 def main() -> None:
     purge_on_no_consumers()
     change_priority()
     waiting_ids()
     task_steps()
+    management_address()
 
 
 if __name__ == "__main__":

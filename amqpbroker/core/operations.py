@@ -18,7 +18,8 @@ Walks in slices (issue 23): an operation that walks a queue (browse, count, purg
 retry, expire, dead-letter) is a generator that yields every `SLICE_MESSAGES` messages,
 run by a `Walk`: the HTTP API (`LoopBridge.walk`) gives the loop back between slices, so
 that a walk over a million paged messages (~20 us each) does not stop every connection
-for ~20 s; `Walk.run` runs it at once (the AMQP management address, replay tasks). A walk
+for ~20 s, and so does the AMQP management address (a slice per loop turn, from
+`Broker.tick`); `Walk.run` runs it at once (by-id operations, replay tasks). A walk
 covers the messages the queue held when it started, in order: the in-memory ones as a
 list taken then (each checked again when its turn comes: one a consumer took meanwhile
 is skipped) and the paged ones up to the files' `end` then. While it runs it holds the

@@ -20,6 +20,7 @@ from support.client import Capabilities, connect
 from support.inproc import ThreadBroker, start_in_thread
 from support.waiting import wait_until
 
+from amqpbroker.core import operations as ops
 from amqpbroker.core import queue as queue_module
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
@@ -48,22 +49,24 @@ def _api(broker: ThreadBroker, path: str) -> Any:
         return json.loads(response.read())
 
 
-def _manage(url: str, operation: str, *args: Any) -> None:
-    """One operation on the broker resource through the management address (B-160)."""
+def _manage(url: str, operation: str, *args: Any, resource: str = "broker") -> Any:
+    """One operation through the management address (B-160): its answer."""
     conn = connect(url)
     try:
         replies = conn.create_receiver(None, dynamic=True)
         sender = conn.create_sender("activemq.management")
         request = Message(
             body=json.dumps(args),
-            properties={"_AMQ_ResourceName": "broker", "_AMQ_OperationName": operation},
+            properties={"_AMQ_ResourceName": resource, "_AMQ_OperationName": operation},
             reply_to=replies.remote_source.address,
             id="req-1",
         )
         sender.send(request)
-        reply = replies.receive(timeout=60)
+        reply = replies.receive(timeout=120)
         replies.accept()
         assert reply.properties["_AMQ_OperationSucceeded"], reply.body
+        (answer,) = json.loads(reply.body)
+        return answer
     finally:
         conn.close()
 
@@ -198,3 +201,44 @@ def test_deleting_a_queue_with_a_paged_backlog_removes_its_page_files_for_good(
         assert (row["messages"], row["paged_messages"], row["paged_bytes"]) == (0, 0, 0)
     finally:
         again.stop()
+
+
+def test_a_management_address_purge_of_a_paged_queue_lets_another_queue_be_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B-160 over B-151: removeMessages with a filter, sent to the management address by a
+    real AMQP client, walks the paged queue a slice per loop turn and answers the count
+    at the end; a client of another queue is served between the slices (before: every
+    page file read in the request's loop turn)."""
+    monkeypatch.setattr(ops, "SLICE_MESSAGES", 40)
+    broker = start_in_thread(tmp_path, CONFIG)
+    try:
+        core = broker.server.broker
+        colour = lambda i: {"colour": "blue" if i % 2 else "red"}  # noqa: E731
+        assert bulk.send(broker.url, "doomed", range(N), size=1024, properties=colour) == N
+        assert broker.call(lambda: core.queues["doomed"].pages.messages) > N // 2
+        served_then: list[int] = []
+        real_slice = ops._slice
+
+        def recording_slice(b: Any, walk: Any) -> bool:
+            served_then.append(core.queues["other"].counters.added)
+            return real_slice(b, walk)
+
+        monkeypatch.setattr(ops, "_slice", recording_slice)
+        client = _RoundTrips(broker.url)
+        client.start()
+        try:
+            wait_until(lambda: client.done >= 5 or client.error, timeout=60)
+            removed = _manage(
+                broker.url, "removeMessages", "colour = 'blue'", resource="queue.doomed"
+            )
+        finally:
+            client.stop.set()
+            client.join(timeout=60)
+        assert client.error is None, client.error
+        assert removed == N // 2
+        assert len(served_then) >= N // 40
+        assert served_then[-1] > served_then[0], "nothing else was served during the walk"
+        assert _api(broker, "/api/v1/queues/doomed")["messages"] == N // 2
+    finally:
+        broker.stop()

@@ -368,3 +368,38 @@ def test_an_amqp_management_walk_over_a_paged_queue_is_answered_after_its_slices
     assert json.loads(decoded.body) == [answer]
     left = N if operation == "countMessages" else N - answer
     assert h.queue("q").message_count == left
+
+
+# -- B-113/B-114 auto-delete of a queue and its address with a paged backlog ------------
+
+
+def test_auto_deleting_a_paged_queue_and_its_address_removes_their_page_files(
+    files: PageFiles, tmp_path: Path
+) -> None:
+    """An auto-created queue that may be deleted with messages in it
+    (`auto-delete-queues-message-count` -1, B-113) and has a paged backlog: the reaper's
+    two scans delete it, its page directory goes with it (and its address's, B-114),
+    and a queue auto-created again under that name starts empty, on new files."""
+    settings = AddressSettings.of(
+        max_size_bytes=LIMIT, max_read_page_bytes=LIMIT, auto_delete_queues_message_count=-1
+    )
+    h = Harness({"#": settings}, address_queue_scan_period_ms=1_000)
+    h.broker.enable_paging(files)
+    consumer = h.consumer("auto", "queue", credit=0)
+    target = h.producer("auto", "queue")
+    for i in range(N):
+        h.send(target, _amqp(i))
+    assert h.queue("auto").pages.messages > N - 100
+    directory = tmp_path / "auto"
+    assert any(path.is_file() for path in directory.rglob("*"))
+    h.broker.detach_consumer(consumer, closed=True)  # used: it may go now
+    h.advance(1_000)
+    h.advance(1_000)  # B-111: the second scan deletes it
+    assert "auto" not in h.broker.queues
+    assert not directory.exists()
+    h.advance(1_000)
+    h.advance(1_000)
+    assert "auto" not in h.broker.post_office.addresses
+    h.send(h.producer("auto", "queue"), _amqp(N))
+    assert h.queue("auto").message_count == 1
+    assert _take_all(h, h.consumer("auto", "queue", credit=10)) == [N]

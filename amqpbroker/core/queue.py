@@ -1637,7 +1637,8 @@ class Queue:
     def purge_paged_step(
         self, reason: str, until: tuple[int, int] | None = None, most: int = READ_STEP_MESSAGES
     ) -> tuple[int, bool]:
-        """A read step of `purge_paged` (at most `most` and READ_STEP_MESSAGES), so that
+        """A read step of a purge of every paged message (at most `most` and
+        READ_STEP_MESSAGES), killed and evented one by one without being held, so that
         a walk can give the loop back between steps (issue 23); with `until` (a
         `pages.end`), the messages written after it stay. How many it killed, and
         whether it is done."""

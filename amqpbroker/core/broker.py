@@ -21,7 +21,7 @@ import heapq
 import itertools
 import logging
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from random import Random
 from typing import Any
 
@@ -136,6 +136,9 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         # B-160: answers requests to the management address (server.py sets it).
         self.management: ManagementHandler | None = None
         self._retroactive: dict[str, dict[RoutingType, str]] = {}  # B-124, core/retroactive.py
+        # Work done a step per loop turn from `tick` until it says it is done (True): the
+        # AMQP management address's walks over a queue (issue 23, B-151 with B-160).
+        self._background: list[Callable[[], bool]] = []
         self._slow_due: list[tuple[int, str]] = []  # core/slowconsumer.py
         self._slow_watched: set[str] = set()
 
@@ -222,6 +225,19 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             self.expire_due(now_ms)
         if self._slow_due and self._slow_due[0][0] <= now_ms:
             self.check_slow_consumers(now_ms)
+        if self._background:
+            steps, self._background = self._background, []
+            for step in steps:
+                if not step():
+                    self._background.append(step)
+            if self._background:
+                self.schedule(now_ms)  # the next step on the next loop turn
+
+    def run_in_background(self, step: Callable[[], bool]) -> None:
+        """Call `step` from `tick`, once a loop turn, until it answers True (it is done).
+        Dropped when the broker stops."""
+        self._background.append(step)
+        self.schedule(self.now_ms)
 
     def next_message_id(self) -> int:
         return next(self._msg_ids)
@@ -248,6 +264,19 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             elif isinstance(queue.pages, Tailed):  # recovery left a part in the journal
                 queue.pages.open_tail()
                 queue.attach_pages(queue.pages)  # (its expiry, the files' lost counted)
+            pages = queue.pages
+            kind = queue.kind
+            # made non-destructive in the file across a restart (docs/decisions.md)
+            if kind is not None and kind.non_destructive and pages is not None and pages.messages:
+                log.warning(
+                    "queue %s is non-destructive and has %d paged messages: they are"
+                    " read back only as far as max-read-page-bytes allows, and"
+                    " non-destructive messages never leave memory, so its consumers"
+                    " may never get them; move or purge them with the management API"
+                    " (docs/decisions.md)",
+                    name,
+                    pages.messages,
+                )
 
     def _open_pages(self, queue: Queue) -> None:
         queue.attach_pages(self.page_store(queue))

@@ -85,7 +85,7 @@ class _Purged(Protocol):
 
     def compact(self) -> None: ...
 
-    def purge_paged(self, reason: str) -> int: ...
+    def purge_paged_later(self) -> int: ...
 
 
 def needs_policy(config: QueueConfig) -> bool:
@@ -241,18 +241,25 @@ def dispatch_options(config: QueueConfig) -> dict[str, Any]:
     }
 
 
+# The reason of a B-126 purge's `killed` events.
+PURGE_ON_NO_CONSUMERS = "purge-on-no-consumers"
+
+
 def purge_on_no_consumers(queue: _Purged) -> int:
     """B-126: the last consumer left: kill every waiting message (event `killed`, reason
-    `purge-on-no-consumers`). Returns how many."""
+    `purge-on-no-consumers`): those in memory now, the paged ones (B-151) a read step a
+    loop turn from now on (`Queue.purge_paged_later`). Returns how many in all."""
     waiting = [ref for ref in queue.refs() if ref.waiting]
     for ref in waiting:
-        queue.kill(ref, "purge-on-no-consumers")
+        queue.kill(ref, PURGE_ON_NO_CONSUMERS)
     queue.compact()  # free their memory now (as a management purge does)
-    killed = len(waiting) + queue.purge_paged("purge-on-no-consumers")  # B-151 pages too
-    if killed:
+    paged = queue.purge_paged_later()
+    if waiting or paged:
         log.info(
-            "queue %s: purge-on-no-consumers removed %d messages: its last consumer left",
+            "queue %s: purge-on-no-consumers removes %d messages (%d of them paged, a step"
+            " a loop turn): its last consumer left",
             queue.name,
-            killed,
+            len(waiting) + paged,
+            paged,
         )
-    return killed
+    return len(waiting) + paged

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Final, Protocol, cast
 
 from amqpbroker.core.clock import Moment
 from amqpbroker.core.dispatch import (
+    PURGE_ON_NO_CONSUMERS,
     DispatchPolicy,
     FirstMarker,
     needs_policy,
@@ -432,6 +433,14 @@ class Queue:
         # The management walk running over the queue a slice at a time (core/operations
         # `Walk`, issue 23): while set, nothing is read back (the walk owns the cursor).
         self.walk: object | None = None
+        # B-126 over B-151: a purge-on-no-consumers' paged part, killed a read step a loop
+        # turn (`tick`) up to this `pages.end` (the files' end when the last consumer
+        # left), holding the queue as a walk does; `_purge_due_ms`: its next step.
+        self._purge_until: tuple[int, int] | None = None
+        self._purge_due_ms = 0
+        # (epoch, position) where the last paged message a by-id operation found ends: the
+        # next one looks from there first (a task's ids come in queue order), issue 23
+        self.paged_hint: tuple[int, tuple[int, int]] | None = None
         self._page_expiry_ms = 0  # when `tick` next reads back for expired paged ones
         self._page_browse_ms = 0  # when `tick` lets browsers walk on through the pages
         self._pages_lost = 0  # `pages.lost` already in `counters.paged_lost`
@@ -502,6 +511,8 @@ class Queue:
             due = paged  # B-151: paged messages may have expired
         if (walk := self._page_browse_ms) and (due is None or walk < due):
             due = walk  # B-031 over B-151: a browser's walk goes on
+        if (purge := self._purge_due_ms) and (due is None or purge < due):
+            due = purge  # B-126 over B-151: the next step of a purge of the paged part
         if self.policy is not None and (gate := self.policy.deadline_ms()) is not None:
             due = gate if due is None else min(due, gate)  # B-128 delay-before-dispatch
         return due
@@ -1232,6 +1243,8 @@ class Queue:
                 moved = True
         if (moved or self.policy is not None) and self.consumers:
             self.dispatch(out)  # a policy's delay-before-dispatch may be what is due
+        if 0 < self._purge_due_ms <= now_ms:
+            self._purge_paged_step(now_ms, out)
         if 0 < self._page_expiry_ms <= now_ms:
             self.expire_paged(now_ms, out)
         if 0 < self._page_browse_ms <= now_ms:
@@ -1398,8 +1411,10 @@ class Queue:
         were kept (read and not expired)."""
         pages = self.pages
         assert pages is not None
-        if self.walk is not None:
-            return 0  # a management walk owns the page cursor until it ends (`walk_ended`)
+        if self.walk is not None or self._purge_until is not None:
+            # a management walk owns the page cursor until it ends (`walk_ended`); a
+            # purge's paged part is not read back, it is killed (`purge_paged_later`)
+            return 0
         settings = self.settings()
         max_bytes, max_messages = settings.max_read_page_bytes, settings.max_read_page_messages
         size, count = self.size_bytes, self.memory_count
@@ -1525,14 +1540,17 @@ class Queue:
             self.dispatch(out)
         return expired
 
-    def paged_refs(self, until: tuple[int, int] | None = None) -> Iterator[Ref]:
+    def paged_refs(
+        self, until: tuple[int, int] | None = None, start: tuple[int, int] | None = None
+    ) -> Iterator[Ref]:
         """The paged messages in order, as references in state PAGED (for management:
         `take` or `kill` them, then `remove_paged`); with `until` (a `pages.end`), none
-        written after it (a walk does not chase a producer)."""
+        written after it (a walk does not chase a producer); from `start` (a `PagedRef.at`
+        of the current `pages.epoch`, past the cursor) rather than from the cursor."""
         pages = self.pages
         if pages is None:
             return
-        for message, end in pages.browse_from(pages.position):
+        for message, end in pages.browse_from(pages.position if start is None else start):
             if until is not None and end > until:
                 return
             yield PagedRef(message, end)
@@ -1541,6 +1559,11 @@ class Queue:
         """A management walk let the queue go (core/operations `Walk`): what it held up
         goes on (paged expiry, reading back for consumers)."""
         self.walk = None
+        if self._purge_until is not None:  # a purge that waited for the walk: its turn
+            self.walk = _PURGE
+            self._purge_due_ms = self._moment.ms
+            self._owner.schedule(self._purge_due_ms)
+            return
         pages = self.pages
         if pages is not None and pages.expiring_ms:
             self._arm_page_expiry(pages.expiring_ms)
@@ -1570,23 +1593,52 @@ class Queue:
         if self.store is not None:
             self.store.page_read(self.name, pages)
 
-    def purge_paged(self, reason: str) -> int:
-        """Kill every paged message (purge without a filter): counted and evented one by
-        one, as `kill` does, without holding them. They are taken as a read back takes
-        them, a step at a time, so that a damaged page file's part is counted as lost
-        (`PageStore.lost`, issue 23 fix 2: a browse skipped it and `clear` dropped it
-        from the count uncounted), not as killed."""
-        killed = 0
-        while True:
-            step, done = self.purge_paged_step(reason)
-            killed += step
-            if done:
-                return killed
+    def purge_paged_later(self) -> int:
+        """B-126 over B-151: the last consumer left a queue with paged messages: kill
+        them a read step a loop turn (`tick`, `_purge_paged_step`), not all in this one
+        (issue 23: a paged backlog of 1M held the loop ~20 s), up to where the files end
+        now. Meanwhile the queue is held as by a management walk (nothing is read back,
+        a walk waits its turn or is refused at once); one already walking it goes first.
+        Each step is journaled with its cursor (`purge_paged_step`), so a crash leaves
+        every paged message purged or still there, never purged and back. How many
+        paged messages the purge has to go through."""
+        pages = self.pages
+        if pages is None or not pages.messages:
+            return 0
+        self._purge_until = pages.end  # a consumer that left again: up to the new end
+        if self.walk is None:
+            self.walk = _PURGE  # held from now (a walk already running goes first)
+        self._purge_due_ms = self._moment.ms
+        self._owner.schedule(self._purge_due_ms)
+        return pages.messages
+
+    @property
+    def purging_pages(self) -> bool:
+        """Whether a purge-on-no-consumers is still killing paged messages (B-126)."""
+        return self._purge_until is not None
+
+    def _purge_paged_step(self, now_ms: int, out: list[Effect]) -> None:
+        self._purge_due_ms = 0
+        until = self._purge_until
+        if until is None:
+            return
+        if self.walk is not _PURGE:
+            return  # a management walk holds the queue: `walk_ended` brings it back
+        _, done = self.purge_paged_step(PURGE_ON_NO_CONSUMERS, until)
+        if not done:
+            self._purge_due_ms = now_ms  # the next step on the next loop turn
+            self._owner.schedule(now_ms)
+            return
+        self._purge_until = None
+        self.walk_ended()
+        if self.consumers:  # (attached meanwhile) what came after the purge
+            self.dispatch(out)
 
     def purge_paged_step(
         self, reason: str, until: tuple[int, int] | None = None, most: int = READ_STEP_MESSAGES
     ) -> tuple[int, bool]:
-        """A read step of `purge_paged` (at most `most` and READ_STEP_MESSAGES), so that
+        """A read step of a purge of every paged message (at most `most` and
+        READ_STEP_MESSAGES), killed and evented one by one without being held, so that
         a walk can give the loop back between steps (issue 23); with `until` (a
         `pages.end`), the messages written after it stay. How many it killed, and
         whether it is done."""
@@ -1646,6 +1698,10 @@ class Queue:
         if any(entry[2].state != SCHEDULED for entry in self._scheduled):
             self._scheduled = [e for e in self._scheduled if e[2].state == SCHEDULED]
             heapq.heapify(self._scheduled)
+
+
+# What holds `Queue.walk` while a purge-on-no-consumers kills the paged part (B-126).
+_PURGE = object()
 
 
 def _unlink(ref: Ref, fresh: deque[Ref], returned: list[list[Ref]]) -> None:

@@ -31,8 +31,10 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from amqpbroker import __version__
@@ -219,26 +221,50 @@ def _load(document: dict[str, Any]) -> BrokerConfig:
 # -- queue operations (B-161) ---------------------------------------------------------
 
 
-def _retried(broker: Broker, queue: str, args: Args) -> int:
-    return ops.retry(broker, queue, selector=_filter(args[0]) if args else None).retried
+@dataclass(frozen=True, slots=True)
+class Walking:
+    """An answer to walk a slice at a time (issue 23, B-151 with B-160): a filtered
+    operation over a paged queue reads every page file (~20 us a message), and run at
+    once it held the loop ~20 s at 1M. `AmqpManagement.handle` runs its first slice at
+    once (a small queue is answered in the request's loop turn, as before) and the rest
+    a slice per loop turn (`Broker.run_in_background`), then replies. `finish` makes the
+    reply's value of the walk's result."""
+
+    walk: ops.Walk[Any]
+    finish: Callable[[Any], Any] = lambda result: result
 
 
-def _list_messages(broker: Broker, queue: str, args: Args) -> list[dict[str, Any]]:
+def _retried(broker: Broker, queue: str, args: Args) -> Walking:
+    walk = ops.retry_walk(broker, queue, selector=_filter(args[0]) if args else None)
+    return Walking(walk, lambda result: result.retried)
+
+
+def _list_messages(broker: Broker, queue: str, args: Args) -> Walking:
     """At most `management-browse-page-size` messages (B-160)."""
     address = broker.queues[queue].address
     limit = broker.settings.resolve(address).management_browse_page_size
-    refs = ops.browse(broker, queue, selector=_filter(args[0]) if args else None, limit=limit)
-    return [message_map(ref) for ref in refs]
+    selector = _filter(args[0]) if args else None
+    walk = ops.browse_walk(broker, queue, selector=selector, limit=limit)
+    return Walking(walk, lambda refs: [message_map(ref) for ref in refs])
 
 
-def _move(broker: Broker, queue: str, args: Args, *, one: bool) -> int | bool:
+def _move(broker: Broker, queue: str, args: Args, *, one: bool) -> bool | Walking:
     reject = _flag(args[2], "rejectDuplicates") if len(args) == 3 else False
     target = _name(args[1], "otherQueueName")
     if one:
         ids = [_message_id(args[0])]
         return ops.move(broker, queue, to_queue=target, ids=ids, reject_duplicates=reject) == 1
     selector = _filter(args[0])
-    return ops.move(broker, queue, to_queue=target, selector=selector, reject_duplicates=reject)
+    return Walking(
+        ops.move_walk(broker, queue, to_queue=target, selector=selector, reject_duplicates=reject)
+    )
+
+
+def _count(broker: Broker, queue: str, args: Args) -> int | Walking:
+    selector = _filter(args[0]) if args else None
+    if not selector:  # O(1), answered even while a walk holds the queue
+        return ops.count(broker, queue)
+    return Walking(ops.count_walk(broker, queue, selector=selector))
 
 
 QueueOperation = Callable[[Broker, str, Args], Any]
@@ -257,21 +283,18 @@ QUEUE_OPERATIONS: dict[str, dict[int, QueueOperation]] = {
         3: lambda b, q, a: _move(b, q, a, one=True),
     },
     "sendMessagesToDeadLetterAddress": {
-        1: lambda b, q, a: ops.dead_letter(b, q, selector=_filter(a[0])),
+        1: lambda b, q, a: Walking(ops.dead_letter_walk(b, q, selector=_filter(a[0]))),
     },
     "sendMessageToDeadLetterAddress": {
         1: lambda b, q, a: ops.dead_letter(b, q, ids=[_message_id(a[0])]) == 1,
     },
-    "expireMessages": {1: lambda b, q, a: ops.expire(b, q, selector=_filter(a[0]))},
+    "expireMessages": {1: lambda b, q, a: Walking(ops.expire_walk(b, q, selector=_filter(a[0])))},
     "expireMessage": {1: lambda b, q, a: ops.expire(b, q, ids=[_message_id(a[0])]) == 1},
-    "removeMessages": {1: lambda b, q, a: ops.purge(b, q, selector=_filter(a[0]))},
-    "removeAllMessages": {0: lambda b, q, a: ops.purge(b, q)},
+    "removeMessages": {1: lambda b, q, a: Walking(ops.purge_walk(b, q, selector=_filter(a[0])))},
+    "removeAllMessages": {0: lambda b, q, a: Walking(ops.purge_walk(b, q))},
     "removeMessage": {1: lambda b, q, a: ops.purge(b, q, ids=[_message_id(a[0])]) == 1},
     "listMessages": {1: _list_messages},
-    "countMessages": {
-        0: lambda b, q, a: ops.count(b, q),
-        1: lambda b, q, a: ops.count(b, q, selector=_filter(a[0])),
-    },
+    "countMessages": {0: _count, 1: _count},
     "countDeliveringMessages": {
         1: lambda b, q, a: ops.count_delivering(b, q, selector=_filter(a[0])),
     },
@@ -630,6 +653,43 @@ class AmqpManagement:
             result, succeeded = self._answer(request), True
         except (BrokerError, sections.SectionError, RecursionError) as e:
             result, succeeded = str(e) or type(e).__name__, False
+        if isinstance(result, Walking):
+            walking = result
+
+            def step() -> bool:
+                return self._step(walking, properties, reply_to, sender)
+
+            if not step():
+                self.broker.run_in_background(step)
+            return
+        self._send_reply(properties, reply_to, sender, result, succeeded)
+
+    def _step(
+        self,
+        walking: Walking,
+        properties: dict[str, Any],
+        reply_to: str,
+        sender: ProducerTarget | None,
+    ) -> bool:
+        """A slice of a walking answer; once it is done, the reply (True)."""
+        walking.walk.timer = time.monotonic  # a slice also ends after ops.SLICE_S
+        try:
+            if not walking.walk.step():
+                return False
+            result, succeeded = walking.finish(walking.walk.result), True
+        except (BrokerError, sections.SectionError, RecursionError) as e:
+            result, succeeded = str(e) or type(e).__name__, False
+        self._send_reply(properties, reply_to, sender, result, succeeded)
+        return True
+
+    def _send_reply(
+        self,
+        properties: dict[str, Any],
+        reply_to: str,
+        sender: ProducerTarget | None,
+        result: Any,
+        succeeded: bool,
+    ) -> None:
         try:
             text = json.dumps([json_safe(result)])
         except (ValueError, RecursionError) as e:  # never expected: json_safe bounds it

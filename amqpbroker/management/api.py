@@ -527,8 +527,9 @@ class ManagementApi:
         if kind == "move" and not to_queue:
             raise HttpError(HTTPStatus.BAD_REQUEST, "'to-queue' is required")
         runner = self._tasks()
-        task = self.bridge.call(
-            lambda: runner.create(
+
+        def create(found: list[int] | None) -> dict[str, Any]:
+            return runner.create(
                 kind,
                 queue,
                 # As sent: `create` bounds it before converting (an integer of 400 digits
@@ -538,8 +539,17 @@ class ManagementApi:
                 ids=ids,
                 expect=expect,
                 to_queue=to_queue,
+                found=found,
             ).view()
-        )
+
+        if ids is not None:
+            task = self.bridge.call(lambda: create(None))
+        else:  # the matching ones, found a slice at a time (a paged queue: issue 23)
+            self.bridge.call(lambda: runner.check(kind, queue, rate=rate, to_queue=to_queue))
+            task = self.bridge.walk(
+                lambda: ops.waiting_ids_walk(runner.broker, queue, selector=selector),
+                create,
+            )
         return json_reply(HTTPStatus.ACCEPTED, {"task": task})
 
     def _broker_info(self, authorization: str | None) -> dict[str, Any]:

@@ -299,18 +299,8 @@ class TaskRunner:
         self._save_handle: Any = None
 
     # -- creating and controlling -------------------------------------------------------
-    def create(
-        self,
-        kind: str,
-        queue: str,
-        *,
-        rate: float,
-        filter: str | None = None,
-        ids: list[int] | None = None,
-        expect: dict[int, dict[str, str | None]] | None = None,
-        to_queue: str | None = None,
-    ) -> Task:
-        """A new running task over the matching waiting messages (or `ids`)."""
+    def check(self, kind: str, queue: str, *, rate: float, to_queue: str | None) -> None:
+        """Refuse a task `create` would refuse (before a walk finds its messages)."""
         if kind not in KINDS:
             raise ClientError(f"'kind' must be one of {', '.join(KINDS)}")
         if sum(t.status == RUNNING for t in self.tasks.values()) >= MAX_RUNNING:
@@ -324,7 +314,26 @@ class TaskRunner:
                 raise NotFound(f"queue {to_queue} does not exist")
             if to_queue == queue:
                 raise ClientError("cannot move messages to the same queue")
+
+    def create(
+        self,
+        kind: str,
+        queue: str,
+        *,
+        rate: float,
+        filter: str | None = None,
+        ids: list[int] | None = None,
+        expect: dict[int, dict[str, str | None]] | None = None,
+        to_queue: str | None = None,
+        found: list[int] | None = None,
+    ) -> Task:
+        """A new running task over the matching waiting messages (or `ids`). `found`:
+        the matching ones, found already by a walk in slices (`ops.waiting_ids_walk`,
+        the HTTP API's way), else they are found here at once."""
+        self.check(kind, queue, rate=rate, to_queue=to_queue)
         by_id = ids is not None
+        if ids is None:
+            ids = found
         if ids is None:
             ids = ops.waiting_ids(self.broker, queue, selector=filter)
         task = Task(

@@ -4,6 +4,7 @@ directory (`store/paging.py`), driven like the adapter drives it (`Harness`)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import struct
 import zlib
@@ -14,7 +15,7 @@ import pytest
 from proton import Message as ProtonMessage
 
 from amqpbroker.amqp import sections
-from amqpbroker.core import AddressSettings, ResourceLimitExceeded
+from amqpbroker.core import AddressSettings, QueueConfig, ResourceLimitExceeded, RoutingType
 from amqpbroker.core import operations as ops
 from amqpbroker.core.model import Message
 from amqpbroker.core.outcomes import Accepted, Modified, Rejected
@@ -1522,3 +1523,25 @@ def test_a_message_whose_address_a_page_frame_cannot_hold_is_refused_not_renamed
     assert pages.messages == 1
     [back] = pages.read(max_bytes=-1, max_messages=-1)
     assert back.address == fits.address
+
+
+def test_a_queue_made_non_destructive_over_paged_messages_is_named_at_the_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 23 (B-123 over B-151, docs/decisions.md): a queue the configuration made
+    non-destructive across a restart, with paged messages, reads them back only as far
+    as max-read-page-bytes allows (its messages never leave memory): the start warns,
+    naming the queue and the count, rather than leaving its consumers short silently."""
+    _write_durable(tmp_path, 20)
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
+    paged = files.recover({"q": "a"}, {})
+    h = Harness({"#": AddressSettings.of(max_read_page_bytes=2_000)})
+    h.broker.create_address("a", {RoutingType.ANYCAST})
+    h.broker.create_queue(
+        QueueConfig(name="q", address="a", routing_type=RoutingType.ANYCAST, non_destructive=True)
+    )
+    with caplog.at_level(logging.WARNING, logger="amqpbroker.core.broker"):
+        h.broker.enable_paging(files, paged=tuple(paged))
+    assert h.queue("q").pages.messages == 20
+    assert "queue q is non-destructive and has 20 paged messages" in caplog.text
+    files.close()

@@ -15,6 +15,7 @@ from support.core_harness import Harness
 from amqpbroker.amqp import sections
 from amqpbroker.core import AddressSettings
 from amqpbroker.core import operations as ops
+from amqpbroker.core import queue as queue_module
 from amqpbroker.core.model import RoutingType
 from amqpbroker.core.outcomes import Accepted, Modified
 from amqpbroker.core.persistence import Persistence
@@ -318,4 +319,42 @@ def test_a_move_cut_between_its_copies_sync_and_its_append_leaves_no_duplicate(
     in_dest = again.h.queue("dest").message_count
     assert in_dest == 4 * 25
     assert in_q + in_dest == N
+    again.close()
+
+
+def test_a_purge_on_no_consumers_cut_by_a_crash_leaves_each_message_purged_or_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """B-126 over B-151 (issue 23): the last consumer leaving a recovered queue whose
+    part past the budget is in the journal kills it a read step a loop turn, each step
+    acknowledged in the journal with the step's append. A crash in the middle: the
+    killed ones never come back, the rest are all there, in order, none twice (as
+    Artemis, whose purge commits batch by batch; the rest is purged when the next
+    consumer leaves)."""
+    purging = AddQueue(
+        name="q",
+        address="q",
+        routing_type=RoutingType.ANYCAST,
+        extra={"purge_on_no_consumers": True},
+    )
+    monkeypatch.setattr(queue_module, "READ_STEP_MESSAGES", 50)  # steps of 50, not 256
+    _write(tmp_path / "journal", [purging])
+    r = _Restarted(tmp_path)
+    queue = r.h.queue("q")
+    assert queue.config.purge_on_no_consumers
+    assert isinstance(queue.pages, JournalBacklog)
+    consumer = r.h.consumer("q", "queue", credit=0)
+    r.h.broker.detach_consumer(consumer, closed=True)
+    r.persistence.flush()
+    in_memory = queue.counters.killed
+    for _ in range(2):
+        r.h.advance(0)  # a loop turn: a read step of the journal's part
+        r.persistence.flush()
+    killed = queue.counters.killed
+    assert in_memory < killed < N - 10  # cut in the middle of the paged part
+    assert queue.message_count == N - killed
+    r.close()  # the crash: the steps' appends are in the journal, nothing more
+    again = _Restarted(tmp_path)
+    assert again.h.queue("q").message_count == N - killed
+    assert again.drain() == _expected(range(killed + 1, N + 1))
     again.close()

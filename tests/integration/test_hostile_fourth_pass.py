@@ -109,3 +109,81 @@ def test_a_declare_naming_a_global_transaction_is_rejected_not_implemented(
     local = _declared_outcome(broker, F.declare())
     state = local.value[4]
     assert F.performative_code(state) == 0x33, local  # declared
+
+
+# -- an attach on a handle in use (AMQP 1.0 §2.7.3) -----------------------------------------
+
+
+def _send_bodies(broker: BrokerProcess, address: str, count: int) -> None:
+    conn = connect(broker.url)
+    try:
+        sender = conn.create_sender(address, options=QUEUE)
+        for i in range(count):
+            sender.send(Message(body=i))
+    finally:
+        conn.close()
+
+
+def test_an_attach_on_a_handle_in_use_ends_the_session_and_gives_back_its_deliveries(
+    broker: BrokerProcess,
+) -> None:
+    """Fourth attack pass (B-053, B-153): Proton took a second attach on handle 0 as a
+    new link and left the first, with its 3 unsettled deliveries and its credit,
+    unreachable until the connection closed: another consumer got nothing. Now the
+    session ends with amqp:session:handle-in-use at once, the connection stays, the
+    deliveries go back to the queue (another consumer gets all 3), the peer's frames on
+    that channel are dropped until its end, and the channel can then be begun again."""
+    _send_bodies(broker, "handle-reuse", 3)
+    raw = _Raw(broker)
+    try:
+        first = F.attach(
+            "first", handle=0, role_receiver=True, source=F.source("handle-reuse", "queue")
+        )
+        raw.send(F.AMQP_HEADER, F.frame(F.open_()), F.frame(F.begin()), F.frame(first))
+        raw.read_until(lambda fs: F.ATTACH in _codes(fs))
+        raw.send(F.frame(F.flow(handle=0, credit=10)))
+        raw.read_until(lambda fs: _codes(fs).count(F.TRANSFER) >= 3)
+        assert raw.count(F.TRANSFER) == 3
+        second = F.attach("second", handle=0, role_receiver=False, target=F.target("elsewhere"))
+        raw.send(F.frame(second), F.frame(F.flow(handle=0, credit=5)))
+        frames = raw.read_until(lambda fs: F.END in _codes(fs))
+        ended = next(p for p in frames if F.performative_code(p) == F.END)
+        assert F.error_of(ended) is not None
+        assert F.error_of(ended)[0] == "amqp:session:handle-in-use", ended
+        assert raw.count(F.ATTACH) == 1  # the second attach was never answered
+        conn = connect(broker.url)
+        try:
+            receiver = conn.create_receiver("handle-reuse", options=QUEUE)
+            assert sorted(receive_bodies(receiver, 3)) == [0, 1, 2]
+        finally:
+            conn.close()
+        # the peer's end, then the channel again: served
+        raw.send(F.frame(F.end()), F.frame(F.begin()))
+        raw.read_until(lambda fs: _codes(fs).count(F.BEGIN) >= 2)
+        again = F.attach("again", handle=0, role_receiver=False, target=F.target("handle-reuse"))
+        raw.send(F.frame(again))
+        frames = raw.read_until(lambda fs: _codes(fs).count(F.ATTACH) >= 2)
+        assert raw.count(F.ATTACH) == 2
+        assert not raw.hung_up
+        assert F.close_condition(raw.data) is None
+    finally:
+        raw.close()
+    assert _round_trip(broker, "after-handle-reuse") == ["still here"]
+
+
+def test_a_handle_that_is_not_a_uint_closes_the_connection(broker: BrokerProcess) -> None:
+    """Fourth attack pass: the broker reads handles from the frames itself, and Proton's
+    reading of a mistyped mandatory field is not the broker's to guess: a detach whose
+    handle is a string closes the connection with amqp:invalid-field."""
+    raw = _Raw(broker)
+    try:
+        attach = F.attach("l", handle=0, role_receiver=False, target=F.target("mistyped"))
+        detach = F.detach()
+        detach.fields[0] = F.enc("zero")
+        raw.send(F.AMQP_HEADER, F.frame(F.open_()), F.frame(F.begin()), F.frame(attach))
+        raw.read_until(lambda fs: F.ATTACH in _codes(fs))
+        raw.send(F.frame(detach))
+        raw.read_until(lambda fs: F.CLOSE in _codes(fs))
+        assert F.close_condition(raw.data) == "amqp:invalid-field", broker.log()[-3000:]
+    finally:
+        raw.close()

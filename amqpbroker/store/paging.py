@@ -122,12 +122,19 @@ def _truncate(path: Path, size: int) -> None:
         os.fsync(f.fileno())
 
 
-def _safe(name: str) -> str:
-    """A file-system-safe, reversible directory name for an address or queue name."""
+def _safe(name: str, *, legacy: bool = False) -> str:
+    """A file-system-safe, reversible directory name for an address or queue name: only
+    lower-case ASCII letters, digits, `-` and `_` are kept, every other byte is `%XX`.
+    Upper-case letters are escaped too (fourth attack pass): on a case-insensitive file
+    system (macOS, Windows) queues `Orders` and `orders` shared one directory, so one
+    queue's restart read the other's messages. `legacy`: the names written before, kept
+    upper-case letters (`PageFiles.recover` renames such directories)."""
     out = []
     for byte in name.encode():
         char = chr(byte)
-        if char.isascii() and (char.isalnum() or char in "-_"):
+        if char.isascii() and (
+            char.isdigit() or char in "-_" or char.islower() or (legacy and char.isupper())
+        ):
             out.append(char)
         else:
             out.append(f"%{byte:02X}")
@@ -996,23 +1003,44 @@ class PageFiles:
         self._skips = dict(skips or {})
         self._commits = None if commits is None else dict(commits)
         keep = {(_safe(address), _safe(name)): name for name, address in queues.items()}
+        legacy = {
+            (_safe(address, legacy=True), _safe(name, legacy=True)): name
+            for name, address in queues.items()
+        }
         found = []
         if self.directory.is_dir():
-            for address_dir in self.directory.iterdir():
+            for address_dir in list(self.directory.iterdir()):
                 if _unlinked(address_dir):
                     continue
-                for queue_dir in address_dir.iterdir() if address_dir.is_dir() else ():
-                    name = keep.get((address_dir.name, queue_dir.name))
+                for queue_dir in list(address_dir.iterdir()) if address_dir.is_dir() else ():
+                    pair = (address_dir.name, queue_dir.name)
+                    name = keep.get(pair)
                     if _unlinked(queue_dir):
                         continue
+                    if name is None and (name := legacy.get(pair)) is not None:
+                        name = self._rename_legacy(queue_dir, name, queues[name])
                     if name is None:
                         shutil.rmtree(queue_dir, ignore_errors=True)
-                    else:
+                    elif name not in self._known:  # (a renamed one may be met again)
                         found.append(name)
                         self._known[name] = queues[name]
                 with contextlib.suppress(OSError):
                     address_dir.rmdir()
         return found
+
+    def _rename_legacy(self, queue_dir: Path, name: str, address: str) -> str | None:
+        """A queue directory named as before upper-case letters were escaped (`_safe`):
+        moved to its name now. None: it cannot be (logged; its files are then removed,
+        as an unknown queue's)."""
+        target = self.directory / _safe(address) / _safe(name)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            queue_dir.rename(target)
+        except OSError as e:
+            log.error("paging: cannot rename %s to %s: %s", queue_dir, target, e)
+            return None
+        log.info("paging: %s renamed to %s (upper-case letters escaped)", queue_dir, target)
+        return name
 
     def open(self, *, address: str, queue: str, durable: bool) -> QueuePages:
         pages = QueuePages(

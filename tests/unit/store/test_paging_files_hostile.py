@@ -4,6 +4,7 @@ B-151): links and FIFOs under DATA_DIR/paging are never followed, read or waited
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,50 @@ def test_a_link_as_the_last_page_file_is_not_read_or_truncated_through(tmp_path:
     pages.write(_durable(9))
     files.close()
     assert victim.read_bytes() == b"precious data, not page frames" * 100
+
+
+def test_names_that_differ_only_in_case_get_directories_that_differ_in_any_case() -> None:
+    """On a case-insensitive file system (macOS, Windows) queues `Orders` and `orders`
+    shared one page directory: a restart gave each the other's messages."""
+    from amqpbroker.store.paging import _safe
+
+    names = ["Orders", "orders", "ORDERS", "a.B", "a.b", "x" * 150 + "Y", "x" * 150 + "y"]
+    folded = {_safe(n).casefold() for n in names}
+    assert len(folded) == len(names)
+    bare = [re.sub("%[0-9A-F]{2}", "", _safe(n)) for n in names[:5]]  # outside the escapes
+    assert bare == [b.lower() for b in bare]
+    for hostile in ["..", "../x", "a/b", "a\0b", "", ".", "x" * 10_000]:
+        safe = _safe(hostile)
+        assert "/" not in safe
+        assert "\0" not in safe
+        assert safe not in ("", ".", "..")
+        assert len(safe) <= 201
+
+
+def test_page_directories_named_before_case_was_escaped_are_renamed_and_recovered(
+    tmp_path: Path,
+) -> None:
+    """Upgrade: the directories of queues with upper-case names, written before upper
+    case was escaped, are renamed at the start, their messages kept."""
+    from amqpbroker.store.paging import _safe
+
+    files = _files(tmp_path)
+    files.recover({}, {})
+    pages = files.open(address="Orders", queue="Q1", durable=True)
+    for i in range(3):
+        message = _durable(i)
+        message.address = "Orders"
+        pages.write(message)
+    files.close()
+    new = tmp_path / _safe("Orders") / _safe("Q1")
+    old = tmp_path / "Orders" / "Q1"
+    old.parent.mkdir()
+    new.rename(old)
+    new.parent.rmdir()
+    files = _files(tmp_path)
+    assert files.recover({"Q1": "Orders"}, {}) == ["Q1"]
+    pages = files.open(address="Orders", queue="Q1", durable=True)
+    assert pages.messages == 3
+    assert new.is_dir()
+    assert not old.parent.exists()
+    files.close()

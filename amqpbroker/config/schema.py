@@ -68,8 +68,9 @@ class AcceptorConfig:
     amqp_idle_timeout: int = 60_000
     connections_allowed: int = -1  # Artemis connectionsAllowed; -1: unlimited
     # Fourth attack pass: sockets of one source (an IPv4 address, an IPv6 /64; its /48
-    # 16 times as many) that have not finished the AMQP open (TLS, SASL included); a
-    # further one is closed at once. Not Artemis's: where an unauthenticated peer lives,
+    # 16 times as many) that have not finished the AMQP open (SASL included; on amqps,
+    # from the end of the TLS handshake, which asyncio does first); a further one is
+    # closed at once. Not Artemis's: where an unauthenticated peer lives,
     # and a client holds a socket there for milliseconds. -1: no bound.
     handshakes_per_source: int = 256
 

@@ -11,7 +11,8 @@ the peer's attaches take and its detaches and ends give back, and cuts the input
 an attach names a handle in use. The attach is never handed to Proton: the broker ends
 that session instead (`AmqpConnection._end_session`), and drops the peer's frames on its
 channel until the peer's own end, which is handed on (AMQP 1.0 §2.5.5: after an end with
-an error, the sender ignores what the peer sends on it until the peer ends too).
+an error, the sender ignores what the peer sends on it until the peer ends too); a close
+is a connection's frame and always handed on.
 
 Cost: the size and performative code of every frame (a few bytes each, no decoding);
 the attach, detach and end frames are read further, the attach up to its handle only
@@ -43,6 +44,8 @@ BEGIN: Final = 3  # hand the bytes (ending with a begin) to the engine: its sess
 
 _BEGIN: Final = 0x11
 _ATTACH: Final = 0x12
+_FLOW: Final = 0x13
+_DISPOSITION: Final = 0x15
 _DETACH: Final = 0x16
 _END: Final = 0x17
 
@@ -200,7 +203,9 @@ class HandleWatch:
             if buf[body] == 0 and buf[body + 1] == 0x53:
                 code = buf[body + 2]
                 if code != _ATTACH and code != _DETACH and code != _END and code != _BEGIN:
-                    if ending and channel in ending:
+                    # a flow, transfer or disposition of an ended session is dropped; a
+                    # close (a connection's frame, on any channel) never is
+                    if ending and _FLOW <= code <= _DISPOSITION and channel in ending:
                         if pos > start:
                             steps.append((PUSH, view[start:pos], 0, ""))
                         start = pos + size  # dropped
@@ -213,7 +218,7 @@ class HandleWatch:
                 code = _code(buf[body:head_end])
             if n - pos < size:
                 break  # a frame of the few read further is whole before it is decided
-            if channel in ending and code != _END:
+            if channel in ending and _BEGIN <= code <= _DETACH:
                 if pos > start:
                     steps.append((PUSH, view[start:pos], 0, ""))
                 pos += size

@@ -116,3 +116,19 @@ def test_a_frame_proton_refuses_ends_the_watch() -> None:
     oversized = (200_000).to_bytes(4, "big") + b"\x02\x00\x00\x00"
     assert [k for k, *_ in watch.split(oversized + bytes(100))] == [handles.PUSH]
     assert watch.off
+
+
+def test_a_close_on_an_ended_sessions_channel_is_handed_on() -> None:
+    """Fuzz case topic/repeat (seed 15): an attach repeated on its handle, then the
+    connection's close on channel 0, the ended session's: the close was dropped with the
+    session's frames and the connection left unanswered."""
+    attach = F.frame(F.attach("a", handle=0, role_receiver=False, target=F.target("t")))
+    watch = HandleWatch(131072)
+    steps = watch.split(F.frame(F.begin()) + attach + attach + F.frame(F.close()))
+    assert [k for k, *_ in steps] == [
+        handles.BEGIN,
+        handles.PUSH,
+        handles.HANDLE_IN_USE,
+        handles.PUSH,
+    ]
+    assert bytes(steps[-1][1]) == F.frame(F.close())

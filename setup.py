@@ -26,7 +26,8 @@ from setuptools.command.build_ext import build_ext
 # shell, a connection's event loop and transfers (`protocol/transfers.py`, a part of
 # `AmqpConnection` by composition), `Broker`'s own methods (publish, settle, credit), the
 # clock read per call, the effects, the redelivery decision of every return (released,
-# modified), and the journal writer's per-record index work (`store/indexing.py`).
+# modified), the journal writer's per-record index work (`store/indexing.py`), and the
+# walk of every incoming frame's size and code (`protocol/handles.py`, fourth attack pass).
 # Mixins stay pure Python (`Broker`'s, `AmqpConnection`'s attach and transactions): mypyc
 # makes a class native, and a native mixin's methods refuse the class that combines them;
 # `Broker`, which combines them, is compiled as a regular Python class
@@ -49,6 +50,7 @@ HOT_MODULES = [
     "amqpbroker/core/refs.py",
     "amqpbroker/protocol/transfers.py",
     "amqpbroker/protocol/dispositions.py",
+    "amqpbroker/protocol/handles.py",
     "amqpbroker/core/broker.py",
     "amqpbroker/core/clock.py",
     "amqpbroker/core/effects.py",

@@ -37,7 +37,7 @@ from amqpbroker.core import operations as ops
 from amqpbroker.core.management import MANAGEMENT_ADDRESS  # `manage` is granted there (B-154)
 from amqpbroker.core.persistence import OnStored, Persistence
 from amqpbroker.core.records import Record
-from amqpbroker.core.security import SecurityRepository
+from amqpbroker.core.security import SecurityRepository, source_keys
 from amqpbroker.eventlog import EventLogWriter
 from amqpbroker.management import (
     AmqpManagement,
@@ -212,13 +212,18 @@ class _AmqpProtocol(asyncio.Protocol):
         self._handshake_timer: asyncio.TimerHandle | None = None
         self.paused = False  # over the write high-water mark: take no more engine output
         self._auth_paused = False  # credentials being checked: input waits in the kernel
+        # the per-source handshake counts this socket is in until its open (`admit`)
+        self._handshake_keys: tuple[str, ...] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        if not self.server.admit(self.acceptor, transport, self.peer):
+        self._handshake_keys = self.server.admit(
+            self.acceptor, transport, self.peer, peer[0] if peer else ""
+        )
+        if self._handshake_keys is None:
             transport.abort()
             self.transport = None
             return
@@ -314,6 +319,12 @@ class _AmqpProtocol(asyncio.Protocol):
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
+        self._end_handshake()
+
+    def _end_handshake(self) -> None:
+        keys, self._handshake_keys = self._handshake_keys, None
+        if keys:
+            self.server.handshake_over(keys)
 
     def _handshake_expired(self) -> None:
         self._handshake_timer = None
@@ -336,6 +347,7 @@ class _AmqpProtocol(asyncio.Protocol):
         if self._handshake_timer is not None:
             self._handshake_timer.cancel()
             self._handshake_timer = None
+        self._end_handshake()
         amqp = self.amqp
         if amqp is None:
             return
@@ -427,6 +439,9 @@ class BrokerServer:
         self.password_checks: PasswordChecks | None = None
         self._connections_per_acceptor: dict[str, int] = {}
         self.refused: dict[str, int] = {}  # reason -> connections closed at once, in total
+        # "acceptor source-key" -> its sockets before the AMQP open (`admit`); a key leaves
+        # when its count is 0, so the map holds at most twice the sockets open
+        self._handshaking: dict[str, int] = {}
         self._refused_unlogged = 0
         self._refused_logged_at_s = -REFUSED_LOG_PERIOD_S
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
@@ -853,22 +868,47 @@ class BrokerServer:
         self.flush()
 
     # -- connections: admission, heartbeats ------------------------------------------
-    def admit(self, acceptor: AcceptorConfig, transport: asyncio.Transport, peer: str) -> bool:
+    def admit(
+        self, acceptor: AcceptorConfig, transport: asyncio.Transport, peer: str, host: str
+    ) -> tuple[str, ...] | None:
         """Whether a new socket may become a connection (issue 15 item 7): the acceptor's
-        connections-allowed, and a reserve of descriptors for the journal and the rest."""
+        connections-allowed, its handshakes-per-source (fourth attack pass), and a
+        reserve of descriptors for the journal and the rest. None: refused; else the
+        per-source handshake keys the socket now counts against (`handshake_over`)."""
         count = self._connections_per_acceptor.get(acceptor.name, 0)
         if 0 < acceptor.connections_allowed <= count:
             self.count_refused("connections-allowed", peer=peer, acceptor=acceptor.name)
-            return False
+            return None
         sock = transport.get_extra_info("socket")
         limit = self._fd_limit
         reserve = min(FD_RESERVE, limit // 4) if limit is not None else 0
         if sock is not None and limit is not None and sock.fileno() >= limit - reserve:
             # Descriptors are allocated lowest first: fd k open means k are in use.
             self.count_refused("file-descriptors", peer=peer, acceptor=acceptor.name)
-            return False
+            return None
+        keys: tuple[str, ...] = ()
+        per_source = acceptor.handshakes_per_source
+        if per_source > 0 and host:
+            weighted = [(f"{acceptor.name} {k}", w) for k, w in source_keys(host)]
+            handshaking = self._handshaking
+            if any(handshaking.get(k, 0) >= per_source * w for k, w in weighted):
+                self.count_refused("handshakes-per-source", peer=peer, acceptor=acceptor.name)
+                return None
+            keys = tuple(k for k, _ in weighted)
+            for k in keys:
+                handshaking[k] = handshaking.get(k, 0) + 1
         self._connections_per_acceptor[acceptor.name] = count + 1
-        return True
+        return keys
+
+    def handshake_over(self, keys: tuple[str, ...]) -> None:
+        """A socket counted by `admit` opened or closed: its source may start another."""
+        handshaking = self._handshaking
+        for k in keys:
+            left = handshaking.get(k, 0) - 1
+            if left > 0:
+                handshaking[k] = left
+            else:
+                handshaking.pop(k, None)
 
     def release(self, acceptor: AcceptorConfig) -> None:
         self._connections_per_acceptor[acceptor.name] -= 1

@@ -106,6 +106,7 @@ def _acceptor(a: AcceptorConfig) -> str:
     text += (
         f" handshake-timeout={a.handshake_timeout}s amqp-idle-timeout={a.amqp_idle_timeout}ms"
         f" connections-allowed={a.connections_allowed}"
+        f" handshakes-per-source={a.handshakes_per_source}"
     )
     return text
 

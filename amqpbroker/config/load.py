@@ -613,6 +613,7 @@ def _acceptor(c: Checker, node: yaml.Node, path: str) -> Any:
             "handshake-timeout": c.typed(int, Range(-1, 86_400, span=True)),  # s
             "amqp-idle-timeout": c.typed(int, _uint_ms_or_off),
             "connections-allowed": c.typed(int, Range(1, INT32_MAX, "off")),
+            "handshakes-per-source": c.typed(int, Range(1, INT32_MAX, "off")),
         },
         required=("name", "url"),
     )

@@ -48,7 +48,8 @@ EVENT_LOG_OLDEST_FILE_AGE = "amqpbroker_event_log_oldest_file_age_seconds"
 EVENT_LOG_FILES_DELETED = "amqpbroker_event_log_files_deleted"  # _total{compacted}
 EVENT_LOG_DELETED_BYTES = "amqpbroker_event_log_deleted_bytes"  # _total{compacted}
 AUTHENTICATION_FAILURES = "amqpbroker_authentication_failures"  # _total
-# _total{reason}: connections-allowed, file-descriptors, handshake-timeout (issue 15)
+# _total{reason}: connections-allowed, file-descriptors, handshake-timeout (issue 15),
+# handshakes-per-source (fourth attack pass)
 CONNECTIONS_REFUSED = "amqpbroker_connections_refused"
 # _total{policy}: consumers found slow (slow-consumer-threshold; NOTIFY or KILL, issue 19)
 SLOW_CONSUMERS = "amqpbroker_slow_consumers"

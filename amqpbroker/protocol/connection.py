@@ -60,6 +60,7 @@ from amqpbroker.amqp import sections
 from amqpbroker.amqp.frames import AMQP_HEADER, frame
 from amqpbroker.core import ClientError, Window
 from amqpbroker.protocol.attach import _Attach
+from amqpbroker.protocol.handles import BEGIN, FRAMING_ERROR, HANDLE_IN_USE, PUSH, HandleWatch
 from amqpbroker.protocol.peer import data_at, read_symbol_map, read_symbols, read_text
 from amqpbroker.protocol.sasl import MAX_SASL_FRAME_BYTES, Identity, SaslServer
 from amqpbroker.protocol.shell import ConsumerLink, Engine, ProducerLink, Shell
@@ -159,6 +160,11 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         self.kept_bytes = 0  # of the transactions' kept sends (transactions.py)
         self._links_per_session: dict[Any, int] = {}  # pn_session_t -> links not yet ended
         self._sessions_begun = 0  # by the peer and not yet ended by it (_on_session_open)
+        # Fourth attack pass: the peer's link handles per channel, read from its frames
+        # (handles.py), and the session begun on each channel (learnt from its begin).
+        self._handles = HandleWatch(MAX_FRAME_SIZE)
+        self._beginning: int | None = None  # the channel of the begin being pushed
+        self._channel_sessions: dict[int, Any] = {}  # channel -> pn_session_t
         self._attach_bytes: dict[Any, int] = {}  # pn_link_t -> its attach's bytes (attach.py)
         self.attach_bytes_total = 0
         self.window = Window(ENGINE_WINDOW_BYTES)  # issue 15: shared by its consumers
@@ -316,11 +322,39 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         A socket read can be 256 KiB, the engine takes ~16 KiB at a time: the rest is
         walked with a memoryview, not re-sliced (copied) after every push (issue 20).
         """
-        view = memoryview(data)
-        if self._handshaking:
-            view = self._push_handshake(view)
+        if not self._handshaking:
+            self._push_watched(data)
+            return
+        view = self._push_handshake(memoryview(data))
         if view:
-            self._push_all(view)
+            self._push_watched(view)
+
+    def _push_watched(self, data: bytes | memoryview) -> None:
+        """After the open: push what `HandleWatch` passes, and act on what it finds (a
+        handle in use ends its session; a mistyped handle closes the connection)."""
+        for kind, piece, channel, description in self._handles.split(data):
+            if self.closed:
+                return
+            if kind == PUSH:
+                if not self._push_all(memoryview(piece)):
+                    return
+            elif kind == BEGIN:
+                self._beginning = channel  # `_on_session_open` learns the session's channel
+                reading = self._push_all(memoryview(piece))
+                self._beginning = None
+                if not reading:
+                    return
+            elif kind == HANDLE_IN_USE:
+                self._end_session(channel, description)
+            elif kind == FRAMING_ERROR:
+                self._framing_error(description)
+                self.shell.dirty.add(self)
+            else:
+                log.warning(
+                    "connection %s from %s: %s; closing it", self.id, self.peer, description
+                )
+                self._fail("amqp:invalid-field", description)
+                self.shell.dirty.add(self)  # the close frame goes out, then the socket
 
     def _push_handshake(self, view: memoryview) -> memoryview:
         """Until the peer's open has been handled, push one protocol header or frame at
@@ -622,18 +656,38 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         if self._sessions_begun > MAX_SESSIONS:
             self._framing_error(f"a begin on a channel in use ({MAX_SESSIONS} sessions begun)")
             return
+        if self._beginning is not None:
+            self._channel_sessions[self._beginning] = event.session._impl
         event.session.open()
 
-    def _framing_error(self, description: str) -> None:
-        log.warning("connection %s from %s: %s; closing it", self.id, self.peer, description)
-        self._hang_up = True
-        self.connection.condition = Condition("amqp:connection:framing-error", description)
-        self.connection.close()
-        self.transport.close_tail()
-        self._finish(abrupt=True)
+    def _end_session(self, channel: int, description: str) -> None:
+        """An attach on a handle in use (AMQP 1.0 §2.7.3): end its session with
+        `amqp:session:handle-in-use`, its links' deliveries and credit given back as at
+        the session's end (B-053); the attach never reached Proton, which would have
+        left the link holding the handle unreachable until the connection closed
+        (fourth attack pass). The peer's frames on the channel are dropped until its end
+        (`HandleWatch`)."""
+        impl = self._channel_sessions.get(channel)
+        self.shell.dirty.add(self)  # the end (or close) frame goes out
+        log.warning(
+            "connection %s from %s: an attach on channel %d: %s; ending that session",
+            self.id,
+            self.peer,
+            channel,
+            description,
+        )
+        if impl is None:  # not a session the broker saw begin: the connection, then
+            self._fail("amqp:session:handle-in-use", description)
+            return
+        session = Session.wrap(impl)
+        self._release_session(session)
+        session.condition = Condition("amqp:session:handle-in-use", description)
+        session.close()
 
-    def _on_session_close(self, event: Event) -> None:
-        session: Session = event.session
+    def _release_session(self, session: Session) -> None:
+        """What the session's links hold goes back: consumers detached (their unsettled
+        deliveries return, B-053), producers and coordinators forgotten, attach bytes
+        given back. Called at the session's end, from either side (idempotent)."""
         for impl, consumer in list(self.consumers.items()):
             if consumer.link.session == session:
                 self._drop_consumer(impl, consumer, closed=False)
@@ -646,6 +700,20 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         self._links_per_session.pop(session._impl, None)
         for impl in [i for i in self._attach_bytes if lib.pn_link_session(i) == session._impl]:
             self.attach_bytes_total -= self._attach_bytes.pop(impl)
+
+    def _framing_error(self, description: str) -> None:
+        log.warning("connection %s from %s: %s; closing it", self.id, self.peer, description)
+        self._hang_up = True
+        self.connection.condition = Condition("amqp:connection:framing-error", description)
+        self.connection.close()
+        self.transport.close_tail()
+        self._finish(abrupt=True)
+
+    def _on_session_close(self, event: Event) -> None:
+        session: Session = event.session
+        self._release_session(session)
+        for channel in [c for c, i in self._channel_sessions.items() if i == session._impl]:
+            del self._channel_sessions[channel]
         self._sessions_begun -= 1
         session.close()
         # Issue 15: ended on both sides, so Proton may forget it and its links (else a

@@ -200,6 +200,14 @@ class _Transactions:
         try:
             kind, fields = control_request(raw)
             if kind == "declare":
+                if fields and fields[0] is not None:
+                    # Fourth attack pass: answered `declared`, a client took its work for
+                    # part of a distributed transaction (transactions §4.5: global-id MUST
+                    # NOT be set unless the coordinator offers distributed-transactions).
+                    raise ControlError(
+                        "amqp:not-implemented",
+                        "distributed transactions are not supported (declare.global-id)",
+                    )
                 if len(self.transactions) >= MAX_TRANSACTIONS:
                     raise ControlError(
                         "amqp:resource-limit-exceeded",

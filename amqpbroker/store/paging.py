@@ -58,17 +58,19 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import errno
 import hashlib
 import logging
 import os
 import shutil
+import stat
 import struct
 import zlib
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 
 from amqpbroker.amqp import sections
 from amqpbroker.core.errors import ResourceLimitExceeded
@@ -92,12 +94,47 @@ MessageOf = Callable[[sections.Scanned], Message]
 Position = tuple[int, int]  # (page number, offset)
 
 
-def _safe(name: str) -> str:
-    """A file-system-safe, reversible directory name for an address or queue name."""
+# Fourth attack pass: a page file is only ever a regular file, opened without following a
+# link and without blocking. A FIFO put in a page file's place hung the start (the scan's
+# open waited for a writer forever); a link made the broker read, append to and truncate
+# (a "torn tail") whatever file it named.
+_NOFOLLOW = os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+def _open_page(path: Path, flags: int, mode: str, buffering: int = -1) -> BinaryIO:
+    """`path` opened with `flags` (os.O_*) as a file object in `mode`, refused (OSError)
+    unless it is a regular file, never through a link (`ELOOP`)."""
+    fd = os.open(path, flags | _NOFOLLOW, 0o644)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"not a regular file: {path}")
+        os.set_blocking(fd, True)
+        return cast(BinaryIO, os.fdopen(fd, mode, buffering=buffering))
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _truncate(path: Path, size: int) -> None:
+    """Cut the page file `path` to `size` bytes, and sync (never through a link)."""
+    with _open_page(path, os.O_WRONLY, "wb", 0) as f:
+        f.truncate(size)
+        os.fsync(f.fileno())
+
+
+def _safe(name: str, *, legacy: bool = False) -> str:
+    """A file-system-safe, reversible directory name for an address or queue name: only
+    lower-case ASCII letters, digits, `-` and `_` are kept, every other byte is `%XX`.
+    Upper-case letters are escaped too (fourth attack pass): on a case-insensitive file
+    system (macOS, Windows) queues `Orders` and `orders` shared one directory, so one
+    queue's restart read the other's messages. `legacy`: the names written before, kept
+    upper-case letters (`PageFiles.recover` renames such directories)."""
     out = []
     for byte in name.encode():
         char = chr(byte)
-        if char.isascii() and (char.isalnum() or char in "-_"):
+        if char.isascii() and (
+            char.isdigit() or char in "-_" or char.islower() or (legacy and char.isupper())
+        ):
             out.append(char)
         else:
             out.append(f"%{byte:02X}")
@@ -326,7 +363,7 @@ class QueuePages:
             path = self._path(self._write_page)
             # unbuffered: a full disk is met by the write of the message that does not
             # fit (refused, its part taken back), not later by a read or the flush
-            self._writer = open(path, "ab", buffering=0)  # noqa: SIM115 (kept open)
+            self._writer = _open_page(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "ab", 0)
             self._write_offset = self._writer.tell()
         return self._writer
 
@@ -466,7 +503,7 @@ class QueuePages:
                 error.offset,
             )
             try:
-                os.truncate(error.path, error.offset)
+                _truncate(error.path, error.offset)
             except OSError as e:
                 log.error("paging %s: cannot truncate %s: %s", self.directory, error.path, e)
             else:
@@ -641,7 +678,7 @@ class QueuePages:
             self._writer.close()
             self._writer = None
         with contextlib.suppress(OSError):
-            os.truncate(self._path(to[0]), to[1])
+            _truncate(self._path(to[0]), to[1])
         for page in range(to[0] + 1, self._write_page + 1):
             self._path(page).unlink(missing_ok=True)
         self._write_page = to[0]
@@ -769,7 +806,7 @@ class QueuePages:
         that is not sound before there raises `_Damaged` (a missing file holds none)."""
         path = self._path(page)
         try:
-            f = open(path, "rb")  # noqa: SIM115 (closed below)
+            f = _open_page(path, os.O_RDONLY, "rb")
         except FileNotFoundError:
             return
         except OSError as e:  # a directory in its place, no permission, an I/O error
@@ -904,11 +941,22 @@ class QueuePages:
             size,
             f" and removing {len(later)} later page files" if later else "",
         )
-        with open(self._path(page), "r+b") as f:
-            f.truncate(good)
-            os.fsync(f.fileno())
+        _truncate(self._path(page), good)
         for n in later:
             self._path(n).unlink(missing_ok=True)
+
+
+def _unlinked(path: Path) -> bool:
+    """Fourth attack pass: a link below `DATA_DIR/paging` (an address or queue directory
+    the broker would walk, read, write and delete in) is removed, never followed; a link
+    as an address directory made the start delete every directory in the one it named as
+    an unknown queue's. `DATA_DIR/paging` itself may be a link (another volume)."""
+    if not path.is_symlink():
+        return False
+    log.warning("paging: %s is a link, not a directory the broker made: removing the link", path)
+    with contextlib.suppress(OSError):
+        path.unlink()
+    return True
 
 
 class PageFiles:
@@ -955,19 +1003,44 @@ class PageFiles:
         self._skips = dict(skips or {})
         self._commits = None if commits is None else dict(commits)
         keep = {(_safe(address), _safe(name)): name for name, address in queues.items()}
+        legacy = {
+            (_safe(address, legacy=True), _safe(name, legacy=True)): name
+            for name, address in queues.items()
+        }
         found = []
         if self.directory.is_dir():
-            for address_dir in self.directory.iterdir():
-                for queue_dir in address_dir.iterdir() if address_dir.is_dir() else ():
-                    name = keep.get((address_dir.name, queue_dir.name))
+            for address_dir in list(self.directory.iterdir()):
+                if _unlinked(address_dir):
+                    continue
+                for queue_dir in list(address_dir.iterdir()) if address_dir.is_dir() else ():
+                    pair = (address_dir.name, queue_dir.name)
+                    name = keep.get(pair)
+                    if _unlinked(queue_dir):
+                        continue
+                    if name is None and (name := legacy.get(pair)) is not None:
+                        name = self._rename_legacy(queue_dir, name, queues[name])
                     if name is None:
                         shutil.rmtree(queue_dir, ignore_errors=True)
-                    else:
+                    elif name not in self._known:  # (a renamed one may be met again)
                         found.append(name)
                         self._known[name] = queues[name]
                 with contextlib.suppress(OSError):
                     address_dir.rmdir()
         return found
+
+    def _rename_legacy(self, queue_dir: Path, name: str, address: str) -> str | None:
+        """A queue directory named as before upper-case letters were escaped (`_safe`):
+        moved to its name now. None: it cannot be (logged; its files are then removed,
+        as an unknown queue's)."""
+        target = self.directory / _safe(address) / _safe(name)
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            queue_dir.rename(target)
+        except OSError as e:
+            log.error("paging: cannot rename %s to %s: %s", queue_dir, target, e)
+            return None
+        log.info("paging: %s renamed to %s (upper-case letters escaped)", queue_dir, target)
+        return name
 
     def open(self, *, address: str, queue: str, durable: bool) -> QueuePages:
         pages = QueuePages(

@@ -9,10 +9,12 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from proton import Endpoint
 from proton.utils import BlockingConnection
+from support import frames as F
 from support.client import QUEUE, receive_bodies, send
 from support.process import BrokerProcess
 from support.raw import RawClient, closed_by_peer, open_socket
@@ -32,6 +34,9 @@ acceptors:
   - name: capped
     url: amqp://127.0.0.1:0
     connections-allowed: 2
+  - name: per-source
+    url: amqp://127.0.0.1:0
+    handshakes-per-source: 3
 """
 
 
@@ -244,3 +249,41 @@ def test_frames_before_the_open_are_small(broker: BrokerProcess) -> None:
     conn = BlockingConnection(broker.url, timeout=10)
     assert conn.conn.transport.remote_max_frame_size == 131072
     conn.close()
+
+
+def _opened(sock: Any) -> bool:
+    """Send the AMQP header and an open; whether the broker's open came back."""
+    sock.sendall(F.AMQP_HEADER + F.frame(F.open_()))
+    got = b""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        got += sock.recv(65536)
+        if any(F.performative_code(p) == F.OPEN for _, _, p in F.read_frames(got)):
+            return True
+    return False
+
+
+def test_a_source_may_hold_only_so_many_sockets_before_the_open(broker: BrokerProcess) -> None:
+    """Fourth attack pass: one address could open sockets and say nothing until
+    connections-allowed (-1 by default) or the descriptors ran out (10,000 stalled
+    sockets: 193 MB), shutting every other client out for handshake-timeout at a time.
+    Now each source may hold handshakes-per-source sockets that have not finished the
+    AMQP open; the next is closed at once (counted), while other sources are served and
+    connections that have opened do not count."""
+    port = broker.ports["per-source"]
+    stalled = [open_socket(port, source="127.0.0.2") for _ in range(3)]
+    extra = open_socket(port, source="127.0.0.2")
+    wait_until(lambda: closed_by_peer(extra), timeout=10, message="the 4th socket closed")
+    extra.close()
+    other = open_socket(port, source="127.0.0.3")
+    assert _opened(other)  # another source is served
+    assert _opened(stalled[0])  # an open ends the handshake: a place for another socket
+    more = [open_socket(port, source="127.0.0.2") for _ in range(1)]
+    assert _opened(more[0])
+    stalled[1].close()  # a socket closed before its open gives its place back too
+    late = open_socket(port, source="127.0.0.2")
+    wait_until(lambda: _opened(late), timeout=10, message="a freed place")
+    for sock in [*stalled, *more, other, late]:
+        sock.close()
+    metric = 'amqpbroker_connections_refused_total{reason="handshakes-per-source"} 1.0'
+    assert metric in _metrics(broker)

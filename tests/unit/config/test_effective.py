@@ -85,7 +85,7 @@ def test_broker_level_values_are_listed() -> None:
     assert text.startswith("# c.yaml: OK\nname: amqpbroker\n")
     for line in [
         "  - amqp: amqp://127.0.0.1:0 anycast-prefix='anycast://' handshake-timeout=10s"
-        " amqp-idle-timeout=60000ms connections-allowed=-1",
+        " amqp-idle-timeout=60000ms connections-allowed=-1 handshakes-per-source=256",
         "http: 127.0.0.1:0 read-timeout=10000 max-connections=100 sample-interval=5000",
         "persistence: enabled=true sync=false persist-delivery-count-before-delivery=false",
         "message-expiry-scan-period: 30000",

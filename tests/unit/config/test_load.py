@@ -796,10 +796,13 @@ def test_connection_limits_of_an_acceptor_and_their_defaults() -> None:
             handshake-timeout: 0
             amqp-idle-timeout: 2000
             connections-allowed: 500
+            handshakes-per-source: -1
         """)
     a, b = config.acceptors
     assert (a.handshake_timeout, a.amqp_idle_timeout, a.connections_allowed) == (10, 60_000, -1)
     assert (b.handshake_timeout, b.amqp_idle_timeout, b.connections_allowed) == (0, 2000, 500)
+    # fourth attack pass: sockets of one source before the open, 256 unless set
+    assert (a.handshakes_per_source, b.handshakes_per_source) == (256, -1)
 
 
 @pytest.mark.parametrize(
@@ -810,6 +813,9 @@ def test_connection_limits_of_an_acceptor_and_their_defaults() -> None:
         ("amqp-idle-timeout", "4294967296", "must be -1, 0 (off) or 1..4294967295: 4294967296"),
         ("connections-allowed", "0", "must be -1 (off) or >= 1: 0"),
         ("connections-allowed", "1.5", "not an integer: 1.5"),
+        ("handshakes-per-source", "0", "must be -1 (off) or >= 1: 0"),
+        ("handshakes-per-source", "many", "not an integer: 'many'"),
+        ("handshake-per-source", "3", "unknown key (did you mean 'handshakes-per-source'?)"),
     ],
 )
 def test_connection_limits_are_range_checked(key: str, value: str, message: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -40,3 +41,20 @@ def test_a_file_that_says_something_else_is_an_error(tmp_path: Path, text: str) 
     path.write_text(text)
     with pytest.raises(IdBlockError, match="not a message-id reservation"):
         read_reserved(path)
+
+
+@pytest.mark.timeout(20)
+def test_a_fifo_or_a_huge_file_in_its_place_is_an_error_not_a_hang(tmp_path: Path) -> None:
+    """Fourth attack pass: a FIFO as DATA_DIR/message-ids hung the start on the read
+    (waiting for a writer), and a file of gigabytes was read whole before being refused."""
+    fifo = tmp_path / "fifo" / "message-ids"
+    fifo.parent.mkdir()
+    os.mkfifo(fifo)
+    with pytest.raises(IdBlockError, match="not a regular file"):
+        read_reserved(fifo)
+    huge = tmp_path / "huge" / "message-ids"
+    huge.parent.mkdir()
+    with open(huge, "wb") as f:
+        f.truncate(1 << 32)  # sparse: 4 GiB that would be read whole
+    with pytest.raises(IdBlockError, match="is not a message-id reservation"):
+        read_reserved(huge)

@@ -846,6 +846,17 @@ def test_with_delivery_count_changes_only_the_header(
     assert rescanned.delivery_count == delivery_count
 
 
+def test_redelivery_of_a_message_without_a_header_prepends_its_count_alone() -> None:
+    """B-050, issue 20: the prebuilt headers of the fast path (no header, a small count)
+    are what the general path builds, for every count around its bound."""
+    body = _section(VALUE, "x")
+    for count in range(1, 40):
+        out = with_delivery_count(body, 0, count)
+        assert out == encode_header(Header(delivery_count=count)) + body
+        assert scan(out).delivery_count == count
+        assert out[scan(out).header_end :] == body
+
+
 def test_redelivery_header_is_compact() -> None:
     """list8, smalluint count, true/false constructors, trailing defaults left out."""
     durable = _section(HEADER, [True]) + _section(VALUE, "x")

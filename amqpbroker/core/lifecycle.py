@@ -25,13 +25,6 @@ from typing import Any, TypeAlias
 from amqpbroker.core.model import Message, MessagePart
 
 
-def no_head(data: bytes) -> bool:
-    """Whether `data` starts with a section after properties (application-properties,
-    a body or the footer), by its first descriptor (0x00 0x53 code, the form encoders
-    use): then it has no properties, so no message-id."""
-    return len(data) >= 4 and data[0] == 0x00 and data[1] == 0x53 and data[2] > 0x73
-
-
 class EventLevel(enum.Enum):
     """`event-log.level`."""
 
@@ -224,19 +217,12 @@ class Emitter:
         """Build `message`'s `MessagePart` and keep it on the message for its next events
         (callers write `message.event_part or emitter.message_part(message)`; whoever
         changes its bytes, B-083, drops it: `Message.event_part`)."""
-        data: bytes | None = message.data
+        data = message.data
         head_end = message.head_end
         if self.heads_only and head_end:
-            data = message.data[:head_end]
-        elif self.heads_only and no_head(message.data):
-            # No header, annotations or properties (a head_end of 0 says only that none
-            # was found; a message from an old journal has 0 too): no bytes, which the
-            # writer reads as what they would give, amqp_message_id, props and body_hash
-            # null. Issue 20: the whole message went to the writer in every frame with an
-            # event of it (~1.3 KiB marshalled, and the frame's growth, per occurrence).
-            data = None
-        elif len(message.data) > self.data_limit:
-            data = message.data[: self.data_limit]
+            data = data[:head_end]
+        elif len(data) > self.data_limit:
+            data = data[: self.data_limit]
         part: MessagePart = (message.msg_id, message.durable, message.size, message.first_ts, data)
         message.event_part = part
         return part

@@ -875,46 +875,6 @@ def test_events_carry_only_the_head_of_a_message_up_to_its_properties(tmp_path: 
     ]
 
 
-def test_events_of_a_message_without_a_head_carry_no_bytes(tmp_path: Path) -> None:
-    """Issue 20 (the redelivery benchmark's messages): a message that starts with its
-    application-properties or body has no properties.message-id; without props or
-    body_hash its events carry no bytes (the writer reads None as all null), not the
-    whole message in every frame. With props the writer needs them all; a head_end of 0
-    with a header or properties first (a message from an old journal) keeps them all."""
-    from amqpbroker.core.lifecycle import no_head
-    from amqpbroker.protocol import message_of
-
-    app = bytes.fromhex("005374c10602a101615203")  # application-properties {"a": 3}
-    bare = message_of(sections.scan(app + bytes.fromhex("005375a0") + bytes([200]) + b"v" * 200))
-    assert bare.head_end == 0
-    assert no_head(bare.data)
-    headed = message_of(sections.scan(encoded(id="m-2", body=b"w" * 200)))
-    assert not no_head(headed.data)
-    assert not no_head(b"")
-    assert not no_head(bare.data[:3])
-    w = writer(tmp_path, body_hash=False)
-    h = Harness()
-    h.broker.emitter.heads_only = w.heads_only
-    target = h.producer("q", "queue")
-    h.broker.publish(bare, target)
-    events = h.broker.emitter.take_raw()
-    assert [LifecycleEvent.of(e).data for e in events] == [None, None]
-    w.start()
-    w.submit(events)
-    w.close()
-    assert [(r["event"], r["amqp_message_id"], r["size"]) for r in records(tmp_path)] == [
-        ("sent", None, bare.size),
-        ("enqueued", None, bare.size),
-    ]
-    whole = Emitter()  # props or body_hash configured: every byte
-    assert whole.message_part(bare)[4] == bare.data
-    old = message_of(sections.scan(encoded(id="m-3", body=b"u" * 200)))
-    old.head_end = 0  # as recovered from a journal written before head_end existed
-    heads = Emitter()
-    heads.heads_only = True
-    assert heads.message_part(old)[4] == old.data
-
-
 def test_events_of_a_message_whose_expiry_the_broker_rewrote_carry_the_new_head(
     tmp_path: Path,
 ) -> None:

@@ -58,7 +58,7 @@ from amqpbroker.core.model import (
     QueueConfig,
     RoutingType,
 )
-from amqpbroker.core.outcomes import Accepted, Modified, Outcome, Rejected, Released
+from amqpbroker.core.outcomes import FAILED, Accepted, Modified, Outcome, Rejected, Released
 from amqpbroker.core.paging import (
     READ_STEP_BYTES,
     READ_STEP_MESSAGES,
@@ -101,6 +101,11 @@ _ACCEPTED: Final = Accepted
 _RELEASED: Final = Released
 _REJECTED: Final = Rejected
 _MODIFIED: Final = Modified
+# The commonest modified outcome (the one `dispositions.outcome_at` hands over for
+# delivery-failed alone): `settle` knows its fields without reading them (issue 20).
+_FAILED: Final = FAILED
+# A C static too: `heapq.heappush` is a module attribute read per return (issue 20).
+_heappush: Final = heapq.heappush
 
 # The `extra` of a `returned` event without delay or transaction (`Queue._note_returned`):
 # (txn, target_address, target_queues, copy_msg_id, delay_ms, ...), see `lifecycle.Extra`.
@@ -770,7 +775,7 @@ class Queue:
 
     def _put_back(self, ref: Ref) -> None:
         level = ref.message.priority
-        heapq.heappush(self._returned[level], ref)
+        _heappush(self._returned[level], ref)
         if level > self._top:
             self._top = level
         ref.state = READY
@@ -1131,10 +1136,15 @@ class Queue:
         elif type(outcome) is _REJECTED:
             self._kill_to_dla(ref, "rejected", outcome)
         elif type(outcome) is _MODIFIED:
-            failed = outcome.delivery_failed
+            if outcome is _FAILED:  # B-044, no block: both fields known (issue 20)
+                failed = True
+                undeliverable = False
+            else:
+                failed = outcome.delivery_failed
+                undeliverable = outcome.undeliverable_here
             if not failed:
                 ref.delivery_count -= 1
-            if outcome.undeliverable_here:
+            if undeliverable:
                 if ref.blocked is None:
                     ref.blocked = set()
                 ref.blocked.add(consumer.id)

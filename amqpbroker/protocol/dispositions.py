@@ -11,7 +11,7 @@ from typing import Any, Final
 from cproton_ffi import ffi, lib
 from proton import Delivery
 
-from amqpbroker.core.outcomes import ACCEPTED, RELEASED, Modified, Outcome, Rejected
+from amqpbroker.core.outcomes import ACCEPTED, FAILED, RELEASED, Modified, Outcome, Rejected
 from amqpbroker.protocol.peer import PeerDecodeError, PeerInvalidField, data_at, read_symbol_map
 
 # `Final`: compiled (setup.py), a C static, not a module-dict lookup per use (issue 20);
@@ -27,11 +27,12 @@ _ACCEPTED_OUTCOME: Final = ACCEPTED
 _RELEASED_OUTCOME: Final = RELEASED
 # The four modified outcomes, built once (issue 20: a frozen dataclass built per
 # disposition was a measurable part of a redelivery), indexed by
-# 2 x delivery-failed + undeliverable-here.
+# 2 x delivery-failed + undeliverable-here; delivery-failed alone is `FAILED`, which
+# `Queue.settle` recognises without reading its fields.
 _MODIFIED_OUTCOMES: Final[tuple[Modified, ...]] = (  # variadic: one object, not boxed per use
     Modified(),
     Modified(undeliverable_here=True),
-    Modified(delivery_failed=True),
+    FAILED,
     Modified(delivery_failed=True, undeliverable_here=True),
 )
 

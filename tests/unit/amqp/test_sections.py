@@ -846,6 +846,21 @@ def test_with_delivery_count_changes_only_the_header(
     assert rescanned.delivery_count == delivery_count
 
 
+def test_redelivery_of_a_message_without_header_fields_prepends_its_count_alone() -> None:
+    """B-050, issue 20: the prebuilt headers of the fast paths (no header or an empty one,
+    a small count) are what the general path builds, for every count around its bound."""
+    body = _section(VALUE, "x")
+    empty = bytes.fromhex("00537045")  # an empty header (list0), as proton encodes one
+    for count in range(1, 40):
+        for header in (b"", empty):
+            out = with_delivery_count(header + body, len(header), count)
+            assert out == encode_header(Header(delivery_count=count)) + body
+            assert scan(out).delivery_count == count
+            assert out[scan(out).header_end :] == body
+    with pytest.raises(SectionError):
+        with_delivery_count(bytes.fromhex("00537040") + body, 4, 1)  # null is not a header
+
+
 def test_redelivery_header_is_compact() -> None:
     """list8, smalluint count, true/false constructors, trailing defaults left out."""
     durable = _section(HEADER, [True]) + _section(VALUE, "x")

@@ -11,6 +11,7 @@ from support.core_harness import Harness, bodies
 
 from amqpbroker.core import (
     ACCEPTED,
+    FAILED,
     RELEASED,
     AddressSettings,
     LifecycleEvent,
@@ -148,6 +149,27 @@ def test_a_message_modified_undeliverable_here_is_not_handed_back() -> None:
     assert h.take(c) == []
     other = h.consumer("q", "queue")
     assert bodies(h.take(other)) == [b"m"]
+
+
+def test_the_shared_failed_outcome_counts_the_attempt_as_any_failed_modified() -> None:
+    """B-044/B-045 (issue 20): `Queue.settle` takes the shared `FAILED` (what the adapter
+    hands over for modified{delivery-failed}) without reading its fields; it counts the
+    attempt and blocks nothing, exactly as an equal `Modified` built elsewhere, while
+    delivery-failed with undeliverable-here still blocks the link."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    c = h.consumer("q", "queue")
+    h.send(target, b"m")
+    for outcome in (FAILED, Modified(delivery_failed=True)):
+        [d] = h.take(c)
+        h.settle(c, d, outcome)
+    [d] = h.take(c)
+    assert d.wire_count == 2
+    h.settle(c, d, Modified(delivery_failed=True, undeliverable_here=True))
+    assert h.take(c) == []
+    other = h.consumer("q", "queue")
+    [last] = h.take(other)
+    assert last.wire_count == 3
 
 
 def test_a_fan_out_sent_event_names_the_queues_each_message_reached() -> None:

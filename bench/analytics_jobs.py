@@ -14,7 +14,10 @@ pays the JVM's warm-up; later runs are what each further run in a test worker co
 
 PARTITIONS: spark.sql.shuffle.partitions in the SparkConf (default 2, as
 tests/analytics/conftest.py; unset: the job's own choice); CONF: comma-separated runtime
-settings. Wall times mean little on a shared machine; the CPU seconds and counts do.
+settings; SESSION_CONF: comma-separated settings for the SparkConf (static ones, such as
+spark.sql.codegen.cache.maxEntries); JAVA_OPTIONS: the driver JVM's options instead of
+tests/support/jvm.py's. Wall times mean little on a shared machine; the CPU seconds and
+counts do.
 """
 
 from __future__ import annotations
@@ -48,7 +51,11 @@ def own_cpu_s() -> float:
 def main() -> None:
     partitions = os.environ.get("PARTITIONS", "2")
     conf = {"spark.sql.shuffle.partitions": partitions} if partitions else {}
-    spark = build_session("local[1]", driver_memory="1g", java_options=QUICK_JIT, conf=conf)
+    for setting in filter(None, os.environ.get("SESSION_CONF", "").split(",")):
+        key, value = setting.split("=", 1)
+        conf[key] = value
+    java_options = os.environ.get("JAVA_OPTIONS", QUICK_JIT)
+    spark = build_session("local[1]", driver_memory="1g", java_options=java_options, conf=conf)
     configure(spark)
     for setting in filter(None, os.environ.get("CONF", "").split(",")):
         key, value = setting.split("=", 1)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from amqpbroker.security import hash_password
-from support.process import BrokerProcess
+from support.process import QUICK_LOG2_N, BrokerProcess
 
 ROOT = Path(__file__).resolve().parents[2]
 INTEROP = ROOT / "interop"
@@ -76,6 +76,7 @@ def broker_config(cert_dir: Path) -> str:
         " delete-address: [app], create-durable-queue: [app], delete-durable-queue: [app],"
         " create-non-durable-queue: [app], delete-non-durable-queue: [app], manage: [app]}"
     )
+    password_hash = hash_password(PASSWORD, log2_n=QUICK_LOG2_N)  # (QUICK_LOG2_N: why)
     return f"""
         acceptors:
           - name: amqp
@@ -87,7 +88,7 @@ def broker_config(cert_dir: Path) -> str:
         security:
           enabled: true
           sasl-mechanisms: [PLAIN]
-          users: {{{USER}: {{password-hash: "{hash_password(PASSWORD)}", roles: [app]}}}}
+          users: {{{USER}: {{password-hash: "{password_hash}", roles: [app]}}}}
           security-settings:
             "#": {everything}
         address-settings:

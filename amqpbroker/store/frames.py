@@ -197,7 +197,10 @@ def index_plain(
                     span = offset << _SPAN_SHIFT | size
                     pending += _PAIR(span, ref_offset << _SPAN_SHIFT | ref_size)
                     kept.append(record)
-                    kept.append(row)
+                    # The reference's count alone: its id and queue are its keys in
+                    # `live.refs` (the row, a tuple and an id, ~96 B a message at the
+                    # peak: issue 23, eighth pass).
+                    kept.append(row[2])
                     slot += 2
                     added += size + ref_size
                     done += 2

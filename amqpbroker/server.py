@@ -359,6 +359,8 @@ class _AmqpProtocol(asyncio.Protocol):
         except Exception:
             log.exception("internal error closing connection %s from %s", amqp.id, self.peer)
         self.amqp = None
+        # Issue 23: the engine's buffers of the transfers it dropped go with it.
+        self.server.memory.released(amqp.transfers.dropped_bytes)
 
     def pause_writing(self) -> None:
         # The peer reads slower than we write: stop reading from it until it catches up,

@@ -182,6 +182,11 @@ class Transfers:
         self.incomplete: dict[Any, int] = {}
         self.incomplete_bytes = 0
         self.awaiting: list[Any] | None = None  # durable sends of this loop step
+        # Bytes of the transfers dropped after the engine buffered them (aborted, over
+        # max-message-size, on an ended link): the engine keeps their buffers for its
+        # next deliveries until the connection is freed, which the server then makes
+        # happen (`MemoryReturner.released`, issue 23).
+        self.dropped_bytes = 0
 
     def process_events(self) -> None:
         """Handle every pending engine event, then apply the broker's effects.
@@ -263,10 +268,13 @@ class Transfers:
         if _pn_delivery_partial(delivery):  # proton buffers the frames until the last one
             if link not in self.producers and link not in self.coordinators:
                 _pn_delivery_settle(delivery)  # a link the broker ended: dropped as it comes
+                self.dropped_bytes += size
             elif limit:  # bounded with the connection's other incomplete messages
                 self._check_incomplete(delivery, link, size, limit)
             return
         if self.incomplete:
+            if _pn_delivery_aborted(delivery):  # (its bytes are gone: the count was kept)
+                self.dropped_bytes += self.incomplete.get(link, 0)
             self.forget_incomplete(link)
         buffer = _RECV_BUFFER if size <= _RECV_BYTES else _uncleared("char[]", size)
         received: int = _pn_link_recv(link, buffer, size)
@@ -352,6 +360,7 @@ class Transfers:
             producer = self.producers.get(link)
             what, closing = "message", None if producer is None else producer.link
         _pn_delivery_settle(delivery)
+        self.dropped_bytes += size
         if closing is None:
             return True  # detached already: the rest of the message is discarded as it comes
         description = f"{what} of {size} bytes or more exceeds max-message-size {limit}"
@@ -375,6 +384,7 @@ class Transfers:
             return
         self.forget_incomplete(link)
         _pn_delivery_settle(delivery)
+        self.dropped_bytes += size
         producer = self.producers.get(link)
         closing = Link.wrap(link) if producer is None else producer.link  # or a coordinator
         description = (

@@ -64,8 +64,9 @@ static inline int64_t rd64(const unsigned char *p) {
     return v;
 }
 
-/* zlib.crc32(buf[:len], crc) */
-static uint32_t crc32_update(uint32_t crc, const unsigned char *buf, size_t len) {
+/* zlib.crc32(buf[:len], crc), a table lookup per byte (slicing-by-8): the portable path
+   and the tail of the folding one below. */
+static uint32_t crc32_tables(uint32_t crc, const unsigned char *buf, size_t len) {
     crc = ~crc;
     while (len && ((uintptr_t)buf & 7)) {
         crc = crc_table[0][(crc ^ *buf++) & 0xff] ^ (crc >> 8);
@@ -85,6 +86,102 @@ static uint32_t crc32_update(uint32_t crc, const unsigned char *buf, size_t len)
         crc = crc_table[0][(crc ^ *buf++) & 0xff] ^ (crc >> 8);
     return ~crc;
 }
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FOLD_CRC 1
+/* The crc of 64 bytes or more, a multiple of 16, by carry-less multiplication (PCLMULQDQ):
+   "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ Instruction" (Gopal,
+   Ozturk et al., Intel, 2009), with the bit-reflected constants of zlib's polynomial
+   given at the end of the paper, as zlib-ng and Chromium's zlib compute it. `crc` and
+   the result are the inverted state (no ~ on either side): `crc32_fold` wraps it. About
+   6x fewer cycles a byte than the tables (issue 23: the crc was ~8% of a 1M-message
+   recovery). */
+__attribute__((target("sse4.1,pclmul"))) static uint32_t
+crc32_clmul(const unsigned char *buf, size_t len, uint32_t crc) {
+    const __m128i k1k2 = _mm_set_epi64x(0x01c6e41596LL, 0x0154442bd4LL);
+    const __m128i k3k4 = _mm_set_epi64x(0x00ccaa009eLL, 0x01751997d0LL);
+    const __m128i k5k0 = _mm_set_epi64x(0, 0x0163cd6124LL);
+    const __m128i poly = _mm_set_epi64x(0x01f7011641LL, 0x01db710641LL);
+    __m128i x0, x1, x2, x3, x4, x5, x6, x7, x8, y5, y6, y7, y8;
+    x1 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
+    x2 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
+    x3 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
+    x4 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
+    x1 = _mm_xor_si128(x1, _mm_cvtsi32_si128((int)crc));
+    x0 = k1k2;
+    buf += 64;
+    len -= 64;
+    while (len >= 64) { /* four lanes folded in parallel */
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x6 = _mm_clmulepi64_si128(x2, x0, 0x00);
+        x7 = _mm_clmulepi64_si128(x3, x0, 0x00);
+        x8 = _mm_clmulepi64_si128(x4, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x2 = _mm_clmulepi64_si128(x2, x0, 0x11);
+        x3 = _mm_clmulepi64_si128(x3, x0, 0x11);
+        x4 = _mm_clmulepi64_si128(x4, x0, 0x11);
+        y5 = _mm_loadu_si128((const __m128i *)(buf + 0x00));
+        y6 = _mm_loadu_si128((const __m128i *)(buf + 0x10));
+        y7 = _mm_loadu_si128((const __m128i *)(buf + 0x20));
+        y8 = _mm_loadu_si128((const __m128i *)(buf + 0x30));
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x5), y5);
+        x2 = _mm_xor_si128(_mm_xor_si128(x2, x6), y6);
+        x3 = _mm_xor_si128(_mm_xor_si128(x3, x7), y7);
+        x4 = _mm_xor_si128(_mm_xor_si128(x4, x8), y8);
+        buf += 64;
+        len -= 64;
+    }
+    x0 = k3k4; /* the four lanes into one */
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x3), x5);
+    x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+    x1 = _mm_xor_si128(_mm_xor_si128(x1, x4), x5);
+    while (len >= 16) { /* the rest, 16 bytes at a time */
+        x2 = _mm_loadu_si128((const __m128i *)buf);
+        x5 = _mm_clmulepi64_si128(x1, x0, 0x00);
+        x1 = _mm_clmulepi64_si128(x1, x0, 0x11);
+        x1 = _mm_xor_si128(_mm_xor_si128(x1, x2), x5);
+        buf += 16;
+        len -= 16;
+    }
+    x2 = _mm_clmulepi64_si128(x1, x0, 0x10); /* 128 bits to 64 */
+    x3 = _mm_setr_epi32(~0, 0, ~0, 0);
+    x1 = _mm_srli_si128(x1, 8);
+    x1 = _mm_xor_si128(x1, x2);
+    x0 = k5k0;
+    x2 = _mm_srli_si128(x1, 4);
+    x1 = _mm_and_si128(x1, x3);
+    x1 = _mm_clmulepi64_si128(x1, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    x0 = poly; /* Barrett reduction to 32 bits */
+    x2 = _mm_and_si128(x1, x3);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x10);
+    x2 = _mm_and_si128(x2, x3);
+    x2 = _mm_clmulepi64_si128(x2, x0, 0x00);
+    x1 = _mm_xor_si128(x1, x2);
+    return (uint32_t)_mm_extract_epi32(x1, 1);
+}
+
+static int have_clmul; /* set at import: the CPU has PCLMULQDQ and SSE4.1 */
+
+static uint32_t crc32_update(uint32_t crc, const unsigned char *buf, size_t len) {
+    if (have_clmul && len >= 64) {
+        size_t folded = len & ~(size_t)15;
+        crc = ~crc32_clmul(buf, folded, ~crc);
+        buf += folded;
+        len -= folded;
+    }
+    return len ? crc32_tables(crc, buf, len) : crc;
+}
+#else
+#define crc32_update crc32_tables
+#endif
 
 /* `codec._string`: the str of a name's UTF-8 bytes, shared through `strings`. A new
    reference, or NULL with no error set when the bytes are not UTF-8 (the caller stops). */
@@ -334,11 +431,29 @@ static PyObject *crc32_py(PyObject *self, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromUnsignedLong(crc);
 }
 
+static PyObject *crc32_tables_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "crc32_tables(data, value)");
+        return NULL;
+    }
+    unsigned long value = PyLong_AsUnsignedLongMask(args[1]);
+    if (value == (unsigned long)-1 && PyErr_Occurred())
+        return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t crc = crc32_tables((uint32_t)value, view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
 static PyMethodDef methods[] = {
     {"scan", (PyCFunction)(void (*)(void))scan, METH_FASTCALL,
      "Read the usual frames in bulk (see the module's comment)."},
     {"crc32", (PyCFunction)(void (*)(void))crc32_py, METH_FASTCALL,
      "zlib.crc32(data, value), as scan computes it (for the tests)."},
+    {"crc32_tables", (PyCFunction)(void (*)(void))crc32_tables_py, METH_FASTCALL,
+     "zlib.crc32(data, value) by the tables alone (the portable path, for the tests)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -353,5 +468,21 @@ PyMODINIT_FUNC PyInit__framescan(void) {
         return NULL;
     }
     crc_init();
-    return PyModule_Create(&module);
+#ifdef FOLD_CRC
+    __builtin_cpu_init();
+    have_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+#endif
+    PyObject *created = PyModule_Create(&module);
+#ifdef FOLD_CRC
+    if (created != NULL && PyModule_AddIntConstant(created, "FOLDED_CRC", have_clmul) < 0) {
+        Py_DECREF(created);
+        return NULL;
+    }
+#else
+    if (created != NULL && PyModule_AddIntConstant(created, "FOLDED_CRC", 0) < 0) {
+        Py_DECREF(created);
+        return NULL;
+    }
+#endif
+    return created;
 }

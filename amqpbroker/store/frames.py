@@ -47,6 +47,10 @@ _UNKNOWN_FLAGS: Final = ~_FLAGS_KNOWN
 _MAX: Final = _MAX_PAYLOAD
 _END: Final = BATCH_END
 _UNPACK: Final = _FRAME.unpack_from
+# A pair's two spans as the bytes of two slots of `_Pack.spans` (`array('q')`: native
+# order): one `frombytes` of a run, not `extend` with an int each, which converts each
+# through the generic argument parser (issue 23, eighth pass).
+_PAIR: Final = struct.Struct("=2q").pack
 _DECODERS: Final = codec._FAST_DECODE_AT
 _STRINGS: Final = codec._STRINGS
 
@@ -167,10 +171,11 @@ def index_plain(
     kept = pack.kept
     assert kept is not None  # (the open's: `state()` has not read them yet)
     base = pack.number << PACK_SHIFT
-    # The pairs' spans, put into `spans` with one `extend` (compiled, an array's `append`
-    # is a method call by name, ~1.2k instructions): before any record that could kill
-    # one of them (the rules of an unpaired record), and at the end.
-    pending: list[int] = []
+    # The pairs' spans, put into `spans` with one `frombytes` (compiled, an array's
+    # `append` is a method call by name, ~1.2k instructions, and `extend` parses each int
+    # generically): before any record that could kill one of them (the rules of an
+    # unpaired record), and at the end.
+    pending = bytearray()
     slot = len(spans)
     added = 0  # live bytes (the `_on_dead` calls meanwhile subtract theirs)
     done = 0
@@ -189,17 +194,20 @@ def index_plain(
                 handle = base | slot
                 if live.add_new_message(msg_id, row[1], handle, handle + 1):
                     unread.append(handle)
-                    pending.append(offset << _SPAN_SHIFT | size)
-                    pending.append(ref_offset << _SPAN_SHIFT | ref_size)
+                    span = offset << _SPAN_SHIFT | size
+                    pending += _PAIR(span, ref_offset << _SPAN_SHIFT | ref_size)
                     kept.append(record)
-                    kept.append(row)
+                    # The reference's count alone: its id and queue are its keys in
+                    # `live.refs` (the row, a tuple and an id, ~96 B a message at the
+                    # peak: issue 23, eighth pass).
+                    kept.append(row[2])
                     slot += 2
                     added += size + ref_size
                     done += 2
                     continue
         if pending:  # (the rules below may kill a packed record: its span must be there)
-            spans.extend(pending)
-            pending = []
+            spans.frombytes(pending)
+            pending = bytearray()
         if isinstance(record, tuple):
             item = _Loc(seg, offset, size)
             if len(record) == 3:  # an AddRef's row
@@ -225,7 +233,7 @@ def index_plain(
         added += size
         done += 1
     if pending:
-        spans.extend(pending)
+        spans.frombytes(pending)
     seg.live_bytes += added
     return done
 

@@ -91,8 +91,9 @@ class _Pack:
         self.number = number  # its place in the journal's list of packs
         self.seg = seg  # the file its live records are in
         self.spans: array[int] = array("q")  # per slot: `_Loc.span`, or -1: dead
-        # Per slot, the open's layout or row of the record (what `keep` is for a
-        # `_Loc`), until `FileJournal.state()` has read them; None: dead or read.
+        # Per slot, the open's layout or row of the AddMessage, or the AddRef's delivery
+        # count (what `keep` is for a `_Loc`, less the keys), until `FileJournal.state()`
+        # has read them; None: dead or read.
         self.kept: list[Any] | None = []
 
 

@@ -104,8 +104,8 @@ class JournalState:
         resolve: Callable[[Any], Any] = record_of  # AddRef, UpdateDeliveryCount, Scheduled...
         for queue in sorted(live.refs):
             for msg_id, ref in live.refs[queue].items():
-                if isinstance(ref, int):  # a packed AddRef: its row (msg_id, queue, count)
-                    rows.append((queue, msg_id, packed[ref >> PACK_SHIFT][ref & _SLOT_MASK][2], 0))
+                if isinstance(ref, int):  # a packed AddRef: its count (`frames.index_plain`)
+                    rows.append((queue, msg_id, packed[ref >> PACK_SHIFT][ref & _SLOT_MASK], 0))
                     continue
                 if not isinstance(ref, _RefSlot):
                     rows.append((queue, msg_id, _count(resolve(ref)), 0))
@@ -266,7 +266,9 @@ def _resolve(packed: Sequence[Any], record_of: Callable[[Any], Any], item: Any) 
 
 
 def _count(ref: Any) -> int:
-    """The delivery count of a reference's AddRef or UpdateDeliveryCount, or of an
-    AddRef's row (`codec.RefRow`: msg_id, queue, count)."""
+    """The delivery count of a reference's AddRef or UpdateDeliveryCount, of an AddRef's
+    row (`codec.RefRow`: msg_id, queue, count), or a packed AddRef's count itself."""
+    if isinstance(ref, int):
+        return ref
     count: int = ref[2] if isinstance(ref, tuple) else ref.delivery_count
     return count

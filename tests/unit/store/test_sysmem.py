@@ -70,3 +70,29 @@ def test_a_purge_drops_the_removed_references_at_once() -> None:
     assert ops.purge(h.broker, "q", selector="JMSPriority < 2") > 0
     held = [r for level in queue._fresh for r in level] + [r for h_ in queue._returned for r in h_]
     assert len(held) == queue.message_count
+
+
+def test_the_returner_collects_and_trims_after_connections_that_dropped_transfers() -> None:
+    """Issue 23 (memory an aborted oversized transfer frees comes back): a closed
+    connection's engine buffers go only with a full collection; the returner runs one
+    (and a trim) once closed connections dropped `settled_bytes`, at most once per
+    `collect_interval_s`, whatever the queued bytes do."""
+    calls: list[int] = []
+    now = [100.0]
+    returner = sysmem.MemoryReturner(
+        threshold_bytes=100, settled_bytes=10, collect_interval_s=10, clock=lambda: now[0]
+    )
+    returner._trim = lambda: calls.append(1) or True
+    assert not returner.check(500)
+    returner.released(5)
+    assert not returner.check(500)  # less than settled_bytes
+    returner.released(5)
+    assert returner.check(500)
+    assert (returner.collections, len(calls)) == (1, 1)
+    returner.released(50)
+    now[0] += 9
+    assert not returner.check(500)  # within the interval: kept for later
+    now[0] += 1
+    assert returner.check(500)
+    assert (returner.collections, len(calls)) == (2, 2)
+    assert not returner.check(500)

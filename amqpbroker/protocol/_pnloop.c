@@ -34,6 +34,7 @@ static void *(*delivery_new)(void *, amqpb_bytes);
 static ssize_t (*link_send)(void *, const char *, size_t);
 static int (*link_credit)(void *);
 static bool (*link_get_drain)(void *);
+static int (*object_decref)(void *);
 
 /* The order of pnloop.py's FUNCTIONS. */
 static void **const SLOTS[] = {
@@ -42,7 +43,7 @@ static void **const SLOTS[] = {
     (void **)&delivery_pending, (void **)&delivery_partial, (void **)&delivery_remote_state,
     (void **)&link_recv, (void **)&link_advance, (void **)&delivery_update,
     (void **)&delivery_settle, (void **)&delivery_new, (void **)&link_send,
-    (void **)&link_credit, (void **)&link_get_drain,
+    (void **)&link_credit, (void **)&link_get_drain, (void **)&object_decref,
 };
 
 int amqpb_bind(void **functions, int count) {
@@ -98,6 +99,13 @@ void amqpb_accept(void *delivery) {
 }
 
 void amqpb_settle(void *delivery) { delivery_settle(delivery); }
+
+/* A durable send stored: accepted, settled, and the reference the loop kept let go. */
+void amqpb_accept_stored(void *delivery) {
+    delivery_update(delivery, AMQPB_ACCEPTED);
+    delivery_settle(delivery);
+    object_decref(delivery);
+}
 
 /* A transfer of `data` on `link` tagged with `id` in decimal (`shell.delivery_id_of` reads
    it back), settled at once if `settle`: the new delivery. */

@@ -6,4 +6,5 @@ int amqpb_next(void *collector, int pop_previous, void **pointers, int64_t *numb
 int64_t amqpb_recv(void *link, char *buffer, size_t size);
 void amqpb_accept(void *delivery);
 void amqpb_settle(void *delivery);
+void amqpb_accept_stored(void *delivery);
 void *amqpb_send(void *link, uint64_t id, const char *data, size_t size, int settle);

@@ -5,7 +5,8 @@ Each cffi call into proton converts its arguments and releases and retakes the G
 with cffi beside mypyc's modules, does the several calls of one step in one, without the
 GIL release: the collector's next event with its delivery, link, remote state, pending
 bytes and partial flag, or a link's credit and drain flag (`next_event`); a transfer's
-read and advance (`recv`); accept and settle (`accept`); an outgoing transfer with its
+read and advance (`recv`); accept and settle (`accept`, and `accept_stored`, which lets
+go of the reference a durable send kept); an outgoing transfer with its
 tag (`send`). It calls proton through the function pointers of python-qpid-proton's own
 binding (`bind`), so it links nothing.
 
@@ -23,6 +24,7 @@ from cproton_ffi import ffi, lib
 _pn_delivery: Final = lib.pn_delivery
 _pn_delivery_settle: Final = lib.pn_delivery_settle
 _pn_delivery_update: Final = lib.pn_delivery_update
+_pn_decref: Final = lib.pn_decref
 _pn_link_advance: Final = lib.pn_link_advance
 _pn_link_recv: Final = lib.pn_link_recv
 _pn_link_send: Final = lib.pn_link_send
@@ -48,6 +50,7 @@ FUNCTIONS: Final = (
     "pn_link_send",
     "pn_link_credit",
     "pn_link_get_drain",
+    "pn_decref",
 )
 # The constants `_pnloop.c` has as numbers.
 _C_CONSTANTS: Final = {"PN_DELIVERY": 28, "PN_LINK_FLOW": 26, "PN_ACCEPTED": 36}
@@ -88,6 +91,12 @@ def _accept(delivery: Any) -> None:
     _pn_delivery_settle(delivery)
 
 
+def _accept_stored(delivery: Any) -> None:
+    _pn_delivery_update(delivery, _PN_ACCEPTED)
+    _pn_delivery_settle(delivery)
+    _pn_decref(delivery)
+
+
 def _send(link: Any, delivery_id: int, data: Any, size: int, settle: bool) -> Any:
     tag = b"%d" % delivery_id
     length = len(tag)
@@ -115,6 +124,7 @@ next_event: Final[Any] = _module.lib.amqpb_next if FAST else None
 recv: Final[Any] = _module.lib.amqpb_recv if FAST else _recv
 accept: Final[Any] = _module.lib.amqpb_accept if FAST else _accept
 settle: Final[Any] = _module.lib.amqpb_settle if FAST else _pn_delivery_settle
+accept_stored: Final[Any] = _module.lib.amqpb_accept_stored if FAST else _accept_stored
 send: Final[Any] = _module.lib.amqpb_send if FAST else _send
 send_plain: Final[Any] = _send  # any delivery id (the C one takes a uint64)
 

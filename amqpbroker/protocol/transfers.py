@@ -116,6 +116,7 @@ _next_event: Final = pnloop.next_event
 _recv: Final = pnloop.recv
 _accept: Final = pnloop.accept
 _settle: Final = pnloop.settle
+_accept_stored: Final = pnloop.accept_stored
 # A transfer of up to this many bytes is read into one buffer the loop thread reuses and
 # copied out once (`ffi.unpack`): a bytearray, its cdata view and the copy to bytes were
 # ~2k instructions a message (issue 20). Larger ones get a buffer of their own.
@@ -505,13 +506,13 @@ class Transfers:
         """The journal answered for this step's durable sends (C API: the hot path)."""
         closed = self.closed
         for delivery in deliveries:
-            if not closed:
-                if error is None:
-                    _pn_delivery_update(delivery, _PN_ACCEPTED)
-                    _pn_delivery_settle(delivery)
-                else:
-                    self.stored(Delivery.wrap(delivery), error)
-            _pn_decref(delivery)
+            if closed:
+                _pn_decref(delivery)
+            elif error is None:
+                _accept_stored(delivery)  # accepted, settled, let go: one C call
+            else:
+                self.stored(Delivery.wrap(delivery), error)
+                _pn_decref(delivery)
         if not closed:
             self.shell.dirty.add(self.owner)
 

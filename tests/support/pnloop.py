@@ -101,6 +101,9 @@ def use(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
         transfers, "_settle", lib.amqpb_settle if lib else pnloop._pn_delivery_settle
     )
     monkeypatch.setattr(shell, "_send", lib.amqpb_send if lib else pnloop._send)
+    monkeypatch.setattr(
+        transfers, "_accept_stored", lib.amqpb_accept_stored if lib else pnloop._accept_stored
+    )
     new_slots = fused_module().ffi.new
     monkeypatch.setattr(
         pnloop, "new_slots", lambda: (new_slots("void *[3]"), new_slots("int64_t[3]"))

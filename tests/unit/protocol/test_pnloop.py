@@ -131,3 +131,27 @@ def test_consumer_credit_and_drain(shell: Shell) -> None:
     client.pump()
     assert len(client.received) == 5
     assert receiver.credit == 0  # the drain was answered
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_durable_send_is_settled_once_stored(shell: Shell, fail: bool) -> None:
+    """B-023 with the journal's sync: a durable send is accepted once its records are
+    stored (`accept_stored`: accept, settle and let go of the delivery in one call), or
+    rejected with resource-limit-exceeded when the journal failed."""
+    from amqpbroker.core.persistence import Persistence
+    from amqpbroker.store.memory import MemoryJournal
+
+    journal = MemoryJournal()
+    shell.broker.enable_persistence(Persistence(journal))
+    client = Client(shell)
+    client.receiver("q", "queue")
+    sender = client.sender("q", "queue")
+    if fail:
+        journal.fail(OSError(28, "No space left on device"))
+    for i in range(3):
+        client.send(sender, Message(body=f"m{i}", durable=True))
+    if fail:
+        assert client.outcomes == [Delivery.REJECTED] * 3
+    else:
+        assert client.outcomes == [Delivery.ACCEPTED] * 3
+        assert [m.body for m, _ in client.received] == ["m0", "m1", "m2"]

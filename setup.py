@@ -58,6 +58,7 @@ HOT_MODULES = [
     "amqpbroker/store/liveness.py",
     "amqpbroker/store/state.py",
     "amqpbroker/store/recovery.py",
+    "amqpbroker/core/totals.py",  # `BrokerStats.routed += 1` per message: native (issue 20)
 ]
 
 # Hand-written C beside mypyc's, built with it (the same compiler, no other dependency):

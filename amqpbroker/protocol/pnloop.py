@@ -69,15 +69,15 @@ def bind(module: Any) -> bool:
 # A delivery's tag is written here and handed to `pn_delivery`, which copies it: one
 # buffer for the loop thread, not a `from_buffer` cdata per transfer (issue 20).
 _TAG_BYTES: Final = 24  # a delivery id in decimal: at most 20 digits
-_TAG: Final = ffi.new("char[]", _TAG_BYTES)
-# The `pn_delivery_tag_t` (size, start = `_TAG`) for each tag length, built once: cffi
-# converted a `(size, _TAG)` tuple into the struct on every transfer (~0.9k instructions,
+TAG: Final = ffi.new("char[]", _TAG_BYTES)
+# The `pn_delivery_tag_t` (size, start = `TAG`) for each tag length, built once: cffi
+# converted a `(size, TAG)` tuple into the struct on every transfer (~0.9k instructions,
 # callgrind; issue 20), it copies a struct cdata as it is. The pointers own the memory the
 # structs (`[0]`) view, so they are kept too.
 _TAG_POINTERS: Final = tuple(
-    ffi.new("pn_delivery_tag_t *", (size, _TAG)) for size in range(_TAG_BYTES + 1)
+    ffi.new("pn_delivery_tag_t *", (size, TAG)) for size in range(_TAG_BYTES + 1)
 )
-_TAG_STRUCTS: Final[tuple[Any, ...]] = tuple(pointer[0] for pointer in _TAG_POINTERS)
+TAG_STRUCTS: Final[tuple[Any, ...]] = tuple(pointer[0] for pointer in _TAG_POINTERS)
 
 
 def _recv(link: Any, buffer: Any, size: int) -> int:
@@ -100,8 +100,8 @@ def _accept_stored(delivery: Any) -> None:
 def _send(link: Any, delivery_id: int, data: Any, size: int, settle: bool) -> Any:
     tag = b"%d" % delivery_id
     length = len(tag)
-    _TAG[0:length] = tag
-    delivery = _pn_delivery(link, _TAG_STRUCTS[length])
+    TAG[0:length] = tag
+    delivery = _pn_delivery(link, TAG_STRUCTS[length])
     _pn_link_send(link, data, size)
     _pn_link_advance(link)
     if settle:
@@ -126,7 +126,6 @@ accept: Final[Any] = _module.lib.amqpb_accept if FAST else _accept
 settle: Final[Any] = _module.lib.amqpb_settle if FAST else _pn_delivery_settle
 accept_stored: Final[Any] = _module.lib.amqpb_accept_stored if FAST else _accept_stored
 send: Final[Any] = _module.lib.amqpb_send if FAST else _send
-send_plain: Final[Any] = _send  # any delivery id (the C one takes a uint64)
 
 
 def new_slots() -> tuple[Any, Any]:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import Final, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from cproton_ffi import ffi, lib
 from proton import Link
@@ -81,7 +81,13 @@ _pn_delivery_tag: Final = lib.pn_delivery_tag
 _from_buffer: Final = ffi.from_buffer
 _unpack: Final = ffi.unpack
 _send: Final = pnloop.send
-_send_plain: Final = pnloop.send_plain
+_FAST_SEND: Final[bool] = pnloop.FAST
+_TAG: Final = pnloop.TAG
+_TAG_STRUCTS: Final[tuple[Any, ...]] = pnloop.TAG_STRUCTS
+_pn_delivery: Final = lib.pn_delivery
+_pn_delivery_settle: Final = lib.pn_delivery_settle
+_pn_link_advance: Final = lib.pn_link_advance
+_pn_link_send: Final = lib.pn_link_send
 _MAX_C_ID: Final[int] = 2**62 - 1  # a C comparison when compiled (a short int)
 
 
@@ -116,13 +122,24 @@ class ConsumerLink(Generic[C]):
         delivery_id: int = dispatch.delivery
         # `pnloop.send` in C takes a uint64 id; from 2**62 on (never in practice) it takes the
         # calls one by one.
-        delivery = (_send if delivery_id <= _MAX_C_ID else _send_plain)(
-            self.impl,
-            delivery_id,
-            data if type(data) is bytes else _from_buffer(data),
-            len(data),
-            settled,
-        )
+        if _FAST_SEND and delivery_id <= _MAX_C_ID:
+            delivery = _send(
+                self.impl,
+                delivery_id,
+                data if type(data) is bytes else _from_buffer(data),
+                len(data),
+                settled,
+            )
+        else:  # inline: a call more costs pure Python ~0.5k instructions
+            impl = self.impl
+            tag = b"%d" % delivery_id
+            size = len(tag)
+            _TAG[0:size] = tag
+            delivery = _pn_delivery(impl, _TAG_STRUCTS[size])
+            _pn_link_send(impl, data if type(data) is bytes else _from_buffer(data), len(data))
+            _pn_link_advance(impl)
+            if settled:
+                _pn_delivery_settle(delivery)
         if not settled:
             self.unsettled[delivery] = dispatch.delivery
 

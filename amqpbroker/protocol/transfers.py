@@ -293,11 +293,18 @@ class Transfers:
                     # consumer link's `unsettled` is one the broker sent, never the
                     # peer's (no `pn_link_current` check).
                     if link in producers:
-                        self.on_transfer(delivery, link)
+                        partial = _pn_delivery_partial(delivery)
+                        self.transfer(
+                            delivery,
+                            link,
+                            _pn_delivery_pending(delivery),
+                            partial,
+                            0 if partial else _pn_delivery_remote_state(delivery),
+                        )
                     elif (consumer := consumers.get(link)) is not None and (
                         delivery in consumer.unsettled
-                    ):
-                        self.on_disposition(delivery, consumer)  # one we sent (issue 20)
+                    ):  # one we sent (issue 20)
+                        self.disposition(delivery, consumer, _pn_delivery_remote_state(delivery))
                     else:
                         self.on_other_delivery(delivery, link, consumer)
                 elif kind == _PN_LINK_FLOW:
@@ -351,7 +358,12 @@ class Transfers:
         if self.incomplete:
             self.forget_incomplete(link)
         buffer = _RECV_BUFFER if size <= _RECV_BYTES else _uncleared("char[]", size)
-        received: int = _recv(link, buffer, size)  # and the link advanced
+        # Fused or one by one: a branch on a constant costs pure Python less than a call.
+        if _FAST:
+            received: int = _recv(link, buffer, size)  # and the link advanced
+        else:
+            received = _pn_link_recv(link, buffer, size)
+            _pn_link_advance(link)
         producer = self.producers.get(link)
         # An aborted delivery reads as PN_ABORTED (< 0): no C call to ask (issue 20).
         if producer is None or received < 0:
@@ -402,7 +414,11 @@ class Transfers:
                 _pn_incref(delivery)
                 awaiting.append(delivery)
             else:
-                _accept(delivery)  # and settled
+                if _FAST:
+                    _accept(delivery)  # and settled
+                else:
+                    _pn_delivery_update(delivery, _PN_ACCEPTED)
+                    _pn_delivery_settle(delivery)
         self._top_up(link, producer)
 
     def _over_credit(self, delivery: Any, producer: ProducerLink) -> None:

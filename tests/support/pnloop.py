@@ -101,6 +101,7 @@ def use(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
         transfers, "_settle", lib.amqpb_settle if lib else pnloop._pn_delivery_settle
     )
     monkeypatch.setattr(shell, "_send", lib.amqpb_send if lib else pnloop._send)
+    monkeypatch.setattr(shell, "_FAST_SEND", lib is not None)
     monkeypatch.setattr(
         transfers, "_accept_stored", lib.amqpb_accept_stored if lib else pnloop._accept_stored
     )

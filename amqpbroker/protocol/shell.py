@@ -42,6 +42,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 from cproton_ffi import ffi, lib
 from proton import Link
 
+import amqpbroker.protocol.pnloop as pnloop
 from amqpbroker.amqp import sections
 from amqpbroker.core import (
     AddressUnblocked,
@@ -76,25 +77,18 @@ C = TypeVar("C", bound=Engine)
 
 # The C API of the hot path, bound once: compiled (setup.py), a `Final` name is a C
 # static, so a call costs no module-dict lookup of `lib` and no attribute lookup on it.
-_pn_delivery: Final = lib.pn_delivery
-_pn_delivery_settle: Final = lib.pn_delivery_settle
 _pn_delivery_tag: Final = lib.pn_delivery_tag
-_pn_link_advance: Final = lib.pn_link_advance
-_pn_link_send: Final = lib.pn_link_send
 _from_buffer: Final = ffi.from_buffer
 _unpack: Final = ffi.unpack
-# A delivery's tag is written here and handed to `pn_delivery`, which copies it: one
-# buffer for the loop thread, not a `from_buffer` cdata per transfer (issue 20).
-_TAG_BYTES: Final = 24  # a delivery id in decimal: at most 20 digits
-_TAG: Final = ffi.new("char[]", _TAG_BYTES)
-# The `pn_delivery_tag_t` (size, start = `_TAG`) for each tag length, built once: cffi
-# converted a `(size, _TAG)` tuple into the struct on every transfer (~0.9k instructions,
-# callgrind; issue 20), it copies a struct cdata as it is. The pointers own the memory the
-# structs (`[0]`) view, so they are kept too.
-_TAG_POINTERS: Final = tuple(
-    ffi.new("pn_delivery_tag_t *", (size, _TAG)) for size in range(_TAG_BYTES + 1)
-)
-_TAG_STRUCTS: Final[tuple[Any, ...]] = tuple(pointer[0] for pointer in _TAG_POINTERS)
+_send: Final = pnloop.send
+_FAST_SEND: Final[bool] = pnloop.FAST
+_TAG: Final = pnloop.TAG
+_TAG_STRUCTS: Final[tuple[Any, ...]] = pnloop.TAG_STRUCTS
+_pn_delivery: Final = lib.pn_delivery
+_pn_delivery_settle: Final = lib.pn_delivery_settle
+_pn_link_advance: Final = lib.pn_link_advance
+_pn_link_send: Final = lib.pn_link_send
+_MAX_C_ID: Final[int] = 2**62 - 1  # a C comparison when compiled (a short int)
 
 
 class ConsumerLink(Generic[C]):
@@ -120,18 +114,33 @@ class ConsumerLink(Generic[C]):
         if dispatch.wire_count or message.header is not None:
             # B-050: re-encode only the header; also when the producer sent a count.
             data = sections.with_delivery_count(data, message.header_end, dispatch.wire_count)
-        impl = self.impl
-        tag = b"%d" % dispatch.delivery  # read back by `delivery_id_of`
-        size = len(tag)
-        _TAG[0:size] = tag
-        delivery = _pn_delivery(impl, _TAG_STRUCTS[size])
-        # bytes go to a `char *` as they are (cffi passes their buffer, which proton
-        # copies); only another buffer type needs a cdata (`from_buffer`: a call more).
-        _pn_link_send(impl, data if type(data) is bytes else _from_buffer(data), len(data))
-        _pn_link_advance(impl)
-        if dispatch.settled:
-            _pn_delivery_settle(delivery)
-        else:
+        # The delivery, tagged with its id in decimal (read back by `delivery_id_of`), the
+        # bytes sent and the link advanced: one C call (`pnloop.send`). bytes go to a
+        # `char *` as they are (cffi passes their buffer, which proton copies); only
+        # another buffer type needs a cdata (`from_buffer`: a call more).
+        settled = dispatch.settled
+        delivery_id: int = dispatch.delivery
+        # `pnloop.send` in C takes a uint64 id; from 2**62 on (never in practice) it takes the
+        # calls one by one.
+        if _FAST_SEND and delivery_id <= _MAX_C_ID:
+            delivery = _send(
+                self.impl,
+                delivery_id,
+                data if type(data) is bytes else _from_buffer(data),
+                len(data),
+                settled,
+            )
+        else:  # inline: a call more costs pure Python ~0.5k instructions
+            impl = self.impl
+            tag = b"%d" % delivery_id
+            size = len(tag)
+            _TAG[0:size] = tag
+            delivery = _pn_delivery(impl, _TAG_STRUCTS[size])
+            _pn_link_send(impl, data if type(data) is bytes else _from_buffer(data), len(data))
+            _pn_link_advance(impl)
+            if settled:
+                _pn_delivery_settle(delivery)
+        if not settled:
             self.unsettled[delivery] = dispatch.delivery
 
     def delivery_id(self, delivery: object) -> DeliveryId:

@@ -41,6 +41,7 @@ from typing import Any, Final, Protocol
 from cproton_ffi import ffi, lib
 from proton import Condition, Delivery, Event, Link
 
+import amqpbroker.protocol.pnloop as pnloop
 from amqpbroker.amqp import sections
 from amqpbroker.core import (
     DUPLICATE_ID,
@@ -109,6 +110,13 @@ _pn_link_get_drain: Final = lib.pn_link_get_drain
 _pn_link_is_receiver: Final = lib.pn_link_is_receiver
 _pn_link_recv: Final = lib.pn_link_recv
 _unpack: Final = ffi.unpack
+# Fused engine calls (`pnloop.py`: one C call each when the build has `_pnloop`).
+_FAST: Final[bool] = pnloop.FAST
+_next_event: Final = pnloop.next_event
+_recv: Final = pnloop.recv
+_accept: Final = pnloop.accept
+_settle: Final = pnloop.settle
+_accept_stored: Final = pnloop.accept_stored
 # A transfer of up to this many bytes is read into one buffer the loop thread reuses and
 # copied out once (`ffi.unpack`): a bytearray, its cdata view and the copy to bytes were
 # ~2k instructions a message (issue 20). Larger ones get a buffer of their own.
@@ -187,6 +195,8 @@ class Transfers:
         # next deliveries until the connection is freed, which the server then makes
         # happen (`MemoryReturner.released`, issue 23).
         self.dropped_bytes = 0
+        # `pnloop.next_event`'s out-arrays (pointers, numbers), when the build has it.
+        self.slots: tuple[Any, Any] = pnloop.new_slots() if _FAST else (None, None)
 
     def process_events(self) -> None:
         """Handle every pending engine event, then apply the broker's effects.
@@ -194,6 +204,76 @@ class Transfers:
         Transfers, dispositions and flow are read with the C API (no wrapper objects per
         message); the rare events go to the connection's handlers with proton's wrappers.
         """
+        if _FAST:
+            self._events_fused()
+        else:
+            self._events()
+        self.awaiting = None  # the step ends: its sends wait for this step's append
+        self.shell.apply_effects()
+        self.shell.dirty.add(self.owner)
+
+    def _events_fused(self) -> None:
+        """The event loop with `pnloop.next_event`: one C call an event reads the next
+        event with its delivery, link, remote state, pending bytes and partial flag
+        (and pops the one before), where `_events` makes four to seven (issue 20)."""
+        collector = self.collector
+        handlers = self.handlers
+        owner = self.owner
+        producers, consumers = self.producers, self.consumers
+        pointers, numbers = self.slots
+        next_event = _next_event
+        pop_previous = 0
+        while kind := next_event(collector, pop_previous, pointers, numbers):
+            pop_previous = 1
+            if self.closed and kind != _PN_TRANSPORT_CLOSED and kind != _PN_TRANSPORT_TAIL_CLOSED:
+                continue  # issue 15: as in `_events`
+            link = pointers[2]
+            try:
+                if kind == _PN_DELIVERY:
+                    delivery = pointers[1]
+                    if link in producers:
+                        self.transfer(delivery, link, numbers[1], numbers[2], numbers[0])
+                    elif (consumer := consumers.get(link)) is not None and (
+                        delivery in consumer.unsettled
+                    ):
+                        self.disposition(delivery, consumer, numbers[0])
+                    else:
+                        self.on_other_delivery(delivery, link, consumer)
+                elif kind == _PN_LINK_FLOW:
+                    self.link_flow(link, numbers[0], numbers[1])
+                else:
+                    handler = handlers.get(kind)
+                    if handler is not None:
+                        handler(Event.wrap(pointers[0]))
+            except ClientError as e:  # issue 15: a field of the peer's is malformed
+                owner._refuse(e, link if kind == _PN_DELIVERY else None)
+            except Exception:
+                log.exception(
+                    "internal error on connection %s (%s) at event %s: closing it",
+                    self.id,
+                    self.container_id or self.peer,
+                    kind,
+                )
+                owner._fail("amqp:internal-error", "internal error")
+
+    def on_other_delivery(
+        self, delivery: Any, link: Any, consumer: ConsumerLink[Any] | None
+    ) -> None:
+        """A delivery event neither on a producer link nor one the broker sent: a
+        coordinator's transfer, a late disposition, or the peer's transfer on a link the
+        broker sends on."""
+        if consumer is None and _pn_link_is_receiver(link):
+            self.on_transfer(delivery, link)
+        elif _pn_link_current(link) == delivery:  # ours are never current
+            # The peer sent on a link it receives on; proton keeps that
+            # delivery as the link's next to send and would hold back a
+            # detach behind it, so the connection ends (issue 15).
+            self.owner._refuse(wrong_direction(), None)
+        else:
+            self.on_disposition(delivery, consumer)
+
+    def _events(self) -> None:
+        """The event loop through proton's binding, a call at a time (no `_pnloop`)."""
         collector = self.collector
         handlers = self.handlers
         owner = self.owner
@@ -218,20 +298,20 @@ class Transfers:
                     # consumer link's `unsettled` is one the broker sent, never the
                     # peer's (no `pn_link_current` check).
                     if link in producers:
-                        self.on_transfer(delivery, link)
+                        partial = _pn_delivery_partial(delivery)
+                        self.transfer(
+                            delivery,
+                            link,
+                            _pn_delivery_pending(delivery),
+                            partial,
+                            0 if partial else _pn_delivery_remote_state(delivery),
+                        )
                     elif (consumer := consumers.get(link)) is not None and (
                         delivery in consumer.unsettled
-                    ):
-                        self.on_disposition(delivery, consumer)  # one we sent (issue 20)
-                    elif consumer is None and _pn_link_is_receiver(link):
-                        self.on_transfer(delivery, link)
-                    elif _pn_link_current(link) == delivery:  # ours are never current
-                        # The peer sent on a link it receives on; proton keeps that
-                        # delivery as the link's next to send and would hold back a
-                        # detach behind it, so the connection ends (issue 15).
-                        owner._refuse(wrong_direction(), None)
+                    ):  # one we sent (issue 20)
+                        self.disposition(delivery, consumer, _pn_delivery_remote_state(delivery))
                     else:
-                        self.on_disposition(delivery, consumer)
+                        self.on_other_delivery(delivery, link, consumer)
                 elif kind == _PN_LINK_FLOW:
                     self.on_link_flow(_pn_event_link(event))
                 else:
@@ -252,12 +332,21 @@ class Transfers:
                 )
                 owner._fail("amqp:internal-error", "internal error")
             pop(collector)
-        self.awaiting = None  # the step ends: its sends wait for this step's append
-        self.shell.apply_effects()
-        self.shell.dirty.add(owner)
 
     def on_transfer(self, delivery: Any, link: Any) -> None:
-        size: int = _pn_delivery_pending(delivery)  # typed: C comparisons below
+        """A transfer's delivery event, read through proton's binding."""
+        partial = _pn_delivery_partial(delivery)
+        self.transfer(
+            delivery,
+            link,
+            _pn_delivery_pending(delivery),
+            partial,
+            0 if partial else _pn_delivery_remote_state(delivery),
+        )
+
+    def transfer(self, delivery: Any, link: Any, size: int, partial: int, state: int) -> None:
+        """A transfer's delivery event: `size` its pending bytes, `partial` whether more
+        frames follow, `state` its remote state (read only when not partial)."""
         limit = self.max_message_size
         if (
             (size > _MAX_CONTROL_BYTES or (limit and size > limit))
@@ -265,7 +354,7 @@ class Transfers:
             and self._too_large(delivery, link, size)  # B-152: as the frames arrive
         ):
             return
-        if _pn_delivery_partial(delivery):  # proton buffers the frames until the last one
+        if partial:  # proton buffers the frames until the last one
             if link not in self.producers and link not in self.coordinators:
                 _pn_delivery_settle(delivery)  # a link the broker ended: dropped as it comes
                 self.dropped_bytes += size
@@ -277,8 +366,12 @@ class Transfers:
                 self.dropped_bytes += self.incomplete.get(link, 0)
             self.forget_incomplete(link)
         buffer = _RECV_BUFFER if size <= _RECV_BYTES else _uncleared("char[]", size)
-        received: int = _pn_link_recv(link, buffer, size)
-        _pn_link_advance(link)
+        # Fused or one by one: a branch on a constant costs pure Python less than a call.
+        if _FAST:
+            received: int = _recv(link, buffer, size)  # and the link advanced
+        else:
+            received = _pn_link_recv(link, buffer, size)
+            _pn_link_advance(link)
         producer = self.producers.get(link)
         # An aborted delivery reads as PN_ABORTED (< 0): no C call to ask (issue 20).
         if producer is None or received < 0:
@@ -295,7 +388,7 @@ class Transfers:
             self._over_credit(delivery, producer)
             return
         raw = _unpack(buffer, received)
-        if _pn_delivery_remote_state(delivery) == _TRANSACTIONAL_STATE:
+        if state == _TRANSACTIONAL_STATE:
             self.owner._transactional_send(Delivery.wrap(delivery), producer, raw)
             self._top_up(link, producer)
             return
@@ -329,8 +422,11 @@ class Transfers:
                 _pn_incref(delivery)
                 awaiting.append(delivery)
             else:
-                _pn_delivery_update(delivery, _PN_ACCEPTED)
-                _pn_delivery_settle(delivery)
+                if _FAST:
+                    _accept(delivery)  # and settled
+                else:
+                    _pn_delivery_update(delivery, _PN_ACCEPTED)
+                    _pn_delivery_settle(delivery)
         self._top_up(link, producer)
 
     def _over_credit(self, delivery: Any, producer: ProducerLink) -> None:
@@ -436,13 +532,13 @@ class Transfers:
         """The journal answered for this step's durable sends (C API: the hot path)."""
         closed = self.closed
         for delivery in deliveries:
-            if not closed:
-                if error is None:
-                    _pn_delivery_update(delivery, _PN_ACCEPTED)
-                    _pn_delivery_settle(delivery)
-                else:
-                    self.stored(Delivery.wrap(delivery), error)
-            _pn_decref(delivery)
+            if closed:
+                _pn_decref(delivery)
+            elif error is None:
+                _accept_stored(delivery)  # accepted, settled, let go: one C call
+            else:
+                self.stored(Delivery.wrap(delivery), error)
+                _pn_decref(delivery)
         if not closed:
             self.shell.dirty.add(self.owner)
 
@@ -522,9 +618,16 @@ class Transfers:
     def on_disposition(self, delivery: Any, consumer: ConsumerLink[Any] | None) -> None:
         """A consumer's disposition of `delivery` (`consumer`: its link, None for a link
         that is no longer, or never was, a consumer)."""
+        self.disposition(
+            delivery,
+            consumer,
+            _pn_delivery_remote_state(delivery) if consumer is not None else 0,
+        )
+
+    def disposition(self, delivery: Any, consumer: ConsumerLink[Any] | None, state: int) -> None:
+        """`on_disposition` with the delivery's remote `state` read."""
         outcome = None
         if consumer is not None:
-            state: int = _pn_delivery_remote_state(delivery)
             if state == _TRANSACTIONAL_STATE:
                 self.owner._transactional_outcome(Delivery.wrap(delivery), consumer)
                 return
@@ -539,7 +642,7 @@ class Transfers:
             return
         assert consumer is not None
         settle_delivery(self.broker, consumer.id, consumer.delivery_id(delivery), outcome)
-        _pn_delivery_settle(delivery)
+        _settle(delivery)
 
     def on_link_flow(self, link: Any) -> None:
         """Credit and drain of a consumer link go to the core (B-037); a producer link's
@@ -549,6 +652,14 @@ class Transfers:
             set_consumer_credit(  # `Broker.set_credit`: a direct call when compiled
                 self.broker, consumer.id, _pn_link_credit(link), bool(_pn_link_get_drain(link))
             )
+            return
+        self.link_flow(link, 0, 0)
+
+    def link_flow(self, link: Any, credit: int, drain: int) -> None:
+        """`on_link_flow` with the link's `credit` and `drain` read (`pnloop.next_event`)."""
+        consumer = self.consumers.get(link)
+        if consumer is not None:
+            set_consumer_credit(self.broker, consumer.id, credit, bool(drain))
             return
         producer = self.producers.get(link)
         if producer is not None:

@@ -1,0 +1,121 @@
+/* The hot path's calls into the Proton engine, fused (issue 20): what `transfers.py` and
+   `shell.py` did with several cffi calls per message (each converting its arguments and
+   releasing and retaking the GIL, ~1k instructions) in one. setup.py builds this with
+   cffi (`_pnloop.h` is its cdef) and removes the GIL release of these calls: each does a
+   few engine calls on memory of the loop thread's own connection, nothing that blocks.
+   Proton's functions are called through pointers that `protocol/pnloop.py` takes from
+   python-qpid-proton's own binding (`amqpb_bind`), so nothing is linked against it. */
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/types.h>
+
+typedef struct { size_t size; const char *start; } amqpb_bytes;
+
+/* PN_DELIVERY, PN_LINK_FLOW, PN_ACCEPTED: pnloop.py checks them against proton's. */
+enum { AMQPB_DELIVERY = 28, AMQPB_LINK_FLOW = 26, AMQPB_ACCEPTED = 36 };
+
+static void *(*collector_peek)(void *);
+static bool (*collector_pop)(void *);
+static void *(*event_delivery)(void *);
+static int (*event_type)(void *);
+static void *(*event_link)(void *);
+static void *(*delivery_link)(void *);
+static size_t (*delivery_pending)(void *);
+static bool (*delivery_partial)(void *);
+static uint64_t (*delivery_remote_state)(void *);
+static ssize_t (*link_recv)(void *, char *, size_t);
+static bool (*link_advance)(void *);
+static void (*delivery_update)(void *, uint64_t);
+static void (*delivery_settle)(void *);
+static void *(*delivery_new)(void *, amqpb_bytes);
+static ssize_t (*link_send)(void *, const char *, size_t);
+static int (*link_credit)(void *);
+static bool (*link_get_drain)(void *);
+static int (*object_decref)(void *);
+
+/* The order of pnloop.py's FUNCTIONS. */
+static void **const SLOTS[] = {
+    (void **)&collector_peek, (void **)&collector_pop, (void **)&event_delivery,
+    (void **)&event_type, (void **)&event_link, (void **)&delivery_link,
+    (void **)&delivery_pending, (void **)&delivery_partial, (void **)&delivery_remote_state,
+    (void **)&link_recv, (void **)&link_advance, (void **)&delivery_update,
+    (void **)&delivery_settle, (void **)&delivery_new, (void **)&link_send,
+    (void **)&link_credit, (void **)&link_get_drain, (void **)&object_decref,
+};
+
+int amqpb_bind(void **functions, int count) {
+    int n = (int)(sizeof(SLOTS) / sizeof(SLOTS[0]));
+    if (count != n) return -1;
+    for (int i = 0; i < n; i++) {
+        if (functions[i] == NULL) return -1;
+        *SLOTS[i] = functions[i];
+    }
+    return n;
+}
+
+/* The collector's next event (the previous one popped first if `pop_previous`): its type,
+   0 for none. pointers: [0] the event, [1] its delivery (NULL unless PN_DELIVERY), [2] the
+   delivery's link, else the event's (NULL if none). numbers: of a delivery, [0] its
+   remote state, [1] its pending bytes, [2] whether it is partial; of PN_LINK_FLOW, [0]
+   the link's credit, [1] whether it drains. */
+int amqpb_next(void *collector, int pop_previous, void **pointers, int64_t *numbers) {
+    if (pop_previous) collector_pop(collector);
+    void *event = collector_peek(collector);
+    if (event == NULL) return 0;
+    pointers[0] = event;
+    void *delivery = event_delivery(event);
+    pointers[1] = delivery;
+    if (delivery != NULL) {
+        pointers[2] = delivery_link(delivery);
+        numbers[0] = (int64_t)delivery_remote_state(delivery);
+        numbers[1] = (int64_t)delivery_pending(delivery);
+        numbers[2] = delivery_partial(delivery) ? 1 : 0;
+        return AMQPB_DELIVERY;
+    }
+    void *link = event_link(event);
+    pointers[2] = link;
+    int type = event_type(event);
+    if (type == AMQPB_LINK_FLOW && link != NULL) {
+        numbers[0] = link_credit(link);
+        numbers[1] = link_get_drain(link) ? 1 : 0;
+    }
+    return type;
+}
+
+/* The link's current (complete) delivery read into `buffer`, then the link advanced: the
+   bytes received, or proton's negative code (PN_ABORTED, PN_EOS). */
+int64_t amqpb_recv(void *link, char *buffer, size_t size) {
+    ssize_t received = link_recv(link, buffer, size);
+    link_advance(link);
+    return (int64_t)received;
+}
+
+void amqpb_accept(void *delivery) {
+    delivery_update(delivery, AMQPB_ACCEPTED);
+    delivery_settle(delivery);
+}
+
+void amqpb_settle(void *delivery) { delivery_settle(delivery); }
+
+/* A durable send stored: accepted, settled, and the reference the loop kept let go. */
+void amqpb_accept_stored(void *delivery) {
+    delivery_update(delivery, AMQPB_ACCEPTED);
+    delivery_settle(delivery);
+    object_decref(delivery);
+}
+
+/* A transfer of `data` on `link` tagged with `id` in decimal (`shell.delivery_id_of` reads
+   it back), settled at once if `settle`: the new delivery. */
+void *amqpb_send(void *link, uint64_t id, const char *data, size_t size, int settle) {
+    char tag[24];
+    int length = snprintf(tag, sizeof(tag), "%llu", (unsigned long long)id);
+    amqpb_bytes bytes = {(size_t)length, tag};
+    void *delivery = delivery_new(link, bytes);
+    link_send(link, data, size);
+    link_advance(link);
+    if (settle) delivery_settle(delivery);
+    return delivery;
+}

@@ -1,0 +1,157 @@
+"""The hot path's fused engine calls (`protocol/pnloop.py`, `_pnloop.c`, issue 20): the
+event loop and the transfers give the peer the same frames with them as with proton's
+binding one call at a time (B-023, B-041, B-044, B-050, B-152)."""
+
+from __future__ import annotations
+
+from random import Random
+
+import pytest
+from proton import Connection, Delivery, Message
+from support import frames as F
+from support import pnloop as support
+from unit.protocol.test_handler import Client
+
+from amqpbroker.core import Broker, ManualClock, SettingsRepository
+from amqpbroker.core.effects import Dispatch
+from amqpbroker.protocol import AmqpConnection, Shell, moves, pnloop
+from amqpbroker.protocol.shell import ConsumerLink, delivery_id_of
+
+MODES = support.modes()
+
+
+@pytest.fixture(params=MODES)
+def shell(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Shell:
+    support.use(request.param, monkeypatch)
+    broker = Broker(
+        settings=SettingsRepository(), clock=ManualClock(), rng=Random(0), copier=moves.COPIER
+    )
+    return Shell(broker)
+
+
+def test_the_fused_module_binds_every_function() -> None:
+    """`_pnloop.c` takes proton's functions in `pnloop.FUNCTIONS`' order, all of them."""
+    module = support.fused_module()
+    assert pnloop.bind(module)
+    assert module.lib.amqpb_bind(module.ffi.new("void *[]", 1), 1) == -1  # wrong count
+
+
+def test_send_receive_accept_in_order(shell: Shell) -> None:
+    """B-023/B-041: each send accepted, each message delivered once in order, each accept
+    acks it: the fused loop reads and pops every event exactly once."""
+    client = Client(shell)
+    client.receiver("q", "queue", credit=100)
+    sender = client.sender("q", "queue")
+    for i in range(20):
+        client.send(sender, Message(body=f"m{i}"))
+    assert client.outcomes == [Delivery.ACCEPTED] * 20
+    assert [m.body for m, _ in client.received] == [f"m{i}" for i in range(20)]
+    for i in range(20):
+        client.settle(i, Delivery.ACCEPTED)
+    assert shell.broker.queues["q"].message_count == 0
+
+
+def test_a_large_message_arrives_in_frames_and_whole(shell: Shell) -> None:
+    """Partial deliveries wait for their last frame; a message larger than the loop's
+    reused buffer (64 KiB) is read whole."""
+    client = Client(shell)
+    client.receiver("q", "queue")
+    sender = client.sender("q", "queue")
+    body = bytes(range(256)) * 1200  # 300 KiB: several frames
+    client.send(sender, Message(body=body))
+    assert client.outcomes == [Delivery.ACCEPTED]
+    [(message, _)] = client.received
+    assert bytes(message.body) == body
+
+
+def test_modified_then_accepted(shell: Shell) -> None:
+    """B-044/B-050: a modified{delivery-failed} return is redelivered with its count."""
+    client = Client(shell)
+    client.receiver("q", "queue")
+    sender = client.sender("q", "queue")
+    client.send(sender, Message(body=b"x"))
+    client.settle(0, Delivery.MODIFIED, failed=True)
+    assert client.received[1][0].delivery_count == 1
+    client.settle(1, Delivery.ACCEPTED)
+    assert shell.broker.queues["q"].message_count == 0
+
+
+@pytest.mark.parametrize("tag", [b"x", b"0"])
+def test_a_transfer_on_a_link_the_broker_sends_on_ends_the_connection(
+    shell: Shell, tag: bytes
+) -> None:
+    """Issue 15: the peer's own delivery on a consumer link closes the connection with
+    amqp:invalid-field, fused or not."""
+    peer = F.RawPeer(AmqpConnection(shell, peer="memory"))
+    peer.opened()
+    source = F.source("q", "queue")
+    consumer = F.attach("c", role_receiver=True, source=source, target=F.NULL, properties=F.NULL)
+    peer.send(F.frame(consumer), F.frame(F.flow(credit=5)))
+    peer.send(F.frame(F.transfer(tag=tag, state=F.outcome(F.ACCEPTED)), payload=F.message()))
+    assert peer.errors() == [
+        (F.CLOSE, ("amqp:invalid-field", "transfer: a transfer on a link the broker sends on"))
+    ]
+    assert peer.connection.finished
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("delivery_id", [1, 9, 10**9, 2**62 - 1, 2**62, 2**64 - 1, 10**20 - 1])
+def test_a_sent_delivery_is_tagged_with_its_id(
+    mode: str, delivery_id: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fused send writes the tag in C (up to 2**62 - 1; larger ids take the calls one
+    by one): `delivery_id_of` reads back the id either way."""
+    from amqpbroker.core import ConsumerId, DeliveryId
+    from amqpbroker.core import Message as CoreMessage
+
+    support.use(mode, monkeypatch)
+    sender = Connection().session().sender("q")
+    link: ConsumerLink[object] = ConsumerLink(ConsumerId(1), sender, None)  # type: ignore[type-var]
+    link.send(
+        Dispatch(ConsumerId(1), DeliveryId(delivery_id), CoreMessage(b"\x00Sw\xa1\x01x"), 0, False)
+    )
+    [delivery] = link.unsettled
+    assert Delivery.wrap(delivery).tag == str(delivery_id)
+    assert delivery_id_of(delivery) == delivery_id
+
+
+def test_consumer_credit_and_drain(shell: Shell) -> None:
+    """B-037: a consumer's flow (credit, drain) reaches the core from the fused loop's
+    read of the link as from proton's binding."""
+    client = Client(shell)
+    sender = client.sender("q", "queue")
+    for i in range(5):
+        client.send(sender, Message(body=f"m{i}"))
+    receiver = client.receiver("q", "queue", credit=3)
+    assert len(client.received) == 3
+    receiver.flow(1)
+    client.pump()
+    assert len(client.received) == 4
+    receiver.drain(10)
+    client.pump()
+    assert len(client.received) == 5
+    assert receiver.credit == 0  # the drain was answered
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_durable_send_is_settled_once_stored(shell: Shell, fail: bool) -> None:
+    """B-023 with the journal's sync: a durable send is accepted once its records are
+    stored (`accept_stored`: accept, settle and let go of the delivery in one call), or
+    rejected with resource-limit-exceeded when the journal failed."""
+    from amqpbroker.core.persistence import Persistence
+    from amqpbroker.store.memory import MemoryJournal
+
+    journal = MemoryJournal()
+    shell.broker.enable_persistence(Persistence(journal))
+    client = Client(shell)
+    client.receiver("q", "queue")
+    sender = client.sender("q", "queue")
+    if fail:
+        journal.fail(OSError(28, "No space left on device"))
+    for i in range(3):
+        client.send(sender, Message(body=f"m{i}", durable=True))
+    if fail:
+        assert client.outcomes == [Delivery.REJECTED] * 3
+    else:
+        assert client.outcomes == [Delivery.ACCEPTED] * 3
+        assert [m.body for m, _ in client.received] == ["m0", "m1", "m2"]

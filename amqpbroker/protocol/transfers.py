@@ -248,13 +248,18 @@ class Transfers:
             except ClientError as e:  # issue 15: a field of the peer's is malformed
                 owner._refuse(e, link if kind == _PN_DELIVERY else None)
             except Exception:
-                log.exception(
-                    "internal error on connection %s (%s) at event %s: closing it",
-                    self.id,
-                    self.container_id or self.peer,
-                    kind,
-                )
-                owner._fail("amqp:internal-error", "internal error")
+                self._internal_error(kind)
+
+    def _internal_error(self, kind: int) -> None:
+        """A bug of the broker's at an engine event: logged with its traceback and the
+        connection closed with internal-error, the one policy of both event loops."""
+        log.exception(
+            "internal error on connection %s (%s) at event %s: closing it",
+            self.id,
+            self.container_id or self.peer,
+            kind,
+        )
+        self.owner._fail("amqp:internal-error", "internal error")
 
     def on_other_delivery(
         self, delivery: Any, link: Any, consumer: ConsumerLink[Any] | None
@@ -324,13 +329,7 @@ class Transfers:
                     _pn_delivery_link(_pn_event_delivery(event)) if kind == _PN_DELIVERY else None,
                 )
             except Exception:
-                log.exception(
-                    "internal error on connection %s (%s) at event %s: closing it",
-                    self.id,
-                    self.container_id or self.peer,
-                    kind,
-                )
-                owner._fail("amqp:internal-error", "internal error")
+                self._internal_error(kind)
             pop(collector)
 
     def on_transfer(self, delivery: Any, link: Any) -> None:

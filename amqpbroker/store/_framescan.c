@@ -415,9 +415,12 @@ static PyObject *scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     return result;
 }
 
-static PyObject *crc32_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+/* crc32(data, value) through `fn`: the module's two entry points (the one the reader
+   uses, and the tables alone for the test that checks both against zlib). */
+static PyObject *crc32_call(uint32_t (*fn)(uint32_t, const unsigned char *, size_t),
+                            const char *usage, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "crc32(data, value)");
+        PyErr_SetString(PyExc_TypeError, usage);
         return NULL;
     }
     unsigned long value = PyLong_AsUnsignedLongMask(args[1]);
@@ -426,25 +429,17 @@ static PyObject *crc32_py(PyObject *self, PyObject *const *args, Py_ssize_t narg
     Py_buffer view;
     if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
-    uint32_t crc = crc32_update((uint32_t)value, view.buf, (size_t)view.len);
+    uint32_t crc = fn((uint32_t)value, view.buf, (size_t)view.len);
     PyBuffer_Release(&view);
     return PyLong_FromUnsignedLong(crc);
 }
 
+static PyObject *crc32_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    return crc32_call(crc32_update, "crc32(data, value)", args, nargs);
+}
+
 static PyObject *crc32_tables_py(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "crc32_tables(data, value)");
-        return NULL;
-    }
-    unsigned long value = PyLong_AsUnsignedLongMask(args[1]);
-    if (value == (unsigned long)-1 && PyErr_Occurred())
-        return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(args[0], &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    uint32_t crc = crc32_tables((uint32_t)value, view.buf, (size_t)view.len);
-    PyBuffer_Release(&view);
-    return PyLong_FromUnsignedLong(crc);
+    return crc32_call(crc32_tables, "crc32_tables(data, value)", args, nargs);
 }
 
 static PyMethodDef methods[] = {

@@ -74,7 +74,7 @@ from typing import BinaryIO, cast
 
 from amqpbroker.amqp import sections
 from amqpbroker.core.errors import ResourceLimitExceeded
-from amqpbroker.core.model import Message
+from amqpbroker.core.model import Message, priority_level
 
 log = logging.getLogger(__name__)
 
@@ -851,7 +851,7 @@ class QueuePages:
         message.expiration_ms = expiration  # computed once (B-080/B-083)
         message.ttl_ms = None
         message.deliver_at_ms = deliver_at
-        message.priority = priority
+        message.priority = priority_level(priority)  # a ubyte: up to 255
         message.durable = bool(durable)
         return message
 

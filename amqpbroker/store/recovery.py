@@ -19,7 +19,7 @@ from typing import Final, cast
 
 from amqpbroker.amqp import sections
 from amqpbroker.core.broker import Broker
-from amqpbroker.core.model import Message, QueueConfig
+from amqpbroker.core.model import Message, QueueConfig, priority_level
 from amqpbroker.core.records import AddMessage, AddQueue
 from amqpbroker.store.backlog import JournalBacklog
 from amqpbroker.store.codec import MessageLayout, MessageRow, add_message_of_row
@@ -281,7 +281,7 @@ def _message(stored: AddMessage | MessageRow, message_of: MessageOf) -> Message:
     message.first_ts = record.first_ts
     message.expiration_ms = record.expiration_ms  # computed once (B-080/B-083)
     message.ttl_ms = None
-    message.priority = record.priority
+    message.priority = priority_level(record.priority)
     message.durable = True
     return message
 

@@ -189,3 +189,32 @@ def test_an_old_journal_records_priority_is_read_as_a_level() -> None:
     for stored, level in ((77, 9), (-3, 0), (5, 5)):
         record = AddMessage(msg_id=1, address="a", data=data, priority=stored, header_end=-1)
         assert recovery._message(record, message_of).priority == level
+
+
+def test_a_page_frame_whose_message_does_not_decode_is_lost_not_raised(tmp_path: Path) -> None:
+    """Fifth attack pass (B-151): a frame with a right checksum whose message's sections
+    do not decode (a section claiming 4 GiB) raised SectionError out of the read back:
+    the messages read before it in that step were taken from the files and never queued,
+    and the error went up through the queue's dispatch to the connection whose step asked.
+    It is counted lost and logged; the read goes on with the next message."""
+    page = _write_durable(tmp_path, 3)
+    raw = bytes(page.read_bytes())
+    head = struct.Struct("<II")
+    length = head.unpack_from(raw, 0)[0]
+    second = 8 + length
+    length2 = head.unpack_from(raw, second)[0]
+    body = raw[second + 8 : second + 8 + length2]
+    address_len = struct.unpack_from("<H", body, 1 + struct.calcsize("<BqqqqB"))[0]
+    start = 1 + struct.calcsize("<BqqqqBH") + address_len
+    bad = body[:start] + b"\x00\x53\x77\xb1\xff\xff\xff\xff"
+    rest = raw[second + 8 + length2 :]
+    page.write_bytes(raw[:second] + head.pack(len(bad), zlib.crc32(bad)) + bad + rest)
+    _, pages, files = _reopen(tmp_path)
+    try:
+        assert pages.messages == 3
+        read = pages.read(max_bytes=-1, max_messages=-1)
+        bodies = [sections.decode_first(bytes(m.data), 3)[0] for m in read]
+        assert bodies == ["message-00000", "message-00002"]
+        assert (pages.lost, pages.messages, pages.size_bytes) == (1, 0, 0)
+    finally:
+        files.close()

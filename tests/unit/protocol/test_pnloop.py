@@ -184,3 +184,18 @@ def test_a_producers_settle_of_a_durable_send_is_not_read_as_a_transfer(shell: S
     [of_b] = [p for p in answered if F.performative_code(p) == F.DISPOSITION and p.value[1] == 1]
     assert len(of_b.value) > 4
     assert F.performative_code(of_b.value[4]) == F.ACCEPTED, of_b
+
+
+def test_an_empty_transfer_is_settled_and_queues_nothing(shell: Shell) -> None:
+    """The check of the test above leaves the link's current delivery alone: a transfer
+    with no payload (nothing pending, yet current) is read as before, fused and one by
+    one: settled, no message queued, the connection kept."""
+    peer = F.RawPeer(AmqpConnection(shell, peer="memory"))
+    peer.opened()
+    peer.send(F.frame(F.attach("p", role_receiver=False, target=F.target("q", "queue"))))
+    answered = peer.send(F.frame(F.transfer(delivery_id=0, tag=b"e")))
+    answered += peer.send(F.frame(F.transfer(delivery_id=1, tag=b"m"), payload=F.message("m")))
+    settled = [int(p.value[1]) for p in answered if F.performative_code(p) == F.DISPOSITION]
+    assert settled == [0, 1], answered
+    assert [bytes(ref.message.data) for ref in shell.broker.queues["q"].refs()] == [F.message("m")]
+    assert peer.errors() == []

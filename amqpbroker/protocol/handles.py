@@ -205,13 +205,10 @@ class HandleWatch:
                 self.off = True  # Proton refuses it and closes the connection
                 pos = n
                 break
-            if size == 8 or body >= pos + size:  # a heartbeat, or only a header
-                pos += size
+            if body + 3 > pos + size:  # a heartbeat, only a header, or a body too short
+                pos += size  # for a performative (Proton refuses it: fifth attack pass)
                 continue
-            if body + 3 > n or body + 3 > pos + size:
-                if body + 3 > pos + size:  # no performative fits: Proton refuses it
-                    pos += size
-                    continue
+            if body + 3 > n:
                 break
             code: int
             if buf[body] == 0 and buf[body + 1] == 0x53:

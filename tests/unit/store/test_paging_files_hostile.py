@@ -218,3 +218,19 @@ def test_a_page_frame_whose_message_does_not_decode_is_lost_not_raised(tmp_path:
         assert (pages.lost, pages.messages, pages.size_bytes) == (1, 0, 0)
     finally:
         files.close()
+
+
+def test_an_old_journal_record_whose_message_does_not_decode_is_kept_as_stored() -> None:
+    """Fifth attack pass: an AddMessage of an older journal is scanned again at the
+    open, and one with a right checksum whose sections do not decode raised SectionError
+    out of the start (a traceback, no file named, no --skip-corrupt-journal way past
+    it). It is kept as its bytes, as a record of the current layout is."""
+    garbage = b"\x00\x53\x77\xb1\xff\xff\xff\xff"
+    record = AddMessage(msg_id=7, address="a", data=garbage, priority=3, header_end=-1)
+    message = recovery._message(record, message_of)
+    assert (message.data, message.msg_id, message.priority, message.durable) == (
+        garbage,
+        7,
+        3,
+        True,
+    )

@@ -26,6 +26,16 @@ DeliveryId = NewType("DeliveryId", int)
 ConnectionId = NewType("ConnectionId", int)
 
 DEFAULT_PRIORITY = 4  # B-013: priority when the header or the field is absent
+
+
+def priority_level(priority: int) -> int:
+    """B-013: a priority as a queue level, 0..9 (a queue keeps one deque per level). Every
+    priority read from outside goes through here: a page file's (a ubyte) or an old
+    journal record's (an i64) set past 9 made a queue's depage raise IndexError, its
+    messages lost (fifth attack pass), and a negative one picked a level from the end."""
+    return min(max(priority, 0), 9)
+
+
 DUPLICATE_ID = "_AMQ_DUPL_ID"  # B-012: the application property holding a duplicate id
 # B-015: the latest scheduled delivery time, epoch ms: a Java long, what the journal and
 # the page files store (i64). A later `x-opt-delivery-time` (a ulong) or a delay that
@@ -160,7 +170,7 @@ class Message:
         self.size = len(data)
         self.msg_id = msg_id
         self.durable = durable
-        self.priority = min(max(priority, 0), 9)
+        self.priority = priority_level(priority)
         self.expiration_ms = expiration_ms
         self.header_end = header_end
         # Where the sections up to properties end (0: not known): the event log reads no

@@ -20,13 +20,18 @@ the attach, detach and end frames are read further, the attach up to its handle 
 Bytes of a frame whose start is needed and has not all arrived are kept back (at most
 one frame) until it has.
 
-A frame Proton will refuse (a size below 8 or above the frame size, a doff below 2, a
-type other than AMQP) ends the watch: everything goes to Proton, which closes the
-connection with a framing error. A handle that is not a uint (AMQP 1.0 §2.7.3: a
-mandatory `handle` field), or an attach or detach without one, is `MALFORMED`: the
-connection is closed with `amqp:invalid-field` (Proton's decoders differ in what they
-make of a mistyped field; the broker need not guess); an attach or detach whose list
-does not fit its frame is a `FRAMING_ERROR`, as Proton answers it.
+A frame Proton will refuse (a size below 8 or above the frame size, a doff below 2)
+ends the watch: everything goes to Proton, which closes the connection with a framing
+error; so does a frame too short to hold a performative. A frame of a type other than
+AMQP is a `FRAMING_ERROR` of the broker's own (fifth attack pass): Proton ignores an empty
+frame of any type and its SASL layer reads a `sasl-init` after the open, so handing such
+a frame on and no longer watching let the next attach on a handle in use through.
+
+A handle that is not a uint (AMQP 1.0 §2.7.3: a mandatory `handle` field), or an attach
+or detach without one, is `MALFORMED`: the connection is closed with `amqp:invalid-field`
+(Proton's decoders differ in what they make of a mistyped field; the broker need not
+guess); an attach or detach whose list does not fit its frame is a `FRAMING_ERROR`, as
+Proton answers it.
 
 Loop thread only; one per connection.
 """
@@ -191,11 +196,17 @@ class HandleWatch:
             channel: int = (buf[pos + 6] << 8) | buf[pos + 7]
             body = pos + doff * 4
             if size < 8 or size > limit or doff < 2 or kind != 0:
+                if size >= 8 and size <= limit and doff >= 2:  # a type other than AMQP
+                    if pos > start:
+                        steps.append((PUSH, view[start:pos], 0, ""))
+                    steps.append((FRAMING_ERROR, b"", channel, f"a frame of type {kind}"))
+                    self.off = True
+                    return steps
                 self.off = True  # Proton refuses it and closes the connection
                 pos = n
                 break
-            if size == 8 or body >= pos + size:  # a heartbeat, or only a header
-                pos += size
+            if body + 3 > pos + size:  # a heartbeat, only a header, or a body too short
+                pos += size  # for a performative (Proton refuses it: fifth attack pass)
                 continue
             if body + 3 > n:
                 break

@@ -346,6 +346,14 @@ class Transfers:
     def transfer(self, delivery: Any, link: Any, size: int, partial: int, state: int) -> None:
         """A transfer's delivery event: `size` its pending bytes, `partial` whether more
         frames follow, `state` its remote state (read only when not partial)."""
+        if not size and _pn_link_current(link) != delivery:
+            # A delivery read already (its bytes are gone, an aborted one's pending is 1):
+            # the peer's disposition of it (settling a durable send before the broker
+            # has). `recv` reads the link's current delivery, whichever that is: it read
+            # zero bytes of the next, still partial, and advanced past it, so an empty
+            # message was routed (a consumer's client failed on it) and the next one was
+            # dropped, its credit given back twice (fifth attack pass).
+            return
         limit = self.max_message_size
         if (
             (size > _MAX_CONTROL_BYTES or (limit and size > limit))

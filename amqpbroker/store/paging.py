@@ -74,7 +74,7 @@ from typing import BinaryIO, cast
 
 from amqpbroker.amqp import sections
 from amqpbroker.core.errors import ResourceLimitExceeded
-from amqpbroker.core.model import Message
+from amqpbroker.core.model import Message, priority_level
 
 log = logging.getLogger(__name__)
 
@@ -444,7 +444,11 @@ class QueuePages:
             self._cursor = frame.end
             if frame.kind != _KIND_MESSAGE:
                 continue
-            message = self._message(frame)
+            try:
+                message = self._message(frame)
+            except sections.SectionError as e:
+                self._undecodable(frame, e)
+                continue
             self.messages -= 1
             self.size_bytes -= message.size
             self._hold(frame.end[0], -1, -message.size)
@@ -473,6 +477,27 @@ class QueuePages:
             held[1] += size
             if held[0] <= 0:
                 del self._held[page]
+
+    def _undecodable(self, frame: _Frame, error: sections.SectionError) -> None:
+        """A frame whose checksum is right and whose message does not decode (no broker
+        wrote it: the file was written by something else): lost, counted and logged, and
+        the read goes on after it. It raised out of the read (fifth attack pass): the
+        messages read before it in that step were taken from the files and never queued,
+        and the error went up through the queue's dispatch to whichever connection's
+        step had asked for it."""
+        page, offset = frame.end
+        size = frame.size
+        self.messages -= 1
+        self.size_bytes -= size
+        self._hold(page, -1, -size)
+        self.lost += 1
+        log.error(
+            "paging %s: page file %s: the message ending at byte %d does not decode (%s): lost",
+            self.directory,
+            self._path(page),
+            offset,
+            error,
+        )
 
     def _lose(self, page: int, what: str, path: Path, offset: int) -> None:
         """The unread messages of `page` are lost: counted and logged, never silently."""
@@ -557,7 +582,11 @@ class QueuePages:
 
         for frame in self._frames(position, self._end(), damaged=skip):
             if frame.kind == _KIND_MESSAGE:
-                yield self._message(frame), frame.end
+                try:
+                    message = self._message(frame)
+                except sections.SectionError:
+                    continue  # the read back counts and logs it (`_undecodable`)
+                yield message, frame.end
 
     def skip(self, taken: list[tuple[Position, int]]) -> None:
         """Remove the paged messages that end at these positions (each with its size), as
@@ -851,7 +880,7 @@ class QueuePages:
         message.expiration_ms = expiration  # computed once (B-080/B-083)
         message.ttl_ms = None
         message.deliver_at_ms = deliver_at
-        message.priority = priority
+        message.priority = priority_level(priority)  # a ubyte: up to 255
         message.durable = bool(durable)
         return message
 

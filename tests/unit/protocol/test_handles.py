@@ -6,6 +6,8 @@ read a handle whatever encodings come before it (`handle_of` walks by widths).
 
 from __future__ import annotations
 
+import random
+
 from support import frames as F
 
 from amqpbroker.amqp.sections import Symbol, UInt, ULong
@@ -116,6 +118,83 @@ def test_a_frame_proton_refuses_ends_the_watch() -> None:
     oversized = (200_000).to_bytes(4, "big") + b"\x02\x00\x00\x00"
     assert [k for k, *_ in watch.split(oversized + bytes(100))] == [handles.PUSH]
     assert watch.off
+
+
+def _until_error(steps: list[tuple[int, bytes, int, str]]) -> list[tuple[int, bytes, int, str]]:
+    """The steps up to the first that closes the connection (nothing after it is read)."""
+    for i, (kind, *_) in enumerate(steps):
+        if kind in (handles.FRAMING_ERROR, handles.MALFORMED):
+            return steps[: i + 1]
+    return steps
+
+
+def test_a_frame_of_another_type_is_a_framing_error_whatever_the_cuts() -> None:
+    """Fifth attack pass: a frame of a type other than AMQP ended the watch and went to
+    Proton, which ignores an empty frame of any type and reads a sasl-init after the
+    open: the next attach on a handle in use went through unseen. It is the broker's
+    framing error now, the frames before it handed on."""
+    attach = F.frame(F.attach("a", handle=0, role_receiver=False, target=F.target("t")))
+    for other in (
+        b"\x00\x00\x00\x08\x02\x05\x00\x00",
+        b"\x00\x00\x00\x08\x02\x01\x00\x00",
+        F.frame(F.sasl_init("ANONYMOUS"), kind=F.SASL_FRAME),
+    ):
+        data = F.frame(F.begin()) + attach + other + attach
+        for cut in range(1, len(data) + 1):
+            steps = _until_error(_steps(HandleWatch(131072), data, cut))
+            assert [k for k, *_ in steps] == [
+                handles.BEGIN,
+                handles.PUSH,
+                handles.FRAMING_ERROR,
+            ], (other, cut)
+            assert steps[1][1] == attach
+            assert steps[2][3].startswith("a frame of type")
+
+
+def test_a_frame_too_short_for_a_performative_is_handed_on_at_once() -> None:
+    """Fifth attack pass: a whole frame of 1 or 2 body bytes was kept back until 3 bytes
+    of body came, which were the next frame's, or never: the connection hung instead of
+    Proton refusing the frame. It is handed on as soon as it is whole."""
+    for body in (b"\x00", b"\x00\x53", b"\x12"):
+        short = (8 + len(body)).to_bytes(4, "big") + b"\x02\x00\x00\x00" + body
+        data = F.frame(F.begin()) + short
+        for cut in range(1, len(data) + 1):
+            steps = _steps(HandleWatch(131072), data, cut)
+            assert b"".join(p for _, p, *_ in steps) == data, (body, cut)
+
+
+def test_the_steps_do_not_depend_on_the_cuts_of_damaged_streams() -> None:
+    """Fifth attack pass: seeded streams of frames with bytes overwritten (sizes, codes,
+    list sizes, handles) decide the same at every single cut as in one read, up to the
+    first step that closes the connection."""
+    frames = [
+        F.frame(F.begin(), channel=1),
+        F.frame(F.attach("a" * 30, handle=7, role_receiver=True, source=F.source("q")), channel=1),
+        F.frame(F.transfer(handle=7), channel=1, payload=bytes(50)),
+        F.frame(F.attach("b", handle=7, role_receiver=False, target=F.target("t")), channel=1),
+        F.frame(F.detach(handle=7), channel=1),
+        F.frame(F.end(), channel=1),
+        b"\x00\x00\x00\x08\x02\x00\x00\x01",
+    ]
+    rng = random.Random(5)
+    for _ in range(60):
+        data = bytearray(b"".join(rng.choice(frames) for _ in range(rng.randint(1, 5))))
+        for _ in range(rng.randint(0, 3)):
+            data[rng.randrange(len(data))] = rng.choice((0, 1, 2, 0x12, 0x16, 0x53, 0xFF))
+        whole = _until_error(_steps(HandleWatch(2048), bytes(data), len(data)))
+        for cut in range(1, len(data)):
+            first, rest = bytes(data[:cut]), bytes(data[cut:])
+            watch = HandleWatch(2048)
+            two = _steps(watch, first, len(first)) + _steps(watch, rest, len(rest))
+            merged: list[tuple[int, bytes, int, str]] = []
+            for step in two:
+                if step[0] == handles.PUSH and not step[1]:
+                    continue
+                if step[0] in (handles.PUSH, handles.BEGIN) and merged and merged[-1][0] == 0:
+                    merged[-1] = (step[0], merged[-1][1] + step[1], step[2], "")
+                else:
+                    merged.append(step)
+            assert _until_error(merged) == whole, (bytes(data).hex(), cut)
 
 
 def test_a_close_on_an_ended_sessions_channel_is_handed_on() -> None:

@@ -12,6 +12,7 @@ from support import frames as F
 from support import pnloop as support
 from unit.protocol.test_handler import Client
 
+from amqpbroker.amqp.sections import UInt
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
 from amqpbroker.core.effects import Dispatch
 from amqpbroker.protocol import AmqpConnection, Shell, moves, pnloop
@@ -155,3 +156,46 @@ def test_a_durable_send_is_settled_once_stored(shell: Shell, fail: bool) -> None
     else:
         assert client.outcomes == [Delivery.ACCEPTED] * 3
         assert [m.body for m, _ in client.received] == ["m0", "m1", "m2"]
+
+
+def test_a_producers_settle_of_a_durable_send_is_not_read_as_a_transfer(shell: Shell) -> None:
+    """Fifth attack pass (B-021, B-152), fused and one by one: the peer settles durable
+    send A before the journal answered, while the first frame of B has come. Proton's
+    delivery event for that disposition was read as A's transfer: `recv` read the link's
+    current delivery (B, partial), so zero bytes were queued as a message and B was
+    dropped, settled without an outcome. Now A and B are queued whole, B accepted."""
+    from amqpbroker.core.persistence import Persistence
+    from amqpbroker.store.memory import MemoryJournal
+
+    shell.broker.enable_persistence(Persistence(MemoryJournal()))
+    peer = F.RawPeer(AmqpConnection(shell, peer="memory"))
+    peer.opened()
+    peer.send(F.frame(F.attach("p", role_receiver=False, target=F.target("q", "queue"))))
+    durable = b"\x00\x53\x70\xc0\x02\x01\x41"
+    first, second = F.message("A", header=durable), F.message("B" * 100, header=durable)
+    settle_first = F.Node(F.DISPOSITION, [F.enc(False), F.enc(UInt(0)), F.NULL, F.enc(True)])
+    answered = peer.send(
+        F.frame(F.transfer(delivery_id=0, tag=b"a"), payload=first),
+        F.frame(F.transfer(delivery_id=1, tag=b"b", more=True), payload=second[:20]),
+        F.frame(settle_first),
+    )
+    answered += peer.send(F.frame(F.transfer(delivery_id=None, tag=None), payload=second[20:]))
+    assert [bytes(ref.message.data) for ref in shell.broker.queues["q"].refs()] == [first, second]
+    [of_b] = [p for p in answered if F.performative_code(p) == F.DISPOSITION and p.value[1] == 1]
+    assert len(of_b.value) > 4
+    assert F.performative_code(of_b.value[4]) == F.ACCEPTED, of_b
+
+
+def test_an_empty_transfer_is_settled_and_queues_nothing(shell: Shell) -> None:
+    """The check of the test above leaves the link's current delivery alone: a transfer
+    with no payload (nothing pending, yet current) is read as before, fused and one by
+    one: settled, no message queued, the connection kept."""
+    peer = F.RawPeer(AmqpConnection(shell, peer="memory"))
+    peer.opened()
+    peer.send(F.frame(F.attach("p", role_receiver=False, target=F.target("q", "queue"))))
+    answered = peer.send(F.frame(F.transfer(delivery_id=0, tag=b"e")))
+    answered += peer.send(F.frame(F.transfer(delivery_id=1, tag=b"m"), payload=F.message("m")))
+    settled = [int(p.value[1]) for p in answered if F.performative_code(p) == F.DISPOSITION]
+    assert settled == [0, 1], answered
+    assert [bytes(ref.message.data) for ref in shell.broker.queues["q"].refs()] == [F.message("m")]
+    assert peer.errors() == []

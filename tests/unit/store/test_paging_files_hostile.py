@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import os
 import re
+import struct
+import zlib
 from pathlib import Path
 
 import pytest
 
 from amqpbroker.amqp import sections
 from amqpbroker.core.model import Message
+from amqpbroker.core.records import AddMessage
 from amqpbroker.protocol import message_of
+from amqpbroker.store import recovery
 from amqpbroker.store.paging import PageFiles, QueuePages
 
 pytestmark = pytest.mark.timeout(20)  # a FIFO opened for reading blocked the start forever
@@ -153,3 +157,80 @@ def test_page_directories_named_before_case_was_escaped_are_renamed_and_recovere
     assert new.is_dir()
     assert not old.parent.exists()
     files.close()
+
+
+@pytest.mark.parametrize("priority", [10, 200, 255])
+def test_a_page_files_priority_past_9_is_read_as_9(tmp_path: Path, priority: int) -> None:
+    """Fifth attack pass (B-013): a page file's priority is a ubyte, and a frame with a
+    right checksum and a priority past 9 came back as that Message.priority: the queue's
+    depage indexed its ten levels with it (IndexError, the step's messages taken from the
+    files and never queued). It is read as a level, 0..9, as a received message's is."""
+    page = _write_durable(tmp_path, 1)
+    raw = bytearray(page.read_bytes())
+    length = struct.unpack_from("<I", raw, 0)[0]
+    body = raw[8 : 8 + length]
+    # kind, then <BqqqqBH: durable, msg_id, first_ts, expiration, deliver_at, priority
+    body[1 + struct.calcsize("<Bqqqq")] = priority
+    raw[8 : 8 + length] = body
+    struct.pack_into("<I", raw, 4, zlib.crc32(bytes(body)))
+    page.write_bytes(bytes(raw))
+    _, pages, files = _reopen(tmp_path)
+    try:
+        assert [m.priority for m in pages.read(max_bytes=-1, max_messages=-1)] == [9]
+    finally:
+        files.close()
+
+
+def test_an_old_journal_records_priority_is_read_as_a_level() -> None:
+    """Fifth attack pass (B-013): an AddMessage of an older journal (no section scan
+    recorded) had its i64 priority set on the message as it was: 77 indexed past the
+    queue's levels, -3 picked a level from the end."""
+    data = b"\x00\x53\x77" + sections.encode_value("old")
+    for stored, level in ((77, 9), (-3, 0), (5, 5)):
+        record = AddMessage(msg_id=1, address="a", data=data, priority=stored, header_end=-1)
+        assert recovery._message(record, message_of).priority == level
+
+
+def test_a_page_frame_whose_message_does_not_decode_is_lost_not_raised(tmp_path: Path) -> None:
+    """Fifth attack pass (B-151): a frame with a right checksum whose message's sections
+    do not decode (a section claiming 4 GiB) raised SectionError out of the read back:
+    the messages read before it in that step were taken from the files and never queued,
+    and the error went up through the queue's dispatch to the connection whose step asked.
+    It is counted lost and logged; the read goes on with the next message."""
+    page = _write_durable(tmp_path, 3)
+    raw = bytes(page.read_bytes())
+    head = struct.Struct("<II")
+    length = head.unpack_from(raw, 0)[0]
+    second = 8 + length
+    length2 = head.unpack_from(raw, second)[0]
+    body = raw[second + 8 : second + 8 + length2]
+    address_len = struct.unpack_from("<H", body, 1 + struct.calcsize("<BqqqqB"))[0]
+    start = 1 + struct.calcsize("<BqqqqBH") + address_len
+    bad = body[:start] + b"\x00\x53\x77\xb1\xff\xff\xff\xff"
+    rest = raw[second + 8 + length2 :]
+    page.write_bytes(raw[:second] + head.pack(len(bad), zlib.crc32(bad)) + bad + rest)
+    _, pages, files = _reopen(tmp_path)
+    try:
+        assert pages.messages == 3
+        read = pages.read(max_bytes=-1, max_messages=-1)
+        bodies = [sections.decode_first(bytes(m.data), 3)[0] for m in read]
+        assert bodies == ["message-00000", "message-00002"]
+        assert (pages.lost, pages.messages, pages.size_bytes) == (1, 0, 0)
+    finally:
+        files.close()
+
+
+def test_an_old_journal_record_whose_message_does_not_decode_is_kept_as_stored() -> None:
+    """Fifth attack pass: an AddMessage of an older journal is scanned again at the
+    open, and one with a right checksum whose sections do not decode raised SectionError
+    out of the start (a traceback, no file named, no --skip-corrupt-journal way past
+    it). It is kept as its bytes, as a record of the current layout is."""
+    garbage = b"\x00\x53\x77\xb1\xff\xff\xff\xff"
+    record = AddMessage(msg_id=7, address="a", data=garbage, priority=3, header_end=-1)
+    message = recovery._message(record, message_of)
+    assert (message.data, message.msg_id, message.priority, message.durable) == (
+        garbage,
+        7,
+        3,
+        True,
+    )

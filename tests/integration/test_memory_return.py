@@ -20,7 +20,18 @@ from support.raw import RawClient, open_socket
 from support.waiting import wait_until
 
 SCALE = int(os.environ.get("PAGING_SCALE", "1"))
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(120 * SCALE)]
+# 11-29 s each on the quiet CI machine; the purge test's 50,000 sends passed 120 s at
+# load ~10 on two cores (a broker and a client, each given a fraction of a core).
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300 * SCALE)]
+
+# How long RSS may take to come back once the broker has what frees it. What is timed
+# is the broker's own work (a purge's or a drain's frees and `malloc_trim` over ~100 MB
+# of heap, the server's one-second check, two in a row for the settled rule, a collection
+# at most every 10 s) at a fraction of a core: 5 and 10 s passed quiet but timed out at
+# load 8-10 ("timed out after 5s waiting for RSS back near ..."). Memory that never comes
+# back (the bug these tests are for: 40 -> 116 MB for good) still fails; a wait that is
+# met returns at once.
+RETURN_SECONDS = 30.0
 
 # One queue, and a global-max-size far above the backlog: everything stays in memory.
 HELD_IN_MEMORY = """
@@ -55,7 +66,7 @@ def test_rss_comes_back_after_a_purge_of_a_large_backlog(tmp_path: Path) -> None
             assert json.loads(response.read())["removed"] == N
         wait_until(
             lambda: broker.rss_bytes() - before < 16 * 1024 * 1024,
-            timeout=5,
+            timeout=RETURN_SECONDS,
             message=f"RSS back near {before} (peak {peak})",
         )
     finally:
@@ -86,7 +97,7 @@ def test_rss_comes_back_after_a_drain_of_a_large_backlog(tmp_path: Path) -> None
         assert bulk.receive(broker.url, "q", n) == list(range(n))
         wait_until(
             lambda: broker.rss_bytes() - before < (peak - before) // 2,
-            timeout=10,
+            timeout=RETURN_SECONDS,
             message=f"RSS back near {before} (peak {peak})",
         )
     finally:
@@ -166,7 +177,7 @@ def test_rss_comes_back_after_aborted_and_oversized_transfers(tmp_path: Path) ->
             before, peak = _drop_large_transfers(broker, before, c)
             wait_until(  # (the server checks every second; collects at most every 10 s)
                 lambda before=before: broker.rss_bytes() - before < 8 * 1024 * 1024,  # type: ignore[misc]
-                timeout=15,
+                timeout=RETURN_SECONDS,
                 message=f"RSS back near {before} (peak {peak}, now {broker.rss_bytes()})",
             )
         # Only the small messages were queued: nothing of the dropped ones got through.

@@ -351,17 +351,23 @@ sys.stdin.read()  # until the test closes stdin
 """
 
 
+# The guessers' first 16 answers are 16 scrypt checks on the broker's nice-10 check thread:
+# ~1 s quiet, 27 s at load 14 (two cores), past the 30 s wait this had, and near the
+# default 60 s bound for the whole test. Waits, not what is measured.
 @pytest.mark.timing  # compares wall-clock medians
+@pytest.mark.timeout(300)
 def test_guessing_clients_do_not_slow_down_the_others(broker: BrokerProcess) -> None:
     """Issue 15 item 4: 16 clients guessing passwords (each from its own address, in a
     child process so they do not share this process's GIL with the measuring client)
-    while a logged-in client's round trip stays within 2x of what it is when idle."""
+    while a logged-in client's round trip stays within 2x of what it is when idle. Idle
+    is measured before the guessers start and again once they are gone, so that load
+    from elsewhere on the machine that comes or goes meanwhile is on both sides."""
     conn = plain(broker, "admin", "right-pw")
     sender = conn.create_sender("rtt", options=QUEUE)
     receiver = conn.create_receiver("rtt", options=QUEUE)
     for _ in range(5):
         _round_trip_s(conn, sender, receiver)  # warm up
-    idle = statistics.median(_round_trip_s(conn, sender, receiver) for _ in range(21))
+    idle = [_round_trip_s(conn, sender, receiver) for _ in range(21)]
 
     tests_dir = Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tests_dir), *sys.path]))
@@ -373,14 +379,16 @@ def test_guessing_clients_do_not_slow_down_the_others(broker: BrokerProcess) -> 
     ) as guessers:
         try:
             assert guessers.stdout is not None
-            ready, _, _ = select.select([guessers.stdout], [], [], 30)
+            ready, _, _ = select.select([guessers.stdout], [], [], 120)
             assert ready, "the guessing clients did not get going"
             assert guessers.stdout.readline() == b"guessing\n"
             loaded = statistics.median(_round_trip_s(conn, sender, receiver) for _ in range(21))
         finally:
             guessers.kill()
+    guessers.wait()  # gone, their connections with them
+    idle += [_round_trip_s(conn, sender, receiver) for _ in range(21)]
     conn.close()
-    assert loaded < 2 * idle, (idle, loaded)
+    assert loaded < 2 * statistics.median(idle), (idle, loaded)
 
 
 def _peak_rss_kib(broker: BrokerProcess) -> int:

@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import gzip
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
+
+from amqpbroker.eventlog import EventLogWriter
+from support.waiting import wait_until
+
+T = TypeVar("T")
 
 FINISHED = ("events-*.jsonl", "events-*.jsonl.gz")
 
@@ -25,3 +31,25 @@ def file_lines(path: Path) -> list[str]:
 def read_events(directory: Path) -> list[dict[str, Any]]:
     """Every event of the rotated files, in write order."""
     return [json.loads(line) for path in finished_files(directory) for line in file_lines(path)]
+
+
+# How long a test waits for a writer process to finish its files. The writer's own bound
+# (`close(timeout=5.0)`) is the broker's shutdown budget; on a loaded 2-core host the
+# process's start alone (an interpreter and its imports) took longer, so `close` left it
+# running: no finished file yet ("not enough values to unpack") and, once the `Popen` was
+# collected, "subprocess N is still running" (a ResourceWarning, an error here). A wait
+# for a process that exits returns at once; pytest-timeout (60 s) still bounds the test.
+FINISH_SECONDS = 30.0
+
+
+class PatientWriter(EventLogWriter):
+    """The writer as the broker runs it, whose `close` waits up to FINISH_SECONDS by
+    default (a test that means a shorter bound passes it)."""
+
+    def close(self, timeout: float = FINISH_SECONDS) -> None:
+        super().close(timeout)
+
+
+def wait_for_writer(predicate: Callable[[], T], *, message: str = "the writer process") -> T:
+    """`wait_until` for what a writer process does, with its bound (FINISH_SECONDS)."""
+    return wait_until(predicate, timeout=FINISH_SECONDS, message=message)

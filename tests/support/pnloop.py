@@ -1,19 +1,13 @@
 """The hot path's fused engine calls (`amqpbroker/protocol/_pnloop.c`, issue 20) for the
-tests of both builds: the installed module, or, where the build has none (editable
-installs), the same source built here once per process through setup.py's own cffi step,
-so that the fused event loop is tested in every tier; and a switch of the (pure-Python)
-hot path between the fused calls and proton's binding one by one."""
+tests of both builds (`support.cext`): the installed module, or, where the build has none
+(editable installs), the same source built here once per process through setup.py's own
+cffi step, so that the fused event loop is tested in every tier; and a switch of the
+(pure-Python) hot path between the fused calls and proton's binding one by one."""
 
 from __future__ import annotations
 
-import atexit
-import importlib.machinery
 import importlib.util
 import os
-import shutil
-import subprocess
-import sysconfig
-import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -21,9 +15,9 @@ from typing import Any
 import pytest
 
 from amqpbroker.protocol import pnloop, shell, transfers
+from support import cext
 
 ROOT = Path(__file__).resolve().parents[2]
-_built: list[ModuleType] = []
 
 
 def compiled() -> bool:
@@ -33,49 +27,26 @@ def compiled() -> bool:
 
 def fused_module() -> ModuleType:
     """`_pnloop`: the installed one, else built from its source (bound to proton)."""
-    try:
-        from amqpbroker.protocol import _pnloop  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        if os.environ.get("AMQPBROKER_COMPILED") == "1":
-            raise  # the compiled build must have it (setup.py)
-    else:
-        return _pnloop  # type: ignore[no-any-return,unused-ignore]
-    if not _built:
-        _built.append(_build())
-    return _built[0]
+    return cext.installed_or_built("amqpbroker.protocol._pnloop", _build)
 
 
 def _build() -> ModuleType:
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()
-    if shutil.which(compiler[0]) is None:
-        # Not a skip: `make test` already needs one (python-qpid-proton compiles at install).
-        pytest.fail(f"no C compiler ({compiler[0]}) to build _pnloop for its tests")
     spec = importlib.util.spec_from_file_location("amqpbroker_setup", ROOT / "setup.py")
     assert spec is not None
     assert spec.loader is not None
     setup = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(setup)
-    scratch = tempfile.mkdtemp(prefix="pnloop-")
-    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
-    cwd = os.getcwd()
-    os.chdir(ROOT)  # setup.py's paths are the repository's
-    try:
-        [extension] = setup.cffi_sources(Path(scratch))
-    finally:
-        os.chdir(cwd)
-    name = "amqpbroker.protocol._pnloop"
-    out = Path(scratch) / ("_pnloop" + str(sysconfig.get_config_var("EXT_SUFFIX")))
-    include = sysconfig.get_paths()["include"]
-    subprocess.run(
-        [*compiler, "-O2", "-shared", "-fPIC", f"-I{include}", *extension.sources, "-o", str(out)],
-        check=True,
-        timeout=120,
-    )
-    loader = importlib.machinery.ExtensionFileLoader(name, str(out))
-    module_spec = importlib.util.spec_from_file_location(name, out, loader=loader)
-    assert module_spec is not None
-    module = importlib.util.module_from_spec(module_spec)
-    loader.exec_module(module)
+
+    def sources(scratch: Path) -> list[str]:
+        cwd = os.getcwd()
+        os.chdir(ROOT)  # setup.py's paths are the repository's
+        try:
+            [extension] = setup.cffi_sources(scratch)
+        finally:
+            os.chdir(cwd)
+        return list(extension.sources)
+
+    module = cext.build("amqpbroker.protocol._pnloop", sources)
     assert pnloop.bind(module)
     return module
 

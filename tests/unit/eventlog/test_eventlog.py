@@ -30,8 +30,7 @@ import pytest
 from proton import Message as ProtonMessage
 from proton import ulong
 from support.core_harness import Harness
-from support.event_files import read_events
-from support.waiting import wait_until
+from support.event_files import FINISH_SECONDS, PatientWriter, read_events, wait_for_writer
 
 from amqpbroker.amqp import sections
 from amqpbroker.config import EventLogConfig
@@ -63,7 +62,7 @@ def writer(
     directory: Path, *, clock: FakeClock | None = None, queue_events: int = 1024, **config: Any
 ) -> EventLogWriter:
     config.setdefault("compress", False)  # these tests read the rotated files as text
-    return EventLogWriter(
+    return PatientWriter(
         directory,
         broker_name="b1",
         config=EventLogConfig(**config),
@@ -205,7 +204,7 @@ def test_full_queue_drops_and_counts_and_seq_gap_shows_it(tmp_path: Path) -> Non
     w.submit([event(), event()])  # the hand-off holds one event: dropped
     assert w.dropped_total == 2
     w.start()
-    wait_until(lambda: w.written_total == 1, message="the hand-off drained")
+    wait_for_writer(lambda: w.written_total == 1, message="the hand-off drained")
     w.submit([event()])
     w.close()
     w.submit([event()])  # after close: dropped, still numbered
@@ -226,7 +225,7 @@ def test_busy_writer_never_blocks_submit_and_the_gap_shows(tmp_path: Path) -> No
         w.submit([event(data=data), event(data=data)])  # seq 3, 4: dropped
         assert time.monotonic() - started < 1
         assert w.dropped_total == 2
-    wait_until(lambda: w.written_total == 2, message="the hand-off drained")
+    wait_for_writer(lambda: w.written_total == 2, message="the hand-off drained")
     w.submit([event(data=data)])  # seq 5
     w.close()
     assert [r["seq"] for r in records(tmp_path)] == [1, 2, 5]
@@ -243,7 +242,7 @@ def test_a_frame_is_dropped_for_the_bound_only_on_fresh_counts(
     w = writer(tmp_path, queue_events=2)
     w.start()
     w.submit([event(), event()])  # a frame of two: the hand-off is full
-    wait_until(lambda: len(records(tmp_path, "*.part")) == 2, message="the writer wrote them")
+    wait_for_writer(lambda: len(records(tmp_path, "*.part")) == 2, message="the writer wrote them")
     w.submit([event(), event()])  # stale counts say full; fresh ones say empty
     w.close()
     assert [r["seq"] for r in records(tmp_path)] == [1, 2, 3, 4]
@@ -296,7 +295,7 @@ def test_file_is_part_while_written_and_shows_recent_events(tmp_path: Path) -> N
     w.start()
     w.submit([event("sent"), event("enqueued")])
     part = tmp_path / "events-20261122T121314007Z.jsonl.part"
-    wait_until(lambda: part.exists() and line_count(part) == 2, message="2 flushed lines")
+    wait_for_writer(lambda: part.exists() and line_count(part) == 2, message="2 flushed lines")
     assert not list(tmp_path.glob("*.jsonl"))
     w.close()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events-20261122T121314007Z.jsonl"]
@@ -339,10 +338,10 @@ def test_rotation_by_age_when_the_next_event_arrives(tmp_path: Path) -> None:
     w = writer(tmp_path, clock=clock, max_file_age=60_000)
     w.start()
     w.submit([event()])
-    wait_until(lambda: [line_count(p) for p in tmp_path.glob("*.part")] == [1])
+    wait_for_writer(lambda: [line_count(p) for p in tmp_path.glob("*.part")] == [1])
     clock.now = 59_999
     w.submit([event()])
-    wait_until(lambda: [line_count(p) for p in tmp_path.glob("*.part")] == [2])
+    wait_for_writer(lambda: [line_count(p) for p in tmp_path.glob("*.part")] == [2])
     clock.now = 60_000
     w.submit([event()])
     w.close()
@@ -355,8 +354,8 @@ def test_rotation_by_age_while_no_events_arrive(tmp_path: Path) -> None:
     w = writer(tmp_path, max_file_age=300)
     w.start()
     w.submit([event()])
-    wait_until(lambda: [line_count(p) for p in tmp_path.glob("*.part")] == [1])
-    [done] = wait_until(lambda: list(tmp_path.glob("*.jsonl")), message="the idle rotation")
+    wait_for_writer(lambda: [line_count(p) for p in tmp_path.glob("*.part")] == [1])
+    [done] = wait_for_writer(lambda: list(tmp_path.glob("*.jsonl")), message="the idle rotation")
     assert not list(tmp_path.glob("*.part"))
     assert line_count(done) == 1
     w.close()
@@ -491,7 +490,7 @@ def test_unwritable_directory_counts_drops_and_never_raises(tmp_path: Path) -> N
     w = writer(blocker / "events")
     w.start()
     w.submit([event(), event()])
-    wait_until(lambda: w.dropped_total == 2, message="the failed batch counted")
+    wait_for_writer(lambda: w.dropped_total == 2, message="the failed batch counted")
     w.submit([event()])  # after the failure: dropped at once
     w.close()
     assert w.dropped_total == 3
@@ -505,7 +504,7 @@ def test_directory_removed_after_start_counts_drops(tmp_path: Path) -> None:
     w = writer(directory, max_file_bytes=10)
     w.start()
     w.submit([event()])
-    wait_until(lambda: list(directory.glob("*.part")), message="the first file")
+    wait_for_writer(lambda: list(directory.glob("*.part")), message="the first file")
     for path in directory.iterdir():
         path.unlink()
     directory.rmdir()
@@ -572,7 +571,7 @@ def test_close_gives_up_on_a_stuck_writer_within_its_timeout(tmp_path: Path) -> 
         w.close(timeout=0.05)
         assert time.monotonic() - started < 2
         assert not list(tmp_path.glob("*.jsonl"))
-    assert process(w).wait(5) == 0
+    assert process(w).wait(FINISH_SECONDS) == 0
     assert [r["seq"] for r in records(tmp_path)] == [1, 2]
 
 
@@ -604,7 +603,7 @@ def test_events_collect_until_the_timer_and_close_writes_the_rest(tmp_path: Path
     w.submit([event("enqueued")])
     assert len(timer.callbacks) == 1  # one timer for the frame being collected
     timer.fire()
-    wait_until(lambda: w.written_total == 2, message="the first frame")
+    wait_for_writer(lambda: w.written_total == 2, message="the first frame")
     w.submit([event("dispatched"), event("acked")])
     w.close()  # the timer never fired for these
     timer.fire()  # a late timer after close does nothing
@@ -666,9 +665,9 @@ def test_a_dead_writer_process_costs_events_never_the_broker(
     w = writer(tmp_path)
     w.start()
     w.submit([event()])
-    wait_until(lambda: w.written_total == 1, message="the first event")
+    wait_for_writer(lambda: w.written_total == 1, message="the first event")
     process(w).kill()
-    process(w).wait(5)
+    process(w).wait(FINISH_SECONDS)
     for _ in range(3):
         w.submit([event()])
     w.close()
@@ -698,8 +697,14 @@ def test_the_writer_process_finishes_the_log_when_the_broker_dies(tmp_path: Path
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, check=True
     )
     pid = int(broker.stdout)
-    [done] = wait_until(lambda: list(tmp_path.glob("*.jsonl.gz")), message="the finished file")
-    wait_until(lambda: not Path(f"/proc/{pid}").exists(), message="the writer's exit")
+    [done] = wait_for_writer(
+        lambda: list(tmp_path.glob("*.jsonl.gz")),
+        message="the finished file",
+    )
+    wait_for_writer(
+        lambda: not Path(f"/proc/{pid}").exists(),
+        message="the writer's exit",
+    )
     assert [r["event"] for r in read_events(tmp_path)] == ["sent"]
     assert not list(tmp_path.glob("*.part"))
     assert done.exists()
@@ -984,7 +989,7 @@ def test_a_batch_per_loop_turn_writes_the_same_lines_as_one_frame_per_event(
         assert len(loop.soon_callbacks) <= 1  # one end-of-turn flush, however many submits
         loop.end_turn()
         size += 1
-    wait_until(lambda: batched.written_total == len(events), message="every batch written")
+    wait_for_writer(lambda: batched.written_total == len(events), message="every batch written")
     assert not loop.callbacks  # nothing waited for a timer
     batched.close()
     expected = file_bytes(tmp_path / "one")
@@ -1058,8 +1063,14 @@ def test_a_killed_broker_loses_only_the_turn_it_was_in(tmp_path: Path) -> None:
     )
     assert broker.returncode == -signal.SIGKILL, broker.stderr
     pid = int(broker.stdout)
-    wait_until(lambda: list(tmp_path.glob("*.jsonl.gz")), message="the finished file")
-    wait_until(lambda: not Path(f"/proc/{pid}").exists(), message="the writer's exit")
+    wait_for_writer(
+        lambda: list(tmp_path.glob("*.jsonl.gz")),
+        message="the finished file",
+    )
+    wait_for_writer(
+        lambda: not Path(f"/proc/{pid}").exists(),
+        message="the writer's exit",
+    )
     assert [(r["seq"], r["event"]) for r in read_events(tmp_path)] == [
         (1, "sent"),
         (2, "enqueued"),

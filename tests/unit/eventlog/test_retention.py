@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.event_files import finished_files, read_events
+from support.event_files import PatientWriter, finished_files, read_events
 
 from amqpbroker.config import EventLogConfig
 from amqpbroker.core import LifecycleEvent, RawEvent
@@ -103,7 +103,7 @@ def raw(seq: int) -> list[RawEvent]:
 
 
 def start(directory: Path, **config: Any) -> EventLogWriter:
-    w = EventLogWriter(
+    w = PatientWriter(
         directory,
         broker_name="b1",
         config=EventLogConfig(**config),

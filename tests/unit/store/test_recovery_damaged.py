@@ -10,6 +10,7 @@ a torn tail is cut, corruption in the middle stops the open).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import struct
 from collections.abc import Callable
@@ -138,6 +139,10 @@ def _damages(base: Path) -> list[tuple[str, Damage]]:
     return found
 
 
+# ~750 opens of a damaged copy, three ways: ~10 CPU-s each (7-9 ms an open, the copies),
+# which at load 8-10 on two cores took 60 s of wall, the default bound ("Timeout >60 s").
+# Bounded at five times that, for the CPU the machine gives it, not for a hang.
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("skip", [False, True])
 def test_the_fast_open_equals_the_general_one_on_damaged_journals(
     tmp_path: Path, skip: bool, monkeypatch: pytest.MonkeyPatch
@@ -146,6 +151,10 @@ def test_the_fast_open_equals_the_general_one_on_damaged_journals(
     general open end alike (state, the files as left, or the same JournalCorrupt); no
     other exception escapes any."""
     scan = framescan().scan
+    # The journal's own fsyncs (the spare segment's header, a cut tail, the directory) are
+    # not what this compares; each open waited ~10 ms for them on the shared disk (an open
+    # 32 -> 24 ms of wall, its CPU unchanged). Data syncs are injected away (`_outcome`).
+    monkeypatch.setattr(os, "fsync", lambda fd: None)
     logging.disable(logging.CRITICAL)  # the torn-tail warnings and skip errors, by design
     try:
         base = tmp_path / "base"
@@ -155,14 +164,14 @@ def test_the_fast_open_equals_the_general_one_on_damaged_journals(
         for label, damage in _damages(base):
             ends = []
             for way in ("c", "loop", "general"):
-                monkeypatch.setattr(frames, "_scan", scan if way == "c" else None)
-                if way == "general":
-                    monkeypatch.setattr(opening, "read_batches", _general)
-                shutil.rmtree(work, ignore_errors=True)
-                shutil.copytree(base, work)
-                damage(work)
-                ends.append(_outcome(work, skip=skip))
-                monkeypatch.undo()
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setattr(frames, "_scan", scan if way == "c" else None)
+                    if way == "general":
+                        patch.setattr(opening, "read_batches", _general)
+                    shutil.rmtree(work, ignore_errors=True)
+                    shutil.copytree(base, work)
+                    damage(work)
+                    ends.append(_outcome(work, skip=skip))
             assert ends[0] == ends[1] == ends[2], label
             outcomes.add(ends[0][0])
         assert outcomes == {"ok", "corrupt"}  # skip_corrupt: a missing file header still stops

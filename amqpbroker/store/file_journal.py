@@ -672,6 +672,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
         for pack in self._packs:
             if pack is not None:
                 pack.kept = None
+                pack.meta = None
 
     def state(self) -> JournalState:
         """The state `replay()` describes: from the index the open built, while nothing
@@ -683,9 +684,10 @@ class FileJournal(_Opening, _Failure, _Compaction):
                 # Every layout was read when its segment was: records and rows only.
                 records = cast(dict[_Loc, Record], live)
                 packed = [None if pack is None else pack.kept for pack in self._packs]
+                metas = [None if pack is None else pack.meta for pack in self._packs]
                 try:
                     return JournalState._from_live(
-                        self._live, records.__getitem__, self._opened_max_id, packed
+                        self._live, records.__getitem__, self._opened_max_id, packed, metas
                     )
                 finally:
                     self._drop_opened()

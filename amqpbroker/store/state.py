@@ -118,9 +118,13 @@ class JournalState:
         rows: list[tuple[str, array[int]]] = []
         resolve: Callable[[Any], Any] = record_of  # AddRef, UpdateDeliveryCount, Scheduled...
         for queue in sorted(live.refs):
-            out = array("q")
-            pending = bytearray()
-            for msg_id, ref in live.refs[queue].items():
+            held = live.refs[queue]
+            # Its final size at once, written in place: no growth, no copy of it at the
+            # peak (a 1M queue's is 48 MB).
+            out = array("q", _ZERO) * (len(held) * ROW)
+            view = memoryview(out).cast("B")
+            at_byte = 0
+            for msg_id, ref in held.items():
                 at_ms = 0
                 if isinstance(ref, int):  # a packed AddRef: its count (`frames.index_plain`)
                     kept = packed[ref >> PACK_SHIFT]
@@ -129,10 +133,10 @@ class JournalState:
                     if isinstance(kept[slot - 1], int):  # its pair's message, bodiless
                         at = (slot >> 1) * META
                         meta = metas[ref >> PACK_SHIFT]
-                        pending += _ROW(msg_id, count, 0, meta[at], meta[at + 1], meta[at + 2])
-                        if len(pending) >= _FLUSH:
-                            out.frombytes(pending)
-                            pending = bytearray()
+                        _ROW_INTO(
+                            view, at_byte, msg_id, count, 0, meta[at], meta[at + 1], meta[at + 2]
+                        )
+                        at_byte += _ROW_BYTES
                         continue
                 elif not isinstance(ref, _RefSlot):
                     count = _count(resolve(ref))
@@ -146,11 +150,9 @@ class JournalState:
                     at = ((item & _SLOT_MASK) >> 1) * META
                     meta = metas[item >> PACK_SHIFT]
                     size, first_ts, expiration_ms = meta[at], meta[at + 1], meta[at + 2]
-                pending += _ROW(msg_id, count, at_ms, size, first_ts, expiration_ms)
-                if len(pending) >= _FLUSH:
-                    out.frombytes(pending)
-                    pending = bytearray()
-            out.frombytes(pending)
+                _ROW_INTO(view, at_byte, msg_id, count, at_ms, size, first_ts, expiration_ms)
+                at_byte += _ROW_BYTES
+            view.release()
             rows.append((queue, out))
         state._bodiless = bodiless
         state._messages, state._rows = messages, rows
@@ -319,7 +321,9 @@ class JournalState:
 _BODILESS_ERROR = "the journal was opened with a body budget: its bodies are in it"
 ROW: Final = 6  # longs a reference in `JournalState.ref_arrays`
 _ROW: Final = struct.Struct("=6q").pack
-_FLUSH: Final = 64 * 1024  # bytes of rows packed before they go into their array
+_ROW_INTO: Final = struct.Struct("=6q").pack_into
+_ROW_BYTES: Final = ROW * 8
+_ZERO: Final = (0,)
 
 
 def _record_of_row(stored: MessageRow | MessageLayout) -> AddMessage:

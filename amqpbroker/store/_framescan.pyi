@@ -4,7 +4,7 @@ from amqpbroker.store.codec import Data
 from amqpbroker.store.frames import Entry
 
 def scan(
-    data: Data,
+    data: Data | memoryview,
     pos: int,
     batch: list[Entry],
     top: int,

@@ -87,11 +87,22 @@ class JournalBacklog:
         extends `refs` itself, the same six values). `added` once all are in."""
         self.refs.extend((msg_id, delivery_count, scheduled_at_ms, size, first_ts, expiration_ms))
 
+    def adopt(self, refs: array[int], start: int) -> None:
+        """Take `refs` (`_WIDTH` longs a reference, as `add` writes them) as the
+        references from its `start`-th on, before any other is added: recovery hands over
+        its rows of a queue's references (`JournalState.ref_arrays`, the same six values)
+        rather than copying them (issue 23, ninth pass: 48 bytes a reference less at the
+        peak). Not changed here: read, passed, then dropped whole (`_reset`)."""
+        assert not self.refs, "adopt before any add"
+        self.refs = refs
+        self._next = start
+
     def added(self) -> None:
         """Recovery added every reference: the totals, once."""
         refs = self.refs
-        self._head_bytes = sum(refs[_SIZE::_WIDTH])
-        self._head_expiring = min((e for e in refs[_EXPIRY::_WIDTH] if e), default=0)
+        first = self._next * _WIDTH
+        self._head_bytes = sum(refs[first + _SIZE :: _WIDTH])
+        self._head_expiring = min((e for e in refs[first + _EXPIRY :: _WIDTH] if e), default=0)
         self._sync()
 
     def _count(self) -> int:

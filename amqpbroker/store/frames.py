@@ -21,7 +21,7 @@ from typing import Any, Final
 import amqpbroker.store.codec as codec
 from amqpbroker.core.records import AddRef, Record, RecordType
 from amqpbroker.store.liveness import _LiveSet
-from amqpbroker.store.locs import _SLOT_MASK, PACK_SHIFT, Item, _Pack
+from amqpbroker.store.locs import _SLOT_MASK, BODILESS, META, PACK_SHIFT, Item, _Pack
 from amqpbroker.store.segments import (
     _FLAGS_KNOWN,
     _FRAME,
@@ -58,7 +58,14 @@ _STRINGS: Final = codec._STRINGS
 # with the compiled build only, setup.py): `read_batches` hands it each run of them and
 # reads the frame it stops at itself. None: this loop does all of it.
 Scan = Callable[
-    [codec.Data, int, list[Entry], int, list[tuple[list[Entry], int]], dict[bytes, str]],
+    [
+        codec.Data | memoryview,
+        int,
+        list[Entry],
+        int,
+        list[tuple[list[Entry], int]],
+        dict[bytes, str],
+    ],
     tuple[int, list[Entry], int],
 ]
 _scan: Scan | None
@@ -74,14 +81,18 @@ def read_batches(
     batch: list[Entry],
     top: int,
     batches: list[tuple[list[Entry], int]],
+    limit: int = -1,
 ) -> tuple[int, list[Entry], int, int]:
     """Read frames from `pos` on, adding to `batch` (the records of an unfinished append,
     whose largest message id is `top`); each complete append goes to `batches` with its
     largest message id. Returns where it stopped (the end of `data`, or a frame for the
     full checks), the unfinished append with its largest id, and how many AckRefs it
-    read (none: no message can have died meanwhile)."""
-    size = len(data)
+    read (none: no message can have died meanwhile). `limit` (>= 0): no frame ending
+    after it is read (the open reads a segment in bounded steps, `_Opening._scan_data`)."""
+    size = len(data) if limit < 0 else min(limit, len(data))
     view = memoryview(data)
+    if size < len(data):
+        view = view[:size]  # (what the C loop reads: it stops at its buffer's end)
     unpack = _UNPACK
     crc32 = zlib.crc32
     acks = 0
@@ -97,7 +108,7 @@ def read_batches(
     scan = _scan
     while size - pos >= _HEAD:
         if scan is not None:
-            pos, batch, top = scan(data, pos, batch, top, batches, _STRINGS)
+            pos, batch, top = scan(view, pos, batch, top, batches, _STRINGS)
             if size - pos < _HEAD:
                 break
         length, crc, type_id, flags = unpack(data, pos)
@@ -245,9 +256,13 @@ def read_unread(
     or in `pack` for a handle), from the segment `data` they were read from, as
     `codec.MessageRow`s, while `budget` bytes of bodies remain (< 0: no limit):
     `_Opening._read_unread`. Past it a message keeps its layout (no body: recovery leaves
-    it in the journal, issue 23 "memory bounded during recovery"). The budget left."""
+    it in the journal, issue 23 "memory bounded during recovery"): a packed one keeps
+    not even that, but `BODILESS` and its three values in `pack.meta` (issue 23, ninth
+    pass: no object a message past the budget). The budget left."""
     kept = pack.kept
+    meta = pack.meta
     assert kept is not None
+    assert meta is not None
     layout: Any
     for item in unread:
         if isinstance(item, int):
@@ -260,6 +275,15 @@ def read_unread(
                 size: int = layout[4] - layout[3]
                 if size > budget:
                     budget = 0
+                    if isinstance(item, int):
+                        slot = item & _SLOT_MASK
+                        at = (slot >> 1) * META
+                        if len(meta) <= at:  # zeros up to the pack's last pair
+                            meta.frombytes(bytes(((len(kept) >> 1) * META - len(meta)) * 8))
+                        meta[at] = size
+                        meta[at + 1] = layout[6]
+                        meta[at + 2] = layout[5]
+                        kept[slot] = BODILESS
                     continue
                 budget -= size
             row = codec.message_row(data, layout)  # (a direct call, compiled)

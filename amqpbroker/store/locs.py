@@ -75,6 +75,11 @@ class _Loc:
 PACK_SHIFT: Final = 32  # a handle: pack number << PACK_SHIFT | slot
 _SLOT_MASK: Final = (1 << PACK_SHIFT) - 1
 
+# `_Pack.kept` of a message the open left in its file (`-1`: a cached int, no object),
+# and the longs `_Pack.meta` keeps of each pair.
+BODILESS: Final = -1
+META: Final = 3
+
 # An index item: a record's `_Loc`, or the handle of its slot in a `_Pack`.
 Item = _Loc | int
 
@@ -85,7 +90,7 @@ class _Pack:
     Records only join at open; they leave by dying (`pack_kill`) and move only when
     compaction copies them (`pack_move`)."""
 
-    __slots__ = ("kept", "number", "seg", "spans")
+    __slots__ = ("kept", "meta", "number", "seg", "spans")
 
     def __init__(self, number: int, seg: _Segment) -> None:
         self.number = number  # its place in the journal's list of packs
@@ -93,8 +98,14 @@ class _Pack:
         self.spans: array[int] = array("q")  # per slot: `_Loc.span`, or -1: dead
         # Per slot, the open's layout or row of the AddMessage, or the AddRef's delivery
         # count (what `keep` is for a `_Loc`, less the keys), until `FileJournal.state()`
-        # has read them; None: dead or read.
+        # has read them; None: dead or read. `BODILESS`: a message whose body the open
+        # left in the file (past its body budget): what recovery needs of it is in `meta`.
         self.kept: list[Any] | None = []
+        # Per pair (slot >> 1), `META` longs: body size, first_ts, expiration_ms of a
+        # `BODILESS` message, zeros for the others (`frames.read_unread` fills it), until
+        # `state()` has read them: 24 bytes a message where its layout, a tuple of 11 and
+        # two int objects, was ~190 (issue 23, ninth pass).
+        self.meta: array[int] | None = array("q")
 
 
 Packs = list[_Pack | None]  # by number; None: its segment is deleted

@@ -45,10 +45,12 @@ from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
 from amqpbroker.store.locs import Item, Packs, _Pack
 from amqpbroker.store.segments import (
     _FILE_HEADER,
+    _FRAME,
     _NEXT_SUFFIX,
     _SEGMENT_GLOB,
     _TEMP_SUFFIX,
     BATCH_END,
+    FRAME_BYTES,
     GAVE_UP,
     HEADER_BYTES,
     MAGIC,
@@ -248,15 +250,24 @@ class _Opening:
         top = 0  # the batch's largest message id
         size = len(data)
         done: list[tuple[list[Entry], int]] = []
+        mapped = data if isinstance(data, mmap.mmap) else None
+        given = 0  # of a mapped segment, the pages before this went back (`_give_back`)
         while pos < size:
-            # The usual frames in bulk; the one it stops at gets the full checks here.
-            pos, batch, top, acks = read_batches(data, pos, batch, top, done)
+            # The usual frames in bulk, `_STEP` bytes at a time (their entries, and the
+            # pages of the file read, are a step's, not the whole segment's: issue 23,
+            # ninth pass); the frame it stops at gets the full checks here.
+            start, limit = pos, pos + _STEP
+            pos, batch, top, acks = read_batches(data, pos, batch, top, done, limit)
             if done:
                 self._index_read(seg, done, acks)
                 done.clear()
                 batch_start = batch[0][1] if batch else pos
+            if mapped is not None and batch_start - given >= _STEP:
+                given = _give_back(mapped, given, batch_start)
             if pos >= size:
                 break
+            if pos > start and size - pos >= FRAME_BYTES and _frame_end(data, pos) > limit:
+                continue  # stopped at the step's end: the next step reads on from there
             checked = _check_frame(data, pos)
             record = checked if isinstance(checked, _Bad) else _decode_at(data, pos, *checked[:2])
             if isinstance(record, _Bad):
@@ -355,6 +366,28 @@ class _Opening:
         )
         seg.skips.append((pos, resume))
         return resume
+
+
+# Bytes of a segment read in one step of the open (`_scan_data`).
+_STEP = 4 << 20
+
+
+def _frame_end(data: codec.Data, pos: int) -> int:
+    """Where the frame at `pos` says it ends (its length field alone: not checked)."""
+    length: int = _FRAME.unpack_from(data, pos)[0]
+    return pos + FRAME_BYTES + length
+
+
+def _give_back(mapped: mmap.mmap, given: int, upto: int) -> int:
+    """Unmap the pages of a mapped segment from `given` to `upto` (rounded down to a
+    page): the open is past them, so the process's RSS does not grow by a whole segment
+    read (64 MiB by default; the pages stay in the page cache, and a later read of them,
+    a body copied out at the segment's end, maps them again). Where it is now."""
+    end = upto - upto % mmap.PAGESIZE
+    if end > given:
+        mapped.madvise(mmap.MADV_DONTNEED, given, end - given)
+        return end
+    return given
 
 
 def _msg_id(record: Record | codec.MessageLayout | codec.RefRow) -> int:

@@ -24,7 +24,7 @@ from amqpbroker.core.records import AddMessage, AddQueue
 from amqpbroker.store.backlog import JournalBacklog
 from amqpbroker.store.codec import MessageLayout, MessageRow, add_message_of_row
 from amqpbroker.store.journal import JournalState
-from amqpbroker.store.state import StoredMessage
+from amqpbroker.store.state import ROW, StoredMessage
 
 log = logging.getLogger(__name__)
 
@@ -143,37 +143,62 @@ def _recover(
     backlogs: dict[str, JournalBacklog] = {}
     backlog: JournalBacklog | None = None
     used = 0  # bytes of bodies put in memory
-    for name, msg_id, delivery_count, scheduled_at_ms in state.ref_rows():
-        if name != run_queue or len(run) >= run_max:
-            if run:
+    for name, rows in state.ref_arrays():
+        if run:
+            refs, orphans = _restore_run(broker, run_queue, run, refs, orphans)
+        run, run_queue = [], name
+        backlog = backlogs.get(name)
+        end = len(rows)
+        i = 0
+        while i < end:
+            if len(run) >= run_max:
                 refs, orphans = _restore_run(broker, run_queue, run, refs, orphans)
-            run, run_queue = [], name
-            backlog = backlogs.get(name)
-        if (
-            backlog is None
-            and budget >= 0
-            and read is not None
-            and (used >= budget or _bodiless(stored[msg_id]))
-        ):
-            backlog = _backlog(broker, name, read, message_of)
+                run = []
+            msg_id = rows[i]
+            # (`ROW` longs: id, count, scheduled at, then size, first_ts, expiration of a
+            # message the open left in its file, `BODILESS`: size >= 0)
+            bodiless = rows[i + 3] >= 0
+            if (
+                backlog is None
+                and budget >= 0
+                and read is not None
+                and (used >= budget or bodiless or _bodiless(stored[msg_id]))
+            ):
+                backlog = _backlog(broker, name, read, message_of)
+                if backlog is not None:
+                    backlogs[name] = backlog
             if backlog is not None:
-                backlogs[name] = backlog
-        if backlog is not None:
-            _left(backlog, stored[msg_id], delivery_count, scheduled_at_ms)
-            refs += 1
-            continue
-        message = messages.get(msg_id)
-        if message is None:
-            item = stored[msg_id]
-            if _bodiless(item):  # no body read at open: read now (not a plain queue)
-                assert read is not None
-                row = read(msg_id)
-                assert row is not None, msg_id
-                item = row
-            assert not isinstance(item, tuple) or len(item) != _LAYOUT
-            message = messages[msg_id] = _message(cast(AddMessage | MessageRow, item), message_of)
-            used += message.size
-        run.append((message, delivery_count, scheduled_at_ms))
+                if bodiless and not backlog.refs and min(rows[i + 3 :: ROW]) >= 0:
+                    backlog.adopt(rows, i // ROW)  # the rest, all bodiless: no copy
+                    refs += (end - i) // ROW
+                    break
+                if bodiless:  # a run of them: their rows are the backlog's, as they are
+                    j = i + ROW
+                    while j < end and rows[j + 3] >= 0:
+                        j += ROW
+                    backlog.refs.extend(rows[i:j])
+                    refs += (j - i) // ROW
+                    i = j
+                    continue
+                _left(backlog, stored[msg_id], rows[i + 1], rows[i + 2])
+                refs += 1
+                i += ROW
+                continue
+            message = messages.get(msg_id)
+            if message is None:
+                item = None if bodiless else stored[msg_id]
+                if item is None or _bodiless(item):  # no body read at open: read now
+                    assert read is not None  # (not a plain queue, or no budget here)
+                    row = read(msg_id)
+                    assert row is not None, msg_id
+                    item = row
+                assert not isinstance(item, tuple) or len(item) != _LAYOUT
+                message = messages[msg_id] = _message(
+                    cast(AddMessage | MessageRow, item), message_of
+                )
+                used += message.size
+            run.append((message, rows[i + 1], rows[i + 2]))
+            i += ROW
     if run:
         refs, orphans = _restore_run(broker, run_queue, run, refs, orphans)
     for name, backlog in backlogs.items():

@@ -9,9 +9,11 @@ journals' compaction (`store/liveness.py`): a message left without references is
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+import struct
+from array import array
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Final, cast
 
 from amqpbroker.core.records import (
     AddAddress,
@@ -26,7 +28,7 @@ from amqpbroker.core.records import (
 )
 from amqpbroker.store.codec import MessageLayout, MessageRow, add_message_of_row
 from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet, _RefSlot
-from amqpbroker.store.locs import _SLOT_MASK, PACK_SHIFT
+from amqpbroker.store.locs import _SLOT_MASK, META, PACK_SHIFT
 
 # A live message as `_from_live` reads it: its record, or the open's row of it, or its
 # layout when the open left its body in the journal (`FileJournal(body_budget=)`).
@@ -63,7 +65,9 @@ class JournalState:
         # rows, resolved once instead of a copy of that index's slots; `apply` puts them
         # back in `_live` first.
         self._messages: dict[int, StoredMessage] | None = None
-        self._rows: list[tuple[str, int, int, int]] | None = None
+        # Per queue, `ROW` longs a reference (`ref_arrays`).
+        self._rows: list[tuple[str, array[int]]] | None = None
+        self._bodiless = 0  # messages `_from_live` left out of `_messages` (`BODILESS`)
 
     @classmethod
     def _from_live(
@@ -72,6 +76,7 @@ class JournalState:
         record_of: Callable[[Any], Record],
         max_msg_id: int,
         packed: Sequence[Any] = (),
+        metas: Sequence[Any] = (),
     ) -> JournalState:
         """The state of a liveness index another reader built (the file journal's, at
         open, where every message has a reference), its items mapped back to their
@@ -81,7 +86,11 @@ class JournalState:
         makes no record object per message). An int item is a packed record's handle
         (`store/locs.py`): its record is in `packed` (each pack's `kept`, by pack number),
         read here inline rather than by a call per item (interpreted, a call costs ~1.5k
-        instructions: a million messages, two each)."""
+        instructions: a million messages, two each). A packed message the open left in
+        its file (`locs.BODILESS`) gets no entry in `stored_messages()`: its body size,
+        first_ts and expiration (its pack's `meta`, in `metas`) go into its references'
+        rows (`ref_arrays`), which is all recovery keeps of it in a journal backlog
+        (issue 23, ninth pass: no object a message past the budget)."""
         state = cls()
         state.max_msg_id = max_msg_id
         own = state._live
@@ -93,32 +102,59 @@ class JournalState:
             k: [(page, last, n, record_of(item)) for page, last, n, item in heap]
             for k, heap in live.page_skips.items()
         }
-        messages: dict[int, Any] = {
-            msg_id: packed[item >> PACK_SHIFT][item & _SLOT_MASK]
-            if isinstance(item, int)
-            else record_of(item)
-            for msg_id, item in live.messages.items()
-            if live.ref_counts.get(msg_id, 1)
-        }
-        rows = []
+        messages: dict[int, Any] = {}
+        bodiless = 0
+        for msg_id, item in live.messages.items():
+            if not live.ref_counts.get(msg_id, 1):
+                continue
+            if isinstance(item, int):
+                stored = packed[item >> PACK_SHIFT][item & _SLOT_MASK]
+                if isinstance(stored, int):  # `BODILESS`: its values go into its rows
+                    bodiless += 1
+                    continue
+                messages[msg_id] = stored
+            else:
+                messages[msg_id] = record_of(item)
+        rows: list[tuple[str, array[int]]] = []
         resolve: Callable[[Any], Any] = record_of  # AddRef, UpdateDeliveryCount, Scheduled...
         for queue in sorted(live.refs):
-            for msg_id, ref in live.refs[queue].items():
+            held = live.refs[queue]
+            # Its final size at once, written in place: no growth, no copy of it at the
+            # peak (a 1M queue's is 48 MB).
+            out = array("q", _ZERO) * (len(held) * ROW)
+            view = memoryview(out).cast("B")
+            at_byte = 0
+            for msg_id, ref in held.items():
+                at_ms = 0
                 if isinstance(ref, int):  # a packed AddRef: its count (`frames.index_plain`)
-                    rows.append((queue, msg_id, packed[ref >> PACK_SHIFT][ref & _SLOT_MASK], 0))
-                    continue
-                if not isinstance(ref, _RefSlot):
-                    rows.append((queue, msg_id, _count(resolve(ref)), 0))
-                    continue
-                count, scheduled = ref.count, ref.scheduled
-                rows.append(
-                    (
-                        queue,
-                        msg_id,
-                        _count(_resolve(packed, resolve, ref.add if count is None else count)),
-                        0 if scheduled is None else resolve(scheduled).at_ms,
-                    )
-                )
+                    kept = packed[ref >> PACK_SHIFT]
+                    slot = ref & _SLOT_MASK
+                    count = kept[slot]
+                    if isinstance(kept[slot - 1], int):  # its pair's message, bodiless
+                        at = (slot >> 1) * META
+                        meta = metas[ref >> PACK_SHIFT]
+                        _ROW_INTO(
+                            view, at_byte, msg_id, count, 0, meta[at], meta[at + 1], meta[at + 2]
+                        )
+                        at_byte += _ROW_BYTES
+                        continue
+                elif not isinstance(ref, _RefSlot):
+                    count = _count(resolve(ref))
+                else:
+                    update, scheduled = ref.count, ref.scheduled
+                    count = _count(_resolve(packed, resolve, ref.add if update is None else update))
+                    at_ms = 0 if scheduled is None else resolve(scheduled).at_ms
+                size, first_ts, expiration_ms = -1, 0, 0
+                if msg_id not in messages:  # a bodiless packed message, not in its pair
+                    item = live.messages[msg_id]
+                    at = ((item & _SLOT_MASK) >> 1) * META
+                    meta = metas[item >> PACK_SHIFT]
+                    size, first_ts, expiration_ms = meta[at], meta[at + 1], meta[at + 2]
+                _ROW_INTO(view, at_byte, msg_id, count, at_ms, size, first_ts, expiration_ms)
+                at_byte += _ROW_BYTES
+            view.release()
+            rows.append((queue, out))
+        state._bodiless = bodiless
         state._messages, state._rows = messages, rows
         return state
 
@@ -129,12 +165,14 @@ class JournalState:
         messages, rows = self._messages, self._rows
         if messages is None or rows is None:
             return
+        if self._bodiless:
+            raise ValueError(_BODILESS_ERROR)
         self._messages = self._rows = None
         live = self._live
         for stored in messages.values():
             record = stored if isinstance(stored, AddMessage) else _record_of_row(stored)
             live.apply(record, record)
-        for queue, msg_id, count, at_ms in rows:
+        for queue, msg_id, count, at_ms in self._tuples(rows, None):
             add = AddRef(queue=queue, msg_id=msg_id, delivery_count=count)
             live.apply(add, add)
             if at_ms:
@@ -198,6 +236,8 @@ class JournalState:
     @property
     def messages(self) -> dict[int, AddMessage]:
         """Live messages by id: those with at least one reference."""
+        if self._bodiless:
+            raise ValueError(_BODILESS_ERROR)
         if self._messages is not None:
             return {
                 msg_id: stored if isinstance(stored, AddMessage) else _record_of_row(stored)
@@ -211,7 +251,9 @@ class JournalState:
 
     def stored_messages(self) -> dict[int, StoredMessage]:
         """`messages`, a row where the open kept one (`codec.MessageRow`): what recovery
-        reads, millions of them (issue 23 item 4). Not a copy: read it, do not change it."""
+        reads, millions of them (issue 23 item 4). Not a copy: read it, do not change it.
+        Without the messages the open left in their files as `BODILESS`: their references'
+        rows in `ref_arrays` say what they are."""
         if self._messages is not None:
             return self._messages
         return dict(self.messages)
@@ -226,7 +268,7 @@ class JournalState:
         what recovery reads, millions of them (issue 23 item 4)."""
         rows = self._rows
         if rows is not None:
-            return list(rows) if queue is None else [row for row in rows if row[0] == queue]
+            return list(self._tuples(rows, queue))
         refs = self._live.refs
         result = []
         for name in sorted(refs) if queue is None else (queue,) if queue in refs else ():
@@ -249,12 +291,46 @@ class JournalState:
                 )
         return result
 
+    def ref_arrays(self) -> list[tuple[str, array[int]]]:
+        """`ref_rows()` per queue (by name) as one `array('q')` each, `ROW` longs a
+        reference: msg_id, delivery_count, scheduled_at_ms, then body size, first_ts and
+        expiration_ms of a message left out of `stored_messages()` (`BODILESS`; a size of
+        -1 and zeros for the others): what recovery reads, no tuple a reference (issue 23,
+        ninth pass). Not a copy when `_from_live` made them: read them, do not change them."""
+        rows = self._rows
+        if rows is not None:
+            return rows
+        arrays: dict[str, array[int]] = {}
+        for name, msg_id, count, at_ms in self.ref_rows():
+            out = arrays.get(name)
+            if out is None:
+                out = arrays[name] = array("q")
+            out.frombytes(_ROW(msg_id, count, at_ms, -1, 0, 0))
+        return list(arrays.items())
+
+    @staticmethod
+    def _tuples(
+        rows: list[tuple[str, array[int]]], queue: str | None
+    ) -> Iterator[tuple[str, int, int, int]]:
+        for name, out in rows:
+            if queue is None or name == queue:
+                for i in range(0, len(out), ROW):
+                    yield name, out[i], out[i + 1], out[i + 2]
+
+
+_BODILESS_ERROR = "the journal was opened with a body budget: its bodies are in it"
+ROW: Final = 6  # longs a reference in `JournalState.ref_arrays`
+_ROW: Final = struct.Struct("=6q").pack
+_ROW_INTO: Final = struct.Struct("=6q").pack_into
+_ROW_BYTES: Final = ROW * 8
+_ZERO: Final = (0,)
+
 
 def _record_of_row(stored: MessageRow | MessageLayout) -> AddMessage:
     """The AddMessage of a row; a layout has no body here (recovery reads it from the
     journal: `FileJournal.read_message`)."""
     if len(stored) != 10:
-        raise ValueError("the journal was opened with a body budget: its bodies are in it")
+        raise ValueError(_BODILESS_ERROR)
     return add_message_of_row(cast(MessageRow, stored))
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import logging
 import os
@@ -82,6 +83,20 @@ def _malloc_trim() -> Callable[[], bool] | None:
     trim.argtypes = [ctypes.c_size_t]
     trim.restype = ctypes.c_int
     return lambda: bool(trim(0))
+
+
+def trim_once() -> bool:
+    """`malloc_trim(0)` now, once (False: not glibc, or nothing given back): after a
+    one-off burst of frees, the open's records dropped by `FileJournal.state()` (issue
+    23, ninth pass: ~65 MB back before a 1M recovery builds its queues)."""
+    trim = _trim_function()
+    return trim is not None and trim()
+
+
+@functools.cache
+def _trim_function() -> Callable[[], bool] | None:
+    """`_malloc_trim()`, looked up once (`find_library` runs a program)."""
+    return _malloc_trim()
 
 
 class MemoryReturner:

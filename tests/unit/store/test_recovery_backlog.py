@@ -358,3 +358,22 @@ def test_a_purge_on_no_consumers_cut_by_a_crash_leaves_each_message_purged_or_th
     assert again.h.queue("q").message_count == N - killed
     assert again.drain() == _expected(range(killed + 1, N + 1))
     again.close()
+
+
+def test_the_backlog_takes_the_rows_of_recovery_without_a_copy(tmp_path: Path) -> None:
+    """Issue 23, ninth pass: the references past the budget, all left in the journal by
+    the open, become the backlog's as the rows recovery read them in (`ref_arrays`,
+    `JournalBacklog.adopt`): no second array of them at the peak; they drain the same."""
+    _write(tmp_path / "journal")
+    journal = _journal(tmp_path / "journal", body_budget=BUDGET)
+    h = Harness({"#": AddressSettings.of()}, global_max_size=BUDGET)
+    h.broker.enable_persistence(Persistence(journal))
+    state = journal.state()
+    rows = dict(state.ref_arrays())["q"]
+    recovered = recover(h.broker, state, message_of, read=journal.read_message, budget=BUDGET)
+    backlog = h.queue("q").pages
+    assert isinstance(backlog, JournalBacklog)
+    assert backlog.refs is rows
+    assert recovered.refs == N
+    assert h.queue("q").message_count == N
+    journal.close()

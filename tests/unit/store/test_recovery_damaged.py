@@ -35,7 +35,12 @@ Damage = Callable[[Path], None]
 
 
 def _general(
-    data: bytes, pos: int, batch: list[Entry], top: int, batches: list[tuple[list[Entry], int]]
+    data: bytes,
+    pos: int,
+    batch: list[Entry],
+    top: int,
+    batches: list[tuple[list[Entry], int]],
+    limit: int = -1,
 ) -> tuple[int, list[Entry], int, int]:
     """`read_batches` taking nothing: every frame goes through the full checks."""
     return pos, batch, top, 0

@@ -23,7 +23,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator
 from random import Random
-from typing import Any
+from typing import Any, Final, final
 
 from mypy_extensions import mypyc_attr
 
@@ -71,6 +71,38 @@ from amqpbroker.core.totals import BrokerStats, CounterTotals
 log = logging.getLogger(__name__)
 
 _SENT_SHAPES = 1000  # `sent` shapes kept per address (one per producer container)
+
+
+@final
+class Hot:
+    """What the per-message paths read of the broker, in one native object (issue 20).
+
+    `Broker` is not a native class (setup.py): each attribute read of it is a dictionary
+    lookup through `PyObject_GetAttr` (~250 instructions compiled, ~6.5k a queue message
+    in all). These module functions (`publish_message`, `deliver_to`, `settle_delivery`,
+    ...) read the same objects here, a field each when compiled. `Broker.__init__` makes
+    it; the objects are the broker's own, never replaced, except `effects` (swapped by
+    `Broker.take_effects`, which keeps both in step) and `persistence` and `page_stores`
+    (set by `enable_persistence` and `enable_paging`, which set them here too).
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker: Final = broker  # the rest of `Broker`, for the rarer branches
+        self.moment: Final = broker.moment
+        self.emitter: Final = broker.emitter
+        self.post_office: Final = broker.post_office
+        self.addresses: Final = broker.post_office.addresses
+        self.settings: Final = broker.settings
+        self.stats: Final = broker.stats
+        self.msg_ids: Final = broker._msg_ids
+        self.consumers: Final = broker._consumers
+        self.queues: Final = broker.queues
+        self.copier: Final = broker.copier
+        self.retroactive: Final = broker._retroactive
+        self.global_max_size: Final = broker.global_max_size
+        self.effects: list[Effect] = broker._effects
+        self.persistence: Persistence | None = broker.persistence
+        self.page_stores: PageStores | None = broker.page_stores
 
 
 @mypyc_attr(native_class=False)  # its methods compiled, its mixins pure Python (setup.py)
@@ -141,6 +173,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         self._background: list[Callable[[], bool]] = []
         self._slow_due: list[tuple[int, str]] = []  # core/slowconsumer.py
         self._slow_watched: set[str] = set()
+        self.hot = Hot(self)  # last: it reads the attributes above
 
     # -- effects and time -----------------------------------------------------------
     @property
@@ -161,7 +194,8 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
 
     def take_effects(self) -> list[Effect]:
         """Effects since the last call, in the order they must be applied."""
-        effects, self._effects = self._effects, []
+        effects = self._effects
+        self._effects = self.hot.effects = []
         return effects
 
     # -- what its queues need from it (`queue.QueueOwner`; also `dead_letter`,
@@ -244,7 +278,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
 
     def enable_persistence(self, persistence: Persistence) -> None:
         """Journal from now on: first what exists (configured addresses and queues)."""
-        self.persistence = persistence
+        self.persistence = self.hot.persistence = persistence
         persistence.on_lost = self._unstored
         for address in self.post_office.addresses.values():
             self._journal_address(address)
@@ -254,7 +288,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     def enable_paging(self, stores: PageStores, *, paged: tuple[str, ...] = ()) -> None:
         """B-151 PAGE to disk from now on; `paged`: queues whose page files a restart
         found (recovered after the journal, which holds their cursors)."""
-        self.page_stores = stores
+        self.page_stores = self.hot.page_stores = stores
         for name in paged:
             queue = self.queues.get(name)
             if queue is None:
@@ -559,7 +593,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             ClientError: anonymous relay without `to`, or to a wildcard address.
         """
         return publish_message(
-            self, message, target, to, message_routing_type, duplicate_id, delivery_delay_ms
+            self.hot, message, target, to, message_routing_type, duplicate_id, delivery_delay_ms
         )
 
     def _relay_target(
@@ -805,7 +839,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     ) -> None:
         """Record `sent`/`unrouted` (no queue yet) as a `lifecycle.RawEvent`; `shape`, when
         given, is the one `_sent_shape` keeps (the same as the one built here)."""
-        message_event(self, kind, message, now_ms, reason, extra, shape)
+        message_event(self.hot, kind, message, now_ms, reason, extra, shape)
 
     @staticmethod
     def _sent_shape(address: Address, origin: str | None) -> Shape:
@@ -832,12 +866,12 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         """Add `message` to `queues` (routed to `address`), paging it if the address is
         full under PAGE. `limited` False: the caller found no limit that could make the
         address full (publish), so the B-151 check is skipped."""
-        return deliver_to(self, message, address, queues, now_ms, reason, limited)
+        return deliver_to(self.hot, message, address, queues, now_ms, reason, limited)
 
     # -- consumers (attaching them: `_Attach`, core/attach.py) ------------------------
     def set_credit(self, consumer_id: ConsumerId, credit: int, *, drain: bool = False) -> None:
         """The link credit the consumer now has (B-037)."""
-        set_consumer_credit(self, consumer_id, credit, drain)
+        set_consumer_credit(self.hot, consumer_id, credit, drain)
 
     def resume(self, consumer_id: ConsumerId) -> None:
         """The consumer's connection wrote what it was handed and its window has room
@@ -859,7 +893,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
 
         Each attribute of `self` read here is a dictionary lookup (`Broker` is not a native
         class, setup.py), so each is read once (issue 20: two settles a redelivery)."""
-        settle_delivery(self, consumer_id, delivery, outcome)
+        settle_delivery(self.hot, consumer_id, delivery, outcome)
 
     @entry
     def rollback_delivery(self, consumer_id: ConsumerId, delivery: DeliveryId) -> None:
@@ -911,7 +945,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
 
 # -- the per-message paths as module functions (issue 20) ------------------------
 def publish_message(
-    broker: Broker,
+    hot: Hot,
     message: Message,
     target: ProducerTarget,
     to: str | None,
@@ -920,28 +954,29 @@ def publish_message(
     delivery_delay_ms: int,
 ) -> int:
     """`Broker.publish`, a module function: compiled (setup.py), the adapter's call is a
-    direct C call, no method lookup on the non-native `Broker` nor keyword parsing."""
-    # Each attribute of `broker` is read once (a non-native class: a dict lookup each).
-    moment = broker.moment
+    direct C call, no method lookup on the non-native `Broker` nor keyword parsing. It
+    reads `hot` (fields when compiled), `Broker` itself only on the rarer branches."""
+    moment = hot.moment
     # A hot entry point (core/clock.py); `read` keeps the int object within one ms.
     now_ms = moment.ms if moment.in_call else moment.read()
     if delivery_delay_ms > 0 and not message.deliver_at_ms:
         message.deliver_at_ms = now_ms + delivery_delay_ms
     if message.deliver_at_ms > LATEST_DELIVERY_MS:  # B-015: what the stores can hold
         message.deliver_at_ms = LATEST_DELIVERY_MS
-    if message.durable and broker.persistence is not None and broker.persistence.failure:
+    persistence = hot.persistence
+    if message.durable and persistence is not None and persistence.failure:
         raise ResourceLimitExceeded(
-            f"the broker cannot store durable messages: {broker.persistence.failure}"
+            f"the broker cannot store durable messages: {persistence.failure}"
         )
     if not message.msg_id:
-        ids = broker._msg_ids
+        ids = hot.msg_ids
         message.msg_id = next(ids.ready, 0) or next(ids)  # the block's next, or reserve
     if not message.first_ts:
         message.first_ts = now_ms
     routing_type = target.routing_type or message_routing_type
     address_name = target.address
-    post_office = broker.post_office
     fqqn_queue = target.queue
+    broker = hot.broker
     if address_name is None:  # anonymous relay (B-009)
         relayed = broker._relay_target(target, to, message_routing_type)
         if relayed is None:
@@ -951,25 +986,25 @@ def publish_message(
     else:
         if target.management:
             return broker._management_request(message, target)
-        found = post_office.addresses.get(address_name)
+        found = hot.addresses.get(address_name)
         # None: deleted since attach: re-create as attach would
         address = found or broker._prepare_target(address_name, fqqn_queue, routing_type)
     message.address = address_name
     if duplicate_id is not None and broker._is_duplicate(address, duplicate_id):
         address.unrouted += 1
-        if broker.emitter.failures:
-            message_event(broker, "unrouted", message, now_ms, "duplicate", None, None)
+        if hot.emitter.failures:
+            message_event(hot, "unrouted", message, now_ms, "duplicate", None, None)
         return 0
-    settings, expiry_overrides, size_limited = broker.settings.publishing(address_name)
+    settings, expiry_overrides, size_limited = hot.settings.publishing(address_name)
     if message.ttl_ms or message.expiration_ms or expiry_overrides:
         broker._set_expiration(message, address_name, now_ms)
     if settings.enable_ingress_timestamp:  # B-018 (d)
-        broker.copier.set_ingress_time(message, now_ms)
-    limited = size_limited or 0 <= broker.global_max_size <= broker.memory_bytes + message.size
+        hot.copier.set_ingress_time(message, now_ms)
+    limited = size_limited or 0 <= hot.global_max_size <= broker.memory_bytes + message.size
     if limited and not broker._has_room(address, message, now_ms):
         return 0
     if fqqn_queue is not None:
-        queue = broker.queues.get(fqqn_queue)
+        queue = hot.queues.get(fqqn_queue)
         # The queue named at attach may since have been deleted and another of its
         # name made on another address: that one is not this link's (B-006).
         queues = (
@@ -980,11 +1015,11 @@ def publish_message(
             else []
         )
     else:
-        queues = post_office.route(message, address, routing_type)
+        queues = hot.post_office.route(message, address, routing_type)
     # Not `limited`: no size limit and the broker under global-max-size, so it cannot
     # be full and nothing pages: `_deliver_to` skips `_must_page`.
-    routed = deliver_to(broker, message, address, queues, now_ms, "route", limited)
-    if broker._retroactive and fqqn_queue is None:  # B-124: the divert, after the route's
+    routed = deliver_to(hot, message, address, queues, now_ms, "route", limited)
+    if hot.retroactive and fqqn_queue is None:  # B-124: the divert, after the route's
         broker._retain(message, address, routing_type)  # events; an FQQN bypasses it
     if limited and settings.address_full_policy == "BLOCK":
         reason = broker._full_reason(address, settings)
@@ -994,7 +1029,7 @@ def publish_message(
 
 
 def message_event(
-    broker: Broker,
+    hot: Hot,
     kind: str,
     message: Message,
     now_ms: int,
@@ -1003,7 +1038,7 @@ def message_event(
     shape: Shape | None,
 ) -> None:
     """`Broker._message_event`, a module function (a direct call when compiled)."""
-    emitter = broker.emitter
+    emitter = hot.emitter
     txn_extra = emitter.txn_extra  # None: no transaction (a property read costs a call)
     emitter.events.append(
         (
@@ -1029,7 +1064,7 @@ def message_event(
 
 
 def deliver_to(
-    broker: Broker,
+    hot: Hot,
     message: Message,
     address: Address,
     queues: list[Queue],
@@ -1038,7 +1073,7 @@ def deliver_to(
     limited: bool,
 ) -> int:
     """`Broker._deliver_to`, a module function (a direct call when compiled)."""
-    emitter = broker.emitter
+    emitter = hot.emitter
     if emitter.all and reason == "route":
         origin = message.origin_container
         if len(queues) == 1:
@@ -1050,7 +1085,7 @@ def deliver_to(
             extra = (None, None, names, None, None, None, None, None)
             address.event_routed = (queues, extra)
         message_event(
-            broker,
+            hot,
             "sent",
             message,
             now_ms,
@@ -1060,10 +1095,10 @@ def deliver_to(
         )
     if not queues:
         address.unrouted += 1
-        broker.stats.unrouted += 1
+        hot.stats.unrouted += 1
         if emitter.failures:
-            message_event(broker, "unrouted", message, now_ms, "no-bindings", None, None)
-        settings = broker.settings.resolve(address.name)
+            message_event(hot, "unrouted", message, now_ms, "no-bindings", None, None)
+        settings = hot.settings.resolve(address.name)
         if settings.send_to_dla_on_no_route and settings.dead_letter_address:
             move = MoveAnnotations(
                 orig_address=address.name,
@@ -1071,20 +1106,20 @@ def deliver_to(
                 orig_message_id=message.msg_id,
                 dlq_reason="no-route",
             )
-            broker._move_to_dla(message, address.name, settings, move)
+            hot.broker._move_to_dla(message, address.name, settings, move)
         return 0
     address.routed += 1
-    broker.stats.routed += 1
-    out = broker._effects
+    hot.stats.routed += 1
+    out = hot.effects
     waiting = False
-    page = limited and broker.page_stores is not None and broker._must_page(address, message)
+    page = limited and hot.page_stores is not None and hot.broker._must_page(address, message)
     for queue in queues:
         pages = queue.pages
         # Last-value, ring and non-destructive queues stay in memory: replacing,
         # trimming and their consumers' logs work on what they hold (decisions.md).
         if (page and queue.kind is None) or (pages is not None and pages.messages):
             if pages is None:
-                broker._open_pages(queue)
+                hot.broker._open_pages(queue)
             queue.page(message, out, reason=reason)  # B-151 PAGE: in order, on disk
             waiting = True
         elif queue.add(message, out, reason=reason).state != DELIVERING:
@@ -1097,18 +1132,18 @@ def deliver_to(
 
 
 def settle_delivery(
-    broker: Broker, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome
+    hot: Hot, consumer_id: ConsumerId, delivery: DeliveryId, outcome: Outcome
 ) -> None:
     """`Broker.settle`, a module function: the adapter's call is a direct C call when
     compiled (setup.py)."""
-    moment = broker.moment
+    moment = hot.moment
     now_ms = moment.ms if moment.in_call else moment.read()  # a hot entry point
-    info = broker._consumers.get(consumer_id)
+    info = hot.consumers.get(consumer_id)
     if info is None:
         log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)
         return
     consumer = info.consumer
-    held = consumer.queue.settle(consumer, delivery, outcome, now_ms, broker._effects)
+    held = consumer.queue.settle(consumer, delivery, outcome, now_ms, hot.effects)
     if not held:
         log.debug(
             "outcome for delivery %s not held by consumer %s ignored (B-055)",
@@ -1117,11 +1152,11 @@ def settle_delivery(
         )
 
 
-def set_consumer_credit(broker: Broker, consumer_id: ConsumerId, credit: int, drain: bool) -> None:
+def set_consumer_credit(hot: Hot, consumer_id: ConsumerId, credit: int, drain: bool) -> None:
     """`Broker.set_credit`, a module function (a direct call when compiled)."""
-    moment = broker.moment
+    moment = hot.moment
     if not moment.in_call:  # a hot entry point (core/clock.py)
         moment.read()
-    info = broker._consumers.get(consumer_id)
+    info = hot.consumers.get(consumer_id)
     if info is not None:
-        info.consumer.queue.set_credit(info.consumer, credit, drain, broker._effects)
+        info.consumer.queue.set_credit(info.consumer, credit, drain, hot.effects)

@@ -53,7 +53,7 @@ from amqpbroker.core import (
     Rejected,
     annotated_routing_type,
 )
-from amqpbroker.core.broker import publish_message, set_consumer_credit, settle_delivery
+from amqpbroker.core.broker import Hot, publish_message, set_consumer_credit, settle_delivery
 from amqpbroker.protocol.dispositions import outcome_at
 from amqpbroker.protocol.peer import name_for_log
 from amqpbroker.protocol.shell import (
@@ -173,6 +173,7 @@ class Transfers:
         self.owner = owner
         self.shell = shell
         self.broker: Broker = shell.broker
+        self.hot: Hot = self.broker.hot  # what the per-message calls read (`core.broker.Hot`)
         self.id = connection_id
         self.peer = peer
         self.handlers = handlers  # the rare events, through proton's wrappers
@@ -399,7 +400,7 @@ class Transfers:
             self.owner._transactional_send(Delivery.wrap(delivery), producer, raw)
             self._top_up(link, producer)
             return
-        store = self.broker.persistence
+        store = self.hot.persistence
         stored_before = store.messages_added if store is not None else 0
         try:
             self.publish(producer, raw)
@@ -613,7 +614,7 @@ class Transfers:
     def route(self, prepared: Prepared) -> None:
         # `Broker.publish` as a module function: compiled, a direct C call (issue 20).
         publish_message(
-            self.broker,
+            self.hot,
             prepared.message,
             prepared.target,
             prepared.to,
@@ -648,7 +649,7 @@ class Transfers:
                 _pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
             return
         assert consumer is not None
-        settle_delivery(self.broker, consumer.id, consumer.delivery_id(delivery), outcome)
+        settle_delivery(self.hot, consumer.id, consumer.delivery_id(delivery), outcome)
         _settle(delivery)
 
     def on_link_flow(self, link: Any) -> None:
@@ -657,7 +658,7 @@ class Transfers:
         consumer = self.consumers.get(link)
         if consumer is not None:
             set_consumer_credit(  # `Broker.set_credit`: a direct call when compiled
-                self.broker, consumer.id, _pn_link_credit(link), bool(_pn_link_get_drain(link))
+                self.hot, consumer.id, _pn_link_credit(link), bool(_pn_link_get_drain(link))
             )
             return
         self.link_flow(link, 0, 0)
@@ -666,7 +667,7 @@ class Transfers:
         """`on_link_flow` with the link's `credit` and `drain` read (`pnloop.next_event`)."""
         consumer = self.consumers.get(link)
         if consumer is not None:
-            set_consumer_credit(self.broker, consumer.id, credit, bool(drain))
+            set_consumer_credit(self.hot, consumer.id, credit, bool(drain))
             return
         producer = self.producers.get(link)
         if producer is not None:

@@ -7,6 +7,7 @@ queues (B-002, B-126); the return leg of a redelivery (issue 20): the `returned`
 
 from __future__ import annotations
 
+import pytest
 from support.core_harness import Harness, bodies
 
 from amqpbroker.core import (
@@ -21,8 +22,11 @@ from amqpbroker.core import (
     RawEvent,
     RoutingType,
 )
+from amqpbroker.core.errors import ResourceLimitExceeded
 from amqpbroker.core.operations import change_priority
+from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.refs import Ref
+from amqpbroker.store.journal import MemoryJournal
 
 
 def test_a_released_high_priority_message_goes_before_a_waiting_lower_one() -> None:
@@ -304,3 +308,23 @@ def test_a_settings_change_reaches_the_next_return() -> None:
     assert h.take(c) == []
     assert h.queue("q").message_count == 0
     assert h.queue("DLQ").message_count == 1
+
+
+def test_the_hot_view_follows_the_brokers_swapped_and_enabled_state() -> None:
+    """Issue 20 (`core.broker.Hot`): the per-message paths read the broker's collaborators
+    from one native object. A dispatch after `take_effects` swapped the list must reach
+    the next take (B-001), and the journal `enable_persistence` sets must be the one a
+    publish reads: a durable send is refused while it has failed (B-095)."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    c = h.consumer("q", "queue", credit=2)
+    h.broker.take_effects()  # swaps the list the per-message paths append to
+    h.send(target, b"a")
+    assert bodies(h.take(c)) == [b"a"]
+    persistence = Persistence(MemoryJournal())
+    h.broker.enable_persistence(persistence)
+    persistence.failure = OSError("disk full")
+    with pytest.raises(ResourceLimitExceeded, match="disk full"):
+        h.send(target, b"b", durable=True)
+    h.send(target, b"c")  # not durable: routed
+    assert bodies(h.take(c)) == [b"c"]

@@ -1010,7 +1010,7 @@ def message_event(
             shape
             or (kind, (message.address, None, None), (message.origin_container, None), reason),
             now_ms,
-            message.event_part or emitter.message_part(message),
+            emitter.part(message),
             None,
             extra
             if txn_extra is None

@@ -611,7 +611,7 @@ class Queue:
             (
                 shape,
                 self._moment.ms,  # the time of the call into the broker (clock.entry)
-                message.event_part or emitter.message_part(message),
+                emitter.part(message),
                 ref.delivery_count,
                 extra,
             )

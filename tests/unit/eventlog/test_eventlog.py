@@ -1227,12 +1227,12 @@ def test_events_carrying_known_write_the_lines_of_events_carrying_the_bytes(
     full = writer(tmp_path / "full", queue_events=1 << 20, **config)
     full.start()
     full.submit(list(events))
-    full.close()
+    full.close(timeout=60)  # a loaded machine starts the writer process slowly
     framed = writer(tmp_path / "framed", queue_events=1 << 20, **config)
     framed.start()  # no loop: a frame per submit, so most KNOWN parts are in later frames
     for e in light:
         framed.submit([e])
-    framed.close()
+    framed.close(timeout=60)
     expected = file_bytes(tmp_path / "full")
     assert b'"body_hash":"' in expected
     assert b'"props":{"tenant"' in expected

@@ -424,6 +424,8 @@ class BrokerServer:
             )
             self.broker.emitter.data_limit = self.event_log.data_limit
             self.broker.emitter.heads_only = self.event_log.heads_only
+            self.broker.emitter.known_window = self.event_log.known_window
+            self.event_log.on_drop = self.broker.emitter.forget_sent
             self.shell.event_sink = self.event_log.submit
         users = config.security.users
         self.shell.roles_for = lambda user: (

@@ -1040,12 +1040,15 @@ def message_event(
     """`Broker._message_event`, a module function (a direct call when compiled)."""
     emitter = hot.emitter
     txn_extra = emitter.txn_extra  # None: no transaction (a property read costs a call)
+    part = message.event_part
+    if part is None or message.event_sent < emitter.handed:  # else the same hand-off
+        part = emitter.part(message)
     emitter.events.append(
         (
             shape
             or (kind, (message.address, None, None), (message.origin_container, None), reason),
             now_ms,
-            message.event_part or emitter.message_part(message),
+            part,
             None,
             extra
             if txn_extra is None

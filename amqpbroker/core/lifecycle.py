@@ -20,7 +20,7 @@ from __future__ import annotations
 import enum
 import sys
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import Any, Final, TypeAlias
 
 from amqpbroker.core.model import Message, MessagePart
 
@@ -75,6 +75,12 @@ By: TypeAlias = tuple[str | None, str | None]
 # Variadic for mypyc, as `model.MessagePart`: a fixed-length tuple type would be boxed
 # anew at each use, and events would no longer share their shape.
 Shape: TypeAlias = tuple[Any, ...]
+
+# A message part's `data` when an earlier event sent the message's bytes to the event-log
+# writer process, which remembers what it read from them (amqp_message_id, props,
+# body_hash) for `Emitter.known_window` events (issue 20: a redelivered message's bytes
+# were marshalled and piped with every frame that held one of its events, three times).
+KNOWN: Final = 0
 
 # One event as the core records it: (shape, ts, message part, delivery_count, extra).
 # Shared tuples, not copied fields: a common event is one small tuple of things already
@@ -197,6 +203,13 @@ class Emitter:
         # writer sets it when it writes neither props nor body_hash. A head is a tenth of
         # a 1 KiB message, and the bytes handed to the writer are most of its cost.
         self.heads_only = False
+        # How many events after the one that carried a message's bytes its later events
+        # may carry `KNOWN` instead (the event-log writer sets it: its writer process
+        # remembers that long, `eventlog.frames.KNOWN_WINDOW`); 0: always the bytes.
+        self.known_window = 0
+        # Events handed over (`take_raw`) so far: `handed + len(events)` numbers the next
+        # one as the writer numbers it (`seq` - 1) at level lifecycle, and never less.
+        self.handed = 0
         # B-170 `txn` (see the property), and the `extra` of a common event that carries it.
         self._txn: str | None = None
         self.txn_extra: Extra | None = None
@@ -215,7 +228,7 @@ class Emitter:
 
     def message_part(self, message: Message) -> MessagePart:
         """Build `message`'s `MessagePart` and keep it on the message for its next events
-        (callers write `message.event_part or emitter.message_part(message)`; whoever
+        (callers write `emitter.part(message)`, which calls this when needed; whoever
         changes its bytes, B-083, drops it: `Message.event_part`)."""
         data = message.data
         head_end = message.head_end
@@ -227,9 +240,39 @@ class Emitter:
         message.event_part = part
         return part
 
+    def part(self, message: Message) -> MessagePart:
+        """`message`'s part for its next event: the one kept on it (`Message.event_part`)
+        while its bytes went over in this hand-off (`marshal` writes a shared part once a
+        frame); a copy whose data is `KNOWN` once they went in an earlier one and the
+        writer process still remembers them; else built anew (its bytes again)."""
+        part = message.event_part
+        if part is not None:
+            sent = message.event_sent
+            handed = self.handed
+            if sent >= handed:
+                return part
+            window = self.known_window
+            if not window:
+                return part
+            if handed + len(self.events) - sent < window:
+                if part[4] is KNOWN:
+                    return part
+                light: MessagePart = (part[0], part[1], part[2], part[3], KNOWN)
+                message.event_part = light
+                return light
+        part = self.message_part(message)
+        message.event_sent = self.handed + len(self.events)
+        return part
+
+    def forget_sent(self) -> None:
+        """Bytes handed over may not have reached the writer process (a frame dropped):
+        every message's next event carries its bytes again."""
+        self.handed += self.known_window
+
     def take_raw(self) -> list[RawEvent]:
         """The events since the last call, as recorded (the shell's hand-off)."""
         events, self.events = self.events, []
+        self.handed += len(events)
         return events
 
     def take(self) -> list[LifecycleEvent]:

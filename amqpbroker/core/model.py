@@ -15,7 +15,8 @@ from typing import Any, NewType, Protocol, TypeAlias
 # An event's fields that depend only on its message: (msg_id, durable, size, first_ts,
 # data). `data` is the message's encoded bytes (or their first `lifecycle.Emitter.data_limit` bytes,
 # or its head: see `Emitter.heads_only`), from which the writer takes amqp_message_id,
-# props and body_hash; None when there is no message to read. Built once per message
+# props and body_hash; None when there is no message to read; `lifecycle.KNOWN` when an
+# earlier event sent them to the writer process, which remembers them. Built once per message
 # (`lifecycle.Emitter.message_part`, kept in `Message.event_part`) and shared by all its events.
 # Typed as a tuple of any length on purpose: mypyc unboxes a fixed-length tuple type into a
 # C struct and boxes a new tuple at every use, so the events would no longer share it
@@ -126,6 +127,7 @@ class Message:
         "deliver_at_ms",
         "durable",
         "event_part",
+        "event_sent",
         "expiration_ms",
         "first_ts",
         "group_id",
@@ -193,6 +195,9 @@ class Message:
         # Its lifecycle events' shared part (`Emitter.message_part`), built on the first;
         # whoever changes `data` sets it back to None.
         self.event_part: MessagePart | None = None
+        # The number (`Emitter.part`) of the event that last carried its bytes to the
+        # event-log writer process, which remembers them for a while (B-170, issue 20).
+        self.event_sent = 0
 
     def get_properties(self) -> dict[str, Any]:
         """The properties section as a dict (decoded once, on first use)."""

@@ -24,8 +24,12 @@ message bytes an event carries it decodes only what the config asks for
 message; the parts of a line that depend only on the message, only on the queue, or only
 on the event's count, link and reason are cached too, so the common line is one f-string
 of five cached texts and three numbers (~40% cheaper than formatting the fields). The
-caches are cleared whole when full: everything can be rebuilt from the event itself. A
-message it cannot decode still gets its events, with those fields null.
+caches of texts are cleared whole when full: they are rebuilt from the decoded fields.
+Those are kept by message for at least KNOWN_WINDOW events after the last event that
+carried the message's bytes (two generations of that many events), because the broker's
+later events of the message carry `KNOWN` (0) instead of the bytes (`Emitter.part`; issue
+20); a dropped frame's bytes are read all the same. A message it cannot decode still gets
+its events, with those fields null.
 
 Files: `events-<UTC timestamp>.jsonl.part`, renamed to `.jsonl` when it reaches
 `max_file_bytes`, when it is older than `max_file_age` (checked with the broker's clock,
@@ -80,7 +84,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from amqpbroker.eventlog.frames import LENGTH, dumps, framed, take
+from amqpbroker.eventlog.frames import KNOWN_WINDOW, LENGTH, dumps, framed, take
 from amqpbroker.eventlog.retention import (
     AUTO_FREE_BYTES,
     AUTO_FREE_FRACTION,
@@ -103,7 +107,7 @@ GATHER_BYTES = 64 << 10
 GATHER_SECONDS = 0.01
 _STATUS_MAX = 4000  # < PIPE_BUF (4096): a status frame is written whole or not at all
 _LOG_TEXT_MAX = 1500
-_INFO_CACHE = 65536  # messages whose decoded fields are remembered
+_TEXT_CACHE = 65536  # messages whose line texts are remembered (`_cache_message`)
 _JSON_CACHE = 65536  # names whose JSON text is remembered
 # Retention runs after every rotation and at least this often (max-age while idle).
 RETENTION_SECONDS = 60.0
@@ -327,7 +331,13 @@ class ChildWriter:
         self._opened_ms = 0  # broker clock
         self._opened_mono = 0.0  # this process's clock, for rotation while idle
         self._last_name_ms = -1
+        # Decoded fields by msg_id, in two generations of KNOWN_WINDOW events (`_age`):
+        # what `_info` holds moves to `_info_old` at the next turn and is gone at the one
+        # after, so what arrived at seq s is kept at least until seq s + KNOWN_WINDOW.
         self._info: dict[int, tuple[str, str, str]] = {}
+        self._info_old: dict[int, tuple[str, str, str]] = {}
+        self._info_until = KNOWN_WINDOW + 1  # the seq from which `_age` turns
+        self._unknown_warned = False
         # The common line (`_format`) is five cached texts and three numbers: the fields that
         # depend only on the message (three pieces: broker..amqp_message_id,
         # durable..size, first_ts..body_hash), only on the queue (address..routing_type),
@@ -375,11 +385,15 @@ class ChildWriter:
             if self.failed:
                 self.dropped_total += count
                 continue
+            if first_seq >= self._info_until:
+                self._age(first_seq)
             self._rotate_if_due(now_ms)
             if not self._space_ok():  # the journal shares the disk and has priority
+                self._read_only(events)
                 self.dropped_total += count
                 continue
             if self._file is None and not self._guard(functools.partial(self._open, now_ms)):
+                self._read_only(events)
                 self.dropped_total += count
                 continue
             try:
@@ -400,6 +414,20 @@ class ChildWriter:
             self._file_bytes += len(blob)  # rotation by size counts what waits, too
             self._written_since_space += len(blob)
         self._write_unwritten()
+
+    def _age(self, first_seq: int) -> None:
+        """A generation turns: the older one goes (see `_info`)."""
+        self._info_old = self._info
+        self._info = {}
+        self._info_until = first_seq + KNOWN_WINDOW
+
+    def _read_only(self, events: list[tuple[Any, ...]]) -> None:
+        """Read the message bytes of a frame that is dropped: its messages' later events
+        carry `KNOWN`, and their lines still need what the bytes say."""
+        for event in events:
+            msg_id, _, size, _, data = event[2]
+            if type(data) is bytes:
+                self._message_info(msg_id, data, size)
 
     def _write_unwritten(self) -> None:
         """Write the formatted lines that wait: a frame counts as written if all its
@@ -429,8 +457,13 @@ class ChildWriter:
         append = lines.append
         messages = self._messages
         shapes = self._shapes
+        info = self._info
         for seq, (shape, ts, part, delivery_count, extra) in enumerate(events, first_seq):
-            if part[4] is None or not (extra is None or _only_target_queues(extra)):
+            data = part[4]
+            if type(data) is bytes and part[0] not in info:
+                # Its bytes came (again): what they say is kept from this seq (`_info`).
+                self._message_info(part[0], data, part[2])
+            if data is None or not (extra is None or _only_target_queues(extra)):
                 append(self._line(seq, shape, ts, part, delivery_count, extra))
                 continue
             message = messages.get(part[0])
@@ -502,7 +535,7 @@ class ChildWriter:
         )
 
     def _cache_message(
-        self, msg_id: int, durable: bool, size: int, first_ts: int, data: bytes
+        self, msg_id: int, durable: bool, size: int, first_ts: int, data: bytes | int
     ) -> tuple[str, str, str]:
         """The text of `_format`'s common line that depends only on the message."""
         amqp_json, props, body_hash = self._message_info(msg_id, data, size)
@@ -513,8 +546,11 @@ class ChildWriter:
             f'"props":{props},"body_hash":{body_hash}}}\n',
         )
         cache = self._messages
-        if len(cache) >= _INFO_CACHE:
-            cache.clear()  # see _decode
+        if len(cache) >= _TEXT_CACHE:
+            # Start afresh: they are rebuilt from `_message_info`. (Evicting the oldest
+            # entry one by one is not O(1): a dict iterates over the slots of deleted
+            # entries until it is rebuilt.)
+            cache.clear()
         cache[msg_id] = text
         return text
 
@@ -591,9 +627,31 @@ class ChildWriter:
             with contextlib.suppress(FileNotFoundError):
                 temp.unlink()
 
-    def _message_info(self, msg_id: int, data: bytes, size: int) -> tuple[str, str, str]:
+    def _message_info(self, msg_id: int, data: bytes | int, size: int) -> tuple[str, str, str]:
+        """The decoded fields of message `msg_id`, from `data`: its bytes, or `KNOWN` (an
+        int) when an earlier event brought them."""
         info = self._info.get(msg_id)
-        return self._decode(data, size, msg_id) if info is None else info
+        if info is not None:
+            return info
+        if type(data) is bytes:
+            # Decoded again only if it aged out; kept a generation more either way.
+            info = self._info_old.get(msg_id)
+            if info is None:
+                return self._decode(data, size, msg_id)
+            self._info[msg_id] = info
+            return info
+        info = self._info_old.get(msg_id)
+        if info is not None:
+            return info
+        # Never happens unless a frame with the bytes was lost without the broker knowing.
+        if not self._unknown_warned:
+            self.log(
+                logging.WARNING,
+                f"event log: message {msg_id} not known; writing its events without "
+                "amqp_message_id, props and body_hash",
+            )
+            self._unknown_warned = True
+        return _BROKEN
 
     def _decode(self, data: bytes, size: int, msg_id: int) -> tuple[str, str, str]:
         """(amqp_message_id, props, body_hash) as JSON text, from the message bytes;
@@ -627,13 +685,7 @@ class ChildWriter:
                 )
                 self._decode_warned = True
             info = _BROKEN
-        cache = self._info
-        if len(cache) >= _INFO_CACHE:
-            # Start afresh: what is still needed is decoded again from the bytes every
-            # event carries. (Evicting the oldest entry one by one is not O(1): a dict
-            # iterates over the slots of deleted entries until it is rebuilt.)
-            cache.clear()
-        cache[msg_id] = info
+        self._info[msg_id] = info  # bounded: `_age`
         return info
 
     # -- files ----------------------------------------------------------------------------

@@ -4,7 +4,8 @@ A frame is a 4-byte little-endian length, then `marshal.dumps(value)`. marshal r
 speed and writes a message's bytes once per frame however many of its events hold them.
 
 * broker -> writer process (its stdin): `(first_seq, now_ms, events)`, `events` a list of
-  `core.lifecycle.RawEvent` tuples numbered from `first_seq`;
+  `core.lifecycle.RawEvent` tuples numbered from `first_seq`; a message part's data is
+  `KNOWN` (0) when an event at most KNOWN_WINDOW earlier carried the message's bytes;
 * writer process -> broker (its stdout): `(written_total, dropped_total, failed, files,
   logs)`, `files` the disk figures (`child.ChildWriter.stats()`), `logs` `(level, text)`
   records for the broker to log.
@@ -18,9 +19,15 @@ import marshal
 import struct
 from typing import Any, Final
 
-__all__ = ["LENGTH", "dumps", "framed", "take"]
+__all__ = ["KNOWN_WINDOW", "LENGTH", "dumps", "framed", "take"]
 
 LENGTH: Final = struct.Struct("<I")
+# The writer process remembers what it read from a message's bytes (amqp_message_id,
+# props, body_hash) for at least this many events (`seq`) after an event that carried
+# them, so the broker's later events of the message carry `core.lifecycle.KNOWN` instead
+# of the bytes (`Emitter.part`; issue 20): a message's bytes cross the pipe once, not once
+# a frame. Two generations of this many events: ~2 x 32k entries of ~0.3 KB at most.
+KNOWN_WINDOW: Final = 1 << 15
 
 
 def dumps(value: Any) -> bytes:

@@ -16,9 +16,11 @@ message, competed with the loop for the GIL and halved queue throughput.
   down a pipe as one frame (`frames.py`: a 4-byte length and `marshal.dumps((first_seq,
   now_ms, events))`, written with one `writev`: the two parts are never copied into one
   buffer). marshal runs at C speed and writes a message's bytes once per frame however
-  many of its events are in it. The pipe is non-blocking: what it does not take waits
-  in a backlog and is retried FLUSH_SECONDS later and at the next flush, so the loop
-  never blocks.
+  many of its events are in it; and a message's later events carry `KNOWN` instead of
+  its bytes while the writer process remembers them (`frames.KNOWN_WINDOW`,
+  `Emitter.part`): the bytes cross once per message, not once per frame (issue 20).
+  The pipe is non-blocking: what it does not take waits in a backlog and is retried
+  FLUSH_SECONDS later and at the next flush, so the loop never blocks.
 * The writer process (`child.py`, started by `start()` as `python -m
   amqpbroker.eventlog.child`) formats the lines,
   decodes amqp_message_id, props and body_hash from the message bytes, writes and rotates
@@ -69,7 +71,7 @@ from typing import Any
 
 from amqpbroker.config import EventLogConfig
 from amqpbroker.core import FAILURE_EVENTS, EventLevel, RawEvent
-from amqpbroker.eventlog.frames import LENGTH, dumps, take
+from amqpbroker.eventlog.frames import KNOWN_WINDOW, LENGTH, dumps, take
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +153,10 @@ class EventLogWriter:
         whole = bool(config.properties or config.body_hash)
         self.data_limit = sys.maxsize if whole else HEAD_BYTES
         self.heads_only = not whole  # what `Emitter.heads_only` should be
+        self.known_window = KNOWN_WINDOW  # what `Emitter.known_window` should be
+        # Called when a frame is dropped here (`Emitter.forget_sent`): the bytes of
+        # messages it carried never reached the writer process, so they go again.
+        self.on_drop: Callable[[], None] | None = None
         self._clock_ms = clock_ms
         self._queue_events = queue_events
         self._queue_bytes = queue_bytes
@@ -420,17 +426,23 @@ class EventLogWriter:
             self._read_status()  # the counts may be STATUS_SECONDS old: drop on fresh ones
             in_flight = self._handed - self._written - self._dropped_there
         if self._failed or (not final and in_flight + count > self._queue_events):
-            self._dropped_here += count
+            self._dropped(count)
             return
         frame = (self._pending_first, self._clock_ms(), events)
         payload = dumps(frame)
         size = len(payload)
         if not final and self._backlog_bytes + size > self._queue_bytes:
-            self._dropped_here += count
+            self._dropped(count)
             return
         self._backlog.append([[LENGTH.pack(size), payload], LENGTH.size + size, count])
         self._backlog_bytes += LENGTH.size + size
         self._handed += count
+
+    def _dropped(self, count: int) -> None:
+        """Count a frame dropped here, and say so (`on_drop`)."""
+        self._dropped_here += count
+        if self.on_drop is not None:
+            self.on_drop()
 
     def _send_backlog(self) -> None:
         """Write what the pipe takes, without waiting: a frame's header and payload with

@@ -35,8 +35,9 @@ from support.event_files import FINISH_SECONDS, PatientWriter, read_events, wait
 from amqpbroker.amqp import sections
 from amqpbroker.config import EventLogConfig
 from amqpbroker.core import FAILURE_EVENTS, Accepted, LifecycleEvent, RawEvent
-from amqpbroker.core.lifecycle import EVENT_TYPES, Emitter
-from amqpbroker.eventlog import HEAD_BYTES, EventLogWriter, child
+from amqpbroker.core.lifecycle import EVENT_TYPES, KNOWN, Emitter
+from amqpbroker.core.model import Message
+from amqpbroker.eventlog import HEAD_BYTES, EventLogWriter, child, frames
 from amqpbroker.eventlog import writer as writer_module
 from amqpbroker.eventlog.child import EVENT_FIELDS
 from amqpbroker.eventlog.writer import BODY_KEY_FILE
@@ -1205,3 +1206,146 @@ def test_a_key_that_cannot_be_written_leaves_no_key_and_no_crash(
     assert child._body_key(path) is None
     assert "No space left" in child.logs[-1][1]
     assert list(tmp_path.iterdir()) == []
+
+
+# -- a message's bytes cross once (issue 20) ----------------------------------------------
+
+
+def known_after_first(events: list[RawEvent]) -> list[RawEvent]:
+    """`events` as `Emitter.part` hands them over: a message's events after the first one
+    with its bytes carry `KNOWN` instead."""
+    seen: set[int] = set()
+    out: list[RawEvent] = []
+    for shape, ts, part, count, extra in events:
+        if part[4] is not None:
+            if part[0] in seen:
+                part = (*part[:4], KNOWN)
+            seen.add(part[0])
+        out.append((shape, ts, part, count, extra))
+    return out
+
+
+def test_events_carrying_known_write_the_lines_of_events_carrying_the_bytes(
+    tmp_path: Path,
+) -> None:
+    """B-170, issue 20: a message's later events carry `KNOWN`, not its bytes; the writer
+    process writes exactly the lines (amqp_message_id, props, body_hash included) it
+    writes when every event carries them, frame by frame or batched."""
+    events = varied_events()
+    light = known_after_first(events)
+    assert sum(1 for e in light if e[2][4] is KNOWN) > 100
+    config: dict[str, Any] = {"properties": ["tenant"], "body_hash": True}
+    full = writer(tmp_path / "full", queue_events=1 << 20, **config)
+    full.start()
+    full.submit(list(events))
+    full.close(timeout=60)  # a loaded machine starts the writer process slowly
+    framed = writer(tmp_path / "framed", queue_events=1 << 20, **config)
+    framed.start()  # no loop: a frame per submit, so most KNOWN parts are in later frames
+    for e in light:
+        framed.submit([e])
+    framed.close(timeout=60)
+    expected = file_bytes(tmp_path / "full")
+    assert b'"body_hash":"' in expected
+    assert b'"props":{"tenant"' in expected
+    assert file_bytes(tmp_path / "framed") == expected
+    assert framed.dropped_total == 0
+
+
+def message_with_id(msg_id: int) -> tuple[int, bytes]:
+    return msg_id, encoded(id=f"m-{msg_id}", body=b"x")
+
+
+def test_the_writer_process_remembers_a_message_for_known_window_events(
+    tmp_path: Path,
+) -> None:
+    """Issue 20: what a message's bytes say is kept at least KNOWN_WINDOW events after the
+    last event that carried them (two generations), bytes arriving again renew it, and a
+    frame dropped for low disk space still teaches them; a `KNOWN` part of a message
+    long forgotten gets null fields and one warning, never a lost line."""
+    window = frames.KNOWN_WINDOW
+    w = child_writer(tmp_path)
+    msg_id, data = message_with_id(1)
+    renewed_id, renewed = message_with_id(2)
+    dropped_id, dropped = message_with_id(3)
+
+    def ev(seq_msg: int, data: bytes | int) -> RawEvent:
+        return event("acked", msg_id=seq_msg, data=data, size=10)
+
+    w.write_frames([(1, 1, [ev(msg_id, data), ev(renewed_id, renewed)])])
+    w._space_ok = lambda: False  # type: ignore[method-assign]
+    w.write_frames([(3, 1, [ev(dropped_id, dropped)])])
+    del w._space_ok
+    w.write_frames([(window, 1, [ev(msg_id, KNOWN), ev(dropped_id, KNOWN)])])  # still known
+    w.write_frames([(window + 2, 1, [ev(renewed_id, renewed)])])  # a generation turns
+    w._messages.clear()  # the line texts too, as when that cache fills
+    w.write_frames([(2 * window + 2, 1, [ev(renewed_id, KNOWN), ev(msg_id, KNOWN)])])
+    w._rotate()
+    lines = [(r["seq"], r["msg_id"], r["amqp_message_id"]) for r in records(tmp_path)]
+    assert lines == [
+        (1, 1, "m-1"),
+        (2, 2, "m-2"),
+        (window, 1, "m-1"),  # 1 + window - 1: still known
+        (window + 1, 3, "m-3"),  # from the dropped frame
+        (window + 2, 2, "m-2"),
+        (2 * window + 2, 2, "m-2"),  # renewed at window + 2
+        (2 * window + 3, 1, None),  # last carried at seq 1: forgotten
+    ]
+    assert [text for _, text in w.logs if "not known" in text] == [
+        "event log: message 1 not known; writing its events without amqp_message_id, "
+        "props and body_hash"
+    ]
+
+
+def test_emitter_sends_a_message_s_bytes_once_while_the_writer_remembers_them() -> None:
+    """Issue 20: within a hand-off a message's events share one part (its bytes); later
+    ones carry `KNOWN` until `known_window` events after the bytes went, then the bytes
+    again; a frame dropped in the broker (`forget_sent`) sends them again; without a
+    writer process that remembers (`known_window` 0) every event carries them."""
+    data = encoded(id="m-1", body=b"x")
+    message = Message(data, msg_id=1, first_ts=5)
+    emitter = Emitter()
+    emitter.known_window = 10
+
+    def record(message: Message) -> Any:
+        """Record an event of `message` as `Queue.note` does; its part."""
+        part = emitter.part(message)
+        emitter.events.append((("acked", (None, None, None), None, None), 1, part, None, None))
+        return part
+
+    first = record(message)
+    assert first == (1, False, message.size, 5, data)
+    assert record(message) is first  # the same hand-off: the same tuple
+    emitter.take_raw()
+    later = record(message)
+    assert later == (1, False, message.size, 5, KNOWN)
+    emitter.take_raw()
+    emitter.events.extend([event()] * 7)  # the bytes went with number 0; this is number 10
+    again = record(message)
+    assert again == first  # the window is over: the bytes again
+    assert record(message) is again
+    emitter.take_raw()
+    assert record(message)[4] is KNOWN
+    emitter.forget_sent()
+    assert record(message)[4] is data
+    plain = Emitter()
+    other = Message(data, msg_id=2)
+    part = plain.part(other)
+    plain.take_raw()
+    plain.events.extend([event()] * 100)
+    assert plain.part(other) is part
+
+
+def test_a_frame_dropped_in_the_broker_makes_the_emitter_send_the_bytes_again(
+    tmp_path: Path,
+) -> None:
+    """Issue 20: the server wires the writer's `on_drop` to `Emitter.forget_sent`; a frame
+    dropped for the bound calls it (the writer process never saw those bytes)."""
+    w = writer(tmp_path, queue_events=2)
+    calls: list[int] = []
+    w.on_drop = lambda: calls.append(1)
+    w.start()
+    with stopped(w):
+        w.submit([event(), event(), event()])  # over the bound of 2: dropped
+    w.close()
+    assert calls == [1]
+    assert w.dropped_total == 3

@@ -40,7 +40,8 @@ run: $(STAMP)
 # tests/interop/ one unit each (one Spark JVM; the client stacks' installs one at a time:
 # tests/conftest.py), then the wall-clock `timing` tests alone in one process; each prints
 # its 15 slowest tests. Kept under 10 minutes on 2 cores: what only scale adds (a standalone
-# Spark cluster, 40 crash rounds, 6,000 fuzz cases) is `make test-long`, which CI runs next.
+# Spark cluster, 40 crash rounds, 6,000 fuzz cases, the incremental-equals-whole analyze
+# run) is `make test-long`, which CI runs next.
 test: $(DEV_STAMP)
 	sh tests/support/install-browser.sh  # chromium + chromium-driver for the console tests
 	$(BIN)/ruff check .

@@ -125,6 +125,7 @@ def test_finds_all_planted_poison_and_exactly_the_outage_messages(whole: Whole) 
     assert {"queue_windows", "queue_totals", "attempts", "poison", "redrive"} <= tables
 
 
+@pytest.mark.long  # ~75 s of Spark (three runs, 48 table reads): `make test-long`, in CI
 def test_an_incremental_run_equals_a_run_from_scratch(
     spark: SparkSession, whole: Whole, tmp_path: Path
 ) -> None:

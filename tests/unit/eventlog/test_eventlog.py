@@ -1269,7 +1269,10 @@ def test_the_writer_process_remembers_a_message_for_known_window_events(
     dropped_id, dropped = message_with_id(3)
 
     def ev(seq_msg: int, data: bytes | int) -> RawEvent:
-        return event("acked", msg_id=seq_msg, data=data, size=10)
+        # `KNOWN` is no `LifecycleEvent.data` (bytes or None, checked in the compiled
+        # build): put it in the part as `Emitter.part` does
+        shape, ts, part, count, extra = event("acked", msg_id=seq_msg, size=10)
+        return shape, ts, (*part[:4], data), count, extra
 
     w.write_frames([(1, 1, [ev(msg_id, data), ev(renewed_id, renewed)])])
     w._space_ok = lambda: False  # type: ignore[method-assign]

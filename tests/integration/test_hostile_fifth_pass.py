@@ -12,70 +12,16 @@ kept back waiting for bytes of the next frame: the connection hung instead of cl
 
 from __future__ import annotations
 
-import socket
 import struct
-import time
-from collections.abc import Callable
-from typing import Any
 
 import pytest
-from proton import Message
 from support import frames as F
-from support.client import QUEUE, connect, receive_bodies
+from support.frame_conn import FrameConnection, round_trip
 from support.process import BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
 BROKER_LOG_LEVEL = "info"
-
-
-class _Raw:
-    """One raw connection: frames out, the broker's frames in (decoded)."""
-
-    def __init__(self, broker: BrokerProcess) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", broker.ports["amqp"]), timeout=5)
-        self.data = b""
-        self.hung_up = False
-
-    def send(self, *frames: bytes) -> None:
-        self.sock.sendall(b"".join(frames))
-
-    def frames(self) -> list[Any]:
-        return [p for _, _, p in F.read_frames(self.data)]
-
-    def read_until(self, done: Callable[[list[Any]], bool], timeout_s: float = 5.0) -> list[Any]:
-        deadline = time.monotonic() + timeout_s
-        while not done(self.frames()) and not self.hung_up:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self.sock.settimeout(left)
-            try:
-                chunk = self.sock.recv(65536)
-            except TimeoutError:
-                break
-            except ConnectionResetError:
-                chunk = b""
-            if not chunk:
-                self.hung_up = True
-            self.data += chunk
-        return self.frames()
-
-    def codes(self) -> list[int | None]:
-        return [F.performative_code(p) for p in self.frames()]
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def _round_trip(broker: BrokerProcess, address: str) -> list[object]:
-    conn = connect(broker.url)
-    try:
-        sender = conn.create_sender(address, options=QUEUE)
-        sender.send(Message(body="still here"))
-        return receive_bodies(conn.create_receiver(address, options=QUEUE), 1)
-    finally:
-        conn.close()
 
 
 def _empty_frame(kind: int) -> bytes:
@@ -100,7 +46,7 @@ def test_a_frame_of_another_type_does_not_stop_the_handle_watch(
     handle 0 orphaned the first link with its credit, the fourth pass's fix undone. Now
     any frame of another type after the open closes the connection with
     amqp:connection:framing-error, and the second attach is never answered."""
-    raw = _Raw(broker)
+    raw = FrameConnection(broker)
     try:
         first = F.attach("first", handle=0, role_receiver=True, source=F.source("fifth", "queue"))
         raw.send(F.AMQP_HEADER, F.frame(F.open_()), F.frame(F.begin()), F.frame(first))
@@ -112,7 +58,7 @@ def test_a_frame_of_another_type_does_not_stop_the_handle_watch(
         assert F.close_condition(raw.data) == "amqp:connection:framing-error", raw.codes()
     finally:
         raw.close()
-    assert _round_trip(broker, "after-fifth") == ["still here"]
+    assert round_trip(broker, "after-fifth") == ["still here"]
 
 
 @pytest.mark.parametrize("body", [b"", b"\x00", b"\x00\x53"])
@@ -123,7 +69,7 @@ def test_a_frame_too_short_for_a_performative_closes_at_once(
     handle watch until 3 bytes of body had come, which they never would: the connection
     hung until the idle timeout instead of closing with a framing error (Proton refuses
     it: no performative fits). An empty frame (a heartbeat) is still taken."""
-    raw = _Raw(broker)
+    raw = FrameConnection(broker)
     try:
         raw.send(F.AMQP_HEADER, F.frame(F.open_()), F.frame(F.begin()))
         raw.read_until(lambda fs: F.BEGIN in [F.performative_code(p) for p in fs])

@@ -7,15 +7,13 @@ Raw AMQP frames over loopback against the real broker: a link handle reused on a
 
 from __future__ import annotations
 
-import socket
-import time
-from collections.abc import Callable
 from typing import Any
 
 import pytest
 from proton import Message
 from support import frames as F
 from support.client import QUEUE, connect, receive_bodies
+from support.frame_conn import FrameConnection, round_trip
 from support.process import BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -23,58 +21,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 BROKER_LOG_LEVEL = "info"
 
 
-class _Raw:
-    """One raw connection: frames out, the broker's frames in (decoded), read until a
-    condition holds."""
-
-    def __init__(self, broker: BrokerProcess) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", broker.ports["amqp"]), timeout=5)
-        self.data = b""
-        self.hung_up = False
-
-    def send(self, *frames: bytes) -> None:
-        self.sock.sendall(b"".join(frames))
-
-    def frames(self) -> list[Any]:
-        return [p for _, _, p in F.read_frames(self.data)]
-
-    def read_until(self, done: Callable[[list[Any]], bool], timeout_s: float = 5.0) -> list[Any]:
-        deadline = time.monotonic() + timeout_s
-        while not done(self.frames()) and not self.hung_up:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            self.sock.settimeout(left)
-            try:
-                chunk = self.sock.recv(65536)
-            except TimeoutError:
-                break
-            except ConnectionResetError:
-                chunk = b""
-            if not chunk:
-                self.hung_up = True
-            self.data += chunk
-        return self.frames()
-
-    def count(self, code: int) -> int:
-        return sum(F.performative_code(p) == code for p in self.frames())
-
-    def close(self) -> None:
-        self.sock.close()
-
-
 def _codes(frames: list[Any]) -> list[int | None]:
     return [F.performative_code(p) for p in frames]
-
-
-def _round_trip(broker: BrokerProcess, address: str) -> list[object]:
-    conn = connect(broker.url)
-    try:
-        sender = conn.create_sender(address, options=QUEUE)
-        sender.send(Message(body="still here"))
-        return receive_bodies(conn.create_receiver(address, options=QUEUE), 1)
-    finally:
-        conn.close()
 
 
 # -- a declare with a global-id (transactions §4.5) -----------------------------------------
@@ -82,7 +30,7 @@ def _round_trip(broker: BrokerProcess, address: str) -> list[object]:
 
 def _declared_outcome(broker: BrokerProcess, declare: bytes) -> Any:
     """Attach a coordinator, wait for its credit, send `declare`: the broker's disposition."""
-    raw = _Raw(broker)
+    raw = FrameConnection(broker)
     try:
         attach = F.attach("txn", role_receiver=False, source=F.source(None), target=F.coordinator())
         raw.send(F.AMQP_HEADER, F.frame(F.open_()), F.frame(F.begin()), F.frame(attach))
@@ -134,7 +82,7 @@ def test_an_attach_on_a_handle_in_use_ends_the_session_and_gives_back_its_delive
     deliveries go back to the queue (another consumer gets all 3), the peer's frames on
     that channel are dropped until its end, and the channel can then be begun again."""
     _send_bodies(broker, "handle-reuse", 3)
-    raw = _Raw(broker)
+    raw = FrameConnection(broker)
     try:
         first = F.attach(
             "first", handle=0, role_receiver=True, source=F.source("handle-reuse", "queue")
@@ -168,14 +116,14 @@ def test_an_attach_on_a_handle_in_use_ends_the_session_and_gives_back_its_delive
         assert F.close_condition(raw.data) is None
     finally:
         raw.close()
-    assert _round_trip(broker, "after-handle-reuse") == ["still here"]
+    assert round_trip(broker, "after-handle-reuse") == ["still here"]
 
 
 def test_a_handle_that_is_not_a_uint_closes_the_connection(broker: BrokerProcess) -> None:
     """Fourth attack pass: the broker reads handles from the frames itself, and Proton's
     reading of a mistyped mandatory field is not the broker's to guess: a detach whose
     handle is a string closes the connection with amqp:invalid-field."""
-    raw = _Raw(broker)
+    raw = FrameConnection(broker)
     try:
         attach = F.attach("l", handle=0, role_receiver=False, target=F.target("mistyped"))
         detach = F.detach()

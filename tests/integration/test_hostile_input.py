@@ -10,6 +10,7 @@ from proton import Message
 from proton.utils import SendException
 from support import frames as F
 from support.client import QUEUE, connect, receive_bodies
+from support.frame_conn import round_trip
 from support.process import BrokerProcess
 from support.raw import read_until_closed
 
@@ -28,16 +29,6 @@ def _exchange(broker: BrokerProcess, data: bytes, *, timeout_s: float = 1.0) -> 
         return read_until_closed(sock, timeout_s)
 
 
-def _round_trip(broker: BrokerProcess, address: str) -> list[object]:
-    conn = connect(broker.url)
-    try:
-        sender = conn.create_sender(address, options=QUEUE)
-        sender.send(Message(body="still here"))
-        return receive_bodies(conn.create_receiver(address, options=QUEUE), 1)
-    finally:
-        conn.close()
-
-
 def test_lying_capabilities_array_is_refused_and_the_broker_lives(broker: BrokerProcess) -> None:
     """Issue 15: `e0 08 09 a3 05 queue` in a source killed the broker with SIGSEGV; now
     the attach is refused with amqp:decode-error and other clients are served."""
@@ -49,7 +40,7 @@ def test_lying_capabilities_array_is_refused_and_the_broker_lives(broker: Broker
     errors = [F.error_of(p) for _, _, p in F.read_frames(received)]
     assert any(e is not None and e[0] == "amqp:decode-error" for e in errors), errors
     assert broker.proc.poll() is None
-    assert _round_trip(broker, "after-lying-array") == ["still here"]
+    assert round_trip(broker, "after-lying-array") == ["still here"]
 
 
 @pytest.mark.parametrize(
@@ -148,7 +139,7 @@ def test_attaches_of_many_values_in_few_bytes_close_the_connection(
     assert F.close_condition(received) == "amqp:resource-limit-exceeded"
     assert hung_up
     assert _rss_kb(broker.proc.pid) - before < 64 * 1024
-    assert _round_trip(broker, "after-many-values") == ["still here"]
+    assert round_trip(broker, "after-many-values") == ["still here"]
 
 
 def test_an_attach_over_8_kib_pipelined_with_the_open_is_served(broker: BrokerProcess) -> None:
@@ -188,4 +179,4 @@ def test_begins_on_a_channel_in_use_close_the_connection(broker: BrokerProcess) 
     received, hung_up = _exchange(broker, data + F.frame(F.begin(), channel=0) * 1000)
     assert hung_up
     assert F.close_condition(received) == "amqp:connection:framing-error"
-    assert _round_trip(broker, "after-many-begins") == ["still here"]
+    assert round_trip(broker, "after-many-begins") == ["still here"]

@@ -135,6 +135,17 @@ def vars_of(ref: Any) -> tuple[str, int, int, int]:
     return (ref.queue, ref.msg_id, ref.delivery_count, ref.scheduled_at_ms)
 
 
+def _written(tmp_path: Path, rng: Random) -> tuple[list[list[Record]], JournalState]:
+    """A random journal written to `tmp_path` over segments of a random size: its appends
+    and the state they make."""
+    appends = _random_appends(rng, 400)
+    with _open(tmp_path, max_segment_bytes=rng.choice([2048, 8192, 1 << 20])) as journal:
+        for records in appends:
+            journal.append(records, sync=False)
+        journal.flush()
+    return appends, JournalState.of(record for records in appends for record in records)
+
+
 @pytest.mark.parametrize("step", [opening._STEP, 600])
 @pytest.mark.parametrize("way", ["c", "loop"])
 @pytest.mark.parametrize("seed", range(12))
@@ -149,12 +160,7 @@ def test_the_open_index_gives_the_state_of_every_record(
     monkeypatch.setattr(frames, "_scan", framescan().scan if way == "c" else None)
     monkeypatch.setattr(opening, "_STEP", step)
     rng = Random(seed)
-    appends = _random_appends(rng, 400)
-    with _open(tmp_path, max_segment_bytes=rng.choice([2048, 8192, 1 << 20])) as journal:
-        for records in appends:
-            journal.append(records, sync=False)
-        journal.flush()
-    model = JournalState.of(record for records in appends for record in records)
+    appends, model = _written(tmp_path, rng)
     read: list[int] = []
     real = opening.read_unread  # (patched where the open calls it: compiled, `frames`
     # calls the codec natively, and a patch of `codec` would not be seen)
@@ -189,12 +195,7 @@ def test_a_message_past_the_body_budget_is_only_its_references_rows(
     equal the model's references, the rest of the messages are the model's."""
     monkeypatch.setattr(frames, "_scan", framescan().scan if way == "c" else None)
     rng = Random(seed)
-    appends = _random_appends(rng, 400)
-    with _open(tmp_path, max_segment_bytes=rng.choice([2048, 8192, 1 << 20])) as journal:
-        for records in appends:
-            journal.append(records, sync=False)
-        journal.flush()
-    model = JournalState.of(record for records in appends for record in records)
+    _, model = _written(tmp_path, rng)
     expected = model.messages
     with _open(tmp_path, body_budget=rng.randrange(0, 20_000)) as journal:
         state = journal.state()

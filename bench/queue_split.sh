@@ -44,7 +44,7 @@ trap 'kill -TERM $PID 2> /dev/null || true; wait $PID 2> /dev/null || true' EXIT
 PORT=$(amqpbroker_port "$OUT/data" "$PID" "$OUT/broker.log")
 HTTP=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["http"])' "$OUT/data/ports.json")
 sleep 1
-WRITER=$(ps -o pid= --ppid "$PID" | tr -d ' ' | head -1)
+WRITER=$(ps -o pid= --ppid "$PID" | tr -d ' ' | head -1 || true)  # none with the log off
 
 cpu() {  # PID: utime + stime of all its threads, in clock ticks (0 if none)
   [ -n "$1" ] && [ -r "/proc/$1/stat" ] || { echo 0; return; }

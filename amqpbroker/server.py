@@ -793,6 +793,7 @@ class BrokerServer:
             connections_opened=self.shell.opened_total,
             authentication_failures=self.shell.auth_failures,
             event_log_dropped=self.event_log.dropped_total if self.event_log else 0,
+            event_log_pending=self.event_log.pending_events if self.event_log else 0,
             journal_size_bytes=self.journal.size_bytes if self.journal else 0,
             journal_sync=self.journal_sync,
             event_log_files=EventLogFiles(*self.event_log.disk) if self.event_log else None,

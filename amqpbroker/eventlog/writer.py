@@ -212,6 +212,15 @@ class EventLogWriter:
             self._read_status()
             return self._written
 
+    @property
+    def pending_events(self) -> int:
+        """Events handed over (in the pipe or the backlog) that the writer process has not
+        yet written or dropped: how far it is behind the loop (issue 20). Its work on them
+        is still to come; the `queue_events` / `queue_bytes` bound drops what exceeds it."""
+        with self._lock:
+            self._read_status()
+            return self._handed - self._written - self._dropped_there
+
     # -- loop thread ------------------------------------------------------------------
     def start(self, *, schedule: Schedule | None = None, soon: Soon | None = None) -> None:
         """Start the writer process (which creates the directory: an error there is the

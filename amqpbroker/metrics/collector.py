@@ -67,6 +67,7 @@ class BrokerSnapshot:
     connections_opened: int
     event_log_dropped: int
     authentication_failures: int = 0
+    event_log_pending: int = 0  # handed to the writer process, not yet written or dropped
     journal_size_bytes: int = 0
     journal_sync: tuple[Metric, ...] = ()
     event_log_files: EventLogFiles | None = None  # None: no event log
@@ -87,6 +88,7 @@ class BrokerSnapshot:
         connections: int,
         connections_opened: int,
         event_log_dropped: int = 0,
+        event_log_pending: int = 0,
         authentication_failures: int = 0,
         journal_size_bytes: int = 0,
         journal_sync: Histogram | None = None,
@@ -114,6 +116,7 @@ class BrokerSnapshot:
             connections=connections,
             connections_opened=connections_opened,
             event_log_dropped=event_log_dropped,
+            event_log_pending=event_log_pending,
             authentication_failures=authentication_failures,
             journal_size_bytes=journal_size_bytes,
             journal_sync=tuple(journal_sync.collect()) if journal_sync is not None else (),
@@ -244,6 +247,11 @@ class BrokerCollector:
         )
         yield CounterMetricFamily(
             names.EVENT_LOG_DROPPED, "Lifecycle events dropped.", value=s.event_log_dropped
+        )
+        yield GaugeMetricFamily(
+            names.EVENT_LOG_PENDING,
+            "Lifecycle events handed to the event-log writer process and not yet written.",
+            value=s.event_log_pending,
         )
         if s.event_log_files is not None:
             yield from _event_log_files(s.event_log_files, s.taken_ms)

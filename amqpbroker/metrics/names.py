@@ -41,6 +41,7 @@ JOURNAL_SIZE_BYTES = "amqpbroker_journal_size_bytes"
 JOURNAL_FAILED = "amqpbroker_journal_failed"  # 1 while the journal refuses appends
 JOURNAL_ERRORS = "amqpbroker_journal_errors"  # _total: write, sync, roll, retry errors
 EVENT_LOG_DROPPED = "amqpbroker_event_log_dropped"  # _total
+EVENT_LOG_PENDING = "amqpbroker_event_log_pending_events"
 # The event log's disk budget (issue 17): what its files hold, and what retention deleted.
 EVENT_LOG_DISK_BYTES = "amqpbroker_event_log_disk_bytes"
 EVENT_LOG_FILES = "amqpbroker_event_log_files"

@@ -134,6 +134,9 @@ def test_retention_deletes_old_files_and_metrics_show_the_disk(tmp_path: Path) -
         assert values["amqpbroker_event_log_deleted_bytes_total", not_compacted] == 100
         assert values["amqpbroker_event_log_disk_bytes", frozenset()] > 0
         assert values["amqpbroker_event_log_oldest_file_age_seconds", frozenset()] < 600
+        # Issue 20: the writer process's lag, 0 once it wrote what it was handed.
+        pending = ("amqpbroker_event_log_pending_events", frozenset())
+        wait_until(lambda: scrape(broker.ports["http"])[pending] == 0, message="no lag")
     finally:
         assert broker.stop() == 0, broker.log()
     assert not old.exists()

@@ -233,6 +233,24 @@ def test_busy_writer_never_blocks_submit_and_the_gap_shows(tmp_path: Path) -> No
     assert w.dropped_total == 2
 
 
+def test_pending_events_count_what_the_writer_process_has_yet_to_write(tmp_path: Path) -> None:
+    """Issue 20: `pending_events` (amqpbroker_event_log_pending_events) is how far the
+    writer process is behind: handed over, neither written nor dropped; dropped events
+    are not pending."""
+    w = writer(tmp_path, queue_events=3)
+    w.start()
+    assert w.pending_events == 0
+    with stopped(w):
+        w.submit([event(), event()])  # seq 1, 2: handed over, unwritten
+        w.submit([event(), event()])  # seq 3, 4: over the bound, dropped here
+        assert w.pending_events == 2
+        assert w.dropped_total == 2
+    wait_for_writer(lambda: w.pending_events == 0, message="the writer caught up")
+    assert w.written_total == 2
+    w.close()
+    assert w.pending_events == 0
+
+
 def test_a_frame_is_dropped_for_the_bound_only_on_fresh_counts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

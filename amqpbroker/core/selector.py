@@ -74,9 +74,19 @@ _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _ID_PART = _LETTERS | _DIGITS
 _SINGLE_OPS = frozenset("=+-*/%(),")
 _EXPONENT = re.compile(r"[eE][+-]?[0-9]")
+_LINE_END = re.compile(r"[\n\r]")
 # The longest decimal integer literal: Python's int() refuses more than 4300 digits
 # (sys.int_info.default_max_str_digits); a Java long has 19.
 _MAX_DECIMAL_DIGITS = 4300
+# What one selector may cost (issue 15, sixth attack pass; B-130 and Artemis set no
+# bound). A selector is parsed on the event loop and evaluated there for every message it
+# is offered: an 880 KB `a=1 OR a=1 ...` (an HTTP filter or a management request may be
+# 1 MiB) took 4 CPU-s to parse, kept 72 MB, and 1.3 s per message to evaluate; a chain of
+# 900 `x + x + ...` over a 100 KB property took 35 CPU-s per message (each `+` copies the
+# string so far). Real selectors are tens of operands and a few hundred characters.
+MAX_SELECTOR_CHARS = 64 * 1024  # the text, IN lists and literals included
+MAX_SELECTOR_OPERANDS = 1024  # identifiers and literals outside IN lists: the tree's size
+MAX_CONCAT_CHARS = 64 * 1024  # what a string `+` may make; longer is a runtime failure
 
 
 class _Token:
@@ -121,8 +131,10 @@ class _Scanner:
             if s[self.i] in _WHITESPACE:
                 self.i += 1
             elif s.startswith("--", self.i):
-                ends = [j for j in (s.find("\n", self.i), s.find("\r", self.i)) if j >= 0]
-                self.i = min(ends) + 1 if ends else n
+                # One search for either line end: a find for each scanned to the end of
+                # the text for a kind that never came, per comment (quadratic).
+                line_end = _LINE_END.search(s, self.i)
+                self.i = line_end.end() if line_end else n
             elif s.startswith("/*", self.i):
                 end = s.find("*/", self.i + 2)
                 if end < 0:
@@ -354,7 +366,14 @@ def _arith(op: str, a: Any, b: Any, convert: bool) -> Any:
     if a is None or b is None:
         return None
     if op == "+" and isinstance(a, str):
-        return a + _java_string(b)
+        # Checked before the copy is made: a long value never gets copied (`bytes`, whose
+        # Java string is at least as long, is not converted either).
+        if len(a) + (len(b) if isinstance(b, str | bytes) else 0) > MAX_CONCAT_CHARS:
+            raise _EvalError(f"a string longer than {MAX_CONCAT_CHARS} characters")
+        text = a + _java_string(b)
+        if len(text) > MAX_CONCAT_CHARS:
+            raise _EvalError(f"a string longer than {MAX_CONCAT_CHARS} characters")
+        return text
     x, y = _as_number(a, convert), _as_number(b, convert)
     if op == "/":  # Java double division: x / 0 is infinite or NaN, not an error
         fx, fy = float(x), float(y)
@@ -885,6 +904,7 @@ class _Parser:
         self.tokens = tokens
         self.i = 0
         self.convert = convert
+        self.operands = 0  # leaves made so far (MAX_SELECTOR_OPERANDS)
 
     @property
     def tok(self) -> _Token:
@@ -1067,6 +1087,12 @@ class _Parser:
     def primary(self) -> _Node:
         token = self.tok
         self.i += 1
+        if token.kind in ("num", "str", "id", "kw"):
+            self.operands += 1
+            if self.operands > MAX_SELECTOR_OPERANDS:
+                raise _invalid(
+                    f"more than {MAX_SELECTOR_OPERANDS} identifiers and literals", token.pos
+                )
         if token.kind == "num" or token.kind == "str":
             return _Const(token.pos, token.value)
         if token.kind == "id":
@@ -1248,7 +1274,9 @@ class Selector:
 MATCH_ALL = Selector("", _BoolConst(0, True))  # what an empty or blank selector parses to
 
 
-@functools.lru_cache(maxsize=4096)
+# 256 entries: a parsed selector may hold ~0.5 MB (MAX_SELECTOR_CHARS of text and up to
+# MAX_SELECTOR_OPERANDS compiled), and every distinct text a peer sends was kept.
+@functools.lru_cache(maxsize=256)
 def parse_selector(text: str) -> Selector:
     """Parse a selector once (B-130); an empty or blank one matches every message.
 
@@ -1259,6 +1287,10 @@ def parse_selector(text: str) -> Selector:
         InvalidSelector: naming the position (a 0-based offset into `text`) and what was
             expected there.
     """
+    if len(text) > MAX_SELECTOR_CHARS:
+        raise InvalidSelector(
+            f"Invalid filter: longer than {MAX_SELECTOR_CHARS} characters: {text[:100]!r}"
+        )
     start = len(text) - len(text.lstrip())
     if not text[start:].strip():
         return MATCH_ALL

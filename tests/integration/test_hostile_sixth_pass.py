@@ -1,0 +1,118 @@
+"""Hostile input, sixth attack pass (issue 15): what a selector may cost (B-130, B-032).
+
+A selector is parsed on the event loop and evaluated there for every message offered to
+its consumer (or walked by a management operation): before this pass its size was bounded
+only by the frame or the request body, so one consumer, one filter in an HTTP request or
+one management request stalled every connection of the broker for seconds to minutes.
+Real broker on port 0, real proton clients and raw HTTP over loopback.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from proton import Message
+from proton.utils import LinkDetached
+from support.client import QUEUE, connect, receive_bodies, selector
+from support.frame_conn import round_trip
+from support.http import raw_request
+from support.process import BrokerProcess
+
+from amqpbroker.core.selector import (
+    MAX_CONCAT_CHARS,
+    MAX_SELECTOR_CHARS,
+    MAX_SELECTOR_OPERANDS,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
+
+BROKER_LOG_LEVEL = "info"
+
+
+def test_a_chain_of_string_concatenations_does_not_stall_the_broker(
+    broker: BrokerProcess,
+) -> None:
+    """Sixth attack pass (B-130): `p + p + ... + p` over a 1 MB property copied the
+    string made so far at each `+`: 300 of them are 45 GB of copies (~40 CPU-s on an idle
+    machine), on the event loop, for each message offered to the consumer. A
+    string `+` longer than MAX_CONCAT_CHARS is now a runtime failure (no match, B-130),
+    found before the copy; another client is served at once."""
+    text = " + ".join(["p"] * 300) + " = 'never'"
+    conn = connect(broker.url)
+    try:
+        receiver = conn.create_receiver("sixth.concat", credit=10, options=[QUEUE, selector(text)])
+        sender = conn.create_sender("sixth.concat", options=QUEUE)
+        sender.send(Message(body="big", properties={"p": "x" * 1_000_000}))
+        # Served by the same loop that evaluates the selector: within seconds, not minutes.
+        assert round_trip(broker, "sixth.after-concat") == ["still here"]
+        assert receiver.fetcher is not None
+        assert not receiver.fetcher.has_message
+        receiver.close()
+        everyone = conn.create_receiver("sixth.concat", options=QUEUE)
+        assert receive_bodies(everyone, 1) == ["big"]  # it waited, no match
+    finally:
+        conn.close()
+
+
+def test_a_concatenation_past_the_bound_does_not_match(broker: BrokerProcess) -> None:
+    """Sixth attack pass (B-130): the bound is a runtime failure, so the message is not
+    delivered to that consumer (it waits for another), as any failed evaluation."""
+    half = "y" * (MAX_CONCAT_CHARS // 2 + 1)
+    conn = connect(broker.url)
+    try:
+        sender = conn.create_sender("sixth.long", options=QUEUE)
+        sender.send(Message(body="long", properties={"p": half, "q": half + half}))
+        sender.send(Message(body="short", properties={"p": "ab", "q": "abab"}))
+        receiver = conn.create_receiver("sixth.long", options=[QUEUE, selector("p + p = q")])
+        assert receive_bodies(receiver, 1) == ["short"]
+        receiver.close()
+        everyone = conn.create_receiver("sixth.long", options=QUEUE)
+        assert receive_bodies(everyone, 1) == ["long"]  # not lost: it waited
+    finally:
+        conn.close()
+
+
+def test_a_selector_over_the_length_bound_refuses_the_attach(broker: BrokerProcess) -> None:
+    """Sixth attack pass (B-032, B-130): a 70 KB `a=1 OR a=1 ...` was taken: ~0.3 s of
+    parse on the loop, ~6 MB kept per link and ~0.1 s per message offered; a link of
+    1 MiB-selector (an HTTP filter or a management request) took 4 CPU-s and 72 MB. Now
+    a selector over MAX_SELECTOR_CHARS is invalid: the attach is refused with
+    amqp:invalid-field, the connection stays."""
+    text = " OR ".join(["a=1"] * (MAX_SELECTOR_CHARS // 7 + 1))
+    assert MAX_SELECTOR_CHARS < len(text) < 100_000  # fits the 128 KiB frame
+    conn = connect(broker.url)
+    try:
+        with pytest.raises(LinkDetached, match="invalid-field"):
+            conn.create_receiver("sixth.long-selector", options=[QUEUE, selector(text)])
+        sender = conn.create_sender("sixth.long-selector", options=QUEUE)
+        sender.send(Message(body="after"))
+        receiver = conn.create_receiver("sixth.long-selector", options=QUEUE)
+        assert receive_bodies(receiver, 1) == ["after"]
+    finally:
+        conn.close()
+
+
+def test_an_http_filter_of_too_many_operands_is_a_400(broker: BrokerProcess) -> None:
+    """Sixth attack pass (B-130, B-161): the HTTP API parses a filter on the event loop
+    and caches it; distinct 1 MiB filters took 4 CPU-s each and kept 72 MB each (4,096
+    of them cached). A filter of more than MAX_SELECTOR_OPERANDS identifiers and
+    literals is refused like any invalid selector (400), before the queue is walked."""
+    conn = connect(broker.url)
+    try:
+        conn.create_sender("sixth.http", options=QUEUE).send(Message(body="kept"))
+    finally:
+        conn.close()
+    many = " OR ".join(["a=1"] * (MAX_SELECTOR_OPERANDS // 2 + 1))
+    status, _, body = raw_request(
+        broker.ports["http"],
+        "POST",
+        "/api/v1/queues/sixth.http/purge",
+        headers={"X-Requested-By": "test", "Content-Type": "application/json"},
+        body=json.dumps({"filter": many}).encode(),
+    )
+    assert status == 400, body
+    assert b"identifiers and literals" in body
+    status, _, body = raw_request(broker.ports["http"], "GET", "/api/v1/queues/sixth.http")
+    assert status == 200, body
+    assert json.loads(body)["messages"] == 1, body

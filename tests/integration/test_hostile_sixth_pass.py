@@ -1,4 +1,5 @@
-"""Hostile input, sixth attack pass (issue 15): what a selector may cost (B-130, B-032).
+"""Hostile input, sixth attack pass (issue 15): what a selector may cost (B-130, B-032),
+and what a producer's annotations may do to a management move (B-090).
 
 A selector is parsed on the event loop and evaluated there for every message offered to
 its consumer (or walked by a management operation): before this pass its size was bounded
@@ -12,7 +13,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from proton import Message
+from proton import Message, symbol, ulong
 from proton.utils import LinkDetached
 from support.client import QUEUE, connect, receive_bodies, selector
 from support.frame_conn import round_trip
@@ -116,3 +117,36 @@ def test_an_http_filter_of_too_many_operands_is_a_400(broker: BrokerProcess) -> 
     status, _, body = raw_request(broker.ports["http"], "GET", "/api/v1/queues/sixth.http")
     assert status == 200, body
     assert json.loads(body)["messages"] == 1, body
+
+
+@pytest.mark.parametrize("value", [ulong(2**64 - 1), 200, -1, "ANYCAST"])
+def test_a_planted_orig_routing_type_does_not_fail_a_move(
+    broker: BrokerProcess, value: object
+) -> None:
+    """Sixth attack pass (B-090, B-153): a move carries `x-opt-ORIG-ROUTING-TYPE` on to the
+    copy's `x-opt-routing-type` as a byte; any integer a producer wrote there was taken,
+    and one past a byte (a ulong of 2**64-1, 200) failed the copy's encoding: the HTTP
+    move and retry answered 500 with a traceback and stopped at that message, leaving the
+    rest. Only a routing type's byte (0, 1) is carried now; anything else is ignored, as
+    a mistyped `x-opt-routing-type` is (B-153)."""
+    source, target = f"sixth.rt.{value!s:.8}", f"sixth.rt-to.{value!s:.8}"
+    conn = connect(broker.url)
+    try:
+        conn.create_sender(target, options=QUEUE).send(Message(body="first"))
+        planted = {symbol("x-opt-ORIG-ROUTING-TYPE"): value}
+        sender = conn.create_sender(source, options=QUEUE)
+        sender.send(Message(body="planted", annotations=planted))
+        sender.send(Message(body="plain"))
+        status, _, body = raw_request(
+            broker.ports["http"],
+            "POST",
+            f"/api/v1/queues/{source}/move",
+            headers={"X-Requested-By": "test", "Content-Type": "application/json"},
+            body=json.dumps({"to-queue": target}).encode(),
+        )
+        assert (status, json.loads(body)) == (200, {"moved": 2}), body
+        receiver = conn.create_receiver(target, options=QUEUE)
+        assert receive_bodies(receiver, 3) == ["first", "planted", "plain"]
+    finally:
+        conn.close()
+    assert "Traceback" not in broker.log()

@@ -165,13 +165,13 @@ class _Moving(_BrokerPart):
         # Only a routing type's byte is carried: a producer may have written any integer
         # there (a ulong of 2**64-1 failed the copy's encoding as a byte, and the whole
         # move or retry with it: sixth attack pass).
-        known = isinstance(internal, int) and internal in ROUTING_TYPE_OF_BYTE
+        known = int(internal) if isinstance(internal, int) else None
         return MoveAnnotations(
             orig_address=queue.address,
             orig_queue=queue.name,
             orig_message_id=message.msg_id,
             orig_routing_type=self._orig_routing_type(message),
-            routing_type=int(internal) if known else None,
+            routing_type=known if known in ROUTING_TYPE_OF_BYTE else None,
             **extra,
         )
 

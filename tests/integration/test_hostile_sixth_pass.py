@@ -11,6 +11,8 @@ Real broker on port 0, real proton clients and raw HTTP over loopback.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from proton import Message, symbol, ulong
@@ -150,3 +152,30 @@ def test_a_planted_orig_routing_type_does_not_fail_a_move(
     finally:
         conn.close()
     assert "Traceback" not in broker.log()
+
+
+def test_a_producers_control_characters_never_reach_the_operators_terminal(
+    broker: BrokerProcess,
+) -> None:
+    """Sixth attack pass: `amqpbroker messages` printed a producer's body, properties and
+    annotations as they came, so a body of `ESC ] 0 ; ... BEL` retitled the terminal of
+    the operator browsing a dead-letter queue and `ESC [ 2 J` cleared it. They are
+    printed as escapes now."""
+    hostile = "\x1b]0;owned\x07\x1b[2J\x9b31mred"
+    conn = connect(broker.url)
+    try:
+        sender = conn.create_sender("sixth.terminal", options=QUEUE)
+        sender.send(Message(body=hostile, annotations={symbol("x-opt-ORIG-ADDRESS"): hostile}))
+    finally:
+        conn.close()
+    url = f"http://127.0.0.1:{broker.ports['http']}"
+    result = subprocess.run(
+        [sys.executable, "-m", "amqpbroker", "messages", "sixth.terminal", "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "\\x1b]0;owned\\x07" in result.stdout, result.stdout
+    for control in ("\x1b", "\x07", "\x9b"):
+        assert control not in result.stdout + result.stderr

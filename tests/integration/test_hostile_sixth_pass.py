@@ -11,16 +11,18 @@ Real broker on port 0, real proton clients and raw HTTP over loopback.
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from proton import Message, symbol, ulong
-from proton.utils import LinkDetached
+from proton import Message, SSLDomain, symbol, ulong
+from proton.utils import BlockingConnection, LinkDetached
 from support.client import QUEUE, connect, receive_bodies, selector
 from support.frame_conn import round_trip
 from support.http import raw_request
-from support.process import BrokerProcess
+from support.process import BrokerProcess, create_certs, start_broker
 
 from amqpbroker.core.selector import (
     MAX_CONCAT_CHARS,
@@ -179,3 +181,67 @@ def test_a_producers_control_characters_never_reach_the_operators_terminal(
     assert "\\x1b]0;owned\\x07" in result.stdout, result.stdout
     for control in ("\x1b", "\x07", "\x9b"):
         assert control not in result.stdout + result.stderr
+
+
+def test_sockets_in_the_tls_handshake_count_against_handshakes_per_source(
+    tmp_path: Path,
+) -> None:
+    """Sixth attack pass (issue 15): on an amqps acceptor asyncio ran the TLS handshake
+    before the broker saw the socket, so silent sockets (or half a ClientHello) there
+    were counted by neither `handshakes-per-source` nor the descriptor reserve: with
+    400 descriptors, 500 such sockets from one address held all 400 and every accept
+    failed with EMFILE (a traceback each) until `handshake-timeout`. The broker now
+    admits a socket first and starts TLS on it after: past the per-source bound, the
+    socket is closed at once; a TLS client still gets in once they are gone."""
+    cert_dir = create_certs(tmp_path / "certs")
+    broker = start_broker(
+        tmp_path,
+        f"""
+        acceptors:
+          - name: amqp
+            url: amqp://127.0.0.1:0
+          - name: amqps
+            url: amqps://localhost:0
+            handshakes-per-source: 4
+            tls:
+              cert-file: {cert_dir / "server.pem"}
+              key-file: {cert_dir / "server.key"}
+        """,
+        log_level="info",
+    )
+    socks: list[socket.socket] = []
+    try:
+        for i in range(10):
+            sock = socket.create_connection(("127.0.0.1", broker.ports["amqps"]), timeout=5)
+            if i % 2:
+                sock.sendall(b"\x16\x03\x01\x02\x00")  # the start of a ClientHello
+            socks.append(sock)
+        closed = []
+        for sock in socks:
+            sock.settimeout(1.0)
+            try:
+                closed.append(sock.recv(1) == b"")
+            except TimeoutError:
+                closed.append(False)
+            except ConnectionResetError:
+                closed.append(True)
+        assert closed.count(True) == 6, closed  # the 5th and later, at once
+        for sock in socks:
+            sock.close()
+        domain = SSLDomain(SSLDomain.MODE_CLIENT)
+        domain.set_trusted_ca_db(str(cert_dir / "ca.pem"))
+        domain.set_peer_authentication(SSLDomain.VERIFY_PEER_NAME)
+        conn = BlockingConnection(
+            f"amqps://localhost:{broker.ports['amqps']}", timeout=10, ssl_domain=domain
+        )
+        try:
+            conn.create_sender("sixth.tls", options=QUEUE).send(Message(body="over tls"))
+            receiver = conn.create_receiver("sixth.tls", options=QUEUE)
+            assert receive_bodies(receiver, 1) == ["over tls"]
+        finally:
+            conn.close()
+    finally:
+        for sock in socks:
+            sock.close()
+        assert broker.stop() == 0
+    assert "Traceback" not in broker.log()

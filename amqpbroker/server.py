@@ -514,6 +514,7 @@ class BrokerServer:
         self._handshaking: dict[str, int] = {}
         self._refused_unlogged = 0
         self._refused_logged_at_s = -REFUSED_LOG_PERIOD_S
+        self._accept_error_logged_at_s = -REFUSED_LOG_PERIOD_S  # `_loop_error`
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self._fd_limit = None if soft == resource.RLIM_INFINITY else soft
         self.http: HttpServer | None = None
@@ -529,6 +530,7 @@ class BrokerServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._loop_error)
         if self.config.persistence.enabled:
             self._open_journal(loop)
         else:
@@ -978,6 +980,27 @@ class BrokerServer:
 
     def release(self, acceptor: AcceptorConfig) -> None:
         self._connections_per_acceptor[acceptor.name] -= 1
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """asyncio's own error reports. An accept that found no descriptor (EMFILE: a
+        burst of sockets past the reserve, which `admit` closes only after asyncio has
+        accepted a batch of up to 100) was an ERROR with a traceback per try, hundreds a
+        second under a flood of connections (sixth attack pass): it is one warning per
+        period. The connection waits in the listen backlog; asyncio retries in 1 s."""
+        error = context.get("exception")
+        if context.get("message") == "socket.accept() out of system resource" and isinstance(
+            error, OSError
+        ):
+            now_s = time.monotonic()
+            if now_s - self._accept_error_logged_at_s >= REFUSED_LOG_PERIOD_S:
+                self._accept_error_logged_at_s = now_s
+                log.warning(
+                    "cannot accept connections: %s (retried every second; open-files limit %s)",
+                    os.strerror(error.errno) if error.errno else error,
+                    self._fd_limit,
+                )
+            return
+        loop.default_exception_handler(context)
 
     def count_refused(self, reason: str, *, peer: str = "", acceptor: str = "") -> None:
         """Count a connection closed by a limit; warn at most once per period."""

@@ -245,3 +245,55 @@ def test_sockets_in_the_tls_handshake_count_against_handshakes_per_source(
             sock.close()
         assert broker.stop() == 0
     assert "Traceback" not in broker.log()
+
+
+# The broker under a hard limit of 400 descriptors (it raises its soft limit to the hard).
+LOW_DESCRIPTORS = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (400, 400))
+from amqpbroker.__main__ import main
+sys.argv[0] = "amqpbroker"
+sys.exit(main())
+"""
+
+
+def test_accepts_out_of_descriptors_are_one_warning_not_a_traceback_each(
+    tmp_path: Path,
+) -> None:
+    """Sixth attack pass (issue 15): the descriptor reserve closes a socket once it is
+    accepted, but asyncio accepts up to 100 at a time, so a flood of silent sockets went
+    past the reserve and accept failed with EMFILE: asyncio logged an ERROR with a
+    traceback per try (272 for 500 sockets under 400 descriptors). It is one warning per
+    10 s now, and the broker serves again once the sockets are gone."""
+    broker = start_broker(
+        tmp_path,
+        """
+        acceptors:
+          - name: amqp
+            url: amqp://127.0.0.1:0
+            handshakes-per-source: -1
+        """,
+        log_level="info",
+        python=("-c", LOW_DESCRIPTORS),
+    )
+    socks: list[socket.socket] = []
+    try:
+        for _ in range(500):
+            try:
+                socks.append(
+                    socket.create_connection(("127.0.0.1", broker.ports["amqp"]), timeout=2)
+                )
+            except OSError:
+                break  # the listen backlog is full: the point is made
+        assert len(socks) > 400
+        for sock in socks:
+            sock.close()
+        socks.clear()
+        assert round_trip(broker, "sixth.after-descriptors") == ["still here"]
+    finally:
+        for sock in socks:
+            sock.close()
+        assert broker.stop() == 0
+    log = broker.log()
+    assert "cannot accept connections: Too many open files" in log
+    assert "Traceback" not in log

@@ -297,3 +297,23 @@ def test_accepts_out_of_descriptors_are_one_warning_not_a_traceback_each(
     log = broker.log()
     assert "cannot accept connections: Too many open files" in log
     assert "Traceback" not in log
+
+
+def test_a_list_property_compares_as_unknown(broker: BrokerProcess) -> None:
+    """Sixth attack pass (B-130): list and map values (which AMQP does not allow in
+    application-properties, but a producer may send) were compared element by element:
+    512 `p = q` over two 100,000-element lists, 1 CPU-s of the loop per message offered.
+    Such a comparison is unknown now: the message waits for a consumer without it."""
+    values = list(range(1000))
+    conn = connect(broker.url)
+    try:
+        sender = conn.create_sender("sixth.lists", options=QUEUE)
+        sender.send(Message(body="lists", properties={"p": values, "q": list(values)}))
+        sender.send(Message(body="strings", properties={"p": "v", "q": "v"}))
+        receiver = conn.create_receiver("sixth.lists", options=[QUEUE, selector("p = q")])
+        assert receive_bodies(receiver, 1) == ["strings"]
+        receiver.close()
+        everyone = conn.create_receiver("sixth.lists", options=QUEUE)
+        assert receive_bodies(everyone, 1) == ["lists"]
+    finally:
+        conn.close()

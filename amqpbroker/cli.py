@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -19,6 +20,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +40,20 @@ _LINE_ESCAPES = {
     for code in (*range(0x20), 0x7F, 0x85)
     if code != 0x09
 } | {0x2028: "\\u2028", 0x2029: "\\u2029"}
+
+
+# What the CLI prints of a broker's answer: also tabs and the C1 controls (0x9B is a
+# terminal's CSI). A message body, a property or an annotation is a producer's text: a
+# body of `\x1b]0;...\x07` or `\x1b[2J` reached the operator's terminal as commands
+# (sixth attack pass).
+_TERMINAL_ESCAPES = (
+    _LINE_ESCAPES | {0x09: "\\t"} | {code: f"\\x{code:02x}" for code in range(0x80, 0xA0)}
+)
+
+
+def _shown(value: object) -> str:
+    """`value` as the CLI prints it: control characters as escapes."""
+    return str(value).translate(_TERMINAL_ESCAPES)
 
 
 class OneLineFormatter(logging.Formatter):
@@ -329,11 +345,28 @@ def _api(url: Endpoint, path: str, body: dict[str, object] | None = None) -> obj
 
 
 def _table(rows: list[dict[str, object]], columns: list[str]) -> str:
-    widths = {c: max([len(c), *(len(str(r.get(c, ""))) for r in rows)]) for c in columns}
-    lines = ["  ".join(c.upper().ljust(widths[c]) for c in columns)]
-    for r in rows:
-        lines.append("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
+    cells = [[_shown(r.get(c, "")) for c in columns] for r in rows]
+    widths = [max([len(c), *(len(row[i]) for row in cells)]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(widths[i]) for i, c in enumerate(columns))]
+    for row in cells:
+        lines.append("  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)))
     return "\n".join(lines)
+
+
+def _checked(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A management command whose answer is not of the shape it reads (whatever `--url`
+    names answered: another service, a hostile one) fails with one line, not with a
+    KeyError or AssertionError traceback (sixth attack pass)."""
+
+    @functools.wraps(command)
+    def checked(args: argparse.Namespace) -> int:
+        try:
+            return command(args)
+        except (KeyError, TypeError, AttributeError, IndexError, AssertionError) as e:
+            what = _shown(f"{type(e).__name__}: {e}")[:200]
+            raise CommandError(f"unexpected answer from {args.url}: {what}") from None
+
+    return checked
 
 
 def _out(args: argparse.Namespace, value: object, human: str) -> None:
@@ -344,6 +377,7 @@ def _quoted(name: str) -> str:
     return urllib.parse.quote(name, safe="")
 
 
+@_checked
 def _cmd_queues(args: argparse.Namespace) -> int:
     rows = _api(args.url, "/api/v1/queues")
     assert isinstance(rows, list)
@@ -364,6 +398,7 @@ def _cmd_queues(args: argparse.Namespace) -> int:
     return 0
 
 
+@_checked
 def _cmd_messages(args: argparse.Namespace) -> int:
     query = f"?limit={args.limit}" + (
         f"&filter={urllib.parse.quote(args.filter)}" if args.filter else ""
@@ -430,6 +465,7 @@ def _progress(done: int, total: int) -> None:
         sys.stderr.flush()
 
 
+@_checked
 def _cmd_retry(args: argparse.Namespace) -> int:
     path = f"/api/v1/queues/{_quoted(args.queue)}/retry"
     ids, expect = _read_ids(args.ids) if args.ids else (None, {})
@@ -485,17 +521,18 @@ def _follow_task(url: Endpoint, task: dict[str, Any]) -> dict[str, Any]:
 def _retry_summary(queue: str, result: dict[str, Any]) -> str:
     """`retried N message(s) from Q`, then every skipped id with why, and the ids the
     broker did not find waiting in Q."""
-    lines = [f"retried {result['retried']} message(s) from {queue}"]
+    lines = [f"retried {_shown(result['retried'])} message(s) from {queue}"]
     for entry in result.get("skipped", []):
-        lines.append(f"skipped {entry['msg_id']}: {entry['reason']}")
+        lines.append(f"skipped {_shown(entry['msg_id'])}: {_shown(entry['reason'])}")
     not_found = result.get("not_found", [])
     if not_found:
         lines.append(
-            f"not found in {queue} ({len(not_found)}): " + " ".join(str(n) for n in not_found)
+            f"not found in {queue} ({len(not_found)}): " + " ".join(_shown(n) for n in not_found)
         )
     return "\n".join(lines)
 
 
+@_checked
 def _cmd_move(args: argparse.Namespace) -> int:
     result = _api(
         args.url,
@@ -503,14 +540,16 @@ def _cmd_move(args: argparse.Namespace) -> int:
         {"to-queue": args.to_queue, "filter": args.filter},
     )
     assert isinstance(result, dict)
-    _out(args, result, f"moved {result['moved']} message(s) from {args.queue} to {args.to_queue}")
+    moved = _shown(result["moved"])
+    _out(args, result, f"moved {moved} message(s) from {args.queue} to {args.to_queue}")
     return 0
 
 
+@_checked
 def _cmd_purge(args: argparse.Namespace) -> int:
     result = _api(args.url, f"/api/v1/queues/{_quoted(args.queue)}/purge", {"filter": args.filter})
     assert isinstance(result, dict)
-    _out(args, result, f"removed {result['removed']} message(s) from {args.queue}")
+    _out(args, result, f"removed {_shown(result['removed'])} message(s) from {args.queue}")
     return 0
 
 
@@ -697,7 +736,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.url = _endpoint(args)
             code: int = args.func(args)
         except CommandError as e:
-            print(f"amqpbroker: {e}", file=sys.stderr)  # noqa: T201
+            print(f"amqpbroker: {_shown(e)}", file=sys.stderr)  # noqa: T201
             return 1
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code

@@ -17,6 +17,7 @@ import logging
 import os
 import resource
 import socket
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -199,13 +200,28 @@ class StartupError(Exception):
     """The broker cannot start with this (valid) configuration; the message says why."""
 
 
+# What a TLS client may send before its connection begins: the rest of the handshake's
+# last read (an SSL record is at most 16 KiB; asyncio reads 256 KiB).
+EARLY_TLS_BYTES = 512 * 1024
+
+
 class _AmqpProtocol(asyncio.Protocol):
     """Bridges one socket to one `AmqpConnection`. Exceptions stop here: whatever goes
     wrong with one connection is logged and closes that connection only."""
 
-    def __init__(self, server: BrokerServer, acceptor: AcceptorConfig) -> None:
+    def __init__(
+        self,
+        server: BrokerServer,
+        acceptor: AcceptorConfig,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.server = server
         self.acceptor = acceptor
+        # amqps: the TLS handshake starts once the socket is admitted (`_start_tls`)
+        self._tls = tls
+        self._tls_task: asyncio.Task[None] | None = None
+        self._admitted = False  # counted by `admit` until `connection_lost`
+        self._early = bytearray()  # decrypted before the connection began (`_begin`)
         self.transport: asyncio.Transport | None = None
         self.amqp: AmqpConnection | None = None
         self.peer = "?"
@@ -227,6 +243,48 @@ class _AmqpProtocol(asyncio.Protocol):
             transport.abort()
             self.transport = None
             return
+        self._admitted = True
+        acceptor = self.acceptor
+        if acceptor.handshake_timeout > 0:  # the TLS handshake, SASL and the open
+            self._handshake_timer = asyncio.get_running_loop().call_later(
+                acceptor.handshake_timeout, self._handshake_expired
+            )
+        if self._tls is not None:
+            self._tls_task = asyncio.get_running_loop().create_task(
+                self._start_tls(transport, self._tls)
+            )
+            return
+        self._begin(transport)
+
+    async def _start_tls(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+        """The TLS handshake of an admitted socket (sixth attack pass): asyncio's own, in
+        `create_server`, ran before the broker saw the socket, so sockets in it were
+        counted by neither `handshakes-per-source` nor the descriptor reserve, and silent
+        sockets on an amqps port held every descriptor (accept then failed with EMFILE,
+        a traceback a try)."""
+        timeout = self.acceptor.handshake_timeout
+        try:
+            tls = await asyncio.get_running_loop().start_tls(
+                raw,
+                self,
+                context,
+                server_side=True,
+                ssl_handshake_timeout=timeout if timeout > 0 else None,
+            )
+        except (OSError, ssl.SSLError, TimeoutError, ConnectionError, RuntimeError) as e:
+            log.debug("TLS handshake from %s failed: %r", self.peer, e)
+            self.connection_lost(None)  # whichever comes first cleans up (idempotent)
+            return
+        if not isinstance(tls, asyncio.Transport) or not self._admitted:  # lost meanwhile
+            if tls is not None:
+                tls.abort()
+            return
+        self.transport = tls
+        self._begin(tls)
+
+    def _begin(self, transport: asyncio.Transport) -> None:
+        """The AMQP connection of an admitted socket (after its TLS handshake on amqps)."""
+        peer = transport.get_extra_info("peername")
         transport.set_write_buffer_limits(high=WRITE_HIGH_WATER_BYTES)
         acceptor = self.acceptor
         self.amqp = AmqpConnection(
@@ -243,14 +301,19 @@ class _AmqpProtocol(asyncio.Protocol):
             max_message_size=acceptor.max_message_size,
         )
         self.server.sockets[self.amqp] = self
-        if acceptor.handshake_timeout > 0:
-            self._handshake_timer = asyncio.get_running_loop().call_later(
-                acceptor.handshake_timeout, self._handshake_expired
-            )
+        if self._early:
+            early, self._early = bytes(self._early), bytearray()
+            self.data_received(early)
 
     def data_received(self, data: bytes) -> None:
         amqp = self.amqp
         if amqp is None:
+            if self._admitted and self._tls_task is not None:
+                # Decrypted before `_start_tls` resumed (the handshake's last read may
+                # hold the client's first bytes): kept for `_begin`, one read at most.
+                self._early += data
+                if len(self._early) > EARLY_TLS_BYTES and self.transport is not None:
+                    self.transport.abort()
             return
         try:
             reads = 0
@@ -329,12 +392,12 @@ class _AmqpProtocol(asyncio.Protocol):
     def _handshake_expired(self) -> None:
         self._handshake_timer = None
         amqp = self.amqp
-        if amqp is None or amqp.opened or self.transport is None:
+        if not self._admitted or self.transport is None or (amqp is not None and amqp.opened):
             return
         self.server.count_refused("handshake-timeout")
         log.info(
             "closing connection %s from %s: no AMQP open within handshake-timeout=%d s",
-            amqp.id,
+            "(TLS handshake)" if amqp is None else amqp.id,
             self.peer,
             self.acceptor.handshake_timeout,
         )
@@ -348,10 +411,13 @@ class _AmqpProtocol(asyncio.Protocol):
             self._handshake_timer.cancel()
             self._handshake_timer = None
         self._end_handshake()
-        amqp = self.amqp
-        if amqp is None:
+        if not self._admitted:
             return
+        self._admitted = False
         self.server.release(self.acceptor)
+        amqp = self.amqp
+        if amqp is None:  # lost in the TLS handshake
+            return
         self.server.sockets.pop(amqp, None)
         try:
             amqp.socket_closed()
@@ -448,6 +514,7 @@ class BrokerServer:
         self._handshaking: dict[str, int] = {}
         self._refused_unlogged = 0
         self._refused_logged_at_s = -REFUSED_LOG_PERIOD_S
+        self._accept_error_logged_at_s = -REFUSED_LOG_PERIOD_S  # `_loop_error`
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         self._fd_limit = None if soft == resource.RLIM_INFINITY else soft
         self.http: HttpServer | None = None
@@ -463,6 +530,7 @@ class BrokerServer:
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._loop_error)
         if self.config.persistence.enabled:
             self._open_journal(loop)
         else:
@@ -483,15 +551,11 @@ class BrokerServer:
                 except TlsFileError as e:
                     raise StartupError(str(e)) from e
             server = await loop.create_server(
-                functools.partial(_AmqpProtocol, self, acceptor),
+                # TLS is started by the protocol once the socket is admitted (`_start_tls`)
+                functools.partial(_AmqpProtocol, self, acceptor, context),
                 acceptor.host,
                 acceptor.port,
                 reuse_address=True,
-                ssl=context,
-                # The TLS handshake counts against handshake-timeout as well.
-                ssl_handshake_timeout=acceptor.handshake_timeout
-                if context is not None and acceptor.handshake_timeout > 0
-                else None,
             )
             self._servers.append(server)
             port = server.sockets[0].getsockname()[1]
@@ -917,6 +981,27 @@ class BrokerServer:
 
     def release(self, acceptor: AcceptorConfig) -> None:
         self._connections_per_acceptor[acceptor.name] -= 1
+
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """asyncio's own error reports. An accept that found no descriptor (EMFILE: a
+        burst of sockets past the reserve, which `admit` closes only after asyncio has
+        accepted a batch of up to 100) was an ERROR with a traceback per try, hundreds a
+        second under a flood of connections (sixth attack pass): it is one warning per
+        period. The connection waits in the listen backlog; asyncio retries in 1 s."""
+        error = context.get("exception")
+        if context.get("message") == "socket.accept() out of system resource" and isinstance(
+            error, OSError
+        ):
+            now_s = time.monotonic()
+            if now_s - self._accept_error_logged_at_s >= REFUSED_LOG_PERIOD_S:
+                self._accept_error_logged_at_s = now_s
+                log.warning(
+                    "cannot accept connections: %s (retried every second; open-files limit %s)",
+                    os.strerror(error.errno) if error.errno else error,
+                    self._fd_limit,
+                )
+            return
+        loop.default_exception_handler(context)
 
     def count_refused(self, reason: str, *, peer: str = "", acceptor: str = "") -> None:
         """Count a connection closed by a limit; warn at most once per period."""

@@ -162,12 +162,16 @@ class _Moving(_BrokerPart):
         """The B-090 annotations of a move out of `queue`: where it came from, and the
         original routing type carried forward when it was moved before."""
         internal = message.get_annotations().get(ORIG_ROUTING_TYPE)
+        # Only a routing type's byte is carried: a producer may have written any integer
+        # there (a ulong of 2**64-1 failed the copy's encoding as a byte, and the whole
+        # move or retry with it: sixth attack pass).
+        known = int(internal) if isinstance(internal, int) else None
         return MoveAnnotations(
             orig_address=queue.address,
             orig_queue=queue.name,
             orig_message_id=message.msg_id,
             orig_routing_type=self._orig_routing_type(message),
-            routing_type=internal if isinstance(internal, int) else None,
+            routing_type=known if known in ROUTING_TYPE_OF_BYTE else None,
             **extra,
         )
 

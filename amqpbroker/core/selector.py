@@ -40,6 +40,7 @@ import logging
 import math
 import operator
 import re
+import uuid
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -74,9 +75,19 @@ _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 _ID_PART = _LETTERS | _DIGITS
 _SINGLE_OPS = frozenset("=+-*/%(),")
 _EXPONENT = re.compile(r"[eE][+-]?[0-9]")
+_LINE_END = re.compile(r"[\n\r]")
 # The longest decimal integer literal: Python's int() refuses more than 4300 digits
 # (sys.int_info.default_max_str_digits); a Java long has 19.
 _MAX_DECIMAL_DIGITS = 4300
+# What one selector may cost (issue 15, sixth attack pass; B-130 and Artemis set no
+# bound). A selector is parsed on the event loop and evaluated there for every message it
+# is offered: an 880 KB `a=1 OR a=1 ...` (an HTTP filter or a management request may be
+# 1 MiB) took 4 CPU-s to parse, kept 72 MB, and 1.3 s per message to evaluate; a chain of
+# 900 `x + x + ...` over a 100 KB property took 35 CPU-s per message (each `+` copies the
+# string so far). Real selectors are tens of operands and a few hundred characters.
+MAX_SELECTOR_CHARS = 64 * 1024  # the text, IN lists and literals included
+MAX_SELECTOR_OPERANDS = 1024  # identifiers and literals outside IN lists: the tree's size
+MAX_CONCAT_CHARS = 64 * 1024  # what a string `+` may make; longer is a runtime failure
 
 
 class _Token:
@@ -121,8 +132,10 @@ class _Scanner:
             if s[self.i] in _WHITESPACE:
                 self.i += 1
             elif s.startswith("--", self.i):
-                ends = [j for j in (s.find("\n", self.i), s.find("\r", self.i)) if j >= 0]
-                self.i = min(ends) + 1 if ends else n
+                # One search for either line end: a find for each scanned to the end of
+                # the text for a kind that never came, per comment (quadratic).
+                line_end = _LINE_END.search(s, self.i)
+                self.i = line_end.end() if line_end else n
             elif s.startswith("/*", self.i):
                 end = s.find("*/", self.i + 2)
                 if end < 0:
@@ -290,6 +303,13 @@ def _converted(a: Any, ka: int, b: Any, kb: int) -> tuple[Any, Any] | None:
     return None
 
 
+# The opaque values (kind 3) compared by value: binary (a memcmp) and UUIDs. Lists, maps
+# and described values, which AMQP does not allow in application-properties, compare as
+# unknown and order as a failure: Python compared them element by element, and 512
+# `p = q` over two 100,000-element lists took 1 CPU-s per message (sixth attack pass).
+_BY_VALUE = (bytes, uuid.UUID)
+
+
 def _equal(a: Any, b: Any, convert: bool) -> bool | None:
     if a is None or b is None:
         return None
@@ -299,6 +319,8 @@ def _equal(a: Any, b: Any, convert: bool) -> bool | None:
         if pair is None:
             return False
         a, b = pair
+    elif ka == 3 and not (isinstance(a, _BY_VALUE) and isinstance(b, _BY_VALUE)):
+        return None
     return bool(a == b)
 
 
@@ -311,10 +333,12 @@ def _order(op: Callable[[Any, Any], Any], a: Any, b: Any, convert: bool) -> bool
         if pair is None:
             return False
         a, b = pair
+    elif ka == 3:  # opaque values have no order (Java: ClassCastException); see _BY_VALUE
+        raise _EvalError(f"cannot order values of type {type(a).__name__}")
     try:
         return bool(op(a, b))
-    except TypeError:  # opaque values without an order (Java: ClassCastException)
-        raise _EvalError(f"cannot order {a!r} and {b!r}") from None
+    except TypeError:
+        raise _EvalError(f"cannot order {type(a).__name__} and {type(b).__name__}") from None
 
 
 def _as_number(v: Any, convert: bool) -> Any:
@@ -331,7 +355,10 @@ def _as_number(v: Any, convert: bool) -> Any:
 
 
 def _java_string(v: Any) -> str:
-    """String.valueOf for the right operand of a string `+`."""
+    """String.valueOf for the right operand of a string `+`; a list, map or described
+    value is a failure (its text would be made whole first: see _BY_VALUE)."""
+    if _kind(v) == 3 and not isinstance(v, _BY_VALUE):
+        raise _EvalError(f"cannot add a {type(v).__name__} to a string")
     if v.__class__ is bool:
         return "true" if v else "false"
     if isinstance(v, float):
@@ -354,7 +381,14 @@ def _arith(op: str, a: Any, b: Any, convert: bool) -> Any:
     if a is None or b is None:
         return None
     if op == "+" and isinstance(a, str):
-        return a + _java_string(b)
+        # Checked before the copy is made: a long value never gets copied (`bytes`, whose
+        # Java string is at least as long, is not converted either).
+        if len(a) + (len(b) if isinstance(b, str | bytes) else 0) > MAX_CONCAT_CHARS:
+            raise _EvalError(f"a string longer than {MAX_CONCAT_CHARS} characters")
+        text = a + _java_string(b)
+        if len(text) > MAX_CONCAT_CHARS:
+            raise _EvalError(f"a string longer than {MAX_CONCAT_CHARS} characters")
+        return text
     x, y = _as_number(a, convert), _as_number(b, convert)
     if op == "/":  # Java double division: x / 0 is infinite or NaN, not an error
         fx, fy = float(x), float(y)
@@ -885,6 +919,7 @@ class _Parser:
         self.tokens = tokens
         self.i = 0
         self.convert = convert
+        self.operands = 0  # leaves made so far (MAX_SELECTOR_OPERANDS)
 
     @property
     def tok(self) -> _Token:
@@ -1067,6 +1102,12 @@ class _Parser:
     def primary(self) -> _Node:
         token = self.tok
         self.i += 1
+        if token.kind in ("num", "str", "id", "kw"):
+            self.operands += 1
+            if self.operands > MAX_SELECTOR_OPERANDS:
+                raise _invalid(
+                    f"more than {MAX_SELECTOR_OPERANDS} identifiers and literals", token.pos
+                )
         if token.kind == "num" or token.kind == "str":
             return _Const(token.pos, token.value)
         if token.kind == "id":
@@ -1248,7 +1289,9 @@ class Selector:
 MATCH_ALL = Selector("", _BoolConst(0, True))  # what an empty or blank selector parses to
 
 
-@functools.lru_cache(maxsize=4096)
+# 256 entries: a parsed selector may hold ~0.5 MB (MAX_SELECTOR_CHARS of text and up to
+# MAX_SELECTOR_OPERANDS compiled), and every distinct text a peer sends was kept.
+@functools.lru_cache(maxsize=256)
 def parse_selector(text: str) -> Selector:
     """Parse a selector once (B-130); an empty or blank one matches every message.
 
@@ -1259,6 +1302,10 @@ def parse_selector(text: str) -> Selector:
         InvalidSelector: naming the position (a 0-based offset into `text`) and what was
             expected there.
     """
+    if len(text) > MAX_SELECTOR_CHARS:
+        raise InvalidSelector(
+            f"Invalid filter: longer than {MAX_SELECTOR_CHARS} characters: {text[:100]!r}"
+        )
     start = len(text) - len(text.lstrip())
     if not text[start:].strip():
         return MATCH_ALL

@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from amqpbroker.core import InvalidSelector, Message
-from amqpbroker.core.selector import parse_selector, resolve
+from amqpbroker.core.selector import (
+    MAX_CONCAT_CHARS,
+    MAX_SELECTOR_CHARS,
+    MAX_SELECTOR_OPERANDS,
+    parse_selector,
+    resolve,
+)
 
 PROPS: dict[str, Any] = {
     "color": "red",
@@ -577,8 +583,9 @@ def test_parsed_selectors_are_cached() -> None:
     [
         "(" * 400 + "a = 1" + ")" * 400,
         "NOT " * 2000 + "a = 1",
-        "a = " + " + ".join(["1"] * 5000),
-        "a = " + " * ".join(["2"] * 5000),
+        # Within MAX_SELECTOR_OPERANDS (sixth attack pass), past the recursion limit.
+        "a = " + " + ".join(["1"] * 1020),
+        "a = " + " * ".join(["2"] * 1020),
     ],
     ids=["parentheses", "not", "sum", "product"],
 )
@@ -587,6 +594,43 @@ def test_a_selector_nested_past_the_recursion_limit_is_invalid(selector: str) ->
     at attach, a 500 over HTTP); it is an InvalidSelector like any that does not parse."""
     with pytest.raises(InvalidSelector, match="Invalid filter: nested too deeply"):
         parse_selector(selector)
+
+
+def test_a_selector_longer_than_the_bound_is_invalid() -> None:
+    """Sixth attack pass (issue 15, B-032): a 1 MiB selector (an HTTP filter, a management
+    request) took 4 CPU-s of the event loop to parse and kept 72 MB; over
+    MAX_SELECTOR_CHARS it is invalid, whatever it holds (blanks and comments too)."""
+    at_bound = "a = 1" + " " * (MAX_SELECTOR_CHARS - 5)
+    assert parse_selector(at_bound).evaluate({"a": 1}.get)
+    for text in (at_bound + " ", "a = 1 " + "--\n" * (MAX_SELECTOR_CHARS // 3)):
+        with pytest.raises(InvalidSelector, match="longer than 65536 characters"):
+            parse_selector(text)
+
+
+def test_a_selector_of_too_many_operands_is_invalid() -> None:
+    """Sixth attack pass (issue 15, B-032): every identifier and literal is a node
+    evaluated for each message offered; more than MAX_SELECTOR_OPERANDS is invalid. The
+    items of an IN list are one set lookup and are not counted."""
+    half = MAX_SELECTOR_OPERANDS // 2
+    assert parse_selector(" OR ".join(["a = 1"] * half)).evaluate({"a": 1}.get)
+    with pytest.raises(InvalidSelector, match="more than 1024 identifiers and literals"):
+        parse_selector(" OR ".join(["a = 1"] * (half + 1)))
+    items = ", ".join(f"'v{i}'" for i in range(5000))
+    assert parse_selector(f"a IN ({items})").evaluate({"a": "v4999"}.get)
+
+
+def test_a_concatenation_past_the_bound_is_no_match() -> None:
+    """Sixth attack pass (issue 15, B-130): `p + p + ...` copied the string made so far
+    at each `+` (300 of them over a 1 MB property: 44 CPU-s for one message). A string
+    `+` that would make more than MAX_CONCAT_CHARS characters is a runtime failure, so
+    no match, found before anything is copied; up to the bound it concatenates."""
+    q = "x" * (MAX_CONCAT_CHARS - 2)
+    assert parse_selector("'p2' + q = r").evaluate({"q": q, "r": "p2" + q}.get)
+    assert not parse_selector("'p23' + q = r").evaluate({"q": q, "r": "p23" + q}.get)
+    binary = parse_selector("'p' + q = 'never' OR TRUE")  # a failure is no match at all
+    assert not binary.evaluate({"q": b"x" * MAX_CONCAT_CHARS}.get)
+    chain = parse_selector(" + ".join(["q"] * 300) + " = 'never'")
+    assert not chain.evaluate({"q": "x" * 1_000_000}.get)
 
 
 def test_like_agrees_with_a_regex_on_every_small_case() -> None:
@@ -618,3 +662,20 @@ def test_like_with_many_wildcards_is_linear_not_exponential() -> None:
     selector = parse_selector("p LIKE '" + "%a" * 30 + "%b'")
     assert selector.matches(Message(b"", application_properties={"p": "a" * 100_000})) is False
     assert selector.matches(Message(b"", application_properties={"p": "a" * 100 + "b"})) is True
+
+
+def test_lists_and_maps_compare_as_unknown_binary_and_uuids_by_value() -> None:
+    """Sixth attack pass (issue 15, B-130): a list or map value (AMQP allows neither in
+    application-properties; a producer may send them) was compared element by element:
+    512 `p = q` over two 100,000-element lists took 1 CPU-s per message offered. Equality
+    with one is unknown, ordering and a string `+` a runtime failure: no match. Binary
+    and UUIDs still compare by value (their order is a failure, as in Artemis)."""
+    same = list(range(1000))
+    values = {"p": same, "q": list(same), "m": {"a": 1}, "n": {"a": 1}}
+    for text in ("p = q", "p <> q", "m = n", "p > q", "'a' + p = 'x'", "NOT (p = q)"):
+        assert not parse_selector(text).evaluate(values.get), text
+    assert parse_selector("p = q OR TRUE").evaluate(values.get)  # unknown OR TRUE
+    ident = uuid.uuid4()
+    scalars = {"b": b"\x01\x02", "c": b"\x01\x02", "u": ident, "v": uuid.UUID(str(ident))}
+    assert parse_selector("b = c AND u = v").evaluate(scalars.get)
+    assert not parse_selector("b < c").evaluate(scalars.get)

@@ -139,13 +139,15 @@ def test_retry_sends_dead_letters_back(broker: BrokerProcess) -> None:
 
 
 def test_errors_are_json_with_status_codes(broker: BrokerProcess) -> None:
-    """CONTRACT: JSON errors, 404 unknown queue, 400 bad input."""
+    """CONTRACT: JSON errors, 404 unknown queue, 400 bad input. Makes its own queue: the
+    test runs alone or on another worker than the module's earlier tests."""
+    dead_letter(broker, "errshop", "red")
     status, body = http(broker, "/api/v1/queues/ghost/purge", {})
     assert (status, body) == (404, {"error": "queue ghost does not exist"})
-    status, body = http(broker, "/api/v1/queues/DLQ.shop/messages?filter=color%20%3D")
+    status, body = http(broker, "/api/v1/queues/DLQ.errshop/messages?filter=color%20%3D")
     assert status == 400
     assert "Invalid filter" in body["error"]
-    status, body = http(broker, "/api/v1/queues/DLQ.shop/move", {"filter": None})
+    status, body = http(broker, "/api/v1/queues/DLQ.errshop/move", {"filter": None})
     assert status == 400
 
 
@@ -169,6 +171,7 @@ def test_metrics_expose_contract_and_artemis_names(broker: BrokerProcess) -> Non
 def test_cli_queues_messages_move_purge(broker: BrokerProcess, tmp_path: Path) -> None:
     """CONTRACT "Command line": tables by default, --json, exit codes, one-line errors."""
     dead_letter(broker, "clishop", "red", "green", "blue")
+    dead_letter(broker, "clitarget", "white")  # its own target: the test runs alone too
     table = cli(broker, "queues")
     assert table.returncode == 0
     assert "DLQ.clishop" in table.stdout
@@ -182,10 +185,11 @@ def test_cli_queues_messages_move_purge(broker: BrokerProcess, tmp_path: Path) -
     assert retried.stdout.strip() == "retried 1 message(s) from DLQ.clishop"
     paced = cli(broker, "retry", "DLQ.clishop", "--filter", "color = 'green'", "--rate", "50")
     assert "retried 1 message(s)" in paced.stdout
-    moved = cli(broker, "move", "DLQ.clishop", "--to-queue", "DLQ.shop", "--json")
+    moved = cli(broker, "move", "DLQ.clishop", "--to-queue", "DLQ.clitarget", "--json")
     assert json.loads(moved.stdout) == {"moved": 1}
-    purged = cli(broker, "purge", "DLQ.shop", "--filter", "color = 'blue'")
+    purged = cli(broker, "purge", "DLQ.clitarget", "--filter", "color = 'blue'")
     assert purged.returncode == 0
+    assert purged.stdout.strip() == "removed 1 message(s) from DLQ.clitarget"
     missing = cli(broker, "purge", "no-such-queue")
     assert missing.returncode == 1
     assert missing.stderr.strip() == "amqpbroker: queue no-such-queue does not exist (HTTP 404)"

@@ -21,7 +21,15 @@ from typing import Any, Final
 import amqpbroker.store.codec as codec
 from amqpbroker.core.records import AddRef, Record, RecordType
 from amqpbroker.store.liveness import _LiveSet
-from amqpbroker.store.locs import _SLOT_MASK, BODILESS, META, PACK_SHIFT, Item, _Pack
+from amqpbroker.store.locs import (
+    _SLOT_MASK,
+    BODILESS,
+    META,
+    PACK_SHIFT,
+    Item,
+    _Pack,
+    compact_add,
+)
 from amqpbroker.store.segments import (
     _FLAGS_KNOWN,
     _FRAME,
@@ -175,11 +183,15 @@ def index_plain(
     how many it indexed; the rest of `batch` is for `_index_batch`. Almost every record of
     a journal is one of the two: compiled, this is the open's per-record loop (issue 23
     item 4). A message and its one reference go into `pack` (`seg`'s), as two slots:
-    no `_Loc`, no `items` or `keep` entry (issue 23, seventh pass)."""
+    no `_Loc`, no `items` or `keep` entry (issue 23, seventh pass), and into the compact
+    index: no dict entry either (tenth pass; `store/locs.py`)."""
     items = seg.items  # (`live.add_message`, not a bound method in a local: compiled, a
     # direct call of a native method, not a call through Python's protocol)
     spans = pack.spans
     kept = pack.kept
+    compact = live.compact
+    assert compact is not None  # (the file journal's)
+    messages = live.messages
     assert kept is not None  # (the open's: `state()` has not read them yet)
     base = pack.number << PACK_SHIFT
     # The pairs' spans, put into `spans` with one `frombytes` (compiled, an array's
@@ -195,27 +207,33 @@ def index_plain(
     while done < count:
         record, offset, size = batch[done]
         if isinstance(record, tuple) and len(record) != 3 and done + 1 < count:
-            # A message and then its one reference, as the broker writes them: both in
-            # one call of the rules when the id is new (`_LiveSet.add_new_message`).
+            # A message and then its one reference, as the broker writes them: into the
+            # compact index when its id is above every id there (and so new: no rule
+            # has met it), with no call of the rules (issue 23, tenth pass).
             row, ref_offset, ref_size = batch[done + 1]
             msg_id = record[0]
-            if isinstance(row, tuple) and len(row) == 3 and row[0] == msg_id:
+            if (
+                isinstance(row, tuple)
+                and len(row) == 3
+                and row[0] == msg_id
+                and msg_id > compact.top
+                and msg_id not in messages
+            ):
                 if slot + 2 > _SLOT_MASK:  # (a 4 GiB segment of pairs: not met)
                     break
-                handle = base | slot
-                if live.add_new_message(msg_id, row[1], handle, handle + 1):
-                    unread.append(handle)
-                    span = offset << _SPAN_SHIFT | size
-                    pending += _PAIR(span, ref_offset << _SPAN_SHIFT | ref_size)
-                    kept.append(record)
-                    # The reference's count alone: its id and queue are its keys in
-                    # `live.refs` (the row, a tuple and an id, ~96 B a message at the
-                    # peak: issue 23, eighth pass).
-                    kept.append(row[2])
-                    slot += 2
-                    added += size + ref_size
-                    done += 2
-                    continue
+                compact_add(compact, pack, msg_id, row[1])
+                unread.append(base | slot)
+                span = offset << _SPAN_SHIFT | size
+                pending += _PAIR(span, ref_offset << _SPAN_SHIFT | ref_size)
+                kept.append(record)
+                # The reference's count alone: its id and queue are in the pack
+                # (the row, a tuple and an id, ~96 B a message at the peak: issue 23,
+                # eighth pass).
+                kept.append(row[2])
+                slot += 2
+                added += size + ref_size
+                done += 2
+                continue
         if pending:  # (the rules below may kill a packed record: its span must be there)
             spans.frombytes(pending)
             pending = bytearray()

@@ -28,7 +28,7 @@ from amqpbroker.core.records import (
 )
 from amqpbroker.store.codec import MessageLayout, MessageRow, add_message_of_row
 from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet, _RefSlot
-from amqpbroker.store.locs import _SLOT_MASK, META, PACK_SHIFT
+from amqpbroker.store.locs import _SLOT_MASK, _SPAN_SHIFT, META, PACK_SHIFT, Compact, position
 
 # A live message as `_from_live` reads it: its record, or the open's row of it, or its
 # layout when the open left its body in the journal (`FileJournal(body_budget=)`).
@@ -115,45 +115,43 @@ class JournalState:
                 messages[msg_id] = stored
             else:
                 messages[msg_id] = record_of(item)
+        compact = live.compact
+        # Per queue that had pairs in the compact index, how many it still holds: the
+        # others' references are all in their dicts, in order (an evicted pair's are not).
+        counts: dict[str, int] = {}
+        if compact is not None:
+            for pack in compact.packs:
+                kept = packed[pack.number]
+                ids, out, runs = pack.ids, pack.out, pack.queues
+                for i in range(len(ids)):
+                    if out[i]:
+                        continue
+                    stored = kept[i << 1]
+                    if isinstance(stored, int):  # `BODILESS`
+                        bodiless += 1
+                    else:
+                        messages[ids[i]] = stored
+                for k in range(len(runs)):
+                    first, name = runs[k]
+                    last = runs[k + 1][0] if k + 1 < len(runs) else len(ids)
+                    counts[name] = counts.get(name, 0) + out.count(0, first, last)
         rows: list[tuple[str, array[int]]] = []
-        resolve: Callable[[Any], Any] = record_of  # AddRef, UpdateDeliveryCount, Scheduled...
-        for queue in sorted(live.refs):
-            held = live.refs[queue]
+        for queue in sorted(set(live.refs) | {q for q, n in counts.items() if n}):
+            held = live.refs.get(queue, {})
+            many = counts.get(queue, 0)
             # Its final size at once, written in place: no growth, no copy of it at the
             # peak (a 1M queue's is 48 MB).
-            out = array("q", _ZERO) * (len(held) * ROW)
-            view = memoryview(out).cast("B")
-            at_byte = 0
-            for msg_id, ref in held.items():
-                at_ms = 0
-                if isinstance(ref, int):  # a packed AddRef: its count (`frames.index_plain`)
-                    kept = packed[ref >> PACK_SHIFT]
-                    slot = ref & _SLOT_MASK
-                    count = kept[slot]
-                    if isinstance(kept[slot - 1], int):  # its pair's message, bodiless
-                        at = (slot >> 1) * META
-                        meta = metas[ref >> PACK_SHIFT]
-                        _ROW_INTO(
-                            view, at_byte, msg_id, count, 0, meta[at], meta[at + 1], meta[at + 2]
-                        )
-                        at_byte += _ROW_BYTES
-                        continue
-                elif not isinstance(ref, _RefSlot):
-                    count = _count(resolve(ref))
-                else:
-                    update, scheduled = ref.count, ref.scheduled
-                    count = _count(_resolve(packed, resolve, ref.add if update is None else update))
-                    at_ms = 0 if scheduled is None else resolve(scheduled).at_ms
-                size, first_ts, expiration_ms = -1, 0, 0
-                if msg_id not in messages:  # a bodiless packed message, not in its pair
-                    item = live.messages[msg_id]
-                    at = ((item & _SLOT_MASK) >> 1) * META
-                    meta = metas[item >> PACK_SHIFT]
-                    size, first_ts, expiration_ms = meta[at], meta[at + 1], meta[at + 2]
-                _ROW_INTO(view, at_byte, msg_id, count, at_ms, size, first_ts, expiration_ms)
-                at_byte += _ROW_BYTES
+            out_rows = array("q", _ZERO) * ((len(held) + many) * ROW)
+            view = memoryview(out_rows).cast("B")
+            if queue not in counts:  # the dicts alone, in their order (none evicted)
+                at_byte = 0
+                for msg_id, ref in held.items():
+                    at_byte = _ref_row(view, at_byte, live, msg_id, ref, record_of, packed, metas)
+            else:
+                assert compact is not None
+                at_byte = _merged_rows(view, live, compact, queue, held, record_of, packed, metas)
             view.release()
-            rows.append((queue, out))
+            rows.append((queue, out_rows))
         state._bodiless = bodiless
         state._messages, state._rows = messages, rows
         return state
@@ -324,6 +322,107 @@ _ROW: Final = struct.Struct("=6q").pack
 _ROW_INTO: Final = struct.Struct("=6q").pack_into
 _ROW_BYTES: Final = ROW * 8
 _ZERO: Final = (0,)
+
+
+def _ref_row(
+    view: memoryview,
+    at_byte: int,
+    live: _LiveSet[Any],
+    msg_id: int,
+    ref: Any,
+    record_of: Callable[[Any], Any],
+    packed: Sequence[Any],
+    metas: Sequence[Any],
+) -> int:
+    """Write the row of a reference the dicts hold (`_from_live`); where the next goes."""
+    at_ms = 0
+    if isinstance(ref, int):  # a packed AddRef: its count (`frames.index_plain`)
+        kept = packed[ref >> PACK_SHIFT]
+        slot = ref & _SLOT_MASK
+        count = kept[slot]
+        if isinstance(kept[slot - 1], int):  # its pair's message, bodiless
+            at = (slot >> 1) * META
+            meta = metas[ref >> PACK_SHIFT]
+            _ROW_INTO(view, at_byte, msg_id, count, 0, meta[at], meta[at + 1], meta[at + 2])
+            return at_byte + _ROW_BYTES
+    elif not isinstance(ref, _RefSlot):
+        count = _count(record_of(ref))
+    else:
+        update, scheduled = ref.count, ref.scheduled
+        count = _count(_resolve(packed, record_of, ref.add if update is None else update))
+        at_ms = 0 if scheduled is None else record_of(scheduled).at_ms
+    size, first_ts, expiration_ms = -1, 0, 0
+    item = live.messages[msg_id]
+    if isinstance(item, int) and isinstance(packed[item >> PACK_SHIFT][item & _SLOT_MASK], int):
+        # a bodiless packed message, not in its pair
+        at = ((item & _SLOT_MASK) >> 1) * META
+        meta = metas[item >> PACK_SHIFT]
+        size, first_ts, expiration_ms = meta[at], meta[at + 1], meta[at + 2]
+    _ROW_INTO(view, at_byte, msg_id, count, at_ms, size, first_ts, expiration_ms)
+    return at_byte + _ROW_BYTES
+
+
+def _merged_rows(
+    view: memoryview,
+    live: _LiveSet[Any],
+    compact: Compact,
+    queue: str,
+    held: dict[int, Any],
+    record_of: Callable[[Any], Any],
+    packed: Sequence[Any],
+    metas: Sequence[Any],
+) -> int:
+    """Write the rows of `queue`'s references, those of the compact index and those of
+    the dicts, in the order they were added: by the place of their first AddRef in the
+    files (`locs.position`; the open added them in file order, issue 23, tenth pass).
+    Where the rows end."""
+    packs = compact.all
+    first: dict[tuple[str, int], Any] = live.first_of or {}
+    pending: list[tuple[int, int]] = []
+    for msg_id, ref in held.items():
+        item = first.get((queue, msg_id))
+        if item is None:
+            item = ref.add if isinstance(ref, _RefSlot) else ref
+        pending.append((position(packs, item), msg_id))
+    pending.sort()
+    d = 0
+    at_byte = 0
+    for pack in compact.packs:
+        kept = packed[pack.number]
+        meta = metas[pack.number]
+        ids, out, runs, spans = pack.ids, pack.out, pack.queues, pack.spans
+        number = pack.seg.number << 40
+        for k in range(len(runs)):
+            start, name = runs[k]
+            if name != queue:
+                continue
+            last = runs[k + 1][0] if k + 1 < len(runs) else len(ids)
+            for i in range(start, last):
+                if out[i]:
+                    continue
+                slot = i << 1 | 1
+                if d < len(pending):
+                    span: int = spans[slot]
+                    here = number | span >> _SPAN_SHIFT
+                    while d < len(pending) and pending[d][0] < here:
+                        msg_id = pending[d][1]
+                        at_byte = _ref_row(
+                            view, at_byte, live, msg_id, held[msg_id], record_of, packed, metas
+                        )
+                        d += 1
+                msg_id = ids[i]
+                count = kept[slot]
+                if isinstance(kept[slot - 1], int):  # bodiless
+                    at = i * META
+                    _ROW_INTO(view, at_byte, msg_id, count, 0, meta[at], meta[at + 1], meta[at + 2])
+                else:
+                    _ROW_INTO(view, at_byte, msg_id, count, 0, -1, 0, 0)
+                at_byte += _ROW_BYTES
+    while d < len(pending):
+        msg_id = pending[d][1]
+        at_byte = _ref_row(view, at_byte, live, msg_id, held[msg_id], record_of, packed, metas)
+        d += 1
+    return at_byte
 
 
 def _record_of_row(stored: MessageRow | MessageLayout) -> AddMessage:

@@ -41,8 +41,7 @@ from amqpbroker.protocol import message_of
 from amqpbroker.store import FileJournal, codec, frames, opening
 from amqpbroker.store import segments as segment_format
 from amqpbroker.store.journal import JournalState
-from amqpbroker.store.liveness import _LiveSet
-from amqpbroker.store.locs import _SLOT_MASK, PACK_SHIFT, _Pack
+from amqpbroker.store.locs import _SLOT_MASK, PACK_SHIFT, _Pack, pair_queue
 from amqpbroker.store.recovery import _message, recover
 
 QUEUES = ("q", "r", "s")
@@ -517,13 +516,23 @@ def _opened_records(journal: FileJournal) -> dict[int, Any]:
 
 
 def _index_view(journal: FileJournal) -> tuple[Any, ...]:
-    """The index as spans, whichever way each record is held (`_Loc` or packed)."""
+    """The index as spans, whichever way each record is held (`_Loc`, packed, or in the
+    compact index: issue 23, tenth pass)."""
     live, seg = journal._live, journal._segments[-1]
     packed = [s for pack in seg.packs for s in pack.spans if s >= 0]
+    messages = {k: _span(journal, v) for k, v in live.messages.items()}
+    refs = {q: {m: _span(journal, r) for m, r in held.items()} for q, held in live.refs.items()}
+    assert live.compact is not None
+    for pack in live.compact.packs:
+        for i, msg_id in enumerate(pack.ids):
+            if not pack.out[i]:
+                assert msg_id not in messages
+                messages[msg_id] = pack.spans[2 * i]
+                refs.setdefault(pair_queue(pack, i), {})[msg_id] = pack.spans[2 * i + 1]
     return (
-        {k: _span(journal, v) for k, v in live.messages.items()},
+        messages,
         dict(live.ref_counts),
-        {q: {m: _span(journal, r) for m, r in held.items()} for q, held in live.refs.items()},
+        refs,
         sorted([*seg.items, *packed]),
         seg.live_bytes,
         _opened_records(journal),
@@ -574,10 +583,11 @@ def test_the_opens_plain_indexing_equals_the_index_batch_rules(tmp_path: Path) -
 def test_a_message_and_its_reference_indexed_as_a_pair_equal_the_two_rules(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Issue 23 item 4, fifth pass: `index_plain` indexes an AddMessage and the AddRef
-    row after it as a pair (`_LiveSet.add_new_message`) when the id is new; a message
-    added again, a row of another id, a second queue and a reference of a message never
-    added take the two rules. Either way the index is what `_index_batch` makes."""
+    """Issue 23 item 4, fifth and tenth passes: `index_plain` puts an AddMessage and the
+    AddRef row after it into the compact index when the id is above every id there; a
+    message added again (which moves its pair into the dicts), a row of another id, a
+    second queue and a reference of a message never added take the two rules. Either
+    way the index is what `_index_batch` makes."""
     message = AddMessage(msg_id=1, address="q", data=b"body")
     payload = codec.encode(message)
     layout = codec.add_message_layout(payload, 0, len(payload))
@@ -597,17 +607,6 @@ def test_a_message_and_its_reference_indexed_as_a_pair_equal_the_two_rules(
         (two, 356, 40),  # last: no reference after it
     ]
     with _opening_pair(tmp_path) as (plain, rules, keep, seg):
-        paired: list[int] = []
-        if not str(frames.__file__).endswith(".so"):  # (compiled: a native call, unseen)
-            real = _LiveSet.add_new_message
-
-            def counting(live: Any, msg_id: int, queue: str, message: Any, ref: Any) -> bool:
-                done = real(live, msg_id, queue, message, ref)
-                if done:
-                    paired.append(msg_id)
-                return done
-
-            monkeypatch.setattr(_LiveSet, "add_new_message", counting)
         assert frames.index_plain(
             seg, batch, plain._live, keep, plain._unread, seg.packs[-1]
         ) == len(batch)
@@ -627,9 +626,14 @@ def test_a_message_and_its_reference_indexed_as_a_pair_equal_the_two_rules(
             return (*view[:5], kept, view[6])
 
         assert records(_index_view(plain)) == records(_index_view(rules))
-        assert len(plain._live.messages) == 3
+        # 1 went into the dicts when it was added again, 2 is a message with no pair,
+        # 3 is only in the compact index
+        assert sorted(plain._live.messages) == [1, 2]
+        compact = plain._live.compact
+        assert compact is not None
+        assert list(seg.packs[-1].ids) == [1, 3]
+        assert list(seg.packs[-1].out) == [1, 0]
         assert all(span is item.span for span, item in seg.items.items())
-    assert paired == ([] if str(frames.__file__).endswith(".so") else [1, 3])
 
 
 def test_an_add_ref_read_as_a_row_keeps_its_count_on_either_index_path(tmp_path: Path) -> None:

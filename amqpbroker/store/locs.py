@@ -102,7 +102,7 @@ class _Pack:
     Records only join at open; they leave by dying (`pack_kill`) and move only when
     compaction copies them (`pack_move`)."""
 
-    __slots__ = ("ids", "kept", "meta", "number", "out", "queues", "seg", "spans")
+    __slots__ = ("ids", "kept", "meta", "number", "out", "queues", "seg", "sizes", "spans")
 
     def __init__(self, number: int, seg: _Segment) -> None:
         self.number = number  # its place in the journal's list of packs
@@ -126,6 +126,9 @@ class _Pack:
         self.ids: array[int] = array("q")
         self.out = bytearray()
         self.queues: list[tuple[int, str]] = []
+        # Per pair, the body size of a message the open left in its file (`BODILESS`),
+        # once `state()` made runs of the pack (`Run`): a journal backlog's bytes.
+        self.sizes: array[int] = array("I")
 
 
 Packs = list[_Pack | None]  # by number; None: its segment is deleted
@@ -141,6 +144,25 @@ class Compact:
         self.packs: list[_Pack] = []  # those with a pair, in order
         self.firsts: list[int] = []  # the first id of each
         self.top = 0  # the largest id packed: a pair joins only above it
+
+
+class Run:
+    """A run of a queue's references that only the compact index holds, each of a message
+    the open left in its file with a delivery count of 0: pairs `start` to `end` of
+    `pack`, in order. What a journal backlog keeps of them (`store/backlog.py`): no row a
+    reference, their ids and sizes are the pack's (issue 23, tenth pass). `expiring`: the
+    earliest expiration among them (0: none)."""
+
+    __slots__ = ("end", "expiring", "pack", "start")
+
+    def __init__(self, pack: _Pack, start: int, end: int, expiring: int) -> None:
+        self.pack = pack
+        self.start = start
+        self.end = end
+        self.expiring = expiring
+
+    def __len__(self) -> int:
+        return self.end - self.start
 
 
 def compact_add(compact: Compact, pack: _Pack, msg_id: int, queue: str) -> None:
@@ -203,6 +225,7 @@ def compact_drop(pack: _Pack) -> None:
     pack.ids = array("q")
     pack.out = bytearray()
     pack.queues = []
+    pack.sizes = array("I")
 
 
 def pack_kill(packs: Packs, handle: int) -> _Segment | None:

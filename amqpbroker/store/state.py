@@ -28,7 +28,15 @@ from amqpbroker.core.records import (
 )
 from amqpbroker.store.codec import MessageLayout, MessageRow, add_message_of_row
 from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet, _RefSlot
-from amqpbroker.store.locs import _SLOT_MASK, _SPAN_SHIFT, META, PACK_SHIFT, Compact, position
+from amqpbroker.store.locs import (
+    _SLOT_MASK,
+    _SPAN_SHIFT,
+    META,
+    PACK_SHIFT,
+    Compact,
+    Run,
+    position,
+)
 
 # A live message as `_from_live` reads it: its record, or the open's row of it, or its
 # layout when the open left its body in the journal (`FileJournal(body_budget=)`).
@@ -65,8 +73,8 @@ class JournalState:
         # rows, resolved once instead of a copy of that index's slots; `apply` puts them
         # back in `_live` first.
         self._messages: dict[int, StoredMessage] | None = None
-        # Per queue, `ROW` longs a reference (`ref_arrays`).
-        self._rows: list[tuple[str, array[int]]] | None = None
+        # Per queue, its parts (`ref_parts`): `ROW` longs a reference, or runs.
+        self._rows: list[tuple[str, list[array[int] | Run]]] | None = None
         self._bodiless = 0  # messages `_from_live` left out of `_messages` (`BODILESS`)
 
     @classmethod
@@ -117,27 +125,40 @@ class JournalState:
                 messages[msg_id] = record_of(item)
         compact = live.compact
         # Per queue that had pairs in the compact index, how many it still holds: the
-        # others' references are all in their dicts, in order (an evicted pair's are not).
+        # others' references are all in their dicts, in order (an evicted pair's are not);
+        # and how many of those are of messages left in their files (`BODILESS`).
         counts: dict[str, int] = {}
+        left: dict[str, int] = {}
         if compact is not None:
             for pack in compact.packs:
                 kept = packed[pack.number]
                 ids, out, runs = pack.ids, pack.out, pack.queues
-                for i in range(len(ids)):
-                    if out[i]:
-                        continue
-                    stored = kept[i << 1]
-                    if isinstance(stored, int):  # `BODILESS`
-                        bodiless += 1
-                    else:
-                        messages[ids[i]] = stored
                 for k in range(len(runs)):
                     first, name = runs[k]
                     last = runs[k + 1][0] if k + 1 < len(runs) else len(ids)
-                    counts[name] = counts.get(name, 0) + out.count(0, first, last)
-        rows: list[tuple[str, array[int]]] = []
+                    held_here = gone = 0
+                    for i in range(first, last):
+                        if out[i]:
+                            continue
+                        held_here += 1
+                        stored = kept[i << 1]
+                        if isinstance(stored, int):  # `BODILESS`
+                            gone += 1
+                        else:
+                            messages[ids[i]] = stored
+                    counts[name] = counts.get(name, 0) + held_here
+                    if gone:
+                        left[name] = left.get(name, 0) + gone
+                        bodiless += gone
+        rows: list[tuple[str, list[array[int] | Run]]] = []
         for queue in sorted(set(live.refs) | {q for q, n in counts.items() if n}):
             held = live.refs.get(queue, {})
+            if queue in left:  # runs of the compact index's references, rows between
+                assert compact is not None
+                rows.append(
+                    (queue, _queue_parts(live, compact, queue, held, record_of, packed, metas))
+                )
+                continue
             many = counts.get(queue, 0)
             # Its final size at once, written in place: no growth, no copy of it at the
             # peak (a 1M queue's is 48 MB).
@@ -151,7 +172,7 @@ class JournalState:
                 assert compact is not None
                 at_byte = _merged_rows(view, live, compact, queue, held, record_of, packed, metas)
             view.release()
-            rows.append((queue, out_rows))
+            rows.append((queue, [out_rows]))
         state._bodiless = bodiless
         state._messages, state._rows = messages, rows
         return state
@@ -293,11 +314,13 @@ class JournalState:
         """`ref_rows()` per queue (by name) as one `array('q')` each, `ROW` longs a
         reference: msg_id, delivery_count, scheduled_at_ms, then body size, first_ts and
         expiration_ms of a message left out of `stored_messages()` (`BODILESS`; a size of
-        -1 and zeros for the others): what recovery reads, no tuple a reference (issue 23,
-        ninth pass). Not a copy when `_from_live` made them: read them, do not change them."""
-        rows = self._rows
-        if rows is not None:
-            return rows
+        -1 and zeros for the others): no tuple a reference (issue 23, ninth pass). A
+        reference of a `Run` (`ref_parts`) has its size and zeros for first_ts and
+        expiration_ms (the pack keeps no more of it: its file does). Not a copy when
+        `_from_live` made them and a queue is one array: read them, do not change them."""
+        parts = self._rows
+        if parts is not None:
+            return [(name, _flat(queue_parts)) for name, queue_parts in parts]
         arrays: dict[str, array[int]] = {}
         for name, msg_id, count, at_ms in self.ref_rows():
             out = arrays.get(name)
@@ -306,14 +329,46 @@ class JournalState:
             out.frombytes(_ROW(msg_id, count, at_ms, -1, 0, 0))
         return list(arrays.items())
 
+    def ref_parts(self) -> list[tuple[str, list[array[int] | Run]]]:
+        """Per queue (by name), its references in order as parts: `array('q')`s of rows
+        (`ref_arrays`' layout) and, for a journal opened with a body budget, `Run`s of
+        references of messages left in their files, whose ids and sizes are their packs'
+        (`store/locs.py`): what recovery reads, no row a reference for those (issue 23,
+        tenth pass). Not copies: read them, do not change them."""
+        parts = self._rows
+        if parts is not None:
+            return parts
+        return [(name, [rows]) for name, rows in self.ref_arrays()]
+
     @staticmethod
     def _tuples(
-        rows: list[tuple[str, array[int]]], queue: str | None
+        parts: list[tuple[str, list[array[int] | Run]]], queue: str | None
     ) -> Iterator[tuple[str, int, int, int]]:
-        for name, out in rows:
+        for name, queue_parts in parts:
             if queue is None or name == queue:
-                for i in range(0, len(out), ROW):
-                    yield name, out[i], out[i + 1], out[i + 2]
+                for part in queue_parts:
+                    if isinstance(part, Run):
+                        for msg_id in part.pack.ids[part.start : part.end]:
+                            yield name, msg_id, 0, 0
+                        continue
+                    for i in range(0, len(part), ROW):
+                        yield name, part[i], part[i + 1], part[i + 2]
+
+
+def _flat(parts: list[array[int] | Run]) -> array[int]:
+    """A queue's parts as one array of rows (`JournalState.ref_arrays`)."""
+    if len(parts) == 1 and not isinstance(parts[0], Run):
+        return parts[0]
+    out = array("q")
+    for part in parts:
+        if isinstance(part, Run):
+            sizes = part.pack.sizes
+            ids = part.pack.ids
+            for i in range(part.start, part.end):
+                out.frombytes(_ROW(ids[i], 0, 0, sizes[i], 0, 0))
+        else:
+            out.extend(part)
+    return out
 
 
 _BODILESS_ERROR = "the journal was opened with a body budget: its bodies are in it"
@@ -423,6 +478,103 @@ def _merged_rows(
         at_byte = _ref_row(view, at_byte, live, msg_id, held[msg_id], record_of, packed, metas)
         d += 1
     return at_byte
+
+
+def _queue_parts(
+    live: _LiveSet[Any],
+    compact: Compact,
+    queue: str,
+    held: dict[int, Any],
+    record_of: Callable[[Any], Any],
+    packed: Sequence[Any],
+    metas: Sequence[Any],
+) -> list[array[int] | Run]:
+    """`queue`'s references as `_merged_rows` orders them, where some messages were left
+    in their files: each stretch of compact pairs of such messages with a count of 0 as a
+    `Run` (no row: a journal backlog reads their ids and sizes from the pack), rows for
+    the rest, between (issue 23, tenth pass)."""
+    packs = compact.all
+    first: dict[tuple[str, int], Any] = live.first_of or {}
+    pending: list[tuple[int, int]] = []
+    for msg_id, ref in held.items():
+        item = first.get((queue, msg_id))
+        if item is None:
+            item = ref.add if isinstance(ref, _RefSlot) else ref
+        pending.append((position(packs, item), msg_id))
+    pending.sort()
+    parts: list[array[int] | Run] = []
+    buf = bytearray()
+    scratch = bytearray(_ROW_BYTES)
+    row_view = memoryview(scratch)
+    run: Run | None = None
+    d = 0
+    for pack in compact.packs:
+        kept = packed[pack.number]
+        meta = metas[pack.number]
+        ids, out, runs, spans = pack.ids, pack.out, pack.queues, pack.spans
+        number = pack.seg.number << 40
+        for k in range(len(runs)):
+            start, name = runs[k]
+            if name != queue:
+                continue
+            last = runs[k + 1][0] if k + 1 < len(runs) else len(ids)
+            for i in range(start, last):
+                if out[i]:
+                    continue
+                slot = i << 1 | 1
+                if d < len(pending):
+                    span: int = spans[slot]
+                    here = number | span >> _SPAN_SHIFT
+                    while d < len(pending) and pending[d][0] < here:
+                        if run is not None:
+                            parts.append(run)
+                            run = None
+                        msg_id = pending[d][1]
+                        _ref_row(row_view, 0, live, msg_id, held[msg_id], record_of, packed, metas)
+                        buf += scratch
+                        d += 1
+                count = kept[slot]
+                at = i * META
+                if isinstance(kept[slot - 1], int) and count == 0:  # bodiless: a run
+                    if run is not None and run.pack is pack and run.end == i:
+                        run.end = i + 1
+                    else:
+                        if run is not None:
+                            parts.append(run)
+                        elif buf:
+                            parts.append(_rows_of(buf))
+                            buf = bytearray()
+                        if not pack.sizes:
+                            pack.sizes = array("I", meta[::META])
+                        run = Run(pack, i, i + 1, 0)
+                    expiring: int = meta[at + 2]
+                    if expiring and (not run.expiring or expiring < run.expiring):
+                        run.expiring = expiring
+                    continue
+                if run is not None:
+                    parts.append(run)
+                    run = None
+                msg_id = ids[i]
+                if isinstance(kept[slot - 1], int):  # bodiless, counted
+                    buf += _ROW(msg_id, count, 0, meta[at], meta[at + 1], meta[at + 2])
+                else:
+                    buf += _ROW(msg_id, count, 0, -1, 0, 0)
+    if run is not None:
+        parts.append(run)
+    while d < len(pending):
+        msg_id = pending[d][1]
+        _ref_row(row_view, 0, live, msg_id, held[msg_id], record_of, packed, metas)
+        buf += scratch
+        d += 1
+    if buf:
+        parts.append(_rows_of(buf))
+    return parts
+
+
+def _rows_of(buf: bytearray) -> array[int]:
+    rows = array("q")
+    rows.frombytes(buf)
+    return rows
 
 
 def _record_of_row(stored: MessageRow | MessageLayout) -> AddMessage:

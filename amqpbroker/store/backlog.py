@@ -327,9 +327,13 @@ class JournalBacklog:
         if i < self._count():
             part, j = self._locate(i)
             if not isinstance(part, Run):
-                return part[0][j * _WIDTH + _FIRST]
-            if self._oldest[0] != i:  # a run's is in its file: read once per head
-                row = self._read(part.pack.ids[j])
+                first: int = part[0][j * _WIDTH + _FIRST]
+                if first:
+                    return first
+            # A run's is in its file, and a row's whose open kept none (0): read once
+            # per head.
+            if self._oldest[0] != i:
+                row = self._read(self._id(i))
                 first_ts = 0 if row is None else row[_FIRST_TS]
                 assert isinstance(first_ts, int)
                 self._oldest = (i, first_ts)

@@ -684,7 +684,6 @@ class FileJournal(_Opening, _Failure, _Compaction):
         for pack in self._packs:
             if pack is not None:
                 pack.kept = None
-                pack.meta = None
 
     def state(self) -> JournalState:
         """The state `replay()` describes: from the index the open built, while nothing
@@ -696,15 +695,14 @@ class FileJournal(_Opening, _Failure, _Compaction):
                 # Every layout was read when its segment was: records and rows only.
                 records = cast(dict[_Loc, Record], live)
                 packed = [None if pack is None else pack.kept for pack in self._packs]
-                metas = [None if pack is None else pack.meta for pack in self._packs]
                 try:
                     return JournalState._from_live(
-                        self._live, records.__getitem__, self._opened_max_id, packed, metas
+                        self._live, records.__getitem__, self._opened_max_id, packed, self._packs
                     )
                 finally:
                     opened = sum(len(kept) for kept in packed if kept is not None)
                     self._drop_opened()
-                    del records, packed, metas, live
+                    del records, packed, live
                     # The open's records, freed in one go, are heap the allocator keeps
                     # for later (issue 23: RSS bounded during recovery): back now, when
                     # they were many (a trim walks the heap: not for every small open).

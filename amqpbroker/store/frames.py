@@ -24,7 +24,6 @@ from amqpbroker.store.liveness import _LiveSet
 from amqpbroker.store.locs import (
     _SLOT_MASK,
     BODILESS,
-    META,
     PACK_SHIFT,
     Item,
     _Pack,
@@ -275,12 +274,11 @@ def read_unread(
     `codec.MessageRow`s, while `budget` bytes of bodies remain (< 0: no limit):
     `_Opening._read_unread`. Past it a message keeps its layout (no body: recovery leaves
     it in the journal, issue 23 "memory bounded during recovery"): a packed one keeps
-    not even that, but `BODILESS` and its three values in `pack.meta` (issue 23, ninth
-    pass: no object a message past the budget). The budget left."""
+    not even that, but `BODILESS` and its body size in `pack.sizes` (issue 23, ninth and
+    tenth passes: no object a message past the budget, 4 bytes). The budget left."""
     kept = pack.kept
-    meta = pack.meta
+    sizes = pack.sizes
     assert kept is not None
-    assert meta is not None
     layout: Any
     for item in unread:
         if isinstance(item, int):
@@ -295,12 +293,13 @@ def read_unread(
                     budget = 0
                     if isinstance(item, int):
                         slot = item & _SLOT_MASK
-                        at = (slot >> 1) * META
-                        if len(meta) <= at:  # zeros up to the pack's last pair
-                            meta.frombytes(bytes(((len(kept) >> 1) * META - len(meta)) * 8))
-                        meta[at] = size
-                        meta[at + 1] = layout[6]
-                        meta[at + 2] = layout[5]
+                        pair = slot >> 1
+                        if len(sizes) <= pair:  # zeros up to the pack's last pair
+                            sizes.frombytes(bytes(((len(kept) >> 1) - len(sizes)) * 4))
+                        sizes[pair] = size
+                        expiration: int = layout[5]
+                        if expiration and (not pack.expiring or expiration < pack.expiring):
+                            pack.expiring = expiration
                         kept[slot] = BODILESS
                     continue
                 budget -= size

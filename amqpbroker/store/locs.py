@@ -88,9 +88,7 @@ PACK_SHIFT: Final = 32  # a handle: pack number << PACK_SHIFT | slot
 _SLOT_MASK: Final = (1 << PACK_SHIFT) - 1
 
 # `_Pack.kept` of a message the open left in its file (`-1`: a cached int, no object),
-# and the longs `_Pack.meta` keeps of each pair.
 BODILESS: Final = -1
-META: Final = 3
 
 # An index item: a record's `_Loc`, or the handle of its slot in a `_Pack`.
 Item = _Loc | int
@@ -102,7 +100,7 @@ class _Pack:
     Records only join at open; they leave by dying (`pack_kill`) and move only when
     compaction copies them (`pack_move`)."""
 
-    __slots__ = ("ids", "kept", "meta", "number", "out", "queues", "seg", "sizes", "spans")
+    __slots__ = ("expiring", "ids", "kept", "number", "out", "queues", "seg", "sizes", "spans")
 
     def __init__(self, number: int, seg: _Segment) -> None:
         self.number = number  # its place in the journal's list of packs
@@ -113,22 +111,22 @@ class _Pack:
         # Per slot, the open's layout or row of the AddMessage, or the AddRef's delivery
         # count (what `keep` is for a `_Loc`, less the keys), until `FileJournal.state()`
         # has read them; None: dead or read. `BODILESS`: a message whose body the open
-        # left in the file (past its body budget): what recovery needs of it is in `meta`.
+        # left in the file (past its body budget): what recovery needs of it is in `sizes`.
         self.kept: list[Any] | None = []
-        # Per pair (slot >> 1), `META` longs: body size, first_ts, expiration_ms of a
-        # `BODILESS` message, zeros for the others (`frames.read_unread` fills it), until
-        # `state()` has read them: 24 bytes a message where its layout, a tuple of 11 and
-        # two int objects, was ~190 (issue 23, ninth pass).
-        self.meta: array[int] | None = array("q")
         # The compact index (module docstring): per pair, its message id (increasing) and
         # 0 while the liveness dicts do not hold it (1: evicted into them, or dead); its
         # queue in runs, (first pair, queue), in pair order.
         self.ids: array[int] = array("q")
         self.out = bytearray()
         self.queues: list[tuple[int, str]] = []
-        # Per pair, the body size of a message the open left in its file (`BODILESS`),
-        # once `state()` made runs of the pack (`Run`): a journal backlog's bytes.
+        # Per pair, the body size of a message the open left in its file (`BODILESS`; 0
+        # for the others, up to the last such pair): a journal backlog's bytes, 4 bytes a
+        # message where its size, first_ts and expiration were 24 (`frames.read_unread`);
+        # and the earliest expiration among those messages (0: none), for a backlog's
+        # expiry, which is early at worst (issue 23, tenth pass; a message's own first_ts
+        # and expiration are in its file).
         self.sizes: array[int] = array("I")
+        self.expiring = 0
 
 
 Packs = list[_Pack | None]  # by number; None: its segment is deleted

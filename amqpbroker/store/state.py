@@ -31,7 +31,6 @@ from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet, _Ref
 from amqpbroker.store.locs import (
     _SLOT_MASK,
     _SPAN_SHIFT,
-    META,
     PACK_SHIFT,
     Compact,
     Run,
@@ -84,7 +83,7 @@ class JournalState:
         record_of: Callable[[Any], Record],
         max_msg_id: int,
         packed: Sequence[Any] = (),
-        metas: Sequence[Any] = (),
+        packs: Sequence[Any] = (),
     ) -> JournalState:
         """The state of a liveness index another reader built (the file journal's, at
         open, where every message has a reference), its items mapped back to their
@@ -96,9 +95,11 @@ class JournalState:
         read here inline rather than by a call per item (interpreted, a call costs ~1.5k
         instructions: a million messages, two each). A packed message the open left in
         its file (`locs.BODILESS`) gets no entry in `stored_messages()`: its body size,
-        first_ts and expiration (its pack's `meta`, in `metas`) go into its references'
-        rows (`ref_arrays`), which is all recovery keeps of it in a journal backlog
-        (issue 23, ninth pass: no object a message past the budget)."""
+        first_ts and expiration (its pack's `sizes` and `expiring`, by number in `packs`:
+        a first_ts of 0, an expiration early at worst) go into its references' rows, or
+        its reference into a `Run` (`ref_parts`), which is all recovery keeps of it in a
+        journal backlog (issue 23, ninth and tenth passes: no object, no row a message
+        past the budget)."""
         state = cls()
         state.max_msg_id = max_msg_id
         own = state._live
@@ -156,7 +157,7 @@ class JournalState:
             if queue in left:  # runs of the compact index's references, rows between
                 assert compact is not None
                 rows.append(
-                    (queue, _queue_parts(live, compact, queue, held, record_of, packed, metas))
+                    (queue, _queue_parts(live, compact, queue, held, record_of, packed, packs))
                 )
                 continue
             many = counts.get(queue, 0)
@@ -167,10 +168,10 @@ class JournalState:
             if queue not in counts:  # the dicts alone, in their order (none evicted)
                 at_byte = 0
                 for msg_id, ref in held.items():
-                    at_byte = _ref_row(view, at_byte, live, msg_id, ref, record_of, packed, metas)
+                    at_byte = _ref_row(view, at_byte, live, msg_id, ref, record_of, packed, packs)
             else:
                 assert compact is not None
-                at_byte = _merged_rows(view, live, compact, queue, held, record_of, packed, metas)
+                at_byte = _merged_rows(view, live, compact, queue, held, record_of, packed, packs)
             view.release()
             rows.append((queue, [out_rows]))
         state._bodiless = bodiless
@@ -315,8 +316,9 @@ class JournalState:
         reference: msg_id, delivery_count, scheduled_at_ms, then body size, first_ts and
         expiration_ms of a message left out of `stored_messages()` (`BODILESS`; a size of
         -1 and zeros for the others): no tuple a reference (issue 23, ninth pass). A
-        reference of a `Run` (`ref_parts`) has its size and zeros for first_ts and
-        expiration_ms (the pack keeps no more of it: its file does). Not a copy when
+        message the open left in its file has its size, a first_ts of 0 and its pack's
+        earliest expiration (early at worst): the pack keeps no more of it, its file
+        does (tenth pass). Not a copy when
         `_from_live` made them and a queue is one array: read them, do not change them."""
         parts = self._rows
         if parts is not None:
@@ -365,7 +367,7 @@ def _flat(parts: list[array[int] | Run]) -> array[int]:
             sizes = part.pack.sizes
             ids = part.pack.ids
             for i in range(part.start, part.end):
-                out.frombytes(_ROW(ids[i], 0, 0, sizes[i], 0, 0))
+                out.frombytes(_ROW(ids[i], 0, 0, sizes[i], 0, part.expiring))
         else:
             out.extend(part)
     return out
@@ -387,7 +389,7 @@ def _ref_row(
     ref: Any,
     record_of: Callable[[Any], Any],
     packed: Sequence[Any],
-    metas: Sequence[Any],
+    packs_by_number: Sequence[Any],
 ) -> int:
     """Write the row of a reference the dicts hold (`_from_live`); where the next goes."""
     at_ms = 0
@@ -396,9 +398,8 @@ def _ref_row(
         slot = ref & _SLOT_MASK
         count = kept[slot]
         if isinstance(kept[slot - 1], int):  # its pair's message, bodiless
-            at = (slot >> 1) * META
-            meta = metas[ref >> PACK_SHIFT]
-            _ROW_INTO(view, at_byte, msg_id, count, 0, meta[at], meta[at + 1], meta[at + 2])
+            pack = packs_by_number[ref >> PACK_SHIFT]
+            _ROW_INTO(view, at_byte, msg_id, count, 0, pack.sizes[slot >> 1], 0, pack.expiring)
             return at_byte + _ROW_BYTES
     elif not isinstance(ref, _RefSlot):
         count = _count(record_of(ref))
@@ -410,9 +411,8 @@ def _ref_row(
     item = live.messages[msg_id]
     if isinstance(item, int) and isinstance(packed[item >> PACK_SHIFT][item & _SLOT_MASK], int):
         # a bodiless packed message, not in its pair
-        at = ((item & _SLOT_MASK) >> 1) * META
-        meta = metas[item >> PACK_SHIFT]
-        size, first_ts, expiration_ms = meta[at], meta[at + 1], meta[at + 2]
+        pack = packs_by_number[item >> PACK_SHIFT]
+        size, first_ts, expiration_ms = pack.sizes[(item & _SLOT_MASK) >> 1], 0, pack.expiring
     _ROW_INTO(view, at_byte, msg_id, count, at_ms, size, first_ts, expiration_ms)
     return at_byte + _ROW_BYTES
 
@@ -425,7 +425,7 @@ def _merged_rows(
     held: dict[int, Any],
     record_of: Callable[[Any], Any],
     packed: Sequence[Any],
-    metas: Sequence[Any],
+    packs_by_number: Sequence[Any],
 ) -> int:
     """Write the rows of `queue`'s references, those of the compact index and those of
     the dicts, in the order they were added: by the place of their first AddRef in the
@@ -444,7 +444,6 @@ def _merged_rows(
     at_byte = 0
     for pack in compact.packs:
         kept = packed[pack.number]
-        meta = metas[pack.number]
         ids, out, runs, spans = pack.ids, pack.out, pack.queues, pack.spans
         number = pack.seg.number << 40
         for k in range(len(runs)):
@@ -462,20 +461,19 @@ def _merged_rows(
                     while d < len(pending) and pending[d][0] < here:
                         msg_id = pending[d][1]
                         at_byte = _ref_row(
-                            view, at_byte, live, msg_id, held[msg_id], record_of, packed, metas
+                            view, at_byte, live, msg_id, held[msg_id], record_of, packed, packs
                         )
                         d += 1
                 msg_id = ids[i]
                 count = kept[slot]
                 if isinstance(kept[slot - 1], int):  # bodiless
-                    at = i * META
-                    _ROW_INTO(view, at_byte, msg_id, count, 0, meta[at], meta[at + 1], meta[at + 2])
+                    _ROW_INTO(view, at_byte, msg_id, count, 0, pack.sizes[i], 0, pack.expiring)
                 else:
                     _ROW_INTO(view, at_byte, msg_id, count, 0, -1, 0, 0)
                 at_byte += _ROW_BYTES
     while d < len(pending):
         msg_id = pending[d][1]
-        at_byte = _ref_row(view, at_byte, live, msg_id, held[msg_id], record_of, packed, metas)
+        at_byte = _ref_row(view, at_byte, live, msg_id, held[msg_id], record_of, packed, packs)
         d += 1
     return at_byte
 
@@ -487,7 +485,7 @@ def _queue_parts(
     held: dict[int, Any],
     record_of: Callable[[Any], Any],
     packed: Sequence[Any],
-    metas: Sequence[Any],
+    packs_by_number: Sequence[Any],
 ) -> list[array[int] | Run]:
     """`queue`'s references as `_merged_rows` orders them, where some messages were left
     in their files: each stretch of compact pairs of such messages with a count of 0 as a
@@ -510,7 +508,6 @@ def _queue_parts(
     d = 0
     for pack in compact.packs:
         kept = packed[pack.number]
-        meta = metas[pack.number]
         ids, out, runs, spans = pack.ids, pack.out, pack.queues, pack.spans
         number = pack.seg.number << 40
         for k in range(len(runs)):
@@ -530,11 +527,10 @@ def _queue_parts(
                             parts.append(run)
                             run = None
                         msg_id = pending[d][1]
-                        _ref_row(row_view, 0, live, msg_id, held[msg_id], record_of, packed, metas)
+                        _ref_row(row_view, 0, live, msg_id, held[msg_id], record_of, packed, packs)
                         buf += scratch
                         d += 1
                 count = kept[slot]
-                at = i * META
                 if isinstance(kept[slot - 1], int) and count == 0:  # bodiless: a run
                     if run is not None and run.pack is pack and run.end == i:
                         run.end = i + 1
@@ -544,26 +540,21 @@ def _queue_parts(
                         elif buf:
                             parts.append(_rows_of(buf))
                             buf = bytearray()
-                        if not pack.sizes:
-                            pack.sizes = array("I", meta[::META])
-                        run = Run(pack, i, i + 1, 0)
-                    expiring: int = meta[at + 2]
-                    if expiring and (not run.expiring or expiring < run.expiring):
-                        run.expiring = expiring
+                        run = Run(pack, i, i + 1, pack.expiring)
                     continue
                 if run is not None:
                     parts.append(run)
                     run = None
                 msg_id = ids[i]
                 if isinstance(kept[slot - 1], int):  # bodiless, counted
-                    buf += _ROW(msg_id, count, 0, meta[at], meta[at + 1], meta[at + 2])
+                    buf += _ROW(msg_id, count, 0, pack.sizes[i], 0, pack.expiring)
                 else:
                     buf += _ROW(msg_id, count, 0, -1, 0, 0)
     if run is not None:
         parts.append(run)
     while d < len(pending):
         msg_id = pending[d][1]
-        _ref_row(row_view, 0, live, msg_id, held[msg_id], record_of, packed, metas)
+        _ref_row(row_view, 0, live, msg_id, held[msg_id], record_of, packed, packs)
         buf += scratch
         d += 1
     if buf:

@@ -23,7 +23,6 @@ from amqpbroker.core.records import AddRef, Record, RecordType
 from amqpbroker.store.liveness import _LiveSet
 from amqpbroker.store.locs import (
     _SLOT_MASK,
-    BODILESS,
     PACK_SHIFT,
     Item,
     _Pack,
@@ -224,11 +223,12 @@ def index_plain(
                 unread.append(base | slot)
                 span = offset << _SPAN_SHIFT | size
                 pending += _PAIR(span, ref_offset << _SPAN_SHIFT | ref_size)
-                kept.append(record)
-                # The reference's count alone: its id and queue are in the pack
-                # (the row, a tuple and an id, ~96 B a message at the peak: issue 23,
-                # eighth pass).
-                kept.append(row[2])
+                kept[slot] = record
+                # The reference's count alone, if not 0: its id and queue are in the
+                # pack (the row, a tuple and an id, ~96 B a message at the peak: issue
+                # 23, eighth pass).
+                if row[2]:
+                    kept[slot + 1] = row[2]
                 slot += 2
                 added += size + ref_size
                 done += 2
@@ -274,8 +274,9 @@ def read_unread(
     `codec.MessageRow`s, while `budget` bytes of bodies remain (< 0: no limit):
     `_Opening._read_unread`. Past it a message keeps its layout (no body: recovery leaves
     it in the journal, issue 23 "memory bounded during recovery"): a packed one keeps
-    not even that, but `BODILESS` and its body size in `pack.sizes` (issue 23, ninth and
-    tenth passes: no object a message past the budget, 4 bytes). The budget left."""
+    not even that: no entry in `pack.kept`, its body size in `pack.sizes` (issue 23,
+    ninth and tenth passes: no object a message past the budget, 4 bytes). The budget
+    left."""
     kept = pack.kept
     sizes = pack.sizes
     assert kept is not None
@@ -283,7 +284,7 @@ def read_unread(
     for item in unread:
         if isinstance(item, int):
             slot = item & _SLOT_MASK
-            layout = kept[slot]
+            layout = kept.get(slot)
         else:
             layout = keep.get(item)
         if layout is not None:
@@ -295,12 +296,12 @@ def read_unread(
                         slot = item & _SLOT_MASK
                         pair = slot >> 1
                         if len(sizes) <= pair:  # zeros up to the pack's last pair
-                            sizes.frombytes(bytes(((len(kept) >> 1) - len(sizes)) * 4))
+                            sizes.frombytes(bytes((len(pack.ids) - len(sizes)) * 4))
                         sizes[pair] = size
                         expiration: int = layout[5]
                         if expiration and (not pack.expiring or expiration < pack.expiring):
                             pack.expiring = expiration
-                        kept[slot] = BODILESS
+                        del kept[slot]
                     continue
                 budget -= size
             row = codec.message_row(data, layout)  # (a direct call, compiled)
@@ -308,4 +309,8 @@ def read_unread(
                 kept[item & _SLOT_MASK] = row
             else:
                 keep[item] = row
+    if len(kept) < len(pack.ids) // 2:
+        # Most were left in the file: a dict keeps the table its entries had (~40 bytes
+        # a message) until rebuilt.
+        pack.kept = dict(kept)
     return budget

@@ -87,8 +87,6 @@ class _Loc:
 PACK_SHIFT: Final = 32  # a handle: pack number << PACK_SHIFT | slot
 _SLOT_MASK: Final = (1 << PACK_SHIFT) - 1
 
-# `_Pack.kept` of a message the open left in its file (`-1`: a cached int, no object),
-BODILESS: Final = -1
 
 # An index item: a record's `_Loc`, or the handle of its slot in a `_Pack`.
 Item = _Loc | int
@@ -108,11 +106,13 @@ class _Pack:
         # Per slot: `_Loc.span`, or `~span` once dead (negative: the place stays known,
         # `position`).
         self.spans: array[int] = array("q")
-        # Per slot, the open's layout or row of the AddMessage, or the AddRef's delivery
-        # count (what `keep` is for a `_Loc`, less the keys), until `FileJournal.state()`
-        # has read them; None: dead or read. `BODILESS`: a message whose body the open
-        # left in the file (past its body budget): what recovery needs of it is in `sizes`.
-        self.kept: list[Any] | None = []
+        # By slot, the open's layout or row of the AddMessage, or the AddRef's delivery
+        # count if not 0 (what `keep` is for a `_Loc`, less the keys), until
+        # `FileJournal.state()` has read them (None: read). A live pair's AddMessage with
+        # no entry is `BODILESS`: a message whose body the open left in the file (past
+        # its body budget): what recovery needs of it is in `sizes`. A dict, not a list
+        # of every slot: nothing a message past the budget (issue 23, tenth pass).
+        self.kept: dict[int, Any] | None = {}
         # The compact index (module docstring): per pair, its message id (increasing) and
         # 0 while the liveness dicts do not hold it (1: evicted into them, or dead); its
         # queue in runs, (first pair, queue), in pair order.
@@ -239,7 +239,7 @@ def pack_kill(packs: Packs, handle: int) -> _Segment | None:
     pack.spans[slot] = ~span
     kept = pack.kept
     if kept is not None:
-        kept[slot] = None
+        kept.pop(slot, None)
     seg = pack.seg
     seg.live_bytes -= span & _SIZE_MASK
     return seg

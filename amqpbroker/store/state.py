@@ -117,8 +117,8 @@ class JournalState:
             if not live.ref_counts.get(msg_id, 1):
                 continue
             if isinstance(item, int):
-                stored = packed[item >> PACK_SHIFT][item & _SLOT_MASK]
-                if isinstance(stored, int):  # `BODILESS`: its values go into its rows
+                stored = packed[item >> PACK_SHIFT].get(item & _SLOT_MASK)
+                if stored is None:  # `BODILESS`: its values go into its rows
                     bodiless += 1
                     continue
                 messages[msg_id] = stored
@@ -142,8 +142,8 @@ class JournalState:
                         if out[i]:
                             continue
                         held_here += 1
-                        stored = kept[i << 1]
-                        if isinstance(stored, int):  # `BODILESS`
+                        stored = kept.get(i << 1)
+                        if stored is None:  # `BODILESS`
                             gone += 1
                         else:
                             messages[ids[i]] = stored
@@ -396,9 +396,9 @@ def _ref_row(
     if isinstance(ref, int):  # a packed AddRef: its count (`frames.index_plain`)
         kept = packed[ref >> PACK_SHIFT]
         slot = ref & _SLOT_MASK
-        count = kept[slot]
-        if isinstance(kept[slot - 1], int):  # its pair's message, bodiless
-            pack = packs_by_number[ref >> PACK_SHIFT]
+        count = kept.get(slot, 0)
+        pack = packs_by_number[ref >> PACK_SHIFT]
+        if slot - 1 not in kept and pack.spans[slot - 1] >= 0:  # its message, bodiless
             _ROW_INTO(view, at_byte, msg_id, count, 0, pack.sizes[slot >> 1], 0, pack.expiring)
             return at_byte + _ROW_BYTES
     elif not isinstance(ref, _RefSlot):
@@ -409,7 +409,7 @@ def _ref_row(
         at_ms = 0 if scheduled is None else record_of(scheduled).at_ms
     size, first_ts, expiration_ms = -1, 0, 0
     item = live.messages[msg_id]
-    if isinstance(item, int) and isinstance(packed[item >> PACK_SHIFT][item & _SLOT_MASK], int):
+    if isinstance(item, int) and (item & _SLOT_MASK) not in packed[item >> PACK_SHIFT]:
         # a bodiless packed message, not in its pair
         pack = packs_by_number[item >> PACK_SHIFT]
         size, first_ts, expiration_ms = pack.sizes[(item & _SLOT_MASK) >> 1], 0, pack.expiring
@@ -465,8 +465,8 @@ def _merged_rows(
                         )
                         d += 1
                 msg_id = ids[i]
-                count = kept[slot]
-                if isinstance(kept[slot - 1], int):  # bodiless
+                count = kept.get(slot, 0)
+                if slot - 1 not in kept:  # bodiless
                     _ROW_INTO(view, at_byte, msg_id, count, 0, pack.sizes[i], 0, pack.expiring)
                 else:
                     _ROW_INTO(view, at_byte, msg_id, count, 0, -1, 0, 0)
@@ -530,8 +530,9 @@ def _queue_parts(
                         _ref_row(row_view, 0, live, msg_id, held[msg_id], record_of, packed, packs)
                         buf += scratch
                         d += 1
-                count = kept[slot]
-                if isinstance(kept[slot - 1], int) and count == 0:  # bodiless: a run
+                count = kept.get(slot, 0)
+                bodiless = slot - 1 not in kept
+                if bodiless and count == 0:  # a run
                     if run is not None and run.pack is pack and run.end == i:
                         run.end = i + 1
                     else:
@@ -546,7 +547,7 @@ def _queue_parts(
                     parts.append(run)
                     run = None
                 msg_id = ids[i]
-                if isinstance(kept[slot - 1], int):  # bodiless, counted
+                if bodiless:  # counted
                     buf += _ROW(msg_id, count, 0, pack.sizes[i], 0, pack.expiring)
                 else:
                     buf += _ROW(msg_id, count, 0, -1, 0, 0)
@@ -579,7 +580,7 @@ def _record_of_row(stored: MessageRow | MessageLayout) -> AddMessage:
 def _resolve(packed: Sequence[Any], record_of: Callable[[Any], Any], item: Any) -> Any:
     """`_from_live`'s record of an item, a packed record's handle or another item."""
     if isinstance(item, int):
-        return packed[item >> PACK_SHIFT][item & _SLOT_MASK]
+        return packed[item >> PACK_SHIFT].get(item & _SLOT_MASK, 0)
     return record_of(item)
 
 

@@ -168,7 +168,7 @@ def test_the_open_index_gives_the_state_of_every_record(
         data: bytes, unread: list[Any], keep: dict[Any, Any], pack: Any, budget: int
     ) -> int:
         for item in unread:  # a `_Loc`'s layout in `keep`, a packed one's in its pack
-            layout = pack.kept[item & _SLOT_MASK] if isinstance(item, int) else keep.get(item)
+            layout = pack.kept.get(item & _SLOT_MASK) if isinstance(item, int) else keep.get(item)
             if isinstance(layout, tuple):
                 read.append(layout[0])
         return real(data, unread, keep, pack, budget)
@@ -519,12 +519,14 @@ def _span(journal: FileJournal, item: Any) -> int | None:
 
 
 def _opened_records(journal: FileJournal) -> dict[int, Any]:
-    """The open's kept records by span: `_opened_live`'s and the live packed ones'."""
+    """The open's kept records by span: `_opened_live`'s and the live packed ones' (a
+    packed AddRef's count of 0 is no entry in its pack: 0 here)."""
     kept = {item.span: record for item, record in (journal._opened_live or {}).items()}
     for pack in journal._packs:
         if pack is not None and pack.kept is not None:
-            for slot, record in enumerate(pack.kept):
-                if pack.spans[slot] >= 0:
+            for slot in range(len(pack.spans)):
+                record = pack.kept.get(slot, 0 if slot & 1 else None)
+                if pack.spans[slot] >= 0 and record is not None:
                     kept[pack.spans[slot]] = record
     return kept
 

@@ -132,11 +132,7 @@ class _Opening:
                 leftover.unlink()
             for spare in self.directory.glob("*.seg" + _NEXT_SUFFIX):
                 spare.unlink()  # an unused spare segment: made again below
-        if paths:
-            _read_ahead(paths[0][1])
         for i, (number, path) in enumerate(paths):
-            if i + 1 < len(paths):  # read from disk while this one is scanned
-                _read_ahead(paths[i + 1][1])
             self._scan_segment(number, path, last=i == len(paths) - 1)
         # A message with no reference after replay is dead (JournalState drops it too):
         # its references went with segments compaction deleted, or never made it to disk.
@@ -374,18 +370,6 @@ class _Opening:
 
 # Bytes of a segment read in one step of the open (`_scan_data`).
 _STEP = 4 << 20
-
-
-def _read_ahead(path: Path) -> None:
-    """Have the kernel read a segment into the page cache, in the background: a journal
-    not in the page cache (a cold start) is then read while the segment before it is
-    scanned, not a page fault at a time as the scan reaches it (issue 23, tenth pass)."""
-    with contextlib.suppress(OSError, AttributeError):  # (no posix_fadvise: not Linux)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        finally:
-            os.close(fd)
 
 
 def _frame_end(data: codec.Data, pos: int) -> int:

@@ -10,8 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from amqpbroker.core.model import RoutingType
 from amqpbroker.core.records import (
     AckRef,
@@ -23,7 +21,7 @@ from amqpbroker.core.records import (
     ScheduledDelivery,
     UpdateDeliveryCount,
 )
-from amqpbroker.store import FileJournal, opening
+from amqpbroker.store import FileJournal
 from amqpbroker.store.journal import JournalState
 from amqpbroker.store.locs import compact_find, pack_entries
 
@@ -407,38 +405,3 @@ def test_a_queue_whose_compact_pairs_were_all_evicted_keeps_the_files_order(
         state = journal.state()
     _same(state, _model(appends))
     assert [row[1] for row in state.ref_rows("q")] == [10, 1]
-
-
-def test_the_open_asks_the_kernel_to_read_each_segment_ahead_of_its_scan(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Issue 23, tenth pass (a cold start): before a segment is scanned, the next one is
-    handed to the kernel's readahead (`POSIX_FADV_WILLNEED`), the first one before
-    all; the open's result is unchanged."""
-    appends = [_QUEUE] + [_message(i) for i in range(1, 21)]
-    _write(tmp_path, appends)
-    segments = sorted(tmp_path.glob("journal-*.seg"))
-    assert len(segments) > 2
-    advised: list[str] = []
-    scanned: list[str] = []
-    real_advise = opening.os.posix_fadvise
-    real_scan = FileJournal._scan_segment
-
-    def advise(fd: int, offset: int, length: int, advice: int) -> None:
-        if advice == opening.os.POSIX_FADV_WILLNEED:
-            advised.append(Path(opening.os.readlink(f"/proc/self/fd/{fd}")).name)
-        real_advise(fd, offset, length, advice)
-
-    def scan(journal: FileJournal, number: int, path: Path, *, last: bool) -> None:
-        scanned.append(path.name)
-        assert path.name in advised  # asked for before its scan
-        if not last:
-            assert segments[segments.index(path) + 1].name in advised  # and the next one
-        real_scan(journal, number, path, last=last)
-
-    monkeypatch.setattr(opening.os, "posix_fadvise", advise)
-    monkeypatch.setattr(FileJournal, "_scan_segment", scan)
-    with _open(tmp_path) as journal:
-        _same(journal.state(), _model(appends))
-    assert advised == [s.name for s in segments]
-    assert scanned == advised

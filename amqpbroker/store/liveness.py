@@ -37,7 +37,14 @@ from amqpbroker.core.records import (
 )
 from amqpbroker.store.codec import MessageLayout, RefRow
 from amqpbroker.store.indexing import short_lived
-from amqpbroker.store.locs import PACK_SHIFT, Compact, compact_find, compact_ids, pair_queue
+from amqpbroker.store.locs import (
+    _SLOT_MASK,
+    PACK_SHIFT,
+    Compact,
+    compact_find,
+    compact_ids,
+    pair_queue,
+)
 
 # --- liveness ------------------------------------------------------------------------
 
@@ -143,7 +150,7 @@ class _LiveSet(Generic[_Item]):
             return False
         pack = compact.all[handle >> PACK_SHIFT]
         assert pack is not None
-        pair = (handle & 0xFFFFFFFF) >> 1
+        pair = (handle & _SLOT_MASK) >> 1
         pack.out[pair] = 1
         queue = pair_queue(pack, pair)
         message: Any = handle

@@ -7,7 +7,11 @@ memory with all of them (a backlog larger than memory could never come back). Re
 (`store/recovery.py`) puts messages into memory up to the limit; the rest of each queue
 stays where it is, in the journal, and the queue holds only this: per reference its
 message id, persisted delivery count (B-095), scheduled time (B-065), body size, first
-timestamp and expiration, in flat arrays (~48 bytes a reference, no object per message).
+timestamp and expiration, in flat arrays (~48 bytes a reference, no object per message);
+or, for the usual stretch of references the file journal's compact index holds (a
+message and its one reference, count 0, `store/locs.py` `Run`), the run alone: their ids
+and sizes are the pack's, their first timestamps and expirations in the files (no bytes a
+reference here; issue 23, tenth pass).
 
 To the queue it is a page store (`core.paging.PageStore`): its references come back, in
 order, as the queue's memory drains, read from the journal (`FileJournal.read_message`)
@@ -25,11 +29,14 @@ its index says.
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
+from typing import Union
 
 from amqpbroker.core.model import Message
 from amqpbroker.core.paging import PageStore
 from amqpbroker.store.codec import MessageRow
+from amqpbroker.store.locs import Run
 
 __all__ = ["JournalBacklog"]
 
@@ -37,6 +44,10 @@ Position = tuple[int, int]
 _HEAD = -1  # the page number of a position in the journal's part (never a page file)
 _WIDTH = 6  # longs a reference in `JournalBacklog.refs`: id, count, at, size, first, expiry
 _COUNT, _AT, _SIZE, _FIRST, _EXPIRY = 1, 2, 3, 4, 5
+# A part of the journal's references (`JournalBacklog._parts`): rows (`_WIDTH` longs a
+# reference) from the `lo`-th, or a run of the compact index's.
+Part = Union["tuple[array[int], int]", Run]
+_FIRST_TS = 5  # a `MessageRow`'s first_ts
 
 
 class JournalBacklog:
@@ -56,8 +67,14 @@ class JournalBacklog:
         self._open_tail = open_tail
         self.tail: PageStore | None = None
         # per reference, in order: id, delivery count, scheduled at, body size, first_ts,
-        # expiration (`_WIDTH` longs: one flat array, appended to once per reference)
+        # expiration (`_WIDTH` longs: one flat array, appended to once per reference):
+        # the rows recovery adds; `_parts` (then `_starts`, where each part's references
+        # begin) are the journal's part in order, these rows among them (`added`)
         self.refs = array("q")
+        self._parts: list[Part] = []
+        self._starts: list[int] = []
+        self._total = 0
+        self._oldest: tuple[int, int] = (-1, 0)  # (index, first_ts) read from a run's file
         self._next = 0  # index of the next reference to read back
         self._gone = bytearray()  # 1: a management walk took it (`skip`), made on first use
         self._gone_ahead = 0  # of those, how many are at or after `_next`
@@ -89,25 +106,81 @@ class JournalBacklog:
 
     def adopt(self, refs: array[int], start: int) -> None:
         """Take `refs` (`_WIDTH` longs a reference, as `add` writes them) as the
-        references from its `start`-th on, before any other is added: recovery hands over
-        its rows of a queue's references (`JournalState.ref_arrays`, the same six values)
+        references from its `start`-th on, after those added so far: recovery hands over
+        its rows of a queue's references (`JournalState.ref_parts`, the same six values)
         rather than copying them (issue 23, ninth pass: 48 bytes a reference less at the
         peak). Not changed here: read, passed, then dropped whole (`_reset`)."""
-        assert not self.refs, "adopt before any add"
-        self.refs = refs
-        self._next = start
+        self._close_rows()
+        if start * _WIDTH < len(refs):
+            self._parts.append((refs, start))
+
+    def adopt_run(self, run: Run) -> None:
+        """Take a run of the compact index's references as the next ones (tenth pass)."""
+        self._close_rows()
+        if len(run):
+            self._parts.append(run)
+
+    def _close_rows(self) -> None:
+        if self.refs:
+            self._parts.append((self.refs, 0))
+            self.refs = array("q")
 
     def added(self) -> None:
-        """Recovery added every reference: the totals, once."""
-        refs = self.refs
-        first = self._next * _WIDTH
-        self._head_bytes = sum(refs[first + _SIZE :: _WIDTH])
-        self._head_expiring = min((e for e in refs[first + _EXPIRY :: _WIDTH] if e), default=0)
+        """Recovery added every reference: the parts' starts and the totals, once."""
+        self._close_rows()
+        total = 0
+        head_bytes = 0
+        expiring = 0
+        for part in self._parts:
+            self._starts.append(total)
+            if isinstance(part, Run):
+                total += len(part)
+                head_bytes += sum(part.pack.sizes[part.start : part.end])
+                later = part.expiring
+            else:
+                refs, lo = part
+                total += len(refs) // _WIDTH - lo
+                head_bytes += sum(refs[lo * _WIDTH + _SIZE :: _WIDTH])
+                later = min((e for e in refs[lo * _WIDTH + _EXPIRY :: _WIDTH] if e), default=0)
+            if later and (not expiring or later < expiring):
+                expiring = later
+        self._total = total
+        self._head_bytes = head_bytes
+        self._head_expiring = expiring
         self._sync()
 
     def _count(self) -> int:
         """References in the journal's part, read back or not."""
-        return len(self.refs) // _WIDTH
+        return self._total
+
+    def _locate(self, i: int) -> tuple[Part, int]:
+        """The part of the `i`-th reference, and its index there (a run's: in its pack)."""
+        k = bisect_right(self._starts, i) - 1
+        part = self._parts[k]
+        if isinstance(part, Run):
+            return part, part.start + i - self._starts[k]
+        return part, part[1] + i - self._starts[k]
+
+    def _id(self, i: int) -> int:
+        part, j = self._locate(i)
+        if isinstance(part, Run):
+            return part.pack.ids[j]
+        return part[0][j * _WIDTH]
+
+    def _size(self, i: int) -> int:
+        part, j = self._locate(i)
+        if isinstance(part, Run):
+            return part.pack.sizes[j]
+        return part[0][j * _WIDTH + _SIZE]
+
+    def _counts(self, i: int) -> tuple[int, int, int]:
+        """Id, persisted delivery count and scheduled time of the `i`-th reference."""
+        part, j = self._locate(i)
+        if isinstance(part, Run):
+            return part.pack.ids[j], 0, 0
+        refs = part[0]
+        at = j * _WIDTH
+        return refs[at], refs[at + _COUNT], refs[at + _AT]
 
     def open_tail(self) -> None:
         """The page files a restart found for the queue: read after the journal's part."""
@@ -188,7 +261,6 @@ class JournalBacklog:
             messages = self.tail.read(max_bytes=max_bytes, max_messages=max_messages, until=until)
             self._sync()
             return messages
-        refs = self.refs
         out: list[Message] = []
         restored: list[tuple[int, int]] = []
         size = 0
@@ -201,19 +273,19 @@ class JournalBacklog:
                 and (max_messages < 0 or len(out) < max_messages)
             )
         ):
-            at = i * _WIDTH
             if gone and gone[i]:  # taken by a walk: counted out and acknowledged then
                 self._gone_ahead -= 1
                 i += 1
                 continue
-            message = self._message(i)
-            self._head_bytes -= refs[at + _SIZE]
+            msg_id, count, at_ms = self._counts(i)
+            message = self._message_of(msg_id, at_ms)
+            self._head_bytes -= self._size(i)
             i += 1
             if message is None:
                 continue
             size += message.size
             out.append(message)
-            restored.append((refs[at + _COUNT], refs[at + _AT]))
+            restored.append((count, at_ms))
         self._next = i
         if i >= self._count():
             self._reset()
@@ -222,17 +294,27 @@ class JournalBacklog:
         return out
 
     def _message(self, i: int) -> Message | None:
-        at = i * _WIDTH
-        row = self._read(self.refs[at])
+        msg_id, _, at_ms = self._counts(i)
+        return self._message_of(msg_id, at_ms)
+
+    def _message_of(self, msg_id: int, at_ms: int) -> Message | None:
+        row = self._read(msg_id)
         if row is None:  # not live in the journal any more: nothing to bring back
             return None
         message = self._materialise(row)
-        message.deliver_at_ms = self.refs[at + _AT]
+        message.deliver_at_ms = at_ms
         return message
 
-    def _reset(self) -> None:
-        """Nothing is left in the journal's part: its array goes."""
+    def _drop_parts(self) -> None:
         self.refs = array("q")
+        self._parts = []
+        self._starts = []
+        self._total = 0
+        self._oldest = (-1, 0)
+
+    def _reset(self) -> None:
+        """Nothing is left in the journal's part: its arrays go."""
+        self._drop_parts()
         self._next = 0
         self._gone = bytearray()
         self._gone_ahead = 0
@@ -241,8 +323,21 @@ class JournalBacklog:
         self._epoch_base += 1  # head positions from before are void
 
     def oldest_ts(self) -> int | None:
-        if self._next < self._count():
-            return self.refs[self._next * _WIDTH + _FIRST]
+        i = self._next
+        if i < self._count():
+            part, j = self._locate(i)
+            if not isinstance(part, Run):
+                first: int = part[0][j * _WIDTH + _FIRST]
+                if first:
+                    return first
+            # A run's is in its file, and a row's whose open kept none (0): read once
+            # per head.
+            if self._oldest[0] != i:
+                row = self._read(self._id(i))
+                first_ts = 0 if row is None else row[_FIRST_TS]
+                assert isinstance(first_ts, int)
+                self._oldest = (i, first_ts)
+            return self._oldest[1]
         return self.tail.oldest_ts() if self.tail is not None else None
 
     def browse(self) -> Iterator[Message]:
@@ -286,15 +381,15 @@ class JournalBacklog:
                 continue
             self._gone[i] = 1
             self._gone_ahead += 1
-            self._head_bytes -= self.refs[i * _WIDTH + _SIZE]
-            acked.append(self.refs[i * _WIDTH])
+            self._head_bytes -= self._size(i)
+            acked.append(self._id(i))
         gone = self._gone
         i = self._next
         while i < count and gone and gone[i]:  # the next ones: passed now
             self._gone_ahead -= 1
             i += 1
-        if i >= count and i > self._next:  # the journal's part is done: its array goes,
-            self.refs = array("q")  # positions after it (the page files') stay valid
+        if i >= count and i > self._next:  # the journal's part is done: its arrays go,
+            self._drop_parts()  # positions after it (the page files') stay valid
             self._next = 0
             self._gone = bytearray()
             self._gone_ahead = 0
@@ -312,7 +407,11 @@ class JournalBacklog:
         return self.tail.journal_skips() if self.tail is not None else []
 
     def clear(self) -> None:
-        gone = list(self.refs[self._next * _WIDTH :: _WIDTH])
+        gone = [
+            self._id(i)
+            for i in range(self._next, self._count())
+            if not (self._gone and self._gone[i])
+        ]
         self._reset()
         if gone:
             self._ack(gone)

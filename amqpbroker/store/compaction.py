@@ -42,7 +42,7 @@ from amqpbroker.store.api import (
     JournalCorrupt,
     JournalFailed,
 )
-from amqpbroker.store.locs import Item, Packs, pack_entries, pack_move
+from amqpbroker.store.locs import Item, Packs, compact_drop, pack_entries, pack_move
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _FRAME,
@@ -92,6 +92,9 @@ class _Compaction:
         raise NotImplementedError  # FileJournal's
 
     def _retire(self, seg: _Segment) -> None:
+        raise NotImplementedError  # FileJournal's
+
+    def _drop_opened(self) -> None:
         raise NotImplementedError  # FileJournal's
 
     def _index_synced(self) -> None:
@@ -148,6 +151,7 @@ class _Compaction:
                     self._retire(seg)
                     for pack in seg.packs:  # all dead: no handle of it is left
                         self._packs[pack.number] = None
+                        compact_drop(pack)
                 deleted += 1
             _sync_directory(self.directory)
 
@@ -183,6 +187,9 @@ class _Compaction:
                 (seg, sorted([*seg.items.items(), *pack_entries(seg)])) for seg in run
             ]
             self._copying.update(run)  # sealed: every item in them is in the snapshot
+            # The records move: the places the open's `state()` orders references by
+            # (`locs.position`) are the old files' no more; `state()` replays instead.
+            self._drop_opened()
         temp = last.path.with_name(last.path.name + _TEMP_SUFFIX)
         copied: list[tuple[Item, int, int]] = []
         try:

@@ -87,7 +87,7 @@ from amqpbroker.store.frames import Entry, Kept
 from amqpbroker.store.framing import frame_records
 from amqpbroker.store.indexing import short_lived, survivors
 from amqpbroker.store.liveness import _LiveSet
-from amqpbroker.store.locs import Item, Packs, pack_kill, pack_where
+from amqpbroker.store.locs import Compact, Item, Packs, compact_find, pack_kill, pack_where
 from amqpbroker.store.opening import _Opening
 from amqpbroker.store.segments import (
     _FILE_HEADER,
@@ -195,6 +195,9 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._live: _LiveSet[Item] = _LiveSet(self._on_dead)
         # The open's packed records (`store/locs.py` `_Pack`), by number (0: none).
         self._packs: Packs = [None]
+        # The open's pairs no liveness dict holds (`store/locs.py`, issue 23, tenth pass).
+        self._live.compact = Compact(self._packs)
+        self._live.first_of = {}
         self._segments: list[_Segment] = []
         self._targeted_by: dict[_Segment, set[_Loc]] = {}
         self._targets: dict[_Loc, set[_Segment]] = {}  # tombstone: segments it must outlive
@@ -492,6 +495,8 @@ class FileJournal(_Opening, _Failure, _Compaction):
         done = synced if final else (synced + 1) // 2
         carried = self._carried_gone
         known = self._live.messages
+        compact = self._live.compact
+        floor = 0 if compact is None else compact.top
         gone_here: set[int] = set()
         for seg in dict.fromkeys(seg for seg, _ in window):  # in write order
             records: list[Record] = []
@@ -502,7 +507,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
                         records.extend(entry.records)
                     if k < done:
                         older.extend(entries)
-            gone = short_lived(records, known)  # over the whole window (compiled)
+            gone = short_lived(records, known, floor)  # over the whole window (compiled)
             if older:
                 # The carried messages are gone too: their adds were skipped last time.
                 self._index_batch(seg, survivors(older, gone | carried if carried else gone))
@@ -675,10 +680,10 @@ class FileJournal(_Opening, _Failure, _Compaction):
     def _drop_opened(self) -> None:
         """Forget the open's records (`_opened_live`, the packs' `kept`): read once."""
         self._opened_live = None
+        self._live.first_of = None
         for pack in self._packs:
             if pack is not None:
                 pack.kept = None
-                pack.meta = None
 
     def state(self) -> JournalState:
         """The state `replay()` describes: from the index the open built, while nothing
@@ -690,15 +695,14 @@ class FileJournal(_Opening, _Failure, _Compaction):
                 # Every layout was read when its segment was: records and rows only.
                 records = cast(dict[_Loc, Record], live)
                 packed = [None if pack is None else pack.kept for pack in self._packs]
-                metas = [None if pack is None else pack.meta for pack in self._packs]
                 try:
                     return JournalState._from_live(
-                        self._live, records.__getitem__, self._opened_max_id, packed, metas
+                        self._live, records.__getitem__, self._opened_max_id, packed, self._packs
                     )
                 finally:
                     opened = sum(len(kept) for kept in packed if kept is not None)
                     self._drop_opened()
-                    del records, packed, metas, live
+                    del records, packed, live
                     # The open's records, freed in one go, are heap the allocator keeps
                     # for later (issue 23: RSS bounded during recovery): back now, when
                     # they were many (a trim walks the heap: not for every small open).
@@ -717,7 +721,11 @@ class FileJournal(_Opening, _Failure, _Compaction):
             with self._lock:
                 loc = self._live.messages.get(msg_id)
                 if loc is None:
-                    return None
+                    compact = self._live.compact
+                    handle = -1 if compact is None else compact_find(compact, msg_id)
+                    if handle < 0:
+                        return None
+                    loc = handle
                 if isinstance(loc, int):
                     path, offset, size = pack_where(self._packs, loc)
                 else:

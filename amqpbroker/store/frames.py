@@ -21,7 +21,13 @@ from typing import Any, Final
 import amqpbroker.store.codec as codec
 from amqpbroker.core.records import AddRef, Record, RecordType
 from amqpbroker.store.liveness import _LiveSet
-from amqpbroker.store.locs import _SLOT_MASK, BODILESS, META, PACK_SHIFT, Item, _Pack
+from amqpbroker.store.locs import (
+    _SLOT_MASK,
+    PACK_SHIFT,
+    Item,
+    _Pack,
+    compact_add,
+)
 from amqpbroker.store.segments import (
     _FLAGS_KNOWN,
     _FRAME,
@@ -175,11 +181,15 @@ def index_plain(
     how many it indexed; the rest of `batch` is for `_index_batch`. Almost every record of
     a journal is one of the two: compiled, this is the open's per-record loop (issue 23
     item 4). A message and its one reference go into `pack` (`seg`'s), as two slots:
-    no `_Loc`, no `items` or `keep` entry (issue 23, seventh pass)."""
+    no `_Loc`, no `items` or `keep` entry (issue 23, seventh pass), and into the compact
+    index: no dict entry either (tenth pass; `store/locs.py`)."""
     items = seg.items  # (`live.add_message`, not a bound method in a local: compiled, a
     # direct call of a native method, not a call through Python's protocol)
     spans = pack.spans
     kept = pack.kept
+    compact = live.compact
+    assert compact is not None  # (the file journal's)
+    messages = live.messages
     assert kept is not None  # (the open's: `state()` has not read them yet)
     base = pack.number << PACK_SHIFT
     # The pairs' spans, put into `spans` with one `frombytes` (compiled, an array's
@@ -195,27 +205,34 @@ def index_plain(
     while done < count:
         record, offset, size = batch[done]
         if isinstance(record, tuple) and len(record) != 3 and done + 1 < count:
-            # A message and then its one reference, as the broker writes them: both in
-            # one call of the rules when the id is new (`_LiveSet.add_new_message`).
+            # A message and then its one reference, as the broker writes them: into the
+            # compact index when its id is above every id there (and so new: no rule
+            # has met it), with no call of the rules (issue 23, tenth pass).
             row, ref_offset, ref_size = batch[done + 1]
             msg_id = record[0]
-            if isinstance(row, tuple) and len(row) == 3 and row[0] == msg_id:
+            if (
+                isinstance(row, tuple)
+                and len(row) == 3
+                and row[0] == msg_id
+                and msg_id > compact.top
+                and msg_id not in messages
+            ):
                 if slot + 2 > _SLOT_MASK:  # (a 4 GiB segment of pairs: not met)
                     break
-                handle = base | slot
-                if live.add_new_message(msg_id, row[1], handle, handle + 1):
-                    unread.append(handle)
-                    span = offset << _SPAN_SHIFT | size
-                    pending += _PAIR(span, ref_offset << _SPAN_SHIFT | ref_size)
-                    kept.append(record)
-                    # The reference's count alone: its id and queue are its keys in
-                    # `live.refs` (the row, a tuple and an id, ~96 B a message at the
-                    # peak: issue 23, eighth pass).
-                    kept.append(row[2])
-                    slot += 2
-                    added += size + ref_size
-                    done += 2
-                    continue
+                compact_add(compact, pack, msg_id, row[1])
+                unread.append(base | slot)
+                span = offset << _SPAN_SHIFT | size
+                pending += _PAIR(span, ref_offset << _SPAN_SHIFT | ref_size)
+                kept[slot] = record
+                # The reference's count alone, if not 0: its id and queue are in the
+                # pack (the row, a tuple and an id, ~96 B a message at the peak: issue
+                # 23, eighth pass).
+                if row[2]:
+                    kept[slot + 1] = row[2]
+                slot += 2
+                added += size + ref_size
+                done += 2
+                continue
         if pending:  # (the rules below may kill a packed record: its span must be there)
             spans.frombytes(pending)
             pending = bytearray()
@@ -257,17 +274,17 @@ def read_unread(
     `codec.MessageRow`s, while `budget` bytes of bodies remain (< 0: no limit):
     `_Opening._read_unread`. Past it a message keeps its layout (no body: recovery leaves
     it in the journal, issue 23 "memory bounded during recovery"): a packed one keeps
-    not even that, but `BODILESS` and its three values in `pack.meta` (issue 23, ninth
-    pass: no object a message past the budget). The budget left."""
+    not even that: no entry in `pack.kept`, its body size in `pack.sizes` (issue 23,
+    ninth and tenth passes: no object a message past the budget, 4 bytes). The budget
+    left."""
     kept = pack.kept
-    meta = pack.meta
+    sizes = pack.sizes
     assert kept is not None
-    assert meta is not None
     layout: Any
     for item in unread:
         if isinstance(item, int):
             slot = item & _SLOT_MASK
-            layout = kept[slot]
+            layout = kept.get(slot)
         else:
             layout = keep.get(item)
         if layout is not None:
@@ -277,13 +294,14 @@ def read_unread(
                     budget = 0
                     if isinstance(item, int):
                         slot = item & _SLOT_MASK
-                        at = (slot >> 1) * META
-                        if len(meta) <= at:  # zeros up to the pack's last pair
-                            meta.frombytes(bytes(((len(kept) >> 1) * META - len(meta)) * 8))
-                        meta[at] = size
-                        meta[at + 1] = layout[6]
-                        meta[at + 2] = layout[5]
-                        kept[slot] = BODILESS
+                        pair = slot >> 1
+                        if len(sizes) <= pair:  # zeros up to the pack's last pair
+                            sizes.frombytes(bytes((len(pack.ids) - len(sizes)) * 4))
+                        sizes[pair] = size
+                        expiration: int = layout[5]
+                        if expiration and (not pack.expiring or expiration < pack.expiring):
+                            pack.expiring = expiration
+                        del kept[slot]
                     continue
                 budget -= size
             row = codec.message_row(data, layout)  # (a direct call, compiled)
@@ -291,4 +309,8 @@ def read_unread(
                 kept[item & _SLOT_MASK] = row
             else:
                 keep[item] = row
+    if len(kept) < len(pack.ids) // 2:
+        # Most were left in the file: a dict keeps the table its entries had (~40 bytes
+        # a message) until rebuilt.
+        pack.kept = dict(kept)
     return budget

@@ -41,12 +41,13 @@ _SPECIAL: Final = (AddRef, AckRef, AddMessage, DeleteQueue, tuple)
 
 
 def short_lived(
-    records: Sequence[Record | MessageLayout | RefRow], known: dict[int, Any]
+    records: Sequence[Record | MessageLayout | RefRow], known: dict[int, Any], floor: int = 0
 ) -> set[int]:
     """The messages whose every record in `records` (one segment's, in order) is dead by
     their end: added here, not in `known` (the live messages) before, and every reference
     added here acked here (a message added with no reference yet is not: its references
-    may be in the next batch).
+    may be in the next batch). An id at or below `floor` counts as known: the file
+    journal's compact index (`store/locs.py`) may hold it, outside `known`.
 
     The index can skip their records: indexing them and then killing them leaves it as it
     was (no live bytes, and an ack in the segment of its add needs no tombstone). Records
@@ -74,7 +75,9 @@ def short_lived(
                 refs.discard(queue)
         elif kind is _AddMessage or kind is tuple:  # a tuple: its layout, read at open
             msg_id = rec[0] if kind is tuple else rec.msg_id
-            open_refs[msg_id] = None if msg_id in known or msg_id in open_refs else set()
+            open_refs[msg_id] = (
+                None if msg_id in known or msg_id <= floor or msg_id in open_refs else set()
+            )
         elif kind is _DeleteQueue:
             return set()
         elif isinstance(record, _SPECIAL):

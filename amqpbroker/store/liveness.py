@@ -37,6 +37,14 @@ from amqpbroker.core.records import (
 )
 from amqpbroker.store.codec import MessageLayout, RefRow
 from amqpbroker.store.indexing import short_lived
+from amqpbroker.store.locs import (
+    _SLOT_MASK,
+    PACK_SHIFT,
+    Compact,
+    compact_find,
+    compact_ids,
+    pair_queue,
+)
 
 # --- liveness ------------------------------------------------------------------------
 
@@ -84,6 +92,15 @@ class _LiveSet(Generic[_Item]):
         self.cursor_at: dict[str, tuple[int, int]] = {}
         self.page_skips: dict[str, list[tuple[int, int, int, _Item]]] = {}
         self._skip_seq = itertools.count()
+        # The file journal's compact index (`store/locs.py`): pairs the open packed that no
+        # dict holds until a rule meets them by id (`_evict`). None: every item is in the
+        # dicts (`JournalState`, the memory journal).
+        self.compact: Compact | None = None
+        # While the open runs (the file journal's; None otherwise): of a reference added
+        # again while it was held (`add_ref_of`), its first item, whose place in the file
+        # is its place in its queue's order (`JournalState._from_live` merges the dicts'
+        # references with the compact index's by place).
+        self.first_of: dict[tuple[str, int], _Item] | None = None
         # The rule of each record type (`apply`; the file journal's index calls them).
         self.rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
             AddMessage: self._add_message,
@@ -112,6 +129,8 @@ class _LiveSet(Generic[_Item]):
         """`AddMessage` by its id alone (recovery indexes a message before reading its
         body, and reads the body only if the message is still live)."""
         old = self.messages.get(msg_id)
+        if old is None and self.compact is not None and self._evict(msg_id):
+            old = self.messages.get(msg_id)
         if old is None:
             self.ref_counts[msg_id] = 0
         else:
@@ -119,21 +138,27 @@ class _LiveSet(Generic[_Item]):
         self.messages[msg_id] = item
         return True
 
-    def add_new_message(self, msg_id: int, queue: str, message: _Item, ref: _Item) -> bool:
-        """`add_message` then `add_ref_of` of the message's one reference, for an id not
-        known yet and a queue that holds none: the open's usual pair, in 3 lookups and 2
-        inserts where the two rules take 8 dict operations (issue 23 item 4, fifth
-        pass). The same state: a message with one reference has no `ref_counts` entry,
-        and the two kill nothing. False: not such a pair, nothing done (apply the two)."""
-        messages = self.messages
-        if msg_id in messages:
+    def _evict(self, msg_id: int) -> bool:
+        """Move the pair of `msg_id` from the compact index into the dicts, as its two
+        handles (a message with one reference: no `ref_counts` entry), for a rule to meet
+        it there. False: the compact index does not hold it."""
+        compact = self.compact
+        if compact is None:
             return False
+        handle = compact_find(compact, msg_id)
+        if handle < 0:
+            return False
+        pack = compact.all[handle >> PACK_SHIFT]
+        assert pack is not None
+        pair = (handle & _SLOT_MASK) >> 1
+        pack.out[pair] = 1
+        queue = pair_queue(pack, pair)
+        message: Any = handle
+        ref: Any = handle + 1
+        self.messages[msg_id] = message
         held = self.refs.get(queue)
         if held is None:
             held = self.refs[queue] = {}
-        elif msg_id in held:  # (no reference outlives its message: not met, but kept safe)
-            return False
-        messages[msg_id] = message
         held[msg_id] = ref
         return True
 
@@ -144,7 +169,7 @@ class _LiveSet(Generic[_Item]):
     def add_ref_of(self, queue: str, msg_id: int, item: _Item) -> bool:
         """`add_ref` by the reference's queue and message id (the open reads an AddRef
         as a row, not a record: `codec.RefRow`)."""
-        if msg_id not in self.messages:
+        if msg_id not in self.messages and not self._evict(msg_id):
             return False  # its message is gone (or never was): replay ignores it too
         held = self.refs.get(queue)
         if held is None:  # (not setdefault: that builds a dict per reference)
@@ -154,11 +179,17 @@ class _LiveSet(Generic[_Item]):
             count = self.ref_counts.pop(msg_id, 1) + 1
             if count != 1:
                 self.ref_counts[msg_id] = count
-        elif isinstance(old, _RefSlot):  # the new AddRef is the whole state of the reference
-            self._dead(old.add, False)
-            self._drop_updates(old)
         else:
-            self._dead(old, False)
+            first = self.first_of
+            if first is not None:  # (its place in the queue stays its first AddRef's)
+                key = (queue, msg_id)
+                if key not in first:
+                    first[key] = old.add if isinstance(old, _RefSlot) else old
+            if isinstance(old, _RefSlot):  # the new AddRef is the whole state of the reference
+                self._dead(old.add, False)
+                self._drop_updates(old)
+            else:
+                self._dead(old, False)
         held[msg_id] = item
         return True
 
@@ -183,18 +214,25 @@ class _LiveSet(Generic[_Item]):
             self.ref_counts[msg_id] = count
 
     def _ack_ref(self, record: AckRef, item: _Item) -> bool:
-        refs = self.refs.get(record.queue)
+        queue, msg_id = record.queue, record.msg_id
+        refs = self.refs.get(queue)
+        if (refs is None or msg_id not in refs) and self._evict(msg_id):
+            refs = self.refs.get(queue)
         if refs is not None:
-            ref = refs.pop(record.msg_id, None)
+            ref = refs.pop(msg_id, None)
             if ref is not None:
                 if not refs:
-                    del self.refs[record.queue]
-                self._remove_ref(record.msg_id, ref)
+                    del self.refs[queue]
+                if self.first_of:
+                    self.first_of.pop((queue, msg_id), None)
+                self._remove_ref(msg_id, ref)
         return False
 
     def _slot(self, queue: str, msg_id: int) -> _RefSlot[_Item] | None:
         """The reference's slot, made if it had none (None: no such reference)."""
         refs = self.refs.get(queue)
+        if (refs is None or msg_id not in refs) and self._evict(msg_id):
+            refs = self.refs.get(queue)
         if refs is None:
             return None
         ref = refs.get(msg_id)
@@ -238,6 +276,14 @@ class _LiveSet(Generic[_Item]):
         self.cursor_at.pop(record.name, None)
         for skip in self.page_skips.pop(record.name, ()):
             self._dead(skip[3], False)
+        compact = self.compact
+        if compact is not None:  # the queue's pairs in the compact index die too
+            for msg_id in compact_ids(compact, record.name):
+                self._evict(msg_id)
+        first = self.first_of
+        if first:
+            for key in [key for key in first if key[0] == record.name]:
+                del first[key]
         for msg_id, ref in self.refs.pop(record.name, {}).items():
             self._remove_ref(msg_id, ref)
         return False
@@ -292,7 +338,8 @@ def _short_lived(
     """The messages whose every record in `records` (one segment's, in order) is dead by
     their end, which the file journal's index then skips: `store/indexing.short_lived`
     (compiled: it runs per record on the journal's writer thread) against `live`."""
-    return short_lived(records, live.messages)
+    compact = live.compact
+    return short_lived(records, live.messages, 0 if compact is None else compact.top)
 
 
 def _ignore_dead(item: Record, needs_tombstone: bool) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import gc
 import logging
 import struct
+from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Final, cast
@@ -24,6 +25,7 @@ from amqpbroker.core.records import AddMessage, AddQueue
 from amqpbroker.store.backlog import JournalBacklog
 from amqpbroker.store.codec import MessageLayout, MessageRow, add_message_of_row
 from amqpbroker.store.journal import JournalState
+from amqpbroker.store.locs import Run
 from amqpbroker.store.state import ROW, StoredMessage
 
 log = logging.getLogger(__name__)
@@ -143,62 +145,75 @@ def _recover(
     backlogs: dict[str, JournalBacklog] = {}
     backlog: JournalBacklog | None = None
     used = 0  # bytes of bodies put in memory
-    for name, rows in state.ref_arrays():
+    for name, parts in state.ref_parts():
         if run:
             refs, orphans = _restore_run(broker, run_queue, run, refs, orphans)
         run, run_queue = [], name
         backlog = backlogs.get(name)
-        end = len(rows)
-        i = 0
-        while i < end:
-            if len(run) >= run_max:
-                refs, orphans = _restore_run(broker, run_queue, run, refs, orphans)
-                run = []
-            msg_id = rows[i]
-            # (`ROW` longs: id, count, scheduled at, then size, first_ts, expiration of a
-            # message the open left in its file, `BODILESS`: size >= 0)
-            bodiless = rows[i + 3] >= 0
-            if (
-                backlog is None
-                and budget >= 0
-                and read is not None
-                and (used >= budget or bodiless or _bodiless(stored[msg_id]))
-            ):
-                backlog = _backlog(broker, name, read, message_of)
+        for part in parts:
+            if isinstance(part, Run):  # references the compact index holds, bodiless
+                if backlog is None and budget >= 0 and read is not None:
+                    backlog = _backlog(broker, name, read, message_of)
+                    if backlog is not None:
+                        backlogs[name] = backlog
                 if backlog is not None:
-                    backlogs[name] = backlog
-            if backlog is not None:
-                if bodiless and not backlog.refs and min(rows[i + 3 :: ROW]) >= 0:
-                    backlog.adopt(rows, i // ROW)  # the rest, all bodiless: no copy
-                    refs += (end - i) // ROW
-                    break
-                if bodiless:  # a run of them: their rows are the backlog's, as they are
-                    j = i + ROW
-                    while j < end and rows[j + 3] >= 0:
-                        j += ROW
-                    backlog.refs.extend(rows[i:j])
-                    refs += (j - i) // ROW
-                    i = j
+                    backlog.adopt_run(part)  # no row a reference (issue 23, tenth pass)
+                    refs += len(part)
                     continue
-                _left(backlog, stored[msg_id], rows[i + 1], rows[i + 2])
-                refs += 1
+                rows = _run_rows(part)  # a queue that keeps all in memory: read them
+            else:
+                rows = part
+            end = len(rows)
+            i = 0
+            while i < end:
+                if len(run) >= run_max:
+                    refs, orphans = _restore_run(broker, run_queue, run, refs, orphans)
+                    run = []
+                msg_id = rows[i]
+                # (`ROW` longs: id, count, scheduled at, then size, first_ts, expiration of
+                # a message the open left in its file, `BODILESS`: size >= 0)
+                bodiless = rows[i + 3] >= 0
+                if (
+                    backlog is None
+                    and budget >= 0
+                    and read is not None
+                    and (used >= budget or bodiless or _bodiless(stored[msg_id]))
+                ):
+                    backlog = _backlog(broker, name, read, message_of)
+                    if backlog is not None:
+                        backlogs[name] = backlog
+                if backlog is not None:
+                    if bodiless and min(rows[i + 3 :: ROW]) >= 0:
+                        backlog.adopt(rows, i // ROW)  # the rest, all bodiless: no copy
+                        refs += (end - i) // ROW
+                        break
+                    if bodiless:  # a run of them: their rows are the backlog's, as they are
+                        j = i + ROW
+                        while j < end and rows[j + 3] >= 0:
+                            j += ROW
+                        backlog.refs.extend(rows[i:j])
+                        refs += (j - i) // ROW
+                        i = j
+                        continue
+                    _left(backlog, stored[msg_id], rows[i + 1], rows[i + 2])
+                    refs += 1
+                    i += ROW
+                    continue
+                message = messages.get(msg_id)
+                if message is None:
+                    item = None if bodiless else stored[msg_id]
+                    if item is None or _bodiless(item):  # no body read at open: read now
+                        assert read is not None  # (not a plain queue, or no budget here)
+                        row = read(msg_id)
+                        assert row is not None, msg_id
+                        item = row
+                    assert not isinstance(item, tuple) or len(item) != _LAYOUT
+                    message = messages[msg_id] = _message(
+                        cast(AddMessage | MessageRow, item), message_of
+                    )
+                    used += message.size
+                run.append((message, rows[i + 1], rows[i + 2]))
                 i += ROW
-                continue
-            message = messages.get(msg_id)
-            if message is None:
-                item = None if bodiless else stored[msg_id]
-                if item is None or _bodiless(item):  # no body read at open: read now
-                    assert read is not None  # (not a plain queue, or no budget here)
-                    row = read(msg_id)
-                    assert row is not None, msg_id
-                    item = row
-                assert not isinstance(item, tuple) or len(item) != _LAYOUT
-                message = messages[msg_id] = _message(
-                    cast(AddMessage | MessageRow, item), message_of
-                )
-                used += message.size
-            run.append((message, rows[i + 1], rows[i + 2]))
-            i += ROW
     if run:
         refs, orphans = _restore_run(broker, run_queue, run, refs, orphans)
     for name, backlog in backlogs.items():
@@ -234,6 +249,17 @@ def _backlog(
     return JournalBacklog(
         read=read, materialise=materialise, ack=ack, open_tail=lambda: broker.page_store(queue)
     )
+
+
+def _run_rows(run: Run) -> array[int]:
+    """A run's references as rows (`ROW` longs each: id, count 0, no schedule, size):
+    for a queue that keeps every message in memory (last-value, ring, non-destructive:
+    recovery reads their bodies now)."""
+    rows = array("q")
+    ids, sizes = run.pack.ids, run.pack.sizes
+    for i in range(run.start, run.end):
+        rows.frombytes(_SIX(ids[i], 0, 0, sizes[i], 0, 0))
+    return rows
 
 
 def _bodiless(item: StoredMessage) -> bool:

@@ -28,7 +28,14 @@ from amqpbroker.core.records import (
 )
 from amqpbroker.store.codec import MessageLayout, MessageRow, add_message_of_row
 from amqpbroker.store.liveness import _WITH_MSG_ID, _ignore_dead, _LiveSet, _RefSlot
-from amqpbroker.store.locs import _SLOT_MASK, META, PACK_SHIFT
+from amqpbroker.store.locs import (
+    _SLOT_MASK,
+    _SPAN_SHIFT,
+    PACK_SHIFT,
+    Compact,
+    Run,
+    position,
+)
 
 # A live message as `_from_live` reads it: its record, or the open's row of it, or its
 # layout when the open left its body in the journal (`FileJournal(body_budget=)`).
@@ -65,8 +72,8 @@ class JournalState:
         # rows, resolved once instead of a copy of that index's slots; `apply` puts them
         # back in `_live` first.
         self._messages: dict[int, StoredMessage] | None = None
-        # Per queue, `ROW` longs a reference (`ref_arrays`).
-        self._rows: list[tuple[str, array[int]]] | None = None
+        # Per queue, its parts (`ref_parts`): `ROW` longs a reference, or runs.
+        self._rows: list[tuple[str, list[array[int] | Run]]] | None = None
         self._bodiless = 0  # messages `_from_live` left out of `_messages` (`BODILESS`)
 
     @classmethod
@@ -76,7 +83,7 @@ class JournalState:
         record_of: Callable[[Any], Record],
         max_msg_id: int,
         packed: Sequence[Any] = (),
-        metas: Sequence[Any] = (),
+        packs: Sequence[Any] = (),
     ) -> JournalState:
         """The state of a liveness index another reader built (the file journal's, at
         open, where every message has a reference), its items mapped back to their
@@ -88,9 +95,11 @@ class JournalState:
         read here inline rather than by a call per item (interpreted, a call costs ~1.5k
         instructions: a million messages, two each). A packed message the open left in
         its file (`locs.BODILESS`) gets no entry in `stored_messages()`: its body size,
-        first_ts and expiration (its pack's `meta`, in `metas`) go into its references'
-        rows (`ref_arrays`), which is all recovery keeps of it in a journal backlog
-        (issue 23, ninth pass: no object a message past the budget)."""
+        first_ts and expiration (its pack's `sizes` and `expiring`, by number in `packs`:
+        a first_ts of 0, an expiration early at worst) go into its references' rows, or
+        its reference into a `Run` (`ref_parts`), which is all recovery keeps of it in a
+        journal backlog (issue 23, ninth and tenth passes: no object, no row a message
+        past the budget)."""
         state = cls()
         state.max_msg_id = max_msg_id
         own = state._live
@@ -108,52 +117,63 @@ class JournalState:
             if not live.ref_counts.get(msg_id, 1):
                 continue
             if isinstance(item, int):
-                stored = packed[item >> PACK_SHIFT][item & _SLOT_MASK]
-                if isinstance(stored, int):  # `BODILESS`: its values go into its rows
+                stored = packed[item >> PACK_SHIFT].get(item & _SLOT_MASK)
+                if stored is None:  # `BODILESS`: its values go into its rows
                     bodiless += 1
                     continue
                 messages[msg_id] = stored
             else:
                 messages[msg_id] = record_of(item)
-        rows: list[tuple[str, array[int]]] = []
-        resolve: Callable[[Any], Any] = record_of  # AddRef, UpdateDeliveryCount, Scheduled...
-        for queue in sorted(live.refs):
-            held = live.refs[queue]
+        compact = live.compact
+        # Per queue that had pairs in the compact index, how many it still holds: the
+        # others' references are all in their dicts, in order (an evicted pair's are not);
+        # and how many of those are of messages left in their files (`BODILESS`).
+        counts: dict[str, int] = {}
+        left: dict[str, int] = {}
+        if compact is not None:
+            for pack in compact.packs:
+                kept = packed[pack.number]
+                ids, out, runs = pack.ids, pack.out, pack.queues
+                for k in range(len(runs)):
+                    first, name = runs[k]
+                    last = runs[k + 1][0] if k + 1 < len(runs) else len(ids)
+                    held_here = gone = 0
+                    for i in range(first, last):
+                        if out[i]:
+                            continue
+                        held_here += 1
+                        stored = kept.get(i << 1)
+                        if stored is None:  # `BODILESS`
+                            gone += 1
+                        else:
+                            messages[ids[i]] = stored
+                    counts[name] = counts.get(name, 0) + held_here
+                    if gone:
+                        left[name] = left.get(name, 0) + gone
+                        bodiless += gone
+        rows: list[tuple[str, list[array[int] | Run]]] = []
+        for queue in sorted(set(live.refs) | {q for q, n in counts.items() if n}):
+            held = live.refs.get(queue, {})
+            if queue in left:  # runs of the compact index's references, rows between
+                assert compact is not None
+                rows.append(
+                    (queue, _queue_parts(live, compact, queue, held, record_of, packed, packs))
+                )
+                continue
+            many = counts.get(queue, 0)
             # Its final size at once, written in place: no growth, no copy of it at the
             # peak (a 1M queue's is 48 MB).
-            out = array("q", _ZERO) * (len(held) * ROW)
-            view = memoryview(out).cast("B")
-            at_byte = 0
-            for msg_id, ref in held.items():
-                at_ms = 0
-                if isinstance(ref, int):  # a packed AddRef: its count (`frames.index_plain`)
-                    kept = packed[ref >> PACK_SHIFT]
-                    slot = ref & _SLOT_MASK
-                    count = kept[slot]
-                    if isinstance(kept[slot - 1], int):  # its pair's message, bodiless
-                        at = (slot >> 1) * META
-                        meta = metas[ref >> PACK_SHIFT]
-                        _ROW_INTO(
-                            view, at_byte, msg_id, count, 0, meta[at], meta[at + 1], meta[at + 2]
-                        )
-                        at_byte += _ROW_BYTES
-                        continue
-                elif not isinstance(ref, _RefSlot):
-                    count = _count(resolve(ref))
-                else:
-                    update, scheduled = ref.count, ref.scheduled
-                    count = _count(_resolve(packed, resolve, ref.add if update is None else update))
-                    at_ms = 0 if scheduled is None else resolve(scheduled).at_ms
-                size, first_ts, expiration_ms = -1, 0, 0
-                if msg_id not in messages:  # a bodiless packed message, not in its pair
-                    item = live.messages[msg_id]
-                    at = ((item & _SLOT_MASK) >> 1) * META
-                    meta = metas[item >> PACK_SHIFT]
-                    size, first_ts, expiration_ms = meta[at], meta[at + 1], meta[at + 2]
-                _ROW_INTO(view, at_byte, msg_id, count, at_ms, size, first_ts, expiration_ms)
-                at_byte += _ROW_BYTES
+            out_rows = array("q", _ZERO) * ((len(held) + many) * ROW)
+            view = memoryview(out_rows).cast("B")
+            if queue not in counts:  # the dicts alone, in their order (none evicted)
+                at_byte = 0
+                for msg_id, ref in held.items():
+                    at_byte = _ref_row(view, at_byte, live, msg_id, ref, record_of, packed, packs)
+            else:
+                assert compact is not None
+                at_byte = _merged_rows(view, live, compact, queue, held, record_of, packed, packs)
             view.release()
-            rows.append((queue, out))
+            rows.append((queue, [out_rows]))
         state._bodiless = bodiless
         state._messages, state._rows = messages, rows
         return state
@@ -295,11 +315,14 @@ class JournalState:
         """`ref_rows()` per queue (by name) as one `array('q')` each, `ROW` longs a
         reference: msg_id, delivery_count, scheduled_at_ms, then body size, first_ts and
         expiration_ms of a message left out of `stored_messages()` (`BODILESS`; a size of
-        -1 and zeros for the others): what recovery reads, no tuple a reference (issue 23,
-        ninth pass). Not a copy when `_from_live` made them: read them, do not change them."""
-        rows = self._rows
-        if rows is not None:
-            return rows
+        -1 and zeros for the others): no tuple a reference (issue 23, ninth pass). A
+        message the open left in its file has its size, a first_ts of 0 and its pack's
+        earliest expiration (early at worst): the pack keeps no more of it, its file
+        does (tenth pass). Not a copy when
+        `_from_live` made them and a queue is one array: read them, do not change them."""
+        parts = self._rows
+        if parts is not None:
+            return [(name, _flat(queue_parts)) for name, queue_parts in parts]
         arrays: dict[str, array[int]] = {}
         for name, msg_id, count, at_ms in self.ref_rows():
             out = arrays.get(name)
@@ -308,14 +331,46 @@ class JournalState:
             out.frombytes(_ROW(msg_id, count, at_ms, -1, 0, 0))
         return list(arrays.items())
 
+    def ref_parts(self) -> list[tuple[str, list[array[int] | Run]]]:
+        """Per queue (by name), its references in order as parts: `array('q')`s of rows
+        (`ref_arrays`' layout) and, for a journal opened with a body budget, `Run`s of
+        references of messages left in their files, whose ids and sizes are their packs'
+        (`store/locs.py`): what recovery reads, no row a reference for those (issue 23,
+        tenth pass). Not copies: read them, do not change them."""
+        parts = self._rows
+        if parts is not None:
+            return parts
+        return [(name, [rows]) for name, rows in self.ref_arrays()]
+
     @staticmethod
     def _tuples(
-        rows: list[tuple[str, array[int]]], queue: str | None
+        parts: list[tuple[str, list[array[int] | Run]]], queue: str | None
     ) -> Iterator[tuple[str, int, int, int]]:
-        for name, out in rows:
+        for name, queue_parts in parts:
             if queue is None or name == queue:
-                for i in range(0, len(out), ROW):
-                    yield name, out[i], out[i + 1], out[i + 2]
+                for part in queue_parts:
+                    if isinstance(part, Run):
+                        for msg_id in part.pack.ids[part.start : part.end]:
+                            yield name, msg_id, 0, 0
+                        continue
+                    for i in range(0, len(part), ROW):
+                        yield name, part[i], part[i + 1], part[i + 2]
+
+
+def _flat(parts: list[array[int] | Run]) -> array[int]:
+    """A queue's parts as one array of rows (`JournalState.ref_arrays`)."""
+    if len(parts) == 1 and not isinstance(parts[0], Run):
+        return parts[0]
+    out = array("q")
+    for part in parts:
+        if isinstance(part, Run):
+            sizes = part.pack.sizes
+            ids = part.pack.ids
+            for i in range(part.start, part.end):
+                out.frombytes(_ROW(ids[i], 0, 0, sizes[i], 0, part.expiring))
+        else:
+            out.extend(part)
+    return out
 
 
 _BODILESS_ERROR = "the journal was opened with a body budget: its bodies are in it"
@@ -324,6 +379,194 @@ _ROW: Final = struct.Struct("=6q").pack
 _ROW_INTO: Final = struct.Struct("=6q").pack_into
 _ROW_BYTES: Final = ROW * 8
 _ZERO: Final = (0,)
+
+
+def _ref_row(
+    view: memoryview,
+    at_byte: int,
+    live: _LiveSet[Any],
+    msg_id: int,
+    ref: Any,
+    record_of: Callable[[Any], Any],
+    packed: Sequence[Any],
+    packs_by_number: Sequence[Any],
+) -> int:
+    """Write the row of a reference the dicts hold (`_from_live`); where the next goes."""
+    at_ms = 0
+    if isinstance(ref, int):  # a packed AddRef: its count (`frames.index_plain`)
+        kept = packed[ref >> PACK_SHIFT]
+        slot = ref & _SLOT_MASK
+        count = kept.get(slot, 0)
+        pack = packs_by_number[ref >> PACK_SHIFT]
+        if slot - 1 not in kept and pack.spans[slot - 1] >= 0:  # its message, bodiless
+            _ROW_INTO(view, at_byte, msg_id, count, 0, pack.sizes[slot >> 1], 0, pack.expiring)
+            return at_byte + _ROW_BYTES
+    elif not isinstance(ref, _RefSlot):
+        count = _count(record_of(ref))
+    else:
+        update, scheduled = ref.count, ref.scheduled
+        count = _count(_resolve(packed, record_of, ref.add if update is None else update))
+        at_ms = 0 if scheduled is None else record_of(scheduled).at_ms
+    size, first_ts, expiration_ms = -1, 0, 0
+    item = live.messages[msg_id]
+    if isinstance(item, int) and (item & _SLOT_MASK) not in packed[item >> PACK_SHIFT]:
+        # a bodiless packed message, not in its pair
+        pack = packs_by_number[item >> PACK_SHIFT]
+        size, first_ts, expiration_ms = pack.sizes[(item & _SLOT_MASK) >> 1], 0, pack.expiring
+    _ROW_INTO(view, at_byte, msg_id, count, at_ms, size, first_ts, expiration_ms)
+    return at_byte + _ROW_BYTES
+
+
+def _merged_rows(
+    view: memoryview,
+    live: _LiveSet[Any],
+    compact: Compact,
+    queue: str,
+    held: dict[int, Any],
+    record_of: Callable[[Any], Any],
+    packed: Sequence[Any],
+    packs_by_number: Sequence[Any],
+) -> int:
+    """Write the rows of `queue`'s references, those of the compact index and those of
+    the dicts, in the order they were added: by the place of their first AddRef in the
+    files (`locs.position`; the open added them in file order, issue 23, tenth pass).
+    Where the rows end."""
+    packs = compact.all
+    first: dict[tuple[str, int], Any] = live.first_of or {}
+    pending: list[tuple[int, int]] = []
+    for msg_id, ref in held.items():
+        item = first.get((queue, msg_id))
+        if item is None:
+            item = ref.add if isinstance(ref, _RefSlot) else ref
+        pending.append((position(packs, item), msg_id))
+    pending.sort()
+    d = 0
+    at_byte = 0
+    for pack in compact.packs:
+        kept = packed[pack.number]
+        ids, out, runs, spans = pack.ids, pack.out, pack.queues, pack.spans
+        number = pack.seg.number << 40
+        for k in range(len(runs)):
+            start, name = runs[k]
+            if name != queue:
+                continue
+            last = runs[k + 1][0] if k + 1 < len(runs) else len(ids)
+            for i in range(start, last):
+                if out[i]:
+                    continue
+                slot = i << 1 | 1
+                if d < len(pending):
+                    span: int = spans[slot]
+                    here = number | span >> _SPAN_SHIFT
+                    while d < len(pending) and pending[d][0] < here:
+                        msg_id = pending[d][1]
+                        at_byte = _ref_row(
+                            view, at_byte, live, msg_id, held[msg_id], record_of, packed, packs
+                        )
+                        d += 1
+                msg_id = ids[i]
+                count = kept.get(slot, 0)
+                if slot - 1 not in kept:  # bodiless
+                    _ROW_INTO(view, at_byte, msg_id, count, 0, pack.sizes[i], 0, pack.expiring)
+                else:
+                    _ROW_INTO(view, at_byte, msg_id, count, 0, -1, 0, 0)
+                at_byte += _ROW_BYTES
+    while d < len(pending):
+        msg_id = pending[d][1]
+        at_byte = _ref_row(view, at_byte, live, msg_id, held[msg_id], record_of, packed, packs)
+        d += 1
+    return at_byte
+
+
+def _queue_parts(
+    live: _LiveSet[Any],
+    compact: Compact,
+    queue: str,
+    held: dict[int, Any],
+    record_of: Callable[[Any], Any],
+    packed: Sequence[Any],
+    packs_by_number: Sequence[Any],
+) -> list[array[int] | Run]:
+    """`queue`'s references as `_merged_rows` orders them, where some messages were left
+    in their files: each stretch of compact pairs of such messages with a count of 0 as a
+    `Run` (no row: a journal backlog reads their ids and sizes from the pack), rows for
+    the rest, between (issue 23, tenth pass)."""
+    packs = compact.all
+    first: dict[tuple[str, int], Any] = live.first_of or {}
+    pending: list[tuple[int, int]] = []
+    for msg_id, ref in held.items():
+        item = first.get((queue, msg_id))
+        if item is None:
+            item = ref.add if isinstance(ref, _RefSlot) else ref
+        pending.append((position(packs, item), msg_id))
+    pending.sort()
+    parts: list[array[int] | Run] = []
+    buf = bytearray()
+    scratch = bytearray(_ROW_BYTES)
+    row_view = memoryview(scratch)
+    run: Run | None = None
+    d = 0
+    for pack in compact.packs:
+        kept = packed[pack.number]
+        ids, out, runs, spans = pack.ids, pack.out, pack.queues, pack.spans
+        number = pack.seg.number << 40
+        for k in range(len(runs)):
+            start, name = runs[k]
+            if name != queue:
+                continue
+            last = runs[k + 1][0] if k + 1 < len(runs) else len(ids)
+            for i in range(start, last):
+                if out[i]:
+                    continue
+                slot = i << 1 | 1
+                if d < len(pending):
+                    span: int = spans[slot]
+                    here = number | span >> _SPAN_SHIFT
+                    while d < len(pending) and pending[d][0] < here:
+                        if run is not None:
+                            parts.append(run)
+                            run = None
+                        msg_id = pending[d][1]
+                        _ref_row(row_view, 0, live, msg_id, held[msg_id], record_of, packed, packs)
+                        buf += scratch
+                        d += 1
+                count = kept.get(slot, 0)
+                bodiless = slot - 1 not in kept
+                if bodiless and count == 0:  # a run
+                    if run is not None and run.pack is pack and run.end == i:
+                        run.end = i + 1
+                    else:
+                        if run is not None:
+                            parts.append(run)
+                        elif buf:
+                            parts.append(_rows_of(buf))
+                            buf = bytearray()
+                        run = Run(pack, i, i + 1, pack.expiring)
+                    continue
+                if run is not None:
+                    parts.append(run)
+                    run = None
+                msg_id = ids[i]
+                if bodiless:  # counted
+                    buf += _ROW(msg_id, count, 0, pack.sizes[i], 0, pack.expiring)
+                else:
+                    buf += _ROW(msg_id, count, 0, -1, 0, 0)
+    if run is not None:
+        parts.append(run)
+    while d < len(pending):
+        msg_id = pending[d][1]
+        _ref_row(row_view, 0, live, msg_id, held[msg_id], record_of, packed, packs)
+        buf += scratch
+        d += 1
+    if buf:
+        parts.append(_rows_of(buf))
+    return parts
+
+
+def _rows_of(buf: bytearray) -> array[int]:
+    rows = array("q")
+    rows.frombytes(buf)
+    return rows
 
 
 def _record_of_row(stored: MessageRow | MessageLayout) -> AddMessage:
@@ -337,7 +580,7 @@ def _record_of_row(stored: MessageRow | MessageLayout) -> AddMessage:
 def _resolve(packed: Sequence[Any], record_of: Callable[[Any], Any], item: Any) -> Any:
     """`_from_live`'s record of an item, a packed record's handle or another item."""
     if isinstance(item, int):
-        return packed[item >> PACK_SHIFT][item & _SLOT_MASK]
+        return packed[item >> PACK_SHIFT].get(item & _SLOT_MASK, 0)
     return record_of(item)
 
 

@@ -30,6 +30,7 @@ from amqpbroker.core.records import (
 from amqpbroker.protocol import message_of
 from amqpbroker.store import FileJournal
 from amqpbroker.store.backlog import JournalBacklog
+from amqpbroker.store.locs import Run
 from amqpbroker.store.paging import PageFiles
 from amqpbroker.store.recovery import recover
 
@@ -360,20 +361,45 @@ def test_a_purge_on_no_consumers_cut_by_a_crash_leaves_each_message_purged_or_th
     again.close()
 
 
-def test_the_backlog_takes_the_rows_of_recovery_without_a_copy(tmp_path: Path) -> None:
-    """Issue 23, ninth pass: the references past the budget, all left in the journal by
-    the open, become the backlog's as the rows recovery read them in (`ref_arrays`,
-    `JournalBacklog.adopt`): no second array of them at the peak; they drain the same."""
+def test_the_backlog_takes_the_runs_of_recovery_without_a_row(tmp_path: Path) -> None:
+    """Issue 23, ninth and tenth passes: the references past the budget, all left in the
+    journal by the open, become the backlog's as the runs of the compact index recovery
+    read them in (`ref_parts`, `JournalBacklog.adopt_run`): no row a reference at the
+    peak, their ids and sizes the packs'; they drain the same."""
     _write(tmp_path / "journal")
     journal = _journal(tmp_path / "journal", body_budget=BUDGET)
     h = Harness({"#": AddressSettings.of()}, global_max_size=BUDGET)
     h.broker.enable_persistence(Persistence(journal))
     state = journal.state()
-    rows = dict(state.ref_arrays())["q"]
+    parts = dict(state.ref_parts())["q"]
+    runs = [part for part in parts if isinstance(part, Run)]
+    assert runs
+    assert sum(len(run) for run in runs) > N // 2
     recovered = recover(h.broker, state, message_of, read=journal.read_message, budget=BUDGET)
     backlog = h.queue("q").pages
     assert isinstance(backlog, JournalBacklog)
-    assert backlog.refs is rows
+    assert all(any(part is run for part in backlog._parts) for run in runs)
     assert recovered.refs == N
     assert h.queue("q").message_count == N
     journal.close()
+
+
+def test_a_backlog_of_runs_and_rows_reads_back_in_order_with_its_oldest_ts(
+    tmp_path: Path,
+) -> None:
+    """Issue 23, tenth pass: the messages counted and scheduled after their pairs (N-7,
+    N-9) leave the compact index, so the backlog is runs with rows between them; the
+    oldest timestamp of a run's head is read from its file (first_ts = id here), and
+    the whole drains in order with the counts (B-095) and without the scheduled one."""
+    _write(tmp_path / "journal")
+    r = _Restarted(tmp_path)
+    backlog = r.h.queue("q").pages
+    assert isinstance(backlog, JournalBacklog)
+    kinds = ["run" if isinstance(part, Run) else "rows" for part in backlog._parts]
+    assert kinds[-3:] == ["run", "rows", "run"]  # ..., N-9 (rows), N-8, N-7 (rows), ...
+    assert "run" in kinds
+    assert backlog.oldest_ts() == backlog._id(backlog._next)  # (first_ts = id)
+    got = r.drain()
+    assert got == _expected(range(1, N + 1))
+    assert backlog.oldest_ts() is None
+    r.close()

@@ -431,6 +431,19 @@ def test_props_are_off_and_body_hash_keyed_by_default(tmp_path: Path) -> None:
     assert {r["body_hash"] for r in records(events)} == {first["body_hash"]}
 
 
+@pytest.mark.parametrize("key_bytes", [16, 32, 63, 64, 65, 200])
+def test_the_precomputed_hmac_is_hmac_sha256(key_bytes: int) -> None:
+    """Issue 20: the writer process hashes a body from the key's two precomputed SHA-256
+    states (`child.hmac_pads`) instead of `hmac.digest` (half its CPU); the hash must stay
+    HMAC-SHA-256 for any key length a key file may hold (longer than a block: hashed)."""
+    key = bytes(range(key_bytes))
+    for body in (b"", b"x", b"y" * 1024, bytes(range(256)) * 40):
+        inner, outer = child.hmac_pads(key)
+        inner.update(body)
+        outer.update(inner.digest())
+        assert outer.hexdigest() == hmac.digest(key, body, "sha256").hex()
+
+
 def test_body_hash_false_writes_null(tmp_path: Path) -> None:
     """`body-hash: false`: no hash, no key file."""
     w = writer(tmp_path / "events", body_hash=False)
@@ -796,7 +809,7 @@ def test_the_writer_process_module_loads_no_broker_code() -> None:
     code = (
         "import sys\n"
         "sys.argv = ['child', '{}']\n"
-        "import amqpbroker.eventlog.child\n"
+        "import amqpbroker.eventlog.__main__\n"
         "print(sorted(m for m in sys.modules if m.startswith('amqpbroker')))\n"
     )
     env = writer_module._child_env()
@@ -808,6 +821,7 @@ def test_the_writer_process_module_loads_no_broker_code() -> None:
     assert "amqpbroker.eventlog.child" in loaded
     assert loaded <= {
         "amqpbroker",
+        "amqpbroker.eventlog.__main__",  # the launcher (issue 20)
         "amqpbroker.amqp",  # the codec: read lazily, for props and message ids
         "amqpbroker.amqp.sections",
         "amqpbroker.eventlog",
@@ -815,7 +829,7 @@ def test_the_writer_process_module_loads_no_broker_code() -> None:
         "amqpbroker.eventlog.frames",
         "amqpbroker.eventlog.retention",
     }, loaded
-    assert child.__name__ == writer_module.CHILD_MODULE
+    assert writer_module.CHILD_MODULE == "amqpbroker.eventlog"  # the launcher of `child`
 
 
 def test_events_carry_the_time_of_their_call_into_the_broker() -> None:

@@ -61,9 +61,6 @@ HOT_MODULES = [
     "amqpbroker/store/state.py",
     "amqpbroker/store/recovery.py",
     "amqpbroker/core/totals.py",  # `BrokerStats.routed += 1` per message: native (issue 20)
-    # The event-log writer process's per-event formatting (issue 20): run through its
-    # launcher `eventlog/__main__.py`, as `python -m` cannot run an extension module.
-    "amqpbroker/eventlog/child.py",
 ]
 
 # Hand-written C beside mypyc's, built with it (the same compiler, no other dependency):

@@ -1,8 +1,7 @@
 """CPU of the event-log writer process per 10,000 queue messages (issue 20, B-170).
 
-Feeds frames through the writer process alone (`python -m amqpbroker.eventlog.child`, or
-`python -m amqpbroker.eventlog` when that runs the compiled build's launcher) and prints
-its user+system CPU-seconds (os.wait4: not wall time, which the machine's load makes
+Feeds frames through the writer process alone (`python -m amqpbroker.eventlog.child`) and
+prints its user+system CPU-seconds (os.wait4: not wall time, which the machine's load makes
 meaningless), per 10,000 messages, median of REPS runs. The frames are what the broker
 sends for the queue scenario (`make bench`'s): per message `sent`, `enqueued`,
 `dispatched` (each carrying the message's bytes, once per frame) and `acked` (`KNOWN`),
@@ -10,8 +9,12 @@ sends for the queue scenario (`make bench`'s): per message `sent`, `enqueued`,
 shipped settings (level lifecycle, `body-hash: keyed`, compress). FRAMES=path replays a
 capture of the broker's pipe instead (raw stdin bytes of the writer process).
 
-    PYTHON=/tmp/cv-NAME/bin/python N=30000 REPS=3 python3 bench/eventlog_writer.py
+    PYTHON=.venv/bin/python N=30000 REPS=3 python3 bench/eventlog_writer.py
+    VERBOSE=1 ...           # user and system CPU-seconds apart
     COMPRESS=0 ...          # rotated files not gzipped
+    WRAP="valgrind --tool=callgrind --callgrind-out-file=/tmp/cg.%p" N=3000 REPS=1 ...
+        # instructions instead of CPU-s (noise-free under load): the difference between
+        # N=3000 and N=6000 runs, over 3000, is the writer's instructions a message
 
 It prints one line per run and the median; the written files are checked to hold N*4
 lines (a writer that dropped events would look cheap).
@@ -36,6 +39,7 @@ PYTHON = os.environ.get("PYTHON", sys.executable)
 FRAMES = os.environ.get("FRAMES")
 COMPRESS = os.environ.get("COMPRESS", "1") != "0"
 MODULE = os.environ.get("MODULE", "amqpbroker.eventlog.child")
+WRAP = os.environ.get("WRAP", "").split()  # e.g. WRAP="valgrind --tool=callgrind"
 PER_FRAME = 950  # messages a frame (~3,800 events: a loaded broker's loop turn)
 KNOWN = 0
 
@@ -63,7 +67,7 @@ def _message(seq: int, ts: int) -> bytes:
 def synthetic(n: int) -> bytes:
     """The broker's frames for `n` queue messages, framed as `eventlog.frames` does."""
     address = "bench.queue.1795943097001"
-    sent = ((("sent", (address, None, None), ("amqp-cgen-send-1-2", None), None)),)[0]
+    sent = ("sent", (address, None, None), ("amqp-cgen-send-1-2", None), None)
     enq = ("enqueued", (address, address, "ANYCAST"), None, "route")
     disp = ("dispatched", (address, address, "ANYCAST"), ("amqp-cgen-recv-1-3", "recv"), None)
     acked = ("acked", (address, address, "ANYCAST"), ("amqp-cgen-recv-1-3", "recv"), None)
@@ -108,7 +112,7 @@ def run_once(frames: bytes, directory: Path) -> tuple[float, int]:
     source.write_bytes(frames)
     with source.open("rb") as stdin:
         proc = subprocess.Popen(
-            [PYTHON, "-m", MODULE, json.dumps(config)],
+            [*WRAP, PYTHON, "-m", MODULE, json.dumps(config)],
             stdin=stdin,
             stdout=subprocess.DEVNULL,
             cwd=directory,
@@ -122,6 +126,8 @@ def run_once(frames: bytes, directory: Path) -> tuple[float, int]:
         opener = gzip.open if path.name.endswith(".gz") else open
         with opener(path, "rb") as f:
             lines += sum(1 for _ in f)
+    if os.environ.get("VERBOSE"):
+        print(f"  user {usage.ru_utime:.3f} system {usage.ru_stime:.3f}")
     return usage.ru_utime + usage.ru_stime, lines
 
 

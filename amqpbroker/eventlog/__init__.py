@@ -2,7 +2,7 @@
 operation.
 
 * `writer.py`: the loop side, `EventLogWriter` (hand-off, bounds, counts);
-* `child.py`: the writer process (`python -m amqpbroker.eventlog`, `__main__.py`): formatting,
+* `child.py`: the writer process (`python -m amqpbroker.eventlog.child`): formatting,
   files, gzip, the disk budget;
 * `frames.py`: the one frame format between them, both ways;
 * `retention.py`: which files to delete (pure).

@@ -1,8 +1,7 @@
 """The event-log writer process: frames of lifecycle events in, JSON lines out (B-170).
 
-`writer.EventLogWriter.start()` runs this module (`python -m amqpbroker.eventlog`, whose
-`__main__` calls `run()`: compiled with mypyc, this module cannot be run with `-m`) in a
-child process, so that formatting (~4 µs a line, four lines per delivered message)
+`writer.EventLogWriter.start()` runs this module (`python -m amqpbroker.eventlog.child`)
+in a child process, so that formatting (~4 µs a line, four lines per delivered message)
 never competes with the broker's event loop for the GIL. It imports only the standard
 library, `amqp.sections`, `frames` (the frame format, shared with the broker) and
 `retention` (the retention decision, standard library only): it starts in well under a
@@ -166,20 +165,6 @@ def _s(value: str | None) -> str:
 
 def _n(value: int | None) -> str:
     return "null" if value is None else str(int(value))
-
-
-def _only_target_queues(extra: tuple[Any, ...]) -> bool:
-    """Whether a RawEvent's rare fields hold target_queues only (a `sent` event)."""
-    return (
-        extra[2] is not None
-        and extra[0] is None
-        and extra[1] is None
-        and extra[3] is None
-        and extra[4] is None
-        and extra[5] is None
-        and extra[6] is None
-        and extra[7] is None
-    )
 
 
 def _message_id_json(data: bytes) -> str | None:
@@ -464,30 +449,55 @@ class ChildWriter:
 
         The common case (sent, enqueued, dispatched, acked: ~4 lines a message) is cached
         texts around ts, seq and the count, inline in this loop: a call per line was a
-        tenth of the writer's CPU.
+        tenth of the writer's CPU. Numbers as `{ts}`, not `{ts:d}`: a format spec costs
+        ~0.5 us a line (issue 20), and they are plain ints (marshal; `frames._plain`).
         """
         lines: list[str] = []
         append = lines.append
         messages = self._messages
         shapes = self._shapes
         info = self._info
+        # Texts by id(shape) for this frame: its events hold the shapes (so no id is
+        # reused meanwhile), and the broker sends one tuple per shape, so this skips
+        # hashing and comparing the nested tuple for most lines (issue 20).
+        by_id: dict[int, tuple[str, str, str]] = {}
         for seq, (shape, ts, part, delivery_count, extra) in enumerate(events, first_seq):
             data = part[4]
             if type(data) is bytes and part[0] not in info:
                 # Its bytes came (again): what they say is kept from this seq (`_info`).
                 self._message_info(part[0], data, part[2])
-            if data is None or not (extra is None or _only_target_queues(extra)):
+            if data is None:
+                append(self._line(seq, shape, ts, part, delivery_count, extra))
+                continue
+            if extra is None:
+                texts = by_id.get(id(shape))
+                if texts is None:
+                    texts = shapes.get(shape)
+                    if texts is None:
+                        texts = self._cache_shape(shape, shape, None)
+                    by_id[id(shape)] = texts
+            elif (  # only target_queues: a `sent` event (inline: a call a line costs)
+                extra[2] is not None
+                and extra[0] is None
+                and extra[1] is None
+                and extra[3] is None
+                and extra[4] is None
+                and extra[5] is None
+                and extra[6] is None
+                and extra[7] is None
+            ):
+                key = (shape, extra[2])
+                texts = shapes.get(key)
+                if texts is None:
+                    texts = self._cache_shape(key, shape, extra[2])
+            else:
                 append(self._line(seq, shape, ts, part, delivery_count, extra))
                 continue
             message = messages.get(part[0])
             if message is None:
                 message = self._cache_message(*part)
-            key = shape if extra is None else (shape, extra[2])
-            texts = shapes.get(key)
-            if texts is None:
-                texts = self._cache_shape(key, shape, None if extra is None else extra[2])
             append(
-                f'{{"ts":{ts:d},"seq":{seq:d},{texts[0]}{message[0]}{texts[1]}{message[1]}'
+                f'{{"ts":{ts},"seq":{seq},{texts[0]}{message[0]}{texts[1]}{message[1]}'
                 f'"delivery_count":{"null" if delivery_count is None else delivery_count},'
                 f"{texts[2]}{message[2]}"
             )
@@ -553,9 +563,9 @@ class ChildWriter:
         """The text of `_format`'s common line that depends only on the message."""
         amqp_json, props, body_hash = self._message_info(msg_id, data, size)
         text = (
-            f'"broker":{self.broker_json},"msg_id":{msg_id:d},"amqp_message_id":{amqp_json},',
-            f'"durable":{"true" if durable else "false"},"size":{size:d},',
-            f'"first_ts":{first_ts:d},"error_condition":null,"error_description":null,'
+            f'"broker":{self.broker_json},"msg_id":{msg_id},"amqp_message_id":{amqp_json},',
+            f'"durable":{"true" if durable else "false"},"size":{size},',
+            f'"first_ts":{first_ts},"error_condition":null,"error_description":null,'
             f'"props":{props},"body_hash":{body_hash}}}\n',
         )
         cache = self._messages

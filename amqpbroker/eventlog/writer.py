@@ -97,7 +97,7 @@ NO_FILES: DiskFigures = (0, 0, None, 0, 0, 0, 0)  # before the writer process re
 
 Schedule = Callable[[float, Callable[[], None]], object]
 Soon = Callable[[Callable[[], None]], object]
-CHILD_MODULE = "amqpbroker.eventlog"  # its `__main__`: runs `child.run()`
+CHILD_MODULE = "amqpbroker.eventlog.child"
 
 
 def _child_env() -> dict[str, str]:

@@ -35,7 +35,9 @@ from typing import Any
 
 N = int(os.environ.get("N", "30000"))
 REPS = int(os.environ.get("REPS", "3"))
-PYTHON = os.path.abspath(os.environ.get("PYTHON", sys.executable))  # it runs in a temp dir
+PYTHON = os.environ.get("PYTHON", sys.executable)
+if os.sep in PYTHON:
+    PYTHON = os.path.abspath(PYTHON)  # the writer runs in a temp dir
 FRAMES = os.environ.get("FRAMES")
 COMPRESS = os.environ.get("COMPRESS", "1") != "0"
 MODULE = os.environ.get("MODULE", "amqpbroker.eventlog.child")

@@ -431,6 +431,19 @@ def test_props_are_off_and_body_hash_keyed_by_default(tmp_path: Path) -> None:
     assert {r["body_hash"] for r in records(events)} == {first["body_hash"]}
 
 
+@pytest.mark.parametrize("key_bytes", [16, 32, 63, 64, 65, 200])
+def test_the_precomputed_hmac_is_hmac_sha256(key_bytes: int) -> None:
+    """Issue 20: the writer process hashes a body from the key's two precomputed SHA-256
+    states (`child.hmac_pads`) instead of `hmac.digest` (half its CPU); the hash must stay
+    HMAC-SHA-256 for any key length a key file may hold (longer than a block: hashed)."""
+    key = bytes(range(key_bytes))
+    for body in (b"", b"x", b"y" * 1024, bytes(range(256)) * 40):
+        inner, outer = child.hmac_pads(key)
+        inner.update(body)
+        outer.update(inner.digest())
+        assert outer.hexdigest() == hmac.digest(key, body, "sha256").hex()
+
+
 def test_body_hash_false_writes_null(tmp_path: Path) -> None:
     """`body-hash: false`: no hash, no key file."""
     w = writer(tmp_path / "events", body_hash=False)
@@ -1370,3 +1383,46 @@ def test_a_frame_dropped_in_the_broker_makes_the_emitter_send_the_bytes_again(
     w.close()
     assert calls == [1]
     assert w.dropped_total == 3
+
+
+def test_the_fast_lines_are_the_generic_lines_byte_for_byte(tmp_path: Path) -> None:
+    """Issue 20: `_format`'s common line (cached texts; a frame's shape texts found by
+    `id(shape)`, `{ts}` without a format spec) must be the bytes `_line`, the one generic
+    B-170 template, writes: for shared shape tuples, an equal shape in another tuple, a
+    `sent` with target queues, two frames reusing a shape, a redelivery count."""
+    from amqpbroker.eventlog.child import ChildWriter
+
+    config = {
+        "directory": str(tmp_path / "events"),
+        "broker": "b1",
+        "properties": [],
+        "body_hash": "keyed",
+        "body_key_file": str(tmp_path / "key"),
+        "max_file_bytes": 1 << 20,
+        "max_file_age": 60_000,
+        "min_free_bytes": None,
+    }
+    fast = ChildWriter(config, report=lambda: None)
+    generic = ChildWriter(config, report=lambda: None)
+    sent = event("sent", target_queues=("q1", "q2"), connection="c1", link="l1")
+    enqueued = event("enqueued", queue="q1", routing_type="ANYCAST", reason="route")
+    dispatched = event("dispatched", queue="q1", routing_type="ANYCAST", link="l2")
+    shape_twin = tuple(list(dispatched[0]))  # equal to dispatched's shape, another tuple
+    frames: list[list[RawEvent]] = [[], []]
+    for msg_id in range(1, 7):
+        data = encoded(body=b"x" * msg_id, id=f"m{msg_id}")
+        part = (msg_id, msg_id % 2 == 0, len(data), 1_700_000_000_000 + msg_id, data)
+        frame = frames[msg_id // 4]
+        frame.append((sent[0], 10 + msg_id, part, None, sent[4]))
+        frame.append((enqueued[0], 11 + msg_id, part, None, None))
+        shape = shape_twin if msg_id == 5 else dispatched[0]
+        frame.append((shape, 12 + msg_id, part, msg_id % 3, None))
+    seq = 1
+    for frame in frames:
+        lines = fast._format(seq, frame).encode()
+        expected = "".join(
+            generic._line(s, shape, ts, part, count, extra)
+            for s, (shape, ts, part, count, extra) in enumerate(frame, seq)
+        ).encode()
+        assert lines == expected
+        seq += len(frame)

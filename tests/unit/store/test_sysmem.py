@@ -96,3 +96,35 @@ def test_the_returner_collects_and_trims_after_connections_that_dropped_transfer
     assert returner.check(500)
     assert (returner.collections, len(calls)) == (2, 2)
     assert not returner.check(500)
+
+
+def test_a_trim_before_a_walk_frees_does_not_take_its_drop_with_it() -> None:
+    """Issue 23, the purge test that failed at load ~20 (RSS at its peak for good): a
+    walk's accounting falls slice by slice, its queue frees what it took only at its
+    end. A periodic check between the last slice that killed and the one that frees
+    trimmed (nothing freed yet) and moved the only mark to 0, so the walk's end found no
+    drop and nothing trimmed after the frees. The ended rule has its own mark."""
+    calls: list[int] = []
+    returner = sysmem.MemoryReturner(threshold_bytes=100, settled_bytes=10)
+    returner._trim = lambda: calls.append(1) or True
+    assert not returner.check(500)  # the backlog, at a periodic check
+    assert returner.check(0)  # mid-walk: all killed, nothing freed yet (falling rule)
+    assert returner.check(0)  # a second check, still mid-walk: settled, trimmed again
+    assert returner.check(0, ended=True)  # the walk freed it all: trimmed after the frees
+    assert not returner.check(0, ended=True)  # once: the next walk took nothing
+    assert not returner.check(0)
+    assert len(calls) == 3
+
+
+def test_the_settled_rule_is_not_consumed_by_a_trim_while_falling() -> None:
+    """The last part of a drain goes back once it stops, after a falling-rule trim
+    in the middle of it (each rule measures from its own mark)."""
+    calls: list[int] = []
+    returner = sysmem.MemoryReturner(threshold_bytes=100, settled_bytes=10)
+    returner._trim = lambda: calls.append(1) or True
+    assert not returner.check(500)
+    assert returner.check(380)  # falling by 120: trimmed, the falling mark is 380
+    assert not returner.check(330)  # falling by 50 more
+    assert returner.check(330)  # stopped: trimmed (the settled rule's mark is 500)
+    assert not returner.check(330)
+    assert len(calls) == 2

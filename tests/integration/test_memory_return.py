@@ -44,8 +44,8 @@ N = 50_000 * SCALE  # 1 KiB messages held in memory (global-max-size is far abov
 
 
 def test_rss_comes_back_after_a_purge_of_a_large_backlog(tmp_path: Path) -> None:
-    """A 50 MiB in-memory backlog raises RSS by more than its size; after a purge over
-    HTTP RSS falls back to within a few MiB of where it started, within seconds."""
+    """A 50 MiB in-memory backlog raises RSS by more than its size; when a purge over
+    HTTP answers, RSS is back within 16 MiB of where it started (issue 23)."""
     broker = start_broker(
         tmp_path,
         HELD_IN_MEMORY,
@@ -64,11 +64,12 @@ def test_rss_comes_back_after_a_purge_of_a_large_backlog(tmp_path: Path) -> None
         )
         with urllib.request.urlopen(request, timeout=30) as response:
             assert json.loads(response.read())["removed"] == N
-        wait_until(
-            lambda: broker.rss_bytes() - before < 16 * 1024 * 1024,
-            timeout=RETURN_SECONDS,
-            message=f"RSS back near {before} (peak {peak})",
-        )
+        # No wait: the trim runs when the walk has ended, before the reply is sent, and
+        # no earlier trim can take the purge's drop with it (a periodic check between
+        # the slice that killed the last message and the one that freed them did: RSS
+        # stayed at its peak for good at load ~20; `MemoryReturner`'s ended rule).
+        after = broker.rss_bytes()
+        assert after - before < 16 * 1024 * 1024, f"RSS {before} -> {peak} -> {after}"
     finally:
         broker.stop()
 

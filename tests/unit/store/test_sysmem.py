@@ -128,3 +128,25 @@ def test_the_settled_rule_is_not_consumed_by_a_trim_while_falling() -> None:
     assert returner.check(330)  # stopped: trimmed (the settled rule's mark is 500)
     assert not returner.check(330)
     assert len(calls) == 2
+
+
+def test_a_purge_is_given_back_after_its_queue_let_go_whenever_checks_come() -> None:
+    """Issue 23, the same race through a real purge walk: the server's periodic checks
+    may come between any two slices (here two between each), the last check is the
+    walk's end (`ended`). The last trim must come after the queue dropped what it took
+    (its containers rebuilt at the walk's end), or RSS stays at its peak."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    for _ in range(10 * ops.SLICE_MESSAGES):  # the last kill ends a slice: compact is next
+        h.send(target, b"x" * 1024)
+    queue = h.queue("q")
+    trims: list[tuple[int, int]] = []  # (queued bytes, references the queue holds) at each
+    returner = sysmem.MemoryReturner(threshold_bytes=1 << 20, settled_bytes=1 << 16)
+    returner._trim = lambda: trims.append((h.broker.memory_bytes, len(queue._fresh[4]))) or True
+    assert not returner.check(h.broker.memory_bytes)
+    walk = ops.purge_walk(h.broker, "q")
+    while not walk.step():
+        returner.check(h.broker.memory_bytes)
+        returner.check(h.broker.memory_bytes)
+    assert returner.check(h.broker.memory_bytes, ended=True)
+    assert trims[-1] == (0, 0)

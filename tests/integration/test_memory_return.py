@@ -77,11 +77,12 @@ def test_rss_comes_back_after_a_purge_of_a_large_backlog(tmp_path: Path) -> None
 def test_rss_comes_back_after_a_drain_of_a_large_backlog(tmp_path: Path) -> None:
     """Issue 23 ("memory that a purge, a drain ... frees comes back to the system within
     a bounded time"), the drain: a consumer takes a 25 MiB in-memory backlog; within
-    seconds RSS gives back most of what the backlog took (the server's engine timer
-    calls the returner, not only a management command; once the drain stops, what it
-    freed below the returner's threshold goes back too). Measured with 50 MiB: 52 MB
-    before, 120 MB at the peak, 73 MB after (the rest is not free heap: a trim then
-    gives back < 1 MB)."""
+    seconds RSS is back within 8 MiB of where it was (the server's engine timer calls
+    the returner, not only a management command; once the drain stops, what it freed
+    below the returner's threshold goes back too, and once little is queued the
+    consumer's closed connection is collected). Measured with 50 MiB before the
+    collection: 52 MB before, 120 MB at the peak, 73 MB after; 300k drained: 42.5 ->
+    491.6 -> 60.3 MiB, 44.8 after a collection."""
     broker = start_broker(
         tmp_path,
         HELD_IN_MEMORY,
@@ -96,10 +97,10 @@ def test_rss_comes_back_after_a_drain_of_a_large_backlog(tmp_path: Path) -> None
         peak = broker.rss_bytes()
         assert peak - before > n * 1024  # held in memory: ~1.4x the bodies
         assert bulk.receive(broker.url, "q", n) == list(range(n))
-        wait_until(
-            lambda: broker.rss_bytes() - before < (peak - before) // 2,
+        wait_until(  # two checks a second apart, and a collection at most every 10 s
+            lambda: broker.rss_bytes() - before < 8 * 1024 * 1024,
             timeout=RETURN_SECONDS,
-            message=f"RSS back near {before} (peak {peak})",
+            message=f"RSS back near {before} (peak {peak}, now {broker.rss_bytes()})",
         )
     finally:
         broker.stop()

@@ -60,7 +60,8 @@ def main() -> None:
             print(f"N={n} MODE={mode}: RSS before {before / MIB:.1f} MiB")
             started = time.monotonic()
             amqp = [cgen, "-u", host, "-a", "q", "-n", str(n), "-C", "queue"]
-            subprocess.run([*amqp[:1], "send", *amqp[1:], "-s", "1024"], check=True)
+            quiet = {"check": True, "stdout": subprocess.DEVNULL}
+            subprocess.run([*amqp[:1], "send", *amqp[1:], "-s", "1024"], **quiet)
             peak = broker.rss_bytes()
             print(
                 f"  sent in {time.monotonic() - started:.1f} s: RSS {peak / MIB:.1f} MiB, "
@@ -79,7 +80,7 @@ def main() -> None:
                     removed = json.loads(response.read())["removed"]
                 print(f"  purged {removed} in {time.monotonic() - started:.1f} s")
             else:
-                subprocess.run([*amqp[:1], "recv", *amqp[1:]], check=True)
+                subprocess.run([*amqp[:1], "recv", *amqp[1:]], **quiet)
                 print(f"  drained in {time.monotonic() - started:.1f} s")
             started = time.monotonic()
             while (elapsed := time.monotonic() - started) <= watch_s:

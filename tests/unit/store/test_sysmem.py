@@ -3,8 +3,12 @@ freed memory back (`store/sysmem.py`)."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 from amqpbroker.core import AddressSettings
 from amqpbroker.core import operations as ops
+from amqpbroker.management.api import LoopBridge
 from amqpbroker.store import sysmem
 from tests.support.core_harness import Harness
 
@@ -185,3 +189,31 @@ def test_the_returner_collects_after_any_closed_connection_once_little_is_queued
     assert returner.check(100)
     assert (returner.collections, len(calls)) == (2, 3)
     assert not returner.check(100)
+
+
+def test_the_bridge_checks_a_walk_after_its_last_effects_went_out() -> None:
+    """Issue 23: the server's memory check at a walk's end (`walked`) comes after the
+    walk's last slice's effects were applied (`after_slice`), so what they held is freed
+    before the trim, not after it."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    for _ in range(3 * ops.SLICE_MESSAGES):
+        h.send(target, b"x")
+    calls: list[str] = []
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        bridge = LoopBridge(
+            loop,
+            after=lambda: calls.append("after"),
+            after_slice=lambda: calls.append("slice"),
+            walked=lambda: calls.append("walked"),
+        )
+        assert bridge.walk(lambda: ops.purge_walk(h.broker, "q"), lambda n: n) == 1500
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+    assert calls[-2:] == ["slice", "walked"]
+    assert calls.count("walked") == 1

@@ -24,13 +24,12 @@ SCALE = int(os.environ.get("PAGING_SCALE", "1"))
 # load ~10 on two cores (a broker and a client, each given a fraction of a core).
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300 * SCALE)]
 
-# How long RSS may take to come back once the broker has what frees it. What is timed
-# is the broker's own work (a purge's or a drain's frees and `malloc_trim` over ~100 MB
-# of heap, the server's one-second check, two in a row for the settled rule, a collection
-# at most every 10 s) at a fraction of a core: 5 and 10 s passed quiet but timed out at
-# load 8-10 ("timed out after 5s waiting for RSS back near ..."). Memory that never comes
-# back (the bug these tests are for: 40 -> 116 MB for good) still fails; a wait that is
-# met returns at once.
+# How long RSS may take to come back after a drain or a dropped transfer: the server's
+# one-second checks (two in a row for the settled rule), a collection at most every 10 s,
+# and their `malloc_trim` over ~100 MB of heap, at a fraction of a core: 5 and 10 s passed
+# quiet but timed out at load 8-10. Memory that never comes back (the bug these tests are
+# for: 40 -> 116 MB for good) still fails; a wait that is met returns at once. The purge
+# does not wait: its trim is done before it answers.
 RETURN_SECONDS = 30.0
 
 # One queue, and a global-max-size far above the backlog: everything stays in memory.

@@ -1091,7 +1091,7 @@ class Queue:
         if by_id.get(ref.message.msg_id) is ref:
             del by_id[ref.message.msg_id]
             left = len(by_id)
-            if not left & (left - 1):  # 0 or a power of two: a look at the table's size
+            if left >= _INDEX_FLOOR and not left & (left - 1):  # a power of two: a look
                 self._fit_index(left)
         if ref.stored_count is not None and self.store is not None:
             self.store.ref_removed(self.name, ref)
@@ -1101,9 +1101,12 @@ class Queue:
         """Rebuild `_by_id` when its table is far larger than its `left` entries need. A
         dict keeps the table of its largest size as entries leave: after a purge or a
         drain of 1M messages it held ~40 MB for no entry, for good (issue 23: RSS after a
-        purge). Looked at only when `left` reaches a power of two on the way down, and
-        rebuilt (O(left)) only when the table is `_INDEX_SLACK` times what `left` needs:
-        O(1) amortized per removal."""
+        purge). Looked at only when `left` reaches a power of two on the way down, from
+        `_INDEX_FLOOR` up (the last look leaves at most 160 KB of table for the rest; a queue
+        that empties after each message does not look at all: an empty index looked at
+        on every acknowledgement cost ~800 instructions a message in bench/core_loop.py),
+        and rebuilt (O(left)) only when the table is `_INDEX_SLACK` times what `left`
+        needs: O(1) amortized per removal."""
         if sys.getsizeof(self._by_id) > _INDEX_SLACK * _INDEX_ENTRY_BYTES * (left + 64):
             self._by_id = dict(self._by_id)  # sized for what it holds
 
@@ -1732,6 +1735,7 @@ class Queue:
 # its table may take before it is rebuilt.
 _INDEX_ENTRY_BYTES = 64
 _INDEX_SLACK = 8
+_INDEX_FLOOR = 256
 
 # What holds `Queue.walk` while a purge-on-no-consumers kills the paged part (B-126).
 _PURGE = object()

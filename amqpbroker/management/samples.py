@@ -75,10 +75,12 @@ class Sampler:
         for name in gone:
             del queues[name]
 
-    def _points(self, name: str) -> Iterator[tuple[float, Point | None]]:
-        """The kept samples, oldest first: time, and the queue's point (None: not in it)."""
+    def _points(self, name: str, newest: int | None = None) -> Iterator[tuple[float, Point | None]]:
+        """The kept samples (the `newest` of them), oldest first: time, and the queue's
+        point (None: not in it)."""
         values = self._queues.get(name)
-        for serial in range(max(self._taken - self._keep, 0), self._taken):
+        kept = self._keep if newest is None else min(newest, self._keep)
+        for serial in range(max(self._taken - kept, 0), self._taken):
             slot = serial % self._keep
             at = slot * _FIELDS
             if values is None or values[at] != serial + 1:
@@ -89,7 +91,7 @@ class Sampler:
     def rates(self, name: str) -> dict[str, Any]:
         """Per-second rates of the counters over the last RATE_WINDOW samples, and
         whether the depth grew over them (None: too few samples yet)."""
-        window = [(t, p) for t, p in list(self._points(name))[-RATE_WINDOW:] if p is not None]
+        window = [(t, p) for t, p in self._points(name, RATE_WINDOW) if p is not None]
         if len(window) < 2:
             return {"rates": None, "growing": False}
         (t0, first), (t1, last) = window[0], window[-1]

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import sys
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -1089,9 +1090,25 @@ class Queue:
         by_id = self._by_id
         if by_id.get(ref.message.msg_id) is ref:
             del by_id[ref.message.msg_id]
+            left = len(by_id)
+            if left >= _INDEX_FLOOR and not left & (left - 1):  # a power of two: a look
+                self._fit_index(left)
         if ref.stored_count is not None and self.store is not None:
             self.store.ref_removed(self.name, ref)
         self._size_changed(-ref.message.size)
+
+    def _fit_index(self, left: int) -> None:
+        """Rebuild `_by_id` when its table is far larger than its `left` entries need. A
+        dict keeps the table of its largest size as entries leave: after a purge or a
+        drain of 1M messages it held ~40 MB for no entry, for good (issue 23: RSS after a
+        purge). Looked at only when `left` reaches a power of two on the way down, from
+        `_INDEX_FLOOR` up (the last look leaves at most 160 KB of table for the rest; a queue
+        that empties after each message does not look at all: an empty index looked at
+        on every acknowledgement cost ~800 instructions a message in bench/core_loop.py),
+        and rebuilt (O(left)) only when the table is `_INDEX_SLACK` times what `left`
+        needs: O(1) amortized per removal."""
+        if sys.getsizeof(self._by_id) > _INDEX_SLACK * _INDEX_ENTRY_BYTES * (left + 64):
+            self._by_id = dict(self._by_id)  # sized for what it holds
 
     def _size_changed(self, delta_bytes: int) -> None:
         """The queue holds `delta_bytes` more (or fewer): its size, its address's and the
@@ -1712,6 +1729,13 @@ class Queue:
             self._scheduled = [e for e in self._scheduled if e[2].state == SCHEDULED]
             heapq.heapify(self._scheduled)
 
+
+# `Queue._fit_index`: the most a dict of int keys takes per entry when sized for them (the
+# index and the entry table, each up to twice what it holds), and how many times that
+# its table may take before it is rebuilt.
+_INDEX_ENTRY_BYTES = 64
+_INDEX_SLACK = 8
+_INDEX_FLOOR = 256
 
 # What holds `Queue.walk` while a purge-on-no-consumers kills the paged part (B-126).
 _PURGE = object()

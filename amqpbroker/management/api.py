@@ -90,14 +90,15 @@ class LoopBridge:
             try:
                 while True:
                     blocked = walk.blocked
+                    done = False
                     try:
-                        if walk.step():
-                            try:
-                                return finish(walk.result)  # type: ignore[arg-type]
-                            finally:
-                                self._walked()
+                        done = walk.step()
+                        if done:
+                            return finish(walk.result)  # type: ignore[arg-type]
                     finally:
                         self._after_slice()
+                        if done:  # after the effects went out: what they held is freed too
+                            self._walked()
                     # the next slice after what the loop has ready (another walk of the
                     # queue: a little later, rather than spinning)
                     await asyncio.sleep(WALK_WAIT_S if blocked else 0)

@@ -100,11 +100,26 @@ def _trim_function() -> Callable[[], bool] | None:
 
 
 class MemoryReturner:
-    """Calls `malloc_trim` when the queued bytes fell by `threshold_bytes` since the
-    highest point after the last trim, or by `settled_bytes` once they stopped falling
-    (the same at two checks in a row: the server checks every second). Without the
-    second rule the last `threshold_bytes` a drain freed stayed in the heap for good
-    (issue 23: RSS 70 MB, not 52, after draining a 50 MiB backlog). Loop thread only."""
+    """Calls `malloc_trim` when the queued bytes fell far enough. Loop thread only; the
+    server checks every second (its engine timer, which runs from start to stop whether
+    or not a connection is open), after each management command, and when a management
+    walk has ended.
+
+    Three rules, each measured from its own mark (the highest queued bytes since ...):
+    * falling: they fell by `threshold_bytes` since the last trim (`_peak`), so that a
+      long drain gives back as it goes;
+    * settled: they fell by `settled_bytes` since the last trim of this rule or the next
+      (`_high`) and are the same as at the previous check (the drain stopped), so that
+      the last part of a drain goes back too (issue 23: RSS 70 MB, not 52, after draining
+      a 50 MiB backlog);
+    * ended: a management walk has just ended and they fell by `settled_bytes` since the
+      last trim of this rule (`_walk_high`). A walk's accounting falls slice by slice but
+      its queue frees what it took only at its end (`Queue.compact`): a trim of the other
+      rules in between gives nothing back, and when their marks were the only ones, it
+      took the whole drop with it, so RSS stayed at its peak after the purge (issue 23:
+      the purge test at load ~20, 40.9 -> 116.2 MB for good). This mark is moved only by
+      this rule's trims, so a walk's end always sees all that it took (at worst one
+      trim more, once per walk)."""
 
     def __init__(
         self,
@@ -112,64 +127,85 @@ class MemoryReturner:
         threshold_bytes: int = 16 * 1024 * 1024,
         settled_bytes: int = 1024 * 1024,
         collect_interval_s: float = 10.0,
+        collect_below_bytes: int = 64 * 1024 * 1024,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.threshold_bytes = threshold_bytes
         self.settled_bytes = settled_bytes
         self.collect_interval_s = collect_interval_s
+        self.collect_below_bytes = collect_below_bytes
         self._clock = clock
         self._trim = _malloc_trim()
-        self._peak = 0
+        self._peak = 0  # falling rule: the highest since the last trim
+        self._high = 0  # settled rule: the highest since its last trim or the ended rule's
+        self._walk_high = 0  # ended rule: the highest since its last trim
         self._last = 0  # the queued bytes at the previous check
         self._released = 0  # bytes of dropped transfers of closed connections (`released`)
+        self._closed = 0  # connections closed since the last collection (`released`)
         self._collected_at = -collect_interval_s
         self.trims = 0
         self.collections = 0
 
     def released(self, dropped_bytes: int) -> None:
-        """A connection that dropped `dropped_bytes` of transfers its engine had buffered
-        (aborted by the client, over max-message-size) has closed. The engine keeps the
+        """A connection has closed, having dropped `dropped_bytes` of transfers its engine
+        had buffered (aborted by the client, over max-message-size). The engine keeps the
         buffers of a connection's deliveries for its next ones (bounded while it is open)
         and frees them with the connection, whose objects make reference cycles: freed
         at the collector's rare full collection, so RSS stayed up by ~25 MB per such
         connection, for good (issue 23: 3 connections of 2 x 12 MiB aborted, 40 -> 116
         MB). The next check collects and trims once they add up to `settled_bytes`, at
         most once per `collect_interval_s` (a full collection walks the heap the broker
-        made since its start: a peer cannot make it run more often)."""
+        made since its start: a peer cannot make it run more often).
+
+        Any closed connection is collected too, once the queued bytes are below
+        `collect_below_bytes`: its engine and objects, in the same cycles, stayed after a
+        drain (issue 23: 300k drained, RSS 42.5 -> 491.6 -> 60.3 MiB; 44.8 after a
+        collection). Only with little queued, so that the collection is short (it walks
+        the queued messages' objects too: a peer that reconnects in a loop cannot stall
+        a broker holding a large backlog with it)."""
         self._released += dropped_bytes
+        self._closed += 1
 
     def check(self, queued_bytes: int, *, ended: bool = False) -> bool:
-        """Note the queued bytes now; trim when they dropped far enough (True if it did).
+        """Note the queued bytes now; trim when a rule says so (True if it did).
 
-        `ended`: a management walk has just ended (the server checks only then, not
-        after each slice: a queue frees what a walk kills when the walk compacts it, at
-        its end, so trims in between gave nothing back), so the settled rule applies at
-        once; the periodic check runs only while a connection has a timer."""
-        settled = ended or queued_bytes == self._last
+        `ended`: a management walk has just ended, and what it took is freed (the server
+        checks then, not after each slice)."""
+        settled = queued_bytes == self._last
         self._last = queued_bytes
-        if self._released >= self.settled_bytes and self._trim is not None:
+        self._peak = max(self._peak, queued_bytes)
+        self._high = max(self._high, queued_bytes)
+        self._walk_high = max(self._walk_high, queued_bytes)
+        if self._trim is None:
+            return False
+        if self._released >= self.settled_bytes or (
+            self._closed and queued_bytes <= self.collect_below_bytes
+        ):
             now = self._clock()
             if now - self._collected_at >= self.collect_interval_s:
-                self._released = 0
+                self._released = self._closed = 0
                 self._collected_at = now
                 gc.collect()  # the closed connections' engines, and their buffers
                 self.collections += 1
-                return self._trim_now(queued_bytes)
-        if queued_bytes > self._peak:
-            self._peak = queued_bytes
-            return False
-        dropped = self._peak - queued_bytes
-        if self._trim is None or dropped < (
-            self.settled_bytes if settled else self.threshold_bytes
-        ):
-            return False
-        return self._trim_now(queued_bytes)
+                return self._trim_now(queued_bytes, settled=ended or settled, ended=ended)
+        if ended and self._walk_high - queued_bytes >= self.settled_bytes:
+            return self._trim_now(queued_bytes, settled=True, ended=True)
+        if settled and self._high - queued_bytes >= self.settled_bytes:
+            return self._trim_now(queued_bytes, settled=True, ended=False)
+        if self._peak - queued_bytes >= self.threshold_bytes:
+            return self._trim_now(queued_bytes, settled=False, ended=False)
+        return False
 
-    def _trim_now(self, queued_bytes: int) -> bool:
+    def _trim_now(self, queued_bytes: int, *, settled: bool, ended: bool) -> bool:
+        """Trim, and move the marks of the rules this trim answers for."""
         assert self._trim is not None
         before = rss_bytes()
         self._trim()
         self.trims += 1
         self._peak = queued_bytes
+        if settled:
+            self._high = queued_bytes
+        if ended:
+            self._walk_high = queued_bytes
         log.debug("returned freed memory to the system: RSS %d -> %d", before, rss_bytes())
         return True

@@ -24,13 +24,12 @@ SCALE = int(os.environ.get("PAGING_SCALE", "1"))
 # load ~10 on two cores (a broker and a client, each given a fraction of a core).
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300 * SCALE)]
 
-# How long RSS may take to come back once the broker has what frees it. What is timed
-# is the broker's own work (a purge's or a drain's frees and `malloc_trim` over ~100 MB
-# of heap, the server's one-second check, two in a row for the settled rule, a collection
-# at most every 10 s) at a fraction of a core: 5 and 10 s passed quiet but timed out at
-# load 8-10 ("timed out after 5s waiting for RSS back near ..."). Memory that never comes
-# back (the bug these tests are for: 40 -> 116 MB for good) still fails; a wait that is
-# met returns at once.
+# How long RSS may take to come back after a drain or a dropped transfer: the server's
+# one-second checks (two in a row for the settled rule), a collection at most every 10 s,
+# and their `malloc_trim` over ~100 MB of heap, at a fraction of a core: 5 and 10 s passed
+# quiet but timed out at load 8-10. Memory that never comes back (the bug these tests are
+# for: 40 -> 116 MB for good) still fails; a wait that is met returns at once. The purge
+# does not wait: its trim is done before it answers.
 RETURN_SECONDS = 30.0
 
 # One queue, and a global-max-size far above the backlog: everything stays in memory.
@@ -44,8 +43,8 @@ N = 50_000 * SCALE  # 1 KiB messages held in memory (global-max-size is far abov
 
 
 def test_rss_comes_back_after_a_purge_of_a_large_backlog(tmp_path: Path) -> None:
-    """A 50 MiB in-memory backlog raises RSS by more than its size; after a purge over
-    HTTP RSS falls back to within a few MiB of where it started, within seconds."""
+    """A 50 MiB in-memory backlog raises RSS by more than its size; when a purge over
+    HTTP answers, RSS is back within 16 MiB of where it started (issue 23)."""
     broker = start_broker(
         tmp_path,
         HELD_IN_MEMORY,
@@ -64,11 +63,12 @@ def test_rss_comes_back_after_a_purge_of_a_large_backlog(tmp_path: Path) -> None
         )
         with urllib.request.urlopen(request, timeout=30) as response:
             assert json.loads(response.read())["removed"] == N
-        wait_until(
-            lambda: broker.rss_bytes() - before < 16 * 1024 * 1024,
-            timeout=RETURN_SECONDS,
-            message=f"RSS back near {before} (peak {peak})",
-        )
+        # No wait: the trim runs when the walk has ended, before the reply is sent, and
+        # no earlier trim can take the purge's drop with it (a periodic check between
+        # the slice that killed the last message and the one that freed them did: RSS
+        # stayed at its peak for good at load ~20; `MemoryReturner`'s ended rule).
+        after = broker.rss_bytes()
+        assert after - before < 16 * 1024 * 1024, f"RSS {before} -> {peak} -> {after}"
     finally:
         broker.stop()
 
@@ -76,11 +76,12 @@ def test_rss_comes_back_after_a_purge_of_a_large_backlog(tmp_path: Path) -> None
 def test_rss_comes_back_after_a_drain_of_a_large_backlog(tmp_path: Path) -> None:
     """Issue 23 ("memory that a purge, a drain ... frees comes back to the system within
     a bounded time"), the drain: a consumer takes a 25 MiB in-memory backlog; within
-    seconds RSS gives back most of what the backlog took (the server's engine timer
-    calls the returner, not only a management command; once the drain stops, what it
-    freed below the returner's threshold goes back too). Measured with 50 MiB: 52 MB
-    before, 120 MB at the peak, 73 MB after (the rest is not free heap: a trim then
-    gives back < 1 MB)."""
+    seconds RSS is back within 8 MiB of where it was (the server's engine timer calls
+    the returner, not only a management command; once the drain stops, what it freed
+    below the returner's threshold goes back too, and once little is queued the
+    consumer's closed connection is collected). Measured with 50 MiB before the
+    collection: 52 MB before, 120 MB at the peak, 73 MB after; 300k drained: 42.5 ->
+    491.6 -> 60.3 MiB, 44.8 after a collection."""
     broker = start_broker(
         tmp_path,
         HELD_IN_MEMORY,
@@ -95,10 +96,10 @@ def test_rss_comes_back_after_a_drain_of_a_large_backlog(tmp_path: Path) -> None
         peak = broker.rss_bytes()
         assert peak - before > n * 1024  # held in memory: ~1.4x the bodies
         assert bulk.receive(broker.url, "q", n) == list(range(n))
-        wait_until(
-            lambda: broker.rss_bytes() - before < (peak - before) // 2,
+        wait_until(  # two checks a second apart, and a collection at most every 10 s
+            lambda: broker.rss_bytes() - before < 8 * 1024 * 1024,
             timeout=RETURN_SECONDS,
-            message=f"RSS back near {before} (peak {peak})",
+            message=f"RSS back near {before} (peak {peak}, now {broker.rss_bytes()})",
         )
     finally:
         broker.stop()

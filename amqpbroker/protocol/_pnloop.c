@@ -14,8 +14,9 @@
 
 typedef struct { size_t size; const char *start; } amqpb_bytes;
 
-/* PN_DELIVERY, PN_LINK_FLOW, PN_ACCEPTED: pnloop.py checks them against proton's. */
-enum { AMQPB_DELIVERY = 28, AMQPB_LINK_FLOW = 26, AMQPB_ACCEPTED = 36 };
+/* PN_DELIVERY, PN_LINK_FLOW, PN_ACCEPTED, PN_MODIFIED: pnloop.py checks them against
+   proton's. */
+enum { AMQPB_DELIVERY = 28, AMQPB_LINK_FLOW = 26, AMQPB_ACCEPTED = 36, AMQPB_MODIFIED = 39 };
 
 static void *(*collector_peek)(void *);
 static bool (*collector_pop)(void *);
@@ -35,6 +36,9 @@ static ssize_t (*link_send)(void *, const char *, size_t);
 static int (*link_credit)(void *);
 static bool (*link_get_drain)(void *);
 static int (*object_decref)(void *);
+static void *(*delivery_remote)(void *);
+static bool (*disposition_is_failed)(void *);
+static bool (*disposition_is_undeliverable)(void *);
 
 /* The order of pnloop.py's FUNCTIONS. */
 static void **const SLOTS[] = {
@@ -44,6 +48,8 @@ static void **const SLOTS[] = {
     (void **)&link_recv, (void **)&link_advance, (void **)&delivery_update,
     (void **)&delivery_settle, (void **)&delivery_new, (void **)&link_send,
     (void **)&link_credit, (void **)&link_get_drain, (void **)&object_decref,
+    (void **)&delivery_remote, (void **)&disposition_is_failed,
+    (void **)&disposition_is_undeliverable,
 };
 
 int amqpb_bind(void **functions, int count) {
@@ -59,8 +65,10 @@ int amqpb_bind(void **functions, int count) {
 /* The collector's next event (the previous one popped first if `pop_previous`): its type,
    0 for none. pointers: [0] the event, [1] its delivery (NULL unless PN_DELIVERY), [2] the
    delivery's link, else the event's (NULL if none). numbers: of a delivery, [0] its
-   remote state, [1] its pending bytes, [2] whether it is partial; of PN_LINK_FLOW, [0]
-   the link's credit, [1] whether it drains. */
+   remote state, [1] its pending bytes, [2] whether it is partial, [3] when the state is
+   modified, 2 x delivery-failed + undeliverable-here (three calls a redelivery fewer,
+   `dispositions.outcome_at`); of PN_LINK_FLOW, [0] the link's credit, [1] whether it
+   drains. */
 int amqpb_next(void *collector, int pop_previous, void **pointers, int64_t *numbers) {
     if (pop_previous) collector_pop(collector);
     void *event = collector_peek(collector);
@@ -70,7 +78,13 @@ int amqpb_next(void *collector, int pop_previous, void **pointers, int64_t *numb
     pointers[1] = delivery;
     if (delivery != NULL) {
         pointers[2] = delivery_link(delivery);
-        numbers[0] = (int64_t)delivery_remote_state(delivery);
+        uint64_t state = delivery_remote_state(delivery);
+        numbers[0] = (int64_t)state;
+        if (state == AMQPB_MODIFIED) {
+            void *remote = delivery_remote(delivery);
+            numbers[3] = (disposition_is_failed(remote) ? 2 : 0) +
+                         (disposition_is_undeliverable(remote) ? 1 : 0);
+        }
         numbers[1] = (int64_t)delivery_pending(delivery);
         numbers[2] = delivery_partial(delivery) ? 1 : 0;
         return AMQPB_DELIVERY;

@@ -84,6 +84,7 @@ _PN_DELIVERY: Final[int] = lib.PN_DELIVERY
 _PN_TRANSPORT_CLOSED: Final[int] = lib.PN_TRANSPORT_CLOSED
 _PN_TRANSPORT_TAIL_CLOSED: Final[int] = lib.PN_TRANSPORT_TAIL_CLOSED
 _PN_LINK_FLOW: Final[int] = lib.PN_LINK_FLOW
+_PN_MODIFIED: Final[int] = lib.PN_MODIFIED
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
 # The C API of the hot path, bound once: compiled (setup.py), a `Final` name is a C
 # static, so a call costs no module-dict lookup of `lib` and no attribute lookup on it.
@@ -237,7 +238,10 @@ class Transfers:
                     elif (consumer := consumers.get(link)) is not None and (
                         delivery in consumer.unsettled
                     ):
-                        self.disposition(delivery, consumer, numbers[0])
+                        state: int = numbers[0]
+                        # A modified outcome's flags, read in the same C call (B-044).
+                        modified = numbers[3] if state == _PN_MODIFIED else -1
+                        self.disposition(delivery, consumer, state, modified)
                     else:
                         self.on_other_delivery(delivery, link, consumer)
                 elif kind == _PN_LINK_FLOW:
@@ -632,14 +636,17 @@ class Transfers:
             _pn_delivery_remote_state(delivery) if consumer is not None else 0,
         )
 
-    def disposition(self, delivery: Any, consumer: ConsumerLink[Any] | None, state: int) -> None:
-        """`on_disposition` with the delivery's remote `state` read."""
+    def disposition(
+        self, delivery: Any, consumer: ConsumerLink[Any] | None, state: int, modified: int = -1
+    ) -> None:
+        """`on_disposition` with the delivery's remote `state` read (and, of a modified
+        one, its flags when `pnloop.next_event` read them: `outcome_at`)."""
         outcome = None
         if consumer is not None:
             if state == _TRANSACTIONAL_STATE:
                 self.owner._transactional_outcome(Delivery.wrap(delivery), consumer)
                 return
-            outcome = outcome_at(delivery, state)
+            outcome = outcome_at(delivery, state, modified)
         if self.reject_as_modified and isinstance(outcome, Rejected):
             outcome = FAILED  # B-047: rejected behaves exactly like modified{df=true}
         if outcome is None:

@@ -78,5 +78,5 @@ def use(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     )
     new_slots = fused_module().ffi.new
     monkeypatch.setattr(
-        pnloop, "new_slots", lambda: (new_slots("void *[3]"), new_slots("int64_t[3]"))
+        pnloop, "new_slots", lambda: (new_slots(pnloop.SLOTS[0]), new_slots(pnloop.SLOTS[1]))
     )

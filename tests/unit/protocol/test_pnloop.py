@@ -77,6 +77,28 @@ def test_modified_then_accepted(shell: Shell) -> None:
     assert shell.broker.queues["q"].message_count == 0
 
 
+@pytest.mark.parametrize("failed", [False, True])
+@pytest.mark.parametrize("undeliverable", [False, True])
+def test_a_modified_outcomes_flags_are_read_with_its_event(
+    shell: Shell, failed: bool, undeliverable: bool
+) -> None:
+    """B-043/B-044/B-045 (issue 20): the fused loop reads a modified outcome's two flags in
+    the event's C call; each combination acts as read one call at a time: delivery-failed
+    raises the wire count, undeliverable-here keeps the message from this link only."""
+    client = Client(shell)
+    client.receiver("q", "queue")
+    sender = client.sender("q", "queue")
+    client.send(sender, Message(body=b"x"))
+    client.settle(0, Delivery.MODIFIED, failed=failed, undeliverable=undeliverable)
+    if undeliverable:
+        assert len(client.received) == 1  # not offered to this link again (B-045)
+        client.receiver("q", "queue", name="other")  # another link gets it
+    assert len(client.received) == 2
+    assert client.received[1][0].delivery_count == (1 if failed else 0)
+    client.settle(1, Delivery.ACCEPTED)
+    assert shell.broker.queues["q"].message_count == 0
+
+
 @pytest.mark.parametrize("tag", [b"x", b"0"])
 def test_a_transfer_on_a_link_the_broker_sends_on_ends_the_connection(
     shell: Shell, tag: bytes

@@ -137,8 +137,9 @@ accept_stored: Final[Any] = _module.lib.amqpb_accept_stored if FAST else _accept
 send: Final[Any] = _module.lib.amqpb_send if FAST else _send
 
 
-# The out-arrays' types (`_pnloop.c`'s `amqpb_next`: pointers [0..2], numbers [0..3]).
-SLOTS: Final = ("void *[3]", "int64_t[4]")
+# The out-arrays' types (`_pnloop.c`'s `amqpb_next`: pointers [0..2]; numbers [0], a
+# delivery's remote state when it does not fit in the packed result).
+SLOTS: Final = ("void *[3]", "int64_t[1]")
 
 
 def new_slots() -> tuple[Any, Any]:

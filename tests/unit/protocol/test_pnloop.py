@@ -99,6 +99,28 @@ def test_a_modified_outcomes_flags_are_read_with_its_event(
     assert shell.broker.queues["q"].message_count == 0
 
 
+@pytest.mark.parametrize("code", [0xFF, 0x1234])
+def test_an_unknown_outcome_beyond_the_packed_states_leaves_the_message_acquired(
+    shell: Shell, code: int
+) -> None:
+    """B-048 (issue 20): the fused loop packs a delivery's remote state into its result up
+    to 254; a larger (unknown) outcome's code comes through its out-array, and acts as
+    one by one: no outcome, so the message stays acquired by that consumer."""
+    peer = F.RawPeer(AmqpConnection(shell, peer="memory"))
+    peer.opened()
+    source = F.source("q", "queue")
+    consumer = F.attach("c", role_receiver=True, source=source, target=F.NULL, properties=F.NULL)
+    peer.send(F.frame(consumer), F.frame(F.flow(credit=5)))
+    client = Client(shell)
+    client.send(client.sender("q", "queue"), Message(body="m"))
+    assert [F.performative_code(p) for p in peer.send()].count(F.TRANSFER) == 1
+    unknown = b"\x00\x80" + code.to_bytes(8, "big") + b"\x45"  # described by a ulong
+    peer.send(F.frame(F.disposition(first=0, state=unknown)))
+    queue = shell.broker.queues["q"]
+    assert peer.errors() == []
+    assert (queue.message_count, queue.delivering) == (1, 1)
+
+
 @pytest.mark.parametrize("tag", [b"x", b"0"])
 def test_a_transfer_on_a_link_the_broker_sends_on_ends_the_connection(
     shell: Shell, tag: bytes

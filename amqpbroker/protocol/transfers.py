@@ -49,6 +49,7 @@ from amqpbroker.core import (
     Broker,
     ClientError,
     ConnectionId,
+    DeliveryId,
     Message,
     Rejected,
     annotated_routing_type,
@@ -246,11 +247,11 @@ class Transfers:
                     if link in producers:
                         self.transfer(delivery, link, packed >> 19, packed >> 8 & 1, state)
                     elif (consumer := consumers.get(link)) is not None and (
-                        delivery in consumer.unsettled
-                    ):
+                        known := consumer.unsettled.get(delivery)
+                    ) is not None:  # one we sent: its id, one dict read (issue 20)
                         # A modified outcome's flags, read in the same C call (B-044).
                         modified = packed >> 17 & 3 if state == _PN_MODIFIED else -1
-                        self.disposition(delivery, consumer, state, modified)
+                        self.disposition(delivery, consumer, state, modified, known)
                     else:
                         self.on_other_delivery(delivery, link, consumer)
                 elif kind == _PN_LINK_FLOW:
@@ -326,9 +327,10 @@ class Transfers:
                             0 if partial else _pn_delivery_remote_state(delivery),
                         )
                     elif (consumer := consumers.get(link)) is not None and (
-                        delivery in consumer.unsettled
-                    ):  # one we sent (issue 20)
-                        self.disposition(delivery, consumer, _pn_delivery_remote_state(delivery))
+                        known := consumer.unsettled.get(delivery)
+                    ) is not None:  # one we sent, and its id (issue 20)
+                        state = _pn_delivery_remote_state(delivery)
+                        self.disposition(delivery, consumer, state, -1, known)
                     else:
                         self.on_other_delivery(delivery, link, consumer)
                 elif kind == _PN_LINK_FLOW:
@@ -609,7 +611,9 @@ class Transfers:
         if (
             self.duplicate_detection
             and app is not None
-            and (scanned.data.find(_DUPLICATE_ID_KEY, app[0], app[1]) >= 0)
+            # `in` on the section's copy: compiled, `bytes.find` with bounds was a method
+            # call parsing a tuple of arguments (~1k instructions a message, issue 20).
+            and _DUPLICATE_ID_KEY in scanned.data[app[0] : app[1]]
         ):  # decode only when the key's bytes are there (B-012)
             value = message.get_application_properties().get(DUPLICATE_ID)
             duplicate_id = value if isinstance(value, str | bytes) else None
@@ -646,17 +650,23 @@ class Transfers:
         )
 
     def disposition(
-        self, delivery: Any, consumer: ConsumerLink[Any] | None, state: int, modified: int = -1
+        self,
+        delivery: Any,
+        consumer: ConsumerLink[Any] | None,
+        state: int,
+        modified: int = -1,
+        known: DeliveryId | None = None,
     ) -> None:
         """`on_disposition` with the delivery's remote `state` read (and, of a modified
-        one, its flags when `pnloop.next_event` read them: `outcome_at`)."""
+        one, its flags when `pnloop.next_event` read them: `outcome_at`; `known`: its id
+        in `consumer.unsettled`, when the caller read it)."""
         outcome = None
         if consumer is not None:
             if state == _TRANSACTIONAL_STATE:
                 self.owner._transactional_outcome(Delivery.wrap(delivery), consumer)
                 return
             outcome = outcome_at(delivery, state, modified)
-        if self.reject_as_modified and isinstance(outcome, Rejected):
+        if self.reject_as_modified and type(outcome) is Rejected:  # (final: no subclass)
             outcome = FAILED  # B-047: rejected behaves exactly like modified{df=true}
         if outcome is None:
             if _pn_delivery_settled(delivery):
@@ -665,7 +675,11 @@ class Transfers:
                 _pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
             return
         assert consumer is not None
-        settle_delivery(self.hot, consumer.id, consumer.delivery_id(delivery), outcome)
+        if known is None:
+            known = consumer.delivery_id(delivery)
+        else:
+            del consumer.unsettled[delivery]  # as `delivery_id` does, without its read
+        settle_delivery(self.hot, consumer.id, known, outcome)
         _settle(delivery)
 
     def on_link_flow(self, link: Any) -> None:

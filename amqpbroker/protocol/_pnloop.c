@@ -8,7 +8,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
 #include <sys/types.h>
 
@@ -129,12 +128,23 @@ void amqpb_accept_stored(void *delivery) {
     object_decref(delivery);
 }
 
+/* `id` in decimal at the end of `end`'s buffer (20 bytes before it hold any uint64): where
+   it starts. snprintf cost ~700 instructions a send (callgrind, issue 20). */
+static char *decimal(char *end, uint64_t id) {
+    char *start = end;
+    do {
+        *--start = (char)('0' + id % 10);
+        id /= 10;
+    } while (id != 0);
+    return start;
+}
+
 /* A transfer of `data` on `link` tagged with `id` in decimal (`shell.delivery_id_of` reads
    it back), settled at once if `settle`: the new delivery. */
 void *amqpb_send(void *link, uint64_t id, const char *data, size_t size, int settle) {
     char tag[24];
-    int length = snprintf(tag, sizeof(tag), "%llu", (unsigned long long)id);
-    amqpb_bytes bytes = {(size_t)length, tag};
+    char *start = decimal(tag + sizeof(tag), id);
+    amqpb_bytes bytes = {(size_t)(tag + sizeof(tag) - start), start};
     void *delivery = delivery_new(link, bytes);
     link_send(link, data, size);
     link_advance(link);

@@ -140,7 +140,9 @@ def test_a_transfer_on_a_link_the_broker_sends_on_ends_the_connection(
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("delivery_id", [1, 9, 10**9, 2**62 - 1, 2**62, 2**64 - 1, 10**20 - 1])
+@pytest.mark.parametrize(
+    "delivery_id", [0, 1, 9, 10, 10**9, 2**62 - 1, 2**62, 2**64 - 1, 10**20 - 1]
+)
 def test_a_sent_delivery_is_tagged_with_its_id(
     mode: str, delivery_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

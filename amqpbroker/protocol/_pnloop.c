@@ -63,16 +63,24 @@ int amqpb_bind(void **functions, int count) {
 
 /* The collector's next event (the previous one popped first if `pop_previous`), its
    numbers packed into the result, 0 for none (issue 20: each read of a cdata array from
-   Python cost ~290 instructions, four a message). pointers: [0] the event, [1] its
+   Python cost ~290 instructions, four a message). `amqpb_pointers`: [0] the event, [1] its
    delivery (NULL unless PN_DELIVERY), [2] the delivery's link, else the event's (NULL if
    none). The result: bits 0-7 the event type (`AMQPB_TYPE_BITS`); of a delivery, bit 8
    whether it is partial, bits 9-16 its remote state (`AMQPB_STATE_FAR` for one of 255 or
-   more: then numbers[0] holds it), bits 17-18 of a modified state 2 x delivery-failed +
+   more: then `amqpb_numbers[0]` holds it), bits 17-18 of a modified state 2 x delivery-failed +
    undeliverable-here, bits 19- its pending bytes; of PN_LINK_FLOW, bit 8 whether the
    link drains, bits 9- its credit (signed: the result is credit x 512 + ...). */
 enum { AMQPB_TYPE_BITS = 8, AMQPB_STATE_FAR = 255 };
 
-int64_t amqpb_next(void *collector, int pop_previous, void **pointers, int64_t *numbers) {
+/* The loop thread's out-arrays of `amqpb_next`, one pair for every connection's loop: each
+   reads them right after its call, before anything that could run another loop (two cffi
+   argument conversions an event fewer than arrays passed in, issue 20). */
+void *amqpb_pointers[3];
+int64_t amqpb_numbers[1];
+
+int64_t amqpb_next(void *collector, int pop_previous) {
+    void **pointers = amqpb_pointers;
+    int64_t *numbers = amqpb_numbers;
     if (pop_previous) collector_pop(collector);
     void *event = collector_peek(collector);
     if (event == NULL) return 0;

@@ -137,12 +137,13 @@ accept_stored: Final[Any] = _module.lib.amqpb_accept_stored if FAST else _accept
 send: Final[Any] = _module.lib.amqpb_send if FAST else _send
 
 
-# The out-arrays' types (`_pnloop.c`'s `amqpb_next`: pointers [0..2]; numbers [0], a
-# delivery's remote state when it does not fit in the packed result).
-SLOTS: Final = ("void *[3]", "int64_t[1]")
+def slots_of(module: Any) -> tuple[Any, Any]:
+    """`module`'s (a built `_pnloop`) out-arrays of `next_event` (pointers, numbers): C
+    globals of the loop thread, shared by every event loop (`_pnloop.c`)."""
+    return module.lib.amqpb_pointers, module.lib.amqpb_numbers
 
 
 def new_slots() -> tuple[Any, Any]:
-    """The out-arrays of `next_event` (pointers, numbers): one pair per event loop."""
+    """The out-arrays of `next_event` (pointers, numbers) for an event loop."""
     assert _module is not None
-    return _module.ffi.new(SLOTS[0]), _module.ffi.new(SLOTS[1])
+    return slots_of(_module)

@@ -230,7 +230,7 @@ class Transfers:
         next_event = _next_event
         pop_previous = 0
         while True:
-            packed: int = next_event(collector, pop_previous, pointers, numbers)
+            packed: int = next_event(collector, pop_previous)  # fills pointers, numbers
             if not packed:
                 break
             pop_previous = 1

@@ -1196,8 +1196,8 @@ def _check_nesting(buf: bytes, vpos: int, end: int) -> None:
     """
     if not _IS_NESTING[buf[vpos]] or end - vpos < MAX_DEPTH:  # too short to be too deep
         return  # (a durable message's header: no counting per message, issue 20)
-    if _COUNT_BY_LOOP and _flat8(buf, vpos, end):
-        return  # one level: a list8 or map8 of scalars (most application-properties)
+    if _COUNT_BY_LOOP and _flat(buf, vpos, end):
+        return  # one level: a list or map of scalars (most application-properties)
     if end - vpos <= _COUNT_BY_LOOP:
         table = _IS_NESTING
         count = 0
@@ -1211,18 +1211,30 @@ def _check_nesting(buf: bytes, vpos: int, end: int) -> None:
         raise SectionError(f"section value at offset {vpos} does not end at {end}")
 
 
-def _flat8(buf: bytes, vpos: int, end: int) -> bool:
-    """Whether the value at `vpos` is a list8 or map8 whose elements, read by their
-    constructors and sizes, are scalars that end exactly at `end`: one nesting level, so
-    not too deep, and well formed as `_walk` would find it. A step an element where the
-    count is a step a byte (a 41-byte properties map of two strings and two longs: ~2.4k
-    instructions counted, issue 20); anything else (nesting, an invalid or truncated
-    element) is False and left to the count and the walk."""
+def _flat(buf: bytes, vpos: int, end: int) -> bool:
+    """Whether the value at `vpos` is a list or map (8- or 32-bit) whose elements, read by
+    their constructors and sizes, are scalars that end exactly at `end`: one nesting
+    level, so not too deep, and well formed as `_walk` would find it. A step an element
+    where the count is a step a byte (the load generator's properties map of two strings
+    and two longs, a map32 as proton-c writes maps: ~2.4k instructions counted, issue
+    20); anything else (nesting, an invalid or truncated element) is False and left to
+    the count and the walk."""
     code = buf[vpos]
-    if (code != 0xC1 and code != 0xC0) or vpos + 2 + buf[vpos + 1] != end:
+    if code == 0xC1 or code == 0xC0:
+        if vpos + 2 + buf[vpos + 1] != end:
+            return False
+        count = buf[vpos + 2]
+        p = vpos + 3
+    elif code == 0xD1 or code == 0xD0:
+        size = buf[vpos + 1] << 24 | buf[vpos + 2] << 16 | buf[vpos + 3] << 8 | buf[vpos + 4]
+        if vpos + 5 + size != end or size < 4:
+            return False
+        count = buf[vpos + 5] << 24 | buf[vpos + 6] << 16 | buf[vpos + 7] << 8 | buf[vpos + 8]
+        p = vpos + 9
+    else:
         return False
-    count = buf[vpos + 2]
-    p = vpos + 3
+    if count > end - p:
+        return False  # (every element takes at least its constructor byte)
     kinds, nesting = _KIND, _IS_NESTING
     for _ in range(count):
         if p >= end:

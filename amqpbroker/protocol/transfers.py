@@ -611,9 +611,9 @@ class Transfers:
         if (
             self.duplicate_detection
             and app is not None
-            # `in` on the section's copy: compiled, `bytes.find` with bounds was a method
-            # call parsing a tuple of arguments (~1k instructions a message, issue 20).
-            and _DUPLICATE_ID_KEY in scanned.data[app[0] : app[1]]
+            # (`find` with bounds, ~1k instructions compiled; `in` on the section's copy
+            # measured 2.4k, issue 20)
+            and (scanned.data.find(_DUPLICATE_ID_KEY, app[0], app[1]) >= 0)
         ):  # decode only when the key's bytes are there (B-012)
             value = message.get_application_properties().get(DUPLICATE_ID)
             duplicate_id = value if isinstance(value, str | bytes) else None

@@ -107,6 +107,7 @@ _MODIFIED: Final = Modified
 _FAILED: Final = FAILED
 # A C static too: `heapq.heappush` is a module attribute read per return (issue 20).
 _heappush: Final = heapq.heappush
+_heappop: Final = heapq.heappop  # (and per redelivered message that waited, `_pop_next`)
 
 # The `extra` of a `returned` event without delay or transaction (`Queue._note_returned`):
 # (txn, target_address, target_queues, copy_msg_id, delay_ms, ...), see `lifecycle.Extra`.
@@ -765,7 +766,7 @@ class Queue:
             fresh, returned = self._fresh[level], self._returned[level]
             while fresh or returned:
                 if returned and not (fresh and fresh[0].seq < returned[0].seq):
-                    ref = heapq.heappop(returned)
+                    ref = _heappop(returned)
                 else:
                     ref = fresh.popleft()
                 if ref.state == GONE:

@@ -37,15 +37,19 @@ _MODIFIED_OUTCOMES: Final[tuple[Modified, ...]] = (  # variadic: one object, not
 )
 
 
-def outcome_at(delivery: Any, state: int) -> Outcome | None:
+def outcome_at(delivery: Any, state: int, modified: int = -1) -> Outcome | None:
     """The terminal outcome the consumer sent, from the engine's delivery (a `pn_delivery_t`
     pointer: the hot path, no wrapper) and its remote `state`; None for no or a
-    non-terminal state (B-048: no action; the message stays acquired)."""
+    non-terminal state (B-048: no action; the message stays acquired). `modified`: of a
+    modified state, 2 x delivery-failed + undeliverable-here when the caller read them
+    already (`pnloop.next_event`: three cffi calls a redelivery fewer), else -1."""
     if state == _ACCEPTED:
         return _ACCEPTED_OUTCOME
     if state == _RELEASED:
         return _RELEASED_OUTCOME
     if state == _MODIFIED:
+        if modified >= 0:
+            return _MODIFIED_OUTCOMES[modified]
         remote = _delivery_remote(delivery)
         failed = 2 if _is_failed(remote) else 0
         return _MODIFIED_OUTCOMES[failed + (1 if _is_undeliverable(remote) else 0)]

@@ -3,8 +3,9 @@
 Each cffi call into proton converts its arguments and releases and retakes the GIL:
 ~1k instructions, ~20 of them a queue message (callgrind). `_pnloop.c`, built by setup.py
 with cffi beside mypyc's modules, does the several calls of one step in one, without the
-GIL release: the collector's next event with its delivery, link, remote state, pending
-bytes and partial flag, or a link's credit and drain flag (`next_event`); a transfer's
+GIL release: the collector's next event with its delivery, link, remote state (and a
+modified outcome's two flags), pending bytes and partial flag, or a link's credit and
+drain flag (`next_event`); a transfer's
 read and advance (`recv`); accept and settle (`accept`, and `accept_stored`, which lets
 go of the reference a durable send kept); an outgoing transfer with its
 tag (`send`). It calls proton through the function pointers of python-qpid-proton's own
@@ -51,9 +52,17 @@ FUNCTIONS: Final = (
     "pn_link_credit",
     "pn_link_get_drain",
     "pn_decref",
+    "pn_delivery_remote",
+    "pn_disposition_is_failed",
+    "pn_disposition_is_undeliverable",
 )
 # The constants `_pnloop.c` has as numbers.
-_C_CONSTANTS: Final = {"PN_DELIVERY": 28, "PN_LINK_FLOW": 26, "PN_ACCEPTED": 36}
+_C_CONSTANTS: Final = {
+    "PN_DELIVERY": 28,
+    "PN_LINK_FLOW": 26,
+    "PN_ACCEPTED": 36,
+    "PN_MODIFIED": 39,
+}
 
 
 def bind(module: Any) -> bool:
@@ -128,7 +137,13 @@ accept_stored: Final[Any] = _module.lib.amqpb_accept_stored if FAST else _accept
 send: Final[Any] = _module.lib.amqpb_send if FAST else _send
 
 
+def slots_of(module: Any) -> tuple[Any, Any]:
+    """`module`'s (a built `_pnloop`) out-arrays of `next_event` (pointers, numbers): C
+    globals of the loop thread, shared by every event loop (`_pnloop.c`)."""
+    return module.lib.amqpb_pointers, module.lib.amqpb_numbers
+
+
 def new_slots() -> tuple[Any, Any]:
-    """The out-arrays of `next_event` (pointers, numbers): one pair per event loop."""
+    """The out-arrays of `next_event` (pointers, numbers) for an event loop."""
     assert _module is not None
-    return _module.ffi.new("void *[3]"), _module.ffi.new("int64_t[3]")
+    return slots_of(_module)

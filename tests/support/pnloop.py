@@ -76,7 +76,5 @@ def use(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(
         transfers, "_accept_stored", lib.amqpb_accept_stored if lib else pnloop._accept_stored
     )
-    new_slots = fused_module().ffi.new
-    monkeypatch.setattr(
-        pnloop, "new_slots", lambda: (new_slots("void *[3]"), new_slots("int64_t[3]"))
-    )
+    module = fused_module()
+    monkeypatch.setattr(pnloop, "new_slots", lambda: pnloop.slots_of(module))

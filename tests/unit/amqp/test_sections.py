@@ -42,10 +42,13 @@ from amqpbroker.amqp.sections import (
     ULong,
     UShort,
     _check_nesting,
+    _flat,
+    _walk,
     decode_value,
     encode_annotations,
     encode_header,
     encode_value,
+    head_end,
     rebuild,
     scan,
     with_delivery_count,
@@ -1178,6 +1181,60 @@ def test_a_value_shorter_than_the_limit_is_not_counted() -> None:
     long_list = Spy(encode_value([Long(2**40 + i) for i in range(10)]))
     _check_nesting(long_list, 0, len(long_list))
     assert len(read) > 1 or type(_check_nesting).__name__ != "function"  # compiled: no spying
+
+
+_BENCH_MAP = encode_value({"bench-sq": Long(1), "bench-ts": Long(2)})
+_NESTED_MAP = encode_value({"k": "v" * 40, "m": [1, [2, [3]]]})
+
+
+def _as32(value: bytes) -> bytes:
+    """A list8 or map8 (`value`) as its list32 or map32, as proton-c writes compounds."""
+    size, count = value[1], value[2]
+    return bytes((value[0] + 0x10,)) + struct.pack(">II", size + 3, count) + value[3:]
+
+
+_BENCH_MAP32 = _as32(_BENCH_MAP)
+
+
+@pytest.mark.parametrize(
+    ("value", "flat"),
+    [
+        (_BENCH_MAP, True),  # the load generator's application-properties
+        (encode_value([Long(2**40 + i) for i in range(10)]), True),
+        (encode_value({"s" * 10: "v" * 300, "b": b"x" * 20}), True),  # a str32: map32
+        (encode_value({"k": "v" * 40, "n": None, "t": True, "u": UInt(7)}), True),
+        (_NESTED_MAP, False),  # nesting: counted and walked
+        (encode_value({"k": Described(Symbol("d"), "v" * 40)}), False),  # described
+        (_BENCH_MAP[:1] + bytes((_BENCH_MAP[1] + 1,)) + _BENCH_MAP[2:] + b"\x40", False),
+        (_BENCH_MAP[:2] + bytes((_BENCH_MAP[2] + 1,)) + _BENCH_MAP[3:], False),  # count
+        (_BENCH_MAP[:-9] + b"\xb1\x00\x00\x00\x04abcd", False),  # an element past the end
+        (_BENCH_MAP32, True),  # the generator's map as proton-c encodes it
+        (_as32(encode_value([Long(2**40 + i) for i in range(10)])), True),
+        (_as32(_NESTED_MAP), False),
+        (_BENCH_MAP32[:8] + bytes((_BENCH_MAP32[8] + 1,)) + _BENCH_MAP32[9:], False),  # count
+        (_BENCH_MAP32[:4] + bytes((_BENCH_MAP32[4] + 1,)) + _BENCH_MAP32[5:] + b"\x40", False),
+        (b"\xd1\x00\x00\x00\x02\x00\x00" + b"\x40" * 40, False),  # size below its count
+    ],
+)
+def test_a_flat_list_or_map_is_one_level_as_its_walk_finds(value: bytes, flat: bool) -> None:
+    """Issue 20: `_flat` (an element at a time instead of a count of every byte) says
+    True only for a list or map (8- or 32-bit) of scalars that the walk reads exactly to
+    its end, one level deep; the rest goes to the count and the walk as before."""
+    assert _flat(value, 0, len(value)) is flat
+    if flat:
+        assert _walk(value, 0, 0) == len(value)
+        _check_nesting(value, 0, len(value))
+
+
+def test_head_end_is_the_scanned_methods() -> None:
+    """Issue 20: the module function the hot path calls agrees with `Scanned.head_end`."""
+    for raw in (
+        _section(HEADER, [True]) + _section(DATA, b"x"),
+        _section(HEADER, [True]) + _section(MA, {proton.symbol("x-a"): 1}) + _section(DATA, b"x"),
+        _section(MA, {proton.symbol("x-a"): 1}) + _section(PROPS, ["id"]) + _section(DATA, b"x"),
+    ):
+        scanned = scan(raw)
+        assert head_end(scanned) == scanned.head_end() > 0
 
 
 @pytest.mark.parametrize("kind", ["list", "described"])

@@ -77,6 +77,50 @@ def test_modified_then_accepted(shell: Shell) -> None:
     assert shell.broker.queues["q"].message_count == 0
 
 
+@pytest.mark.parametrize("failed", [False, True])
+@pytest.mark.parametrize("undeliverable", [False, True])
+def test_a_modified_outcomes_flags_are_read_with_its_event(
+    shell: Shell, failed: bool, undeliverable: bool
+) -> None:
+    """B-043/B-044/B-045 (issue 20): the fused loop reads a modified outcome's two flags in
+    the event's C call; each combination acts as read one call at a time: delivery-failed
+    raises the wire count, undeliverable-here keeps the message from this link only."""
+    client = Client(shell)
+    client.receiver("q", "queue")
+    sender = client.sender("q", "queue")
+    client.send(sender, Message(body=b"x"))
+    client.settle(0, Delivery.MODIFIED, failed=failed, undeliverable=undeliverable)
+    if undeliverable:
+        assert len(client.received) == 1  # not offered to this link again (B-045)
+        client.receiver("q", "queue", name="other")  # another link gets it
+    assert len(client.received) == 2
+    assert client.received[1][0].delivery_count == (1 if failed else 0)
+    client.settle(1, Delivery.ACCEPTED)
+    assert shell.broker.queues["q"].message_count == 0
+
+
+@pytest.mark.parametrize("code", [0xFF, 0x1234])
+def test_an_unknown_outcome_beyond_the_packed_states_leaves_the_message_acquired(
+    shell: Shell, code: int
+) -> None:
+    """B-048 (issue 20): the fused loop packs a delivery's remote state into its result up
+    to 254; a larger (unknown) outcome's code comes through its out-array, and acts as
+    one by one: no outcome, so the message stays acquired by that consumer."""
+    peer = F.RawPeer(AmqpConnection(shell, peer="memory"))
+    peer.opened()
+    source = F.source("q", "queue")
+    consumer = F.attach("c", role_receiver=True, source=source, target=F.NULL, properties=F.NULL)
+    peer.send(F.frame(consumer), F.frame(F.flow(credit=5)))
+    client = Client(shell)
+    client.send(client.sender("q", "queue"), Message(body="m"))
+    assert [F.performative_code(p) for p in peer.send()].count(F.TRANSFER) == 1
+    unknown = b"\x00\x80" + code.to_bytes(8, "big") + b"\x45"  # described by a ulong
+    peer.send(F.frame(F.disposition(first=0, state=unknown)))
+    queue = shell.broker.queues["q"]
+    assert peer.errors() == []
+    assert (queue.message_count, queue.delivering) == (1, 1)
+
+
 @pytest.mark.parametrize("tag", [b"x", b"0"])
 def test_a_transfer_on_a_link_the_broker_sends_on_ends_the_connection(
     shell: Shell, tag: bytes
@@ -96,7 +140,9 @@ def test_a_transfer_on_a_link_the_broker_sends_on_ends_the_connection(
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("delivery_id", [1, 9, 10**9, 2**62 - 1, 2**62, 2**64 - 1, 10**20 - 1])
+@pytest.mark.parametrize(
+    "delivery_id", [0, 1, 9, 10, 10**9, 2**62 - 1, 2**62, 2**64 - 1, 10**20 - 1]
+)
 def test_a_sent_delivery_is_tagged_with_its_id(
     mode: str, delivery_id: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:

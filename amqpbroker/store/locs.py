@@ -202,16 +202,24 @@ def pair_queue(pack: _Pack, pair: int) -> str:
     return queues[k][1]
 
 
+def queue_ranges(pack: _Pack, queue: str) -> list[tuple[int, int]]:
+    """The index ranges `[start, end)` of `pack`'s pairs that are `queue`'s (its runs of
+    one queue), in file order; some of them may be out (`pack.out`)."""
+    runs = pack.queues
+    found: list[tuple[int, int]] = []
+    for k in range(len(runs)):
+        start, name = runs[k]
+        if name == queue:
+            found.append((start, runs[k + 1][0] if k + 1 < len(runs) else len(pack.ids)))
+    return found
+
+
 def compact_ids(compact: Compact, queue: str) -> list[int]:
     """The ids of the pairs of `queue` only the compact index holds (a DeleteQueue)."""
     found: list[int] = []
     for pack in compact.packs:
-        ids, out, runs = pack.ids, pack.out, pack.queues
-        for k in range(len(runs)):
-            start, name = runs[k]
-            if name != queue:
-                continue
-            end = runs[k + 1][0] if k + 1 < len(runs) else len(ids)
+        ids, out = pack.ids, pack.out
+        for start, end in queue_ranges(pack, queue):
             for i in range(start, end):
                 if not out[i]:
                     found.append(ids[i])

@@ -33,8 +33,10 @@ from amqpbroker.store.locs import (
     _SPAN_SHIFT,
     PACK_SHIFT,
     Compact,
+    Packs,
     Run,
     position,
+    queue_ranges,
 )
 
 # A live message as `_from_live` reads it: its record, or the open's row of it, or its
@@ -417,6 +419,22 @@ def _ref_row(
     return at_byte + _ROW_BYTES
 
 
+def _pending(
+    live: _LiveSet[Any], packs: Packs, queue: str, held: dict[int, Any]
+) -> list[tuple[int, int]]:
+    """`queue`'s references the dicts hold, as (place of their first AddRef, id) in file
+    order: merged with the compact index's pairs by `_merged_rows` and `_queue_parts`."""
+    first: dict[tuple[str, int], Any] = live.first_of or {}
+    pending: list[tuple[int, int]] = []
+    for msg_id, ref in held.items():
+        item = first.get((queue, msg_id))
+        if item is None:
+            item = ref.add if isinstance(ref, _RefSlot) else ref
+        pending.append((position(packs, item), msg_id))
+    pending.sort()
+    return pending
+
+
 def _merged_rows(
     view: memoryview,
     live: _LiveSet[Any],
@@ -432,25 +450,14 @@ def _merged_rows(
     files (`locs.position`; the open added them in file order, issue 23, tenth pass).
     Where the rows end."""
     packs = compact.all
-    first: dict[tuple[str, int], Any] = live.first_of or {}
-    pending: list[tuple[int, int]] = []
-    for msg_id, ref in held.items():
-        item = first.get((queue, msg_id))
-        if item is None:
-            item = ref.add if isinstance(ref, _RefSlot) else ref
-        pending.append((position(packs, item), msg_id))
-    pending.sort()
+    pending = _pending(live, packs, queue, held)
     d = 0
     at_byte = 0
     for pack in compact.packs:
         kept = packed[pack.number]
-        ids, out, runs, spans = pack.ids, pack.out, pack.queues, pack.spans
+        ids, out, spans = pack.ids, pack.out, pack.spans
         number = pack.seg.number << 40
-        for k in range(len(runs)):
-            start, name = runs[k]
-            if name != queue:
-                continue
-            last = runs[k + 1][0] if k + 1 < len(runs) else len(ids)
+        for start, last in queue_ranges(pack, queue):
             for i in range(start, last):
                 if out[i]:
                     continue
@@ -492,14 +499,7 @@ def _queue_parts(
     `Run` (no row: a journal backlog reads their ids and sizes from the pack), rows for
     the rest, between (issue 23, tenth pass)."""
     packs = compact.all
-    first: dict[tuple[str, int], Any] = live.first_of or {}
-    pending: list[tuple[int, int]] = []
-    for msg_id, ref in held.items():
-        item = first.get((queue, msg_id))
-        if item is None:
-            item = ref.add if isinstance(ref, _RefSlot) else ref
-        pending.append((position(packs, item), msg_id))
-    pending.sort()
+    pending = _pending(live, packs, queue, held)
     parts: list[array[int] | Run] = []
     buf = bytearray()
     scratch = bytearray(_ROW_BYTES)
@@ -508,13 +508,9 @@ def _queue_parts(
     d = 0
     for pack in compact.packs:
         kept = packed[pack.number]
-        ids, out, runs, spans = pack.ids, pack.out, pack.queues, pack.spans
+        ids, out, spans = pack.ids, pack.out, pack.spans
         number = pack.seg.number << 40
-        for k in range(len(runs)):
-            start, name = runs[k]
-            if name != queue:
-                continue
-            last = runs[k + 1][0] if k + 1 < len(runs) else len(ids)
+        for start, last in queue_ranges(pack, queue):
             for i in range(start, last):
                 if out[i]:
                     continue

@@ -205,6 +205,25 @@ class Range:
         return None
 
 
+# Artemis ByteUtil's sizes as text ("10MB", "512KiB", "1g"), binary multiples as in
+# Artemis, so `max-size-bytes: 10MB` copied from a broker.xml means what it meant there
+# (user pass, session 9): for every key that ends in `-bytes`, and `global-max-size`.
+TEXT_BYTES = re.compile(r"^\s*(\d+)\s*(ki?|mi?|gi?)?(b)?\s*$", re.IGNORECASE)
+_BYTE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def is_size_key(key: str) -> bool:
+    """Whether a (kebab-case) key is a byte size that takes `text_bytes` units."""
+    return key.endswith("-bytes") or key == "global-max-size"
+
+
+def text_bytes(text: str) -> int | None:
+    """`text` as a number of bytes ("10MiB" -> 10485760); None when it is no size."""
+    if (m := TEXT_BYTES.match(text)) is None:
+        return None
+    return int(m.group(1)) * _BYTE_UNITS[(m.group(2) or "")[:1].lower()]
+
+
 def _ms(*, minus_one: str | None = None, low: int = 0) -> Range:
     return Range(low, MS_MAX, minus_one)
 
@@ -289,6 +308,25 @@ class Checker:
                 self.problem(node, path, message)
                 return _MISSING
             return value
+
+        return convert
+
+    def size(self, check: Check, *, nullable: bool = False) -> Converter:
+        """A byte size: an integer, or Artemis text such as "10MB" (`text_bytes`)."""
+        as_int = self.typed(int, check, nullable=nullable)
+
+        def convert(node: yaml.Node, path: str) -> Any:
+            if isinstance(node, yaml.ScalarNode) and isinstance(text := self.value(node), str):
+                value = text_bytes(text)
+                if value is None:
+                    message = f"not a size (an integer, or such as 10MiB, 512KB, 2G): {text!r}"
+                    self.problem(node, path, message)
+                    return _MISSING
+                if problem := check(value):
+                    self.problem(node, path, problem)
+                    return _MISSING
+                return value
+            return as_int(node, path)
 
         return convert
 
@@ -492,6 +530,8 @@ def _setting_converter(c: Checker, name: str) -> Converter:
         return lambda n, p: _nullable(c, n, lambda: choose(n, p))
     if name in _ADDRESS_VALUED:  # "" means none (B-071); other names follow B-150
         return c.typed(str, lambda v: name_problem(v, "address") if v else None, nullable=True)
+    if is_size_key(name.replace("_", "-")) and check is not None:
+        return c.size(check, nullable=True)
     return c.typed(kind, check, nullable=True)  # null: not set by this entry
 
 
@@ -881,14 +921,14 @@ def _event_log(c: Checker, node: yaml.Node, path: str) -> Any:
             "level": c.choice(EVENT_LOG_LEVELS),
             "properties": c.strings,
             "body-hash": _body_hash(c),
-            "max-file-bytes": s(int, NUMERIC_KEYS["event-log.max-file-bytes"]),
+            "max-file-bytes": c.size(NUMERIC_KEYS["event-log.max-file-bytes"]),
             "max-file-age": s(int, NUMERIC_KEYS["event-log.max-file-age"]),
             "compress": s(bool),
             # null: the default, a share of the file system (EventLogConfig)
-            "max-total-bytes": s(int, NUMERIC_KEYS["event-log.max-total-bytes"], nullable=True),
+            "max-total-bytes": c.size(NUMERIC_KEYS["event-log.max-total-bytes"], nullable=True),
             "max-age": s(int, NUMERIC_KEYS["event-log.max-age"]),
             "keep-until-analyzed": s(bool),
-            "min-free-bytes": s(int, NUMERIC_KEYS["event-log.min-free-bytes"], nullable=True),
+            "min-free-bytes": c.size(NUMERIC_KEYS["event-log.min-free-bytes"], nullable=True),
         },
     )
     config = EventLogConfig(**values)
@@ -945,7 +985,7 @@ def check_tree(root: yaml.Node | None, *, source: str) -> BrokerConfig:
             "address-queue-scan-period": s(int, NUMERIC_KEYS["address-queue-scan-period"]),
             "max-redelivery-records": s(int, NUMERIC_KEYS["max-redelivery-records"]),
             "id-cache-size": s(int, NUMERIC_KEYS["id-cache-size"]),
-            "global-max-size": s(int, NUMERIC_KEYS["global-max-size"]),
+            "global-max-size": c.size(NUMERIC_KEYS["global-max-size"]),
             "event-log": lambda n, p: _event_log(c, n, p),
             "metrics": _section(c, MetricsConfig, {"artemis-names": s(bool)}),
             "wildcard-addresses": lambda n, p: wildcards or _MISSING,

@@ -102,9 +102,17 @@ def lock_data_dir(data_dir: Path) -> int:
     pass, docs/decisions.md). Raises OSError naming the directory and the file."""
     import fcntl
 
-    data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / DATA_DIR_LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except (FileExistsError, NotADirectoryError):
+        # mkdir's own text for a file in the way was "[Errno 17] File exists: 'DIR'"
+        raise OSError(
+            f"data directory {data_dir}: a file, not a directory, is in the way"
+        ) from None
+    except OSError as e:  # read-only, no permission, no room: one line naming the directory
+        raise OSError(f"data directory {data_dir}: cannot create {path}: {e.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -178,15 +178,25 @@ def _cmd_journal_export(args: argparse.Namespace) -> int:
     directory = Path(args.data_dir) / "journal"
     if not directory.is_dir():
         raise CommandError(f"no journal in {args.data_dir} (expected {directory})")
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+    try:  # a path in a missing directory was a traceback (user pass)
+        out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+    except OSError as e:
+        raise CommandError(f"cannot write {args.out}: {e.strerror}") from None
     try:
         for line in export_jsonl(directory):
             out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        out.flush()  # here, where a full disk is caught, not in close()
     except JournalError as e:
         raise CommandError(f"cannot read the journal: {e}") from e
+    except BrokenPipeError:
+        raise
+    except OSError as e:  # a full disk under --out, or a journal file not readable
+        where = e.filename or args.out or "standard output"
+        raise CommandError(f"cannot export the journal: {where}: {e.strerror}") from None
     finally:
         if out is not sys.stdout:
-            out.close()
+            with contextlib.suppress(OSError):  # already reported: a failed flush again
+                out.close()
     return 0
 
 

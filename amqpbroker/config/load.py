@@ -25,7 +25,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -551,11 +551,23 @@ def _patterns(
     path: str,
     wildcards: WildcardConfig | None,
     entry: Callable[[yaml.Node, str], Any],
+    keys: Collection[str] = (),
 ) -> dict[str, Any]:
-    """A mapping keyed by match patterns (B-101: '#' only last), in file order."""
+    """A mapping keyed by match patterns (B-101: '#' only last), in file order.
+
+    A key of an entry (`keys`) in a pattern's place, with no mapping under it, is what an
+    unquoted `#:` leaves (YAML reads it as a comment): said so, not `expected a mapping`
+    (user pass)."""
     out: dict[str, Any] = {}
     for key_node, pattern, value_node in c.entries(node, path):
         entry_path = join_path(path, pattern)
+        if pattern in keys and not isinstance(value_node, yaml.MappingNode):
+            message = (
+                f"{pattern!r} is a setting, not a match pattern: is the pattern above it "
+                'missing? (an unquoted # starts a YAML comment: write "#":)'
+            )
+            c.problem(key_node, entry_path, message)
+            continue
         message = name_problem(pattern, "match")
         if message is None and wildcards is not None:
             message = wildcards.validate_pattern(pattern)
@@ -577,7 +589,7 @@ def _address_settings(c: Checker, wildcards: WildcardConfig | None) -> Converter
         _refuse_unsupported(c, node, path, values, UNSUPPORTED_SETTINGS, defaults)
         return AddressSettings.of(**{k: v for k, v in values.items() if v is not None})
 
-    return lambda node, path: _patterns(c, node, path, wildcards, entry)
+    return lambda node, path: _patterns(c, node, path, wildcards, entry, handlers)
 
 
 def _refuse_unsupported(
@@ -884,7 +896,7 @@ def _security(c: Checker, wildcards: WildcardConfig | None) -> Converter:
                 "sasl-mechanisms": lambda n, p: c.strings(n, p, SASL_MECHANISMS),
                 "allow-plain-without-tls": c.typed(bool),
                 "users": users,
-                "security-settings": lambda n, p: _patterns(c, n, p, wildcards, entry),
+                "security-settings": lambda n, p: _patterns(c, n, p, wildcards, entry, PERMISSIONS),
             },
         )
         security = SecurityConfig(**values)

@@ -129,7 +129,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from amqpbroker.server import BrokerServer, StartupError, tune_gc
 
     _setup_logging(args.log_level)
-    path = Path(args.config) if args.config else default_config_path()
+    # expanduser: `--config=~/b.yaml` reaches us unexpanded (a shell expands `~` only at a
+    # word's start); the config's own paths are expanded by the loader (user pass)
+    path = Path(args.config).expanduser() if args.config else default_config_path()
     try:
         config = load_config(path)
     except ConfigError as e:
@@ -139,7 +141,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"amqpbroker: cannot read config {path}: {e.strerror}", file=sys.stderr)  # noqa: T201
         return 1
-    data_dir = Path(args.data_dir or config.data_dir or "./data")
+    data_dir = Path(args.data_dir or config.data_dir or "./data").expanduser()
     raise_descriptor_limit()
     try:
         lock_data_dir(data_dir)

@@ -22,6 +22,7 @@ import dataclasses
 import difflib
 import json
 import math
+import os
 import re
 import types
 import typing
@@ -311,6 +312,17 @@ class Checker:
 
         return convert
 
+    def path(self, check: Check | None = None, *, nullable: bool = False) -> Converter:
+        """A file or directory path; a leading `~` is the user's home, as in a shell (user
+        pass: `data-dir: ~/data` made a directory named `~` in the working directory)."""
+        as_str = self.typed(str, check, nullable=nullable)
+
+        def convert(node: yaml.Node, path: str) -> Any:
+            value = as_str(node, path)
+            return os.path.expanduser(value) if isinstance(value, str) else value
+
+        return convert
+
     def size(self, check: Check, *, nullable: bool = False) -> Converter:
         """A byte size: an integer, or Artemis text such as "10MB" (`text_bytes`)."""
         as_int = self.typed(int, check, nullable=nullable)
@@ -562,11 +574,11 @@ def _patterns(
     for key_node, pattern, value_node in c.entries(node, path):
         entry_path = join_path(path, pattern)
         if pattern in keys and not isinstance(value_node, yaml.MappingNode):
-            message = (
+            hint = (
                 f"{pattern!r} is a setting, not a match pattern: is the pattern above it "
                 'missing? (an unquoted # starts a YAML comment: write "#":)'
             )
-            c.problem(key_node, entry_path, message)
+            c.problem(key_node, entry_path, hint)
             continue
         message = name_problem(pattern, "match")
         if message is None and wildcards is not None:
@@ -620,9 +632,9 @@ def _tls(c: Checker, node: yaml.Node, path: str) -> Any:
         node,
         path,
         {
-            "cert-file": c.typed(str),
-            "key-file": c.typed(str),
-            "ca-file": c.typed(str, nullable=True),
+            "cert-file": c.path(),
+            "key-file": c.path(),
+            "ca-file": c.path(nullable=True),
             "client-auth": c.choice(CLIENT_AUTH),
         },
         required=("cert-file", "key-file"),
@@ -826,7 +838,7 @@ def _http(c: Checker, node: yaml.Node, path: str) -> Any:
             "read-timeout": c.typed(int, NUMERIC_KEYS["http.read-timeout"]),  # ms
             "max-connections": c.typed(int, NUMERIC_KEYS["http.max-connections"]),
             "sample-interval": c.typed(int, NUMERIC_KEYS["http.sample-interval"]),  # ms
-            "analyze-report": c.typed(str, _report_path, nullable=True),
+            "analyze-report": c.path(_report_path, nullable=True),
         },
     )
     bind = values.pop("bind", None)
@@ -981,7 +993,7 @@ def check_tree(root: yaml.Node | None, *, source: str) -> BrokerConfig:
         "",
         {
             "name": s(str, lambda v: None if v else "must not be empty"),
-            "data-dir": s(str, nullable=True),
+            "data-dir": c.path(nullable=True),
             "acceptors": lambda n, p: _acceptors(c, n, p),
             "http": lambda n, p: _http(c, n, p),
             "persistence": _section(

@@ -1039,6 +1039,8 @@ def parse_config(text: str, *, source: str = "<string>") -> BrokerConfig:
         reason = getattr(e, "problem", None) or str(e)
         if context := getattr(e, "context", None):
             reason += f" ({context})"
+        if "'\\t'" in reason:  # PyYAML's own words do not say what to do (user pass)
+            reason += ": indent with spaces, YAML does not take tabs there"
         problem = ConfigProblem(source, line, "(yaml)", f"not valid YAML: {reason}")
         raise ConfigError([problem]) from None
     if root is not None and (problem := _expansion_problem(root, source)) is not None:

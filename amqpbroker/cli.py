@@ -619,6 +619,14 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return analyze(args.job_args, prog="amqpbroker analyze")
 
 
+def _queue_name(text: str) -> str:
+    """A QUEUE argument: an empty one reached the API as `/queues//purge` and came back as
+    `/api/v1/queues/purge takes GET, HEAD (HTTP 405)` (user pass); now a usage error."""
+    if not text:
+        raise argparse.ArgumentTypeError("a queue name must not be empty")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amqpbroker",
@@ -673,12 +681,12 @@ def build_parser() -> argparse.ArgumentParser:
     queues = management("queues", "table of queues and their counters")
     queues.set_defaults(func=_cmd_queues)
     messages = management("messages", "browse messages of a queue (not consumed)")
-    messages.add_argument("queue", metavar="QUEUE")
+    messages.add_argument("queue", metavar="QUEUE", type=_queue_name)
     messages.add_argument("--limit", type=int, default=20)
     messages.add_argument("--filter", metavar="SELECTOR")
     messages.set_defaults(func=_cmd_messages)
     retry = management("retry", "send dead-lettered/expired messages back to their address")
-    retry.add_argument("queue", metavar="QUEUE")
+    retry.add_argument("queue", metavar="QUEUE", type=_queue_name)
     retry.add_argument("--filter", metavar="SELECTOR")
     retry.add_argument(
         "--ids", metavar="FILE", help="redrive list: JSON lines with msg_id, or one id per line"
@@ -686,12 +694,12 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("--rate", type=float, metavar="N", help="at most N messages/s")
     retry.set_defaults(func=_cmd_retry)
     move = management("move", "move messages to another queue")
-    move.add_argument("queue", metavar="QUEUE")
-    move.add_argument("--to-queue", required=True, metavar="NAME")
+    move.add_argument("queue", metavar="QUEUE", type=_queue_name)
+    move.add_argument("--to-queue", required=True, metavar="NAME", type=_queue_name)
     move.add_argument("--filter", metavar="SELECTOR")
     move.set_defaults(func=_cmd_move)
     purge = management("purge", "delete messages")
-    purge.add_argument("queue", metavar="QUEUE")
+    purge.add_argument("queue", metavar="QUEUE", type=_queue_name)
     purge.add_argument("--filter", metavar="SELECTOR")
     purge.set_defaults(func=_cmd_purge)
 

@@ -252,6 +252,11 @@ NUMERIC_KEYS: dict[str, Range] = {
 }
 
 
+# What YAML 1.1 (PyYAML's default, Artemis-era tools) read as booleans; the core schema
+# used here (YAML 1.2) reads them as text: said so when a boolean key gets one (user pass).
+_YAML11_BOOLS = frozenset({"yes", "no", "on", "off", "y", "n"})
+
+
 class Checker:
     """Walks YAML nodes, converting values and collecting problems.
 
@@ -291,7 +296,10 @@ class Checker:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            self.problem(node, path, f"not {_article(kind)} {_kind_name(kind)}: {value!r}")
+            message = f"not {_article(kind)} {_kind_name(kind)}: {value!r}"
+            if kind is bool and str(value).lower() in _YAML11_BOOLS:
+                message += " (write true or false: YAML 1.2 reads yes/no/on/off as text)"
+            self.problem(node, path, message)
             return _MISSING
         if kind is float and not math.isfinite(typing.cast(float, value)):
             self.problem(node, path, f"not a finite number: {value!r}")
@@ -828,12 +836,20 @@ def _report_path(value: str) -> str | None:
     return None
 
 
+def _bind(c: Checker, node: yaml.Node, path: str) -> Any:
+    """`http.bind` as text; a bare port (`bind: 8161`) is told the form (user pass)."""
+    if isinstance(node, yaml.ScalarNode) and type(port := c.value(node)) is int:
+        c.problem(node, path, f"expected HOST:PORT, such as 127.0.0.1:{port}, not a port alone")
+        return _MISSING
+    return c.typed(str)(node, path)
+
+
 def _http(c: Checker, node: yaml.Node, path: str) -> Any:
     values = c.mapping(
         node,
         path,
         {
-            "bind": c.typed(str),
+            "bind": lambda n, p: _bind(c, n, p),
             "enabled": c.typed(bool),
             "read-timeout": c.typed(int, NUMERIC_KEYS["http.read-timeout"]),  # ms
             "max-connections": c.typed(int, NUMERIC_KEYS["http.max-connections"]),

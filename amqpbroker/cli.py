@@ -125,7 +125,7 @@ def lock_data_dir(data_dir: Path) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from amqpbroker.config import ConfigError, default_config_path, load_config
+    from amqpbroker.config import ConfigError, default_config_path, defaults_only, load_config
     from amqpbroker.server import BrokerServer, StartupError, tune_gc
 
     _setup_logging(args.log_level)
@@ -141,6 +141,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"amqpbroker: cannot read config {path}: {e.strerror}", file=sys.stderr)  # noqa: T201
         return 1
+    if (note := defaults_only(config)) is not None:
+        log.warning("%s", note)
     data_dir = Path(args.data_dir or config.data_dir or "./data").expanduser()
     raise_descriptor_limit()
     try:

@@ -200,6 +200,18 @@ class StartupError(Exception):
     """The broker cannot start with this (valid) configuration; the message says why."""
 
 
+def started_text(config: BrokerConfig, data_dir: Path) -> str:
+    """The rest of the "started" line: where the data is and whether a client needs
+    credentials (user pass: `make run` said neither)."""
+    security = config.security
+    if security.enabled:
+        mechanisms = ", ".join(security.sasl_mechanisms)
+        who = f"security enabled (SASL {mechanisms}; {len(security.users)} user(s))"
+    else:
+        who = "security disabled (no credentials: any client that reaches an acceptor may connect)"
+    return f"data directory {data_dir.resolve()}, {who}"
+
+
 def listen_error(what: str, key: str, host: str, port: int, error: OSError) -> StartupError:
     """A port the broker cannot listen on, as one line that names the listener, the
     address, why and the config key to change (user pass: asyncio's own text named
@@ -597,7 +609,9 @@ class BrokerServer:
         self._write_ports()
         self._schedule_engine_tick(loop.time() + ENGINE_TICK_S)
         self._schedule_tick()
-        log.info("broker %s started", self.broker.name)
+        log.info(
+            "broker %s started: %s", self.broker.name, started_text(self.config, self.data_dir)
+        )
 
     def _refuse_to_drop_durable_pages(self) -> None:
         """Without persistence the page files are memory's overflow and a start deletes

@@ -102,9 +102,17 @@ def lock_data_dir(data_dir: Path) -> int:
     pass, docs/decisions.md). Raises OSError naming the directory and the file."""
     import fcntl
 
-    data_dir.mkdir(parents=True, exist_ok=True)
     path = data_dir / DATA_DIR_LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except (FileExistsError, NotADirectoryError):
+        # mkdir's own text for a file in the way was "[Errno 17] File exists: 'DIR'"
+        raise OSError(
+            f"data directory {data_dir}: a file, not a directory, is in the way"
+        ) from None
+    except OSError as e:  # read-only, no permission, no room: one line naming the directory
+        raise OSError(f"data directory {data_dir}: cannot create {path}: {e.strerror}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -117,11 +125,13 @@ def lock_data_dir(data_dir: Path) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from amqpbroker.config import ConfigError, default_config_path, load_config
+    from amqpbroker.config import ConfigError, default_config_path, defaults_only, load_config
     from amqpbroker.server import BrokerServer, StartupError, tune_gc
 
     _setup_logging(args.log_level)
-    path = Path(args.config) if args.config else default_config_path()
+    # expanduser: `--config=~/b.yaml` reaches us unexpanded (a shell expands `~` only at a
+    # word's start); the config's own paths are expanded by the loader (user pass)
+    path = Path(args.config).expanduser() if args.config else default_config_path()
     try:
         config = load_config(path)
     except ConfigError as e:
@@ -131,7 +141,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"amqpbroker: cannot read config {path}: {e.strerror}", file=sys.stderr)  # noqa: T201
         return 1
-    data_dir = Path(args.data_dir or config.data_dir or "./data")
+    if (note := defaults_only(config)) is not None:
+        log.warning("%s", note)
+    data_dir = Path(args.data_dir or config.data_dir or "./data").expanduser()
     raise_descriptor_limit()
     try:
         lock_data_dir(data_dir)
@@ -170,15 +182,25 @@ def _cmd_journal_export(args: argparse.Namespace) -> int:
     directory = Path(args.data_dir) / "journal"
     if not directory.is_dir():
         raise CommandError(f"no journal in {args.data_dir} (expected {directory})")
-    out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+    try:  # a path in a missing directory was a traceback (user pass)
+        out = open(args.out, "w", encoding="utf-8") if args.out else sys.stdout  # noqa: SIM115
+    except OSError as e:
+        raise CommandError(f"cannot write {args.out}: {e.strerror}") from None
     try:
         for line in export_jsonl(directory):
             out.write(json.dumps(line, separators=(",", ":")) + "\n")
+        out.flush()  # here, where a full disk is caught, not in close()
     except JournalError as e:
         raise CommandError(f"cannot read the journal: {e}") from e
+    except BrokenPipeError:
+        raise
+    except OSError as e:  # a full disk under --out, or a journal file not readable
+        where = e.filename or args.out or "standard output"
+        raise CommandError(f"cannot export the journal: {where}: {e.strerror}") from None
     finally:
         if out is not sys.stdout:
-            out.close()
+            with contextlib.suppress(OSError):  # already reported: a failed flush again
+                out.close()
     return 0
 
 
@@ -599,6 +621,14 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return analyze(args.job_args, prog="amqpbroker analyze")
 
 
+def _queue_name(text: str) -> str:
+    """A QUEUE argument: an empty one reached the API as `/queues//purge` and came back as
+    `/api/v1/queues/purge takes GET, HEAD (HTTP 405)` (user pass); now a usage error."""
+    if not text:
+        raise argparse.ArgumentTypeError("a queue name must not be empty")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="amqpbroker",
@@ -653,12 +683,12 @@ def build_parser() -> argparse.ArgumentParser:
     queues = management("queues", "table of queues and their counters")
     queues.set_defaults(func=_cmd_queues)
     messages = management("messages", "browse messages of a queue (not consumed)")
-    messages.add_argument("queue", metavar="QUEUE")
+    messages.add_argument("queue", metavar="QUEUE", type=_queue_name)
     messages.add_argument("--limit", type=int, default=20)
     messages.add_argument("--filter", metavar="SELECTOR")
     messages.set_defaults(func=_cmd_messages)
     retry = management("retry", "send dead-lettered/expired messages back to their address")
-    retry.add_argument("queue", metavar="QUEUE")
+    retry.add_argument("queue", metavar="QUEUE", type=_queue_name)
     retry.add_argument("--filter", metavar="SELECTOR")
     retry.add_argument(
         "--ids", metavar="FILE", help="redrive list: JSON lines with msg_id, or one id per line"
@@ -666,12 +696,12 @@ def build_parser() -> argparse.ArgumentParser:
     retry.add_argument("--rate", type=float, metavar="N", help="at most N messages/s")
     retry.set_defaults(func=_cmd_retry)
     move = management("move", "move messages to another queue")
-    move.add_argument("queue", metavar="QUEUE")
-    move.add_argument("--to-queue", required=True, metavar="NAME")
+    move.add_argument("queue", metavar="QUEUE", type=_queue_name)
+    move.add_argument("--to-queue", required=True, metavar="NAME", type=_queue_name)
     move.add_argument("--filter", metavar="SELECTOR")
     move.set_defaults(func=_cmd_move)
     purge = management("purge", "delete messages")
-    purge.add_argument("queue", metavar="QUEUE")
+    purge.add_argument("queue", metavar="QUEUE", type=_queue_name)
     purge.add_argument("--filter", metavar="SELECTOR")
     purge.set_defaults(func=_cmd_purge)
 

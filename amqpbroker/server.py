@@ -200,6 +200,35 @@ class StartupError(Exception):
     """The broker cannot start with this (valid) configuration; the message says why."""
 
 
+def started_text(config: BrokerConfig, data_dir: Path) -> str:
+    """The rest of the "started" line: where the data is and whether a client needs
+    credentials (user pass: `make run` said neither)."""
+    security = config.security
+    if security.enabled:
+        mechanisms = ", ".join(security.sasl_mechanisms)
+        who = f"security enabled (SASL {mechanisms}; {len(security.users)} user(s))"
+    else:
+        who = "security disabled (no credentials: any client that reaches an acceptor may connect)"
+    return f"data directory {data_dir.resolve()}, {who}"
+
+
+def listen_error(what: str, key: str, host: str, port: int, error: OSError) -> StartupError:
+    """A port the broker cannot listen on, as one line that names the listener, the
+    address, why and the config key to change (user pass: asyncio's own text named
+    neither, and the HTTP server's not even the address: `[Errno 98] Address already
+    in use`)."""
+    reason = error.strerror or str(error)
+    if error.errno == errno.EADDRINUSE:
+        reason = "address already in use (another broker or program listens there)"
+    elif error.errno == errno.EACCES:
+        reason = "permission denied (ports below 1024 need privileges)"
+    elif error.errno == errno.EADDRNOTAVAIL:
+        reason = "no such address on this machine"
+    elif error.strerror is not None:
+        reason = error.strerror[:1].lower() + error.strerror[1:]
+    return StartupError(f"{what}: cannot listen on {host}:{port}: {reason}; change {key}")
+
+
 # What a TLS client may send before its connection begins: the rest of the handshake's
 # last read (an SSL record is at most 16 KiB; asyncio reads 256 KiB).
 EARLY_TLS_BYTES = 512 * 1024
@@ -550,13 +579,17 @@ class BrokerServer:
                     context = acceptor_context(acceptor.name, acceptor.tls)
                 except TlsFileError as e:
                     raise StartupError(str(e)) from e
-            server = await loop.create_server(
-                # TLS is started by the protocol once the socket is admitted (`_start_tls`)
-                functools.partial(_AmqpProtocol, self, acceptor, context),
-                acceptor.host,
-                acceptor.port,
-                reuse_address=True,
-            )
+            try:
+                server = await loop.create_server(
+                    # TLS is started by the protocol once the socket is admitted (`_start_tls`)
+                    functools.partial(_AmqpProtocol, self, acceptor, context),
+                    acceptor.host,
+                    acceptor.port,
+                    reuse_address=True,
+                )
+            except OSError as e:
+                what = f"acceptor {acceptor.name}"
+                raise listen_error(what, "acceptors[].url", acceptor.host, acceptor.port, e) from e
             self._servers.append(server)
             port = server.sockets[0].getsockname()[1]
             self.ports[acceptor.name] = port
@@ -576,7 +609,9 @@ class BrokerServer:
         self._write_ports()
         self._schedule_engine_tick(loop.time() + ENGINE_TICK_S)
         self._schedule_tick()
-        log.info("broker %s started", self.broker.name)
+        log.info(
+            "broker %s started: %s", self.broker.name, started_text(self.config, self.data_dir)
+        )
 
     def _refuse_to_drop_durable_pages(self) -> None:
         """Without persistence the page files are memory's overflow and a start deletes
@@ -726,17 +761,20 @@ class BrokerServer:
             ),
         )
         api.bridge_broker = self.broker
-        self.http = await loop.run_in_executor(
-            None,
-            functools.partial(
-                HttpServer,
-                http.host,
-                http.port,
-                api,
-                read_timeout_s=http.read_timeout / 1000,
-                max_connections=http.max_connections,
-            ),
-        )
+        try:
+            self.http = await loop.run_in_executor(
+                None,
+                functools.partial(
+                    HttpServer,
+                    http.host,
+                    http.port,
+                    api,
+                    read_timeout_s=http.read_timeout / 1000,
+                    max_connections=http.max_connections,
+                ),
+            )
+        except OSError as e:
+            raise listen_error("HTTP", "http.bind", http.host, http.port, e) from e
         self.http.start()
         self.ports["http"] = self.http.port
         log.info(

@@ -141,6 +141,10 @@ def check_input(options: JobOptions) -> None:
         )
     if options.out.exists() and not options.out.is_dir():
         raise AnalyzeError(f"--out {options.out} exists and is not a directory")
+    try:  # here, not after Spark's start (user pass: a traceback after tens of seconds)
+        options.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise AnalyzeError(f"cannot create --out {options.out}: {e.strerror}") from None
 
 
 def _is_local(master: str) -> bool:

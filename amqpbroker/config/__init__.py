@@ -4,7 +4,7 @@
 """
 
 from amqpbroker.config.artemis_xml import parse_artemis_xml
-from amqpbroker.config.effective import format_effective
+from amqpbroker.config.effective import defaults_only, format_effective
 from amqpbroker.config.files import load_config
 from amqpbroker.config.load import (
     ConfigError,
@@ -43,6 +43,7 @@ __all__ = [
     "TlsConfig",
     "UserConfig",
     "default_config_path",
+    "defaults_only",
     "format_effective",
     "load_config",
     "parse_artemis_xml",

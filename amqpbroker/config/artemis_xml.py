@@ -45,7 +45,9 @@ from amqpbroker.config.load import (
     ConfigProblem,
     CoreSchemaLoader,
     check_tree,
+    is_size_key,
     join_path,
+    text_bytes,
 )
 from amqpbroker.config.schema import BrokerConfig
 from amqpbroker.core import RoutingType
@@ -53,8 +55,6 @@ from amqpbroker.core import RoutingType
 _STR = "tag:yaml.org,2002:str"
 _MAP = "tag:yaml.org,2002:map"
 _SEQ = "tag:yaml.org,2002:seq"
-_TEXT_BYTES = re.compile(r"^\s*(\d+)\s*(ki?|mi?|gi?)?(b)?\s*$", re.IGNORECASE)  # Artemis ByteUtil
-_BYTE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 # core element -> (key path in the YAML file, expected kind)
 _CORE_SCALARS: dict[str, tuple[tuple[str, ...], type]] = {
     "name": (("name",), str),
@@ -296,11 +296,8 @@ def _bytes_text(element: _Element) -> str:
     """A size element's text in bytes ("10MiB" -> "10485760", Artemis ByteUtil); other
     elements' text as it is."""
     text = element.text
-    if (element.tag.endswith("-bytes") or element.tag == "global-max-size") and (
-        m := _TEXT_BYTES.match(text)
-    ):
-        unit = (m.group(2) or "")[:1].lower()
-        return str(int(m.group(1)) * _BYTE_UNITS[unit])
+    if is_size_key(element.tag) and (size := text_bytes(text)) is not None:
+        return str(size)
     return text
 
 

@@ -16,10 +16,25 @@ from amqpbroker.core import RoutingType, SettingsRepository
 _PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
 
+def defaults_only(config: BrokerConfig) -> str | None:
+    """Why a config that sets nothing (an empty or commented-out file: a truncated copy?)
+    deserves a look: the built-in defaults have no dead-letter address, so a `rejected`
+    message is dropped (B-046, B-103). `run` logs it, `check-config` prints it (user pass).
+    None for a config that sets anything."""
+    if config != BrokerConfig(source=config.source):
+        return None
+    return (
+        f"{config.source} sets nothing: the built-in defaults apply (no dead-letter or expiry "
+        "address: a rejected message is dropped); config/broker.yaml is the shipped example"
+    )
+
+
 def format_effective(config: BrokerConfig) -> str:
     """Acceptors, HTTP, persistence and the other broker-level values, then the effective
     address-settings of every configured address and every settings pattern."""
     lines = [f"# {config.source}: OK", f"name: {config.name}"]
+    if (note := defaults_only(config)) is not None:
+        lines.insert(1, f"# {note}")
     if config.data_dir is not None:
         lines.append(f"data-dir: {config.data_dir}")
     lines.append("acceptors:")

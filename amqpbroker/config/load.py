@@ -22,10 +22,11 @@ import dataclasses
 import difflib
 import json
 import math
+import os
 import re
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -205,6 +206,25 @@ class Range:
         return None
 
 
+# Artemis ByteUtil's sizes as text ("10MB", "512KiB", "1g"), binary multiples as in
+# Artemis, so `max-size-bytes: 10MB` copied from a broker.xml means what it meant there
+# (user pass, session 9): for every key that ends in `-bytes`, and `global-max-size`.
+TEXT_BYTES = re.compile(r"^\s*(\d+)\s*(ki?|mi?|gi?)?(b)?\s*$", re.IGNORECASE)
+_BYTE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def is_size_key(key: str) -> bool:
+    """Whether a (kebab-case) key is a byte size that takes `text_bytes` units."""
+    return key.endswith("-bytes") or key == "global-max-size"
+
+
+def text_bytes(text: str) -> int | None:
+    """`text` as a number of bytes ("10MiB" -> 10485760); None when it is no size."""
+    if (m := TEXT_BYTES.match(text)) is None:
+        return None
+    return int(m.group(1)) * _BYTE_UNITS[(m.group(2) or "")[:1].lower()]
+
+
 def _ms(*, minus_one: str | None = None, low: int = 0) -> Range:
     return Range(low, MS_MAX, minus_one)
 
@@ -230,6 +250,11 @@ NUMERIC_KEYS: dict[str, Range] = {
     "queue.consumers-before-dispatch": Range(0, INT32_MAX),  # B-128
     "queue.delay-before-dispatch": _ms(minus_one="off"),
 }
+
+
+# What YAML 1.1 (PyYAML's default, Artemis-era tools) read as booleans; the core schema
+# used here (YAML 1.2) reads them as text: said so when a boolean key gets one (user pass).
+_YAML11_BOOLS = frozenset({"yes", "no", "on", "off", "y", "n"})
 
 
 class Checker:
@@ -271,7 +296,10 @@ class Checker:
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
-            self.problem(node, path, f"not {_article(kind)} {_kind_name(kind)}: {value!r}")
+            message = f"not {_article(kind)} {_kind_name(kind)}: {value!r}"
+            if kind is bool and str(value).lower() in _YAML11_BOOLS:
+                message += " (write true or false: YAML 1.2 reads yes/no/on/off as text)"
+            self.problem(node, path, message)
             return _MISSING
         if kind is float and not math.isfinite(typing.cast(float, value)):
             self.problem(node, path, f"not a finite number: {value!r}")
@@ -289,6 +317,36 @@ class Checker:
                 self.problem(node, path, message)
                 return _MISSING
             return value
+
+        return convert
+
+    def path(self, check: Check | None = None, *, nullable: bool = False) -> Converter:
+        """A file or directory path; a leading `~` is the user's home, as in a shell (user
+        pass: `data-dir: ~/data` made a directory named `~` in the working directory)."""
+        as_str = self.typed(str, check, nullable=nullable)
+
+        def convert(node: yaml.Node, path: str) -> Any:
+            value = as_str(node, path)
+            return os.path.expanduser(value) if isinstance(value, str) else value
+
+        return convert
+
+    def size(self, check: Check, *, nullable: bool = False) -> Converter:
+        """A byte size: an integer, or Artemis text such as "10MB" (`text_bytes`)."""
+        as_int = self.typed(int, check, nullable=nullable)
+
+        def convert(node: yaml.Node, path: str) -> Any:
+            if isinstance(node, yaml.ScalarNode) and isinstance(text := self.value(node), str):
+                value = text_bytes(text)
+                if value is None:
+                    message = f"not a size (an integer, or such as 10MiB, 512KB, 2G): {text!r}"
+                    self.problem(node, path, message)
+                    return _MISSING
+                if problem := check(value):
+                    self.problem(node, path, problem)
+                    return _MISSING
+                return value
+            return as_int(node, path)
 
         return convert
 
@@ -492,6 +550,8 @@ def _setting_converter(c: Checker, name: str) -> Converter:
         return lambda n, p: _nullable(c, n, lambda: choose(n, p))
     if name in _ADDRESS_VALUED:  # "" means none (B-071); other names follow B-150
         return c.typed(str, lambda v: name_problem(v, "address") if v else None, nullable=True)
+    if is_size_key(name.replace("_", "-")) and check is not None:
+        return c.size(check, nullable=True)
     return c.typed(kind, check, nullable=True)  # null: not set by this entry
 
 
@@ -511,11 +571,23 @@ def _patterns(
     path: str,
     wildcards: WildcardConfig | None,
     entry: Callable[[yaml.Node, str], Any],
+    keys: Collection[str] = (),
 ) -> dict[str, Any]:
-    """A mapping keyed by match patterns (B-101: '#' only last), in file order."""
+    """A mapping keyed by match patterns (B-101: '#' only last), in file order.
+
+    A key of an entry (`keys`) in a pattern's place, with no mapping under it, is what an
+    unquoted `#:` leaves (YAML reads it as a comment): said so, not `expected a mapping`
+    (user pass)."""
     out: dict[str, Any] = {}
     for key_node, pattern, value_node in c.entries(node, path):
         entry_path = join_path(path, pattern)
+        if pattern in keys and not isinstance(value_node, yaml.MappingNode):
+            hint = (
+                f"{pattern!r} is a setting, not a match pattern: is the pattern above it "
+                'missing? (an unquoted # starts a YAML comment: write "#":)'
+            )
+            c.problem(key_node, entry_path, hint)
+            continue
         message = name_problem(pattern, "match")
         if message is None and wildcards is not None:
             message = wildcards.validate_pattern(pattern)
@@ -537,7 +609,7 @@ def _address_settings(c: Checker, wildcards: WildcardConfig | None) -> Converter
         _refuse_unsupported(c, node, path, values, UNSUPPORTED_SETTINGS, defaults)
         return AddressSettings.of(**{k: v for k, v in values.items() if v is not None})
 
-    return lambda node, path: _patterns(c, node, path, wildcards, entry)
+    return lambda node, path: _patterns(c, node, path, wildcards, entry, handlers)
 
 
 def _refuse_unsupported(
@@ -568,9 +640,9 @@ def _tls(c: Checker, node: yaml.Node, path: str) -> Any:
         node,
         path,
         {
-            "cert-file": c.typed(str),
-            "key-file": c.typed(str),
-            "ca-file": c.typed(str, nullable=True),
+            "cert-file": c.path(),
+            "key-file": c.path(),
+            "ca-file": c.path(nullable=True),
             "client-auth": c.choice(CLIENT_AUTH),
         },
         required=("cert-file", "key-file"),
@@ -764,17 +836,25 @@ def _report_path(value: str) -> str | None:
     return None
 
 
+def _bind(c: Checker, node: yaml.Node, path: str) -> Any:
+    """`http.bind` as text; a bare port (`bind: 8161`) is told the form (user pass)."""
+    if isinstance(node, yaml.ScalarNode) and type(port := c.value(node)) is int:
+        c.problem(node, path, f"expected HOST:PORT, such as 127.0.0.1:{port}, not a port alone")
+        return _MISSING
+    return c.typed(str)(node, path)
+
+
 def _http(c: Checker, node: yaml.Node, path: str) -> Any:
     values = c.mapping(
         node,
         path,
         {
-            "bind": c.typed(str),
+            "bind": lambda n, p: _bind(c, n, p),
             "enabled": c.typed(bool),
             "read-timeout": c.typed(int, NUMERIC_KEYS["http.read-timeout"]),  # ms
             "max-connections": c.typed(int, NUMERIC_KEYS["http.max-connections"]),
             "sample-interval": c.typed(int, NUMERIC_KEYS["http.sample-interval"]),  # ms
-            "analyze-report": c.typed(str, _report_path, nullable=True),
+            "analyze-report": c.path(_report_path, nullable=True),
         },
     )
     bind = values.pop("bind", None)
@@ -844,7 +924,7 @@ def _security(c: Checker, wildcards: WildcardConfig | None) -> Converter:
                 "sasl-mechanisms": lambda n, p: c.strings(n, p, SASL_MECHANISMS),
                 "allow-plain-without-tls": c.typed(bool),
                 "users": users,
-                "security-settings": lambda n, p: _patterns(c, n, p, wildcards, entry),
+                "security-settings": lambda n, p: _patterns(c, n, p, wildcards, entry, PERMISSIONS),
             },
         )
         security = SecurityConfig(**values)
@@ -881,14 +961,14 @@ def _event_log(c: Checker, node: yaml.Node, path: str) -> Any:
             "level": c.choice(EVENT_LOG_LEVELS),
             "properties": c.strings,
             "body-hash": _body_hash(c),
-            "max-file-bytes": s(int, NUMERIC_KEYS["event-log.max-file-bytes"]),
+            "max-file-bytes": c.size(NUMERIC_KEYS["event-log.max-file-bytes"]),
             "max-file-age": s(int, NUMERIC_KEYS["event-log.max-file-age"]),
             "compress": s(bool),
             # null: the default, a share of the file system (EventLogConfig)
-            "max-total-bytes": s(int, NUMERIC_KEYS["event-log.max-total-bytes"], nullable=True),
+            "max-total-bytes": c.size(NUMERIC_KEYS["event-log.max-total-bytes"], nullable=True),
             "max-age": s(int, NUMERIC_KEYS["event-log.max-age"]),
             "keep-until-analyzed": s(bool),
-            "min-free-bytes": s(int, NUMERIC_KEYS["event-log.min-free-bytes"], nullable=True),
+            "min-free-bytes": c.size(NUMERIC_KEYS["event-log.min-free-bytes"], nullable=True),
         },
     )
     config = EventLogConfig(**values)
@@ -929,7 +1009,7 @@ def check_tree(root: yaml.Node | None, *, source: str) -> BrokerConfig:
         "",
         {
             "name": s(str, lambda v: None if v else "must not be empty"),
-            "data-dir": s(str, nullable=True),
+            "data-dir": c.path(nullable=True),
             "acceptors": lambda n, p: _acceptors(c, n, p),
             "http": lambda n, p: _http(c, n, p),
             "persistence": _section(
@@ -945,7 +1025,7 @@ def check_tree(root: yaml.Node | None, *, source: str) -> BrokerConfig:
             "address-queue-scan-period": s(int, NUMERIC_KEYS["address-queue-scan-period"]),
             "max-redelivery-records": s(int, NUMERIC_KEYS["max-redelivery-records"]),
             "id-cache-size": s(int, NUMERIC_KEYS["id-cache-size"]),
-            "global-max-size": s(int, NUMERIC_KEYS["global-max-size"]),
+            "global-max-size": c.size(NUMERIC_KEYS["global-max-size"]),
             "event-log": lambda n, p: _event_log(c, n, p),
             "metrics": _section(c, MetricsConfig, {"artemis-names": s(bool)}),
             "wildcard-addresses": lambda n, p: wildcards or _MISSING,
@@ -975,6 +1055,8 @@ def parse_config(text: str, *, source: str = "<string>") -> BrokerConfig:
         reason = getattr(e, "problem", None) or str(e)
         if context := getattr(e, "context", None):
             reason += f" ({context})"
+        if "'\\t'" in reason:  # PyYAML's own words do not say what to do (user pass)
+            reason += ": indent with spaces, YAML does not take tabs there"
         problem = ConfigProblem(source, line, "(yaml)", f"not valid YAML: {reason}")
         raise ConfigError([problem]) from None
     if root is not None and (problem := _expansion_problem(root, source)) is not None:

@@ -3,9 +3,11 @@ and an outage: test_incremental.py, whose run over the whole log serves both).""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -79,6 +81,22 @@ def test_missing_or_empty_directory_is_a_one_line_error(
     assert code == 1
     assert capsys.readouterr().err == f"amqpbroker analyze: {message.format(d=directory)}\n"
     assert not (tmp_path / "out").exists()
+
+
+def test_an_out_directory_that_cannot_be_made_is_a_one_line_error_before_spark(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """User pass (session 9): `--out` below a file was a traceback from `mkdir` once Spark
+    had started."""
+    events = tmp_path / "events"
+    events.mkdir()
+    (events / "events-1.jsonl").write_text("{}\n")
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "report"
+    assert main(["--events", str(events), "--out", str(out)]) == 1
+    assert capsys.readouterr().err == (
+        f"amqpbroker analyze: cannot create --out {out}: {os.strerror(errno.ENOTDIR)}\n"
+    )
 
 
 def amqpbroker(*args: str) -> subprocess.CompletedProcess[str]:

@@ -139,7 +139,11 @@ ERRORS = [
         'b.yaml:3: address-settings."#".dead-letter-address: expected a string, not a list',
     ),
     ("persistence:\n  sync: maybe\n", "b.yaml:2: persistence.sync: not a boolean: 'maybe'"),
-    ("persistence:\n  sync: yes\n", "b.yaml:2: persistence.sync: not a boolean: 'yes'"),
+    (
+        "persistence:\n  sync: yes\n",
+        "b.yaml:2: persistence.sync: not a boolean: 'yes' "
+        "(write true or false: YAML 1.2 reads yes/no/on/off as text)",
+    ),
     ("persistence: true\n", "b.yaml:1: persistence: expected a mapping"),
     ("acceptors: {name: a}\n", "b.yaml:1: acceptors: expected a list"),
     ("name: null\n", "b.yaml:1: name: expected a string, not null"),
@@ -444,7 +448,7 @@ ERRORS = [
     (
         "name: x\nacceptors:\n\t- name: a\n",
         "b.yaml:3: (yaml): not valid YAML: found character '\\t' that cannot start any token "
-        "(while scanning for the next token)",
+        "(while scanning for the next token): indent with spaces, YAML does not take tabs there",
     ),
     (
         "---\na: 1\n---\nb: 2\n",

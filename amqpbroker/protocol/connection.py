@@ -480,12 +480,24 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _reopen_window(self) -> None:
-        """The engine holds no output (the socket took it all): the window is whole again,
-        and consumers it stopped are dispatched to, with the credit and drain request they
-        kept (issue 15); what that hands the engine, the next `output()` returns."""
+        """The engine holds no output (the socket took it all): the window is whole again
+        but for what its sessions still hold, and consumers it stopped are dispatched to,
+        with the credit and drain request they kept (issue 15); what that hands the
+        engine, the next `output()` returns.
+
+        A session keeps the transfers its peer's incoming-window does not let out yet
+        (seventh attack pass): with a window of 0 and all the credit it likes, a consumer
+        left the output empty while Proton held every message handed to it, and each
+        empty `output()` handed it another window's worth: a whole queue (paged messages
+        read back too) in the broker's memory, never sent."""
+        held = 0
+        session = lib.pn_session_head(self.connection._impl, 0)
+        while session != ffi.NULL:
+            held += lib.pn_session_outgoing_bytes(session)
+            session = lib.pn_session_next(session, 0)
         stalled = self.window.room <= 0
-        self.window.room = ENGINE_WINDOW_BYTES
-        if stalled and not self.closed:
+        self.window.room = ENGINE_WINDOW_BYTES - held
+        if stalled and self.window.room > 0 and not self.closed:
             consumers = list(self.consumers.values())
             if consumers:  # a different first one each time: one queue cannot starve another
                 self._resume_from = start = (self._resume_from + 1) % len(consumers)

@@ -16,8 +16,9 @@ from random import Random
 import pytest
 from support import frames as F
 
+from amqpbroker.amqp.sections import UInt
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
-from amqpbroker.protocol import AmqpConnection, Shell, moves
+from amqpbroker.protocol import AmqpConnection, Shell, connection, moves
 
 
 @pytest.fixture
@@ -121,3 +122,50 @@ def test_proton_conditions_the_spec_defines_keep_their_spelling(peer: F.RawPeer)
     peer.send(_producer(0))
     peer.send(_producer(1))
     assert _closed_with(peer) == ("amqp:invalid-field", "link name already attached: p")
+
+
+def _session_flow(*, incoming_window: int, next_incoming_id: int = 0) -> bytes:
+    """A flow on channel 1 giving the broker `incoming_window` transfers' room after
+    `next_incoming_id`, and link 0 a credit of 1000 from delivery-count 0."""
+    node = F.flow(handle=0, credit=1000)
+    node.fields[0] = F.enc(UInt(next_incoming_id))
+    node.fields[1] = F.enc(UInt(incoming_window))
+    return F.frame(node, channel=1)
+
+
+def test_a_session_window_of_0_does_not_pull_a_queue_into_the_engine(
+    peer: F.RawPeer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Seventh attack pass (issue 15, B-037): the write window refilled whenever the
+    engine had no output, but a session whose peer's incoming-window is 0 keeps its
+    transfers in Proton and writes nothing: a consumer with that session and all the
+    credit it likes was handed the whole queue (20,000 1 KB messages, 33 MB, nothing
+    sent). The window now counts what the sessions hold: about a window's worth is
+    handed, and the rest once the peer opens its window, in order."""
+    monkeypatch.setattr(connection, "ENGINE_WINDOW_BYTES", 10_000)
+    peer.connection.window.room = 10_000
+    peer.opened()
+    peer.send(_producer())
+    for n in range(50):
+        transfer = F.transfer(delivery_id=n, tag=b"%d" % n, settled=True)
+        peer.send(F.frame(transfer, payload=F.message(b"%02d" % n + b"x" * 2000)))
+    queue = peer.connection.broker.queues["q"]
+    peer.send(F.frame(F.begin(incoming_window=0), channel=1))
+    consumer = F.attach("c", handle=0, role_receiver=True, source=F.source("q", "queue"))
+    peer.send(F.frame(consumer, channel=1))
+    peer.send(_session_flow(incoming_window=0))
+    for _ in range(5):  # engine turns without anything written: still a window's worth
+        peer.send(F.frame(F.Node(F.FLOW, F.flow(handle=None).fields)))
+    assert queue.delivering <= 6  # 10,000 bytes of 2 KB messages, and one over
+    transfers = [p for _, ch, p in F.read_frames(peer.received) if ch == 1]
+    assert not [p for p in transfers if F.performative_code(p) == F.TRANSFER]
+    received = 0
+    for _ in range(60):  # the peer takes one transfer at a time
+        peer.send(_session_flow(incoming_window=1, next_incoming_id=received))
+        received = sum(
+            F.performative_code(p) == F.TRANSFER
+            for _, ch, p in F.read_frames(peer.received)
+            if ch == 1
+        )
+        assert queue.delivering - received <= 6
+    assert received == 50

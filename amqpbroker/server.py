@@ -93,7 +93,18 @@ ENGINE_MIN_TICK_S = 0.05
 # Descriptors kept free for the journal, the event log and the HTTP server: a new socket
 # is closed at once when fewer than this remain below RLIMIT_NOFILE (issue 15 item 7); a
 # quarter of a small limit, so that a broker under a tiny limit still takes connections.
-FD_RESERVE = 64
+# 64 for the broker's own files, and 64 for the sockets asyncio accepts past the line
+# before the first it refuses is closed (seventh attack pass): `ACCEPT_BATCH` a loop turn,
+# and a refused socket's descriptor is freed in the 4th turn after its accept (the
+# accepting task, `connection_made`, `connection_lost`), 4 x 16 in all.
+FD_RESERVE = 128
+# Sockets asyncio accepts in one loop turn (create_server's `backlog`, which it also
+# passes to listen()): with asyncio's 100, a burst of connections took the descriptors
+# past the 64 of the reserve, every one of them (the seventh attack pass saw fd 399 of
+# 400 taken: the journal's thread cannot open a segment then). The listen backlog stays
+# LISTEN_BACKLOG; 16 a turn still accepts a burst of 1,000 in ~60 turns.
+ACCEPT_BATCH = 16
+LISTEN_BACKLOG = 100
 REFUSED_LOG_PERIOD_S = 10.0  # at most one warning per period about refused connections
 # Password checks (security/logins.py): threads beside the loop, and how many may wait.
 PASSWORD_CHECK_WORKERS = max(1, min(4, (os.cpu_count() or 2) - 1))
@@ -586,10 +597,14 @@ class BrokerServer:
                     acceptor.host,
                     acceptor.port,
                     reuse_address=True,
+                    backlog=ACCEPT_BATCH,
                 )
             except OSError as e:
                 what = f"acceptor {acceptor.name}"
                 raise listen_error(what, "acceptors[].url", acceptor.host, acceptor.port, e) from e
+            for listening in server.sockets:  # the same socket: its backlog (Linux)
+                with listening.dup() as same:
+                    same.listen(LISTEN_BACKLOG)
             self._servers.append(server)
             port = server.sockets[0].getsockname()[1]
             self.ports[acceptor.name] = port

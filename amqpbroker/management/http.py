@@ -25,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from amqpbroker.management.api import CSRF_HEADER, HttpError, ManagementApi, is_loopback_name
+from amqpbroker.management.replies import Reply, json_reply
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,10 @@ def _handler_class(
 ) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         server_version = "amqpbroker"
+
+        def version_string(self) -> str:
+            return self.server_version  # the Server header does not name the Python release
+
         protocol_version = "HTTP/1.1"
         timeout = read_timeout_s  # writes: a client that does not read is dropped
         _reader: _DeadlineReader
@@ -113,7 +118,30 @@ def _handler_class(
             # keep-alive connection is closed after as long).
             self._reader.deadline = time.monotonic() + read_timeout_s
             self._reader.budget = MAX_HEAD_BYTES
-            super().handle_one_request()
+            try:
+                super().handle_one_request()
+            except http.client.LineTooLong:
+                # Only the request line's read lets it out (parse_headers answers 431):
+                # a target past MAX_HEAD_BYTES got no answer at all (seventh attack pass).
+                self.requestline = self.command = ""
+                self.request_version = ""  # not HTTP/0.9: a status line is written
+                self.send_error(HTTPStatus.REQUEST_URI_TOO_LONG)
+
+        def send_error(
+            self, code: int, message: str | None = None, explain: str | None = None
+        ) -> None:
+            """The standard library's own refusals (an unknown method's 501, a request line
+            or version it cannot parse, too many headers) in the API's shape, a JSON
+            `{"error": ...}`, not its HTML page (seventh attack pass); then closed."""
+            try:
+                status = HTTPStatus(code)
+            except ValueError:
+                status = HTTPStatus.BAD_REQUEST
+            self.log_message("refused %d %s", code, message or "")
+            self.close_connection = True
+            if self.request_version == "HTTP/0.9":  # a line it could not parse: not 0.9
+                self.request_version = ""  # so the status line and headers are written
+            self._send(json_reply(status, {"error": message or status.phrase}))
 
         def handle_expect_100(self) -> bool:
             """100 Continue only for a body we would read; otherwise answer first."""
@@ -166,6 +194,12 @@ def _handler_class(
                 # The body may be unread (refused before reading): never guess where the
                 # next request starts.
                 self.close_connection = True
+            self._send(reply)
+
+        def _send(self, reply: Reply) -> None:
+            """Write `reply` (all but the body for HEAD), `Connection: close` when this
+            connection ends after it."""
+            method = self.command
             self.connection.settimeout(read_timeout_s)
             try:
                 self.send_response(reply.status)

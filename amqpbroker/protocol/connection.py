@@ -99,6 +99,18 @@ HANDSHAKE_MAX_FRAME_SIZE = MAX_SASL_FRAME_BYTES
 MAX_SESSIONS = 64  # the open's channel-max is one less; Proton refuses a higher channel
 
 _UNKNOWN_PROTOCOL = "Unknown protocol detected"
+# Conditions Proton closes a connection with that AMQP 1.0 does not define (§2.8.15-18),
+# as the spec spells what they mean (seventh attack pass): a client matching on the
+# condition (Qpid JMS maps `amqp:not-allowed` to an IllegalStateException) saw neither.
+# "amqp:not allowed" is Proton's typo for a disposition range whose last precedes its
+# first; "amqp:session:invalid-field" a transfer's delivery-id out of sequence.
+_PROTON_CONDITIONS = {
+    b"amqp:not allowed": b"amqp:not-allowed",
+    b"amqp:session:invalid-field": b"amqp:invalid-field",
+}
+# Proton closes with `amqp:invalid-field` for a detach, flow or transfer on a handle no
+# link holds; AMQP 1.0 §2.7.4-2.7.6 names it `amqp:session:unattached-handle`.
+_UNATTACHED = "no such handle"
 # Output buffers are filled by the engine whole: zeroing them first is a wasted pass.
 _uncleared = ffi.new_allocator(should_clear_after_alloc=False)
 
@@ -165,6 +177,7 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         self._handles = HandleWatch(MAX_FRAME_SIZE)
         self._beginning: int | None = None  # the channel of the begin being pushed
         self._channel_sessions: dict[int, Any] = {}  # channel -> pn_session_t
+        self._sessions: list[Any] = []  # every pn_session_t opened and not yet ended
         self._attach_bytes: dict[Any, int] = {}  # pn_link_t -> its attach's bytes (attach.py)
         self.attach_bytes_total = 0
         self.window = Window(ENGINE_WINDOW_BYTES)  # issue 15: shared by its consumers
@@ -174,6 +187,7 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         # Issue 15: after a framing error the socket closes once the close frame is out.
         self._hang_up = False
         self._input_closed = False  # the engine reads no more (framing error, idle-timeout)
+        self._respelled = b""  # Proton's last output with its close re-spelled (`_spec_condition`)
         self._handlers: dict[int, Callable[[Event], None]] = {
             lib.PN_CONNECTION_REMOTE_OPEN: self._on_connection_open,
             lib.PN_CONNECTION_REMOTE_CLOSE: self._on_connection_close,
@@ -404,6 +418,8 @@ class AmqpConnection(_Attach, _Transactions, Engine):
     @property
     def finished(self) -> bool:
         """Whether the socket can be closed once `output()` has been written."""
+        if self._respelled:
+            return False
         if self._hang_up or (self.sasl is not None and self.sasl.failed):
             return True
         # Once the engine reads no more (a framing error, an expired idle-timeout), the
@@ -443,6 +459,10 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         impl = transport._impl
         chunks: list[bytes] = []
         size = 0
+        if self._respelled:
+            chunks.append(self._respelled)
+            size = len(self._respelled)
+            self._respelled = b""
         # The C API: copied out of the engine into memory nobody zeroes first, then into
         # the bytes returned; one chunk (nearly always) is returned as it is, not joined
         # (the wrappers copied the bytes three times more; issue 20).
@@ -461,12 +481,22 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     def _reopen_window(self) -> None:
-        """The engine holds no output (the socket took it all): the window is whole again,
-        and consumers it stopped are dispatched to, with the credit and drain request they
-        kept (issue 15); what that hands the engine, the next `output()` returns."""
+        """The engine holds no output (the socket took it all): the window is whole again
+        but for what its sessions still hold, and consumers it stopped are dispatched to,
+        with the credit and drain request they kept (issue 15); what that hands the
+        engine, the next `output()` returns.
+
+        A session keeps the transfers its peer's incoming-window does not let out yet
+        (seventh attack pass): with a window of 0 and all the credit it likes, a consumer
+        left the output empty while Proton held every message handed to it, and each
+        empty `output()` handed it another window's worth: a whole queue (paged messages
+        read back too) in the broker's memory, never sent."""
+        held = 0
+        for session in self._sessions:  # one C call each (Proton's list walk took three)
+            held += lib.pn_session_outgoing_bytes(session)
         stalled = self.window.room <= 0
-        self.window.room = ENGINE_WINDOW_BYTES
-        if stalled and not self.closed:
+        self.window.room = ENGINE_WINDOW_BYTES - held
+        if stalled and self.window.room > 0 and not self.closed:
             consumers = list(self.consumers.values())
             if consumers:  # a different first one each time: one queue cannot starve another
                 self._resume_from = start = (self._resume_from + 1) % len(consumers)
@@ -613,11 +643,36 @@ class AmqpConnection(_Attach, _Transactions, Engine):
     def _on_transport_error(self, event: Event) -> None:
         condition = self.transport.condition
         description = condition.description if condition else ""
+        if condition is not None:
+            self._spec_condition(condition.name, description)
         if description.startswith(_UNKNOWN_PROTOCOL):
             # Proton quotes the peer's first bytes: after the broker's SASL outcome, a
             # second sasl-init with its password (issue 15 attack pass). Never log them.
             description = f"{_UNKNOWN_PROTOCOL} (the bytes are not logged)"
         log.warning("connection %s from %s: transport error %s", self.id, self.peer, description)
+
+    def _spec_condition(self, name: str, description: str) -> None:
+        """Re-spell the condition of the close frame Proton has just posted (its error
+        path writes the frame at once, so the transport's condition is read too late) as
+        AMQP's own (`_PROTON_CONDITIONS`, `_UNATTACHED`; seventh attack pass). The output
+        Proton holds ends with that close; it is taken out, the close rewritten, and
+        `output()` returns it first."""
+        fixed = _PROTON_CONDITIONS.get(name.encode())
+        if fixed is None and name == "amqp:invalid-field" and description.startswith(_UNATTACHED):
+            fixed = b"amqp:session:unattached-handle"
+        impl = self.transport._impl
+        pending = lib.pn_transport_pending(impl)
+        if fixed is None or pending <= 0:
+            return
+        buffer = ffi.new("char[]", pending)
+        lib.pn_transport_peek(impl, buffer, pending)
+        data = ffi.buffer(buffer)[:]
+        last = _last_frame(data)
+        if last < 0 or data[last + 8 : last + 11] != b"\x00\x53\x18":
+            return  # not the close this is about: Proton's spelling stays
+        lib.pn_transport_pop(impl, pending)
+        condition = Condition(fixed.decode(), description)
+        self._respelled += data[:last] + _close_frame(condition)
 
     def _on_tail_closed(self, event: Event) -> None:
         """The engine reads no more input. Unless the peer closed or the socket is gone,
@@ -658,6 +713,7 @@ class AmqpConnection(_Attach, _Transactions, Engine):
             return
         if self._beginning is not None:
             self._channel_sessions[self._beginning] = event.session._impl
+        self._sessions.append(event.session._impl)
         event.session.open()
 
     def _end_session(self, channel: int, description: str) -> None:
@@ -715,11 +771,26 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         for channel in [c for c, i in self._channel_sessions.items() if i == session._impl]:
             del self._channel_sessions[channel]
         self._sessions_begun -= 1
+        if session._impl in self._sessions:
+            self._sessions.remove(session._impl)
         session.close()
         # Issue 15: ended on both sides, so Proton may forget it and its links (else a
         # peer that begins and ends sessions, or attaches and detaches links, on one
         # long-lived connection grows the broker by ~3 KB each time).
         session.free()
+
+
+def _last_frame(data: bytes) -> int:
+    """Where the last whole frame of `data` (the engine's output, from a frame boundary or
+    the protocol header) starts; -1 if `data` is not whole frames."""
+    pos = 8 if data.startswith(b"AMQP") else 0
+    last = -1
+    while pos + 8 <= len(data):
+        size = int.from_bytes(data[pos : pos + 4], "big")
+        if size < 8:
+            return -1
+        last, pos = pos, pos + size
+    return last if pos == len(data) else -1
 
 
 def _close_frame(condition: Condition | None) -> bytes:

@@ -30,6 +30,10 @@ def server_context(tls: TlsConfig) -> ssl.SSLContext:
             _check_readable(path)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
+    # A TLS 1.2 client may ask to renegotiate, a handshake's CPU each time on the loop;
+    # OpenSSL 3 refuses it by default, 1.1.1 (which Python 3.11 may link) does not, and
+    # an AMQP client never needs it (seventh attack pass).
+    context.options |= ssl.OP_NO_RENEGOTIATION
     try:
         context.load_cert_chain(tls.cert_file, tls.key_file)
     except ssl.SSLError as e:

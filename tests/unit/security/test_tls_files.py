@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,12 @@ def test_a_broker_start_does_not_load_cryptography() -> None:
         "sys.exit('cryptography' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0
+
+
+def test_the_server_refuses_renegotiation_whatever_openssl_defaults_to(tmp_path: Path) -> None:
+    """Seventh attack pass (issue 15): client-initiated renegotiation is a handshake's
+    CPU on the loop per request; OpenSSL 3 refuses it by default ("no renegotiation" to
+    `openssl s_client -tls1_2` and `R`), 1.1.1 allows it. The context says so itself."""
+    files = create_certificates(tmp_path, ["localhost"])
+    tls = TlsConfig(cert_file=str(files.server_cert), key_file=str(files.server_key))
+    assert acceptor_context("amqps", tls).options & ssl.OP_NO_RENEGOTIATION

@@ -2,8 +2,10 @@
 
 `make test` runs pytest twice:
 
-1. `-n 2 --dist loadfile --no-loadscope-reorder -m 'not timing and not long'`: two
-   pytest-xdist workers; a worker runs a whole module, so a module's `broker`
+1. `-n 3 --dist loadfile --no-loadscope-reorder -m 'not timing and not long'`: three
+   pytest-xdist workers on two cores (the Makefile's PYTEST_WORKERS: many tests wait on
+   wall-clock timers or a client's round trips, and the third worker uses the core they
+   leave idle); a worker runs a whole module, so a module's `broker`
    (scope="module") starts once. Two directories are one unit each (`GROUPED`, the
    scheduler below): tests/analytics/ (one worker, one SparkSession, one JVM warm-up;
    never two Spark JVMs at once) and tests/interop/ (the client stacks' builds, npm ci

@@ -36,19 +36,24 @@ run: $(STAMP)
 	@echo "The amqpbroker command is $(BIN)/amqpbroker (not on PATH): run it as $(BIN)/amqpbroker, or 'source $(BIN)/activate' first."
 	$(BIN)/amqpbroker run --config config/broker.yaml --data-dir ./data
 
-# pytest: two xdist workers, a module per worker at a time, tests/analytics/ and
+# pytest: three xdist workers on the two cores (PYTEST_WORKERS; a worker's tests leave its
+# core idle while they wait on timers, TTLs, a broker's trim interval or a client's round
+# trips, and a third worker fills that: docs/decisions.md, "Suite time, sixth pass"), a
+# module per worker at a time, tests/analytics/ and
 # tests/interop/ one unit each (one Spark JVM; the client stacks' installs one at a time:
-# tests/conftest.py), then the wall-clock `timing` tests alone in one process; each prints
+# tests/conftest.py), then the wall-clock `timing` tests alone in one process, collected
+# from tests/integration/ only (tests/conftest.py fails a `timing` test elsewhere); each prints
 # its 15 slowest tests. Kept under 10 minutes on 2 cores: what only scale adds (a standalone
 # Spark cluster, 40 crash rounds, 6,000 fuzz cases, the incremental-equals-whole analyze
 # run) is `make test-long`, which CI runs next.
+PYTEST_WORKERS ?= 3
 test: $(DEV_STAMP)
 	sh tests/support/install-browser.sh  # chromium + chromium-driver for the console tests
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/pytest -n 2 --dist loadfile --no-loadscope-reorder -m 'not timing and not long' --durations=15
-	$(BIN)/pytest -m 'timing and not long' --durations=15
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder -m 'not timing and not long' --durations=15
+	$(BIN)/pytest -m 'timing and not long' --durations=15 tests/integration
 
 # The long tier (CI runs it after `make test`; ~6 min): the `long` tests (spark-submit on a
 # standalone cluster), the crash test at 40 kills and the fuzzer at 6,000 cases.

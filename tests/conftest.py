@@ -2,16 +2,22 @@
 
 `make test` runs pytest twice:
 
-1. `-n 2 --dist loadfile --no-loadscope-reorder -m 'not timing and not long'`: two
-   pytest-xdist workers; a worker runs a whole module, so a module's `broker`
+1. `-n 3 --dist loadfile --no-loadscope-reorder -m 'not timing and not long'`: three
+   pytest-xdist workers on two cores (the Makefile's PYTEST_WORKERS: many tests wait on
+   wall-clock timers or a client's round trips, and the third worker uses the core they
+   leave idle); a worker runs a whole module, so a module's `broker`
    (scope="module") starts once. Two directories are one unit each (`GROUPED`, the
    scheduler below): tests/analytics/ (one worker, one SparkSession, one JVM warm-up;
    never two Spark JVMs at once) and tests/interop/ (the client stacks' builds, npm ci
    and apt-get as root, run one after the other in one worker, as they must on a fresh
    machine), beside each other while the other modules fill in behind them.
-2. `-m 'timing and not long'` in one process: the tests that assert how long something
-   took (an upper bound, a ratio of wall-clock times, "within 1 s": marker `timing`), with
-   no other worker competing for the cores.
+2. `-m 'timing and not long' tests/integration` in one process: the tests that assert how
+   long something took (an upper bound, a ratio of wall-clock times, "within 1 s": marker
+   `timing`), with no other worker competing for the cores. It collects tests/integration/
+   alone (`TIMING_DIR`): the whole suite's collection (pyspark, the unit tier's ~4,400
+   tests) was ~13 CPU-s of that process against ~3.5; a `timing` test anywhere else fails
+   the collection of every run (`pytest_collection_modifyitems`), so none can be skipped
+   by that tier unnoticed.
 
 (`--dist loadgroup` with `xdist_group` marks would group too, but pytest-xdist 3.8 cannot
 rename node ids on pytest 9, so groups are ignored there: hence the scheduler hook.)
@@ -35,6 +41,7 @@ if TYPE_CHECKING:
 TESTS = Path(__file__).parent
 ORDER = ("analytics", "interop", "integration")  # the longest tiers first, then the rest
 GROUPED = ("analytics", "interop")  # each one xdist work unit (module docstring)
+TIMING_DIR = "integration"  # the only directory `make test`'s timing tier collects
 
 
 def _rank(item: pytest.Item) -> int:
@@ -42,8 +49,26 @@ def _rank(item: pytest.Item) -> int:
     return ORDER.index(path.parts[0]) if path.parts[0] in ORDER else len(ORDER)
 
 
+def misplaced_timing(items: list[pytest.Item]) -> list[str]:
+    """The `timing` tests outside `TIMING_DIR`, which `make test`'s timing tier would not
+    collect (and the xdist tier deselects)."""
+    inside = TESTS / TIMING_DIR
+    return [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("timing") is not None and not item.path.is_relative_to(inside)
+    ]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The long tiers first (a stable sort: the order inside a module is kept)."""
+    """The long tiers first (a stable sort: the order inside a module is kept); a
+    `timing` test outside `TIMING_DIR` is an error (module docstring)."""
+    misplaced = misplaced_timing(items)
+    if misplaced:
+        raise pytest.UsageError(
+            f"`timing` tests belong in tests/{TIMING_DIR}/ (the Makefile's timing tier "
+            f"collects only there): {', '.join(misplaced)}"
+        )
     items.sort(key=_rank)
 
 

@@ -23,6 +23,7 @@ one fails.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import sys
 from collections.abc import Iterable, Mapping
@@ -216,27 +217,32 @@ def cycles(graph: Graph) -> list[list[str]]:
     return found
 
 
-GRAPH, EXTERNAL = import_graph(ROOT)
+@functools.cache
+def tree() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """`import_graph(ROOT)`, parsed once and only by the process that runs these tests,
+    not at import: every xdist worker collects this module (docs/decisions.md, "Suite
+    time, sixth pass")."""
+    return import_graph(ROOT)
 
 
 def test_every_package_has_a_row() -> None:
     """A new room needs a decision about what it may import, not a silent default."""
-    assert {package_of(m) for m in GRAPH} - {"amqpbroker"} <= set(ALLOWED)
+    assert {package_of(m) for m in tree()[0]} - {"amqpbroker"} <= set(ALLOWED)
 
 
 def test_packages_import_only_what_the_drawing_allows() -> None:
     """STYLE.md section 2: e.g. `store/` never imports `protocol/`; `amqp/` nothing."""
-    assert layer_violations(GRAPH) == []
+    assert layer_violations(tree()[0]) == []
 
 
 def test_third_party_only_in_its_room() -> None:
     """proton only in protocol/, yaml only in config/, pyspark only in analytics/, ..."""
-    assert third_party_violations(EXTERNAL) == []
+    assert third_party_violations(tree()[1]) == []
 
 
 def test_no_import_cycles_between_modules() -> None:
     """No module reaches itself through imports (lazy ones included)."""
-    assert cycles(GRAPH) == []
+    assert cycles(tree()[0]) == []
 
 
 def test_no_room_imports_another_rooms_private_parts() -> None:
@@ -301,7 +307,7 @@ def graph_of(sources: Mapping[str, str]) -> dict[str, set[str]]:
     """The internal import graph of synthetic modules ({name: source}; a name ending in
     `.__init__` is a package), as `import_graph` builds it for the tree (whose modules
     `from pkg import module` may name)."""
-    names = set(GRAPH) | {m.removesuffix(".__init__") for m in sources}
+    names = set(tree()[0]) | {m.removesuffix(".__init__") for m in sources}
     graph = {}
     for module, source in sources.items():
         name = module.removesuffix(".__init__")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import typing
 from collections import defaultdict
 from pathlib import Path
@@ -48,8 +49,11 @@ REPORTERS = {
 }
 
 
+@functools.cache
 def _scan() -> tuple[set[str], dict[str, set[str]]]:
-    """Attribute names read as effects, and copier flows (source attribute -> fields)."""
+    """Attribute names read as effects, and copier flows (source attribute -> fields).
+    Walked once, by the process that runs these tests, not at import: every xdist worker
+    collects this module (docs/decisions.md, "Suite time, sixth pass")."""
     direct: set[str] = set()
     flows: dict[str, set[str]] = defaultdict(set)
     for path in sorted(ROOT.rglob("*.py")):
@@ -87,14 +91,12 @@ def _scan() -> tuple[set[str], dict[str, set[str]]]:
     return direct, flows
 
 
-DIRECT, FLOWS = _scan()
-
-
 def is_read(name: str, seen: frozenset[str] = frozenset()) -> bool:
     """Whether field `name` is read as an effect, directly or through a copy."""
-    if name in DIRECT:
+    direct, flows = _scan()
+    if name in direct:
         return True
-    return any(is_read(t, seen | {name}) for t in FLOWS.get(name, ()) if t not in seen)
+    return any(is_read(t, seen | {name}) for t in flows.get(name, ()) if t not in seen)
 
 
 SETTINGS = [f.name for f in dataclasses.fields(ResolvedSettings)]
@@ -147,7 +149,7 @@ def test_every_broker_key_is_read(field: str) -> None:
 def test_the_walk_sees_what_it_must() -> None:
     """The scan itself: a known effect is seen, a copy alone is not, reporters are ignored."""
     assert is_read("redelivery_delay")  # core/redelivery.py
-    assert "default_max_consumers" not in DIRECT  # only copied into max_consumers...
+    assert "default_max_consumers" not in _scan()[0]  # only copied into max_consumers...
     assert is_read("default_max_consumers")  # ...which core/attach.py reads
     assert set(UNSUPPORTED_SETTINGS) <= set(SETTINGS)
     assert set(UNSUPPORTED_QUEUE_OPTIONS) <= set(QUEUE_OPTIONS)

@@ -40,8 +40,9 @@ arrived is written and the last file renamed. A torn frame at the end (the broke
 sending it) is ignored: the broker counted its events as dropped.
 
 Disk budget (issue 17): with `compress` (the default) a rotated file is gzipped here,
-off the broker's loop, straight from `.part` to `.jsonl.gz` (never a plain `.jsonl`
-first: `analyze` would read both). After every rotation, and every RETENTION_SECONDS,
+off the broker's loop (with ISA-L when the `isal` wheel loads, else zlib; issue 20),
+straight from `.part` to `.jsonl.gz` (never a plain `.jsonl` first: `analyze` would read
+both). After every rotation, and every RETENTION_SECONDS,
 `retention.decide_retention` picks the oldest finished files to delete (over
 `max_total_bytes`, older than `max_age`; never one `analyze` has not compacted when
 `keep_until_analyzed`); deletions are counted and logged. Before every frame, free space
@@ -66,6 +67,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
+import gc
 import gzip
 import hashlib
 import json
@@ -122,6 +124,14 @@ SPACE_CHECK_SECONDS = 1.0
 # gzip level of rotated files: measured on broker events (docs/decisions.md), level 1
 # gives most of level 6's ratio at a fraction of its CPU.
 GZIP_LEVEL = 1
+# ISA-L's deflate (the `isal` wheel, a dependency) when it loads: level 1 took ~1 us a
+# benchmark message against zlib's ~5 (40x against 43x smaller), the largest part of the
+# writer's CPU after formatting (issue 20); stdlib gzip otherwise (same files, same level).
+_GzipFile: type[gzip.GzipFile] = gzip.GzipFile
+with contextlib.suppress(ImportError):
+    from isal import igzip
+
+    _GzipFile = igzip.GzipFile
 _COPY_BYTES = 1 << 20
 # B-170: the JSONL fields, in order; the one list of them (the process that writes the
 # lines owns it: the core builds events as shapes, this process adds seq, broker, props and
@@ -355,6 +365,7 @@ class ChildWriter:
         while True:
             if time.monotonic() >= self._next_retention:
                 self._retain()
+                gc.collect()  # the only collection when `run()` turned them off
             ready, _, _ = select.select([fd_in], [], [], self._seconds_to_wait())
             if not ready:
                 self._rotate_if_due(None)
@@ -796,7 +807,7 @@ class ChildWriter:
                 with (
                     part.open("rb") as src,
                     tmp.open("wb") as raw,
-                    gzip.GzipFile(
+                    _GzipFile(
                         filename=final.name, mode="wb", fileobj=raw, compresslevel=GZIP_LEVEL
                     ) as out,
                 ):
@@ -1074,6 +1085,12 @@ def run() -> None:
     with contextlib.suppress(AttributeError, OSError):
         os.nice(10)
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    # No automatic garbage collection: what this process makes per frame (unmarshalled
+    # tuples, texts) holds no reference cycles and dies by reference counting, while the
+    # collector walked every frame's ~20k live tuples, and again in older generations:
+    # ~4% of its instructions (issue 20). `ChildWriter.run` collects once a minute, so a
+    # cycle an error path might make (a traceback) is still freed.
+    gc.disable()
     config = json.loads(sys.argv[1])
     status_fd = os.dup(1)
     os.dup2(2, 1)  # a stray print must not corrupt the status frames

@@ -276,6 +276,7 @@ def test_the_rules_are_the_architecture_table() -> None:
     assert THIRD_PARTY["amqp"] == {"mypy_extensions"}  # mypyc_attr: setup.py (issue 20)
     assert THIRD_PARTY["core"] == {"mypy_extensions"}  # the same, for `Broker`
     assert THIRD_PARTY["store"] == set()
+    assert THIRD_PARTY["eventlog"] == {"isal"}  # the writer process's gzip (issue 20)
 
 
 def test_every_module_is_named_in_its_rooms_row() -> None:

@@ -1389,7 +1389,8 @@ def test_the_fast_lines_are_the_generic_lines_byte_for_byte(tmp_path: Path) -> N
     """Issue 20: `_format`'s common line (cached texts; a frame's shape texts found by
     `id(shape)`, `{ts}` without a format spec) must be the bytes `_line`, the one generic
     B-170 template, writes: for shared shape tuples, an equal shape in another tuple, a
-    `sent` with target queues, two frames reusing a shape, a redelivery count."""
+    `sent` with target queues (its extra shared, as `Queue.event_routed` is, also with
+    another shape and another extra), two frames reusing a shape, a redelivery count."""
     from amqpbroker.eventlog.child import ChildWriter
 
     config = {
@@ -1405,6 +1406,7 @@ def test_the_fast_lines_are_the_generic_lines_byte_for_byte(tmp_path: Path) -> N
     fast = ChildWriter(config, report=lambda: None)
     generic = ChildWriter(config, report=lambda: None)
     sent = event("sent", target_queues=("q1", "q2"), connection="c1", link="l1")
+    other_sent = event("sent", target_queues=("q3",), connection="c2", link="l9")
     enqueued = event("enqueued", queue="q1", routing_type="ANYCAST", reason="route")
     dispatched = event("dispatched", queue="q1", routing_type="ANYCAST", link="l2")
     shape_twin = tuple(list(dispatched[0]))  # equal to dispatched's shape, another tuple
@@ -1414,6 +1416,9 @@ def test_the_fast_lines_are_the_generic_lines_byte_for_byte(tmp_path: Path) -> N
         part = (msg_id, msg_id % 2 == 0, len(data), 1_700_000_000_000 + msg_id, data)
         frame = frames[msg_id // 4]
         frame.append((sent[0], 10 + msg_id, part, None, sent[4]))
+        if msg_id % 2:  # the same extra with another producer's shape, and another extra
+            frame.append((other_sent[0], 10 + msg_id, part, None, sent[4]))
+            frame.append((sent[0], 10 + msg_id, part, None, other_sent[4]))
         frame.append((enqueued[0], 11 + msg_id, part, None, None))
         shape = shape_twin if msg_id == 5 else dispatched[0]
         frame.append((shape, 12 + msg_id, part, msg_id % 3, None))

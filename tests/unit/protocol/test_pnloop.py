@@ -39,6 +39,21 @@ def test_the_fused_module_binds_every_function() -> None:
     assert pnloop.bind(module)
 
 
+def test_the_fused_calls_refuse_a_null_or_a_non_int_pointer() -> None:
+    """Issue 20: `_pnloop` takes proton's pointers as ints; 0 or another type raises
+    instead of reaching proton (a crash), and a wrong arity is a TypeError."""
+    module = support.fused_module()
+    assert pnloop.bind(module)
+    with pytest.raises(ValueError, match="NULL"):
+        module.settle(0)
+    with pytest.raises(TypeError):
+        module.settle("not a pointer")
+    with pytest.raises(TypeError):
+        module.accept()
+    with pytest.raises(ValueError, match="NULL"):
+        module.next(0, 0)
+
+
 def test_send_receive_accept_in_order(shell: Shell) -> None:
     """B-023/B-041: each send accepted, each message delivered once in order, each accept
     acks it: the fused loop reads and pops every event exactly once."""

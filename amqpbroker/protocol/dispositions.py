@@ -52,7 +52,8 @@ def outcome_at(delivery: Any, state: int, modified: int = -1) -> Outcome | None:
     if state == _MODIFIED:
         if modified >= 0:
             return _MODIFIED_OUTCOMES[modified]
-        remote = _delivery_remote(_pointer(delivery))
+        # (an int key only from the fused loop's rare paths: no call for a cdata)
+        remote = _delivery_remote(_pointer(delivery) if type(delivery) is int else delivery)
         failed = 2 if _is_failed(remote) else 0
         return _MODIFIED_OUTCOMES[failed + (1 if _is_undeliverable(remote) else 0)]
     if state == _REJECTED:

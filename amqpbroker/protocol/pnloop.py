@@ -101,13 +101,13 @@ TAG_STRUCTS: Final[tuple[Any, ...]] = tuple(pointer[0] for pointer in _TAG_POINT
 # A transfer of up to this many bytes is read into one buffer the loop thread reuses and
 # copied out once (`ffi.unpack`): a bytearray, its cdata view and the copy to bytes were
 # ~2k instructions a message (issue 20). Larger ones get a buffer of their own.
-_RECV_BYTES: Final = 64 * 1024
-_uncleared: Final = ffi.new_allocator(should_clear_after_alloc=False)
-_RECV_BUFFER: Final = _uncleared("char[]", _RECV_BYTES)
+RECV_BYTES: Final = 64 * 1024
+uncleared: Final = ffi.new_allocator(should_clear_after_alloc=False)
+RECV_BUFFER: Final = uncleared("char[]", RECV_BYTES)
 
 
 def _recv(link: Any, size: int) -> bytes | int:
-    buffer = _RECV_BUFFER if size <= _RECV_BYTES else _uncleared("char[]", size)
+    buffer = RECV_BUFFER if size <= RECV_BYTES else uncleared("char[]", size)
     received: int = _pn_link_recv(link, buffer, size)
     _pn_link_advance(link)
     return received if received < 0 else ffi.unpack(buffer, received)

@@ -38,7 +38,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
-from cproton_ffi import lib
+from cproton_ffi import ffi, lib
 from proton import Condition, Delivery, Event, Link
 
 import amqpbroker.protocol.pnloop as pnloop
@@ -97,6 +97,15 @@ _pn_event_delivery: Final = lib.pn_event_delivery
 _pn_event_link: Final = lib.pn_event_link
 _pn_event_type: Final = lib.pn_event_type
 _pn_link_get_drain: Final = lib.pn_link_get_drain
+_pn_link_recv: Final = lib.pn_link_recv
+_pn_link_advance: Final = lib.pn_link_advance
+_pn_delivery_update: Final = lib.pn_delivery_update
+_pn_delivery_settle: Final = lib.pn_delivery_settle
+_PN_ACCEPTED: Final[int] = lib.PN_ACCEPTED
+_unpack: Final = ffi.unpack
+_RECV_BYTES: Final = pnloop.RECV_BYTES
+_RECV_BUFFER: Final = pnloop.RECV_BUFFER
+_uncleared: Final = pnloop.uncleared
 # The engine calls of the code both loops share (`pnloop.py`): with `_pnloop` they take
 # the int keys of its loop, one C call each; without, proton's binding.
 _FAST: Final[bool] = pnloop.FAST
@@ -383,7 +392,14 @@ class Transfers:
         # The bytes, the link advanced; an aborted delivery reads as PN_ABORTED (an int
         # < 0): no C call to ask (issue 20). With `_pnloop`, proton copies into the
         # bytes object itself (one call, no buffer of the loop's and its copy).
-        received: bytes | int = _recv(link, size)
+        received: bytes | int
+        if _FAST:
+            received = _recv(link, size)
+        else:  # inline (a constant's branch): a call more costs pure Python ~0.5k
+            buffer = _RECV_BUFFER if size <= _RECV_BYTES else _uncleared("char[]", size)
+            count: int = _pn_link_recv(link, buffer, size)
+            _pn_link_advance(link)
+            received = count if count < 0 else _unpack(buffer, count)
         producer = self.producers.get(link)
         if producer is None or type(received) is not bytes:
             if link in self.coordinators and not _delivery_aborted(delivery):
@@ -432,8 +448,11 @@ class Transfers:
                     store.when_stored(functools.partial(self.settle_stored, awaiting))
                 _incref(delivery)
                 awaiting.append(delivery)
-            else:
+            elif _FAST:
                 _accept(delivery)  # and settled
+            else:
+                _pn_delivery_update(delivery, _PN_ACCEPTED)
+                _pn_delivery_settle(delivery)
         self._top_up(link, producer)
 
     def _over_credit(self, delivery: Any, producer: ProducerLink) -> None:

@@ -76,13 +76,13 @@ typecheck: $(DEV_STAMP)
 # its hot modules compiled by mypyc: setup.py) against the Qpid Proton C example broker
 # and RabbitMQ, one run, reps interleaved (bench/peers.sh; N, REPS, PEERS, ... override).
 # The broker is installed (not editable) in .bench/.venv, again whenever a source changed;
-# if mypyc or the C compiler fails there, it installs as pure Python. cffi (python-qpid-proton's
-# own dependency) is there before the build: setup.py builds protocol/_pnloop.c with it.
+# if mypyc or the C compiler fails there, it installs as pure Python. setup.py builds
+# protocol/_pnloop.c with the same compiler (C_MODULES; it no longer needs cffi there).
 BENCH_VENV := .bench/.venv
 BENCH_STAMP := $(BENCH_VENV)/.installed-$(HASH)
 $(BENCH_STAMP): pyproject.toml setup.py $(shell find amqpbroker -name '*.py' -o -name '*.[ch]')
 	test -x $(BENCH_VENV)/bin/python || $(PYTHON) -m venv $(BENCH_VENV)
-	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip 'setuptools>=77' wheel mypy cffi
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip 'setuptools>=77' wheel mypy
 	rm -rf build  # an earlier build's extensions would go into the wheel too
 	AMQPBROKER_MYPYC=1 $(BENCH_VENV)/bin/python -m pip install -q --no-build-isolation .
 	rm -f $(BENCH_VENV)/.installed-* && touch $@

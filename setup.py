@@ -63,28 +63,15 @@ HOT_MODULES = [
     "amqpbroker/core/totals.py",  # `BrokerStats.routed += 1` per message: native (issue 20)
 ]
 
-# Hand-written C beside mypyc's, built with it (the same compiler, no other dependency):
-# the open's bulk frame reader, crc included (issue 23 item 4, docs/decisions.md
-# "Recovery, fifth pass"). Each has a pure-Python fallback in the module that imports it.
-C_MODULES = {"amqpbroker.store._framescan": "amqpbroker/store/_framescan.c"}
-# Hand-written C built through cffi (cffi is python-qpid-proton's own dependency): the hot
-# path's fused engine calls (issue 20, `protocol/pnloop.py`, which falls back to proton's
-# binding without it), name -> (its C, its cdef).
-CFFI_MODULES = {
-    "amqpbroker.protocol._pnloop": (
-        "amqpbroker/protocol/_pnloop.c",
-        "amqpbroker/protocol/_pnloop.h",
-    )
+# Hand-written C beside mypyc's, built with it (the same compiler, no other dependency),
+# each with a pure-Python fallback in the module that imports it: the open's bulk frame
+# reader, crc included (issue 23 item 4, docs/decisions.md "Recovery, fifth pass"); the
+# hot path's engine calls, fused, proton's pointers as ints (issue 20, `protocol/pnloop.py`,
+# which falls back to proton's binding call by call without it).
+C_MODULES = {
+    "amqpbroker.store._framescan": "amqpbroker/store/_framescan.c",
+    "amqpbroker.protocol._pnloop": "amqpbroker/protocol/_pnloop.c",
 }
-# cffi wraps each call in a GIL release and errno save: these C functions only call the
-# engine of the loop thread's own connection and never block, so both go (~400
-# instructions a call, issue 20).
-_GIL_LINES = (
-    "  Py_BEGIN_ALLOW_THREADS\n",
-    "  _cffi_restore_errno();\n",
-    "  _cffi_save_errno();\n",
-    "  Py_END_ALLOW_THREADS\n",
-)
 
 
 def _say(text: str) -> None:
@@ -103,30 +90,6 @@ class OptionalBuildExt(build_ext):
             _say(f"mypyc build failed ({e}); installing pure Python")
 
 
-def cffi_sources(out: Path) -> list[Any]:
-    """Extensions of CFFI_MODULES: each one's C, as cffi writes it, into `out` (none
-    without cffi)."""
-    try:
-        import cffi
-    except ImportError:
-        _say("no cffi: the engine calls one by one")
-        return []
-    built = []
-    for name, (source, cdef) in CFFI_MODULES.items():
-        builder = cffi.FFI()
-        builder.cdef(Path(cdef).read_text())
-        builder.set_source(name, Path(source).read_text())
-        target = out / (name.rsplit(".", 1)[1] + "_cffi.c")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        builder.emit_c_code(str(target))
-        code = target.read_text()
-        for line in _GIL_LINES:
-            code = code.replace(line, "")
-        target.write_text(code)
-        built.append(Extension(name, [str(target)], extra_compile_args=["-O2"]))
-    return built
-
-
 def ext_modules() -> list[Any]:
     if os.environ.get("AMQPBROKER_MYPYC") != "1":
         return []
@@ -141,14 +104,9 @@ def ext_modules() -> list[Any]:
     except BaseException as e:  # mypyc exits (SystemExit) on a type error
         _say(f"mypyc cannot compile ({e!r}); pure Python")
         return []
-    return (
-        compiled
-        + [
-            Extension(name, [source], extra_compile_args=["-O2"])
-            for name, source in C_MODULES.items()
-        ]
-        + cffi_sources(Path("build") / "cffi")
-    )
+    return compiled + [
+        Extension(name, [source], extra_compile_args=["-O2"]) for name, source in C_MODULES.items()
+    ]
 
 
 if __name__ == "__main__":  # setuptools runs this file as __main__; tests import it

@@ -1,12 +1,21 @@
-/* The hot path's calls into the Proton engine, fused (issue 20): what `transfers.py` and
-   `shell.py` did with several cffi calls per message (each converting its arguments and
-   releasing and retaking the GIL, ~1k instructions) in one. setup.py builds this with
-   cffi (`_pnloop.h` is its cdef) and removes the GIL release of these calls: each does a
-   few engine calls on memory of the loop thread's own connection, nothing that blocks.
-   Proton's functions are called through pointers that `protocol/pnloop.py` takes from
-   python-qpid-proton's own binding (`amqpb_bind`), so nothing is linked against it. */
+/* The hot path's calls into the Proton engine (issue 20): a plain CPython extension
+   (METH_FASTCALL, built by setup.py C_MODULES beside mypyc's modules) that does what
+   `transfers.py` and `shell.py` did with several cffi calls per message in one, and
+   takes and returns proton's pointers as Python ints (their addresses): no cdata object
+   is made per call, and cffi's conversions of arguments and results (0.7-1.2k
+   instructions a call, callgrind) are gone. `protocol/pnloop.py` says which maps are
+   keyed by these ints (`key`) and turns one back into a cdata for proton's wrappers on
+   the rare paths (`pointer`).
+
+   Proton's functions are called through pointers that `pnloop.py` takes from
+   python-qpid-proton's own binding (`bind`), so nothing is linked against it. Loop
+   thread only: the calls touch the engine of that thread's own connection and never
+   block, so the GIL is kept. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <limits.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/types.h>
@@ -38,6 +47,12 @@ static int (*object_decref)(void *);
 static void *(*delivery_remote)(void *);
 static bool (*disposition_is_failed)(void *);
 static bool (*disposition_is_undeliverable)(void *);
+static void *(*link_current)(void *);
+static bool (*delivery_aborted)(void *);
+static bool (*delivery_settled)(void *);
+static void (*link_flow)(void *, int);
+static void *(*object_incref)(void *);
+static bool (*link_is_receiver)(void *);
 
 /* The order of pnloop.py's FUNCTIONS. */
 static void **const SLOTS[] = {
@@ -48,54 +63,88 @@ static void **const SLOTS[] = {
     (void **)&delivery_settle, (void **)&delivery_new, (void **)&link_send,
     (void **)&link_credit, (void **)&link_get_drain, (void **)&object_decref,
     (void **)&delivery_remote, (void **)&disposition_is_failed,
-    (void **)&disposition_is_undeliverable,
+    (void **)&disposition_is_undeliverable, (void **)&link_current,
+    (void **)&delivery_aborted, (void **)&delivery_settled, (void **)&link_flow,
+    (void **)&object_incref, (void **)&link_is_receiver,
 };
+#define NSLOTS ((Py_ssize_t)(sizeof(SLOTS) / sizeof(SLOTS[0])))
+static int bound = 0;
 
-int amqpb_bind(void **functions, int count) {
-    int n = (int)(sizeof(SLOTS) / sizeof(SLOTS[0]));
-    if (count != n) return -1;
-    for (int i = 0; i < n; i++) {
-        if (functions[i] == NULL) return -1;
-        *SLOTS[i] = functions[i];
-    }
-    return n;
+/* A pointer argument: a Python int (its address); NULL (and an exception) for another
+   type, 0, or before `bind`: the engine is never called with NULL or unbound. */
+static inline void *ptr(PyObject *arg) {
+    void *p = PyLong_AsVoidPtr(arg);
+    if (p == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "_pnloop: a NULL pointer");
+    return p;
 }
 
-/* The collector's next event (the previous one popped first if `pop_previous`), its
-   numbers packed into the result, 0 for none (issue 20: each read of a cdata array from
-   Python cost ~290 instructions, four a message). `amqpb_pointers`: [0] the event, [1] its
-   delivery (NULL unless PN_DELIVERY), [2] the delivery's link, else the event's (NULL if
-   none). The result: bits 0-7 the event type (`AMQPB_TYPE_BITS`); of a delivery, bit 8
-   whether it is partial, bits 9-16 its remote state (`AMQPB_STATE_FAR` for one of 255 or
-   more: then `amqpb_numbers[0]` holds it), bits 17-18 of a modified state 2 x delivery-failed +
-   undeliverable-here, bits 19- its pending bytes; of PN_LINK_FLOW, bit 8 whether the
-   link drains, bits 9- its credit (signed: the result is credit x 512 + ...). */
-enum { AMQPB_TYPE_BITS = 8, AMQPB_STATE_FAR = 255 };
+static inline PyObject *address(void *p) { return PyLong_FromVoidPtr(p); }
 
-/* The loop thread's out-arrays of `amqpb_next`, one pair for every connection's loop: each
-   reads them right after its call, before anything that could run another loop (two cffi
-   argument conversions an event fewer than arrays passed in, issue 20). */
-void *amqpb_pointers[3];
-int64_t amqpb_numbers[1];
+static int arity(const char *name, Py_ssize_t nargs, Py_ssize_t expected) {
+    if (!bound) {
+        PyErr_SetString(PyExc_RuntimeError, "_pnloop: not bound (pnloop.bind)");
+        return -1;
+    }
+    if (nargs != expected) {
+        PyErr_Format(PyExc_TypeError, "_pnloop.%s takes %zd arguments (%zd given)", name,
+                     expected, nargs);
+        return -1;
+    }
+    return 0;
+}
 
-int64_t amqpb_next(void *collector, int pop_previous) {
-    void **pointers = amqpb_pointers;
-    int64_t *numbers = amqpb_numbers;
+/* bind(addresses): proton's functions, a tuple of ints in FUNCTIONS' order; returns how
+   many were bound, -1 for a wrong count or a NULL. */
+static PyObject *m_bind(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 1 || !PyTuple_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "_pnloop.bind takes one tuple");
+        return NULL;
+    }
+    PyObject *functions = args[0];
+    if (PyTuple_GET_SIZE(functions) != NSLOTS) return PyLong_FromLong(-1);
+    void *found[sizeof(SLOTS) / sizeof(SLOTS[0])];
+    for (Py_ssize_t i = 0; i < NSLOTS; i++) {
+        found[i] = PyLong_AsVoidPtr(PyTuple_GET_ITEM(functions, i));
+        if (found[i] == NULL) {
+            if (PyErr_Occurred()) return NULL;
+            return PyLong_FromLong(-1);
+        }
+    }
+    for (Py_ssize_t i = 0; i < NSLOTS; i++) *SLOTS[i] = found[i];
+    bound = 1;
+    return PyLong_FromSsize_t(NSLOTS);
+}
+
+/* next(collector, pop_previous): the collector's next event (the previous one popped
+   first if `pop_previous`) as (packed, link, other), or None for none. `link`: the
+   delivery's link, else the event's (0 if none); `other`: the delivery of a PN_DELIVERY,
+   else the event itself (for proton's wrapper, `pnloop.pointer`). `packed`: bits 0-7 the
+   event type; of a delivery, bit 8 whether it is partial, bits 9-16 its remote state
+   (255 for one of 255 or more: read it with `remote_state`), bits 17-18 of a modified
+   state 2 x delivery-failed + undeliverable-here, bits 19- its pending bytes; of
+   PN_LINK_FLOW, bit 8 whether the link drains, bits 9- its credit (signed: the result
+   is credit x 512 + ...). */
+static PyObject *m_next(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (arity("next", nargs, 2) < 0) return NULL;
+    void *collector = ptr(args[0]);
+    if (collector == NULL) return NULL;
+    int pop_previous = PyObject_IsTrue(args[1]);
+    if (pop_previous < 0) return NULL;
     if (pop_previous) collector_pop(collector);
     void *event = collector_peek(collector);
-    if (event == NULL) return 0;
-    pointers[0] = event;
+    if (event == NULL) Py_RETURN_NONE;
     void *delivery = event_delivery(event);
-    pointers[1] = delivery;
+    int64_t packed;
+    void *link;
+    void *other;
     if (delivery != NULL) {
-        pointers[2] = delivery_link(delivery);
+        link = delivery_link(delivery);
+        other = delivery;
         uint64_t state = delivery_remote_state(delivery);
-        int64_t packed = AMQPB_DELIVERY;
+        packed = AMQPB_DELIVERY;
         if (delivery_partial(delivery)) packed |= 1 << 8;
-        if (state >= AMQPB_STATE_FAR) {
-            numbers[0] = (int64_t)state;
-            state = AMQPB_STATE_FAR;
-        }
+        if (state >= 255) state = 255;
         packed |= (int64_t)state << 9;
         if (state == AMQPB_MODIFIED) {
             void *remote = delivery_remote(delivery);
@@ -103,37 +152,108 @@ int64_t amqpb_next(void *collector, int pop_previous) {
                                 (disposition_is_undeliverable(remote) ? 1 : 0))
                       << 17;
         }
-        return packed | (int64_t)delivery_pending(delivery) << 19;
+        packed |= (int64_t)delivery_pending(delivery) << 19;
+    } else {
+        link = event_link(event);
+        other = event;
+        int type = event_type(event);
+        if (type == AMQPB_LINK_FLOW && link != NULL)
+            packed = (int64_t)link_credit(link) * 512 + (link_get_drain(link) ? 256 : 0) + type;
+        else
+            packed = type;
     }
-    void *link = event_link(event);
-    pointers[2] = link;
-    int type = event_type(event);
-    if (type == AMQPB_LINK_FLOW && link != NULL) {
-        return (int64_t)link_credit(link) * 512 + (link_get_drain(link) ? 256 : 0) + type;
+    PyObject *result = PyTuple_New(3);
+    if (result == NULL) return NULL;
+    PyObject *items[3] = {PyLong_FromLongLong(packed), address(link), address(other)};
+    for (int i = 0; i < 3; i++) {
+        if (items[i] == NULL) {
+            Py_DECREF(result);
+            for (int j = 0; j < 3; j++) Py_XDECREF(items[j]);
+            return NULL;
+        }
     }
-    return type;
+    for (int i = 0; i < 3; i++) PyTuple_SET_ITEM(result, i, items[i]);
+    return result;
 }
 
-/* The link's current (complete) delivery read into `buffer`, then the link advanced: the
-   bytes received, or proton's negative code (PN_ABORTED, PN_EOS). */
-int64_t amqpb_recv(void *link, char *buffer, size_t size) {
-    ssize_t received = link_recv(link, buffer, size);
+/* recv(link, size): the link's current (complete) delivery's bytes (up to `size`), the
+   link advanced; or proton's negative code (PN_ABORTED, PN_EOS) as an int. The bytes
+   object is the buffer proton copies into: no buffer and copy of the loop's. */
+static PyObject *m_recv(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (arity("recv", nargs, 2) < 0) return NULL;
+    void *link = ptr(args[0]);
+    if (link == NULL) return NULL;
+    Py_ssize_t size = PyLong_AsSsize_t(args[1]);
+    if (size < 0) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "_pnloop.recv: size < 0");
+        return NULL;
+    }
+    PyObject *data = PyBytes_FromStringAndSize(NULL, size);
+    if (data == NULL) return NULL;
+    ssize_t received = link_recv(link, PyBytes_AS_STRING(data), (size_t)size);
     link_advance(link);
-    return (int64_t)received;
+    if (received < 0) {
+        Py_DECREF(data);
+        return PyLong_FromSsize_t(received);
+    }
+    if (received < size && _PyBytes_Resize(&data, received) < 0) return NULL;
+    return data;
 }
 
-void amqpb_accept(void *delivery) {
-    delivery_update(delivery, AMQPB_ACCEPTED);
-    delivery_settle(delivery);
-}
+/* One pointer argument, the C function called on it: the calls of one step fused. */
+#define ONE_POINTER(NAME, BODY)                                                          \
+    static PyObject *m_##NAME(PyObject *self, PyObject *const *args, Py_ssize_t nargs) { \
+        if (arity(#NAME, nargs, 1) < 0) return NULL;                                     \
+        void *p = ptr(args[0]);                                                          \
+        if (p == NULL) return NULL;                                                      \
+        BODY                                                                             \
+    }
 
-void amqpb_settle(void *delivery) { delivery_settle(delivery); }
-
+ONE_POINTER(accept, {
+    delivery_update(p, AMQPB_ACCEPTED);
+    delivery_settle(p);
+    Py_RETURN_NONE;
+})
+ONE_POINTER(settle, {
+    delivery_settle(p);
+    Py_RETURN_NONE;
+})
 /* A durable send stored: accepted, settled, and the reference the loop kept let go. */
-void amqpb_accept_stored(void *delivery) {
-    delivery_update(delivery, AMQPB_ACCEPTED);
-    delivery_settle(delivery);
-    object_decref(delivery);
+ONE_POINTER(accept_stored, {
+    delivery_update(p, AMQPB_ACCEPTED);
+    delivery_settle(p);
+    object_decref(p);
+    Py_RETURN_NONE;
+})
+ONE_POINTER(incref, {
+    object_incref(p);
+    Py_RETURN_NONE;
+})
+ONE_POINTER(decref, {
+    object_decref(p);
+    Py_RETURN_NONE;
+})
+ONE_POINTER(link_credit, return PyLong_FromLong(link_credit(p));)
+ONE_POINTER(link_current, return address(link_current(p));)
+ONE_POINTER(link_is_receiver, return PyBool_FromLong(link_is_receiver(p));)
+ONE_POINTER(delivery_aborted, return PyBool_FromLong(delivery_aborted(p));)
+ONE_POINTER(delivery_settled, return PyBool_FromLong(delivery_settled(p));)
+ONE_POINTER(delivery_partial, return PyBool_FromLong(delivery_partial(p));)
+ONE_POINTER(delivery_pending, return PyLong_FromSize_t(delivery_pending(p));)
+ONE_POINTER(remote_state, return PyLong_FromUnsignedLongLong(delivery_remote_state(p));)
+
+static PyObject *m_link_flow(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (arity("link_flow", nargs, 2) < 0) return NULL;
+    void *link = ptr(args[0]);
+    if (link == NULL) return NULL;
+    long credit = PyLong_AsLong(args[1]);
+    if (credit == -1 && PyErr_Occurred()) return NULL;
+    if (credit < INT_MIN || credit > INT_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "_pnloop.link_flow: credit out of range");
+        return NULL;
+    }
+    link_flow(link, (int)credit);
+    Py_RETURN_NONE;
 }
 
 /* `id` in decimal at the end of `end`'s buffer (20 bytes before it hold any uint64): where
@@ -147,15 +267,54 @@ static char *decimal(char *end, uint64_t id) {
     return start;
 }
 
-/* A transfer of `data` on `link` tagged with `id` in decimal (`shell.delivery_id_of` reads
-   it back), settled at once if `settle`: the new delivery. */
-void *amqpb_send(void *link, uint64_t id, const char *data, size_t size, int settle) {
+/* send(link, id, data, settle): a transfer of `data` (bytes, or any buffer) on `link`
+   tagged with `id` (a uint64) in decimal (`shell.delivery_id_of` reads it back), settled
+   at once if `settle`: the new delivery's address. */
+static PyObject *m_send(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (arity("send", nargs, 4) < 0) return NULL;
+    void *link = ptr(args[0]);
+    if (link == NULL) return NULL;
+    uint64_t id = PyLong_AsUnsignedLongLong(args[1]);
+    if (id == (uint64_t)-1 && PyErr_Occurred()) return NULL;
+    int settle = PyObject_IsTrue(args[3]);
+    if (settle < 0) return NULL;
+    Py_buffer view;
+    const char *data;
+    Py_ssize_t size;
+    int viewed = 0;
+    if (PyBytes_CheckExact(args[2])) {
+        data = PyBytes_AS_STRING(args[2]);
+        size = PyBytes_GET_SIZE(args[2]);
+    } else {
+        if (PyObject_GetBuffer(args[2], &view, PyBUF_SIMPLE) < 0) return NULL;
+        viewed = 1;
+        data = view.buf;
+        size = view.len;
+    }
     char tag[24];
     char *start = decimal(tag + sizeof(tag), id);
     amqpb_bytes bytes = {(size_t)(tag + sizeof(tag) - start), start};
     void *delivery = delivery_new(link, bytes);
-    link_send(link, data, size);
+    link_send(link, data, (size_t)size);  /* proton copies the bytes */
     link_advance(link);
+    if (viewed) PyBuffer_Release(&view);
     if (settle) delivery_settle(delivery);
-    return delivery;
+    return address(delivery);
 }
+
+#define FAST(NAME) {#NAME, (PyCFunction)(void (*)(void))m_##NAME, METH_FASTCALL, NULL}
+static PyMethodDef methods[] = {
+    FAST(bind), FAST(next), FAST(recv), FAST(accept), FAST(settle), FAST(accept_stored),
+    FAST(incref), FAST(decref), FAST(link_credit), FAST(link_current),
+    FAST(link_is_receiver), FAST(delivery_aborted), FAST(delivery_settled),
+    FAST(delivery_partial), FAST(delivery_pending), FAST(remote_state), FAST(link_flow),
+    FAST(send), {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_pnloop",
+    "The hot path's engine calls, pointers as ints (issue 20, protocol/pnloop.py).", -1,
+    methods,
+};
+
+PyMODINIT_FUNC PyInit__pnloop(void) { return PyModule_Create(&module); }

@@ -32,6 +32,7 @@ from typing import Any
 from cproton_ffi import ffi, lib
 from proton import Condition, Endpoint, Event, Link, Terminus
 
+import amqpbroker.protocol.pnloop as pnloop
 from amqpbroker.core import Broker, BrokerError, ConnectionId, Window
 from amqpbroker.protocol.links import (
     TerminusFields,
@@ -189,7 +190,7 @@ class _Attach:
         if self.max_message_size:
             link.max_message_size = self.max_message_size  # B-152: advertised
         link.open()
-        self.producers[link._impl] = ProducerLink(link, target)
+        self.producers[pnloop.key(link._impl)] = ProducerLink(link, target)
         # B-151 BLOCK: no credit to a link of a full address until it has room again
         # (`resume_producers`); every new link's 1000 let a client past the block by
         # attaching again (third attack pass).
@@ -205,7 +206,7 @@ class _Attach:
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST
         link.open()
-        self.coordinators.add(link._impl)
+        self.coordinators.add(pnloop.key(link._impl))
         link.flow(PRODUCER_CREDIT)
 
     def _attach_consumer(self, link: Link) -> None:
@@ -235,7 +236,7 @@ class _Attach:
         link.rcv_settle_mode = Link.RCV_FIRST
         link.open()
         consumer = ConsumerLink(attached.consumer, link, self)
-        self.consumers[link._impl] = consumer
+        self.consumers[pnloop.key(link._impl)] = consumer
         self.shell.consumers[attached.consumer] = consumer
         if link.credit > 0:
             self.broker.set_credit(attached.consumer, link.credit, drain=link.drain_mode)
@@ -246,10 +247,11 @@ class _Attach:
             link.open()
         link.condition = Condition(condition, description)
         link.close()
-        self.consumers.pop(link._impl, None)
-        self.producers.pop(link._impl, None)
-        self.coordinators.discard(link._impl)
-        self.transfers.forget_incomplete(link._impl)
+        impl = pnloop.key(link._impl)
+        self.consumers.pop(impl, None)
+        self.producers.pop(impl, None)
+        self.coordinators.discard(impl)
+        self.transfers.forget_incomplete(impl)
 
     def _drop_consumer(self, impl: Any, consumer: ConsumerLink[Any], *, closed: bool) -> None:
         del self.consumers[impl]
@@ -263,12 +265,13 @@ class _Attach:
         self._link_ended(event.link, closed=True)
 
     def _link_ended(self, link: Link, *, closed: bool) -> None:
-        consumer = self.consumers.get(link._impl)
+        impl = pnloop.key(link._impl)
+        consumer = self.consumers.get(impl)
         if consumer is not None:
-            self._drop_consumer(link._impl, consumer, closed=closed)
-        self.producers.pop(link._impl, None)
-        self.coordinators.discard(link._impl)
-        self.transfers.forget_incomplete(link._impl)
+            self._drop_consumer(impl, consumer, closed=closed)
+        self.producers.pop(impl, None)
+        self.coordinators.discard(impl)
+        self.transfers.forget_incomplete(impl)
         if link.state & Endpoint.LOCAL_ACTIVE:
             if closed:
                 link.close()

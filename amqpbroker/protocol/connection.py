@@ -56,6 +56,7 @@ from proton import (
     symbol,
 )
 
+import amqpbroker.protocol.pnloop as pnloop
 from amqpbroker.amqp import sections
 from amqpbroker.amqp.frames import AMQP_HEADER, frame
 from amqpbroker.core import ClientError, Window
@@ -531,7 +532,7 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         consumer = self.consumers.get(link)
         if consumer is not None:
             self._drop_consumer(link, consumer, closed=True)
-        self.close_link(Link.wrap(link), error.condition, str(error))
+        self.close_link(Link.wrap(pnloop.pointer(link)), error.condition, str(error))
 
     def close_with_error(self, condition: str, description: str) -> None:
         """The broker ends this connection (a slow consumer's KILL): the error path."""
@@ -750,7 +751,9 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         for impl in [i for i, p in self.producers.items() if p.link.session == session]:
             del self.producers[impl]
             self.transfers.forget_incomplete(impl)
-        for impl in [i for i in self.coordinators if lib.pn_link_session(i) == session._impl]:
+        for impl in [
+            i for i in self.coordinators if lib.pn_link_session(pnloop.pointer(i)) == session._impl
+        ]:
             self.coordinators.discard(impl)
             self.transfers.forget_incomplete(impl)
         self._links_per_session.pop(session._impl, None)

@@ -11,6 +11,7 @@ from typing import Any, Final
 from cproton_ffi import ffi, lib
 from proton import Delivery
 
+import amqpbroker.protocol.pnloop as pnloop
 from amqpbroker.core.outcomes import ACCEPTED, FAILED, RELEASED, Modified, Outcome, Rejected
 from amqpbroker.protocol.peer import PeerDecodeError, PeerInvalidField, data_at, read_symbol_map
 
@@ -23,6 +24,7 @@ _REJECTED: Final[int] = lib.PN_REJECTED
 _is_failed: Final = lib.pn_disposition_is_failed
 _is_undeliverable: Final = lib.pn_disposition_is_undeliverable
 _delivery_remote: Final = lib.pn_delivery_remote
+_pointer: Final = pnloop.pointer  # the hot path's delivery (an int with `_pnloop`) as cdata
 _ACCEPTED_OUTCOME: Final = ACCEPTED
 _RELEASED_OUTCOME: Final = RELEASED
 # The four modified outcomes, built once (issue 20: a frozen dataclass built per
@@ -50,11 +52,12 @@ def outcome_at(delivery: Any, state: int, modified: int = -1) -> Outcome | None:
     if state == _MODIFIED:
         if modified >= 0:
             return _MODIFIED_OUTCOMES[modified]
-        remote = _delivery_remote(delivery)
+        # (an int key only from the fused loop's rare paths: no call for a cdata)
+        remote = _delivery_remote(_pointer(delivery) if type(delivery) is int else delivery)
         failed = 2 if _is_failed(remote) else 0
         return _MODIFIED_OUTCOMES[failed + (1 if _is_undeliverable(remote) else 0)]
     if state == _REJECTED:
-        return _rejected(lib.pn_disposition_condition(lib.pn_delivery_remote(delivery)))
+        return _rejected(lib.pn_disposition_condition(lib.pn_delivery_remote(_pointer(delivery))))
     return None
 
 

@@ -1,23 +1,28 @@
 """The hot path's engine calls, fused in C when the build has `_pnloop` (issue 20).
 
-Each cffi call into proton converts its arguments and releases and retakes the GIL:
-~1k instructions, ~20 of them a queue message (callgrind). `_pnloop.c`, built by setup.py
-with cffi beside mypyc's modules, does the several calls of one step in one, without the
-GIL release: the collector's next event with its delivery, link, remote state (and a
+Each cffi call into proton converts its arguments and its result (a new cdata object for
+every pointer returned, ~0.7-1.2k instructions a call, callgrind). `_pnloop.c`, a plain
+CPython extension built by setup.py beside mypyc's modules (METH_FASTCALL), does the
+several calls of one step in one and takes and returns proton's pointers as ints, their
+addresses: the collector's next event with its link, delivery, remote state (and a
 modified outcome's two flags), pending bytes and partial flag, or a link's credit and
-drain flag (`next_event`); a transfer's
-read and advance (`recv`); accept and settle (`accept`, and `accept_stored`, which lets
-go of the reference a durable send kept); an outgoing transfer with its
-tag (`send`). It calls proton through the function pointers of python-qpid-proton's own
-binding (`bind`), so it links nothing.
+drain flag (`next_event`); a transfer's bytes, read and the link advanced (`recv`);
+accept and settle (`accept`, and `accept_stored`, which lets go of the reference a
+durable send kept); an outgoing transfer with its tag (`send`); and the single calls the
+hot path makes on a link or delivery. It calls proton through the function pointers of
+python-qpid-proton's own binding (`bind`), so it links nothing.
 
-Without it (editable installs, no compiler, no cffi at build time) every name here is
-the same calls through proton's binding, one by one: `FAST` says which (`transfers.py`
-runs its event loop with `next_event` only when FAST; the rest is the same code).
+With it, the maps the hot path reads by link or delivery (`Transfers.producers`,
+`consumers`, `coordinators`, `incomplete`, `ConsumerLink.unsettled`) are keyed by those
+ints: every key is made with `key` from a pointer, and `pointer` turns one back into a
+cdata for proton's wrappers and binding on the rare paths. Without it (editable
+installs, no compiler) the keys are the cdata pointers themselves and every name here is
+proton's binding, one call at a time: `FAST` says which.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final
 
 from cproton_ffi import ffi, lib
@@ -55,6 +60,12 @@ FUNCTIONS: Final = (
     "pn_delivery_remote",
     "pn_disposition_is_failed",
     "pn_disposition_is_undeliverable",
+    "pn_link_current",
+    "pn_delivery_aborted",
+    "pn_delivery_settled",
+    "pn_link_flow",
+    "pn_incref",
+    "pn_link_is_receiver",
 )
 # The constants `_pnloop.c` has as numbers.
 _C_CONSTANTS: Final = {
@@ -69,10 +80,8 @@ def bind(module: Any) -> bool:
     """Give `module` (a built `_pnloop`) proton's functions; whether it can be used."""
     if any(getattr(lib, name) != value for name, value in _C_CONSTANTS.items()):
         return False  # another proton's numbering: the calls one by one
-    pointers = ffi.new(
-        "void *[]", [ffi.cast("void *", ffi.addressof(lib, name)) for name in FUNCTIONS]
-    )
-    return int(module.lib.amqpb_bind(pointers, len(FUNCTIONS))) == len(FUNCTIONS)
+    addresses = tuple(int(ffi.cast("uintptr_t", ffi.addressof(lib, name))) for name in FUNCTIONS)
+    return int(module.bind(addresses)) == len(FUNCTIONS)
 
 
 # A delivery's tag is written here and handed to `pn_delivery`, which copies it: one
@@ -89,10 +98,19 @@ _TAG_POINTERS: Final = tuple(
 TAG_STRUCTS: Final[tuple[Any, ...]] = tuple(pointer[0] for pointer in _TAG_POINTERS)
 
 
-def _recv(link: Any, buffer: Any, size: int) -> int:
+# A transfer of up to this many bytes is read into one buffer the loop thread reuses and
+# copied out once (`ffi.unpack`): a bytearray, its cdata view and the copy to bytes were
+# ~2k instructions a message (issue 20). Larger ones get a buffer of their own.
+RECV_BYTES: Final = 64 * 1024
+uncleared: Final = ffi.new_allocator(should_clear_after_alloc=False)
+RECV_BUFFER: Final = uncleared("char[]", RECV_BYTES)
+
+
+def _recv(link: Any, size: int) -> bytes | int:
+    buffer = RECV_BUFFER if size <= RECV_BYTES else uncleared("char[]", size)
     received: int = _pn_link_recv(link, buffer, size)
     _pn_link_advance(link)
-    return received
+    return received if received < 0 else ffi.unpack(buffer, received)
 
 
 def _accept(delivery: Any) -> None:
@@ -106,12 +124,12 @@ def _accept_stored(delivery: Any) -> None:
     _pn_decref(delivery)
 
 
-def _send(link: Any, delivery_id: int, data: Any, size: int, settle: bool) -> Any:
+def _send(link: Any, delivery_id: int, data: Any, settle: bool) -> Any:
     tag = b"%d" % delivery_id
     length = len(tag)
     TAG[0:length] = tag
     delivery = _pn_delivery(link, TAG_STRUCTS[length])
-    _pn_link_send(link, data, size)
+    _pn_link_send(link, data if type(data) is bytes else _from_buffer(data), len(data))
     _pn_link_advance(link)
     if settle:
         _pn_delivery_settle(delivery)
@@ -126,24 +144,88 @@ def _load() -> Any:
     return _pnloop if bind(_pnloop) else None
 
 
+def _key_of_address(impl: Any) -> Any:
+    return impl if type(impl) is int else int(ffi.cast("uintptr_t", impl))
+
+
+def _key_of_pointer(impl: Any) -> Any:
+    return impl
+
+
+def pointer(key: Any) -> Any:
+    """A pointer of the hot path as proton's binding takes it: the cdata of an int key
+    (`_pnloop`'s), a cdata as it is (the rare paths: wrappers, the binding's calls)."""
+    return ffi.cast("void *", key) if type(key) is int else key
+
+
+def calls(module: Any) -> dict[str, Any]:
+    """The hot path's calls with `module` (a bound `_pnloop`) or, for None, proton's
+    binding one call at a time: one place for both (the names below; the tests switch
+    the pure-Python hot path with it, `support/pnloop.py`)."""
+    if module is None:
+        return {
+            "FAST": False,
+            "key": _key_of_pointer,
+            "next_event": None,
+            "recv": _recv,
+            "accept": _accept,
+            "settle": _pn_delivery_settle,
+            "accept_stored": _accept_stored,
+            "send": _send,
+            "incref": lib.pn_incref,
+            "decref": _pn_decref,
+            "link_credit": lib.pn_link_credit,
+            "link_current": lib.pn_link_current,
+            "link_flow": lib.pn_link_flow,
+            "link_is_receiver": lib.pn_link_is_receiver,
+            "delivery_aborted": lib.pn_delivery_aborted,
+            "delivery_settled": lib.pn_delivery_settled,
+            "delivery_partial": lib.pn_delivery_partial,
+            "delivery_pending": lib.pn_delivery_pending,
+            "remote_state": lib.pn_delivery_remote_state,
+        }
+    return {
+        "FAST": True,
+        "key": _key_of_address,
+        "next_event": module.next,
+        "recv": module.recv,
+        "accept": module.accept,
+        "settle": module.settle,
+        "accept_stored": module.accept_stored,
+        "send": module.send,
+        "incref": module.incref,
+        "decref": module.decref,
+        "link_credit": module.link_credit,
+        "link_current": module.link_current,
+        "link_flow": module.link_flow,
+        "link_is_receiver": module.link_is_receiver,
+        "delivery_aborted": module.delivery_aborted,
+        "delivery_settled": module.delivery_settled,
+        "delivery_partial": module.delivery_partial,
+        "delivery_pending": module.delivery_pending,
+        "remote_state": module.remote_state,
+    }
+
+
 _module: Final = _load()
+_calls: Final = calls(_module)
 FAST: Final[bool] = _module is not None
-# Typed `Any`: each is a cffi function of `_pnloop` or its fallback above.
-next_event: Final[Any] = _module.lib.amqpb_next if FAST else None
-recv: Final[Any] = _module.lib.amqpb_recv if FAST else _recv
-accept: Final[Any] = _module.lib.amqpb_accept if FAST else _accept
-settle: Final[Any] = _module.lib.amqpb_settle if FAST else _pn_delivery_settle
-accept_stored: Final[Any] = _module.lib.amqpb_accept_stored if FAST else _accept_stored
-send: Final[Any] = _module.lib.amqpb_send if FAST else _send
-
-
-def slots_of(module: Any) -> tuple[Any, Any]:
-    """`module`'s (a built `_pnloop`) out-arrays of `next_event` (pointers, numbers): C
-    globals of the loop thread, shared by every event loop (`_pnloop.c`)."""
-    return module.lib.amqpb_pointers, module.lib.amqpb_numbers
-
-
-def new_slots() -> tuple[Any, Any]:
-    """The out-arrays of `next_event` (pointers, numbers) for an event loop."""
-    assert _module is not None
-    return slots_of(_module)
+# Typed `Any`: each is a function of `_pnloop` or its fallback above.
+key: Final[Callable[[Any], Any]] = _calls["key"]  # a map key from a pointer (cdata or int)
+next_event: Final[Any] = _calls["next_event"]
+recv: Final[Any] = _calls["recv"]
+accept: Final[Any] = _calls["accept"]
+settle: Final[Any] = _calls["settle"]
+accept_stored: Final[Any] = _calls["accept_stored"]
+send: Final[Any] = _calls["send"]
+incref: Final[Any] = _calls["incref"]
+decref: Final[Any] = _calls["decref"]
+link_credit: Final[Any] = _calls["link_credit"]
+link_current: Final[Any] = _calls["link_current"]
+link_flow: Final[Any] = _calls["link_flow"]
+link_is_receiver: Final[Any] = _calls["link_is_receiver"]
+delivery_aborted: Final[Any] = _calls["delivery_aborted"]
+delivery_settled: Final[Any] = _calls["delivery_settled"]
+delivery_partial: Final[Any] = _calls["delivery_partial"]
+delivery_pending: Final[Any] = _calls["delivery_pending"]
+remote_state: Final[Any] = _calls["remote_state"]

@@ -81,6 +81,8 @@ _pn_delivery_tag: Final = lib.pn_delivery_tag
 _from_buffer: Final = ffi.from_buffer
 _unpack: Final = ffi.unpack
 _send: Final = pnloop.send
+_key: Final = pnloop.key
+_pointer: Final = pnloop.pointer
 _FAST_SEND: Final[bool] = pnloop.FAST
 _TAG: Final = pnloop.TAG
 _TAG_STRUCTS: Final[tuple[Any, ...]] = pnloop.TAG_STRUCTS
@@ -99,7 +101,8 @@ class ConsumerLink(Generic[C]):
     def __init__(self, consumer: ConsumerId, link: Link, connection: C) -> None:
         self.id = consumer
         self.link = link
-        self.impl = link._impl  # the pn_link_t: the hot path calls the C API directly
+        # The pn_link_t's `pnloop.key`: the hot path calls the engine with it directly.
+        self.impl = _key(link._impl)
         self.connection = connection
         # The id of each unsettled delivery sent, by its `pn_delivery_t` (issue 20: reading
         # the tag back cost ~4.5k instructions a disposition, three of them cffi calls).
@@ -115,23 +118,16 @@ class ConsumerLink(Generic[C]):
             # B-050: re-encode only the header; also when the producer sent a count.
             data = sections.with_delivery_count(data, message.header_end, dispatch.wire_count)
         # The delivery, tagged with its id in decimal (read back by `delivery_id_of`), the
-        # bytes sent and the link advanced: one C call (`pnloop.send`). bytes go to a
-        # `char *` as they are (cffi passes their buffer, which proton copies); only
-        # another buffer type needs a cdata (`from_buffer`: a call more).
+        # bytes sent (any buffer: proton copies them) and the link advanced: one C call
+        # (`pnloop.send`).
         settled = dispatch.settled
         delivery_id: int = dispatch.delivery
         # `pnloop.send` in C takes a uint64 id; from 2**62 on (never in practice) it takes the
         # calls one by one.
         if _FAST_SEND and delivery_id <= _MAX_C_ID:
-            delivery = _send(
-                self.impl,
-                delivery_id,
-                data if type(data) is bytes else _from_buffer(data),
-                len(data),
-                settled,
-            )
+            delivery = _send(self.impl, delivery_id, data, settled)
         else:  # inline: a call more costs pure Python ~0.5k instructions
-            impl = self.impl
+            impl = _pointer(self.impl) if _FAST_SEND else self.impl
             tag = b"%d" % delivery_id
             size = len(tag)
             _TAG[0:size] = tag
@@ -140,6 +136,8 @@ class ConsumerLink(Generic[C]):
             _pn_link_advance(impl)
             if settled:
                 _pn_delivery_settle(delivery)
+            if _FAST_SEND:
+                delivery = _key(delivery)
         if not settled:
             self.unsettled[delivery] = dispatch.delivery
 
@@ -181,7 +179,7 @@ def delivery_id_of(delivery: object) -> DeliveryId:
         PeerInvalidField: the peer made this delivery: a transfer on a link the broker
             sends on (proton accepts one), which has no id of ours (issue 15).
     """
-    tag = _pn_delivery_tag(delivery)
+    tag = _pn_delivery_tag(_pointer(delivery))
     raw = _unpack(tag.start, tag.size) if tag.size <= 20 else b""
     if not raw.isdigit():
         raise wrong_direction()

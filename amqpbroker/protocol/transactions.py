@@ -33,6 +33,7 @@ from typing import Any
 from cproton_ffi import lib
 from proton import Condition, Delivery, Described, ulong
 
+import amqpbroker.protocol.pnloop as pnloop
 from amqpbroker.amqp import sections
 from amqpbroker.core import (
     ACCEPTED,
@@ -319,7 +320,7 @@ class _Transactions:
     def _transactional_outcome(self, delivery: Delivery, consumer: ConsumerLink[Any]) -> None:
         txn_id = txn_id_of(delivery)
         txn = self.transactions.get(txn_id) if txn_id is not None else None
-        delivery_id = consumer.delivery_id(delivery._impl)
+        delivery_id = consumer.delivery_id(pnloop.key(delivery._impl))
         if txn is None:
             log.info(
                 "connection %s: disposition in unknown transaction %r ignored", self.id, txn_id

@@ -80,52 +80,52 @@ _TRANSACTIONAL_STATE: Final = TRANSACTIONAL_STATE
 _MAX_CONTROL_BYTES: Final = MAX_CONTROL_BYTES
 # Typed `int`: compiled, a comparison with one is a C comparison, not a generic
 # `PyObject_RichCompare` of two objects (~100 instructions each, issue 20).
-_PN_ACCEPTED: Final[int] = lib.PN_ACCEPTED
 _PN_DELIVERY: Final[int] = lib.PN_DELIVERY
 _PN_TRANSPORT_CLOSED: Final[int] = lib.PN_TRANSPORT_CLOSED
 _PN_TRANSPORT_TAIL_CLOSED: Final[int] = lib.PN_TRANSPORT_TAIL_CLOSED
 _PN_LINK_FLOW: Final[int] = lib.PN_LINK_FLOW
 _PN_MODIFIED: Final[int] = lib.PN_MODIFIED
-_STATE_FAR: Final[int] = 255  # `pnloop.next_event`: the remote state is in `numbers[0]`
+_STATE_FAR: Final[int] = 255  # `pnloop.next_event`: a state of 255 or more, read it again
 _PASSED_CONDITIONS = ("amqp:unauthorized-access", "amqp:resource-limit-exceeded")
-# The C API of the hot path, bound once: compiled (setup.py), a `Final` name is a C
-# static, so a call costs no module-dict lookup of `lib` and no attribute lookup on it.
+# The C API of `_events` (without `_pnloop`: its pointers are cdata), bound once:
+# compiled (setup.py), a `Final` name is a C static, so a call costs no module-dict
+# lookup of `lib` and no attribute lookup on it.
 _pn_collector_peek: Final = lib.pn_collector_peek
 _pn_collector_pop: Final = lib.pn_collector_pop
-_pn_decref: Final = lib.pn_decref
-_pn_delivery_aborted: Final = lib.pn_delivery_aborted
 _pn_delivery_link: Final = lib.pn_delivery_link
-_pn_delivery_partial: Final = lib.pn_delivery_partial
-_pn_delivery_pending: Final = lib.pn_delivery_pending
-_pn_delivery_remote_state: Final = lib.pn_delivery_remote_state
-_pn_delivery_settle: Final = lib.pn_delivery_settle
-_pn_delivery_settled: Final = lib.pn_delivery_settled
-_pn_delivery_update: Final = lib.pn_delivery_update
 _pn_event_delivery: Final = lib.pn_event_delivery
 _pn_event_link: Final = lib.pn_event_link
 _pn_event_type: Final = lib.pn_event_type
-_pn_incref: Final = lib.pn_incref
-_pn_link_advance: Final = lib.pn_link_advance
-_pn_link_credit: Final = lib.pn_link_credit
-_pn_link_current: Final = lib.pn_link_current
-_pn_link_flow: Final = lib.pn_link_flow
 _pn_link_get_drain: Final = lib.pn_link_get_drain
-_pn_link_is_receiver: Final = lib.pn_link_is_receiver
 _pn_link_recv: Final = lib.pn_link_recv
+_pn_link_advance: Final = lib.pn_link_advance
+_pn_delivery_update: Final = lib.pn_delivery_update
+_pn_delivery_settle: Final = lib.pn_delivery_settle
+_PN_ACCEPTED: Final[int] = lib.PN_ACCEPTED
 _unpack: Final = ffi.unpack
-# Fused engine calls (`pnloop.py`: one C call each when the build has `_pnloop`).
+_RECV_BYTES: Final = pnloop.RECV_BYTES
+_RECV_BUFFER: Final = pnloop.RECV_BUFFER
+_uncleared: Final = pnloop.uncleared
+# The engine calls of the code both loops share (`pnloop.py`): with `_pnloop` they take
+# the int keys of its loop, one C call each; without, proton's binding.
 _FAST: Final[bool] = pnloop.FAST
+_pointer: Final = pnloop.pointer
 _next_event: Final = pnloop.next_event
 _recv: Final = pnloop.recv
 _accept: Final = pnloop.accept
 _settle: Final = pnloop.settle
 _accept_stored: Final = pnloop.accept_stored
-# A transfer of up to this many bytes is read into one buffer the loop thread reuses and
-# copied out once (`ffi.unpack`): a bytearray, its cdata view and the copy to bytes were
-# ~2k instructions a message (issue 20). Larger ones get a buffer of their own.
-_RECV_BYTES: Final = 64 * 1024
-_uncleared: Final = ffi.new_allocator(should_clear_after_alloc=False)
-_RECV_BUFFER: Final = _uncleared("char[]", _RECV_BYTES)
+_incref: Final = pnloop.incref
+_decref: Final = pnloop.decref
+_link_credit: Final = pnloop.link_credit
+_link_current: Final = pnloop.link_current
+_link_flow: Final = pnloop.link_flow
+_link_is_receiver: Final = pnloop.link_is_receiver
+_delivery_aborted: Final = pnloop.delivery_aborted
+_delivery_settled: Final = pnloop.delivery_settled
+_delivery_partial: Final = pnloop.delivery_partial
+_delivery_pending: Final = pnloop.delivery_pending
+_remote_state: Final = pnloop.remote_state
 
 
 class Owner(Protocol):
@@ -184,9 +184,11 @@ class Transfers:
         self.duplicate_detection = duplicate_detection  # B-012 amqpDuplicateDetection
         self.reject_as_modified = reject_as_modified  # B-047
         self.collector = collector  # the pn_collector_t
+        self.collector_key = pnloop.key(collector)  # as `_pnloop` takes it
         self.container_id = ""
         self.closed = False  # the broker side is done with this connection
-        # Keyed by the pn_link_t pointer, which the hot path reads from events directly.
+        # Keyed by the pn_link_t pointer's `pnloop.key`, which the hot path reads from
+        # events directly (its address, an int, with `_pnloop`).
         self.producers: dict[Any, ProducerLink] = {}
         self.consumers: dict[Any, ConsumerLink[Any]] = {}
         self.coordinators: set[Any] = set()  # transaction coordinator links (B-140)
@@ -199,8 +201,6 @@ class Transfers:
         # next deliveries until the connection is freed, which the server then makes
         # happen (`MemoryReturner.released`, issue 23).
         self.dropped_bytes = 0
-        # `pnloop.next_event`'s out-arrays (pointers, numbers), when the build has it.
-        self.slots: tuple[Any, Any] = pnloop.new_slots() if _FAST else (None, None)
 
     def process_events(self) -> None:
         """Handle every pending engine event, then apply the broker's effects.
@@ -218,32 +218,33 @@ class Transfers:
 
     def _events_fused(self) -> None:
         """The event loop with `pnloop.next_event`: one C call an event reads the next
-        event with its delivery, link, remote state, pending bytes and partial flag
-        (and pops the one before), where `_events` makes four to seven (issue 20). The
-        numbers come packed in its result (`_pnloop.c`): C arithmetic when compiled,
-        where each read of a cdata array was ~290 instructions."""
-        collector = self.collector
+        event with its link, delivery, remote state, pending bytes and partial flag (and
+        pops the one before), where `_events` makes four to seven (issue 20). The
+        numbers come packed in its result (`_pnloop.c`): C arithmetic when compiled; the
+        pointers come as ints, the keys of the link maps (`pnloop.key`)."""
+        collector = self.collector_key
         handlers = self.handlers
         owner = self.owner
         producers, consumers = self.producers, self.consumers
-        pointers, numbers = self.slots
         next_event = _next_event
         pop_previous = 0
         while True:
-            packed: int = next_event(collector, pop_previous)  # fills pointers, numbers
-            if not packed:
+            # (packed, link, the delivery or else the event): typed, compiled, an
+            # unpacking of a tuple, not of an object (`_pnloop.c`)
+            event: tuple[int, Any, Any] | None = next_event(collector, pop_previous)
+            if event is None:
                 break
+            packed, link, other = event
             pop_previous = 1
             kind = packed & 0xFF
             if self.closed and kind != _PN_TRANSPORT_CLOSED and kind != _PN_TRANSPORT_TAIL_CLOSED:
                 continue  # issue 15: as in `_events`
-            link = pointers[2]
             try:
                 if kind == _PN_DELIVERY:
-                    delivery = pointers[1]
+                    delivery = other
                     state = packed >> 9 & 0xFF
                     if state == _STATE_FAR:
-                        state = numbers[0]  # (a remote state of 255 or more: never seen)
+                        state = _remote_state(delivery)  # (255 or more: never seen)
                     if link in producers:
                         self.transfer(delivery, link, packed >> 19, packed >> 8 & 1, state)
                     elif (consumer := consumers.get(link)) is not None and (
@@ -259,7 +260,7 @@ class Transfers:
                 else:
                     handler = handlers.get(kind)
                     if handler is not None:
-                        handler(Event.wrap(pointers[0]))
+                        handler(Event.wrap(_pointer(other)))
             except ClientError as e:  # issue 15: a field of the peer's is malformed
                 owner._refuse(e, link if kind == _PN_DELIVERY else None)
             except Exception:
@@ -282,9 +283,9 @@ class Transfers:
         """A delivery event neither on a producer link nor one the broker sent: a
         coordinator's transfer, a late disposition, or the peer's transfer on a link the
         broker sends on."""
-        if consumer is None and _pn_link_is_receiver(link):
+        if consumer is None and _link_is_receiver(link):
             self.on_transfer(delivery, link)
-        elif _pn_link_current(link) == delivery:  # ours are never current
+        elif _link_current(link) == delivery:  # ours are never current
             # The peer sent on a link it receives on; proton keeps that
             # delivery as the link's next to send and would hold back a
             # detach behind it, so the connection ends (issue 15).
@@ -318,18 +319,18 @@ class Transfers:
                     # consumer link's `unsettled` is one the broker sent, never the
                     # peer's (no `pn_link_current` check).
                     if link in producers:
-                        partial = _pn_delivery_partial(delivery)
+                        partial = _delivery_partial(delivery)
                         self.transfer(
                             delivery,
                             link,
-                            _pn_delivery_pending(delivery),
+                            _delivery_pending(delivery),
                             partial,
-                            0 if partial else _pn_delivery_remote_state(delivery),
+                            0 if partial else _remote_state(delivery),
                         )
                     elif (consumer := consumers.get(link)) is not None and (
                         known := consumer.unsettled.get(delivery)
                     ) is not None:  # one we sent, and its id (issue 20)
-                        state = _pn_delivery_remote_state(delivery)
+                        state = _remote_state(delivery)
                         self.disposition(delivery, consumer, state, -1, known)
                     else:
                         self.on_other_delivery(delivery, link, consumer)
@@ -350,19 +351,19 @@ class Transfers:
 
     def on_transfer(self, delivery: Any, link: Any) -> None:
         """A transfer's delivery event, read through proton's binding."""
-        partial = _pn_delivery_partial(delivery)
+        partial = _delivery_partial(delivery)
         self.transfer(
             delivery,
             link,
-            _pn_delivery_pending(delivery),
+            _delivery_pending(delivery),
             partial,
-            0 if partial else _pn_delivery_remote_state(delivery),
+            0 if partial else _remote_state(delivery),
         )
 
     def transfer(self, delivery: Any, link: Any, size: int, partial: int, state: int) -> None:
         """A transfer's delivery event: `size` its pending bytes, `partial` whether more
         frames follow, `state` its remote state (read only when not partial)."""
-        if not size and _pn_link_current(link) != delivery:
+        if not size and _link_current(link) != delivery:
             # A delivery read already (its bytes are gone, an aborted one's pending is 1):
             # the peer's disposition of it (settling a durable send before the broker
             # has). `recv` reads the link's current delivery, whichever that is: it read
@@ -373,46 +374,49 @@ class Transfers:
         limit = self.max_message_size
         if (
             (size > _MAX_CONTROL_BYTES or (limit and size > limit))
-            and not _pn_delivery_aborted(delivery)
+            and not _delivery_aborted(delivery)
             and self._too_large(delivery, link, size)  # B-152: as the frames arrive
         ):
             return
         if partial:  # proton buffers the frames until the last one
             if link not in self.producers and link not in self.coordinators:
-                _pn_delivery_settle(delivery)  # a link the broker ended: dropped as it comes
+                _settle(delivery)  # a link the broker ended: dropped as it comes
                 self.dropped_bytes += size
             elif limit:  # bounded with the connection's other incomplete messages
                 self._check_incomplete(delivery, link, size, limit)
             return
         if self.incomplete:
-            if _pn_delivery_aborted(delivery):  # (its bytes are gone: the count was kept)
+            if _delivery_aborted(delivery):  # (its bytes are gone: the count was kept)
                 self.dropped_bytes += self.incomplete.get(link, 0)
             self.forget_incomplete(link)
-        buffer = _RECV_BUFFER if size <= _RECV_BYTES else _uncleared("char[]", size)
-        # Fused or one by one: a branch on a constant costs pure Python less than a call.
+        # The bytes, the link advanced; an aborted delivery reads as PN_ABORTED (an int
+        # < 0): no C call to ask (issue 20). With `_pnloop`, proton copies into the
+        # bytes object itself (one call, no buffer of the loop's and its copy).
+        received: bytes | int
         if _FAST:
-            received: int = _recv(link, buffer, size)  # and the link advanced
-        else:
-            received = _pn_link_recv(link, buffer, size)
+            received = _recv(link, size)
+        else:  # inline (a constant's branch): a call more costs pure Python ~0.5k
+            buffer = _RECV_BUFFER if size <= _RECV_BYTES else _uncleared("char[]", size)
+            count: int = _pn_link_recv(link, buffer, size)
             _pn_link_advance(link)
+            received = count if count < 0 else _unpack(buffer, count)
         producer = self.producers.get(link)
-        # An aborted delivery reads as PN_ABORTED (< 0): no C call to ask (issue 20).
-        if producer is None or received < 0:
-            if link in self.coordinators and not _pn_delivery_aborted(delivery):
-                raw = _unpack(buffer, received) if received > 0 else b""
-                self.owner._on_control(Delivery.wrap(delivery), raw)
+        if producer is None or type(received) is not bytes:
+            if link in self.coordinators and not _delivery_aborted(delivery):
+                raw = received if type(received) is bytes else b""
+                self.owner._on_control(Delivery.wrap(_pointer(delivery)), raw)
                 self._top_up(link, None)
             else:
-                _pn_delivery_settle(delivery)
+                _settle(delivery)
                 if producer is not None:
-                    _pn_link_flow(link, 1)  # B-152: an aborted transfer's credit back
+                    _link_flow(link, 1)  # B-152: an aborted transfer's credit back
             return
-        if producer.credit <= 0 and _pn_link_credit(link) < 0:
+        if producer.credit <= 0 and _link_credit(link) < 0:
             self._over_credit(delivery, producer)
             return
-        raw = _unpack(buffer, received)
+        raw = received
         if state == _TRANSACTIONAL_STATE:
-            self.owner._transactional_send(Delivery.wrap(delivery), producer, raw)
+            self.owner._transactional_send(Delivery.wrap(_pointer(delivery)), producer, raw)
             self._top_up(link, producer)
             return
         store = self.hot.persistence
@@ -424,7 +428,7 @@ class Transfers:
             # (B-009: even a missing address on the anonymous relay, as Artemis does).
             condition = e.condition if e.condition in _PASSED_CONDITIONS else "failed"
             _reject(delivery, condition, str(e))
-            _pn_delivery_settle(delivery)
+            _settle(delivery)
         except sections.SectionError as e:
             log.info(
                 "rejecting malformed message on connection %s link %r: %s",
@@ -433,7 +437,7 @@ class Transfers:
                 e,
             )
             _reject(delivery, "amqp:decode-error", str(e))
-            _pn_delivery_settle(delivery)
+            _settle(delivery)
         else:
             if store is not None and store.must_wait(stored_before):
                 # Settled once its journal records are on disk (the group commit): one
@@ -442,14 +446,13 @@ class Transfers:
                 if awaiting is None:
                     awaiting = self.awaiting = []
                     store.when_stored(functools.partial(self.settle_stored, awaiting))
-                _pn_incref(delivery)
+                _incref(delivery)
                 awaiting.append(delivery)
+            elif _FAST:
+                _accept(delivery)  # and settled
             else:
-                if _FAST:
-                    _accept(delivery)  # and settled
-                else:
-                    _pn_delivery_update(delivery, _PN_ACCEPTED)
-                    _pn_delivery_settle(delivery)
+                _pn_delivery_update(delivery, _PN_ACCEPTED)
+                _pn_delivery_settle(delivery)
         self._top_up(link, producer)
 
     def _over_credit(self, delivery: Any, producer: ProducerLink) -> None:
@@ -459,7 +462,7 @@ class Transfers:
         past a full BLOCK address without bound. `producer.credit` (at least the link's
         credit before this transfer, B-021) is checked first, so the engine is asked
         only when the credit may be spent."""
-        _pn_delivery_settle(delivery)
+        _settle(delivery)
         description = "a transfer without link credit"
         log.info("connection %s link %r: %s", self.id, name_for_log(producer.link), description)
         self.owner.close_link(producer.link, "amqp:link:transfer-limit-exceeded", description)
@@ -471,14 +474,15 @@ class Transfers:
         if link in self.coordinators:
             if size <= _MAX_CONTROL_BYTES:
                 return False
-            what, limit, closing = "control message", _MAX_CONTROL_BYTES, Link.wrap(link)
+            what, limit = "control message", _MAX_CONTROL_BYTES
+            closing = Link.wrap(_pointer(link))
         else:
             limit = self.max_message_size
             if not limit or size <= limit:
                 return False
             producer = self.producers.get(link)
             what, closing = "message", None if producer is None else producer.link
-        _pn_delivery_settle(delivery)
+        _settle(delivery)
         self.dropped_bytes += size
         if closing is None:
             return True  # detached already: the rest of the message is discarded as it comes
@@ -502,10 +506,11 @@ class Transfers:
             self.incomplete_bytes = held
             return
         self.forget_incomplete(link)
-        _pn_delivery_settle(delivery)
+        _settle(delivery)
         self.dropped_bytes += size
         producer = self.producers.get(link)
-        closing = Link.wrap(link) if producer is None else producer.link  # or a coordinator
+        # (or a coordinator)
+        closing = Link.wrap(_pointer(link)) if producer is None else producer.link
         description = (
             f"incomplete messages on this connection hold {held} bytes, over {allowed} "
             f"({INCOMPLETE_FACTOR} times max-message-size {limit})"
@@ -528,11 +533,11 @@ class Transfers:
             producer.credit -= 1
             if producer.credit >= PRODUCER_LOW_CREDIT:
                 return
-        credit = _pn_link_credit(link)
+        credit = _link_credit(link)
         if credit < PRODUCER_LOW_CREDIT and (
             producer is None or self.broker.producer_may_send(producer.target, to=producer.last_to)
         ):
-            _pn_link_flow(link, PRODUCER_CREDIT - credit)
+            _link_flow(link, PRODUCER_CREDIT - credit)
             credit = PRODUCER_CREDIT
         if producer is not None:
             producer.credit = credit
@@ -545,9 +550,9 @@ class Transfers:
         for impl, producer in self.producers.items():
             target = producer.target
             if address is None or target.address == address or target.address is None:
-                credit = _pn_link_credit(impl)
+                credit = _link_credit(impl)
                 if credit < PRODUCER_LOW_CREDIT and may_send(target, to=producer.last_to):
-                    _pn_link_flow(impl, PRODUCER_CREDIT - credit)
+                    _link_flow(impl, PRODUCER_CREDIT - credit)
                     resumed = True
         return resumed
 
@@ -556,12 +561,12 @@ class Transfers:
         closed = self.closed
         for delivery in deliveries:
             if closed:
-                _pn_decref(delivery)
+                _decref(delivery)
             elif error is None:
                 _accept_stored(delivery)  # accepted, settled, let go: one C call
             else:
-                self.stored(Delivery.wrap(delivery), error)
-                _pn_decref(delivery)
+                self.stored(Delivery.wrap(_pointer(delivery)), error)
+                _decref(delivery)
         if not closed:
             self.shell.dirty.add(self.owner)
 
@@ -646,7 +651,7 @@ class Transfers:
         self.disposition(
             delivery,
             consumer,
-            _pn_delivery_remote_state(delivery) if consumer is not None else 0,
+            _remote_state(delivery) if consumer is not None else 0,
         )
 
     def disposition(
@@ -663,16 +668,16 @@ class Transfers:
         outcome = None
         if consumer is not None:
             if state == _TRANSACTIONAL_STATE:
-                self.owner._transactional_outcome(Delivery.wrap(delivery), consumer)
+                self.owner._transactional_outcome(Delivery.wrap(_pointer(delivery)), consumer)
                 return
             outcome = outcome_at(delivery, state, modified)
         if self.reject_as_modified and type(outcome) is Rejected:  # (final: no subclass)
             outcome = FAILED  # B-047: rejected behaves exactly like modified{df=true}
         if outcome is None:
-            if _pn_delivery_settled(delivery):
+            if _delivery_settled(delivery):
                 if consumer is not None:
                     consumer.unsettled.pop(delivery, None)  # proton may free it now
-                _pn_delivery_settle(delivery)  # B-048: no outcome: stays acquired
+                _settle(delivery)  # B-048: no outcome: stays acquired
             return
         assert consumer is not None
         if known is None:
@@ -688,7 +693,7 @@ class Transfers:
         consumer = self.consumers.get(link)
         if consumer is not None:
             set_consumer_credit(  # `Broker.set_credit`: a direct call when compiled
-                self.hot, consumer.id, _pn_link_credit(link), bool(_pn_link_get_drain(link))
+                self.hot, consumer.id, _link_credit(link), bool(_pn_link_get_drain(link))
             )
             return
         self.link_flow(link, 0, 0)
@@ -707,7 +712,7 @@ class Transfers:
 
 
 def _reject(delivery_impl: Any, condition: str, description: str) -> None:
-    delivery = Delivery.wrap(delivery_impl)
+    delivery = Delivery.wrap(_pointer(delivery_impl))
     delivery.local.condition = Condition(condition, description)
     delivery.update(Delivery.REJECTED)
 

@@ -1,16 +1,13 @@
 """The hot path's fused engine calls (`amqpbroker/protocol/_pnloop.c`, issue 20) for the
 tests of both builds (`support.cext`): the installed module, or, where the build has none
-(editable installs), the same source built here once per process through setup.py's own
-cffi step, so that the fused event loop is tested in every tier; and a switch of the
-(pure-Python) hot path between the fused calls and proton's binding one by one."""
+(editable installs), the same source built here once per process, so that the fused event
+loop is tested in every tier; and a switch of the (pure-Python) hot path between the fused
+calls (pointers as int keys) and proton's binding one by one (cdata keys)."""
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import pytest
 
@@ -18,6 +15,7 @@ from amqpbroker.protocol import pnloop, shell, transfers
 from support import cext
 
 ROOT = Path(__file__).resolve().parents[2]
+SOURCE = ROOT / "amqpbroker" / "protocol" / "_pnloop.c"
 
 
 def compiled() -> bool:
@@ -31,22 +29,10 @@ def fused_module() -> ModuleType:
 
 
 def _build() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("amqpbroker_setup", ROOT / "setup.py")
-    assert spec is not None
-    assert spec.loader is not None
-    setup = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(setup)
-
-    def sources(scratch: Path) -> list[str]:
-        cwd = os.getcwd()
-        os.chdir(ROOT)  # setup.py's paths are the repository's
-        try:
-            [extension] = setup.cffi_sources(scratch)
-        finally:
-            os.chdir(cwd)
-        return list(extension.sources)
-
-    module = cext.build("amqpbroker.protocol._pnloop", sources)
+    # Under its bare name, as support/framescan.py does: a single-phase extension is
+    # entered in `sys.modules` under the name it is loaded as, and
+    # tests/unit/test_build.py checks the package has none.
+    module = cext.build("_pnloop", lambda scratch: [SOURCE])
     assert pnloop.bind(module)
     return module
 
@@ -63,18 +49,11 @@ def use(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
     if compiled():
         assert mode == ("fused" if pnloop.FAST else "plain")
         return
-    lib: Any = fused_module().lib if mode == "fused" else None
-    monkeypatch.setattr(transfers, "_FAST", lib is not None)
-    monkeypatch.setattr(transfers, "_next_event", lib.amqpb_next if lib else None)
-    monkeypatch.setattr(transfers, "_recv", lib.amqpb_recv if lib else pnloop._recv)
-    monkeypatch.setattr(transfers, "_accept", lib.amqpb_accept if lib else pnloop._accept)
-    monkeypatch.setattr(
-        transfers, "_settle", lib.amqpb_settle if lib else pnloop._pn_delivery_settle
-    )
-    monkeypatch.setattr(shell, "_send", lib.amqpb_send if lib else pnloop._send)
-    monkeypatch.setattr(shell, "_FAST_SEND", lib is not None)
-    monkeypatch.setattr(
-        transfers, "_accept_stored", lib.amqpb_accept_stored if lib else pnloop._accept_stored
-    )
-    module = fused_module()
-    monkeypatch.setattr(pnloop, "new_slots", lambda: pnloop.slots_of(module))
+    calls = pnloop.calls(fused_module() if mode == "fused" else None)
+    for name, value in calls.items():
+        monkeypatch.setattr(pnloop, name, value)  # `pnloop.key` of the pure-Python callers
+        if hasattr(transfers, "_" + name):
+            monkeypatch.setattr(transfers, "_" + name, value)
+    monkeypatch.setattr(shell, "_send", calls["send"])
+    monkeypatch.setattr(shell, "_key", calls["key"])
+    monkeypatch.setattr(shell, "_FAST_SEND", calls["FAST"])

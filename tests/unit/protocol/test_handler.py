@@ -27,7 +27,7 @@ from proton import (
 from support import frames as F
 
 from amqpbroker.core import Broker, LifecycleEvent, ManualClock, SettingsRepository
-from amqpbroker.protocol import AmqpConnection, Shell, connection, moves
+from amqpbroker.protocol import AmqpConnection, Shell, connection, moves, pnloop
 from amqpbroker.protocol.peer import read_symbols
 
 
@@ -955,7 +955,7 @@ def test_a_sent_delivery_carries_its_id_as_its_tag_at_every_length(digits: int) 
     ids = [DeliveryId(10 ** (digits - 1)), DeliveryId(10**digits - 1)]
     for delivery in ids:
         link.send(Dispatch(ConsumerId(1), delivery, CoreMessage(b"\x00Sw\xa1\x01x"), 0, False))
-    tags = sorted(Delivery.wrap(d).tag for d in link.unsettled)
+    tags = sorted(Delivery.wrap(pnloop.pointer(d)).tag for d in link.unsettled)
     assert tags == sorted(str(i) for i in ids)
     assert sorted(link.unsettled.values()) == ids
     assert sorted(delivery_id_of(d) for d in link.unsettled) == ids

@@ -34,7 +34,24 @@ def test_the_fused_module_binds_every_function() -> None:
     """`_pnloop.c` takes proton's functions in `pnloop.FUNCTIONS`' order, all of them."""
     module = support.fused_module()
     assert pnloop.bind(module)
-    assert module.lib.amqpb_bind(module.ffi.new("void *[]", 1), 1) == -1  # wrong count
+    assert module.bind((1,)) == -1  # wrong count
+    assert module.bind((0,) * len(pnloop.FUNCTIONS)) == -1  # a NULL
+    assert pnloop.bind(module)
+
+
+def test_the_fused_calls_refuse_a_null_or_a_non_int_pointer() -> None:
+    """Issue 20: `_pnloop` takes proton's pointers as ints; 0 or another type raises
+    instead of reaching proton (a crash), and a wrong arity is a TypeError."""
+    module = support.fused_module()
+    assert pnloop.bind(module)
+    with pytest.raises(ValueError, match="NULL"):
+        module.settle(0)
+    with pytest.raises(TypeError):
+        module.settle("not a pointer")
+    with pytest.raises(TypeError):
+        module.accept()
+    with pytest.raises(ValueError, match="NULL"):
+        module.next(0, 0)
 
 
 def test_send_receive_accept_in_order(shell: Shell) -> None:
@@ -157,8 +174,9 @@ def test_a_sent_delivery_is_tagged_with_its_id(
     link.send(
         Dispatch(ConsumerId(1), DeliveryId(delivery_id), CoreMessage(b"\x00Sw\xa1\x01x"), 0, False)
     )
-    [delivery] = link.unsettled
-    assert Delivery.wrap(delivery).tag == str(delivery_id)
+    [delivery] = link.unsettled  # its key: an int (its address) when fused
+    assert type(delivery) is int if mode == "fused" else type(delivery) is not int
+    assert Delivery.wrap(pnloop.pointer(delivery)).tag == str(delivery_id)
     assert delivery_id_of(delivery) == delivery_id
 
 

@@ -57,7 +57,7 @@ from amqpbroker.core.outcomes import FAILED, Outcome
 from amqpbroker.core.paging import PageStore, PageStores, Tailed, full_reason
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
-from amqpbroker.core.queue import Memory, Queue
+from amqpbroker.core.queue import DeliveryIds, Memory, Queue
 from amqpbroker.core.queuekinds import kind_of, last_value_key
 from amqpbroker.core.reaper import _Reaper
 from amqpbroker.core.refs import DELIVERING, Ref
@@ -152,7 +152,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         self._effects: list[Effect] = []
         self._msg_ids = MessageIds()  # unique across restarts once reserve_with() is set
         self._consumer_ids = itertools.count(1)
-        self._delivery_ids = itertools.count(1)
+        self._delivery_ids = DeliveryIds()
         self._consumers: dict[ConsumerId, _ConsumerInfo] = {}
         self._scan_period_ms = address_queue_scan_period_ms
         self._next_scan_ms = self.now_ms + address_queue_scan_period_ms

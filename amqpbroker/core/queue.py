@@ -370,6 +370,22 @@ class QueueKind(Protocol):
     def deliver(self, active: list[Consumer], out: list[Effect]) -> None: ...
 
 
+class DeliveryIds:
+    """The broker's delivery ids, one sequence its queues share. A native counter when
+    compiled (setup.py): `next()` on an `itertools.count` was a lookup of `next` in the
+    builtins module and a generic call, ~500 instructions a dispatch, two a redelivered
+    message (callgrind, issue 20). Not an iterator: mypyc cannot build an `int`-returning
+    `__next__` (setup.py, core/ids.py)."""
+
+    def __init__(self, first: int = 1) -> None:
+        self.last = first - 1
+
+    def take(self) -> DeliveryId:
+        """The next id."""
+        self.last += 1
+        return cast("DeliveryId", self.last)
+
+
 class Queue:
     """One queue bound to one address (B-001). Loop thread only."""
 
@@ -380,7 +396,7 @@ class Queue:
         owner: QueueOwner,
         selector: Selector | None,
         rng: Random,
-        delivery_ids: Iterator[int],
+        delivery_ids: DeliveryIds,
         emitter: Emitter | None = None,
         settings_source: SettingsRepository | None = None,
     ) -> None:
@@ -414,8 +430,7 @@ class Queue:
         self.idle_since_ms = 0
         self.owner: ConnectionId | None = None  # temporary queues die with their connection
         self._rng = rng
-        # DeliveryId is a NewType: calling it per delivery costs a call; the ids are ints.
-        self._delivery_ids = cast("Iterator[DeliveryId]", delivery_ids)
+        self._delivery_ids = delivery_ids
         self.emitter = emitter or Emitter()
         self._scheduled_live = 0
         self.size_bytes = 0
@@ -766,7 +781,8 @@ class Queue:
             fresh, returned = self._fresh[level], self._returned[level]
             while fresh or returned:
                 if returned and not (fresh and fresh[0].seq < returned[0].seq):
-                    ref = _heappop(returned)
+                    # a list's own pop for the last one: native, `heappop` a generic call
+                    ref = _heappop(returned) if len(returned) > 1 else returned.pop()
                 else:
                     ref = fresh.popleft()
                 if ref.state == GONE:
@@ -780,7 +796,11 @@ class Queue:
 
     def _put_back(self, ref: Ref) -> None:
         level = ref.message.priority
-        _heappush(self._returned[level], ref)
+        returned = self._returned[level]
+        if returned:
+            _heappush(returned, ref)
+        else:  # already a heap; `heappush` is a generic call (~350 instructions, issue 20)
+            returned.append(ref)
         if level > self._top:
             self._top = level
         ref.state = READY
@@ -882,7 +902,10 @@ class Queue:
         ):
             self.dispatch(out)
             return
-        (fresh or returned).pop()  # `ref` itself
+        if returned:  # `ref` itself; a list's pop is native, `(fresh or returned).pop()`
+            returned.pop()  # a generic method call (~350 instructions a redelivery)
+        else:
+            fresh.pop()
         self._ready -= 1
         self._rr = 1  # `_deliver`'s rotation past index 0 of one active consumer
         self._send(consumer, ref, out)
@@ -1007,7 +1030,7 @@ class Queue:
         ref.delivery_count += 1  # B-040: before the transfer is written
         if ref.stored_count is not None and self.store is not None and self.store.before_delivery:
             self.store.count_before_delivery(self.name, ref)  # B-097
-        delivery = next(self._delivery_ids)
+        delivery = self._delivery_ids.take()
         out.append(
             Dispatch(
                 consumer.id, delivery, ref.message, ref.delivery_count - 1, consumer.presettled
@@ -1037,7 +1060,7 @@ class Queue:
                 browser.browsed_seq = ref.seq
                 browser.credit -= 1
                 browser.window.room -= ref.message.size
-                delivery = next(self._delivery_ids)
+                delivery = self._delivery_ids.take()
                 out.append(Dispatch(browser.id, delivery, ref.message, ref.delivery_count, True))
             else:
                 if self.pages is not None and self.pages.messages:
@@ -1082,7 +1105,7 @@ class Queue:
                 continue  # B-084: never sent, not even to a browser
             browser.credit -= 1
             browser.window.room -= message.size
-            delivery = DeliveryId(next(self._delivery_ids))
+            delivery = self._delivery_ids.take()
             out.append(Dispatch(browser.id, delivery, message, 0, True))
 
     # -- settlement -------------------------------------------------------------------

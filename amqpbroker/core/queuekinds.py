@@ -58,7 +58,7 @@ from bisect import bisect_right
 from collections import deque
 
 from amqpbroker.core.effects import Dispatch, Effect
-from amqpbroker.core.model import DeliveryId, QueueConfig
+from amqpbroker.core.model import QueueConfig
 from amqpbroker.core.queue import Consumer, Queue
 from amqpbroker.core.refs import DELIVERING, GONE, READY, Ref
 
@@ -216,7 +216,7 @@ class QueueKind:
         queue = self.queue
         consumer.credit -= 1
         consumer.window.room -= ref.message.size
-        delivery = DeliveryId(next(queue._delivery_ids))
+        delivery = queue._delivery_ids.take()
         out.append(
             Dispatch(consumer.id, delivery, ref.message, ref.delivery_count, consumer.presettled)
         )

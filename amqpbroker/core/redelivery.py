@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from random import Random
+from typing import Final
 
 from amqpbroker.core.settings import ResolvedSettings
 
@@ -35,10 +36,12 @@ class DeadLetter:
 _GROWTH_CAP = 1e18
 
 
-# B-060: why a message that reached max-delivery-attempts is dead-lettered.
-MAX_ATTEMPTS = "max-attempts"
+# B-060: why a message that reached max-delivery-attempts is dead-lettered. `Final`
+# literals, here and below: C constants where compiled modules use them, not a module
+# dictionary lookup per return (issue 20).
+MAX_ATTEMPTS: Final = "max-attempts"
 # `redelivery_at`'s answer for "dead-letter it" (an `at_ms` is never negative).
-DEAD_LETTER = -1
+DEAD_LETTER: Final = -1
 
 
 def decide_redelivery(

@@ -25,6 +25,7 @@ from amqpbroker.core import (
 from amqpbroker.core.errors import ResourceLimitExceeded
 from amqpbroker.core.operations import change_priority
 from amqpbroker.core.persistence import Persistence
+from amqpbroker.core.queue import DeliveryIds
 from amqpbroker.core.refs import Ref
 from amqpbroker.store.journal import MemoryJournal
 
@@ -328,3 +329,46 @@ def test_the_hot_view_follows_the_brokers_swapped_and_enabled_state() -> None:
         h.send(target, b"b", durable=True)
     h.send(target, b"c")  # not durable: routed
     assert bodies(h.take(c)) == [b"c"]
+
+
+def test_returned_messages_come_back_in_queue_order_through_the_heap_shortcuts() -> None:
+    """B-014 (issue 20): a return to an empty returned heap is an append and the last one
+    out is a list pop; returned in any order, messages come back in their queue order,
+    ahead of a later arrival, and each delivery has a new id."""
+    h = Harness()
+    target = h.producer("q", "queue")
+    for body in (b"1", b"2", b"3"):
+        h.send(target, body)
+    c = h.consumer("q", "queue", credit=3)
+    one, two, three = h.take(c)
+    h.settle(c, two, RELEASED)  # the append into the empty heap
+    h.settle(c, three, RELEASED)
+    h.settle(c, one, RELEASED)
+    h.send(target, b"4")
+    h.broker.set_credit(c, 4)
+    again = h.take(c)
+    assert bodies(again) == [b"1", b"2", b"3", b"4"]
+    ids = [d.delivery for d in (one, two, three, *again)]
+    assert len(set(ids)) == len(ids)
+
+
+def test_queues_share_one_sequence_of_delivery_ids() -> None:
+    """The broker's queues draw their delivery ids from one `DeliveryIds` (issue 20): two
+    queues' deliveries never share an id, and the ids rise."""
+    h = Harness()
+    a, b = h.producer("a", "queue"), h.producer("b", "queue")
+    ca, cb = h.consumer("a", "queue"), h.consumer("b", "queue")
+    for i in range(3):
+        h.send(a, b"a%d" % i)
+        h.send(b, b"b%d" % i)
+    ids = [d.delivery for d in h.take(ca) + h.take(cb)]
+    assert len(set(ids)) == 6
+    assert sorted(ids[:3]) == ids[:3]
+    assert sorted(ids[3:]) == ids[3:]
+
+
+def test_delivery_ids_count_up_from_the_first() -> None:
+    """`DeliveryIds.take`: first, first + 1, ... (the adapter keys unsettled deliveries
+    by them)."""
+    ids = DeliveryIds(5)
+    assert [ids.take(), ids.take(), ids.take()] == [5, 6, 7]

@@ -5,7 +5,6 @@ B-085, B-151)."""
 
 from __future__ import annotations
 
-import itertools
 from random import Random
 
 from amqpbroker.core import (
@@ -21,7 +20,7 @@ from amqpbroker.core import (
 from amqpbroker.core.clock import ManualClock, Moment
 from amqpbroker.core.effects import Dispatch, Effect
 from amqpbroker.core.model import ConnectionId, ConsumerId
-from amqpbroker.core.queue import Consumer, Memory, Queue, QueueOwner
+from amqpbroker.core.queue import Consumer, DeliveryIds, Memory, Queue, QueueOwner
 from amqpbroker.core.refs import Ref
 from amqpbroker.core.settings import resolve
 
@@ -60,7 +59,7 @@ def _queue(owner: QueueOwner) -> Queue:
         owner=owner,
         selector=None,
         rng=Random(0),
-        delivery_ids=itertools.count(1),
+        delivery_ids=DeliveryIds(),
     )
 
 

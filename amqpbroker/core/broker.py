@@ -689,16 +689,23 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         finally:
             self._in_commit = False
 
-    @staticmethod
-    def _refusal(address: Address, settings: ResolvedSettings, full: str | None) -> str | None:
+    def _refusal(
+        self, address: Address, settings: ResolvedSettings, full: str | None
+    ) -> str | None:
         """B-151: why a message for `address` is refused now (FAIL when `full`, the
-        `_full_reason`; BLOCK past max-size-bytes-reject-threshold), or None."""
+        `_full_reason`; BLOCK past max-size-bytes-reject-threshold; PAGE when `full` while
+        the disk is over max-disk-usage, core/diskguard.py: its page files would take the
+        room kept for acks), or None."""
         policy = settings.address_full_policy
         threshold = settings.max_size_bytes_reject_threshold
         if policy == "BLOCK" and 0 <= threshold < address.size_bytes:
             return f"address {address.name} is over max-size-bytes-reject-threshold={threshold}"
         if policy == "FAIL" and full is not None:
             return f"address {address.name} is full: {full}"
+        if policy == "PAGE" and full is not None and self.page_stores is not None:
+            persistence = self.persistence
+            if persistence is not None and persistence.disk_full is not None:
+                return f"address {address.name} is full and cannot page: {persistence.disk_full}"
         return None
 
     def _management_request(self, message: Message, target: ProducerTarget) -> int:

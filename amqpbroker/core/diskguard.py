@@ -11,8 +11,9 @@ reader (`shutil.disk_usage` of the data directory), the broker's `tick()` calls 
 when `next_check_ms` comes round (one more deadline in `next_deadline_ms`, no timer of
 its own). Over the limit it sets `Persistence.set_disk_full`, so new durable sends are
 refused with resource-limit-exceeded exactly as when the journal failed (`broker.
-refuse_durable`); acks, settles, consumers and non-durable sends go on, and their
-records are what the remaining room is for. One WARN when the limit is crossed, one INFO
+refuse_durable`), and a full PAGE address refuses what it would page (`Broker.
+_refusal`); acks, settles, consumers and non-durable sends go on, and their records are
+what the remaining room is for. One WARN when the limit is crossed, one INFO
 when usage is back under it (docs/decisions.md "max-disk-usage").
 """
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 
 import pytest
 from support.core_harness import Harness, bodies
 
-from amqpbroker.core import ACCEPTED, ProducerTarget
+from amqpbroker.core import ACCEPTED, AddressSettings, ProducerTarget
 from amqpbroker.core.diskguard import DiskFull, DiskGuard
 from amqpbroker.core.errors import ResourceLimitExceeded
 from amqpbroker.core.persistence import OnStored, Persistence
@@ -223,3 +224,56 @@ def test_metrics_show_the_usage_and_whether_sends_are_refused() -> None:
     disk.used = GiB
     guard.check(5_000)
     assert _gauges(h) == {"amqpbroker_disk_usage_ratio": 0.1, "amqpbroker_disk_full": 0.0}
+
+
+def test_a_full_page_address_refuses_what_it_would_page_while_over_the_limit(
+    tmp_path: Path,
+) -> None:
+    """B-151 PAGE: page files would take the room kept for acks, so while the disk is
+    over max-disk-usage a full PAGE address refuses non-durable sends too (the one
+    address-full refusal, `_refusal`), and takes them again under the limit; an address
+    with room is not affected."""
+    from proton import Message as ProtonMessage
+
+    from amqpbroker.protocol import message_of
+    from amqpbroker.protocol.moves import COPIER
+    from amqpbroker.store.paging import PageFiles
+
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 2_000)
+    files.recover({}, {})
+    try:
+        h = Harness({"#": AddressSettings.of(max_size_bytes=1_000)}, copier=COPIER)
+        h.broker.enable_paging(files)
+        disk = Disk(used=GiB)
+        guard = DiskGuard(
+            max_usage_percent=90,
+            period_ms=5_000,
+            read_usage=disk,
+            persistence=_persistence(h),
+            now_ms=0,
+        )
+        target = h.producer("q", "queue")
+        body = bytes(ProtonMessage(body="x" * 200).encode())
+        guard.check(0)  # under the limit: the address fills, then pages
+        h.send(target, body)
+        queue = h.queue("q")
+        while queue.pages is None or not queue.pages.messages:
+            h.send(target, body)
+        paged = queue.pages.messages
+        disk.used = 10 * GiB
+        guard.check(5_000)
+        with pytest.raises(ResourceLimitExceeded, match="is full and cannot page"):
+            h.send(target, body)
+        assert queue.pages.messages == paged
+        disk.used = GiB
+        guard.check(10_000)
+        h.send(target, body)  # pages again
+        assert queue.pages.messages == paged + 1
+    finally:
+        files.close()
+
+
+def _persistence(h: Harness) -> Persistence:
+    persistence = Persistence(Recording())
+    h.broker.enable_persistence(persistence)
+    return persistence

@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import resource
+import shutil
 import socket
 import ssl
 import time
@@ -35,6 +36,7 @@ from amqpbroker.core import (
     SystemClock,
 )
 from amqpbroker.core import operations as ops
+from amqpbroker.core.diskguard import DiskGuard
 from amqpbroker.core.management import MANAGEMENT_ADDRESS  # `manage` is granted there (B-154)
 from amqpbroker.core.persistence import OnStored, Persistence
 from amqpbroker.core.records import Record
@@ -722,6 +724,7 @@ class BrokerServer:
             before_delivery=settings.persist_delivery_count_before_delivery,
         )
         self.broker.enable_persistence(persistence)
+        self._guard_disk(persistence)
         recovered = recover(
             self.broker,
             state,
@@ -901,6 +904,28 @@ class BrokerServer:
             )
 
         return make
+
+    def _guard_disk(self, persistence: Persistence) -> None:
+        """Artemis max-disk-usage: the broker's tick measures the data directory's file
+        system every disk-scan-period ms (core/diskguard.py); checked once now, so that a
+        broker started on a full disk refuses durable sends from its first client."""
+        if self.config.max_disk_usage < 0:
+            return
+        data_dir = self.data_dir
+
+        def read_usage() -> tuple[int, int]:
+            usage = shutil.disk_usage(data_dir)  # as Artemis: 1 - usable / total
+            return usage.total - usage.free, usage.total
+
+        guard = DiskGuard(
+            max_usage_percent=self.config.max_disk_usage,
+            period_ms=self.config.disk_scan_period,
+            read_usage=read_usage,
+            persistence=persistence,
+            now_ms=self.broker.clock.now_ms(),
+        )
+        guard.check(guard.next_check_ms)
+        self.broker.disk_guard = guard
 
     def snapshot(self) -> BrokerSnapshot:
         """Metrics snapshot; loop thread only."""

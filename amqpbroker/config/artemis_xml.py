@@ -7,7 +7,8 @@ same messages. What is read:
 * `core/name`, `persistence-enabled`, `journal-datasync` (-> persistence.sync),
   `persist-delivery-count-before-delivery`, `message-expiry-scan-period`,
   `address-queue-scan-period`, `max-redelivery-records`, `id-cache-size`,
-  `security-enabled`, `wild-card-routing-enabled` and `wildcard-addresses`;
+  `max-disk-usage`, `disk-scan-period`, `security-enabled`, `wild-card-routing-enabled`
+  and `wildcard-addresses`;
 * `acceptors/acceptor`: `tcp://HOST:PORT?params` (port 61616 when absent, as Artemis)
   with the parameters `protocols` (must include AMQP, and only AMQP is served),
   `anycastPrefix`, `multicastPrefix`, `amqpTreatRejectAsUnmodifiedDeliveryFailed`,
@@ -69,6 +70,8 @@ _CORE_SCALARS: dict[str, tuple[tuple[str, ...], type]] = {
     "max-redelivery-records": (("max-redelivery-records",), int),
     "id-cache-size": (("id-cache-size",), int),
     "global-max-size": (("global-max-size",), int),
+    "max-disk-usage": (("max-disk-usage",), int),
+    "disk-scan-period": (("disk-scan-period",), int),
     "security-enabled": (("security", "enabled"), bool),
     "wild-card-routing-enabled": (("wildcard-addresses", "enabled"), bool),
 }

@@ -64,6 +64,11 @@ def format_effective(config: BrokerConfig) -> str:
             if config.global_max_size >= 0
             else "auto (half the memory limit)",
         ),
+        (
+            "max-disk-usage",
+            f"{config.max_disk_usage}%" if config.max_disk_usage >= 0 else "off",
+        ),
+        ("disk-scan-period", config.disk_scan_period),
     ):
         lines.append(f"{key}: {value}")
     e = config.event_log

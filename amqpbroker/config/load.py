@@ -236,6 +236,8 @@ NUMERIC_KEYS: dict[str, Range] = {
     "max-redelivery-records": Range(0, INT32_MAX, "no cap"),  # B-096
     "id-cache-size": Range(0, INT32_MAX),  # B-012
     "global-max-size": Range(0, INT64_MAX, "half the memory limit"),  # B-151
+    "max-disk-usage": Range(0, 100, "off"),  # percent of the data dir's file system
+    "disk-scan-period": _ms(low=1),  # ms between disk-usage checks
     "event-log.max-file-bytes": Range(1, INT64_MAX),
     "event-log.max-file-age": _ms(low=1),
     "event-log.max-total-bytes": Range(1, INT64_MAX, "off"),  # issue 17
@@ -1026,6 +1028,8 @@ def check_tree(root: yaml.Node | None, *, source: str) -> BrokerConfig:
             "max-redelivery-records": s(int, NUMERIC_KEYS["max-redelivery-records"]),
             "id-cache-size": s(int, NUMERIC_KEYS["id-cache-size"]),
             "global-max-size": c.size(NUMERIC_KEYS["global-max-size"]),
+            "max-disk-usage": s(int, NUMERIC_KEYS["max-disk-usage"]),
+            "disk-scan-period": s(int, NUMERIC_KEYS["disk-scan-period"]),
             "event-log": lambda n, p: _event_log(c, n, p),
             "metrics": _section(c, MetricsConfig, {"artemis-names": s(bool)}),
             "wildcard-addresses": lambda n, p: wildcards or _MISSING,

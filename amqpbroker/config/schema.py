@@ -16,6 +16,9 @@ Keys beyond CONTRACT.md's example (all optional):
     wildcard-addresses.enabled                                    true   (B-104)
     id-cache-size                                                 20000  (B-012)
     global-max-size     -1: half the memory limit (container or machine)  (B-151)
+    max-disk-usage      90     % of the data dir's file system; over it durable sends
+                               are refused (-1: off; docs/decisions.md)
+    disk-scan-period    5000   ms between disk-usage checks
 """
 
 from __future__ import annotations
@@ -232,6 +235,11 @@ class BrokerConfig:
     # to disk); -1: half the memory limit (container or machine), as Artemis takes half
     # the JVM heap. The server works it out (`store/sysmem.py`).
     global_max_size: int = -1
+    # Artemis `max-disk-usage` / `disk-scan-period`: over this percent of the data
+    # directory's file system durable sends are refused, so that acks, rolls and
+    # compaction always have room (core/diskguard.py); -1: no check.
+    max_disk_usage: int = 90
+    disk_scan_period: int = 5_000  # ms
     event_log: EventLogConfig = field(default_factory=EventLogConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     wildcard_addresses: WildcardConfig = field(default_factory=WildcardConfig)

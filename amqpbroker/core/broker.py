@@ -23,12 +23,13 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator
 from random import Random
-from typing import Any, Final, final
+from typing import Any, Final, NoReturn, final
 
 from mypy_extensions import mypyc_attr
 
 from amqpbroker.core.attach import _Attach, _ConsumerInfo
 from amqpbroker.core.clock import Clock, Moment, entry
+from amqpbroker.core.diskguard import DiskGuard
 from amqpbroker.core.effects import AddressUnblocked, CloseConsumer, Effect
 from amqpbroker.core.errors import (
     ClientError,
@@ -167,6 +168,8 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         self._expiry_drop_warned: set[str] = set()
         # B-160: answers requests to the management address (server.py sets it).
         self.management: ManagementHandler | None = None
+        # Artemis max-disk-usage (core/diskguard.py): checked from `tick` (server.py sets it).
+        self.disk_guard: DiskGuard | None = None
         self._retroactive: dict[str, dict[RoutingType, str]] = {}  # B-124, core/retroactive.py
         # Work done a step per loop turn from `tick` until it says it is done (True): the
         # AMQP management address's walks over a queue (issue 23, B-151 with B-160).
@@ -225,9 +228,11 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             self._check_global_unblocked()
 
     def next_deadline_ms(self) -> int | None:
-        """When `tick()` next has work: a redelivery, the reaper, the expiry scan or a
-        slow-consumer check. O(1)."""
+        """When `tick()` next has work: a redelivery, the reaper, the expiry scan, a
+        slow-consumer check or the disk-usage check. O(1)."""
         candidates = []
+        if self.disk_guard is not None:
+            candidates.append(self.disk_guard.next_check_ms)
         if self._slow_due:
             candidates.append(self._slow_due[0][0])
         if self._scan_period_ms > 0:
@@ -241,7 +246,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
     @entry
     def tick(self) -> None:
         """Fire due redeliveries and, every address-queue-scan-period, the reaper; the
-        expiry scan and the slow-consumer checks when due."""
+        expiry scan, the slow-consumer checks and the disk-usage check when due."""
         now_ms = self.now_ms
         out = self._effects
         deadlines = self._deadlines
@@ -259,6 +264,8 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             self.expire_due(now_ms)
         if self._slow_due and self._slow_due[0][0] <= now_ms:
             self.check_slow_consumers(now_ms)
+        if self.disk_guard is not None and now_ms >= self.disk_guard.next_check_ms:
+            self.disk_guard.check(now_ms)
         if self._background:
             steps, self._background = self._background, []
             for step in steps:
@@ -650,10 +657,8 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         routing it may auto-create the address (Artemis routes a transactional send when
         it arrives, creating its address then).
         """
-        if durable and self.persistence is not None and self.persistence.failure:
-            raise ResourceLimitExceeded(
-                f"the broker cannot store durable messages: {self.persistence.failure}"
-            )
+        if durable and self.persistence is not None and self.persistence.refusing:
+            refuse_durable(self.persistence.refusing)
         if target.address is None:
             relayed = self._relay_target(target, to, message_routing_type)
             if relayed is None:
@@ -684,16 +689,23 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         finally:
             self._in_commit = False
 
-    @staticmethod
-    def _refusal(address: Address, settings: ResolvedSettings, full: str | None) -> str | None:
+    def _refusal(
+        self, address: Address, settings: ResolvedSettings, full: str | None
+    ) -> str | None:
         """B-151: why a message for `address` is refused now (FAIL when `full`, the
-        `_full_reason`; BLOCK past max-size-bytes-reject-threshold), or None."""
+        `_full_reason`; BLOCK past max-size-bytes-reject-threshold; PAGE when `full` while
+        the disk is over max-disk-usage, core/diskguard.py: its page files would take the
+        room kept for acks), or None."""
         policy = settings.address_full_policy
         threshold = settings.max_size_bytes_reject_threshold
         if policy == "BLOCK" and 0 <= threshold < address.size_bytes:
             return f"address {address.name} is over max-size-bytes-reject-threshold={threshold}"
         if policy == "FAIL" and full is not None:
             return f"address {address.name} is full: {full}"
+        if policy == "PAGE" and full is not None and self.page_stores is not None:
+            persistence = self.persistence
+            if persistence is not None and persistence.disk_full is not None:
+                return f"address {address.name} is full and cannot page: {persistence.disk_full}"
         return None
 
     def _management_request(self, message: Message, target: ProducerTarget) -> int:
@@ -944,6 +956,13 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
 
 
 # -- the per-message paths as module functions (issue 20) ------------------------
+def refuse_durable(cause: BaseException) -> NoReturn:
+    """Refuse a durable send while `Persistence.refusing` (the journal failed, or the
+    disk is over `max-disk-usage`): the producer hears resource-limit-exceeded, and the
+    transfer adapters answer it rejected. The one place of this policy."""
+    raise ResourceLimitExceeded(f"the broker cannot store durable messages: {cause}")
+
+
 def publish_message(
     hot: Hot,
     message: Message,
@@ -964,10 +983,8 @@ def publish_message(
     if message.deliver_at_ms > LATEST_DELIVERY_MS:  # B-015: what the stores can hold
         message.deliver_at_ms = LATEST_DELIVERY_MS
     persistence = hot.persistence
-    if message.durable and persistence is not None and persistence.failure:
-        raise ResourceLimitExceeded(
-            f"the broker cannot store durable messages: {persistence.failure}"
-        )
+    if message.durable and persistence is not None and persistence.refusing:
+        refuse_durable(persistence.refusing)
     if not message.msg_id:
         ids = hot.msg_ids
         message.msg_id = next(ids.ready, 0) or next(ids)  # the block's next, or reserve

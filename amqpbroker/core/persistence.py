@@ -93,6 +93,11 @@ class Persistence:
         self.before_delivery = before_delivery
         self.messages_added = 0  # AddMessage records so far: the handler's "must wait?"
         self.failure: BaseException | None = None  # the journal stopped writing
+        # Over `max-disk-usage` (core/diskguard.py): durable sends are refused while set.
+        self.disk_full: BaseException | None = None
+        # Why durable sends are refused now (the journal's failure, else the disk's
+        # usage), None while they are taken: the one thing `Broker` checks per send.
+        self.refusing: BaseException | None = None
         self._suspended = False
         # References recovery removed (a ring trimmed, a last value replaced): their
         # AckRefs are written once recovery ends (`suspended` set back to False).
@@ -350,6 +355,7 @@ class Persistence:
         # The journal logs the failure and its recovery (one warning, one info).
         if self.failure is None:
             self.failure = error
+            self.refusing = error
             log.debug("refusing durable messages until the journal works again: %s", error)
 
     def resumed(self) -> None:
@@ -358,6 +364,7 @@ class Persistence:
         if self.failure is None:
             return
         self.failure = None
+        self.refusing = self.disk_full
         topology: list[Record] = [*self._addresses.values(), *self._queues.values()]
         if topology:
             try:
@@ -365,6 +372,13 @@ class Persistence:
             except Exception as e:  # closed meanwhile: refuse again, never pretend
                 self._failed(e)
         log.debug("accepting durable messages again")
+
+    def set_disk_full(self, cause: BaseException | None) -> None:
+        """Refuse durable sends for `cause` (the data directory's file system is over
+        `max-disk-usage`), or take them again (None) unless the journal itself failed:
+        what the disk has left is kept for acks, rolls and compaction."""
+        self.disk_full = cause
+        self.refusing = self.failure or cause
 
 
 # The records written per durable message, built without the dataclass's keyword call:

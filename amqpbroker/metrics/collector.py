@@ -79,6 +79,9 @@ class BrokerSnapshot:
     broker_totals: QueueCounters = field(default_factory=QueueCounters)
     connections_refused: tuple[tuple[str, int], ...] = ()  # (reason, total)
     slow_consumers: tuple[tuple[str, int], ...] = ()  # (policy, total)
+    # (used / total, over max-disk-usage) at the last check; None: no check (-1, or no
+    # persistence).
+    disk: tuple[float, bool] | None = None
 
     @classmethod
     def take(
@@ -128,6 +131,7 @@ class BrokerSnapshot:
             broker_totals=everything,
             connections_refused=tuple(sorted((connections_refused or {}).items())),
             slow_consumers=tuple(sorted(broker.stats.slow_consumers.items())),
+            disk=(guard.ratio, guard.full) if (guard := broker.disk_guard) else None,
         )
 
 
@@ -284,6 +288,17 @@ class BrokerCollector:
         yield CounterMetricFamily(
             names.JOURNAL_ERRORS, "Journal write, sync and retry errors.", value=s.journal_errors
         )
+        if s.disk is not None:
+            yield GaugeMetricFamily(
+                names.DISK_USAGE_RATIO,
+                "Used / total of the data directory's file system at the last check.",
+                value=s.disk[0],
+            )
+            yield GaugeMetricFamily(
+                names.DISK_FULL,
+                "1 while over max-disk-usage (durable sends are refused), else 0.",
+                value=int(s.disk[1]),
+            )
         info = GaugeMetricFamily(names.BUILD_INFO, "Build information.", labels=["version"])
         info.add_metric([__version__], 1)
         yield info

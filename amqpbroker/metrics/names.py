@@ -40,6 +40,9 @@ JOURNAL_SYNC_SECONDS = "amqpbroker_journal_sync_seconds"  # histogram
 JOURNAL_SIZE_BYTES = "amqpbroker_journal_size_bytes"
 JOURNAL_FAILED = "amqpbroker_journal_failed"  # 1 while the journal refuses appends
 JOURNAL_ERRORS = "amqpbroker_journal_errors"  # _total: write, sync, roll, retry errors
+# Artemis max-disk-usage (core/diskguard.py): the data directory's file system.
+DISK_USAGE_RATIO = "amqpbroker_disk_usage_ratio"  # used / total at the last check
+DISK_FULL = "amqpbroker_disk_full"  # 1 while over max-disk-usage (durable sends refused)
 EVENT_LOG_DROPPED = "amqpbroker_event_log_dropped"  # _total
 EVENT_LOG_PENDING = "amqpbroker_event_log_pending_events"
 # The event log's disk budget (issue 17): what its files hold, and what retention deleted.

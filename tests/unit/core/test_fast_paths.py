@@ -324,7 +324,7 @@ def test_the_hot_view_follows_the_brokers_swapped_and_enabled_state() -> None:
     assert bodies(h.take(c)) == [b"a"]
     persistence = Persistence(MemoryJournal())
     h.broker.enable_persistence(persistence)
-    persistence.failure = OSError("disk full")
+    persistence.refusing = OSError("disk full")
     with pytest.raises(ResourceLimitExceeded, match="disk full"):
         h.send(target, b"b", durable=True)
     h.send(target, b"c")  # not durable: routed

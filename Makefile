@@ -36,9 +36,8 @@ run: $(STAMP)
 	@echo "The amqpbroker command is $(BIN)/amqpbroker (not on PATH): run it as $(BIN)/amqpbroker, or 'source $(BIN)/activate' first."
 	$(BIN)/amqpbroker run --config config/broker.yaml --data-dir ./data
 
-# pytest: three xdist workers on the two cores (PYTEST_WORKERS; a worker's tests leave its
-# core idle while they wait on timers, TTLs, a broker's trim interval or a client's round
-# trips, and a third worker fills that: docs/decisions.md, "Suite time, sixth pass"), a
+# pytest: two xdist workers on the two cores (PYTEST_WORKERS; a third was measured slower
+# on the quiet machine: docs/decisions.md, "Suite time, sixth pass"), a
 # module per worker at a time, tests/analytics/ and
 # tests/interop/ one unit each (one Spark JVM; the client stacks' installs one at a time:
 # tests/conftest.py), then the wall-clock `timing` tests alone in one process, collected
@@ -46,7 +45,7 @@ run: $(STAMP)
 # its 15 slowest tests. Kept under 10 minutes on 2 cores: what only scale adds (a standalone
 # Spark cluster, 40 crash rounds, 6,000 fuzz cases, the incremental-equals-whole analyze
 # run) is `make test-long`, which CI runs next.
-PYTEST_WORKERS ?= 3
+PYTEST_WORKERS ?= 2
 test: $(DEV_STAMP)
 	sh tests/support/install-browser.sh  # chromium + chromium-driver for the console tests
 	$(BIN)/ruff check .

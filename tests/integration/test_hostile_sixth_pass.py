@@ -23,6 +23,7 @@ from support.client import QUEUE, connect, receive_bodies, selector
 from support.frame_conn import round_trip
 from support.http import raw_request
 from support.process import BrokerProcess, create_certs, start_broker
+from support.waiting import wait_until
 
 from amqpbroker.core.selector import (
     MAX_CONCAT_CHARS,
@@ -290,6 +291,9 @@ def test_accepts_out_of_descriptors_are_one_warning_not_a_traceback_each(
             except OSError:
                 break  # the listen backlog is full: the point is made
         assert len(socks) > 400
+        # The broker accepts 16 a loop turn (seventh pass): wait until its accepts have
+        # met the limit while the sockets are still there, not just until they are sent.
+        wait_until(lambda: "cannot accept connections: Too many open files" in broker.log())
         for sock in socks:
             sock.close()
         socks.clear()

@@ -88,6 +88,13 @@ _MAX_DECIMAL_DIGITS = 4300
 MAX_SELECTOR_CHARS = 64 * 1024  # the text, IN lists and literals included
 MAX_SELECTOR_OPERANDS = 1024  # identifiers and literals outside IN lists: the tree's size
 MAX_CONCAT_CHARS = 64 * 1024  # what a string `+` may make; longer is a runtime failure
+# What one LIKE may compare while it searches for its runs with `_` (eighth attack pass):
+# such a run is checked a place at a time, each place over the whole run, so a 2,000
+# character run against a 300,000 character property was 40 CPU-s of the event loop per
+# message. Each place tried counts the run's length; past this many characters the
+# evaluation is a runtime failure, so no match (B-130). ~10-40 ms of C at most; a real
+# pattern (a run of tens of characters) never reaches it on any property.
+LIKE_STEPS = 1 << 23
 
 
 class _Token:
@@ -839,30 +846,62 @@ def _like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
 class _Run:
     """A run of a LIKE pattern between '%'s: characters, None for '_' (any one)."""
 
-    __slots__ = ("chars", "size", "text")
+    __slots__ = ("anchor", "chars", "pattern", "size", "text")
 
     def __init__(self, chars: tuple[str | None, ...]) -> None:
         self.chars = chars
         self.size = len(chars)
         # Without '_': the text itself, for str.startswith / endswith / find.
         self.text = None if None in chars else "".join(ch for ch in chars if ch is not None)
+        # With '_': a place is checked by one fixed-length regex match (C, no
+        # backtracking: no quantifier), and the places tried are those where the run's
+        # longest literal piece is (`anchor`: its offset and text; "" for only '_'s).
+        self.pattern: re.Pattern[str] | None = None
+        self.anchor = (0, "")
+        if self.text is None:
+            spelled = "".join("." if ch is None else re.escape(ch) for ch in chars)
+            self.pattern = re.compile(spelled, re.DOTALL)
+            piece: list[str] = []
+            for i, ch in enumerate((*chars, None)):
+                if ch is not None:
+                    piece.append(ch)
+                    continue
+                if len(piece) > len(self.anchor[1]):
+                    self.anchor = (i - len(piece), "".join(piece))
+                piece = []
 
     def at(self, s: str, pos: int) -> bool:
         """Whether the run matches `s` at `pos`."""
         if pos < 0 or pos + self.size > len(s):
             return False
-        if self.text is not None:
-            return s.startswith(self.text, pos)
-        return all(ch is None or s[pos + i] == ch for i, ch in enumerate(self.chars))
+        if (pattern := self.pattern) is None:
+            return s.startswith(str(self.text), pos)
+        return pattern.match(s, pos) is not None
 
-    def find(self, s: str, start: int, end: int) -> int:
-        """The leftmost place of the run in `s[start:end]`, or -1."""
-        if self.text is not None:
-            return s.find(self.text, start, end)
-        for pos in range(start, end - self.size + 1):
-            if self.at(s, pos):
-                return pos
-        return -1
+    def find(self, s: str, start: int, end: int, steps: int) -> tuple[int, int]:
+        """The leftmost place of the run in `s[start:end]` (or -1), and `steps` less what
+        the search compared (each place tried costs the run's length).
+
+        Raises:
+            _EvalError: the search went past LIKE_STEPS (a runtime failure, B-130).
+        """
+        if (pattern := self.pattern) is None:
+            return s.find(str(self.text), start, end), steps
+        last = end - self.size  # the last place the run fits
+        offset, anchor = self.anchor
+        while start <= last:
+            if anchor:
+                found = s.find(anchor, start + offset, last + offset + len(anchor))
+                if found < 0:
+                    return -1, steps
+                start = found - offset
+            steps -= self.size
+            if steps < 0:
+                raise _EvalError(f"LIKE compared more than {LIKE_STEPS} characters")
+            if pattern.match(s, start) is not None:
+                return start, steps
+            start += 1
+        return -1, steps
 
 
 def _like_runs(runs: tuple[_Run, ...], s: str) -> bool:
@@ -874,8 +913,9 @@ def _like_runs(runs: tuple[_Run, ...], s: str) -> bool:
     if end < first.size or not first.at(s, 0) or not last.at(s, end):
         return False
     pos = first.size
+    steps = LIKE_STEPS
     for run in runs[1:-1]:
-        found = run.find(s, pos, end)
+        found, steps = run.find(s, pos, end, steps)
         if found < 0:
             return False
         pos = found + run.size

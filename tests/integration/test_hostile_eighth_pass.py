@@ -7,12 +7,14 @@ Real broker on port 0, real AMQP clients and raw bytes over loopback.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
 from proton import Message
 from proton.utils import BlockingConnection
-from support.client import connect
+from support.client import QUEUE, connect, selector
+from support.frame_conn import round_trip
 from support.process import BrokerProcess
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -68,5 +70,29 @@ def test_a_size_text_that_is_no_ascii_number_is_refused_by_the_management_addres
         assert not succeeded
         assert "max-size-bytes: not a size" in text, text
         assert _call(conn, "getAddressSettingsAsJSON", "eighth.x")[0]
+    finally:
+        conn.close()
+
+
+@pytest.mark.timing  # the loop's stall, against a wall-clock bound
+def test_a_like_pattern_with_underscores_does_not_stall_the_loop(broker: BrokerProcess) -> None:
+    """Eighth attack pass (B-130, issue 15): LIKE's runs with `_` were searched a
+    position at a time, each position compared over the whole run: a consumer's
+    `p LIKE '%aaaa...(2,000)_b%'` on a message whose `p` is 300,000 `a`s took ~40 CPU-s of
+    the event loop per message offered (every connection stalled). The search is now
+    bounded (LIKE_STEPS characters compared an evaluation, then a runtime failure: no
+    match); another client's round trip is answered at once."""
+    conn = connect(broker.url)
+    try:
+        pattern = "%" + "a" * 2000 + "_b%"
+        receiver = conn.create_receiver(
+            "like.slow", options=[QUEUE, selector(f"p LIKE '{pattern}'")], credit=1
+        )
+        sender = conn.create_sender("like.slow", options=QUEUE)
+        sender.send(Message(body="x", properties={"p": "a" * 300_000}))
+        started = time.monotonic()
+        assert round_trip(broker, "like.other") == ["still here"]
+        assert time.monotonic() - started < 10
+        assert receiver.queued == 0  # it does not match
     finally:
         conn.close()

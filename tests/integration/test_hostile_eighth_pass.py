@@ -7,7 +7,13 @@ Real broker on port 0, real AMQP clients and raw bytes over loopback.
 from __future__ import annotations
 
 import json
+import struct
+import subprocess
+import sys
 import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +21,10 @@ from proton import Message
 from proton.utils import BlockingConnection
 from support.client import QUEUE, connect, selector
 from support.frame_conn import round_trip
-from support.process import BrokerProcess
+from support.process import BrokerProcess, write_config
+
+from amqpbroker.core.records import RecordType
+from amqpbroker.store.segments import FRAME_BYTES, HEADER_BYTES
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -96,3 +105,53 @@ def test_a_like_pattern_with_underscores_does_not_stall_the_loop(broker: BrokerP
         assert receiver.queued == 0  # it does not match
     finally:
         conn.close()
+
+
+def _retype_first(segment: Path, type_id: int, at: int, tag: int) -> None:
+    """Set the value tag at payload offset `at` of the first `type_id` frame to `tag`,
+    and give the frame the crc of what it now holds (the damage a crc cannot see)."""
+    data = bytearray(segment.read_bytes())
+    pos = HEADER_BYTES
+    while True:
+        length, _, frame_type, _ = struct.unpack_from("<IIHH", data, pos)
+        if frame_type == type_id:
+            break
+        pos += FRAME_BYTES + length
+    data[pos + FRAME_BYTES + at] = tag
+    end = pos + FRAME_BYTES + length
+    crc = zlib.crc32(bytes(data[pos + 8 : end]), zlib.crc32(bytes(data[pos : pos + 4])))
+    struct.pack_into("<I", data, pos + 4, crc)
+    segment.write_bytes(bytes(data))
+
+
+def test_a_journal_record_of_the_wrong_value_type_is_a_corrupt_journal(
+    spawn: Callable[..., BrokerProcess], tmp_path: Path
+) -> None:
+    """Eighth attack pass (B-095, B-153): an AddAddress whose name's tag says bytes (a
+    flipped bit the crc did not see; found by mutating a real journal and refitting the
+    crc) was handed to recovery as it decoded: the start failed with a TypeError
+    traceback out of the wildcard matcher. It is now a corrupt journal, named with file
+    and offset: `cannot start`, exit 1, no traceback."""
+    config = "persistence:\n  enabled: true\n"
+    first = spawn(tmp_path, config, log_level="info")
+    conn = connect(first.url)
+    conn.create_sender("typed.addr", options=QUEUE).send(Message(body="x", durable=True))
+    conn.close()
+    assert first.stop() == 0
+    (segment,) = (tmp_path / "data" / "journal").glob("journal-*.seg")
+    _retype_first(segment, RecordType.ADD_ADDRESS, 1, 5)  # name: str (4) -> bytes (5)
+    (tmp_path / "data" / "ports.json").unlink(missing_ok=True)
+    command = [sys.executable, "-m", "amqpbroker", "run", "--log-level", "info"]
+    command += ["--config", str(write_config(tmp_path, config))]
+    again = subprocess.run(
+        [*command, "--data-dir", str(tmp_path / "data")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    output = again.stdout + again.stderr
+    assert again.returncode == 1, output
+    assert "Traceback" not in output
+    assert "cannot start: journal corrupt:" in output
+    assert "bad AddAddress payload: name is a bytes" in output

@@ -95,6 +95,7 @@ MAX_CONCAT_CHARS = 64 * 1024  # what a string `+` may make; longer is a runtime 
 # evaluation is a runtime failure, so no match (B-130). ~10-40 ms of C at most; a real
 # pattern (a run of tens of characters) never reaches it on any property.
 LIKE_STEPS = 1 << 23
+LIKE_PIECE_STEPS = 32  # a piece's `startswith` call, in characters compared
 
 
 class _Token:
@@ -833,72 +834,76 @@ def _like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
     # is matched at the start, the last at the end and each run between at its leftmost
     # place after the one before: a '%' takes whatever lies between, so the leftmost
     # place never loses a match. Linear in the string per run.
-    parts: list[tuple[str | None, ...]] = [()]
+    # (Lists, not `tuple +=`: that copied the run so far at each item, quadratic, 4.6 s
+    # of the event loop to compile `'a_' * 30000`, at every attach; eighth attack pass.)
+    parts: list[list[str | None]] = [[]]
     for item in items:
         if item is None:
-            parts.append(())
+            parts.append([])
+        elif item:
+            parts[-1].extend(item)
         else:
-            parts[-1] += tuple(item) if item else (None,)
-    runs = tuple(_Run(part) for part in parts)
+            parts[-1].append(None)
+    runs = tuple(_Run(tuple(part)) for part in parts)
     return functools.partial(_like_runs, runs)
 
 
 class _Run:
     """A run of a LIKE pattern between '%'s: characters, None for '_' (any one)."""
 
-    __slots__ = ("anchor", "chars", "pattern", "size", "text")
+    __slots__ = ("anchor", "chars", "pieces", "size", "text")
 
     def __init__(self, chars: tuple[str | None, ...]) -> None:
         self.chars = chars
         self.size = len(chars)
         # Without '_': the text itself, for str.startswith / endswith / find.
         self.text = None if None in chars else "".join(ch for ch in chars if ch is not None)
-        # With '_': a place is checked by one fixed-length regex match (C, no
-        # backtracking: no quantifier), and the places tried are those where the run's
-        # longest literal piece is (`anchor`: its offset and text; "" for only '_'s).
-        self.pattern: re.Pattern[str] | None = None
-        self.anchor = (0, "")
-        if self.text is None:
-            spelled = "".join("." if ch is None else re.escape(ch) for ch in chars)
-            self.pattern = re.compile(spelled, re.DOTALL)
-            piece: list[str] = []
-            for i, ch in enumerate((*chars, None)):
-                if ch is not None:
-                    piece.append(ch)
-                    continue
-                if len(piece) > len(self.anchor[1]):
-                    self.anchor = (i - len(piece), "".join(piece))
+        # With '_': the literal pieces between them at their offsets, each compared by
+        # one `startswith` (C); the places tried are those where the longest piece is
+        # (`anchor`, "" for a run of only '_'s). (A regex per run compiled in ~60 us a
+        # character: 3.5 s for a 60,000-character pattern, at every compile.)
+        pieces: list[tuple[int, str]] = []
+        piece: list[str] = []
+        for i, ch in enumerate((*chars, None)):
+            if ch is not None:
+                piece.append(ch)
+            elif piece:
+                pieces.append((i - len(piece), "".join(piece)))
                 piece = []
+        self.pieces = tuple(pieces)
+        self.anchor = max(pieces, key=lambda p: len(p[1]), default=(0, ""))
 
     def at(self, s: str, pos: int) -> bool:
         """Whether the run matches `s` at `pos`."""
         if pos < 0 or pos + self.size > len(s):
             return False
-        if (pattern := self.pattern) is None:
-            return s.startswith(str(self.text), pos)
-        return pattern.match(s, pos) is not None
+        if self.text is not None:
+            return s.startswith(self.text, pos)
+        return all(s.startswith(text, pos + offset) for offset, text in self.pieces)
 
     def find(self, s: str, start: int, end: int, steps: int) -> tuple[int, int]:
         """The leftmost place of the run in `s[start:end]` (or -1), and `steps` less what
-        the search compared (each place tried costs the run's length).
+        the search compared (each place tried costs the run's length and
+        LIKE_PIECE_STEPS a piece).
 
         Raises:
             _EvalError: the search went past LIKE_STEPS (a runtime failure, B-130).
         """
-        if (pattern := self.pattern) is None:
-            return s.find(str(self.text), start, end), steps
+        if self.text is not None:
+            return s.find(self.text, start, end), steps
         last = end - self.size  # the last place the run fits
         offset, anchor = self.anchor
+        cost = self.size + LIKE_PIECE_STEPS * len(self.pieces)
         while start <= last:
             if anchor:
                 found = s.find(anchor, start + offset, last + offset + len(anchor))
                 if found < 0:
                     return -1, steps
                 start = found - offset
-            steps -= self.size
+            steps -= cost
             if steps < 0:
                 raise _EvalError(f"LIKE compared more than {LIKE_STEPS} characters")
-            if pattern.match(s, start) is not None:
+            if self.at(s, start):
                 return start, steps
             start += 1
         return -1, steps

@@ -88,6 +88,14 @@ _MAX_DECIMAL_DIGITS = 4300
 MAX_SELECTOR_CHARS = 64 * 1024  # the text, IN lists and literals included
 MAX_SELECTOR_OPERANDS = 1024  # identifiers and literals outside IN lists: the tree's size
 MAX_CONCAT_CHARS = 64 * 1024  # what a string `+` may make; longer is a runtime failure
+# What one LIKE may compare while it searches for its runs with `_` (eighth attack pass):
+# such a run is checked a place at a time, each place over the whole run, so a 2,000
+# character run against a 300,000 character property was 40 CPU-s of the event loop per
+# message. Each place tried counts the run's length; past this many characters the
+# evaluation is a runtime failure, so no match (B-130). ~10-40 ms of C at most; a real
+# pattern (a run of tens of characters) never reaches it on any property.
+LIKE_STEPS = 1 << 23
+LIKE_PIECE_STEPS = 32  # a piece's `startswith` call, in characters compared
 
 
 class _Token:
@@ -826,26 +834,44 @@ def _like_matcher(pattern: str, escape: str | None) -> Callable[[str], bool]:
     # is matched at the start, the last at the end and each run between at its leftmost
     # place after the one before: a '%' takes whatever lies between, so the leftmost
     # place never loses a match. Linear in the string per run.
-    parts: list[tuple[str | None, ...]] = [()]
+    # (Lists, not `tuple +=`: that copied the run so far at each item, quadratic, 4.6 s
+    # of the event loop to compile `'a_' * 30000`, at every attach; eighth attack pass.)
+    parts: list[list[str | None]] = [[]]
     for item in items:
         if item is None:
-            parts.append(())
+            parts.append([])
+        elif item:
+            parts[-1].extend(item)
         else:
-            parts[-1] += tuple(item) if item else (None,)
-    runs = tuple(_Run(part) for part in parts)
+            parts[-1].append(None)
+    runs = tuple(_Run(tuple(part)) for part in parts)
     return functools.partial(_like_runs, runs)
 
 
 class _Run:
     """A run of a LIKE pattern between '%'s: characters, None for '_' (any one)."""
 
-    __slots__ = ("chars", "size", "text")
+    __slots__ = ("anchor", "chars", "pieces", "size", "text")
 
     def __init__(self, chars: tuple[str | None, ...]) -> None:
         self.chars = chars
         self.size = len(chars)
         # Without '_': the text itself, for str.startswith / endswith / find.
         self.text = None if None in chars else "".join(ch for ch in chars if ch is not None)
+        # With '_': the literal pieces between them at their offsets, each compared by
+        # one `startswith` (C); the places tried are those where the longest piece is
+        # (`anchor`, "" for a run of only '_'s). (A regex per run compiled in ~60 us a
+        # character: 3.5 s for a 60,000-character pattern, at every compile.)
+        pieces: list[tuple[int, str]] = []
+        piece: list[str] = []
+        for i, ch in enumerate((*chars, None)):
+            if ch is not None:
+                piece.append(ch)
+            elif piece:
+                pieces.append((i - len(piece), "".join(piece)))
+                piece = []
+        self.pieces = tuple(pieces)
+        self.anchor = max(pieces, key=lambda p: len(p[1]), default=(0, ""))
 
     def at(self, s: str, pos: int) -> bool:
         """Whether the run matches `s` at `pos`."""
@@ -853,16 +879,34 @@ class _Run:
             return False
         if self.text is not None:
             return s.startswith(self.text, pos)
-        return all(ch is None or s[pos + i] == ch for i, ch in enumerate(self.chars))
+        return all(s.startswith(text, pos + offset) for offset, text in self.pieces)
 
-    def find(self, s: str, start: int, end: int) -> int:
-        """The leftmost place of the run in `s[start:end]`, or -1."""
+    def find(self, s: str, start: int, end: int, steps: int) -> tuple[int, int]:
+        """The leftmost place of the run in `s[start:end]` (or -1), and `steps` less what
+        the search compared (each place tried costs the run's length and
+        LIKE_PIECE_STEPS a piece).
+
+        Raises:
+            _EvalError: the search went past LIKE_STEPS (a runtime failure, B-130).
+        """
         if self.text is not None:
-            return s.find(self.text, start, end)
-        for pos in range(start, end - self.size + 1):
-            if self.at(s, pos):
-                return pos
-        return -1
+            return s.find(self.text, start, end), steps
+        last = end - self.size  # the last place the run fits
+        offset, anchor = self.anchor
+        cost = self.size + LIKE_PIECE_STEPS * len(self.pieces)
+        while start <= last:
+            if anchor:
+                found = s.find(anchor, start + offset, last + offset + len(anchor))
+                if found < 0:
+                    return -1, steps
+                start = found - offset
+            steps -= cost
+            if steps < 0:
+                raise _EvalError(f"LIKE compared more than {LIKE_STEPS} characters")
+            if self.at(s, start):
+                return start, steps
+            start += 1
+        return -1, steps
 
 
 def _like_runs(runs: tuple[_Run, ...], s: str) -> bool:
@@ -874,8 +918,9 @@ def _like_runs(runs: tuple[_Run, ...], s: str) -> bool:
     if end < first.size or not first.at(s, 0) or not last.at(s, end):
         return False
     pos = first.size
+    steps = LIKE_STEPS
     for run in runs[1:-1]:
-        found = run.find(s, pos, end)
+        found, steps = run.find(s, pos, end, steps)
         if found < 0:
             return False
         pos = found + run.size

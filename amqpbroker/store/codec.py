@@ -30,15 +30,18 @@ from __future__ import annotations
 import enum
 import mmap
 import struct
+import types
 import typing
 from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import Any, Final
 
+from amqpbroker.core.model import QueueConfig
 from amqpbroker.core.records import (
     RECORD_CLASSES,
     AckRef,
     AddMessage,
+    AddQueue,
     AddRef,
     Record,
     RecordType,
@@ -272,13 +275,60 @@ def _converter(hint: Any) -> Callable[[Any], Any] | None:
     return None
 
 
+def _conforms(value: Any, hint: Any) -> bool:
+    """Whether a decoded (and converted) value is of a record field's declared type. A
+    record whose crc is right may still hold a value of another tag (a flipped byte the
+    crc did not see, or a journal written by hand): a name that is bytes, an int that is
+    a string. Recovery handed such values on and failed later with a TypeError traceback
+    (eighth attack pass); they are a decode error instead (`CodecError`)."""
+    if hint is Any:
+        return True
+    if isinstance(hint, type):
+        if hint is int or hint is float:  # a bool is an int (as the general decoder
+            return isinstance(value, int) or type(value) is hint  # always read it)
+        if issubclass(hint, enum.Enum):
+            return isinstance(value, hint)
+        return type(value) is hint
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return type(value) is tuple and all(_conforms(item, args[0]) for item in value)
+    if origin is dict:
+        return type(value) is dict and all(
+            _conforms(k, args[0]) and _conforms(v, args[1]) for k, v in value.items()
+        )
+    if origin is typing.Union or origin is types.UnionType:
+        return any(_conforms(value, arg) for arg in args)
+    return True  # (no other hint in core/records.py)
+
+
+# An AddQueue's `extra` holds the rest of the queue's QueueConfig fields by name
+# (`Persistence.queue_added`); recovery passes them to QueueConfig as keywords, so each
+# must be of its field's type, and none may be one the record holds itself.
+_QUEUE_HINTS: Final = typing.get_type_hints(QueueConfig)
+_ADD_QUEUE_OWN: Final = frozenset(
+    f.name for f in fields(RECORD_CLASSES[RecordType.ADD_QUEUE]) if f.name != "extra"
+)  # (`extra` under `extra`: the queue's own extra settings, QueueConfig.extra)
+
+
+def _queue_extra_problem(extra: dict[str, Any]) -> str | None:
+    for key, value in extra.items():
+        if key in _ADD_QUEUE_OWN:
+            return f"extra repeats the field {key!r}"
+        hint = _QUEUE_HINTS.get(key)
+        if hint is not None and not _conforms(value, hint):
+            return f"extra {key!r} is a {type(value).__name__}, not {hint}"
+    return None
+
+
 class _Schema:
-    __slots__ = ("cls", "converters", "defaults", "names")
+    __slots__ = ("cls", "converters", "defaults", "hints", "names")
 
     def __init__(self, cls: type[Any]) -> None:
         hints = typing.get_type_hints(cls)
         self.cls = cls
         self.names = _FIELD_NAMES[cls]
+        self.hints = {n: hints[n] for n in self.names}
         self.converters = {n: c for n in self.names if (c := _converter(hints[n])) is not None}
         self.defaults = {
             f.name
@@ -604,4 +654,10 @@ def decode_generic(type_id: int, payload: bytes) -> Record:
         record: Record = schema.cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise CodecError(f"bad {schema.cls.__name__} payload: {e}") from None
+    for name, value in kwargs.items():
+        if name in schema.hints and not _conforms(value, schema.hints[name]):
+            kind = type(value).__name__
+            raise CodecError(f"bad {schema.cls.__name__} payload: {name} is a {kind}")
+    if isinstance(record, AddQueue) and (problem := _queue_extra_problem(record.extra)):
+        raise CodecError(f"bad AddQueue payload: {problem}")
     return record

@@ -255,3 +255,18 @@ def test_a_long_text_of_many_lines_is_read_in_linear_time() -> None:
     text = "<configuration><core><name>" + "a\n" * 1_000_000 + "b</name></core></configuration>"
     config = parse_artemis_xml(text, source="b.xml")
     assert config.name == "a\n" * 1_000_000 + "b"
+
+
+def test_a_number_past_pythons_digit_limit_is_a_problem_not_a_traceback(tmp_path: Path) -> None:
+    """Eighth attack pass: broker.xml's tree skipped the YAML tag check, so
+    `<global-max-size>` of 5,000 digits raised ValueError out of `int()` (a traceback
+    from `check-config`)."""
+    big = "1" * 5000
+    path = tmp_path / "broker.xml"
+    path.write_text(
+        '<configuration xmlns="urn:activemq"><core xmlns="urn:activemq:core">'
+        f"<global-max-size>{big}</global-max-size><max-disk-usage>{big}</max-disk-usage>"
+        "</core></configuration>"
+    )
+    with pytest.raises(ConfigError, match=r"is not a valid 'tag:yaml\.org,2002:int' value"):
+        load_config(path)

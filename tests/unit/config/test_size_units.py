@@ -79,3 +79,19 @@ def test_keys_that_are_no_byte_sizes_still_take_integers_only(key: str) -> None:
     a unit is not guessed at."""
     with pytest.raises(ConfigError, match=rf"{key}: not an integer: '10MB'"):
         parse_config(f'address-settings:\n  "#":\n    {key}: 10MB\n')
+
+
+@pytest.mark.parametrize(
+    "text", ["1" * 5000, "1" * 5000 + "MB", "\uff11\uff10MB", "\u0661\u0660", "10\u2003MB"]
+)
+def test_a_size_of_non_ascii_or_too_many_digits_is_no_size(text: str) -> None:
+    """Eighth attack pass: `int()` took fullwidth and Arabic-Indic digits, `\\s` a
+    Unicode space, and more than 4,300 digits raised ValueError out of the loader."""
+    assert text_bytes(text) is None
+    with pytest.raises(ConfigError, match="global-max-size: not a size"):
+        parse_config(f"global-max-size: {text!r}\n")
+
+
+def test_thirty_digits_are_a_size_the_range_refuses() -> None:
+    with pytest.raises(ConfigError, match="global-max-size: must be <="):
+        parse_config(f"global-max-size: '{'9' * 30}'\n")

@@ -926,6 +926,7 @@ class BrokerServer:
         )
         guard.check(guard.next_check_ms)
         self.broker.disk_guard = guard
+        persistence.note_written = guard.note_written  # its appends, between scans
 
     def snapshot(self) -> BrokerSnapshot:
         """Metrics snapshot; loop thread only."""

@@ -269,10 +269,7 @@ def _endpoint(args: argparse.Namespace) -> Endpoint:
     url = urllib.parse.urlunsplit((split.scheme, host, _base_path(split.path), "", ""))
     if split.scheme not in ("http", "https") or not host or split.query or split.fragment:
         shown = urllib.parse.urlunsplit((split.scheme, host, split.path, split.query, ""))
-        raise CommandError(  # never echo a password
-            f"--url must look like http://HOST:PORT (the broker's HTTP address, as in "
-            f"the log's 'HTTP ... on' line; a path before /api/v1 is kept), not {shown!r}"
-        )
+        raise CommandError(f"--url must look like http://HOST:PORT, not {shown!r}")  # no password
     user = urllib.parse.unquote(split.username) if split.username else None
     password = urllib.parse.unquote(split.password) if split.password is not None else None
     user = user or args.user or os.environ.get(USER_ENV) or None

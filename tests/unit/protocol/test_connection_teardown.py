@@ -10,6 +10,7 @@ what the socket's end lets go of must go at once.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import weakref
 from collections.abc import Callable, Iterator
@@ -149,13 +150,21 @@ class _Peer:
 
 
 def _parts(server: AmqpConnection) -> dict[str, weakref.ref[Any]]:
-    """Weak references to the broker-side connection and the parts it frees with it."""
-    return {
-        "connection": weakref.ref(server),
-        "transfers": weakref.ref(server.transfers),
-        "engine": weakref.ref(server.transport),
-        "proton connection": weakref.ref(server.connection),
+    """Weak references to the broker-side connection and the parts it frees with it.
+    The compiled build's `Transfers` (a native class) takes no weak reference; there,
+    the connection that owns it stands for it."""
+    parts = {
+        "connection": server,
+        "transfers": server.transfers,
+        "engine": server.transport,
+        "proton connection": server.connection,
     }
+    refs: dict[str, weakref.ref[Any]] = {}
+    for name, part in parts.items():
+        with contextlib.suppress(TypeError):  # no __weakref__ slot (mypyc)
+            refs[name] = weakref.ref(part)
+    assert "connection" in refs
+    return refs
 
 
 def _alive(parts: dict[str, weakref.ref[Any]]) -> list[str]:

@@ -266,10 +266,10 @@ def _endpoint(args: argparse.Namespace) -> Endpoint:
     raw: str = args.url
     split = urllib.parse.urlsplit(raw)
     host = split.netloc.rpartition("@")[2]
-    url = urllib.parse.urlunsplit((split.scheme, host, split.path, split.query, ""))
-    if split.scheme not in ("http", "https") or not host:
-        shown = raw if "@" not in raw else url  # never echo a password
-        raise CommandError(f"--url must look like http://HOST:PORT, not {shown!r}")
+    url = urllib.parse.urlunsplit((split.scheme, host, _base_path(split.path), "", ""))
+    if split.scheme not in ("http", "https") or not host or split.query or split.fragment:
+        shown = urllib.parse.urlunsplit((split.scheme, host, split.path, split.query, ""))
+        raise CommandError(f"--url must look like http://HOST:PORT, not {shown!r}")  # no password
     user = urllib.parse.unquote(split.username) if split.username else None
     password = urllib.parse.unquote(split.password) if split.password is not None else None
     user = user or args.user or os.environ.get(USER_ENV) or None
@@ -279,6 +279,17 @@ def _endpoint(args: argparse.Namespace) -> Endpoint:
         password = _read_password(args, user)
     token = base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
     return Endpoint(url, user, f"Basic {token}")
+
+
+def _base_path(path: str) -> str:
+    """The path before the API's own, as a user may type it: with or without a trailing
+    slash, `/api` or `/api/v1` (the API's prefix, which the commands add) left out; any
+    other path (a reverse proxy's mount point) is kept."""
+    path = path.rstrip("/")
+    for api in ("/api/v1", "/api"):
+        if path.endswith(api):
+            return path.removesuffix(api)
+    return path
 
 
 def _read_password(args: argparse.Namespace, user: str) -> str:
@@ -324,6 +335,11 @@ def _read_answer(response: Any, limit: int, deadline: float) -> bytes:
         chunks.append(chunk)
 
 
+# The broker's 404s for a path outside its API (management/api.py, console.py), as
+# opposed to a queue or message that is not there.
+_NOT_THE_API_PREFIXES = ("no such endpoint", "no such console file")
+
+
 def _api(url: Endpoint, path: str, body: dict[str, object] | None = None) -> object:
     """Call the broker's HTTP API; errors become one-line CommandErrors."""
     data = json.dumps(body).encode() if body is not None else None
@@ -351,6 +367,15 @@ def _api(url: Endpoint, path: str, body: dict[str, object] | None = None) -> obj
             message = e.reason
         finally:
             e.close()
+        if e.code == 404 and (
+            message == e.reason or str(message).startswith(_NOT_THE_API_PREFIXES)
+        ):
+            # Not the broker's API at this path (another service, a path the API is not
+            # under): say what --url should be rather than only "Not Found".
+            message = (
+                f"{message}: no management API at {url}; --url is the broker's HTTP "
+                f"address, http://HOST:PORT"
+            )
         if e.code == 401:
             message = (
                 f"authentication failed for user {url.user}"

@@ -789,6 +789,7 @@ class BrokerServer:
                     api,
                     read_timeout_s=http.read_timeout / 1000,
                     max_connections=http.max_connections,
+                    fd_ceiling=self._http_fd_ceiling(),
                 ),
             )
         except OSError as e:
@@ -926,6 +927,7 @@ class BrokerServer:
         )
         guard.check(guard.next_check_ms)
         self.broker.disk_guard = guard
+        persistence.note_written = guard.note_written  # its appends, between scans
 
     def snapshot(self) -> BrokerSnapshot:
         """Metrics snapshot; loop thread only."""
@@ -1046,6 +1048,17 @@ class BrokerServer:
                 handshaking[k] = handshaking.get(k, 0) + 1
         self._connections_per_acceptor[acceptor.name] = count + 1
         return keys
+
+    def _http_fd_ceiling(self) -> int | None:
+        """The first descriptor an HTTP connection may not have: the AMQP acceptors stop
+        at `limit - reserve` (`admit`), HTTP at the half of the reserve that is the
+        broker's own files' (FD_RESERVE), so that idle HTTP connections, which the
+        acceptors' check never saw, cannot take what the journal needs to roll a
+        segment (h-loose)."""
+        limit = self._fd_limit
+        if limit is None:
+            return None
+        return limit - min(FD_RESERVE, limit // 4) // 2
 
     def handshake_over(self, keys: tuple[str, ...]) -> None:
         """A socket counted by `admit` opened or closed: its source may start another."""

@@ -1142,6 +1142,9 @@ def deliver_to(
                 hot.broker._open_pages(queue)
             queue.page(message, out, reason=reason)  # B-151 PAGE: in order, on disk
             waiting = True
+            guard = hot.broker.disk_guard
+            if guard is not None:  # max-disk-usage between scans (core/diskguard.py)
+                guard.note_written(message.size)
         elif queue.add(message, out, reason=reason).state != DELIVERING:
             waiting = True
     if waiting:

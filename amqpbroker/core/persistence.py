@@ -95,6 +95,9 @@ class Persistence:
         self.failure: BaseException | None = None  # the journal stopped writing
         # Over `max-disk-usage` (core/diskguard.py): durable sends are refused while set.
         self.disk_full: BaseException | None = None
+        # `DiskGuard.note_written` when max-disk-usage is checked: told about each
+        # append's bytes (an estimate) so that it need not wait for its next scan.
+        self.note_written: Callable[[int], None] | None = None
         # Why durable sends are refused now (the journal's failure, else the disk's
         # usage), None while they are taken: the one thing `Broker` checks per send.
         self.refusing: BaseException | None = None
@@ -314,6 +317,8 @@ class Persistence:
                 waiter(self.failure)
             return
         self._records = []
+        if self.note_written is not None and records:
+            self.note_written(_estimated_bytes(records))
         added, self._added = self._added, []
         # Nothing waits on a step of acks and counts alone: no callback for the writer
         # thread and then the loop to run. A write error still fails the journal, and the
@@ -379,6 +384,21 @@ class Persistence:
         what the disk has left is kept for acks, rolls and compaction."""
         self.disk_full = cause
         self.refusing = self.failure or cause
+
+
+# What a journal record takes beyond a message's bytes, about (its frame's header and
+# fields; store/framing.py): for `DiskGuard`'s estimate between scans, not an exact size.
+RECORD_ESTIMATE_BYTES = 64
+
+
+def _estimated_bytes(records: list[Record]) -> int:
+    """About what `records` take in the journal: each message's bytes and a record's
+    overhead (`DiskGuard.note_written`)."""
+    size = RECORD_ESTIMATE_BYTES * len(records)
+    for record in records:
+        if type(record) is AddMessage:
+            size += len(record.data)
+    return size
 
 
 # The records written per durable message, built without the dataclass's keyword call:

@@ -3,7 +3,7 @@
 Words are separated by the delimiter ('.'); the single-word wildcard ('*') matches exactly
 one word, the any-words wildcard ('#') matches zero or more words and is valid only as the
 last word. `a.#` therefore matches `a` itself. Matching is on whole words: `my.*` does not
-match `myqueue`.
+match `myqueue`. A pattern has no empty words (`a..b`, `.a`, `a.`: `validate_pattern`).
 """
 
 from __future__ import annotations
@@ -28,11 +28,30 @@ class WildcardConfig:
         return any(w in (self.any_words, self.single_word) for w in name.split(self.delimiter))
 
     def validate_pattern(self, pattern: str) -> str | None:
-        """Return why `pattern` is invalid (B-101), or None when it is valid."""
+        """Return why `pattern` is invalid (B-101), or None when it is valid.
+
+        Besides B-101's rule, a pattern of more than one word may not have an empty word
+        (two delimiters together, or one at either end): Artemis (`Match.verify`) takes
+        `orders..#` and it then matches only addresses that themselves have an empty
+        word, never the `orders.#` it surely meant, so a typo in a security-settings
+        match left its addresses to a broader entry's permissions (docs/decisions.md,
+        h-loose). The hint drops the empty words."""
         words = pattern.split(self.delimiter)
         for i, word in enumerate(words):
             if self.any_words in word and (word != self.any_words or i != len(words) - 1):
                 return f"'{self.any_words}' is allowed only as the last word of a pattern"
+        if len(words) > 1 and "" in words:
+            d = self.delimiter
+            where = (
+                f"a leading {d!r}"
+                if not words[0]
+                else f"a trailing {d!r}"
+                if not words[-1]
+                else f"two {d!r} together"
+            )
+            meant = d.join(w for w in words if w)
+            hint = f": did you mean {meant!r}?" if meant else ""
+            return f"an empty word ({where}){hint}"
         return None
 
     def matches(self, pattern: str, address: str) -> bool:

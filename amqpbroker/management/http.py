@@ -8,7 +8,8 @@ pacing of a throttled retry, also for the CLI's `--rate`); no HTTP thread sleeps
 Issue 15: the handler gives each request `read_timeout_s` to arrive (its head, then its
 body: a slow client is cut off and never holds a thread for long), reads no body larger
 than `MAX_BODY_BYTES`, and the server serves at most `max_connections` connections at
-once (more get a 503 and are closed).
+once (more get a 503 and are closed), and none on a descriptor at or above `fd_ceiling`
+(the broker's files keep the descriptors above: h-loose).
 """
 
 from __future__ import annotations
@@ -230,26 +231,39 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128  # listen backlog (socketserver's 5 drops bursts of connects)
 
     def __init__(
-        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], slots: int
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        slots: int,
+        fd_ceiling: int | None,
     ) -> None:
         super().__init__(address, handler)
         self._slots = threading.BoundedSemaphore(slots)
         self.max_connections = slots
+        self._fd_ceiling = fd_ceiling
         self._refused = 0  # since the last warning; accept thread only
         self._next_warning = 0.0
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
+        # Descriptors are allocated lowest first: fd k open means k are in use. At the
+        # ceiling only the broker's own files may have the rest (`HttpServer`).
+        ceiling = self._fd_ceiling
+        out_of_descriptors = ceiling is not None and request.fileno() >= ceiling
+        if out_of_descriptors or not self._slots.acquire(blocking=False):
             self._refused += 1
             now = time.monotonic()
             if now >= self._next_warning:  # a flood of connections is not a flood of logs
                 self._next_warning = now + REFUSAL_LOG_INTERVAL_S
+                why = (
+                    "the descriptors left are the journal's (RLIMIT_NOFILE)"
+                    if out_of_descriptors
+                    else f"{self.max_connections} are open (http.max-connections)"
+                )
                 log.warning(
-                    "HTTP: refused %d connection(s), the last from %s: %d are open "
-                    "(http.max-connections)",
+                    "HTTP: refused %d connection(s), the last from %s: %s",
                     self._refused,
                     client_address[0],
-                    self.max_connections,
+                    why,
                 )
                 self._refused = 0
             # Without blocking the accept thread: answer, then read what the client has
@@ -296,11 +310,19 @@ class HttpServer:
         *,
         read_timeout_s: float = 10.0,
         max_connections: int = 100,
+        fd_ceiling: int | None = None,
     ) -> None:
+        """`fd_ceiling`: a connection whose socket is this descriptor or higher is refused
+        as one past max-connections is (503, closed): the descriptors above are kept
+        for the broker's own files (server.py's reserve), which idle HTTP connections
+        would otherwise take while the AMQP acceptors honour it. None: no check."""
         # Bound to loopback only: requests must name it by a loopback Host (DNS rebinding).
         loopback_only = is_loopback_name(host)
         self._server = _Server(
-            (host, port), _handler_class(api, read_timeout_s, loopback_only), slots=max_connections
+            (host, port),
+            _handler_class(api, read_timeout_s, loopback_only),
+            slots=max_connections,
+            fd_ceiling=fd_ceiling,
         )
         self.port: int = self._server.server_address[1]
         self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)

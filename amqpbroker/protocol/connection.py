@@ -48,6 +48,7 @@ from proton import (
     Collector,
     Condition,
     Connection,
+    Delivery,
     Endpoint,
     Event,
     Link,
@@ -64,7 +65,7 @@ from amqpbroker.protocol.attach import _Attach
 from amqpbroker.protocol.handles import BEGIN, FRAMING_ERROR, HANDLE_IN_USE, PUSH, HandleWatch
 from amqpbroker.protocol.peer import data_at, read_symbol_map, read_symbols, read_text
 from amqpbroker.protocol.sasl import MAX_SASL_FRAME_BYTES, Identity, SaslServer
-from amqpbroker.protocol.shell import ConsumerLink, Engine, ProducerLink, Shell
+from amqpbroker.protocol.shell import ConsumerLink, Engine, Prepared, ProducerLink, Shell
 from amqpbroker.protocol.transactions import Transaction, _Transactions
 from amqpbroker.protocol.transfers import Transfers
 
@@ -217,12 +218,22 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         self.producers: dict[Any, ProducerLink] = self.transfers.producers
         self.consumers: dict[Any, ConsumerLink[Any]] = self.transfers.consumers
         self.coordinators: set[Any] = self.transfers.coordinators  # B-140
-        self._prepare = self.transfers.prepare  # for transactions.py
-        self._check_send = self.transfers.check
-        self._route = self.transfers.route
-        self._stored = self.transfers.stored
         shell.connections[self.id] = self
         shell.opened_total += 1
+
+    # For transactions.py: the hot path's steps, called through `transfers` (bound
+    # methods of it kept here would be one more reference cycle, `_let_go`).
+    def _prepare(self, producer: ProducerLink, raw: bytes) -> Prepared:
+        return self.transfers.prepare(producer, raw)
+
+    def _check_send(self, prepared: Prepared) -> None:
+        self.transfers.check(prepared)
+
+    def _route(self, prepared: Prepared) -> None:
+        self.transfers.route(prepared)
+
+    def _stored(self, delivery: Delivery, error: BaseException | None) -> None:
+        self.transfers.stored(delivery, error)
 
     def _setup_sasl(self) -> None:
         """Proton's built-in ANONYMOUS for now; broker-checked SASL replaces this seam."""
@@ -515,6 +526,24 @@ class AmqpConnection(_Attach, _Transactions, Engine):
             self.transport.close_tail()
             self.process()
             self._finish(abrupt=not self._orderly)
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Break the reference cycles between the connection and its parts once the
+        socket is gone (issue 23): the event handlers are the connection's own bound
+        methods, `transfers.owner` is the connection, the SASL layer's callbacks are its
+        methods. Left as cycles, a closed connection (its Proton engine and buffers,
+        links, unsettled deliveries) waited for the cyclic collector, whose oldest
+        generation may not run for minutes on a broker holding millions of objects;
+        without them, reference counting frees it when the server lets go.
+
+        No event reaches the connection after this: the engine is fed and ticked only
+        while its socket is open, and `Transfers.stored`/`settle_stored` (a journal
+        answer after the socket went) check `closed` before calling their owner.
+        `output()` still works (the server may flush the connection once more)."""
+        self._handlers.clear()  # the dict `transfers.handlers` is too
+        self.transfers.owner = _ENDED
+        self.sasl = None
 
     # -- events -------------------------------------------------------------------------
     def process(self) -> None:
@@ -781,6 +810,17 @@ class AmqpConnection(_Attach, _Transactions, Engine):
         # peer that begins and ends sessions, or attaches and detaches links, on one
         # long-lived connection grows the broker by ~3 KB each time).
         session.free()
+
+
+class _Ended:
+    """The owner of a finished connection's `Transfers` (`AmqpConnection._let_go`): no
+    call may reach it; one that did would be a bug, so it says so."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"{name} called on a connection whose socket is gone")
+
+
+_ENDED: Any = _Ended()
 
 
 def _last_frame(data: bytes) -> int:

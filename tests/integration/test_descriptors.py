@@ -98,3 +98,77 @@ def test_durable_sends_pass_again_once_idle_sockets_give_descriptors_back(
         assert [body for body, _ in drain(broker.url, "fds")] == accepted
     finally:
         assert broker.stop() == 0, broker.log()
+
+
+# The reserve as shipped (FD_RESERVE): only the limit and the segments are small.
+RESERVE_INJECT = """
+import resource, runpy, sys
+limit, segment_bytes = int(sys.argv.pop(1)), int(sys.argv.pop(1))
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+import amqpbroker.server as server
+from amqpbroker.store.journal import FileJournal
+class SmallSegments(FileJournal):
+    def __init__(self, *args, **kw):
+        kw["max_segment_bytes"] = segment_bytes
+        super().__init__(*args, **kw)
+server.FileJournal = SmallSegments
+sys.argv[0] = "amqpbroker"
+runpy.run_module("amqpbroker", run_name="__main__")
+"""
+RESERVE_LIMIT = 400  # the reserve is min(128, 400 // 4) = 100: AMQP stops at fd 300
+UNLIMITED_HANDSHAKES = """
+acceptors:
+  - name: amqp
+    url: amqp://127.0.0.1:0
+    handshakes-per-source: -1
+persistence:
+  enabled: true
+"""
+
+
+def test_idle_http_connections_leave_the_journal_its_descriptors(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
+    """h-loose: the AMQP acceptors keep a reserve of descriptors for the broker's files,
+    but the HTTP server accepted up to http.max-connections (100) idle connections past
+    it: with the AMQP side at its line, an HTTP flood left 1 descriptor of 400 (a page
+    file, an event-log file or a journal segment could not be opened). HTTP now stops
+    at half the reserve (the files' half stays free); durable sends rolling segments
+    pass during the flood, and once idle AMQP sockets go a new AMQP connection is
+    served while the HTTP flood goes on."""
+    broker = spawn(
+        tmp_path,
+        UNLIMITED_HANDSHAKES,
+        python=("-c", RESERVE_INJECT, str(RESERVE_LIMIT), str(SEGMENT_BYTES)),
+    )
+    conn = connect(broker.url)
+    sender = conn.create_sender("reserve", options=QUEUE)
+    sender.send(Message(body="before", durable=True))
+    idle_amqp: list[socket.socket] = []
+    idle_http: list[socket.socket] = []
+    try:
+        for _ in range(RESERVE_LIMIT - 80):  # past the AMQP line: the rest are refused
+            idle_amqp.append(socket.create_connection(("127.0.0.1", broker.ports["amqp"]), 5))
+        wait_until(lambda: _descriptors(broker) >= 295, timeout=10, message="AMQP at its line")
+        for _ in range(150):  # more than http.max-connections, all idle
+            idle_http.append(socket.create_connection(("127.0.0.1", broker.ports["http"]), 5))
+        for sock in idle_http:  # each was served (held) or answered 503 and closed
+            sock.setblocking(False)
+        wait_until(lambda: _descriptors(broker) >= 340, timeout=10, message="HTTP took what it may")
+        assert _descriptors(broker) <= RESERVE_LIMIT - 50 + 2  # the files' half is free
+        for i in range(40):  # ten segment rolls during the flood: all stored
+            sender.send(Message(body=f"flood-{i}-" + "x" * 1000, durable=True))
+        for sock in idle_amqp:
+            sock.close()
+        idle_amqp.clear()
+        wait_until(lambda: _descriptors(broker) < 250, timeout=15, message="AMQP sockets gone")
+        other = connect(broker.url)  # AMQP is served while the HTTP flood goes on
+        other.create_sender("reserve", options=QUEUE).send(Message(body="new", durable=True))
+        other.close()
+    finally:
+        for sock in idle_amqp + idle_http:
+            with contextlib.suppress(OSError):
+                sock.close()
+    conn.close()
+    assert "the descriptors left are the journal's" in broker.log()
+    assert broker.stop() == 0, broker.log()

@@ -74,3 +74,54 @@ def test_durable_sends_are_refused_over_max_disk_usage_and_taken_again_under_it(
         assert "under max-disk-usage 90% again" in broker.log()
     finally:
         assert broker.stop() == 0, broker.log()
+
+
+# A 10 MB file system 89.5% full (plus what the data directory really holds, so what the
+# broker writes shows at its next scan); max-disk-usage 90 leaves ~50 KB of room.
+SMALL_DISK = """
+import os, runpy, shutil, sys
+data_dir = sys.argv.pop(1)
+real = shutil.disk_usage
+def usage(path):
+    held = sum(
+        os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(data_dir) for f in fs
+    )
+    total = 10_000_000
+    used = 8_950_000 + held
+    return type(real(path))(total, used, total - used)
+shutil.disk_usage = usage
+sys.argv[0] = "amqpbroker"
+runpy.run_module("amqpbroker", run_name="__main__")
+"""
+
+
+def test_a_fast_producer_is_refused_between_two_scans(
+    tmp_path: Path, spawn: Callable[..., BrokerProcess]
+) -> None:
+    """h-loose: with disk-scan-period 10 minutes, the disk was measured once at start, so a
+    producer could write far past max-disk-usage before the next scan. The guard adds
+    what the journal wrote since the scan to the usage it measured: a durable send is
+    refused once ~50 KB (the room the limit leaves) were written, long before the next
+    scan; the messages stored before are all there."""
+    config = "persistence:\n  enabled: true\nmax-disk-usage: 90\ndisk-scan-period: 600000\n"
+    broker = spawn(tmp_path, config, python=("-c", SMALL_DISK, str(tmp_path / "data")))
+    try:
+        conn = connect(broker.url)
+        sender = conn.create_sender("fast", options=QUEUE)
+        accepted = 0
+        refused: SendException | None = None
+        while refused is None and accepted < 1_000:  # ~1 MB: twenty times the room
+            try:
+                sender.send(Message(body="x" * 1024, durable=True))
+                accepted += 1
+            except SendException as e:
+                refused = e
+        assert refused is not None
+        assert refused.state == Delivery.REJECTED
+        assert 10 < accepted < 100  # ~50 KB of room, at ~1.1 KB a message
+        receiver = conn.create_receiver("fast", credit=accepted + 1, options=QUEUE)
+        assert len(receive_bodies(receiver, accepted)) == accepted
+        conn.close()
+        assert "estimated from what was written since the last scan" in broker.log()
+    finally:
+        assert broker.stop() == 0, broker.log()

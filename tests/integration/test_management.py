@@ -168,6 +168,46 @@ def test_metrics_expose_contract_and_artemis_names(broker: BrokerProcess) -> Non
     assert 'artemis_message_count{address="DLA",broker="test-broker",queue="DLQ.metered"}' in text
 
 
+def cli_at(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The management CLI with `--url` exactly as given."""
+    return subprocess.run(
+        [sys.executable, "-m", "amqpbroker", *args, "--url", url],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.mark.parametrize("path", ["/", "/api", "/api/", "/api/v1", "/api/v1/", "//"])
+def test_cli_url_with_the_api_path_or_a_trailing_slash_reaches_the_api(
+    broker: BrokerProcess, path: str
+) -> None:
+    """User pass: `--url http://HOST:PORT/api` (or `/api/v1`, a trailing slash) was
+    requested as `/api/api/v1/queues`, a 404; the API's own prefix and trailing slashes
+    are taken as the user meant them."""
+    dead_letter(broker, "urlpath", "red")
+    result = cli_at(f"http://127.0.0.1:{broker.ports['http']}{path}", "queues", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "DLQ.urlpath" in {q["name"] for q in json.loads(result.stdout)}
+
+
+def test_cli_url_that_is_not_the_api_says_what_url_should_be(broker: BrokerProcess) -> None:
+    """User pass: a path the API is not under answered `no such console file ... (HTTP
+    404)`; now the one line says what --url is. A query is refused before any request."""
+    base = f"http://127.0.0.1:{broker.ports['http']}"
+    wrong = cli_at(f"{base}/console", "queues")
+    assert wrong.returncode == 1
+    assert "no management API at" in wrong.stderr
+    assert "--url is the broker's HTTP address, http://HOST:PORT" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
+    query = cli_at(f"{base}/?queue=x", "queues")
+    assert query.returncode == 1
+    assert "--url must look like http://HOST:PORT" in query.stderr
+    missing = cli_at(base, "messages", "no-such-queue")  # the broker's own 404: as it was
+    assert missing.returncode == 1
+    assert "no management API" not in missing.stderr
+
+
 def test_cli_queues_messages_move_purge(broker: BrokerProcess, tmp_path: Path) -> None:
     """CONTRACT "Command line": tables by default, --json, exit codes, one-line errors."""
     dead_letter(broker, "clishop", "red", "green", "blue")

@@ -4,9 +4,12 @@ buffers in the heap; the broker calls malloc_trim, `store/sysmem.MemoryReturner`
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import urllib.request
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,9 @@ import pytest
 from proton import Delivery, Link, Session
 from proton import Message as ProtonMessage
 from support import bulk
+from support.client import connect
 from support.http import get_json
+from support.inproc import ThreadBroker
 from support.process import BrokerProcess, start_broker
 from support.raw import RawClient, open_socket
 from support.waiting import wait_until
@@ -210,3 +215,43 @@ def _drop_large_transfers(broker: BrokerProcess, before: int, c: int) -> tuple[i
         return before, peak
     finally:
         client.close()
+
+
+def test_closed_connections_are_freed_without_the_cyclic_collector(
+    broker_in_thread: Callable[[str], ThreadBroker],
+) -> None:
+    """Issue 23, B-053/B-054: connections that attached, sent and took deliveries they
+    never settled, then closed (an AMQP close) or vanished (the socket closed), are freed
+    by reference counting once their sockets are gone: with the cyclic collector off, no
+    broker-side connection is left alive, and the unsettled messages are back."""
+    broker = broker_in_thread(HELD_IN_MEMORY)
+    server = broker.server
+    clients = [connect(broker.url, container=f"c{i}") for i in range(3)]
+    for client in clients:
+        sender = client.create_sender("q")
+        for n in range(10):
+            sender.send(ProtonMessage(body=f"m{n}"))
+    raws = [RawClient(open_socket(broker.ports["amqp"])) for _ in range(3)]
+    for n, raw in enumerate(raws):
+        link = raw.anonymous_receiver(f"r{n}", "q", credit=2)
+        raw.pump(lambda link=link: link.queued > 0)  # type: ignore[misc]
+    for client in clients:
+        receiver = client.create_receiver("q", credit=2)
+        receiver.receive(timeout=5)  # delivered, never settled
+    connections = broker.call(
+        lambda: [weakref.ref(amqp) for amqp in server.shell.connections.values()]
+    )
+    assert len(connections) == 6
+    gc.collect()
+    gc.disable()
+    try:
+        for client in clients:
+            client.close()  # an AMQP close: orderly
+        for raw in raws:
+            raw.close()  # no close frame: the socket just goes
+        wait_until(lambda: broker.call(lambda: not server.shell.connections), timeout=10)
+        alive = broker.call(lambda: sum(ref() is not None for ref in connections))
+    finally:
+        gc.enable()
+    assert alive == 0
+    assert broker.call(lambda: server.broker.queues["q"].message_count) == 30

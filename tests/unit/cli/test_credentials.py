@@ -31,7 +31,7 @@ def test_credentials_in_the_url_are_percent_decoded_and_left_out_of_it(
 ) -> None:
     e = endpoint(monkeypatch, "--url", "http://ops:p%40ss%3Aw%2Frd%25@127.0.0.1:8161/")
     assert credentials(e) == "ops:p@ss:w/rd%"
-    assert str(e) == "http://127.0.0.1:8161/"
+    assert str(e) == "http://127.0.0.1:8161"  # the trailing slash is not the API's
     assert "p%40ss" not in repr(e.url)
 
 
@@ -63,3 +63,29 @@ def test_a_bad_url_is_reported_without_its_password(monkeypatch: pytest.MonkeyPa
     with pytest.raises(CommandError) as info:
         endpoint(monkeypatch, "--url", "ftp://ops:s3cret@host:1")
     assert "s3cret" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "base"),
+    [
+        ("http://h:8161", "http://h:8161"),
+        ("http://h:8161/", "http://h:8161"),
+        ("http://h:8161/api", "http://h:8161"),
+        ("http://h:8161/api/v1/", "http://h:8161"),
+        ("https://proxy/broker/", "https://proxy/broker"),  # a mount point is kept
+        ("https://proxy/broker/api/v1", "https://proxy/broker"),
+    ],
+)
+def test_url_is_the_base_before_the_api_prefix(
+    monkeypatch: pytest.MonkeyPatch, url: str, base: str
+) -> None:
+    """User pass: the API's own prefix and trailing slashes in --url are left out."""
+    assert str(endpoint(monkeypatch, "--url", url)) == base
+
+
+@pytest.mark.parametrize("url", ["http://h:8161/?a=1", "http://h:8161/#x", "ftp://h", "h:8161"])
+def test_url_with_a_query_or_another_scheme_is_refused(
+    monkeypatch: pytest.MonkeyPatch, url: str
+) -> None:
+    with pytest.raises(CommandError, match="--url must look like http://HOST:PORT"):
+        endpoint(monkeypatch, "--url", url)

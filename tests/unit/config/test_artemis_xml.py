@@ -159,6 +159,13 @@ def test_tls_acceptor_from_pem_stores() -> None:
             ],
         ),
         (
+            '<security-settings><security-setting match="a..b"/></security-settings>\n',
+            [
+                "b.xml:3: security.security-settings.\"a..b\": an empty word (two '.' together): "
+                "did you mean 'a.b'?"
+            ],
+        ),
+        (
             '<address-settings><address-setting match="a.#.b"/></address-settings>\n',
             [
                 "b.xml:3: address-settings.\"a.#.b\": '#' is allowed only as the last word of "

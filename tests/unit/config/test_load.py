@@ -347,6 +347,22 @@ ERRORS = [
         "b.yaml:3: security.security-settings.\"#.x\": '#' is allowed only as the last word of "
         "a pattern",
     ),
+    # An empty word in a pattern (h-loose): a typo Artemis takes silently
+    (
+        "address-settings:\n  'orders..#': {}\n",
+        "b.yaml:2: address-settings.\"orders..#\": an empty word (two '.' together): did you "
+        "mean 'orders.#'?",
+    ),
+    (
+        "security:\n  security-settings:\n    'orders.': {send: [a]}\n",
+        "b.yaml:3: security.security-settings.\"orders.\": an empty word (a trailing '.'): did "
+        "you mean 'orders'?",
+    ),
+    (
+        "address-settings:\n  '.orders': {}\n",
+        "b.yaml:2: address-settings.\".orders\": an empty word (a leading '.'): did you mean "
+        "'orders'?",
+    ),
     # B-150 names
     ("addresses:\n  - name: ''\n", "b.yaml:2: addresses[0].name: address name must not be empty"),
     (

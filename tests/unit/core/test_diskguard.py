@@ -68,6 +68,7 @@ def _guarded(
         now_ms=h.clock.now_ms(),
     )
     h.broker.disk_guard = guard
+    persistence.note_written = guard.note_written  # as server.py wires it
     return h, persistence, journal, guard
 
 
@@ -277,3 +278,114 @@ def _persistence(h: Harness) -> Persistence:
     persistence = Persistence(Recording())
     h.broker.enable_persistence(persistence)
     return persistence
+
+
+def test_writes_between_scans_refuse_as_soon_as_the_estimate_crosses(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """h-loose: a scan every disk-scan-period let a fast producer fill the disk within
+    one period. The guard adds what each journal append wrote since the last scan to the
+    usage measured then: the send after the estimate crosses the limit is refused at
+    once (no scan yet), the next tick rescans, and the measurement decides from then on
+    (one warning for the crossing, none when the scan confirms it)."""
+    disk = Disk(used=895_000, total=1_000_000)  # 89.5%; the limit allows 900,000
+    h, persistence, _, guard = _guarded(disk)
+    target = h.producer("q", "queue")
+    h.advance(0)  # the first scan: under the limit
+    assert not guard.full
+    body = b"x" * 1_000
+    sent = 0
+    with caplog.at_level(logging.INFO, logger="amqpbroker.core.broker"):
+        while not guard.full:
+            _send(h, target, body, persistence)  # each append: ~1,064 bytes estimated
+            sent += 1
+        assert sent == 5  # 895,000 + 5 x ~1.1 KB > 900,000
+        assert disk.reads == 1  # no scan: the estimate decided
+        with pytest.raises(ResourceLimitExceeded, match="max-disk-usage 90%"):
+            h.send(target, body, durable=True)
+        assert h.broker.next_deadline_ms() == 0  # a rescan at the next tick
+        disk.used = 901_000  # what the writes really took
+        h.advance(0)
+        assert disk.reads == 2
+        assert guard.full  # the measurement agrees: still refused, no second warning
+        assert guard.next_check_ms == h.clock.now_ms() + 5_000
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "estimated from what was written since the last scan" in warnings[0]
+
+
+def test_an_estimate_the_scan_does_not_confirm_takes_sends_again() -> None:
+    """The estimate counts bytes written, not blocks allocated (a journal may write over
+    space it holds): when the rescan it asked for measures less, the measurement wins
+    and the estimate starts again from it."""
+    disk = Disk(used=899_000, total=1_000_000)
+    h, persistence, _, guard = _guarded(disk)
+    target = h.producer("q", "queue")
+    h.advance(0)
+    _send(h, target, b"x" * 2_000, persistence)
+    assert guard.full
+    h.advance(0)  # the rescan: the disk did not grow
+    assert not guard.full
+    assert persistence.refusing is None
+    assert guard.written_bytes == 0
+    _send(h, target, b"y", persistence)  # accepted; the estimate is 899,000 + ~70
+    assert not guard.full
+
+
+def test_no_estimate_refuses_when_the_limit_never_does() -> None:
+    """max-disk-usage 100 never refuses (Artemis), not even on an estimate past the total
+    (-1 builds no guard: server.py)."""
+    disk = Disk(used=999_000, total=1_000_000)
+    guard = DiskGuard(
+        max_usage_percent=100,
+        period_ms=5_000,
+        read_usage=disk,
+        persistence=Persistence(Recording()),
+        now_ms=0,
+    )
+    guard.check(0)
+    guard.note_written(10_000_000)
+    assert not guard.full
+
+
+def test_page_writes_count_toward_the_estimate(tmp_path: Path) -> None:
+    """B-151 PAGE: page files take disk as the journal does; what is paged between
+    scans counts toward the estimate, and crossing it refuses what would page."""
+    from proton import Message as ProtonMessage
+
+    from amqpbroker.protocol import message_of
+    from amqpbroker.protocol.moves import COPIER
+    from amqpbroker.store.paging import PageFiles
+
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
+    files.recover({}, {})
+    try:
+        h = Harness({"#": AddressSettings.of(max_size_bytes=1_000)}, copier=COPIER)
+        h.broker.enable_paging(files)
+        disk = Disk(used=895_000, total=1_000_000)
+        guard = DiskGuard(
+            max_usage_percent=90,
+            period_ms=5_000,
+            read_usage=disk,
+            persistence=_persistence(h),
+            now_ms=0,
+        )
+        h.broker.disk_guard = guard
+        guard.check(0)
+        target = h.producer("q", "queue")
+        body = bytes(ProtonMessage(body="x" * 500).encode())
+        queue = h.queue("q") if "q" in h.broker.queues else None
+        while queue is None or queue.pages is None or not queue.pages.messages:
+            h.send(target, body)
+            queue = h.queue("q")
+        assert guard.written_bytes > 0  # the page write, counted
+        for _ in range(20):  # ~520 bytes each: ~5,000 bytes of room
+            if guard.full:
+                break
+            h.send(target, body)
+        assert guard.full
+        with pytest.raises(ResourceLimitExceeded, match="is full and cannot page"):
+            h.send(target, body)
+        assert disk.reads == 1  # refused on the estimate, before any rescan
+    finally:
+        files.close()

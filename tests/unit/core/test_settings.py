@@ -31,6 +31,32 @@ def test_wildcard_matching_is_word_wise(pattern: str, address: str, expected: bo
     assert WC.matches(pattern, address) is expected
 
 
+@pytest.mark.parametrize(
+    ("pattern", "problem"),
+    [
+        ("a..b", "an empty word (two '.' together): did you mean 'a.b'?"),
+        ("orders..#", "an empty word (two '.' together): did you mean 'orders.#'?"),
+        (".a", "an empty word (a leading '.'): did you mean 'a'?"),
+        ("a.*.", "an empty word (a trailing '.'): did you mean 'a.*'?"),
+        ("..", "an empty word (a leading '.')"),
+    ],
+)
+def test_a_pattern_has_no_empty_words(pattern: str, problem: str) -> None:
+    """A pattern with an empty word matches only addresses with one, never what the
+    typo meant (Artemis takes it silently): refused, with the pattern it likely meant;
+    also when added at runtime (B-102)."""
+    assert WC.validate_pattern(pattern) == problem
+    with pytest.raises(ValueError, match="empty word"):
+        SettingsRepository({pattern: AddressSettings.of(max_delivery_attempts=1)})
+
+
+def test_an_empty_word_is_judged_with_the_configured_delimiter() -> None:
+    """`wildcard-addresses.delimiter` decides what an empty word is (B-104)."""
+    slash = WildcardConfig(delimiter="/")
+    assert slash.validate_pattern("a..b") is None  # one word, with dots in it
+    assert slash.validate_pattern("a//b") == "an empty word (two '/' together): did you mean 'a/b'?"
+
+
 @pytest.mark.parametrize("pattern", ["a.#.b", "#.a", "a#", "a.b#"])
 def test_any_words_only_as_last_word(pattern: str) -> None:
     """B-101: '#' anywhere but the last word is a configuration error."""

@@ -3,11 +3,14 @@
    `lines(first_seq, events, info, messages, shapes, message_info, cache_message,
    cache_shape, fallback)` returns the UTF-8 bytes that
    `ChildWriter._format(first_seq, events).encode()` returns, doing its loop in C: for
-   every event, the same steps (the message's texts from `messages` or `_cache_message`,
-   `_message_info` when the event carries bytes the process has not read, the shape's
-   texts from `shapes` or `_cache_shape`) and the same line, `{"ts":` ts `,"seq":` seq `,`
-   five cached texts, the count. It only concatenates: every text is made (and
-   JSON-escaped) by the Python methods it is given, so escaping stays in one place.
+   every event, the same steps in the same order (`_message_info` when the event carries
+   bytes the process has not read, then the shape's texts from `shapes` or `_cache_shape`,
+   then the message's from `messages` or `_cache_message`: so a step that raises leaves
+   the caches and the log records as `_format` leaves them) and the same line, `{"ts":`
+   ts `,"seq":` seq `,` five cached texts, the count. It only concatenates: every text is
+   made (and JSON-escaped) by the Python methods it is given, so escaping stays in one
+   place. A text with no UTF-8 (a lone surrogate) raises UnicodeEncodeError once every
+   event's steps are done, as `.encode()` of `_format`'s whole text does.
 
    Any event that is not the common shape (an exact 5-tuple whose part is an exact 5-tuple
    with data not None, and extra None or a `sent`'s 8-tuple with only target_queues) goes
@@ -37,6 +40,8 @@ typedef struct {
     char *data;
     Py_ssize_t len;
     Py_ssize_t cap;
+    /* The first text with no UTF-8: raised when the frame is done (see above). */
+    PyObject *error_type, *error_value, *error_tb;
 } Buf;
 
 static int grow(Buf *b, Py_ssize_t need) {
@@ -85,13 +90,19 @@ static int put_ll(Buf *b, long long v) {
     return put(b, p, tmp + sizeof tmp - p);
 }
 
-/* A str's UTF-8 (what `.encode()` gives, errors included: a lone surrogate raises). */
+/* A str's UTF-8 (what `.encode()` gives; one it cannot encode is kept for the end). */
 static int put_str(Buf *b, PyObject *s) {
     Py_ssize_t n;
     const char *u = PyUnicode_AsUTF8AndSize(s, &n);
-    if (u == NULL)
+    if (u != NULL)
+        return put(b, u, n);
+    if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError))
         return -1;
-    return put(b, u, n);
+    if (b->error_type == NULL)
+        PyErr_Fetch(&b->error_type, &b->error_value, &b->error_tb);
+    else
+        PyErr_Clear();
+    return 0;
 }
 
 /* `value` as an f-string's `{value}` writes it. */
@@ -233,32 +244,30 @@ static int one(Frame *f, long long seq, PyObject *event) {
         }
     }
     msg_id = PyTuple_GET_ITEM(part, 0);
-    /* The message's texts first: `_cache_message` reads new bytes as `_format`'s
-       `_message_info` call would (the same call, inside it), one call instead of two for
-       a message's first event; the shape's texts are independent of it. */
+    if (PyBytes_CheckExact(data)) {
+        int known = PyDict_Contains(f->info, msg_id);
+        if (known < 0)
+            return -1;
+        if (!known) {
+            PyObject *r = PyObject_CallFunctionObjArgs(
+                f->message_info, msg_id, data, PyTuple_GET_ITEM(part, 2), NULL);
+            if (r == NULL)
+                return -1;
+            Py_DECREF(r);
+        }
+    }
+    PyObject *texts = shape_texts(f, shape, targets);
+    if (texts == NULL)
+        return -1;
     PyObject *message = PyDict_GetItemWithError(f->messages, msg_id);
     if (message != NULL) {
         Py_INCREF(message);
-        if (PyBytes_CheckExact(data)) {
-            int known = PyDict_Contains(f->info, msg_id);
-            PyObject *r = known ? NULL
-                                : PyObject_CallFunctionObjArgs(f->message_info, msg_id, data,
-                                                               PyTuple_GET_ITEM(part, 2), NULL);
-            Py_XDECREF(r);
-            if (known < 0 || (!known && r == NULL)) {
-                Py_DECREF(message);
-                return -1;
-            }
-        }
     } else if (!PyErr_Occurred()) {
         message = PyObject_Call(f->cache_message, part, NULL);
     }
     message = triple(message);
-    if (message == NULL)
-        return -1;
-    PyObject *texts = shape_texts(f, shape, targets);
-    if (texts == NULL) {
-        Py_DECREF(message);
+    if (message == NULL) {
+        Py_DECREF(texts);
         return -1;
     }
     Buf *b = &f->out;
@@ -293,6 +302,9 @@ static void release(Frame *f) {
         Py_DECREF(f->slots[k].texts);
     }
     f->used = 0;
+    Py_CLEAR(f->out.error_type);
+    Py_CLEAR(f->out.error_value);
+    Py_CLEAR(f->out.error_tb);
     if (f->owns_kept) {
         kept = f->out;
         kept.len = 0;
@@ -367,7 +379,13 @@ static PyObject *lines(PyObject *module, PyObject *const *args, Py_ssize_t nargs
             return NULL;
         }
     }
-    PyObject *blob = PyBytes_FromStringAndSize(f.out.data ? f.out.data : "", f.out.len);
+    PyObject *blob = NULL;
+    if (f.out.error_type != NULL) {
+        PyErr_Restore(f.out.error_type, f.out.error_value, f.out.error_tb);
+        f.out.error_type = f.out.error_value = f.out.error_tb = NULL;
+    } else {
+        blob = PyBytes_FromStringAndSize(f.out.data ? f.out.data : "", f.out.len);
+    }
     release(&f);
     return blob;
 }

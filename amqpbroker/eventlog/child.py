@@ -83,6 +83,7 @@ import traceback
 import uuid
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import IO, Any
 
 from amqpbroker.amqp import sections
@@ -135,9 +136,9 @@ with contextlib.suppress(ImportError):
 _COPY_BYTES = 1 << 20
 # `_format`'s loop in C (`_lines.c`, built with the compiled build only: setup.py
 # C_MODULES): the same bytes for a fraction of the CPU (issue 20). None: `_format` does it.
-_c: Any
+_c: ModuleType | None
 try:
-    from amqpbroker.eventlog import _lines as _c  # type: ignore[attr-defined,unused-ignore]
+    from amqpbroker.eventlog import _lines as _c
 except ImportError:  # the pure-Python build (editable installs, no C compiler)
     _c = None
 _c_lines: Callable[..., bytes] | None = None if _c is None else _c.lines

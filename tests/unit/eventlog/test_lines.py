@@ -154,7 +154,8 @@ def queue_frames(seed: int) -> list[tuple[int, list[Any]]]:
         for _ in range(rng.randrange(1, 12)):
             msg_id += 1
             ids = [*ENCODABLE, msg_id, None]
-            data = encoded(id=rng.choice(ids), body=b"x" * rng.randrange(50))
+            tenant = {"tenant": rng.choice(ENCODABLE)}
+            data = encoded(id=rng.choice(ids), body=b"x" * rng.randrange(50), properties=tenant)
             part = (msg_id, rng.random() < 0.5, len(data), 1000 + msg_id, data)
             known = (*part[:4], KNOWN)
             frame.append((sent[0], 10 + msg_id, part, None, sent[4]))
@@ -169,8 +170,10 @@ def queue_frames(seed: int) -> list[tuple[int, list[Any]]]:
 @pytest.mark.parametrize("seed", range(8))
 def test_the_c_lines_are_format_s_bytes_for_hostile_names(tmp_path: Path, seed: int) -> None:
     """Every code point of a peer's address, container, link or message id is escaped as
-    `_format` escapes it (the texts are made once, in Python): byte for byte."""
-    results = assert_same(tmp_path, queue_frames(seed))
+    `_format` escapes it (the texts are made once, in Python), and an allow-listed
+    application property's value: byte for byte."""
+    properties = ("tenant",) if seed % 2 else ()
+    results = assert_same(tmp_path, queue_frames(seed), properties=properties)
     assert all(isinstance(r, bytes) and r for r in results)
 
 

@@ -23,7 +23,9 @@ message bytes an event carries it decodes only what the config asks for
 (`amqp_message_id` always; allow-listed application-properties; the body hash), once per
 message; the parts of a line that depend only on the message, only on the queue, or only
 on the event's count, link and reason are cached too, so the common line is one f-string
-of five cached texts and three numbers (~40% cheaper than formatting the fields). The
+of five cached texts and three numbers (~40% cheaper than formatting the fields); the
+compiled build runs that loop in C (`_lines.c`: the same steps, caches and bytes; every
+text is still made and escaped here; issue 20). The
 caches of texts are cleared whole when full: they are rebuilt from the decoded fields.
 Those are kept by message for at least KNOWN_WINDOW events after the last event that
 carried the message's bytes (two generations of that many events), because the broker's

@@ -67,10 +67,12 @@ HOT_MODULES = [
 # each with a pure-Python fallback in the module that imports it: the open's bulk frame
 # reader, crc included (issue 23 item 4, docs/decisions.md "Recovery, fifth pass"); the
 # hot path's engine calls, fused, proton's pointers as ints (issue 20, `protocol/pnloop.py`,
-# which falls back to proton's binding call by call without it).
+# which falls back to proton's binding call by call without it); the event-log writer
+# process's common line (issue 20, `eventlog/child.py`, which runs `_format` without it).
 C_MODULES = {
     "amqpbroker.store._framescan": "amqpbroker/store/_framescan.c",
     "amqpbroker.protocol._pnloop": "amqpbroker/protocol/_pnloop.c",
+    "amqpbroker.eventlog._lines": "amqpbroker/eventlog/_lines.c",
 }
 
 

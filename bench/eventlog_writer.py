@@ -17,7 +17,14 @@ capture of the broker's pipe instead (raw stdin bytes of the writer process).
         # N=3000 and N=6000 runs, over 3000, is the writer's instructions a message
 
 It prints one line per run and the median; the written files are checked to hold N*4
-lines (a writer that dropped events would look cheap).
+lines (a writer that dropped events would look cheap). The per-10k figure includes the
+process's fixed cost (start-up, imports, exit: ~0.08-0.09 CPU-s, what `N=10` measures),
+~0.03 of it at N=30000; a larger N, less an `N=10` run, gives the cost a message.
+
+The compiled build's writer uses `eventlog/_lines.c` (setup.py C_MODULES); a tree other
+than the installed one goes first on PYTHONPATH, which the writer process inherits:
+
+    PYTHONPATH=/tmp/T MODULE=amqpbroker.eventlog.child_base PYTHON=.venv/bin/python ...
 """
 
 from __future__ import annotations

@@ -67,10 +67,13 @@ HOT_MODULES = [
 # each with a pure-Python fallback in the module that imports it: the open's bulk frame
 # reader, crc included (issue 23 item 4, docs/decisions.md "Recovery, fifth pass"); the
 # hot path's engine calls, fused, proton's pointers as ints (issue 20, `protocol/pnloop.py`,
-# which falls back to proton's binding call by call without it).
+# which falls back to proton's binding call by call without it); the event-log frame's
+# payload in marshal's format, sized first (issue 20, `eventlog/writer.py`, marshal
+# without it).
 C_MODULES = {
     "amqpbroker.store._framescan": "amqpbroker/store/_framescan.c",
     "amqpbroker.protocol._pnloop": "amqpbroker/protocol/_pnloop.c",
+    "amqpbroker.eventlog._frames": "amqpbroker/eventlog/_frames.c",
 }
 
 

@@ -73,6 +73,14 @@ from amqpbroker.config import EventLogConfig
 from amqpbroker.core import FAILURE_EVENTS, EventLevel, RawEvent
 from amqpbroker.eventlog.frames import KNOWN_WINDOW, LENGTH, dumps, take
 
+# A frame's payload sized first, in C (`_frames.c`, setup.py C_MODULES: `payload_of`);
+# marshal's in the pure-Python build (editable installs, no C compiler).
+_sized_dumps: Callable[[Any], bytes] | None
+try:
+    from amqpbroker.eventlog._frames import dumps as _sized_dumps
+except ImportError:
+    _sized_dumps = None
+
 log = logging.getLogger(__name__)
 
 # The loop's side: a frame at the end of every loop turn with events (`soon`), or as soon
@@ -111,6 +119,19 @@ def _child_env() -> dict[str, str]:
 
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def payload_of(frame: tuple[int, int, list[RawEvent]]) -> bytes:
+    """A frame's payload (frames.py's format): `_frames.dumps` where the build has it (the
+    output sized first, each message's bytes copied once, only recurring parts marked:
+    ~7.5k instructions a queue message under marshal, issue 20), else marshal's; a value
+    the C refuses (an int or str subclass, a float, a huge int) goes to marshal too."""
+    if _sized_dumps is not None:
+        try:
+            return _sized_dumps(frame)
+        except ValueError:
+            pass
+    return dumps(frame)
 
 
 def _rest(parts: list[Any], written: int) -> list[Any]:
@@ -437,8 +458,7 @@ class EventLogWriter:
         if self._failed or (not final and in_flight + count > self._queue_events):
             self._dropped(count)
             return
-        frame = (self._pending_first, self._clock_ms(), events)
-        payload = dumps(frame)
+        payload = payload_of((self._pending_first, self._clock_ms(), events))
         size = len(payload)
         if not final and self._backlog_bytes + size > self._queue_bytes:
             self._dropped(count)

@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from amqpbroker.config import EventLogConfig
-from amqpbroker.core import FAILURE_EVENTS, EventLevel, RawEvent
+from amqpbroker.core import FAILURE_EVENTS, NO_DATA_LIMIT, EventLevel, RawEvent
 from amqpbroker.eventlog.frames import KNOWN_WINDOW, LENGTH, dumps, take
 
 # A frame's payload sized first, in C (`_frames.c`, setup.py C_MODULES: `payload_of`);
@@ -172,7 +172,7 @@ class EventLogWriter:
             EventLevel.LIFECYCLE: None,
         }[level]
         whole = bool(config.properties or config.body_hash)
-        self.data_limit = sys.maxsize if whole else HEAD_BYTES
+        self.data_limit = NO_DATA_LIMIT if whole else HEAD_BYTES
         self.heads_only = not whole  # what `Emitter.heads_only` should be
         self.known_window = KNOWN_WINDOW  # what `Emitter.known_window` should be
         # Called when a frame is dropped here (`Emitter.forget_sent`): the bytes of

@@ -68,8 +68,8 @@ HOT_MODULES = [
 # reader, crc included (issue 23 item 4, docs/decisions.md "Recovery, fifth pass"); the
 # hot path's engine calls, fused, proton's pointers as ints (issue 20, `protocol/pnloop.py`,
 # which falls back to proton's binding call by call without it); the event-log frame's
-# payload in marshal's format, sized first (issue 20, `eventlog/writer.py`, marshal
-# without it).
+# payload in marshal's format, in one pass and one allocation (issue 20,
+# `eventlog/writer.py`, marshal without it).
 C_MODULES = {
     "amqpbroker.store._framescan": "amqpbroker/store/_framescan.c",
     "amqpbroker.protocol._pnloop": "amqpbroker/protocol/_pnloop.c",

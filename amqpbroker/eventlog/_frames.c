@@ -6,16 +6,20 @@
 
    Why not marshal itself: under callgrind marshal cost ~7.5k instructions a queue
    message, a third of it growing its output buffer (each doubling copies the frame so
-   far; a frame holds every message's bytes), the rest `w_long` byte by byte and a
-   hashtable entry for every object referenced more than once, shared or not. Here two
-   passes: the first sizes the output and counts which objects recur in it; the second
-   writes into bytes of that size, each message's bytes copied once, and marks only the
-   objects that recur (marshal's FLAG_REF, then TYPE_REF for their later occurrences).
+   far, and a frame holds every message's bytes: a large copy, which callgrind counts a
+   byte an instruction), much of the rest `w_long` a byte a call and a hashtable entry
+   for every object with more than one reference. Here one pass writes the small values
+   into a scratch buffer sized from the number of events, and only notes where each
+   large bytes object goes; the result is allocated once at the end and every message's
+   bytes are copied into it once. As marshal does, an object that may recur (a tuple or
+   bytes with more than one reference: the shapes and message parts events share) is
+   written with FLAG_REF the first time and as TYPE_REF after; strings and ints are
+   written each time (equal values, not shared objects, on the reader's side).
 
    Types: None, bool, int (within int64), bytes, str, tuple and list, exact types only;
    anything else (an int or str subclass, a float, a dict, a deeper nesting than
    MAX_DEPTH) raises ValueError and the caller uses marshal. Loop thread only (the GIL
-   held; no Python code runs between the passes, so the value cannot change). */
+   held; no Python code runs during the call, so the value cannot change). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
@@ -24,132 +28,79 @@
 #define MAX_DEPTH 32
 #define FLAG_REF 0x80
 
-/* Objects that may recur (tuple, bytes, str with more than one reference), by address:
-   how often the value holds them and, once written, their reference index. */
+/* Objects that may recur (exact tuple or bytes with more than one reference), by
+   address: their reference index (marshal's FLAG_REF order). */
 typedef struct {
     PyObject *key;
-    Py_ssize_t count;
-    Py_ssize_t index; /* -1 until written with FLAG_REF */
+    Py_ssize_t index;
 } Entry;
 
+/* Where a large bytes object's content goes: after `at` bytes of the scratch buffer. */
 typedef struct {
-    Entry *entries;
-    size_t mask;
-    size_t used;
-    Py_ssize_t next_index;
-} Table;
+    Py_ssize_t at;
+    PyObject *bytes;
+} Large;
 
-static size_t slot_of(const Table *t, PyObject *key) {
+#define LARGE_BYTES 256 /* from this size, copied once into the result, not the scratch */
+
+typedef struct {
+    char *buf;
+    Py_ssize_t len, cap;
+    Large *large;
+    Py_ssize_t nlarge, large_cap, large_bytes;
+    Entry *entries;
+    size_t mask, used;
+    Py_ssize_t next_index;
+} Out;
+
+static size_t slot_of(size_t mask, PyObject *key) {
     uint64_t h = ((uint64_t)(uintptr_t)key >> 4) * 0x9E3779B97F4A7C15ull;
-    return (size_t)(h >> 20) & t->mask;
+    return (size_t)(h >> 32) & mask;
 }
 
-static Entry *find(const Table *t, PyObject *key) {
-    size_t i = slot_of(t, key);
+static Entry *find(Entry *entries, size_t mask, PyObject *key) {
+    size_t i = slot_of(mask, key);
     for (;;) {
-        Entry *e = &t->entries[i];
+        Entry *e = &entries[i];
         if (e->key == key || e->key == NULL) return e;
-        i = (i + 1) & t->mask;
+        i = (i + 1) & mask;
     }
 }
 
-static int grow(Table *t) {
-    size_t size = (t->mask + 1) * 2;
-    Entry *old = t->entries;
-    size_t old_size = t->mask + 1;
+static int grow_table(Out *o) {
+    size_t size = (o->mask + 1) * 2;
     Entry *fresh = PyMem_Calloc(size, sizeof(Entry));
     if (fresh == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    t->entries = fresh;
-    t->mask = size - 1;
-    for (size_t i = 0; i < old_size; i++) {
-        if (old[i].key != NULL) *find(t, old[i].key) = old[i];
+    for (size_t i = 0; i <= o->mask; i++) {
+        if (o->entries[i].key != NULL) *find(fresh, size - 1, o->entries[i].key) = o->entries[i];
     }
-    PyMem_Free(old);
+    PyMem_Free(o->entries);
+    o->entries = fresh;
+    o->mask = size - 1;
     return 0;
 }
 
-static int shared(PyObject *v) { return Py_REFCNT(v) > 1; }
+/* Room for `n` more bytes in the scratch buffer. */
+static int reserve(Out *o, Py_ssize_t n) {
+    if (o->len + n <= o->cap) return 0;
+    Py_ssize_t cap = o->cap * 2;
+    if (cap < o->len + n) cap = o->len + n;
+    char *buf = PyMem_Realloc(o->buf, (size_t)cap);
+    if (buf == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    o->buf = buf;
+    o->cap = cap;
+    return 0;
+}
 
 static int refuse(const char *why) {
     PyErr_SetString(PyExc_ValueError, why);
     return -1;
-}
-
-/* The magnitude's 15-bit digits (marshal's TYPE_LONG) of an int outside int32. */
-static int digits_of(long long x, uint16_t out[5]) {
-    unsigned long long u = x < 0 ? 0ull - (unsigned long long)x : (unsigned long long)x;
-    int n = 0;
-    while (u) {
-        out[n++] = (uint16_t)(u & 0x7FFF);
-        u >>= 15;
-    }
-    return n;
-}
-
-/* Pass 1: the bytes `v` takes (a recurring object's later occurrences 5, a reference),
-   counting the occurrences of what may recur; -1 with an exception. */
-static Py_ssize_t measure(PyObject *v, Table *t, int depth) {
-    if (v == Py_None || v == Py_True || v == Py_False) return 1;
-    PyTypeObject *type = Py_TYPE(v);
-    if (type == &PyLong_Type) {
-        int overflow = 0;
-        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (overflow) return refuse("_frames: an int beyond int64");
-        if (x == -1 && PyErr_Occurred()) return -1;
-        if (x >= INT32_MIN && x <= INT32_MAX) return 5;
-        uint16_t d[5];
-        return 5 + 2 * digits_of(x, d);
-    }
-    if (type != &PyTuple_Type && type != &PyBytes_Type && type != &PyUnicode_Type &&
-        type != &PyList_Type)
-        return refuse("_frames: a type marshal is left to");
-    if (depth >= MAX_DEPTH) return refuse("_frames: nested too deep");
-    if (type != &PyList_Type && shared(v)) {
-        Entry *e = find(t, v);
-        if (e->key == v) {
-            e->count++;
-            return 5;
-        }
-        e->key = v;
-        e->count = 1;
-        e->index = -1;
-        if (++t->used * 2 > t->mask + 1 && grow(t) < 0) return -1;
-    }
-    Py_ssize_t size;
-    if (type == &PyBytes_Type) {
-        size = PyBytes_GET_SIZE(v);
-        if (size > INT32_MAX) return refuse("_frames: bytes too long");
-        return 5 + size;
-    }
-    if (type == &PyUnicode_Type) {
-#if PY_VERSION_HEX < 0x030C0000
-        if (PyUnicode_READY(v) < 0) return -1;
-#endif
-        if (PyUnicode_IS_ASCII(v)) {
-            size = PyUnicode_GET_LENGTH(v);
-            if (size > INT32_MAX) return refuse("_frames: str too long");
-            return (size < 256 ? 2 : 5) + size;
-        }
-        /* UTF-8 (kept in the object for pass 2); a lone surrogate raises
-           UnicodeEncodeError, a ValueError: marshal writes it (surrogatepass). */
-        if (PyUnicode_AsUTF8AndSize(v, &size) == NULL) return -1;
-        if (size > INT32_MAX) return refuse("_frames: str too long");
-        return 5 + size;
-    }
-    Py_ssize_t n = Py_SIZE(v);
-    if (n > INT32_MAX) return refuse("_frames: too many items");
-    PyObject **items = type == &PyTuple_Type ? ((PyTupleObject *)v)->ob_item
-                                             : ((PyListObject *)v)->ob_item;
-    size = (type == &PyTuple_Type && n < 256) ? 2 : 5;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        Py_ssize_t item = measure(items[i], t, depth + 1);
-        if (item < 0) return -1;
-        size += item;
-    }
-    return size;
 }
 
 static inline char *put32(char *p, int32_t x) {
@@ -161,92 +112,171 @@ static inline char *put32(char *p, int32_t x) {
     return p + 4;
 }
 
-/* Pass 2: `v` written at `p` (which pass 1 sized); where it ends. */
-static char *emit(PyObject *v, Table *t, char *p) {
-    if (v == Py_None) {
-        *p = 'N';
-        return p + 1;
+static int put(Out *o, PyObject *v, int depth);
+
+static int put_int(Out *o, PyObject *v) {
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow) return refuse("_frames: an int beyond int64");
+    if (x == -1 && PyErr_Occurred()) return -1;
+    if (reserve(o, 15) < 0) return -1;
+    char *p = o->buf + o->len;
+    if (x >= INT32_MIN && x <= INT32_MAX) {
+        *p = 'i';
+        put32(p + 1, (int32_t)x);
+        o->len += 5;
+        return 0;
     }
-    if (v == Py_True || v == Py_False) {
-        *p = v == Py_True ? 'T' : 'F';
-        return p + 1;
+    /* marshal's TYPE_LONG: the digit count (negative for a negative int), then the
+       magnitude's 15-bit digits, least significant first */
+    unsigned long long u = x < 0 ? 0ull - (unsigned long long)x : (unsigned long long)x;
+    char *d = p + 5;
+    int n = 0;
+    while (u) {
+        d[0] = (char)(u & 0xFF);
+        d[1] = (char)((u >> 8) & 0x7F);
+        d += 2;
+        n++;
+        u >>= 15;
+    }
+    *p = 'l';
+    put32(p + 1, x < 0 ? -n : n);
+    o->len += 5 + 2 * n;
+    return 0;
+}
+
+static Py_NO_INLINE int put_bytes(Out *o, PyObject *v, char flag) {
+    Py_ssize_t size = PyBytes_GET_SIZE(v);
+    if (size > INT32_MAX) return refuse("_frames: bytes too long");
+    Py_ssize_t inline_size = size < LARGE_BYTES ? size : 0;
+    if (reserve(o, 5 + inline_size) < 0) return -1;
+    char *p = o->buf + o->len;
+    *p = (char)('s' | flag);
+    put32(p + 1, (int32_t)size);
+    o->len += 5;
+    if (inline_size) {
+        memcpy(p + 5, PyBytes_AS_STRING(v), (size_t)size);
+        o->len += size;
+    } else if (size) {
+        if (o->nlarge == o->large_cap) {
+            Py_ssize_t cap = o->large_cap ? o->large_cap * 2 : 64;
+            Large *large = PyMem_Realloc(o->large, (size_t)cap * sizeof(Large));
+            if (large == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            o->large = large;
+            o->large_cap = cap;
+        }
+        o->large[o->nlarge].at = o->len;
+        o->large[o->nlarge].bytes = v;
+        o->nlarge++;
+        o->large_bytes += size;
+    }
+    return 0;
+}
+
+static Py_NO_INLINE int put_str(Out *o, PyObject *v) {
+    Py_ssize_t size;
+    const char *data;
+    char code;
+#if PY_VERSION_HEX < 0x030C0000
+    if (PyUnicode_READY(v) < 0) return -1;
+#endif
+    if (PyUnicode_IS_ASCII(v)) {
+        size = PyUnicode_GET_LENGTH(v);
+        data = (const char *)PyUnicode_1BYTE_DATA(v);
+        code = size < 256 ? 'z' : 'a';
+    } else {
+        /* a lone surrogate raises UnicodeEncodeError, a ValueError: marshal writes it */
+        data = PyUnicode_AsUTF8AndSize(v, &size);
+        if (data == NULL) return -1;
+        code = 'u';
+    }
+    if (size > INT32_MAX) return refuse("_frames: str too long");
+    if (reserve(o, 5 + size) < 0) return -1;
+    char *p = o->buf + o->len;
+    *p++ = code;
+    if (code == 'z')
+        *p++ = (char)size;
+    else
+        p = put32(p, (int32_t)size);
+    memcpy(p, data, (size_t)size);
+    o->len = p + size - o->buf;
+    return 0;
+}
+
+static int put(Out *o, PyObject *v, int depth) {
+    if (v == Py_None || v == Py_True || v == Py_False) {
+        if (reserve(o, 1) < 0) return -1;
+        o->buf[o->len++] = v == Py_None ? 'N' : v == Py_True ? 'T' : 'F';
+        return 0;
     }
     PyTypeObject *type = Py_TYPE(v);
-    if (type == &PyLong_Type) {
-        int overflow = 0;
-        long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-        if (x >= INT32_MIN && x <= INT32_MAX) {
-            *p = 'i';
-            return put32(p + 1, (int32_t)x);
-        }
-        uint16_t d[5];
-        int n = digits_of(x, d);
-        *p = 'l';
-        p = put32(p + 1, x < 0 ? -n : n);
-        for (int i = 0; i < n; i++) {
-            *p++ = (char)(d[i] & 0xFF);
-            *p++ = (char)(d[i] >> 8);
-        }
-        return p;
-    }
+    if (type == &PyLong_Type) return put_int(o, v);
+    if (type == &PyUnicode_Type) return put_str(o, v);
+    if (type != &PyTuple_Type && type != &PyBytes_Type && type != &PyList_Type)
+        return refuse("_frames: a type marshal is left to");
     char flag = 0;
-    if (type != &PyList_Type && shared(v)) {
-        Entry *e = find(t, v);
-        if (e->index >= 0) {
-            *p = 'r';
-            return put32(p + 1, (int32_t)e->index);
+    if (type != &PyList_Type && Py_REFCNT(v) > 1) {
+        Entry *e = find(o->entries, o->mask, v);
+        if (e->key == v) {
+            if (reserve(o, 5) < 0) return -1;
+            o->buf[o->len] = 'r';
+            put32(o->buf + o->len + 1, (int32_t)e->index);
+            o->len += 5;
+            return 0;
         }
-        if (e->count > 1) {
-            e->index = t->next_index++;
-            flag = (char)FLAG_REF;
-        }
+        e->key = v;
+        e->index = o->next_index++;
+        flag = (char)FLAG_REF;
+        if (++o->used * 2 > o->mask + 1 && grow_table(o) < 0) return -1;
     }
-    if (type == &PyBytes_Type) {
-        Py_ssize_t size = PyBytes_GET_SIZE(v);
-        *p = (char)('s' | flag);
-        p = put32(p + 1, (int32_t)size);
-        memcpy(p, PyBytes_AS_STRING(v), (size_t)size);
-        return p + size;
-    }
-    if (type == &PyUnicode_Type) {
-        Py_ssize_t size;
-        const char *data;
-        if (PyUnicode_IS_ASCII(v)) {
-            size = PyUnicode_GET_LENGTH(v);
-            data = (const char *)PyUnicode_1BYTE_DATA(v);
-            if (size < 256) {
-                *p++ = (char)('z' | flag);
-                *p++ = (char)size;
-            } else {
-                *p = (char)('a' | flag);
-                p = put32(p + 1, (int32_t)size);
-            }
-        } else {
-            data = PyUnicode_AsUTF8AndSize(v, &size); /* cached by pass 1 */
-            *p = (char)('u' | flag);
-            p = put32(p + 1, (int32_t)size);
-        }
-        memcpy(p, data, (size_t)size);
-        return p + size;
-    }
+    if (type == &PyBytes_Type) return put_bytes(o, v, flag);
+    if (depth >= MAX_DEPTH) return refuse("_frames: nested too deep");
     Py_ssize_t n = Py_SIZE(v);
+    if (n > INT32_MAX) return refuse("_frames: too many items");
+    if (reserve(o, 5) < 0) return -1;
+    char *p = o->buf + o->len;
     PyObject **items;
     if (type == &PyTuple_Type) {
         items = ((PyTupleObject *)v)->ob_item;
         if (n < 256) {
-            *p++ = (char)(')' | flag);
-            *p++ = (char)n;
+            p[0] = (char)(')' | flag);
+            p[1] = (char)n;
+            o->len += 2;
         } else {
-            *p = (char)('(' | flag);
-            p = put32(p + 1, (int32_t)n);
+            p[0] = (char)('(' | flag);
+            put32(p + 1, (int32_t)n);
+            o->len += 5;
         }
     } else {
         items = ((PyListObject *)v)->ob_item;
-        *p = '[';
-        p = put32(p + 1, (int32_t)n);
+        p[0] = '[';
+        put32(p + 1, (int32_t)n);
+        o->len += 5;
     }
-    for (Py_ssize_t i = 0; i < n; i++) p = emit(items[i], t, p);
-    return p;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = items[i];
+        if (item == Py_None) { /* most of an event's items: no call (~80 instructions) */
+            if (reserve(o, 1) < 0) return -1;
+            o->buf[o->len++] = 'N';
+        } else if (Py_TYPE(item) == &PyLong_Type) {
+            if (put_int(o, item) < 0) return -1;
+        } else if (put(o, item, depth + 1) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* How many events the value holds, for the first sizes: a frame is (first_seq, now_ms,
+   events). */
+static Py_ssize_t events_in(PyObject *v) {
+    if (Py_TYPE(v) == &PyTuple_Type && PyTuple_GET_SIZE(v) == 3 &&
+        Py_TYPE(PyTuple_GET_ITEM(v, 2)) == &PyList_Type)
+        return PyList_GET_SIZE(PyTuple_GET_ITEM(v, 2));
+    return 0;
 }
 
 static PyObject *m_dumps(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
@@ -254,22 +284,38 @@ static PyObject *m_dumps(PyObject *self, PyObject *const *args, Py_ssize_t nargs
         PyErr_SetString(PyExc_TypeError, "_frames.dumps takes one value");
         return NULL;
     }
-    Table t = {NULL, 255, 0, 0};
-    t.entries = PyMem_Calloc(t.mask + 1, sizeof(Entry));
-    if (t.entries == NULL) return PyErr_NoMemory();
+    Py_ssize_t events = events_in(args[0]);
+    if (events > (1 << 20)) events = 1 << 20;
+    Out o = {0};
+    o.cap = 256 + 96 * events; /* an event's small values: ~40-70 bytes */
+    size_t slots = 64;
+    while (slots < (size_t)events) slots *= 2; /* ~1 message part an event or less */
+    o.mask = slots - 1;
+    o.buf = PyMem_Malloc((size_t)o.cap);
+    o.entries = PyMem_Calloc(slots, sizeof(Entry));
     PyObject *result = NULL;
-    Py_ssize_t size = measure(args[0], &t, 0);
-    if (size >= 0) {
-        result = PyBytes_FromStringAndSize(NULL, size);
+    if (o.buf == NULL || o.entries == NULL) {
+        PyErr_NoMemory();
+    } else if (put(&o, args[0], 0) == 0) {
+        result = PyBytes_FromStringAndSize(NULL, o.len + o.large_bytes);
         if (result != NULL) {
-            char *end = emit(args[0], &t, PyBytes_AS_STRING(result));
-            if (end != PyBytes_AS_STRING(result) + size) { /* never: the passes agree */
-                Py_CLEAR(result);
-                PyErr_SetString(PyExc_SystemError, "_frames: the passes disagree");
+            char *dst = PyBytes_AS_STRING(result);
+            Py_ssize_t from = 0;
+            for (Py_ssize_t i = 0; i < o.nlarge; i++) {
+                Large *large = &o.large[i];
+                memcpy(dst, o.buf + from, (size_t)(large->at - from));
+                dst += large->at - from;
+                from = large->at;
+                Py_ssize_t size = PyBytes_GET_SIZE(large->bytes);
+                memcpy(dst, PyBytes_AS_STRING(large->bytes), (size_t)size);
+                dst += size;
             }
+            memcpy(dst, o.buf + from, (size_t)(o.len - from));
         }
     }
-    PyMem_Free(t.entries);
+    PyMem_Free(o.buf);
+    PyMem_Free(o.large);
+    PyMem_Free(o.entries);
     return result;
 }
 
@@ -281,7 +327,7 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "_frames",
-    "The event-log frame's payload in marshal's format, sized first (issue 20, "
+    "The event-log frame's payload in marshal's format, in one pass (issue 20, "
     "eventlog/writer.py).",
     -1, methods,
 };

@@ -73,7 +73,7 @@ from amqpbroker.config import EventLogConfig
 from amqpbroker.core import FAILURE_EVENTS, NO_DATA_LIMIT, EventLevel, RawEvent
 from amqpbroker.eventlog.frames import KNOWN_WINDOW, LENGTH, dumps, take
 
-# A frame's payload sized first, in C (`_frames.c`, setup.py C_MODULES: `payload_of`);
+# A frame's payload in C (`_frames.c`, setup.py C_MODULES: `payload_of`);
 # marshal's in the pure-Python build (editable installs, no C compiler).
 _sized_dumps: Callable[[Any], bytes] | None
 try:
@@ -122,10 +122,10 @@ def _wall_ms() -> int:
 
 
 def payload_of(frame: tuple[int, int, list[RawEvent]]) -> bytes:
-    """A frame's payload (frames.py's format): `_frames.dumps` where the build has it (the
-    output sized first, each message's bytes copied once, only recurring parts marked:
-    ~7.5k instructions a queue message under marshal, issue 20), else marshal's; a value
-    the C refuses (an int or str subclass, a float, a huge int) goes to marshal too."""
+    """A frame's payload (frames.py's format): `_frames.dumps` where the build has it (one
+    pass, the result allocated once, each message's bytes copied into it once: marshal
+    cost ~7.5k instructions a queue message, issue 20), else marshal's; a value the C
+    refuses (an int or str subclass, a float, a huge int) goes to marshal too."""
     if _sized_dumps is not None:
         try:
             return _sized_dumps(frame)

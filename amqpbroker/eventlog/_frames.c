@@ -114,11 +114,31 @@ static inline char *put32(char *p, int32_t x) {
 
 static int put(Out *o, PyObject *v, int depth);
 
-static int put_int(Out *o, PyObject *v) {
+/* An exact int's value: read from its (3.11) digits when it has at most two (below
+   2**60: every id, size and epoch-ms time), else through the C API. */
+static inline int int_value(PyObject *v, long long *x) {
+#if PY_VERSION_HEX < 0x030C0000 && PyLong_SHIFT == 30
+    Py_ssize_t size = Py_SIZE(v);
+    const digit *d = ((PyLongObject *)v)->ob_digit;
+    if (size >= -2 && size <= 2) {
+        long long magnitude = size == 0 ? 0
+                              : (size == 1 || size == -1)
+                                  ? (long long)d[0]
+                                  : (long long)d[0] | (long long)d[1] << PyLong_SHIFT;
+        *x = size < 0 ? -magnitude : magnitude;
+        return 0;
+    }
+#endif
     int overflow = 0;
-    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    *x = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (overflow) return refuse("_frames: an int beyond int64");
-    if (x == -1 && PyErr_Occurred()) return -1;
+    if (*x == -1 && PyErr_Occurred()) return -1;
+    return 0;
+}
+
+static int put_int(Out *o, PyObject *v) {
+    long long x;
+    if (int_value(v, &x) < 0) return -1;
     if (reserve(o, 15) < 0) return -1;
     char *p = o->buf + o->len;
     if (x >= INT32_MIN && x <= INT32_MAX) {
@@ -263,8 +283,20 @@ static int put(Out *o, PyObject *v, int depth) {
             o->buf[o->len++] = 'N';
         } else if (Py_TYPE(item) == &PyLong_Type) {
             if (put_int(o, item) < 0) return -1;
-        } else if (put(o, item, depth + 1) < 0) {
-            return -1;
+        } else {
+            if (Py_REFCNT(item) > 1 &&
+                (Py_TYPE(item) == &PyTuple_Type || Py_TYPE(item) == &PyBytes_Type)) {
+                Entry *e = find(o->entries, o->mask, item);
+                if (e->key == item) { /* written before in this frame (a shape, a
+                                         message part): its reference, no call */
+                    if (reserve(o, 5) < 0) return -1;
+                    o->buf[o->len] = 'r';
+                    put32(o->buf + o->len + 1, (int32_t)e->index);
+                    o->len += 5;
+                    continue;
+                }
+            }
+            if (put(o, item, depth + 1) < 0) return -1;
         }
     }
     return 0;

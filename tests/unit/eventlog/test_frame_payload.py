@@ -62,13 +62,16 @@ def frame_of_turn(messages: int) -> tuple[int, int, list[RawEvent]]:
 
 
 def test_the_payload_reads_back_as_the_value_marshal_carries() -> None:
-    """The frame of a loop turn, and values at every boundary marshal encodes
-    differently (int32 and int64 ends, str of 255/256 ASCII bytes, non-ASCII, tuples of
-    255/256 items, lists, empty values), read back equal to the value."""
+    """The frame of a loop turn, and values at every boundary marshal or the C encodes
+    differently (int32 and int64 ends, ints of one to three 30-bit digits, str of
+    255/256 ASCII bytes, non-ASCII, tuples of 255/256 items, lists, empty values), read
+    back equal to the value."""
     values: list[Any] = [
         frame_of_turn(50),
         (None, True, False, 0, -1, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1),
         (2**63 - 1, -(2**63), 2**45 + 12345, -(2**45)),
+        # one, two and three 30-bit digits (the C reads up to two itself)
+        (2**30 - 1, 2**30, -(2**30), 2**60 - 1, 2**60, -(2**60) + 1, -(2**60), 2**62),
         ("", "a" * 255, "a" * 256, "\u00e9" * 300, "\U0001f600", b"", b"\x00" * 70000),
         tuple(range(255)),
         tuple(range(256)),

@@ -68,11 +68,14 @@ HOT_MODULES = [
 # reader, crc included (issue 23 item 4, docs/decisions.md "Recovery, fifth pass"); the
 # hot path's engine calls, fused, proton's pointers as ints (issue 20, `protocol/pnloop.py`,
 # which falls back to proton's binding call by call without it); the event-log writer
-# process's common line (issue 20, `eventlog/child.py`, which runs `_format` without it).
+# process's common line (issue 20, `eventlog/child.py`, which runs `_format` without it);
+# the event-log frame's payload in marshal's format, in one pass and one allocation
+# (issue 20, `eventlog/writer.py`, marshal without it).
 C_MODULES = {
     "amqpbroker.store._framescan": "amqpbroker/store/_framescan.c",
     "amqpbroker.protocol._pnloop": "amqpbroker/protocol/_pnloop.c",
     "amqpbroker.eventlog._lines": "amqpbroker/eventlog/_lines.c",
+    "amqpbroker.eventlog._frames": "amqpbroker/eventlog/_frames.c",
 }
 
 

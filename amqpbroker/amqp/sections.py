@@ -1055,28 +1055,92 @@ def encode_header(header: Header) -> bytes:
     return b"\x00\x53\x70\xc0" + bytes((len(body) + 1, count)) + body
 
 
-class Scanned(NamedTuple):
+class Scanned:
     """What `scan` learned from one pass over the section boundaries.
 
     Offsets are into `data` (delivery annotations already removed); a section's
     (start, end) covers the whole section, descriptor included, so `data[start:end]` can
     be copied or replaced as a unit.
+
+    A plain class, not a NamedTuple: compiled (setup.py), `scan` makes one with a direct
+    call and its readers take a field at an offset, where the NamedTuple cost ~1.1k
+    instructions a message to make (`tuple.__new__` of a subclass, issue 20).
     """
 
-    data: bytes  # the message minus delivery annotations (the input object if none)
-    header_end: int  # 0: no header section
-    durable: bool
-    priority: int  # as sent; 4 when absent
-    ttl: int | None  # ms
-    delivery_count: int
-    first_acquirer: bool | None
-    message_annotations: tuple[int, int] | None
-    properties: tuple[int, int] | None
-    application_properties: tuple[int, int] | None
-    body_start: int  # the first body section, else the footer, else len(data)
-    absolute_expiry_time: int | None  # properties field, epoch ms, as sent (B-080)
-    # properties group-id and group-sequence (B-127), None: no group-id.
-    group: tuple[str, int] | None = None
+    __slots__ = (
+        "absolute_expiry_time",
+        "application_properties",
+        "body_start",
+        "data",
+        "delivery_count",
+        "durable",
+        "first_acquirer",
+        "group",
+        "header_end",
+        "message_annotations",
+        "priority",
+        "properties",
+        "ttl",
+    )
+
+    def __init__(
+        self,
+        data: bytes,
+        header_end: int,
+        durable: bool,
+        priority: int,
+        ttl: int | None,
+        delivery_count: int,
+        first_acquirer: bool | None,
+        message_annotations: tuple[int, int] | None,
+        properties: tuple[int, int] | None,
+        application_properties: tuple[int, int] | None,
+        body_start: int,
+        absolute_expiry_time: int | None,
+        group: tuple[str, int] | None = None,
+    ) -> None:
+        self.data = data  # the message minus delivery annotations (the input object if none)
+        self.header_end = header_end  # 0: no header section
+        self.durable = durable
+        self.priority = priority  # as sent; 4 when absent
+        self.ttl = ttl  # ms
+        self.delivery_count = delivery_count
+        self.first_acquirer = first_acquirer
+        self.message_annotations = message_annotations
+        self.properties = properties
+        self.application_properties = application_properties
+        self.body_start = body_start  # the first body section, else the footer, else len(data)
+        self.absolute_expiry_time = absolute_expiry_time  # properties field, epoch ms (B-080)
+        # properties group-id and group-sequence (B-127), None: no group-id.
+        self.group = group
+
+    def fields(self) -> tuple[Any, ...]:
+        """Every field, in the order `__init__` takes them."""
+        return (
+            self.data,
+            self.header_end,
+            self.durable,
+            self.priority,
+            self.ttl,
+            self.delivery_count,
+            self.first_acquirer,
+            self.message_annotations,
+            self.properties,
+            self.application_properties,
+            self.body_start,
+            self.absolute_expiry_time,
+            self.group,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Scanned) and self.fields() == other.fields()
+
+    def __hash__(self) -> int:
+        return hash(self.fields())
+
+    def __repr__(self) -> str:
+        pairs = zip(_SCANNED_FIELDS, self.fields(), strict=True)
+        return "Scanned(" + ", ".join(f"{name}={value!r}" for name, value in pairs) + ")"
 
     def header(self) -> Header | None:
         """The header fields, or None when the message has no header section."""
@@ -1090,6 +1154,23 @@ class Scanned(NamedTuple):
         """Where the sections up to properties end: all the event log needs of a message
         (properties.message-id) unless it writes props or body_hash."""
         return head_end(self)
+
+
+_SCANNED_FIELDS: Final = (
+    "data",
+    "header_end",
+    "durable",
+    "priority",
+    "ttl",
+    "delivery_count",
+    "first_acquirer",
+    "message_annotations",
+    "properties",
+    "application_properties",
+    "body_start",
+    "absolute_expiry_time",
+    "group",
+)
 
 
 def head_end(scanned: Scanned) -> int:
@@ -1408,24 +1489,20 @@ def scan(raw: bytes) -> Scanned:
         if ap is not None:
             ap = (ap[0] - cut, ap[1] - cut)
     durable, priority, ttl, first_acquirer, delivery_count = header
-    # tuple.__new__ skips the NamedTuple's Python-level __new__: this runs per message.
-    return tuple.__new__(
-        Scanned,
-        (
-            data,
-            header_end,
-            durable,
-            priority,
-            ttl,
-            delivery_count,
-            first_acquirer,
-            ma,
-            props,
-            ap,
-            body_start,
-            expiry,
-            group,
-        ),
+    return Scanned(
+        data,
+        header_end,
+        durable,
+        priority,
+        ttl,
+        delivery_count,
+        first_acquirer,
+        ma,
+        props,
+        ap,
+        body_start,
+        expiry,
+        group,
     )
 
 

@@ -32,6 +32,7 @@ from amqpbroker.core.errors import (
 from amqpbroker.core.lifecycle import (
     EVENT_TYPES,
     FAILURE_EVENTS,
+    NO_DATA_LIMIT,
     EventLevel,
     LifecycleEvent,
     RawEvent,
@@ -77,6 +78,7 @@ __all__ = [
     "EVENT_TYPES",
     "FAILED",
     "FAILURE_EVENTS",
+    "NO_DATA_LIMIT",
     "RELEASED",
     "Accepted",
     "AddressSettings",

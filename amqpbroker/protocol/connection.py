@@ -113,8 +113,6 @@ _PROTON_CONDITIONS = {
 # Proton closes with `amqp:invalid-field` for a detach, flow or transfer on a handle no
 # link holds; AMQP 1.0 §2.7.4-2.7.6 names it `amqp:session:unattached-handle`.
 _UNATTACHED = "no such handle"
-# Output buffers are filled by the engine whole: zeroing them first is a wasted pass.
-_uncleared = ffi.new_allocator(should_clear_after_alloc=False)
 
 
 class AmqpConnection(_Attach, _Transactions, Engine):
@@ -475,15 +473,14 @@ class AmqpConnection(_Attach, _Transactions, Engine):
             chunks.append(self._respelled)
             size = len(self._respelled)
             self._respelled = b""
-        # The C API: copied out of the engine into memory nobody zeroes first, then into
-        # the bytes returned; one chunk (nearly always) is returned as it is, not joined
-        # (the wrappers copied the bytes three times more; issue 20).
-        while size < limit and (pending := lib.pn_transport_pending(impl)) > 0:
-            buffer = _uncleared("char[]", pending)
-            lib.pn_transport_peek(impl, buffer, pending)
-            lib.pn_transport_pop(impl, pending)
-            chunks.append(ffi.buffer(buffer)[:])
-            size += pending
+        # One engine buffer a call (`pnloop.output`: with `_pnloop` peeked straight into
+        # the bytes returned, else through a buffer nobody zeroes first); one chunk
+        # (nearly always) is returned as it is, not joined (the wrappers copied the
+        # bytes three times more; issue 20).
+        output, key = pnloop.output, pnloop.key(impl)
+        while size < limit and (chunk := output(key)):
+            chunks.append(chunk)
+            size += len(chunk)
         if not size and self.window.room < ENGINE_WINDOW_BYTES:
             self._reopen_window()
         if self._hang_up and size < limit and transport.pending() >= 0:

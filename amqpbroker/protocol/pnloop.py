@@ -6,7 +6,8 @@ CPython extension built by setup.py beside mypyc's modules (METH_FASTCALL), does
 several calls of one step in one and takes and returns proton's pointers as ints, their
 addresses: the collector's next event with its link, delivery, remote state (and a
 modified outcome's two flags), pending bytes and partial flag, or a link's credit and
-drain flag (`next_event`); a transfer's bytes, read and the link advanced (`recv`);
+drain flag (`next_event`); the engine's output, one buffer straight into bytes
+(`output`); a transfer's bytes, read and the link advanced (`recv`);
 accept and settle (`accept`, and `accept_stored`, which lets go of the reference a
 durable send kept); an outgoing transfer with its tag (`send`); and the single calls the
 hot path makes on a link or delivery. It calls proton through the function pointers of
@@ -66,6 +67,9 @@ FUNCTIONS: Final = (
     "pn_link_flow",
     "pn_incref",
     "pn_link_is_receiver",
+    "pn_transport_pending",
+    "pn_transport_peek",
+    "pn_transport_pop",
 )
 # The constants `_pnloop.c` has as numbers.
 _C_CONSTANTS: Final = {
@@ -136,6 +140,22 @@ def _send(link: Any, delivery_id: int, data: Any, settle: bool) -> Any:
     return delivery
 
 
+_pn_transport_pending: Final = lib.pn_transport_pending
+_pn_transport_peek: Final = lib.pn_transport_peek
+_pn_transport_pop: Final = lib.pn_transport_pop
+
+
+def _output(transport: Any) -> bytes | None:
+    pending: int = _pn_transport_pending(transport)
+    if pending <= 0:
+        return None if pending < 0 else b""
+    buffer = uncleared("char[]", pending)  # filled whole by the engine: no zeroing
+    _pn_transport_peek(transport, buffer, pending)
+    _pn_transport_pop(transport, pending)
+    data: bytes = ffi.buffer(buffer)[:]
+    return data
+
+
 def _load() -> Any:
     try:
         import amqpbroker.protocol._pnloop as _pnloop  # type: ignore[import-not-found,unused-ignore]
@@ -183,6 +203,7 @@ def calls(module: Any) -> dict[str, Any]:
             "delivery_partial": lib.pn_delivery_partial,
             "delivery_pending": lib.pn_delivery_pending,
             "remote_state": lib.pn_delivery_remote_state,
+            "output": _output,
         }
     return {
         "FAST": True,
@@ -204,6 +225,7 @@ def calls(module: Any) -> dict[str, Any]:
         "delivery_partial": module.delivery_partial,
         "delivery_pending": module.delivery_pending,
         "remote_state": module.remote_state,
+        "output": module.output,
     }
 
 
@@ -229,3 +251,6 @@ delivery_settled: Final[Any] = _calls["delivery_settled"]
 delivery_partial: Final[Any] = _calls["delivery_partial"]
 delivery_pending: Final[Any] = _calls["delivery_pending"]
 remote_state: Final[Any] = _calls["remote_state"]
+# (transport) -> the engine's next output buffer as bytes, b"" for none, None once its
+# output side is closed (`AmqpConnection._engine_output`)
+output: Final[Any] = _calls["output"]

@@ -114,7 +114,7 @@ def test_a_redelivery_sends_the_stored_bytes_with_only_its_header_rewritten(
     client = Client(shell)
     client.receiver("q", "queue")
     client.send(client.sender("q", "queue"), message)
-    sent = scan(message.encode())
+    sent = scan(bytes(message.encode()))
     for count in (1, 2):
         client.settle(count - 1, Delivery.MODIFIED, failed=True)
     assert client.raw == [

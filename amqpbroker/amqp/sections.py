@@ -70,6 +70,7 @@ __all__ = [
     "UShort",
     "decode_first",
     "decode_value",
+    "delivery_count_header",
     "encode_annotations",
     "encode_header",
     "encode_value",
@@ -1607,16 +1608,33 @@ def with_delivery_count(data: bytes, header_end: int, delivery_count: int) -> by
     Raises:
         SectionError: `data[:header_end]` is not a header section.
     """
+    new = delivery_count_header(data, header_end, delivery_count)
+    if new is None:
+        return data
+    if len(data) - header_end > _LARGE:
+        return b"".join((new, memoryview(data)[header_end:]))
+    return new + data[header_end:]
+
+
+def delivery_count_header(data: bytes, header_end: int, delivery_count: int) -> bytes | None:
+    """The header section that replaces `data[:header_end]` for `with_delivery_count`, or
+    None when `data` goes as it is (no header and a count of 0). For a sender that writes
+    it and `data[header_end:]` one after the other (`pnloop.send_headed`): no joined copy
+    of the message (issue 20).
+
+    Raises:
+        SectionError: `data[:header_end]` is not a header section.
+    """
     if not header_end:
         if not delivery_count:
-            return data  # no header already means delivery-count 0
+            return None  # no header already means delivery-count 0
         if delivery_count < _BARE_COUNTS:
-            return _BARE_HEADERS[delivery_count] + data  # one concatenation (issue 20)
+            return _BARE_HEADERS[delivery_count]
     elif header_end == 4 and delivery_count < _BARE_COUNTS and data[3] == 0x45:
         # An empty header (00 53 70 45: list0, every field absent), what proton's
         # encoders send for default fields: it becomes the count alone. Issue 20: the
         # general path's cache key (a slice and a tuple) cost ~1k instructions.
-        return _BARE_HEADERS[delivery_count] + data[4:]
+        return _BARE_HEADERS[delivery_count]
     old = data[:header_end]
     if type(old) is not bytes:
         old = bytes(old)  # a bytearray slice is not hashable
@@ -1628,9 +1646,7 @@ def with_delivery_count(data: bytes, header_end: int, delivery_count: int) -> by
             if len(_REDELIVERY_HEADERS) >= _CACHE_LIMIT:
                 _REDELIVERY_HEADERS.clear()
             _REDELIVERY_HEADERS[key] = new
-    if len(data) - header_end > _LARGE:
-        return b"".join((new, memoryview(data)[header_end:]))
-    return new + data[header_end:]
+    return new
 
 
 # The header a message without one gets for a redelivery with count n < _BARE_COUNTS:

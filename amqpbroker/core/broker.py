@@ -58,7 +58,7 @@ from amqpbroker.core.outcomes import FAILED, Outcome
 from amqpbroker.core.paging import PageStore, PageStores, Tailed, full_reason
 from amqpbroker.core.persistence import Persistence
 from amqpbroker.core.postoffice import Address, PostOffice
-from amqpbroker.core.queue import DeliveryIds, Memory, Queue
+from amqpbroker.core.queue import Consumer, DeliveryIds, Memory, Queue
 from amqpbroker.core.queuekinds import kind_of, last_value_key
 from amqpbroker.core.reaper import _Reaper
 from amqpbroker.core.refs import DELIVERING, Ref
@@ -96,7 +96,7 @@ class Hot:
         self.settings: Final = broker.settings
         self.stats: Final = broker.stats
         self.msg_ids: Final = broker._msg_ids
-        self.consumers: Final = broker._consumers
+        self.consumer_of: Final = broker._consumer_of  # a consumer by id, for settle and credit
         self.queues: Final = broker.queues
         self.copier: Final = broker.copier
         self.retroactive: Final = broker._retroactive
@@ -155,6 +155,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
         self._consumer_ids = itertools.count(1)
         self._delivery_ids = DeliveryIds()
         self._consumers: dict[ConsumerId, _ConsumerInfo] = {}
+        self._consumer_of: dict[ConsumerId, Consumer] = {}  # the same consumers (`_register`)
         self._scan_period_ms = address_queue_scan_period_ms
         self._next_scan_ms = self.now_ms + address_queue_scan_period_ms
         self._warned_names: set[str] = set()
@@ -479,7 +480,7 @@ class Broker(_SlowConsumers, _Attach, _Moving, _Reaper, _Retroactive):
             address.used = True
             address.idle_since_ms = self.now_ms
         for consumer in list(queue.consumers):
-            self._consumers.pop(consumer.id, None)
+            self._forget(consumer.id)
             self._effects.append(
                 CloseConsumer(consumer.id, "amqp:resource-deleted", f"queue {name} was {reason}")
             )
@@ -1161,11 +1162,10 @@ def settle_delivery(
     compiled (setup.py)."""
     moment = hot.moment
     now_ms = moment.ms if moment.in_call else moment.read()  # a hot entry point
-    info = hot.consumers.get(consumer_id)
-    if info is None:
+    consumer = hot.consumer_of.get(consumer_id)
+    if consumer is None:
         log.debug("outcome for delivery %s of a closed consumer ignored (B-055)", delivery)
         return
-    consumer = info.consumer
     held = consumer.queue.settle(consumer, delivery, outcome, now_ms, hot.effects)
     if not held:
         log.debug(
@@ -1180,6 +1180,6 @@ def set_consumer_credit(hot: Hot, consumer_id: ConsumerId, credit: int, drain: b
     moment = hot.moment
     if not moment.in_call:  # a hot entry point (core/clock.py)
         moment.read()
-    info = hot.consumers.get(consumer_id)
-    if info is not None:
-        info.consumer.queue.set_credit(info.consumer, credit, drain, hot.effects)
+    consumer = hot.consumer_of.get(consumer_id)
+    if consumer is not None:
+        consumer.queue.set_credit(consumer, credit, drain, hot.effects)

@@ -9,7 +9,8 @@ modified outcome's two flags), pending bytes and partial flag, or a link's credi
 drain flag (`next_event`); the engine's output, one buffer straight into bytes
 (`output`); a transfer's bytes, read and the link advanced (`recv`);
 accept and settle (`accept`, and `accept_stored`, which lets go of the reference a
-durable send kept); an outgoing transfer with its tag (`send`); and the single calls the
+durable send kept); an outgoing transfer with its tag (`send`; `send_headed` for a redelivery's new
+header before the stored bytes after the old one, not joined first); and the single calls the
 hot path makes on a link or delivery. It calls proton through the function pointers of
 python-qpid-proton's own binding (`bind`), so it links nothing.
 
@@ -156,6 +157,22 @@ def _output(transport: Any) -> bytes | None:
     return data
 
 
+def _send_headed(
+    link: Any, delivery_id: int, header: bytes, data: bytes, offset: int, settle: bool
+) -> Any:
+    tag = b"%d" % delivery_id
+    length = len(tag)
+    TAG[0:length] = tag
+    delivery = _pn_delivery(link, TAG_STRUCTS[length])
+    _pn_link_send(link, header, len(header))  # proton appends each call's bytes
+    tail = data[offset:]
+    _pn_link_send(link, tail, len(tail))
+    _pn_link_advance(link)
+    if settle:
+        _pn_delivery_settle(delivery)
+    return delivery
+
+
 def _load() -> Any:
     try:
         import amqpbroker.protocol._pnloop as _pnloop  # type: ignore[import-not-found,unused-ignore]
@@ -192,6 +209,7 @@ def calls(module: Any) -> dict[str, Any]:
             "settle": _pn_delivery_settle,
             "accept_stored": _accept_stored,
             "send": _send,
+            "send_headed": _send_headed,
             "incref": lib.pn_incref,
             "decref": _pn_decref,
             "link_credit": lib.pn_link_credit,
@@ -214,6 +232,7 @@ def calls(module: Any) -> dict[str, Any]:
         "settle": module.settle,
         "accept_stored": module.accept_stored,
         "send": module.send,
+        "send_headed": module.send_headed,
         "incref": module.incref,
         "decref": module.decref,
         "link_credit": module.link_credit,
@@ -240,6 +259,7 @@ accept: Final[Any] = _calls["accept"]
 settle: Final[Any] = _calls["settle"]
 accept_stored: Final[Any] = _calls["accept_stored"]
 send: Final[Any] = _calls["send"]
+send_headed: Final[Any] = _calls["send_headed"]
 incref: Final[Any] = _calls["incref"]
 decref: Final[Any] = _calls["decref"]
 link_credit: Final[Any] = _calls["link_credit"]

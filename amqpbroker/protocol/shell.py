@@ -81,6 +81,7 @@ _pn_delivery_tag: Final = lib.pn_delivery_tag
 _from_buffer: Final = ffi.from_buffer
 _unpack: Final = ffi.unpack
 _send: Final = pnloop.send
+_send_headed: Final = pnloop.send_headed
 _key: Final = pnloop.key
 _pointer: Final = pnloop.pointer
 _FAST_SEND: Final[bool] = pnloop.FAST
@@ -114,14 +115,27 @@ class ConsumerLink(Generic[C]):
     def send(self, dispatch: Dispatch) -> None:
         message = dispatch.message
         data = message.data
+        settled = dispatch.settled
+        delivery_id: int = dispatch.delivery
         if dispatch.wire_count or message.header is not None:
             # B-050: re-encode only the header; also when the producer sent a count.
-            data = sections.with_delivery_count(data, message.header_end, dispatch.wire_count)
+            header_end = message.header_end
+            if _FAST_SEND and delivery_id <= _MAX_C_ID and type(data) is bytes:
+                header = sections.delivery_count_header(data, header_end, dispatch.wire_count)
+                if header is not None:
+                    # The new header, then the bytes after the old one: one C call, no
+                    # joined copy of the message (issue 20).
+                    delivery = _send_headed(
+                        self.impl, delivery_id, header, data, header_end, settled
+                    )
+                    if not settled:
+                        self.unsettled[delivery] = dispatch.delivery
+                    return
+            else:
+                data = sections.with_delivery_count(data, header_end, dispatch.wire_count)
         # The delivery, tagged with its id in decimal (read back by `delivery_id_of`), the
         # bytes sent (any buffer: proton copies them) and the link advanced: one C call
         # (`pnloop.send`).
-        settled = dispatch.settled
-        delivery_id: int = dispatch.delivery
         # `pnloop.send` in C takes a uint64 id; from 2**62 on (never in practice) it takes the
         # calls one by one.
         if _FAST_SEND and delivery_id <= _MAX_C_ID:

@@ -55,5 +55,6 @@ def use(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
         if hasattr(transfers, "_" + name):
             monkeypatch.setattr(transfers, "_" + name, value)
     monkeypatch.setattr(shell, "_send", calls["send"])
+    monkeypatch.setattr(shell, "_send_headed", calls["send_headed"])
     monkeypatch.setattr(shell, "_key", calls["key"])
     monkeypatch.setattr(shell, "_FAST_SEND", calls["FAST"])

@@ -47,6 +47,7 @@ class Client:
         self.session = self.connection.session()
         self.session.open()
         self.received: list[tuple[Message, Any]] = []
+        self.raw: list[bytes] = []  # the bytes of each message received, as they came
         self.outcomes: list[Any] = []
         self.pump()
 
@@ -82,7 +83,9 @@ class Client:
                 link = delivery.link
                 if link.is_receiver and delivery.readable and not delivery.partial:
                     message = Message()
-                    message.decode(link.recv(delivery.pending))
+                    raw = link.recv(delivery.pending)
+                    self.raw.append(raw)
+                    message.decode(raw)
                     link.advance()
                     self.received.append((message, delivery))
                 elif link.is_sender and delivery.remote_state:

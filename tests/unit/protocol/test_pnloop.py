@@ -12,7 +12,7 @@ from support import frames as F
 from support import pnloop as support
 from unit.protocol.test_handler import Client
 
-from amqpbroker.amqp.sections import UInt
+from amqpbroker.amqp.sections import UInt, scan, with_delivery_count
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
 from amqpbroker.core.effects import Dispatch
 from amqpbroker.protocol import AmqpConnection, Shell, moves, pnloop
@@ -92,6 +92,52 @@ def test_modified_then_accepted(shell: Shell) -> None:
     assert client.received[1][0].delivery_count == 1
     client.settle(1, Delivery.ACCEPTED)
     assert shell.broker.queues["q"].message_count == 0
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message(body=b"x" * 1024),  # an empty header (00 53 70 45): the bench's
+        Message(body="y", durable=True, priority=7, ttl=5.0),
+        Message(body="z", first_acquirer=True),
+        Message(body="w", delivery_count=3),  # a producer's count: rewritten to 0 first
+    ],
+    ids=["empty-header", "fields", "first-acquirer", "producer-count"],
+)
+def test_a_redelivery_sends_the_stored_bytes_with_only_its_header_rewritten(
+    shell: Shell, message: Message
+) -> None:
+    """B-050 (issue 20): the new header goes out ahead of the stored bytes after the old
+    one (`pnloop.send_headed`, not joined first): the peer receives exactly
+    `with_delivery_count` of what the producer sent, on the first delivery (count 0)
+    and on each redelivery (1, 2), fused or not."""
+    client = Client(shell)
+    client.receiver("q", "queue")
+    client.send(client.sender("q", "queue"), message)
+    sent = scan(bytes(message.encode()))
+    for count in (1, 2):
+        client.settle(count - 1, Delivery.MODIFIED, failed=True)
+    assert client.raw == [
+        with_delivery_count(sent.data, sent.header_end, count) for count in (0, 1, 2)
+    ]
+    assert [m.delivery_count for m, _ in client.received] == [0, 1, 2]
+    client.settle(2, Delivery.ACCEPTED)
+    assert shell.broker.queues["q"].message_count == 0
+
+
+def test_a_headed_send_refuses_what_is_not_bytes_or_an_offset_out_of_range() -> None:
+    """`_pnloop.send_headed` reads its two buffers as bytes, the second from `offset` on:
+    anything else raises before proton is called."""
+    module = support.fused_module()
+    assert pnloop.bind(module)
+    link = pnloop._key_of_address(Connection().session().sender("q")._impl)
+    with pytest.raises(TypeError, match="bytes"):
+        module.send_headed(link, 1, bytearray(b"h"), b"data", 0, False)
+    for offset in (-1, 5):
+        with pytest.raises(ValueError, match="offset"):
+            module.send_headed(link, 1, b"h", b"data", offset, False)
+    with pytest.raises(TypeError):
+        module.send_headed(link, 1, b"h", b"data", 0)  # arity
 
 
 @pytest.mark.parametrize("failed", [False, True])

@@ -201,6 +201,9 @@ class Consumer:
     max_message_size: int = 0
     credit: int = 0
     drain: bool = False
+    # Dispatches made to it since it attached: its connection subtracts those not yet
+    # handed to the engine from the engine's credit it reports (B-037, `ConsumerLink`).
+    dispatched: int = 0
     window: Window = field(default_factory=Window)  # shared by the connection's consumers
     unsettled: dict[DeliveryId, Ref] = field(default_factory=dict)
     # A browser has seen every reference up to this seq; a consumer of a non-destructive
@@ -1025,6 +1028,7 @@ class Queue:
 
     def _send(self, consumer: Consumer, ref: Ref, out: list[Effect]) -> None:
         consumer.credit -= 1
+        consumer.dispatched += 1
         consumer.window.room -= ref.message.size
         ref.state = DELIVERING
         ref.delivery_count += 1  # B-040: before the transfer is written
@@ -1059,6 +1063,7 @@ class Queue:
                     continue  # B-084: never sent, not even to a browser
                 browser.browsed_seq = ref.seq
                 browser.credit -= 1
+                browser.dispatched += 1
                 browser.window.room -= ref.message.size
                 delivery = self._delivery_ids.take()
                 out.append(Dispatch(browser.id, delivery, ref.message, ref.delivery_count, True))
@@ -1104,6 +1109,7 @@ class Queue:
                 skipped_bytes += message.size
                 continue  # B-084: never sent, not even to a browser
             browser.credit -= 1
+            browser.dispatched += 1
             browser.window.room -= message.size
             delivery = self._delivery_ids.take()
             out.append(Dispatch(browser.id, delivery, message, 0, True))

@@ -215,6 +215,7 @@ class QueueKind:
     def _send(self, consumer: Consumer, ref: Ref, out: list[Effect]) -> None:
         queue = self.queue
         consumer.credit -= 1
+        consumer.dispatched += 1
         consumer.window.room -= ref.message.size
         delivery = queue._delivery_ids.take()
         out.append(

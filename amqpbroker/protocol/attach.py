@@ -235,11 +235,14 @@ class _Attach:
         link.snd_settle_mode = link.remote_snd_settle_mode
         link.rcv_settle_mode = Link.RCV_FIRST
         link.open()
-        consumer = ConsumerLink(attached.consumer, link, self)
+        core = self.broker.hot.consumer_of.get(attached.consumer)
+        consumer = ConsumerLink(attached.consumer, link, self, core)
         self.consumers[pnloop.key(link._impl)] = consumer
         self.shell.consumers[attached.consumer] = consumer
         if link.credit > 0:
-            self.broker.set_credit(attached.consumer, link.credit, drain=link.drain_mode)
+            self.broker.set_credit(
+                attached.consumer, consumer.credit(link.credit), drain=link.drain_mode
+            )
 
     def close_link(self, link: Link, condition: str, description: str) -> None:
         """Refuse or end a link from the broker side, with an AMQP error (B-022, B-038)."""

@@ -60,6 +60,7 @@ from amqpbroker.core import (
     RawEvent,
     RoutingType,
 )
+from amqpbroker.core.queue import Consumer
 from amqpbroker.protocol.peer import PeerInvalidField
 
 
@@ -97,11 +98,17 @@ _MAX_C_ID: Final[int] = 2**62 - 1  # a C comparison when compiled (a short int)
 class ConsumerLink(Generic[C]):
     """A consumer, as the broker sees it: wraps the proton `Sender` the broker sends on."""
 
-    __slots__ = ("connection", "id", "impl", "link", "unsettled")
+    __slots__ = ("connection", "core", "id", "impl", "link", "sent", "unsettled")
 
-    def __init__(self, consumer: ConsumerId, link: Link, connection: C) -> None:
+    def __init__(
+        self, consumer: ConsumerId, link: Link, connection: C, core: Consumer | None = None
+    ) -> None:
         self.id = consumer
         self.link = link
+        # The core's consumer, and how many of its dispatches went to the engine: the
+        # rest wait in this step's effects or behind a journal write (B-097).
+        self.core = core
+        self.sent = 0
         # The pn_link_t's `pnloop.key`: the hot path calls the engine with it directly.
         self.impl = _key(link._impl)
         self.connection = connection
@@ -112,7 +119,20 @@ class ConsumerLink(Generic[C]):
         # with the link.
         self.unsettled: dict[object, DeliveryId] = {}
 
+    def credit(self, engine_credit: int) -> int:
+        """What the core may still hand over (B-037): the engine's credit less the
+        dispatches it has not been given yet. The engine's credit is the client's last
+        flow less what the engine sent; without this, a second flow in one read (attach
+        and flow together, or a top-up) gave the core the same credit again, and a
+        consumer held twice what it asked for, out of its queue's other consumers' reach."""
+        core = self.core
+        if core is None:
+            return engine_credit
+        unsent = core.dispatched - self.sent
+        return engine_credit - unsent if engine_credit > unsent else 0
+
     def send(self, dispatch: Dispatch) -> None:
+        self.sent += 1
         message = dispatch.message
         data = message.data
         settled = dispatch.settled

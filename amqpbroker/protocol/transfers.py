@@ -693,7 +693,10 @@ class Transfers:
         consumer = self.consumers.get(link)
         if consumer is not None:
             set_consumer_credit(  # `Broker.set_credit`: a direct call when compiled
-                self.hot, consumer.id, _link_credit(link), bool(_pn_link_get_drain(link))
+                self.hot,
+                consumer.id,
+                consumer.credit(_link_credit(link)),
+                bool(_pn_link_get_drain(link)),
             )
             return
         self.link_flow(link, 0, 0)
@@ -702,7 +705,7 @@ class Transfers:
         """`on_link_flow` with the link's `credit` and `drain` read (`pnloop.next_event`)."""
         consumer = self.consumers.get(link)
         if consumer is not None:
-            set_consumer_credit(self.hot, consumer.id, credit, bool(drain))
+            set_consumer_credit(self.hot, consumer.id, consumer.credit(credit), bool(drain))
             return
         producer = self.producers.get(link)
         if producer is not None:

@@ -13,13 +13,17 @@ A plain module (not a part of `FileJournal`), so that mypyc can compile it (setu
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import struct
 import zlib
+from array import array
 from collections.abc import Callable
 from typing import Any, Final
 
 import amqpbroker.store.codec as codec
 from amqpbroker.core.records import AddRef, Record, RecordType
+from amqpbroker.store.api import JournalError
 from amqpbroker.store.liveness import _LiveSet
 from amqpbroker.store.locs import (
     _SLOT_MASK,
@@ -27,6 +31,8 @@ from amqpbroker.store.locs import (
     Item,
     _Pack,
     compact_add,
+    note_foreign,
+    pack_digest,
 )
 from amqpbroker.store.segments import (
     _FLAGS_KNOWN,
@@ -35,6 +41,10 @@ from amqpbroker.store.segments import (
     _SPAN_SHIFT,
     BATCH_END,
     FRAME_BYTES,
+    HEADER_BYTES,
+    _Bad,
+    _check_frame,
+    _decode_at,
     _Loc,
     _Segment,
 )
@@ -238,6 +248,7 @@ def index_plain(
             pending = bytearray()
         if isinstance(record, tuple):
             item = _Loc(seg, offset, size)
+            note_foreign(pack, compact.top, record[0])  # (not a pair: the rules' path)
             if len(record) == 3:  # an AddRef's row
                 ref: Any = record
                 if not live.add_ref_of(ref[1], ref[0], item):
@@ -248,6 +259,7 @@ def index_plain(
                 unread.append(item)
         elif type(record) is AddRef:
             item = _Loc(seg, offset, size)
+            note_foreign(pack, compact.top, record.msg_id)
             if not live.add_ref(record, item):
                 done += 1
                 continue
@@ -314,3 +326,110 @@ def read_unread(
         # a message) until rebuilt.
         pack.kept = dict(kept)
     return budget
+
+
+# Bytes of a segment a rebuild reads in one step (its pages go back after each, as the
+# open's do: `opening._STEP`).
+_RELOAD_STEP: Final = 4 << 20
+
+
+def reload_pack(pack: _Pack) -> None:
+    """Rebuild an unloaded pack's arrays from its segment (`locs.Compact.loader`): the
+    AddMessage and AddRef of each of its pairs are the frames of the segment, up to what
+    the open read (`pack.limit`), with an id in its range (`locs.pack_settle` unloaded it
+    only if no other record there has one), read with the open's loop (`read_batches`).
+    Raises `JournalError` if what it finds is not what the open packed (`pack.digest`)."""
+    path = pack.seg.path
+    with open(path, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        ids, spans, sizes = _reload(data, pack)
+    finally:
+        with contextlib.suppress(BufferError):  # (a view left by an error: unmapped later)
+            data.close()
+    if len(ids) != pack.count or pack_digest(ids, spans) != pack.digest:
+        raise JournalError(
+            f"journal segment {path}: its index could not be rebuilt from the file "
+            f"({len(ids)} of {pack.count} messages found)"
+        )
+    pack.ids = ids
+    pack.spans = spans
+    pack.sizes = sizes
+    pack.out = bytearray(len(ids))
+
+
+def _reload(data: mmap.mmap, pack: _Pack) -> tuple[array[int], array[int], array[int]]:
+    """`reload_pack`'s walk over the mapped segment `data`."""
+    limit = min(pack.limit, len(data))
+    ids: array[int] = array("q")
+    spans: array[int] = array("q")
+    sizes: array[int] = array("I")
+    lo: int = pack.first
+    hi: int = pack.last
+    want = -1  # the id of the AddMessage waiting for its AddRef
+    want_span = want_size = 0
+    batch: list[Entry] = []
+    done: list[tuple[list[Entry], int]] = []
+    top = 0
+    pos = HEADER_BYTES
+    given = 0
+    while pos < limit:
+        start = pos
+        step = min(pos + _RELOAD_STEP, limit)
+        pos, batch, top, _ = read_batches(data, pos, batch, top, done, step)
+        if pos < limit and not (pos > start and _ends_after(data, pos, step)):
+            checked = _check_frame(data, pos)
+            if isinstance(checked, _Bad):
+                raise JournalError(f"journal segment {pack.seg.path}: {checked.reason} at {pos}")
+            end, type_id, flags = checked
+            decoded = _decode_at(data, pos, end, type_id)
+            if isinstance(decoded, _Bad):
+                raise JournalError(f"journal segment {pack.seg.path}: {decoded.reason} at {pos}")
+            batch.append((decoded, pos, end - pos))
+            if flags & _END:
+                done.append((batch, 0))
+                batch = []
+            pos = end
+        if pos >= limit and batch:
+            done.append((batch, 0))
+            batch = []
+        for entries, _ in done:
+            for record, offset, size in entries:
+                msg_id: int = (
+                    record[0] if isinstance(record, tuple) else getattr(record, "msg_id", -1)
+                )
+                if msg_id > hi or msg_id < lo:
+                    continue
+                if not isinstance(record, tuple):
+                    want = -2  # a record of another kind in its range: not what was packed
+                elif len(record) == 3:
+                    if msg_id != want:
+                        want = -2
+                        continue
+                    ids.append(msg_id)
+                    spans.frombytes(_PAIR(want_span, offset << _SPAN_SHIFT | size))
+                    sizes.append(want_size)
+                    want = -1
+                elif want != -1:
+                    want = -2
+                else:
+                    layout: Any = record
+                    want = msg_id
+                    want_span = offset << _SPAN_SHIFT | size
+                    want_size = layout[4] - layout[3]
+            if want == -2:
+                return array("q"), array("q"), array("I")
+        done.clear()
+        edge = pos - pos % mmap.PAGESIZE
+        if edge - given >= _RELOAD_STEP:
+            data.madvise(mmap.MADV_DONTNEED, given, edge - given)
+            given = edge
+    return ids, spans, sizes
+
+
+def _ends_after(data: codec.Data | mmap.mmap, pos: int, step: int) -> bool:
+    """Whether the frame at `pos` ends after `step` (read by the next step)."""
+    if len(data) - pos < _HEAD:
+        return False
+    length: int = _UNPACK(data, pos)[0]
+    return pos + _HEAD + length > step

@@ -42,9 +42,6 @@ from amqpbroker.store.segments import (
     BATCH_END,
     FRAME_BYTES,
     HEADER_BYTES,
-    _Bad,
-    _check_frame,
-    _decode_at,
     _Loc,
     _Segment,
 )
@@ -68,6 +65,7 @@ _UNPACK: Final = _FRAME.unpack_from
 # through the generic argument parser (issue 23, eighth pass).
 _PAIR: Final = struct.Struct("=2q").pack
 _DECODERS: Final = codec._FAST_DECODE_AT
+_TAG_INT_AT: Final = codec._TAG_INT.unpack_from
 _STRINGS: Final = codec._STRINGS
 
 # The same loop in C for the two records of every queued message (`_framescan.c`, built
@@ -344,6 +342,8 @@ def reload_pack(pack: _Pack) -> None:
         data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
         ids, spans, sizes = _reload(data, pack)
+    except (IndexError, struct.error):  # (a frame cut short: not what the open read)
+        ids, spans, sizes = array("q"), array("q"), array("I")
     finally:
         with contextlib.suppress(BufferError):  # (a view left by an error: unmapped later)
             data.close()
@@ -359,77 +359,61 @@ def reload_pack(pack: _Pack) -> None:
 
 
 def _reload(data: mmap.mmap, pack: _Pack) -> tuple[array[int], array[int], array[int]]:
-    """`reload_pack`'s walk over the mapped segment `data`."""
+    """`reload_pack`'s walk over the mapped segment `data`: the frames' headers alone,
+    and of an AddMessage or AddRef its id (and an AddMessage's body size), without the
+    crc or the layout the open checked (a rebuild trusts the open; `pack.digest` checks
+    what it finds). Any other record is passed over: none has an id in the pack's range
+    (`locs.pack_settle`)."""
     limit = min(pack.limit, len(data))
     ids: array[int] = array("q")
     spans: array[int] = array("q")
     sizes: array[int] = array("I")
     lo: int = pack.first
     hi: int = pack.last
+    unpack = _UNPACK
+    head = codec._UNPACK_HEAD
+    u32 = codec._UNPACK_U32
+    tag_int = _TAG_INT_AT
+    pending = bytearray()
     want = -1  # the id of the AddMessage waiting for its AddRef
-    want_span = want_size = 0
-    batch: list[Entry] = []
-    done: list[tuple[list[Entry], int]] = []
-    top = 0
+    want_span = 0
+    length: int
+    type_id: int
+    msg_id: int
+    address_len: int
     pos = HEADER_BYTES
     given = 0
-    while pos < limit:
-        start = pos
-        step = min(pos + _RELOAD_STEP, limit)
-        pos, batch, top, _ = read_batches(data, pos, batch, top, done, step)
-        if pos < limit and not (pos > start and _ends_after(data, pos, step)):
-            checked = _check_frame(data, pos)
-            if isinstance(checked, _Bad):
-                raise JournalError(f"journal segment {pack.seg.path}: {checked.reason} at {pos}")
-            end, type_id, flags = checked
-            decoded = _decode_at(data, pos, end, type_id)
-            if isinstance(decoded, _Bad):
-                raise JournalError(f"journal segment {pack.seg.path}: {decoded.reason} at {pos}")
-            batch.append((decoded, pos, end - pos))
-            if flags & _END:
-                done.append((batch, 0))
-                batch = []
-            pos = end
-        if pos >= limit and batch:
-            done.append((batch, 0))
-            batch = []
-        for entries, _ in done:
-            for record, offset, size in entries:
-                msg_id: int = (
-                    record[0] if isinstance(record, tuple) else getattr(record, "msg_id", -1)
-                )
-                if msg_id > hi or msg_id < lo:
-                    continue
-                if not isinstance(record, tuple):
-                    want = -2  # a record of another kind in its range: not what was packed
-                elif len(record) == 3:
-                    if msg_id != want:
-                        want = -2
-                        continue
-                    ids.append(msg_id)
-                    spans.frombytes(_PAIR(want_span, offset << _SPAN_SHIFT | size))
-                    sizes.append(want_size)
-                    want = -1
-                elif want != -1:
-                    want = -2
-                else:
-                    layout: Any = record
-                    want = msg_id
-                    want_span = offset << _SPAN_SHIFT | size
-                    want_size = layout[4] - layout[3]
-            if want == -2:
-                return array("q"), array("q"), array("I")
-        done.clear()
-        edge = pos - pos % mmap.PAGESIZE
-        if edge - given >= _RELOAD_STEP:
+    while limit - pos >= _HEAD:
+        length, _, type_id, _ = unpack(data, pos)
+        end = pos + _HEAD + length
+        if end > limit:
+            break
+        if type_id == _ADD_MESSAGE:
+            _, _, msg_id, _, address_len = head(data, pos + _HEAD)
+            if lo <= msg_id <= hi:
+                if want != -1:
+                    return array("q"), array("q"), array("I")
+                want = msg_id
+                want_span = pos << _SPAN_SHIFT | (end - pos)
+                # (the body's length: after the address, the durable byte and its tag)
+                sizes.append(u32(data, pos + _HEAD + codec._HEAD_SIZE + address_len + 2)[0])
+        elif type_id == _ADD_REF:
+            start = pos + _HEAD
+            msg_id = tag_int(data, start + 6 + u32(data, start + 2)[0])[1]
+            if lo <= msg_id <= hi:
+                if msg_id != want:
+                    return array("q"), array("q"), array("I")
+                ids.append(msg_id)
+                pending += _PAIR(want_span, pos << _SPAN_SHIFT | (end - pos))
+                want = -1
+        pos = end
+        if pos - given >= _RELOAD_STEP:
+            spans.frombytes(pending)
+            pending = bytearray()
+            edge = pos - pos % mmap.PAGESIZE
             data.madvise(mmap.MADV_DONTNEED, given, edge - given)
             given = edge
+    spans.frombytes(pending)
+    if want != -1:
+        return array("q"), array("q"), array("I")
     return ids, spans, sizes
-
-
-def _ends_after(data: codec.Data | mmap.mmap, pos: int, step: int) -> bool:
-    """Whether the frame at `pos` ends after `step` (read by the next step)."""
-    if len(data) - pos < _HEAD:
-        return False
-    length: int = _UNPACK(data, pos)[0]
-    return pos + _HEAD + length > step

@@ -42,6 +42,7 @@ compaction) pins it first (`pack_pin`): loaded until its segment is deleted, as 
 from __future__ import annotations
 
 import threading
+import zlib
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable
@@ -293,8 +294,7 @@ def pack_settle(compact: Compact, pack: _Pack) -> bool:
         or any(first <= f <= last for f in pack.foreign)
         or pack.seg.skips
         or len(pack.queues) > _RUNS_MAX
-        or any(pack.out)
-        or min(pack.spans) < 0
+        # (an evicted pair or a dead record pinned it already: `compact_take`, `pack_kill`)
     ):
         pack.pinned = True
         pack.foreign = []
@@ -326,9 +326,9 @@ def pack_unload(compact: Compact, pack: _Pack) -> None:
 
 
 def pack_digest(ids: array[int], spans: array[int]) -> int:
-    """What a rebuilt pack's arrays must sum to (`frames.reload_pack` checks it)."""
-    total: int = sum(ids) * 31 + sum(spans)
-    return total
+    """The check sum a rebuilt pack's arrays must have (`frames.reload_pack`): a crc of
+    their bytes (read in place, at the crc's speed, not an int at a time)."""
+    return zlib.crc32(spans, zlib.crc32(ids))
 
 
 def _unload(pack: _Pack) -> None:

@@ -335,7 +335,7 @@ def reload_pack(pack: _Pack) -> None:
     """Rebuild an unloaded pack's arrays from its segment (`locs.Compact.loader`): the
     AddMessage and AddRef of each of its pairs are the frames of the segment, up to what
     the open read (`pack.limit`), with an id in its range (`locs.pack_settle` unloaded it
-    only if no other record there has one), read with the open's loop (`read_batches`).
+    only if no other record there has one), found by their headers and ids (`_reload`).
     Raises `JournalError` if what it finds is not what the open packed (`pack.digest`)."""
     path = pack.seg.path
     with open(path, "rb") as f:

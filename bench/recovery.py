@@ -7,6 +7,8 @@ messages into a `Broker`.
     N=1000000 .venv/bin/python bench/recovery.py       # the issue's figure (~1.1 GB)
     ACKED=0.9 N=1000000 .venv/bin/python bench/recovery.py   # 90% consumed: 100k live
     BUDGET=67108864 N=1000000 .venv/bin/python bench/recovery.py  # 64 MiB global-max-size
+    DRAIN=1 BUDGET=67108864 N=1000000 .venv/bin/python bench/recovery.py  # and then read
+                                    # the journal backlog back, its acks journaled
     PROFILE=1 N=200000 .venv/bin/python bench/recovery.py
     DIR=/tmp/j WRITE_ONLY=1 N=200000 .venv/bin/python bench/recovery.py   # write once,
     DIR=/tmp/j N=200000 perf stat -e instructions:u .venv/bin/python bench/recovery.py
@@ -26,6 +28,7 @@ import resource
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from proton import Message as ProtonMessage
 
@@ -47,6 +50,10 @@ BATCH = 1000
 # global-max-size at the restart (bytes; < 0: none): messages past it stay in the journal
 # (issue 23, store/backlog.py), as the broker process does with its limit.
 BUDGET = int(os.environ.get("BUDGET", "-1"))
+# After the recovery, read the queue's journal backlog back 1,000 messages at a time, as
+# a consumer's credit would, each read's acks appended to the journal and indexed, and
+# compaction run every 100 reads (issue 23: the drain of a recovered backlog).
+DRAIN = bool(os.environ.get("DRAIN"))
 
 
 def write(directory: Path) -> None:
@@ -104,6 +111,14 @@ def main() -> None:
             recovered = recover(broker, state, message_of, read=journal.read_message, budget=BUDGET)
             t3 = time.monotonic()
         cpu = time.process_time() - c0
+        if DRAIN:
+            rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10
+            drained, seconds = _drain(broker, journal)
+            print(
+                f"drain: {drained} messages read back and acked in {seconds:.2f} CPU-s "
+                f"({drained / seconds:,.0f} messages/CPU-s); peak RSS {rss} MiB before it, "
+                f"{resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10} MiB after"
+            )
         if profile is not None:
             profile.disable()
         journal.close()
@@ -117,6 +132,28 @@ def main() -> None:
         )
         if profile is not None:
             pstats.Stats(profile).sort_stats("tottime").print_stats(25)
+
+
+def _drain(broker: Any, journal: FileJournal) -> tuple[int, float]:
+    """Read the journal backlog of queue q back and ack it (`DRAIN`): messages, CPU-s."""
+    pages = broker.queues["q"].pages
+    if pages is None:
+        return 0, 0.0
+    c0 = time.process_time()
+    drained = reads = 0
+    while True:
+        messages = pages.read(max_bytes=-1, max_messages=1000)
+        if not messages:
+            break
+        drained += len(messages)
+        journal.append([AckRef(queue="q", msg_id=m.msg_id) for m in messages], sync=False)
+        journal.flush()
+        reads += 1
+        if reads % 100 == 0:
+            journal.compact()
+    journal.flush()
+    journal.compact()
+    return drained, time.process_time() - c0
 
 
 if __name__ == "__main__":

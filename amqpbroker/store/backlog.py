@@ -36,7 +36,7 @@ from typing import Union
 from amqpbroker.core.model import Message
 from amqpbroker.core.paging import PageStore
 from amqpbroker.store.codec import MessageRow
-from amqpbroker.store.locs import Run
+from amqpbroker.store.locs import Run, pack_ids, pack_sizes, run_bytes
 
 __all__ = ["JournalBacklog"]
 
@@ -135,7 +135,7 @@ class JournalBacklog:
             self._starts.append(total)
             if isinstance(part, Run):
                 total += len(part)
-                head_bytes += sum(part.pack.sizes[part.start : part.end])
+                head_bytes += run_bytes(part)  # (its pack's summary: no load)
                 later = part.expiring
             else:
                 refs, lo = part
@@ -164,20 +164,20 @@ class JournalBacklog:
     def _id(self, i: int) -> int:
         part, j = self._locate(i)
         if isinstance(part, Run):
-            return part.pack.ids[j]
+            return pack_ids(part.pack)[j]
         return part[0][j * _WIDTH]
 
     def _size(self, i: int) -> int:
         part, j = self._locate(i)
         if isinstance(part, Run):
-            return part.pack.sizes[j]
+            return pack_sizes(part.pack)[j]
         return part[0][j * _WIDTH + _SIZE]
 
     def _counts(self, i: int) -> tuple[int, int, int]:
         """Id, persisted delivery count and scheduled time of the `i`-th reference."""
         part, j = self._locate(i)
         if isinstance(part, Run):
-            return part.pack.ids[j], 0, 0
+            return pack_ids(part.pack)[j], 0, 0
         refs = part[0]
         at = j * _WIDTH
         return refs[at], refs[at + _COUNT], refs[at + _AT]

@@ -83,11 +83,20 @@ from amqpbroker.store.api import (
 )
 from amqpbroker.store.compaction import _Compaction
 from amqpbroker.store.failure import RETRY_FIRST_SECONDS, _Failure
-from amqpbroker.store.frames import Entry, Kept
+from amqpbroker.store.frames import Entry, Kept, reload_pack
 from amqpbroker.store.framing import frame_records
 from amqpbroker.store.indexing import short_lived, survivors
 from amqpbroker.store.liveness import _LiveSet
-from amqpbroker.store.locs import Compact, Item, Packs, compact_find, pack_kill, pack_where
+from amqpbroker.store.locs import (
+    Compact,
+    Item,
+    Packs,
+    _Pack,
+    compact_find,
+    pack_kill,
+    pack_unload,
+    pack_where,
+)
 from amqpbroker.store.opening import _Opening
 from amqpbroker.store.segments import (
     _FILE_HEADER,
@@ -195,8 +204,12 @@ class FileJournal(_Opening, _Failure, _Compaction):
         self._live: _LiveSet[Item] = _LiveSet(self._on_dead)
         # The open's packed records (`store/locs.py` `_Pack`), by number (0: none).
         self._packs: Packs = [None]
+        self._settled: list[_Pack] = []  # (`_Opening._read_unread`, `_drop_opened`)
         # The open's pairs no liveness dict holds (`store/locs.py`, issue 23, tenth pass).
         self._live.compact = Compact(self._packs)
+        # (an untouched pack's arrays are rebuilt from its file when wanted: issue 23,
+        # eleventh pass)
+        self._live.compact.loader = reload_pack
         self._live.first_of = {}
         self._segments: list[_Segment] = []
         self._targeted_by: dict[_Segment, set[_Loc]] = {}
@@ -684,6 +697,11 @@ class FileJournal(_Opening, _Failure, _Compaction):
         for pack in self._packs:
             if pack is not None:
                 pack.kept = None
+        compact = self._live.compact
+        if compact is not None:
+            for pack in self._settled:
+                pack_unload(compact, pack)
+        self._settled = []
 
     def state(self) -> JournalState:
         """The state `replay()` describes: from the index the open built, while nothing

@@ -13,13 +13,17 @@ A plain module (not a part of `FileJournal`), so that mypyc can compile it (setu
 
 from __future__ import annotations
 
+import contextlib
+import mmap
 import struct
 import zlib
+from array import array
 from collections.abc import Callable
 from typing import Any, Final
 
 import amqpbroker.store.codec as codec
 from amqpbroker.core.records import AddRef, Record, RecordType
+from amqpbroker.store.api import JournalError
 from amqpbroker.store.liveness import _LiveSet
 from amqpbroker.store.locs import (
     _SLOT_MASK,
@@ -27,6 +31,8 @@ from amqpbroker.store.locs import (
     Item,
     _Pack,
     compact_add,
+    note_foreign,
+    pack_digest,
 )
 from amqpbroker.store.segments import (
     _FLAGS_KNOWN,
@@ -35,6 +41,7 @@ from amqpbroker.store.segments import (
     _SPAN_SHIFT,
     BATCH_END,
     FRAME_BYTES,
+    HEADER_BYTES,
     _Loc,
     _Segment,
 )
@@ -58,6 +65,7 @@ _UNPACK: Final = _FRAME.unpack_from
 # through the generic argument parser (issue 23, eighth pass).
 _PAIR: Final = struct.Struct("=2q").pack
 _DECODERS: Final = codec._FAST_DECODE_AT
+_TAG_INT_AT: Final = codec._TAG_INT.unpack_from
 _STRINGS: Final = codec._STRINGS
 
 # The same loop in C for the two records of every queued message (`_framescan.c`, built
@@ -238,6 +246,7 @@ def index_plain(
             pending = bytearray()
         if isinstance(record, tuple):
             item = _Loc(seg, offset, size)
+            note_foreign(pack, compact.top, record[0])  # (not a pair: the rules' path)
             if len(record) == 3:  # an AddRef's row
                 ref: Any = record
                 if not live.add_ref_of(ref[1], ref[0], item):
@@ -248,6 +257,7 @@ def index_plain(
                 unread.append(item)
         elif type(record) is AddRef:
             item = _Loc(seg, offset, size)
+            note_foreign(pack, compact.top, record.msg_id)
             if not live.add_ref(record, item):
                 done += 1
                 continue
@@ -314,3 +324,96 @@ def read_unread(
         # a message) until rebuilt.
         pack.kept = dict(kept)
     return budget
+
+
+# Bytes of a segment a rebuild reads in one step (its pages go back after each, as the
+# open's do: `opening._STEP`).
+_RELOAD_STEP: Final = 4 << 20
+
+
+def reload_pack(pack: _Pack) -> None:
+    """Rebuild an unloaded pack's arrays from its segment (`locs.Compact.loader`): the
+    AddMessage and AddRef of each of its pairs are the frames of the segment, up to what
+    the open read (`pack.limit`), with an id in its range (`locs.pack_settle` unloaded it
+    only if no other record there has one), found by their headers and ids (`_reload`).
+    Raises `JournalError` if what it finds is not what the open packed (`pack.digest`)."""
+    path = pack.seg.path
+    with open(path, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        ids, spans, sizes = _reload(data, pack)
+    except (IndexError, struct.error):  # (a frame cut short: not what the open read)
+        ids, spans, sizes = array("q"), array("q"), array("I")
+    finally:
+        with contextlib.suppress(BufferError):  # (a view left by an error: unmapped later)
+            data.close()
+    if len(ids) != pack.count or pack_digest(ids, spans) != pack.digest:
+        raise JournalError(
+            f"journal segment {path}: its index could not be rebuilt from the file "
+            f"({len(ids)} of {pack.count} messages found)"
+        )
+    pack.ids = ids
+    pack.spans = spans
+    pack.sizes = sizes
+    pack.out = bytearray(len(ids))
+
+
+def _reload(data: mmap.mmap, pack: _Pack) -> tuple[array[int], array[int], array[int]]:
+    """`reload_pack`'s walk over the mapped segment `data`: the frames' headers alone,
+    and of an AddMessage or AddRef its id (and an AddMessage's body size), without the
+    crc or the layout the open checked (a rebuild trusts the open; `pack.digest` checks
+    what it finds). Any other record is passed over: none has an id in the pack's range
+    (`locs.pack_settle`)."""
+    limit = min(pack.limit, len(data))
+    ids: array[int] = array("q")
+    spans: array[int] = array("q")
+    sizes: array[int] = array("I")
+    lo: int = pack.first
+    hi: int = pack.last
+    unpack = _UNPACK
+    head = codec._UNPACK_HEAD
+    u32 = codec._UNPACK_U32
+    tag_int = _TAG_INT_AT
+    pending = bytearray()
+    want = -1  # the id of the AddMessage waiting for its AddRef
+    want_span = 0
+    length: int
+    type_id: int
+    msg_id: int
+    address_len: int
+    pos = HEADER_BYTES
+    given = 0
+    while limit - pos >= _HEAD:
+        length, _, type_id, _ = unpack(data, pos)
+        end = pos + _HEAD + length
+        if end > limit:
+            break
+        if type_id == _ADD_MESSAGE:
+            _, _, msg_id, _, address_len = head(data, pos + _HEAD)
+            if lo <= msg_id <= hi:
+                if want != -1:
+                    return array("q"), array("q"), array("I")
+                want = msg_id
+                want_span = pos << _SPAN_SHIFT | (end - pos)
+                # (the body's length: after the address, the durable byte and its tag)
+                sizes.append(u32(data, pos + _HEAD + codec._HEAD_SIZE + address_len + 2)[0])
+        elif type_id == _ADD_REF:
+            start = pos + _HEAD
+            msg_id = tag_int(data, start + 6 + u32(data, start + 2)[0])[1]
+            if lo <= msg_id <= hi:
+                if msg_id != want:
+                    return array("q"), array("q"), array("I")
+                ids.append(msg_id)
+                pending += _PAIR(want_span, pos << _SPAN_SHIFT | (end - pos))
+                want = -1
+        pos = end
+        if pos - given >= _RELOAD_STEP:
+            spans.frombytes(pending)
+            pending = bytearray()
+            edge = pos - pos % mmap.PAGESIZE
+            data.madvise(mmap.MADV_DONTNEED, given, edge - given)
+            given = edge
+    spans.frombytes(pending)
+    if want != -1:
+        return array("q"), array("q"), array("I")
+    return ids, spans, sizes

@@ -38,12 +38,9 @@ from amqpbroker.core.records import (
 from amqpbroker.store.codec import MessageLayout, RefRow
 from amqpbroker.store.indexing import short_lived
 from amqpbroker.store.locs import (
-    _SLOT_MASK,
-    PACK_SHIFT,
     Compact,
-    compact_find,
     compact_ids,
-    pair_queue,
+    compact_take,
 )
 
 # --- liveness ------------------------------------------------------------------------
@@ -145,14 +142,9 @@ class _LiveSet(Generic[_Item]):
         compact = self.compact
         if compact is None:
             return False
-        handle = compact_find(compact, msg_id)
+        handle, queue = compact_take(compact, msg_id)
         if handle < 0:
             return False
-        pack = compact.all[handle >> PACK_SHIFT]
-        assert pack is not None
-        pair = (handle & _SLOT_MASK) >> 1
-        pack.out[pair] = 1
-        queue = pair_queue(pack, pair)
         message: Any = handle
         ref: Any = handle + 1
         self.messages[msg_id] = message

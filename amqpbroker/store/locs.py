@@ -24,12 +24,28 @@ dicts as its two handles, and the rules go on as before. So a message the open l
 its file costs the index 25 bytes (its id, two spans, a byte), no object and no dict
 entry. A pair whose id is not above the last one packed (ids reused or out of order)
 takes the rules' own path (`_Loc`s in the dicts).
+
+*Unloaded packs* (issue 23, eleventh pass): a pack no rule touched keeps only a summary
+(its first and last id, its pairs, its queue runs and their body bytes, the bytes of its
+segment the open read, a check sum) once the open has read its segment
+(`pack_settle`), and its arrays are rebuilt from that segment when wanted
+(`Compact.loader`, `frames.reload_pack`: the open's frame loop over one segment). So a
+message left in the journal costs nothing per message at rest; what stays is per segment.
+A pack is unloaded only if a rebuild gives back exactly its pairs: no other record of its
+segment has an id in its range (`note_foreign`), no bytes of it were skipped. Whoever
+reads a pack's arrays gets them through `pack_view` (loaded first, under the compact
+index's lock; at most `LOADED_MAX` packs no rule touched are loaded at a time, the oldest
+unloaded first); a rule that changes a pack (an eviction, a record dying or moved by
+compaction) pins it first (`pack_pin`): loaded until its segment is deleted, as before.
 """
 
 from __future__ import annotations
 
+import threading
+import zlib
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -98,11 +114,55 @@ class _Pack:
     Records only join at open; they leave by dying (`pack_kill`) and move only when
     compaction copies them (`pack_move`)."""
 
-    __slots__ = ("expiring", "ids", "kept", "number", "out", "queues", "seg", "sizes", "spans")
+    __slots__ = (
+        "clean",
+        "count",
+        "digest",
+        "expiring",
+        "first",
+        "foreign",
+        "ids",
+        "index",
+        "kept",
+        "last",
+        "limit",
+        "loaded",
+        "number",
+        "out",
+        "pinned",
+        "qbytes",
+        "queues",
+        "seg",
+        "sizes",
+        "spans",
+    )
 
-    def __init__(self, number: int, seg: _Segment) -> None:
+    def __init__(self, number: int, seg: _Segment, index: Compact | None = None) -> None:
         self.number = number  # its place in the journal's list of packs
         self.seg = seg  # the file its live records are in
+        # Unloading (module docstring, "Unloaded packs"): the compact index it is in (for
+        # its lock and loader); whether its arrays are here (False: only the summary
+        # below is); pinned: a rule touched it (an eviction, a dead or moved record) or it
+        # cannot be rebuilt from its file, so its arrays stay until its segment goes.
+        self.index = index
+        self.loaded = True
+        self.pinned = False
+        # While the open builds it: no record of its segment outside its pairs has an id
+        # in its range (`note_foreign`: a rebuild from the file would take it for one of
+        # them), and the ids of such records above every id packed when met (resolved
+        # when the pack is settled; a few at most, else not clean).
+        self.clean = True
+        self.foreign: list[int] = []
+        # The summary an unloaded pack keeps: its pairs, the bytes of its segment the open
+        # read (a rebuild reads no further: what the broker appends later is not the
+        # open's), a check of what a rebuild must give back, and per queue run the body
+        # bytes of its messages left in the file.
+        self.count = 0
+        self.first = 0  # its smallest id
+        self.last = 0  # its largest id
+        self.limit = 0
+        self.digest = 0
+        self.qbytes: list[int] = []
         # Per slot: `_Loc.span`, or `~span` once dead (negative: the place stays known,
         # `position`).
         self.spans: array[int] = array("q")
@@ -135,13 +195,32 @@ Packs = list[_Pack | None]  # by number; None: its segment is deleted
 class Compact:
     """The compact index's packs in id order (module docstring), for `compact_find`."""
 
-    __slots__ = ("all", "firsts", "packs", "top")
+    __slots__ = ("all", "firsts", "loaded", "loader", "lock", "packs", "top")
 
     def __init__(self, packs: Packs) -> None:
         self.all = packs  # the journal's packs by number (`Packs`)
         self.packs: list[_Pack] = []  # those with a pair, in order
         self.firsts: list[int] = []  # the first id of each
         self.top = 0  # the largest id packed: a pair joins only above it
+        # Unloaded packs (module docstring): the loaded ones that are not pinned, oldest
+        # first (at most `LOADED_MAX`); the lock under which a pack is loaded, unloaded or
+        # pinned (the loop thread's backlog reads, the writer's rules and the compactor
+        # may meet one); what rebuilds a pack's arrays from its file (`frames.reload_pack`;
+        # None: nothing is unloaded).
+        self.loaded: dict[int, _Pack] = {}
+        self.lock: Any = threading.Lock()
+        self.loader: Callable[[_Pack], None] | None = None
+
+
+# Unloaded packs: at most this many packs no rule touched keep their arrays at a time (a
+# backlog reads one, an id lookup loads one, `state()` one at a time); a pack of fewer
+# pairs than `UNLOAD_MIN` is never unloaded (its arrays cost less than a rebuild is worth;
+# a module global, not `Final`: tests lower it).
+LOADED_MAX: Final = 2
+UNLOAD_MIN = 256
+# Queue runs an unloadable pack may have (its summary keeps them).
+_RUNS_MAX: Final = 16
+_FOREIGN_MAX: Final = 64
 
 
 class Run:
@@ -174,23 +253,187 @@ def compact_add(compact: Compact, pack: _Pack, msg_id: int, queue: str) -> None:
         queues.append((len(ids), queue))
     ids.append(msg_id)
     pack.out.append(0)
+    pack.count += 1
     compact.top = msg_id
+
+
+def note_foreign(pack: _Pack, top: int, msg_id: int) -> None:
+    """The open met a record of `pack`'s segment with id `msg_id` that is not one of its
+    pairs (the rules took it, or it was short-lived): if the id is or may come to be in
+    the pack's range, a rebuild from the file could not tell it from a pair, so the pack
+    is not unloaded (`pack_settle`). `top`: the compact index's largest id (the pack's
+    last, if it has a pair: it is the newest)."""
+    if not pack.clean:
+        return
+    if msg_id <= top:
+        if pack.ids and msg_id >= pack.ids[0]:
+            pack.clean = False
+        return
+    if len(pack.foreign) >= _FOREIGN_MAX:
+        pack.clean = False
+    else:
+        pack.foreign.append(msg_id)
+
+
+def pack_settle(compact: Compact, pack: _Pack) -> bool:
+    """The open read `pack`'s segment to its end: unload its arrays if a rebuild from the
+    file can give them back (no rule touched it, no foreign record in its range, no
+    skipped bytes), else pin it (module docstring, "Unloaded packs"). A pack the open
+    kept records of for `state()` (bodies it read, counts: `kept`) stays loaded until
+    `state()` has read them (True: unload it then, `pack_unload`), so that `state()` does
+    not rebuild it; those are the body budget's, a bounded few."""
+    ids = pack.ids
+    count = len(ids)
+    if pack.pinned or not count:
+        return False
+    first, last = ids[0], ids[-1]
+    if (
+        compact.loader is None
+        or count < UNLOAD_MIN
+        or not pack.clean
+        or any(first <= f <= last for f in pack.foreign)
+        or pack.seg.skips
+        or len(pack.queues) > _RUNS_MAX
+        # (an evicted pair or a dead record pinned it already: `compact_take`, `pack_kill`)
+    ):
+        pack.pinned = True
+        pack.foreign = []
+        return False
+    pack.foreign = []
+    pack.first = first
+    pack.last = last
+    pack.limit = pack.seg.size_bytes
+    pack.digest = pack_digest(ids, pack.spans)
+    sizes = pack.sizes
+    runs = pack.queues
+    pack.qbytes = [
+        sum(sizes[runs[k][0] : runs[k + 1][0] if k + 1 < len(runs) else count])
+        for k in range(len(runs))
+    ]
+    if pack.kept:
+        return True
+    with compact.lock:
+        _unload(pack)
+    return False
+
+
+def pack_unload(compact: Compact, pack: _Pack) -> None:
+    """Unload a pack `pack_settle` kept loaded for `state()`, unless a rule pinned it."""
+    with compact.lock:
+        if pack.loaded and not pack.pinned:
+            compact.loaded.pop(pack.number, None)
+            _unload(pack)
+
+
+def pack_digest(ids: array[int], spans: array[int]) -> int:
+    """The check sum a rebuilt pack's arrays must have (`frames.reload_pack`): a crc of
+    their bytes (read in place, at the crc's speed, not an int at a time)."""
+    return zlib.crc32(spans, zlib.crc32(ids))
+
+
+def _unload(pack: _Pack) -> None:
+    """Drop a pack's arrays (its summary stays): under the compact index's lock."""
+    pack.ids = array("q")
+    pack.spans = array("q")
+    pack.out = bytearray()
+    pack.sizes = array("I")
+    pack.loaded = False
+
+
+def _load(compact: Compact, pack: _Pack) -> None:
+    """Rebuild an unloaded pack's arrays from its file, unloading the oldest loaded one
+    past `LOADED_MAX`: under the compact index's lock."""
+    loader = compact.loader
+    assert loader is not None
+    loader(pack)
+    pack.loaded = True
+    loaded = compact.loaded
+    loaded[pack.number] = pack
+    while len(loaded) > LOADED_MAX:
+        oldest = next(iter(loaded))
+        _unload(loaded.pop(oldest))
+
+
+def pack_view(pack: _Pack) -> tuple[array[int], bytearray, array[int], array[int]]:
+    """A pack's ids, out bytes, spans and sizes, loaded if they were not: arrays a reader
+    may keep while another thread unloads the pack (an unpinned pack's never change)."""
+    compact = pack.index
+    if pack.pinned or compact is None:  # (no index: never unloaded)
+        return pack.ids, pack.out, pack.spans, pack.sizes
+    with compact.lock:
+        if not pack.loaded:
+            _load(compact, pack)
+        return pack.ids, pack.out, pack.spans, pack.sizes
+
+
+def pack_pin(pack: _Pack) -> None:
+    """A rule is about to change the pack (an eviction, a record dying or moved): load it
+    if it was not, and keep it loaded until its segment goes."""
+    if pack.pinned:
+        return
+    compact = pack.index
+    if compact is None:
+        pack.pinned = True
+        return
+    with compact.lock:
+        if not pack.loaded:
+            _load(compact, pack)
+        compact.loaded.pop(pack.number, None)
+        pack.pinned = True
+
+
+def pack_ids(pack: _Pack) -> array[int]:
+    """A pack's ids (`pack_view`), for a journal backlog's run."""
+    if pack.pinned:
+        return pack.ids
+    return pack_view(pack)[0]
+
+
+def pack_sizes(pack: _Pack) -> array[int]:
+    """A pack's sizes (`pack_view`), for a journal backlog's run."""
+    if pack.pinned:
+        return pack.sizes
+    return pack_view(pack)[3]
+
+
+def _find(compact: Compact, msg_id: int) -> tuple[_Pack | None, int]:
+    """The pack and pair of `msg_id` if only the compact index holds it, else (None, -1);
+    under the lock if the pack is not pinned (loaded first if it must be)."""
+    if msg_id > compact.top:
+        return None, -1
+    k = bisect_right(compact.firsts, msg_id) - 1
+    if k < 0:
+        return None, -1
+    pack = compact.packs[k]
+    if not pack.loaded and (msg_id > pack.last or msg_id < pack.first):
+        return None, -1
+    ids, out, _, _ = pack_view(pack)
+    i = bisect_left(ids, msg_id)
+    if i < len(ids) and ids[i] == msg_id and not out[i]:
+        return pack, i
+    return None, -1
 
 
 def compact_find(compact: Compact, msg_id: int) -> int:
     """The handle of the AddMessage of `msg_id` if only the compact index holds it (its
     AddRef's is one more), else -1."""
-    if msg_id > compact.top:
+    pack, i = _find(compact, msg_id)
+    if pack is None:
         return -1
-    k = bisect_right(compact.firsts, msg_id) - 1
-    if k < 0:
-        return -1
-    pack = compact.packs[k]
-    ids = pack.ids
-    i = bisect_left(ids, msg_id)
-    if i < len(ids) and ids[i] == msg_id and not pack.out[i]:
-        return pack.number << PACK_SHIFT | i << 1
-    return -1
+    return pack.number << PACK_SHIFT | i << 1
+
+
+def compact_take(compact: Compact, msg_id: int) -> tuple[int, str]:
+    """Take the pair of `msg_id` out of the compact index (`_LiveSet._evict`): its
+    AddMessage's handle and its queue, its pack pinned; (-1, "") if it does not hold it."""
+    pack, i = _find(compact, msg_id)
+    if pack is None:
+        return -1, ""
+    pack_pin(pack)
+    if pack.out[i]:  # (taken meanwhile: the rules run on one thread at a time)
+        return -1, ""
+    pack.out[i] = 1
+    return pack.number << PACK_SHIFT | i << 1, pair_queue(pack, i)
 
 
 def pair_queue(pack: _Pack, pair: int) -> str:
@@ -210,16 +453,33 @@ def queue_ranges(pack: _Pack, queue: str) -> list[tuple[int, int]]:
     for k in range(len(runs)):
         start, name = runs[k]
         if name == queue:
-            found.append((start, runs[k + 1][0] if k + 1 < len(runs) else len(pack.ids)))
+            found.append((start, runs[k + 1][0] if k + 1 < len(runs) else pack.count))
     return found
+
+
+def run_bytes(run: Run) -> int:
+    """The body bytes of a run's messages: its pack's summary's if the run is one of its
+    queue runs whole, else summed from its sizes."""
+    pack = run.pack
+    if not pack.loaded:
+        runs = pack.queues
+        for k in range(len(runs)):
+            end = runs[k + 1][0] if k + 1 < len(runs) else pack.count
+            if runs[k][0] == run.start and end == run.end and k < len(pack.qbytes):
+                return pack.qbytes[k]
+    total: int = sum(pack_sizes(pack)[run.start : run.end])
+    return total
 
 
 def compact_ids(compact: Compact, queue: str) -> list[int]:
     """The ids of the pairs of `queue` only the compact index holds (a DeleteQueue)."""
     found: list[int] = []
     for pack in compact.packs:
-        ids, out = pack.ids, pack.out
-        for start, end in queue_ranges(pack, queue):
+        ranges = queue_ranges(pack, queue)
+        if not ranges:
+            continue
+        ids, out, _, _ = pack_view(pack)
+        for start, end in ranges:
             for i in range(start, end):
                 if not out[i]:
                     found.append(ids[i])
@@ -228,10 +488,18 @@ def compact_ids(compact: Compact, queue: str) -> list[int]:
 
 def compact_drop(pack: _Pack) -> None:
     """The pack's segment is deleted (every record of it dead): its arrays go."""
-    pack.ids = array("q")
-    pack.out = bytearray()
+    compact = pack.index
+    if compact is not None:
+        with compact.lock:
+            compact.loaded.pop(pack.number, None)
+            pack.pinned = True
+            _unload(pack)
+            pack.loaded = True  # (nothing to load: none of it is live)
+    else:
+        _unload(pack)
+        pack.loaded = pack.pinned = True
     pack.queues = []
-    pack.sizes = array("I")
+    pack.count = 0
 
 
 def pack_kill(packs: Packs, handle: int) -> _Segment | None:
@@ -240,6 +508,7 @@ def pack_kill(packs: Packs, handle: int) -> _Segment | None:
     pack = packs[handle >> PACK_SHIFT]
     if pack is None:
         return None
+    pack_pin(pack)
     slot = handle & _SLOT_MASK
     span: int = pack.spans[slot]
     if span < 0:
@@ -257,7 +526,7 @@ def pack_where(packs: Packs, handle: int) -> tuple[Path, int, int]:
     """Path, offset and size of a live packed record (`FileJournal.read_message`)."""
     pack = packs[handle >> PACK_SHIFT]
     assert pack is not None
-    span: int = pack.spans[handle & _SLOT_MASK]
+    span: int = pack_view(pack)[2][handle & _SLOT_MASK]
     assert span >= 0, handle
     return pack.seg.path, span >> _SPAN_SHIFT, span & _SIZE_MASK
 
@@ -266,6 +535,7 @@ def pack_entries(seg: _Segment) -> list[tuple[int, Item]]:
     """`(span, handle)` of the live packed records of `seg` (compaction's snapshot)."""
     entries: list[tuple[int, Item]] = []
     for pack in seg.packs:
+        pack_pin(pack)  # (compaction moves them: `pack_move`)
         base = pack.number << PACK_SHIFT
         spans = pack.spans
         for slot in range(len(spans)):
@@ -282,7 +552,7 @@ def position(packs: Packs, item: Item) -> int:
     if isinstance(item, int):
         pack = packs[item >> PACK_SHIFT]
         assert pack is not None
-        span: int = pack.spans[item & _SLOT_MASK]
+        span: int = pack_view(pack)[2][item & _SLOT_MASK]
         if span < 0:
             span = ~span
         return pack.seg.number << 40 | span >> _SPAN_SHIFT
@@ -295,6 +565,7 @@ def pack_move(packs: Packs, handle: int, seg: _Segment, span: int) -> None:
     is there now (the caller moves the packs themselves to `seg`)."""
     pack = packs[handle >> PACK_SHIFT]
     assert pack is not None
+    pack_pin(pack)
     slot = handle & _SLOT_MASK
     if pack.spans[slot] >= 0:
         pack.spans[slot] = span

@@ -42,7 +42,7 @@ from amqpbroker.store.api import (
 )
 from amqpbroker.store.frames import Entry, Kept, index_plain, read_batches, read_unread
 from amqpbroker.store.liveness import _WITH_MSG_ID, _LiveSet, _short_lived
-from amqpbroker.store.locs import Item, Packs, _Pack
+from amqpbroker.store.locs import Item, Packs, _Pack, note_foreign, pack_settle
 from amqpbroker.store.segments import (
     _FILE_HEADER,
     _FRAME,
@@ -82,6 +82,7 @@ class _Opening:
     _opened_live: dict[_Loc, Kept] | None
     _unread: list[Item]
     _packs: Packs
+    _settled: list[_Pack]  # packs to unload once `state()` read the open's records
     _opened_max_id: int
     _body_budget: int  # bytes of bodies the open still copies out (< 0: all)
     _search_budget: SearchBudget  # the segment being scanned's (`_next_sound_frame`)
@@ -166,7 +167,15 @@ class _Opening:
             else index_plain(seg, batch, self._live, keep, self._unread, seg.packs[-1])
         )
         if done < len(batch):
-            self._index_batch(seg, batch[done:] if done else batch, keep)
+            rest = batch[done:] if done else batch
+            compact = self._live.compact
+            if compact is not None:  # (records a rebuild of the pack must tell apart)
+                pack = seg.packs[-1]
+                for record, _, _ in rest:
+                    msg_id = _msg_id(record)
+                    if msg_id:
+                        note_foreign(pack, compact.top, msg_id)
+            self._index_batch(seg, rest, keep)
         if top > self._opened_max_id:
             self._opened_max_id = top
 
@@ -184,6 +193,11 @@ class _Opening:
             if gone:
                 entries = [e for e in entries if _msg_id(e[0]) not in gone]
             self._index_opened(seg, entries, top)
+        compact = self._live.compact
+        if gone and compact is not None:  # (their frames are in the file all the same)
+            pack = seg.packs[-1]
+            for msg_id in gone:
+                note_foreign(pack, compact.top, msg_id)
 
     def _read_unread(self, seg: _Segment | None, data: codec.Data) -> None:
         """Decode the AddMessages of the segment just read (`seg`, `data`) that are still
@@ -195,6 +209,11 @@ class _Opening:
                 data, self._unread, keep, seg.packs[-1], self._body_budget
             )
         self._unread = []
+        compact = self._live.compact
+        # Its pairs are all in: their arrays go if a rebuild can give them back (issue 23,
+        # eleventh pass), so the open holds one segment's at a time.
+        if seg is not None and compact is not None and pack_settle(compact, seg.packs[-1]):
+            self._settled.append(seg.packs[-1])  # (once `state()` read its records)
 
     def _scan_segment(self, number: int, path: Path, *, last: bool) -> None:
         """Scan the segment's pages mapped, not read into a new buffer: no copy of it,
@@ -222,7 +241,8 @@ class _Opening:
     ) -> _Segment | None:
         """Read one segment into the index; the segment (None: none was kept)."""
         seg = _Segment(number, path, len(data))
-        pack = _Pack(len(self._packs), seg)  # its messages' usual pairs (`index_plain`)
+        # its messages' usual pairs (`index_plain`)
+        pack = _Pack(len(self._packs), seg, self._live.compact)
         seg.packs.append(pack)
         self._search_budget = SearchBudget(len(data))
         if len(data) < HEADER_BYTES or data[:HEADER_BYTES] == bytes(HEADER_BYTES):

@@ -25,7 +25,7 @@ from amqpbroker.core.records import AddMessage, AddQueue
 from amqpbroker.store.backlog import JournalBacklog
 from amqpbroker.store.codec import MessageLayout, MessageRow, add_message_of_row
 from amqpbroker.store.journal import JournalState
-from amqpbroker.store.locs import Run
+from amqpbroker.store.locs import Run, pack_view
 from amqpbroker.store.state import ROW, StoredMessage
 
 log = logging.getLogger(__name__)
@@ -256,7 +256,7 @@ def _run_rows(run: Run) -> array[int]:
     for a queue that keeps every message in memory (last-value, ring, non-destructive:
     recovery reads their bodies now)."""
     rows = array("q")
-    ids, sizes = run.pack.ids, run.pack.sizes
+    ids, _, _, sizes = pack_view(run.pack)
     for i in range(run.start, run.end):
         rows.frombytes(_SIX(ids[i], 0, 0, sizes[i], 0, 0))
     return rows

@@ -35,6 +35,8 @@ from amqpbroker.store.locs import (
     Compact,
     Packs,
     Run,
+    _Pack,
+    pack_view,
     position,
     queue_ranges,
 )
@@ -135,7 +137,16 @@ class JournalState:
         if compact is not None:
             for pack in compact.packs:
                 kept = packed[pack.number]
-                ids, out, runs = pack.ids, pack.out, pack.queues
+                runs = pack.queues
+                if _whole(pack, kept):  # every pair held, bodiless, counted 0: no load
+                    for k in range(len(runs)):
+                        first, name = runs[k]
+                        many = (runs[k + 1][0] if k + 1 < len(runs) else pack.count) - first
+                        counts[name] = counts.get(name, 0) + many
+                        left[name] = left.get(name, 0) + many
+                        bodiless += many
+                    continue
+                ids, out, _, _ = pack_view(pack)
                 for k in range(len(runs)):
                     first, name = runs[k]
                     last = runs[k + 1][0] if k + 1 < len(runs) else len(ids)
@@ -352,7 +363,7 @@ class JournalState:
             if queue is None or name == queue:
                 for part in queue_parts:
                     if isinstance(part, Run):
-                        for msg_id in part.pack.ids[part.start : part.end]:
+                        for msg_id in pack_view(part.pack)[0][part.start : part.end]:
                             yield name, msg_id, 0, 0
                         continue
                     for i in range(0, len(part), ROW):
@@ -366,8 +377,7 @@ def _flat(parts: list[array[int] | Run]) -> array[int]:
     out = array("q")
     for part in parts:
         if isinstance(part, Run):
-            sizes = part.pack.sizes
-            ids = part.pack.ids
+            ids, _, _, sizes = pack_view(part.pack)
             for i in range(part.start, part.end):
                 out.frombytes(_ROW(ids[i], 0, 0, sizes[i], 0, part.expiring))
         else:
@@ -455,9 +465,12 @@ def _merged_rows(
     at_byte = 0
     for pack in compact.packs:
         kept = packed[pack.number]
-        ids, out, spans = pack.ids, pack.out, pack.spans
+        ranges = queue_ranges(pack, queue)
+        if not ranges:
+            continue
+        ids, out, spans, sizes = pack_view(pack)
         number = pack.seg.number << 40
-        for start, last in queue_ranges(pack, queue):
+        for start, last in ranges:
             for i in range(start, last):
                 if out[i]:
                     continue
@@ -474,7 +487,7 @@ def _merged_rows(
                 msg_id = ids[i]
                 count = kept.get(slot, 0)
                 if slot - 1 not in kept:  # bodiless
-                    _ROW_INTO(view, at_byte, msg_id, count, 0, pack.sizes[i], 0, pack.expiring)
+                    _ROW_INTO(view, at_byte, msg_id, count, 0, sizes[i], 0, pack.expiring)
                 else:
                     _ROW_INTO(view, at_byte, msg_id, count, 0, -1, 0, 0)
                 at_byte += _ROW_BYTES
@@ -508,9 +521,32 @@ def _queue_parts(
     d = 0
     for pack in compact.packs:
         kept = packed[pack.number]
-        ids, out, spans = pack.ids, pack.out, pack.spans
+        ranges = queue_ranges(pack, queue)
+        if not ranges:
+            continue
         number = pack.seg.number << 40
-        for start, last in queue_ranges(pack, queue):
+        if _whole(pack, kept):
+            # Unloaded, every pair a run's: its queue runs whole as `Run`s, after the dicts'
+            # references before its segment, unless one is in it (then loaded, below).
+            while d < len(pending) and pending[d][0] < number:
+                if run is not None:
+                    parts.append(run)
+                    run = None
+                msg_id = pending[d][1]
+                _ref_row(row_view, 0, live, msg_id, held[msg_id], record_of, packed, packs)
+                buf += scratch
+                d += 1
+            if d >= len(pending) or pending[d][0] >= number + (1 << 40):
+                for start, last in ranges:
+                    if run is not None:
+                        parts.append(run)
+                    elif buf:
+                        parts.append(_rows_of(buf))
+                        buf = bytearray()
+                    run = Run(pack, start, last, pack.expiring)
+                continue
+        ids, out, spans, sizes = pack_view(pack)
+        for start, last in ranges:
             for i in range(start, last):
                 if out[i]:
                     continue
@@ -544,7 +580,7 @@ def _queue_parts(
                     run = None
                 msg_id = ids[i]
                 if bodiless:  # counted
-                    buf += _ROW(msg_id, count, 0, pack.sizes[i], 0, pack.expiring)
+                    buf += _ROW(msg_id, count, 0, sizes[i], 0, pack.expiring)
                 else:
                     buf += _ROW(msg_id, count, 0, -1, 0, 0)
     if run is not None:
@@ -557,6 +593,13 @@ def _queue_parts(
     if buf:
         parts.append(_rows_of(buf))
     return parts
+
+
+def _whole(pack: _Pack, kept: Any) -> bool:
+    """Whether `pack` is unloaded with every pair in the compact index, bodiless and
+    counted 0 (no entry in `kept`): what `_from_live` needs of it is in its summary
+    (issue 23, eleventh pass)."""
+    return not pack.loaded and not kept
 
 
 def _rows_of(buf: bytearray) -> array[int]:

@@ -41,7 +41,7 @@ from amqpbroker.protocol import message_of
 from amqpbroker.store import FileJournal, codec, frames, opening
 from amqpbroker.store import segments as segment_format
 from amqpbroker.store.journal import JournalState
-from amqpbroker.store.locs import _SLOT_MASK, PACK_SHIFT, Run, _Pack, pair_queue
+from amqpbroker.store.locs import _SLOT_MASK, PACK_SHIFT, Run, _Pack, pack_view, pair_queue
 from amqpbroker.store.recovery import _message, recover
 
 QUEUES = ("q", "r", "s")
@@ -210,7 +210,7 @@ def test_a_message_past_the_body_budget_is_only_its_references_rows(
             for _, parts in state.ref_parts()
             for part in parts
             if isinstance(part, Run)
-            for msg_id in part.pack.ids[part.start : part.end]
+            for msg_id in pack_view(part.pack)[0][part.start : part.end]
         }
         for msg_id in in_runs:  # what the pack does not keep is in the file
             row = journal.read_message(msg_id)
@@ -513,7 +513,7 @@ def _span(journal: FileJournal, item: Any) -> int | None:
     if isinstance(item, int):
         pack = journal._packs[item >> PACK_SHIFT]
         assert pack is not None
-        span: int = pack.spans[item & _SLOT_MASK]
+        span: int = pack_view(pack)[2][item & _SLOT_MASK]
         return span
     return getattr(item, "span", None)
 
@@ -524,10 +524,11 @@ def _opened_records(journal: FileJournal) -> dict[int, Any]:
     kept = {item.span: record for item, record in (journal._opened_live or {}).items()}
     for pack in journal._packs:
         if pack is not None and pack.kept is not None:
-            for slot in range(len(pack.spans)):
+            spans = pack_view(pack)[2]  # (an unloaded pack's rebuilt: eleventh pass)
+            for slot in range(len(spans)):
                 record = pack.kept.get(slot, 0 if slot & 1 else None)
-                if pack.spans[slot] >= 0 and record is not None:
-                    kept[pack.spans[slot]] = record
+                if spans[slot] >= 0 and record is not None:
+                    kept[spans[slot]] = record
     return kept
 
 
@@ -535,16 +536,17 @@ def _index_view(journal: FileJournal) -> tuple[Any, ...]:
     """The index as spans, whichever way each record is held (`_Loc`, packed, or in the
     compact index: issue 23, tenth pass)."""
     live, seg = journal._live, journal._segments[-1]
-    packed = [s for pack in seg.packs for s in pack.spans if s >= 0]
+    packed = [s for pack in seg.packs for s in pack_view(pack)[2] if s >= 0]
     messages = {k: _span(journal, v) for k, v in live.messages.items()}
     refs = {q: {m: _span(journal, r) for m, r in held.items()} for q, held in live.refs.items()}
     assert live.compact is not None
     for pack in live.compact.packs:
-        for i, msg_id in enumerate(pack.ids):
-            if not pack.out[i]:
+        ids, out, spans, _ = pack_view(pack)
+        for i, msg_id in enumerate(ids):
+            if not out[i]:
                 assert msg_id not in messages
-                messages[msg_id] = pack.spans[2 * i]
-                refs.setdefault(pair_queue(pack, i), {})[msg_id] = pack.spans[2 * i + 1]
+                messages[msg_id] = spans[2 * i]
+                refs.setdefault(pair_queue(pack, i), {})[msg_id] = spans[2 * i + 1]
     return (
         messages,
         dict(live.ref_counts),
@@ -647,8 +649,8 @@ def test_a_message_and_its_reference_indexed_as_a_pair_equal_the_two_rules(
         assert sorted(plain._live.messages) == [1, 2]
         compact = plain._live.compact
         assert compact is not None
-        assert list(seg.packs[-1].ids) == [1, 3]
-        assert list(seg.packs[-1].out) == [1, 0]
+        assert list(pack_view(seg.packs[-1])[0]) == [1, 3]
+        assert list(pack_view(seg.packs[-1])[1]) == [1, 0]
         assert all(span is item.span for span, item in seg.items.items())
 
 

@@ -293,11 +293,11 @@ def _paging(tmp_path: Path, disk: Disk, *, page_bytes: int) -> Iterator[tuple[Ha
 def test_writes_between_scans_refuse_as_soon_as_the_estimate_crosses(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """max-disk-usage between scans: a scan every disk-scan-period let a fast producer fill the disk within
-    one period. The guard adds what each journal append wrote since the last scan to the
-    usage measured then: the send after the estimate crosses the limit is refused at
-    once (no scan yet), the next tick rescans, and the measurement decides from then on
-    (one warning for the crossing, none when the scan confirms it)."""
+    """max-disk-usage between scans: a scan every disk-scan-period let a fast producer
+    fill the disk within one period. The guard adds what each journal append wrote since
+    the last scan to the usage measured then: the send after the estimate crosses the
+    limit is refused at once (no scan yet), the next tick rescans, and the measurement
+    decides from then on (one warning for the crossing, none when the scan confirms it)."""
     disk = Disk(used=895_000, total=1_000_000)  # 89.5%; the limit allows 900,000
     h, persistence, _, guard = _guarded(disk)
     target = h.producer("q", "queue")

@@ -7,13 +7,11 @@ recovers what is on disk. `UNLOAD_MIN` is lowered so that these small segments u
 
 from __future__ import annotations
 
-import importlib.util
 from array import array
 from pathlib import Path
-from typing import Any
 
 import pytest
-from support import paired
+from support import journal_backlog, paired
 
 from amqpbroker.core.records import AckRef, AddMessage, AddRef, Record
 from amqpbroker.store import FileJournal, locs
@@ -223,24 +221,12 @@ def test_a_rebuild_that_does_not_give_the_packed_pairs_back_fails_loudly(
             compact_find(compact, pack.first)
 
 
-def _backlog_helpers() -> Any:
-    """`test_recovery_backlog.py`'s restarted broker and its journal of N messages."""
-    path = Path(__file__).with_name("test_recovery_backlog.py")
-    spec = importlib.util.spec_from_file_location("_recovery_backlog_helpers", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_journal_backlog_drains_unloaded_packs_in_order(tmp_path: Path) -> None:
     """A restart with most of a queue left in the journal (`store/backlog.py`), over
     several segments whose packs are unloaded: the backlog's runs load one pack at a time
     as it reaches it, and it drains in order, each message once; acked, the packs go."""
-    helpers = _backlog_helpers()
-    budget, n, expected = helpers.BUDGET, helpers.N, helpers._expected
-    helpers._write(tmp_path / "journal")
+    budget, n = journal_backlog.BUDGET, journal_backlog.N
+    journal_backlog.write(tmp_path / "journal")
     # (the segments of a writer with 64 KiB segments: written again, as a broker would)
     small = tmp_path / "small"
     with paired.open_journal(tmp_path / "journal") as journal:
@@ -252,7 +238,7 @@ def test_a_journal_backlog_drains_unloaded_packs_in_order(tmp_path: Path) -> Non
             pair = records[k : k + 2] if isinstance(record, AddMessage) else [record]
             journal.append(pair, sync=False)
         journal.flush()
-    r = helpers._Restarted(small, budget)
+    r = journal_backlog.Restarted(small, budget)
     packs = _packs(r.journal)
     assert len(packs) > LOADED_MAX + 1
     unloaded = sum(not p.loaded for p in packs)
@@ -276,7 +262,7 @@ def test_a_journal_backlog_drains_unloaded_packs_in_order(tmp_path: Path) -> Non
         peak = max(peak, len(_loaded(r.journal)))
         if not more:
             break
-    assert got == expected(range(1, n + 1))
+    assert got == journal_backlog.expected(range(1, n + 1))
     assert peak <= LOADED_MAX
     assert len(set(loads)) >= unloaded  # each read back from its file as it was reached
     r.close()

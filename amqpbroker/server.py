@@ -1054,7 +1054,7 @@ class BrokerServer:
         at `limit - reserve` (`admit`), HTTP at the half of the reserve that is the
         broker's own files' (FD_RESERVE), so that idle HTTP connections, which the
         acceptors' check never saw, cannot take what the journal needs to roll a
-        segment (h-loose)."""
+        segment (docs/decisions.md "Loose ends")."""
         limit = self._fd_limit
         if limit is None:
             return None

@@ -21,7 +21,7 @@ gigabyte): the guard adds what the broker has written since the last scan (journ
 appends, `Persistence.flush`; page files, `route`) to the usage it measured then, and
 as soon as that estimate crosses the limit it refuses and asks for a rescan at the next
 tick (`next_check_ms = 0`); the measurement then decides, and the estimate starts again
-from it (docs/decisions.md, h-loose).
+from it (docs/decisions.md "Loose ends").
 """
 
 from __future__ import annotations

@@ -123,7 +123,7 @@ class _Moving(_BrokerPart):
         queue.counters.killed += 1
         self.dead_letter(queue, ref, "management", None)
 
-    def copy_for_move(self, message: Message, queue: Queue, move: MoveAnnotations) -> Message:
+    def copy_for_move(self, message: Message, move: MoveAnnotations) -> Message:
         """A copy with a new id carrying `move` (B-076/B-090), not yet routed."""
         copy = self.copier.copy(message, move)
         copy.msg_id = next(self._msg_ids)
@@ -291,7 +291,7 @@ class _Moving(_BrokerPart):
         address = self.post_office.addresses.get(target) if target else None
         if address is not None:
             move = self.hop(queue, message, actual_expiry=now_ms)
-            copy = self.copy_for_move(message, queue, move)
+            copy = self.copy_for_move(message, move)
             copy.address = target
             self._set_expiration(copy, target, now_ms)
             routing_type = ROUTING_TYPE_OF_BYTE.get(move.routing_type)

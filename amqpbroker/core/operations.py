@@ -617,7 +617,7 @@ def _move_steps(
     budget = _Budget()
     for ref in _waiting(queue, selector, ids):
         if ref is not None:
-            copy = broker.copy_for_move(ref.message, queue, broker.hop(queue, ref.message))
+            copy = broker.copy_for_move(ref.message, broker.hop(queue, ref.message))
             targets = [target]
             if reject_duplicates:
                 duplicate_id = ref.message.get_application_properties().get(DUPLICATE_ID)
@@ -769,7 +769,7 @@ def _retry_one(
             gone = f"queue {queue_name_orig}" if original is None else f"address {address_name}"
             skipped.append((message.msg_id, f"original {gone} does not exist"))
         return 0
-    copy = broker.copy_for_move(message, queue, broker.hop(queue, message))
+    copy = broker.copy_for_move(message, broker.hop(queue, message))
     routing_type = annotated_routing_type(copy.get_annotations(), jms_dest=False)
     if original.name != address.name:
         targets = [original] if original.accepts_message(copy) else []

@@ -34,8 +34,8 @@ class WildcardConfig:
         (two delimiters together, or one at either end): Artemis (`Match.verify`) takes
         `orders..#` and it then matches only addresses that themselves have an empty
         word, never the `orders.#` it surely meant, so a typo in a security-settings
-        match left its addresses to a broader entry's permissions (docs/decisions.md,
-        h-loose). The hint drops the empty words."""
+        match left its addresses to a broader entry's permissions (docs/decisions.md
+        "Loose ends"). The hint drops the empty words."""
         words = pattern.split(self.delimiter)
         for i, word in enumerate(words):
             if self.any_words in word and (word != self.any_words or i != len(words) - 1):

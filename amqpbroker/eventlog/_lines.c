@@ -24,6 +24,10 @@
    another one has the same texts (`_cache_shape` is a function of the key), so this gives
    the same lines. References are owned while used: a callback may clear a cache.
 
+   `keep_memory()`, called once at the process's start, tunes glibc's malloc for the
+   writer process's pattern (see its comment below); it lives here because this is the
+   writer process's one C module.
+
    Built with the compiled build only (setup.py C_MODULES); without it `child.py` runs
    `_format`. The tests build it from this source in every tier and compare it with
    `_format` byte for byte. */

@@ -15,4 +15,6 @@ def lines(
     fallback: Callable[[int, list[tuple[Any, ...]]], str],
     /,
 ) -> bytes: ...
-def keep_memory() -> bool: ...
+def keep_memory() -> bool:
+    """glibc's malloc keeps what the process frees (no trim, no mmap below 32 MiB);
+    False where there is no glibc (nothing done)."""

@@ -9,7 +9,7 @@ Issue 15: the handler gives each request `read_timeout_s` to arrive (its head, t
 body: a slow client is cut off and never holds a thread for long), reads no body larger
 than `MAX_BODY_BYTES`, and the server serves at most `max_connections` connections at
 once (more get a 503 and are closed), and none on a descriptor at or above `fd_ceiling`
-(the broker's files keep the descriptors above: h-loose).
+(the descriptors above are kept for the broker's own files: docs/decisions.md "Loose ends").
 """
 
 from __future__ import annotations

@@ -19,7 +19,10 @@ With it, the maps the hot path reads by link or delivery (`Transfers.producers`,
 ints: every key is made with `key` from a pointer, and `pointer` turns one back into a
 cdata for proton's wrappers and binding on the rare paths. Without it (editable
 installs, no compiler) the keys are the cdata pointers themselves and every name here is
-proton's binding, one call at a time: `FAST` says which.
+proton's binding, one call at a time: `FAST` says which. There `next_event`, `send` and
+`send_headed` are None: `Transfers` runs its own loop over the collector and
+`ConsumerLink.send` makes the calls inline (a Python call more cost ~0.5k instructions a
+message), so those two places are the fallback's only copy.
 """
 
 from __future__ import annotations
@@ -29,14 +32,14 @@ from typing import Any, Final
 
 from cproton_ffi import ffi, lib
 
-_pn_delivery: Final = lib.pn_delivery
 _pn_delivery_settle: Final = lib.pn_delivery_settle
 _pn_delivery_update: Final = lib.pn_delivery_update
 _pn_decref: Final = lib.pn_decref
 _pn_link_advance: Final = lib.pn_link_advance
 _pn_link_recv: Final = lib.pn_link_recv
-_pn_link_send: Final = lib.pn_link_send
-_from_buffer: Final = ffi.from_buffer
+_pn_transport_pending: Final = lib.pn_transport_pending
+_pn_transport_peek: Final = lib.pn_transport_peek
+_pn_transport_pop: Final = lib.pn_transport_pop
 _PN_ACCEPTED: Final = lib.PN_ACCEPTED
 
 # The order of `_pnloop.c`'s SLOTS.
@@ -129,23 +132,6 @@ def _accept_stored(delivery: Any) -> None:
     _pn_decref(delivery)
 
 
-def _send(link: Any, delivery_id: int, data: Any, settle: bool) -> Any:
-    tag = b"%d" % delivery_id
-    length = len(tag)
-    TAG[0:length] = tag
-    delivery = _pn_delivery(link, TAG_STRUCTS[length])
-    _pn_link_send(link, data if type(data) is bytes else _from_buffer(data), len(data))
-    _pn_link_advance(link)
-    if settle:
-        _pn_delivery_settle(delivery)
-    return delivery
-
-
-_pn_transport_pending: Final = lib.pn_transport_pending
-_pn_transport_peek: Final = lib.pn_transport_peek
-_pn_transport_pop: Final = lib.pn_transport_pop
-
-
 def _output(transport: Any) -> bytes | None:
     pending: int = _pn_transport_pending(transport)
     if pending <= 0:
@@ -155,22 +141,6 @@ def _output(transport: Any) -> bytes | None:
     _pn_transport_pop(transport, pending)
     data: bytes = ffi.buffer(buffer)[:]
     return data
-
-
-def _send_headed(
-    link: Any, delivery_id: int, header: bytes, data: bytes, offset: int, settle: bool
-) -> Any:
-    tag = b"%d" % delivery_id
-    length = len(tag)
-    TAG[0:length] = tag
-    delivery = _pn_delivery(link, TAG_STRUCTS[length])
-    _pn_link_send(link, header, len(header))  # proton appends each call's bytes
-    tail = data[offset:]
-    _pn_link_send(link, tail, len(tail))
-    _pn_link_advance(link)
-    if settle:
-        _pn_delivery_settle(delivery)
-    return delivery
 
 
 def _load() -> Any:
@@ -208,8 +178,8 @@ def calls(module: Any) -> dict[str, Any]:
             "accept": _accept,
             "settle": _pn_delivery_settle,
             "accept_stored": _accept_stored,
-            "send": _send,
-            "send_headed": _send_headed,
+            "send": None,
+            "send_headed": None,
             "incref": lib.pn_incref,
             "decref": _pn_decref,
             "link_credit": lib.pn_link_credit,

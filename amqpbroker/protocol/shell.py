@@ -92,7 +92,9 @@ _pn_delivery: Final = lib.pn_delivery
 _pn_delivery_settle: Final = lib.pn_delivery_settle
 _pn_link_advance: Final = lib.pn_link_advance
 _pn_link_send: Final = lib.pn_link_send
-_MAX_C_ID: Final[int] = 2**62 - 1  # a C comparison when compiled (a short int)
+# `_pnloop.send` takes a uint64 id; the bound is lower so that the comparison stays a C
+# one when compiled (a short int).
+_MAX_C_ID: Final[int] = 2**62 - 1
 
 
 class ConsumerLink(Generic[C]):
@@ -153,11 +155,10 @@ class ConsumerLink(Generic[C]):
                     return
             else:
                 data = sections.with_delivery_count(data, header_end, dispatch.wire_count)
-        # The delivery, tagged with its id in decimal (read back by `delivery_id_of`), the
-        # bytes sent (any buffer: proton copies them) and the link advanced: one C call
-        # (`pnloop.send`).
-        # `pnloop.send` in C takes a uint64 id; from 2**62 on (never in practice) it takes the
-        # calls one by one.
+        # One C call (`pnloop.send`): the delivery, tagged with its id in decimal (read
+        # back by `delivery_id_of`), the bytes (any buffer: proton copies them), the link
+        # advanced. An id past `_MAX_C_ID` (never in practice) and the build without
+        # `_pnloop` make the same calls one by one, here.
         if _FAST_SEND and delivery_id <= _MAX_C_ID:
             delivery = _send(self.impl, delivery_id, data, settled)
         else:  # inline: a call more costs pure Python ~0.5k instructions

@@ -16,6 +16,10 @@ in its own module:
   its parts `opening.py` (the lock, reading segments back, a torn tail), `failure.py`
   (taking a failed pass back, retry with backoff) and `compaction.py`;
 - `export.py`: `export_jsonl`.
+
+Their private parts (the index's `locs.py` with its packs and compact index, the open's
+`frames.py` and `_framescan.c`, an append's `framing.py`, the writer's `indexing.py`) are
+listed in docs/architecture.md's table.
 """
 
 from typing import TYPE_CHECKING

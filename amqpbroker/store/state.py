@@ -169,9 +169,7 @@ class JournalState:
             held = live.refs.get(queue, {})
             if queue in left:  # runs of the compact index's references, rows between
                 assert compact is not None
-                rows.append(
-                    (queue, _queue_parts(live, compact, queue, held, record_of, packed, packs))
-                )
+                rows.append((queue, _queue_parts(live, compact, queue, held, record_of, packed)))
                 continue
             many = counts.get(queue, 0)
             # Its final size at once, written in place: no growth, no copy of it at the
@@ -184,7 +182,7 @@ class JournalState:
                     at_byte = _ref_row(view, at_byte, live, msg_id, ref, record_of, packed, packs)
             else:
                 assert compact is not None
-                at_byte = _merged_rows(view, live, compact, queue, held, record_of, packed, packs)
+                at_byte = _merged_rows(view, live, compact, queue, held, record_of, packed)
             view.release()
             rows.append((queue, [out_rows]))
         state._bodiless = bodiless
@@ -453,7 +451,6 @@ def _merged_rows(
     held: dict[int, Any],
     record_of: Callable[[Any], Any],
     packed: Sequence[Any],
-    packs_by_number: Sequence[Any],
 ) -> int:
     """Write the rows of `queue`'s references, those of the compact index and those of
     the dicts, in the order they were added: by the place of their first AddRef in the
@@ -505,7 +502,6 @@ def _queue_parts(
     held: dict[int, Any],
     record_of: Callable[[Any], Any],
     packed: Sequence[Any],
-    packs_by_number: Sequence[Any],
 ) -> list[array[int] | Run]:
     """`queue`'s references as `_merged_rows` orders them, where some messages were left
     in their files: each stretch of compact pairs of such messages with a count of 0 as a

@@ -29,7 +29,14 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 CONFIG = "persistence:\n  enabled: true\n"
 LIMIT = 48  # descriptors; the broker needs about a dozen of them to run
 SEGMENT_BYTES = 4096  # a 1 KiB durable message or so rolls a segment every few sends
-INJECT = """
+
+
+def _wrapper(*, reserve: bool) -> str:
+    """`python -c` source running `amqpbroker` (its arguments after two of the wrapper's:
+    RLIMIT_NOFILE, soft and hard, and the journal's segment bytes). Without `reserve`
+    sockets may take every descriptor (FD_RESERVE 0): the journal's own recovery."""
+    no_reserve = "" if reserve else "server.FD_RESERVE = 0\n"
+    return f"""
 import resource, runpy, sys
 limit, segment_bytes = int(sys.argv.pop(1)), int(sys.argv.pop(1))
 resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
@@ -40,10 +47,12 @@ class SmallSegments(FileJournal):
         kw["max_segment_bytes"] = segment_bytes
         super().__init__(*args, **kw)
 server.FileJournal = SmallSegments
-server.FD_RESERVE = 0  # let sockets take every descriptor: the journal's own recovery
-sys.argv[0] = "amqpbroker"
+{no_reserve}sys.argv[0] = "amqpbroker"
 runpy.run_module("amqpbroker", run_name="__main__")
 """
+
+
+INJECT = _wrapper(reserve=False)
 
 
 def _descriptors(broker: BrokerProcess) -> int:
@@ -101,20 +110,7 @@ def test_durable_sends_pass_again_once_idle_sockets_give_descriptors_back(
 
 
 # The reserve as shipped (FD_RESERVE): only the limit and the segments are small.
-RESERVE_INJECT = """
-import resource, runpy, sys
-limit, segment_bytes = int(sys.argv.pop(1)), int(sys.argv.pop(1))
-resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
-import amqpbroker.server as server
-from amqpbroker.store.journal import FileJournal
-class SmallSegments(FileJournal):
-    def __init__(self, *args, **kw):
-        kw["max_segment_bytes"] = segment_bytes
-        super().__init__(*args, **kw)
-server.FileJournal = SmallSegments
-sys.argv[0] = "amqpbroker"
-runpy.run_module("amqpbroker", run_name="__main__")
-"""
+RESERVE_INJECT = _wrapper(reserve=True)
 RESERVE_LIMIT = 400  # the reserve is min(128, 400 // 4) = 100: AMQP stops at fd 300
 UNLIMITED_HANDSHAKES = """
 acceptors:

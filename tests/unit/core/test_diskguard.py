@@ -10,7 +10,8 @@ sockets: an injected clock and an injected usage reader.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -236,23 +237,8 @@ def test_a_full_page_address_refuses_what_it_would_page_while_over_the_limit(
     with room is not affected."""
     from proton import Message as ProtonMessage
 
-    from amqpbroker.protocol import message_of
-    from amqpbroker.protocol.moves import COPIER
-    from amqpbroker.store.paging import PageFiles
-
-    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 2_000)
-    files.recover({}, {})
-    try:
-        h = Harness({"#": AddressSettings.of(max_size_bytes=1_000)}, copier=COPIER)
-        h.broker.enable_paging(files)
-        disk = Disk(used=GiB)
-        guard = DiskGuard(
-            max_usage_percent=90,
-            period_ms=5_000,
-            read_usage=disk,
-            persistence=_persistence(h),
-            now_ms=0,
-        )
+    disk = Disk(used=GiB)
+    with _paging(tmp_path, disk, page_bytes=2_000) as (h, guard):
         target = h.producer("q", "queue")
         body = bytes(ProtonMessage(body="x" * 200).encode())
         guard.check(0)  # under the limit: the address fills, then pages
@@ -270,8 +256,6 @@ def test_a_full_page_address_refuses_what_it_would_page_while_over_the_limit(
         guard.check(10_000)
         h.send(target, body)  # pages again
         assert queue.pages.messages == paged + 1
-    finally:
-        files.close()
 
 
 def _persistence(h: Harness) -> Persistence:
@@ -280,14 +264,40 @@ def _persistence(h: Harness) -> Persistence:
     return persistence
 
 
+@contextmanager
+def _paging(tmp_path: Path, disk: Disk, *, page_bytes: int) -> Iterator[tuple[Harness, DiskGuard]]:
+    """A broker whose addresses page past 1,000 bytes into page files of `page_bytes`
+    under `tmp_path`, with persistence and a guard (90%, 5 s) reading `disk`. The
+    protocol's parts are imported here: the core's other tests load no proton."""
+    from amqpbroker.protocol import message_of
+    from amqpbroker.protocol.moves import COPIER
+    from amqpbroker.store.paging import PageFiles
+
+    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: page_bytes)
+    files.recover({}, {})
+    try:
+        h = Harness({"#": AddressSettings.of(max_size_bytes=1_000)}, copier=COPIER)
+        h.broker.enable_paging(files)
+        guard = DiskGuard(
+            max_usage_percent=90,
+            period_ms=5_000,
+            read_usage=disk,
+            persistence=_persistence(h),
+            now_ms=0,
+        )
+        yield h, guard
+    finally:
+        files.close()
+
+
 def test_writes_between_scans_refuse_as_soon_as_the_estimate_crosses(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """h-loose: a scan every disk-scan-period let a fast producer fill the disk within
-    one period. The guard adds what each journal append wrote since the last scan to the
-    usage measured then: the send after the estimate crosses the limit is refused at
-    once (no scan yet), the next tick rescans, and the measurement decides from then on
-    (one warning for the crossing, none when the scan confirms it)."""
+    """max-disk-usage between scans: a scan every disk-scan-period let a fast producer
+    fill the disk within one period. The guard adds what each journal append wrote since
+    the last scan to the usage measured then: the send after the estimate crosses the
+    limit is refused at once (no scan yet), the next tick rescans, and the measurement
+    decides from then on (one warning for the crossing, none when the scan confirms it)."""
     disk = Disk(used=895_000, total=1_000_000)  # 89.5%; the limit allows 900,000
     h, persistence, _, guard = _guarded(disk)
     target = h.producer("q", "queue")
@@ -353,23 +363,8 @@ def test_page_writes_count_toward_the_estimate(tmp_path: Path) -> None:
     scans counts toward the estimate, and crossing it refuses what would page."""
     from proton import Message as ProtonMessage
 
-    from amqpbroker.protocol import message_of
-    from amqpbroker.protocol.moves import COPIER
-    from amqpbroker.store.paging import PageFiles
-
-    files = PageFiles(tmp_path, message_of=message_of, page_size_bytes=lambda address: 100_000)
-    files.recover({}, {})
-    try:
-        h = Harness({"#": AddressSettings.of(max_size_bytes=1_000)}, copier=COPIER)
-        h.broker.enable_paging(files)
-        disk = Disk(used=895_000, total=1_000_000)
-        guard = DiskGuard(
-            max_usage_percent=90,
-            period_ms=5_000,
-            read_usage=disk,
-            persistence=_persistence(h),
-            now_ms=0,
-        )
+    disk = Disk(used=895_000, total=1_000_000)
+    with _paging(tmp_path, disk, page_bytes=100_000) as (h, guard):
         h.broker.disk_guard = guard
         guard.check(0)
         target = h.producer("q", "queue")
@@ -387,5 +382,3 @@ def test_page_writes_count_toward_the_estimate(tmp_path: Path) -> None:
         with pytest.raises(ResourceLimitExceeded, match="is full and cannot page"):
             h.send(target, body)
         assert disk.reads == 1  # refused on the estimate, before any rescan
-    finally:
-        files.close()

@@ -805,7 +805,8 @@ def test_amqp_message_id_is_the_string_form_of_any_message_id(
 def test_the_writer_process_module_loads_no_broker_code() -> None:
     """Issue 18: the writer process is started as a module (`python -m
     amqpbroker.eventlog.child`, no `-c` program) and loads only the codec, the frame format
-    and the retention decision, not the core or the config: it starts fast and small."""
+    and the retention decision (and, in the compiled build, its own C line writer
+    `_lines`), not the core or the config: it starts fast and small."""
     code = (
         "import sys\n"
         "sys.argv = ['child', '{}']\n"
@@ -824,6 +825,7 @@ def test_the_writer_process_module_loads_no_broker_code() -> None:
         "amqpbroker.amqp",  # the codec: read lazily, for props and message ids
         "amqpbroker.amqp.sections",
         "amqpbroker.eventlog",
+        "amqpbroker.eventlog._lines",  # the compiled build's line writer (`child._c`)
         "amqpbroker.eventlog.child",
         "amqpbroker.eventlog.frames",
         "amqpbroker.eventlog.retention",

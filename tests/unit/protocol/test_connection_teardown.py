@@ -20,11 +20,12 @@ from typing import Any
 import pytest
 from proton import Collector, Connection, Data, Event, Link, Message, Terminus, Transport
 from support import frames as F
+from support.sasl_layer import PASS, answering, plain_sasl
 
 from amqpbroker.core import Broker, ManualClock, SettingsRepository
 from amqpbroker.core.security import PERMISSIONS, SecurityRepository
 from amqpbroker.protocol import AmqpConnection, Shell, moves, transactions
-from amqpbroker.protocol.sasl import Credentials, Outcome, SaslServer, Verdict
+from amqpbroker.protocol.sasl import Outcome
 
 
 @pytest.fixture
@@ -53,20 +54,7 @@ def no_collector() -> Iterator[None]:
         gc.enable()
 
 
-def _plain_sasl(authenticated: Any, failed: Any) -> SaslServer:
-    """The broker's SASL layer (security on), whose checks pass at once."""
-
-    def verify(credentials: Credentials, done: Callable[[str], None]) -> Callable[[], None]:
-        done(credentials.authcid or "")
-        return lambda: None
-
-    return SaslServer(
-        mechanisms=("PLAIN",),
-        verify=verify,
-        peer_cn=None,
-        on_authenticated=authenticated,
-        on_failure=failed,
-    )
+_plain_sasl = plain_sasl(PASS)  # every login passes
 
 
 def _queue_capability(terminus: Terminus) -> None:
@@ -218,20 +206,7 @@ def test_closed_connection_with_unsettled_deliveries_is_freed_without_the_collec
 def test_connection_refused_by_sasl_is_freed_without_the_collector(shell: Shell) -> None:
     """Issue 23: a connection whose credentials were refused is freed once its socket
     is gone (the SASL layer's callbacks are the connection's own methods)."""
-
-    def refuse(authenticated: Any, failed: Any) -> SaslServer:
-        def verify(credentials: Credentials, done: Callable[[Verdict], None]) -> Callable[[], None]:
-            done(Outcome.AUTH)
-            return lambda: None
-
-        return SaslServer(
-            mechanisms=("PLAIN",),
-            verify=verify,
-            peer_cn=None,
-            on_authenticated=authenticated,
-            on_failure=failed,
-        )
-
+    refuse = plain_sasl(answering(lambda credentials: Outcome.AUTH))
     server = AmqpConnection(shell, peer="memory", sasl=refuse)
     ref = weakref.ref(server)
     server.feed(F.SASL_HEADER + F.frame(F.sasl_init("PLAIN", b"\x00u\x00bad"), kind=1))

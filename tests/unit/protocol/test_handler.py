@@ -25,6 +25,7 @@ from proton import (
     Transport,
 )
 from support import frames as F
+from support.sasl_layer import PASS, plain_sasl
 
 from amqpbroker.core import Broker, LifecycleEvent, ManualClock, SettingsRepository
 from amqpbroker.protocol import AmqpConnection, Shell, connection, moves, pnloop
@@ -774,7 +775,7 @@ def test_security_disabled_is_explicit_and_no_roles_before_authentication(
         return lambda: None
 
     shell.roles_for = lambda user: frozenset({"app"}) if user == "u" else frozenset()
-    secured = AmqpConnection(shell, peer="memory", sasl=_plain_sasl(verify))
+    secured = AmqpConnection(shell, peer="memory", sasl=plain_sasl(verify))
     assert secured.roles == frozenset()
     client = Transport()  # no SASL layer: AMQP header and open
     client_connection = Connection()
@@ -795,31 +796,9 @@ def test_security_disabled_is_explicit_and_no_roles_before_authentication(
     assert secured.container_id == "pipelined"
 
 
-def _plain_sasl(verify: Any) -> Any:
-    """The broker's SASL layer offering PLAIN, checked by `verify` (as `server.py` makes it)."""
-    from amqpbroker.protocol.sasl import SaslServer
-
-    def sasl(authenticated: Any, failed: Any) -> SaslServer:
-        return SaslServer(
-            mechanisms=("PLAIN",),
-            verify=verify,
-            peer_cn=None,
-            on_authenticated=authenticated,
-            on_failure=failed,
-        )
-
-    return sasl
-
-
 def _plain_secured(shell: Shell) -> AmqpConnection:
     """A connection with the broker's SASL layer (security on) whose checks pass at once."""
-    from amqpbroker.protocol.sasl import Credentials
-
-    def verify(credentials: Credentials, done: Any) -> Any:
-        done(credentials.authcid or "")
-        return lambda: None
-
-    return AmqpConnection(shell, peer="memory", sasl=_plain_sasl(verify))
+    return AmqpConnection(shell, peer="memory", sasl=plain_sasl(PASS))
 
 
 @pytest.mark.parametrize("split", [False, True])

@@ -8,7 +8,8 @@ records and keeps them readable, and every reopen gives the state replay gives."
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+
+from support import paired
 
 from amqpbroker.core.model import RoutingType
 from amqpbroker.core.records import (
@@ -22,40 +23,7 @@ from amqpbroker.core.records import (
     UpdateDeliveryCount,
 )
 from amqpbroker.store import FileJournal
-from amqpbroker.store.journal import JournalState
 from amqpbroker.store.locs import compact_find, pack_entries, pack_view
-
-SEGMENT = 4096  # small segments: a few messages each
-
-
-def _open(directory: Path, **kw: Any) -> FileJournal:
-    return FileJournal(directory, fsync=lambda fd: None, auto_compact=False, **kw)
-
-
-def _message(msg_id: int, queue: str = "q") -> list[Record]:
-    return [
-        AddMessage(msg_id=msg_id, address=queue, data=bytes([msg_id % 251]) * 500),
-        AddRef(queue=queue, msg_id=msg_id),
-    ]
-
-
-def _write(directory: Path, appends: list[list[Record]]) -> None:
-    with _open(directory, max_segment_bytes=SEGMENT) as journal:
-        for records in appends:
-            journal.append(records, sync=False)
-        journal.flush()
-
-
-def _model(appends: list[list[Record]]) -> JournalState:
-    return JournalState.of(record for records in appends for record in records)
-
-
-def _same(state: JournalState, model: JournalState) -> None:
-    assert state.ref_rows() == model.ref_rows()
-    assert {k: v.data for k, v in state.messages.items()} == {
-        k: v.data for k, v in model.messages.items()
-    }
-    assert state.max_msg_id >= max(model.messages, default=0)
 
 
 def _packed(journal: FileJournal) -> int:
@@ -63,15 +31,12 @@ def _packed(journal: FileJournal) -> int:
     return sum(len(pack_entries(seg)) for seg in journal._segments)
 
 
-_QUEUE: list[Record] = [AddQueue(name="q", address="q", routing_type=RoutingType.ANYCAST)]
-
-
 def test_a_reopened_journal_holds_its_pairs_packed_and_gives_the_replayed_state(
     tmp_path: Path,
 ) -> None:
-    appends = [_QUEUE] + [_message(i) for i in range(1, 41)]
-    _write(tmp_path, appends)
-    with _open(tmp_path) as journal:
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 41)]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path) as journal:
         assert journal.segment_count > 3
         assert _packed(journal) == 80  # every pair: no `_Loc` for any of them
         # and in the compact index: no entry in the liveness dicts (tenth pass)
@@ -81,7 +46,7 @@ def test_a_reopened_journal_holds_its_pairs_packed_and_gives_the_replayed_state(
         assert compact is not None
         assert [m for pack in compact.packs for m in pack.ids] == list(range(1, 41))
         assert not any(seg.items for seg in journal._segments[1:])  # (the queue's is a `_Loc`)
-        _same(journal.state(), _model(appends))
+        paired.same(journal.state(), paired.model(appends))
         assert journal.read_message(7) is not None  # read back from its packed span
 
 
@@ -91,9 +56,9 @@ def test_an_ack_in_a_later_segment_kills_the_packed_pair_and_its_tombstone_waits
     """A message acked in a later segment than its add: the packed records die, their
     segment's live bytes drop, and the AckRef is kept (a tombstone) while that segment is
     on disk; compaction then deletes the segment and the tombstone can go."""
-    appends = [_QUEUE] + [_message(i) for i in range(1, 21)]
-    _write(tmp_path, appends)
-    with _open(tmp_path, max_segment_bytes=SEGMENT) as journal:
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 21)]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path, max_segment_bytes=paired.SEGMENT) as journal:
         second = journal._segments[1]
         pack = journal._packs[2]
         assert pack is not None
@@ -117,8 +82,8 @@ def test_an_ack_in_a_later_segment_kills_the_packed_pair_and_its_tombstone_waits
         assert journal._packs[2] is None  # its pack went with it
         assert not journal._targets  # and the tombstones aimed at it are not needed
         appends.append(acks)
-    with _open(tmp_path) as journal:
-        _same(journal.state(), _model(appends))
+    with paired.open_journal(tmp_path) as journal:
+        paired.same(journal.state(), paired.model(appends))
 
 
 def test_updates_and_acks_of_packed_references_keep_their_order_and_counts(
@@ -126,16 +91,16 @@ def test_updates_and_acks_of_packed_references_keep_their_order_and_counts(
 ) -> None:
     """A packed reference later counted (B-095), one acked, one added to a second queue:
     the state (order of each queue, counts) is replay's, at this open and the next."""
-    appends = [_QUEUE, [AddQueue(name="r", address="r", routing_type=RoutingType.ANYCAST)]]
-    appends += [_message(i) for i in range(1, 16)]
+    appends = [paired.QUEUE, [AddQueue(name="r", address="r", routing_type=RoutingType.ANYCAST)]]
+    appends += [paired.message(i) for i in range(1, 16)]
     appends.append([UpdateDeliveryCount(queue="q", msg_id=3, delivery_count=2)])
     appends.append([AckRef(queue="q", msg_id=5), AddRef(queue="r", msg_id=4)])
-    appends.append(_message(16))
-    _write(tmp_path, appends)
+    appends.append(paired.message(16))
+    paired.write(tmp_path, appends)
     for _ in range(2):
-        with _open(tmp_path) as journal:
+        with paired.open_journal(tmp_path) as journal:
             state = journal.state()
-        _same(state, _model(appends))
+        paired.same(state, paired.model(appends))
         assert [row[1] for row in state.ref_rows("q")] == [i for i in range(1, 17) if i != 5]
         assert ("q", 3, 2, 0) in state.ref_rows("q")
         assert state.ref_rows("r") == [("r", 4, 0, 0)]
@@ -147,10 +112,12 @@ def test_compaction_after_the_open_moves_packed_records_and_keeps_them_readable(
     """Compaction after recovery: most messages acked, the segments rewritten; the
     packed survivors are in the new file (their spans moved), read back from there, and
     acked afterwards as usual; every reopen gives replay's state."""
-    appends = [_QUEUE] + [_message(i) for i in range(1, 61)]
-    _write(tmp_path, appends)
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 61)]
+    paired.write(tmp_path, appends)
     keep = {7, 23, 41, 59}
-    with _open(tmp_path, max_segment_bytes=SEGMENT, compact_live_ratio=0.5) as journal:
+    with paired.open_journal(
+        tmp_path, max_segment_bytes=paired.SEGMENT, compact_live_ratio=0.5
+    ) as journal:
         journal.state()  # as the broker does first
         acks: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(1, 61) if i not in keep]
         journal.append(acks, sync=True)
@@ -171,30 +138,30 @@ def test_compaction_after_the_open_moves_packed_records_and_keeps_them_readable(
         journal.compact()
         assert 41 not in journal._live.messages
         appends.append(late)
-    with _open(tmp_path) as journal:
+    with paired.open_journal(tmp_path) as journal:
         state = journal.state()
-    _same(state, _model(appends))
+    paired.same(state, paired.model(appends))
     assert [row[1] for row in state.ref_rows()] == [7, 23, 59]
 
 
 def test_a_torn_tail_cuts_packed_messages_as_any_others(tmp_path: Path) -> None:
     """The last append cut short: the open truncates it; the pairs before it are packed
     and whole, the cut one is not there, and appends after the open replay after them."""
-    appends = [_QUEUE] + [_message(i) for i in range(1, 6)]
-    _write(tmp_path, appends)
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 6)]
+    paired.write(tmp_path, appends)
     last = sorted(tmp_path.glob("journal-*.seg"))[-1]
     size = last.stat().st_size
     with last.open("r+b") as f:
         f.truncate(size - 100)  # into message 5's pair
-    model = _model(appends[:-1])
-    with _open(tmp_path) as journal:
+    model = paired.model(appends[:-1])
+    with paired.open_journal(tmp_path) as journal:
         assert 5 not in journal._live.messages
         assert _packed(journal) == 8
-        _same(journal.state(), model)
-        journal.append(_message(6), sync=True)
+        paired.same(journal.state(), model)
+        journal.append(paired.message(6), sync=True)
         journal.flush()
-    with _open(tmp_path) as journal:
-        _same(journal.state(), _model([*appends[:-1], _message(6)]))
+    with paired.open_journal(tmp_path) as journal:
+        paired.same(journal.state(), paired.model([*appends[:-1], paired.message(6)]))
 
 
 # --- the compact index (issue 23, tenth pass) ----------------------------------------
@@ -218,13 +185,13 @@ def test_ids_not_increasing_within_a_pack_take_the_dicts_and_keep_their_order(
     whose id is not above every id packed before goes into the liveness dicts; the
     queue's order is the file's, the state replay's, and each is read back and acked."""
     ids = [1, 2, 9, 3, 4, 10, 5, 11]
-    appends = [_QUEUE] + [_message(i) for i in ids]
-    _write(tmp_path, appends)
-    with _open(tmp_path) as journal:
+    appends = [paired.QUEUE] + [paired.message(i) for i in ids]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path) as journal:
         assert _compact(journal) == [1, 2, 9, 10, 11]
         assert sorted(journal._live.messages) == [3, 4, 5]
         state = journal.state()
-        _same(state, _model(appends))
+        paired.same(state, paired.model(appends))
         assert [row[1] for row in state.ref_rows("q")] == ids
         for msg_id in ids:
             row = journal.read_message(msg_id)
@@ -239,9 +206,9 @@ def test_ids_not_increasing_within_a_pack_take_the_dicts_and_keep_their_order(
         assert journal.read_message(9) is None
         assert journal.read_message(3) is None
         appends.append(acks)
-    with _open(tmp_path) as journal:
+    with paired.open_journal(tmp_path) as journal:
         state = journal.state()
-    _same(state, _model(appends))
+    paired.same(state, paired.model(appends))
     assert [row[1] for row in state.ref_rows("q")] == [1, 2, 4, 10, 5]
 
 
@@ -252,9 +219,9 @@ def test_an_ack_of_a_compact_pair_after_recovery_kills_it_and_survives_a_reopen(
     the pair moves into the dicts and dies there (its segment's live bytes drop, the
     AckRef is a tombstone while the pair's segment is on disk); a count on another one
     (B-095) keeps its place; the next open gives replay's state."""
-    appends = [_QUEUE] + [_message(i) for i in range(1, 21)]
-    _write(tmp_path, appends)
-    with _open(tmp_path, max_segment_bytes=SEGMENT) as journal:
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 21)]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path, max_segment_bytes=paired.SEGMENT) as journal:
         journal.state()
         first = journal._segments[0]
         live_before = first.live_bytes
@@ -276,9 +243,9 @@ def test_an_ack_of_a_compact_pair_after_recovery_kills_it_and_survives_a_reopen(
         assert row is not None
         assert row[0] == 3
         appends.append(later)
-    with _open(tmp_path) as journal:
+    with paired.open_journal(tmp_path) as journal:
         state = journal.state()
-    _same(state, _model(appends))
+    paired.same(state, paired.model(appends))
     assert [row[1] for row in state.ref_rows("q")] == [1, *range(3, 21)]
     assert state.ref_rows("q")[1] == ("q", 3, 4, 0)
 
@@ -289,10 +256,12 @@ def test_compaction_over_the_compact_index_moves_its_pairs_and_drops_deleted_pac
     """Compaction after the open: segments all acked are deleted (their packs' ids go
     with them), mostly dead ones are rewritten; the compact index still finds the
     survivors by id where compaction put them, and acks them afterwards."""
-    appends = [_QUEUE] + [_message(i) for i in range(1, 61)]
-    _write(tmp_path, appends)
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 61)]
+    paired.write(tmp_path, appends)
     keep = {5, 33, 34, 58}
-    with _open(tmp_path, max_segment_bytes=SEGMENT, compact_live_ratio=0.5) as journal:
+    with paired.open_journal(
+        tmp_path, max_segment_bytes=paired.SEGMENT, compact_live_ratio=0.5
+    ) as journal:
         journal.state()
         packs = [p for p in journal._packs if p is not None and p.count]
         acks: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(1, 61) if i not in keep]
@@ -317,9 +286,9 @@ def test_compaction_over_the_compact_index_moves_its_pairs_and_drops_deleted_pac
         assert 33 not in _compact(journal)
         assert journal.read_message(33) is None
         appends.append(late)
-    with _open(tmp_path) as journal:
+    with paired.open_journal(tmp_path) as journal:
         state = journal.state()
-    _same(state, _model(appends))
+    paired.same(state, paired.model(appends))
     assert [row[1] for row in state.ref_rows()] == [5, 34, 58]
 
 
@@ -329,9 +298,9 @@ def test_a_crash_after_a_partial_ack_of_compact_pairs_recovers_what_is_on_disk(
     """Acks of compact pairs, the last append of them cut short by a crash (a torn
     tail): the open keeps the acks that are whole, and the pairs whose acks were cut
     are live again, in their places; acking those then, the next open has none."""
-    appends = [_QUEUE] + [_message(i) for i in range(1, 31)]
-    _write(tmp_path, appends)
-    with _open(tmp_path) as journal:
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 31)]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path) as journal:
         journal.state()
         whole: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(1, 11)]
         cut: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(11, 21)]
@@ -342,16 +311,16 @@ def test_a_crash_after_a_partial_ack_of_compact_pairs_recovers_what_is_on_disk(
     with last.open("r+b") as f:
         f.truncate(last.stat().st_size - 7)  # into the second append's last AckRef
     appends.append(whole)
-    with _open(tmp_path) as journal:
+    with paired.open_journal(tmp_path) as journal:
         state = journal.state()
-        _same(state, _model(appends))
+        paired.same(state, paired.model(appends))
         assert [row[1] for row in state.ref_rows("q")] == list(range(11, 31))
         assert _compact(journal) == list(range(11, 31))
         again: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(11, 31)]
         journal.append(again, sync=True)
         journal.flush()
         appends.append(again)
-    with _open(tmp_path) as journal:
+    with paired.open_journal(tmp_path) as journal:
         assert journal.state().ref_rows() == []
         assert not _compact(journal)
 
@@ -364,9 +333,9 @@ def test_records_that_meet_compact_pairs_at_the_open_give_replays_order(
     each moves its pair into the dicts, and `state()` merges the two by place in the
     files: each queue's order is replay's (the re-added reference keeps its first
     place, as replay's dict keeps it)."""
-    appends = [_QUEUE, [AddQueue(name="r", address="r", routing_type=RoutingType.ANYCAST)]]
-    appends += [_message(i) for i in range(1, 9)]
-    appends += [_message(i, "r") for i in range(9, 13)]
+    appends = [paired.QUEUE, [AddQueue(name="r", address="r", routing_type=RoutingType.ANYCAST)]]
+    appends += [paired.message(i) for i in range(1, 9)]
+    appends += [paired.message(i, "r") for i in range(9, 13)]
     appends.append(
         [
             AddRef(queue="r", msg_id=2),
@@ -375,15 +344,15 @@ def test_records_that_meet_compact_pairs_at_the_open_give_replays_order(
             AddMessage(msg_id=6, address="q", data=b"six"),  # added again: new body
         ]
     )
-    appends += [_message(i) for i in range(13, 16)]
+    appends += [paired.message(i) for i in range(13, 16)]
     appends.append([DeleteQueue(name="r")])
     appends.append([AddQueue(name="r", address="r", routing_type=RoutingType.ANYCAST)])
-    appends.append(_message(16, "r"))
-    _write(tmp_path, appends)
-    model = _model(appends)
-    with _open(tmp_path) as journal:
+    appends.append(paired.message(16, "r"))
+    paired.write(tmp_path, appends)
+    model = paired.model(appends)
+    with paired.open_journal(tmp_path) as journal:
         state = journal.state()
-    _same(state, model)
+    paired.same(state, model)
     assert [row[1] for row in state.ref_rows("q")] == [*range(1, 9), 13, 14, 15]
     assert ("q", 4, 0, 77) in state.ref_rows("q")
     assert ("q", 5, 3, 0) in state.ref_rows("q")
@@ -399,13 +368,13 @@ def test_a_queue_whose_compact_pairs_were_all_evicted_keeps_the_files_order(
     reference: the queue holds nothing in the compact index, and its order is still the
     files' (10 before 1), not the dict's insertion order (found by the random journals
     of test_recovery_state)."""
-    appends = [_QUEUE, [AddQueue(name="r", address="r", routing_type=RoutingType.ANYCAST)]]
-    appends += [_message(1, "r"), _message(10)]
+    appends = [paired.QUEUE, [AddQueue(name="r", address="r", routing_type=RoutingType.ANYCAST)]]
+    appends += [paired.message(1, "r"), paired.message(10)]
     appends.append([AddRef(queue="q", msg_id=1)])
     appends.append([AddRef(queue="r", msg_id=10)])
-    _write(tmp_path, appends)
-    with _open(tmp_path) as journal:
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path) as journal:
         assert not _compact(journal)
         state = journal.state()
-    _same(state, _model(appends))
+    paired.same(state, paired.model(appends))
     assert [row[1] for row in state.ref_rows("q")] == [10, 1]

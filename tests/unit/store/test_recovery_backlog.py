@@ -11,138 +11,33 @@ from pathlib import Path
 import pytest
 from proton import Message as ProtonMessage
 from support.core_harness import Harness
+from support.journal_backlog import (
+    BUDGET,
+    N,
+    Restarted,
+    amqp,
+    append_messages,
+    expected,
+    open_journal,
+    write,
+)
 
-from amqpbroker.amqp import sections
 from amqpbroker.core import AddressSettings
 from amqpbroker.core import operations as ops
 from amqpbroker.core import queue as queue_module
 from amqpbroker.core.model import RoutingType
-from amqpbroker.core.outcomes import Accepted, Modified
+from amqpbroker.core.outcomes import Modified
 from amqpbroker.core.persistence import Persistence
-from amqpbroker.core.records import (
-    AddMessage,
-    AddQueue,
-    AddRef,
-    Record,
-    ScheduledDelivery,
-    UpdateDeliveryCount,
-)
+from amqpbroker.core.records import AddQueue
 from amqpbroker.protocol import message_of
-from amqpbroker.store import FileJournal
 from amqpbroker.store.backlog import JournalBacklog
 from amqpbroker.store.locs import Run
-from amqpbroker.store.paging import PageFiles
 from amqpbroker.store.recovery import recover
-
-N = 300
-BODY = 1000  # bytes of padding: ~1 KiB a message
-BUDGET = 40 * 1024  # ~40 messages in memory
-
-
-def _amqp(i: int, ttl_ms: int = 0) -> bytes:
-    message = ProtonMessage(body=f"message-{i:05d}" + "x" * BODY, durable=True)
-    if ttl_ms:
-        message.ttl = ttl_ms / 1000
-    return bytes(message.encode())
-
-
-def _journal(directory: Path, **kw: object) -> FileJournal:
-    return FileJournal(directory, fsync=lambda fd: None, auto_compact=False, **kw)  # type: ignore[arg-type]
-
-
-def _append_messages(journal: FileJournal, queue: str, n: int) -> None:
-    """Messages 1..n in `queue` (its address of the same name), as a broker journals them."""
-    for i in range(1, n + 1):
-        data = _amqp(i)
-        scanned = sections.scan(data)
-        message = AddMessage(
-            msg_id=i,
-            address=queue,
-            data=data,
-            first_ts=i,
-            header_end=scanned.header_end,
-            head_end=scanned.head_end(),
-        )
-        journal.append([message, AddRef(queue=queue, msg_id=i)], sync=False)
-
-
-def _write(directory: Path, records: list[Record] | None = None) -> None:
-    """N durable messages in queue q, as a broker journals them; message 7 was delivered
-    twice (count 2), message 9 waits until t=10^15 (B-065)."""
-    journal = _journal(directory)
-    journal.append([AddQueue(name="q", address="q", routing_type=RoutingType.ANYCAST)], sync=True)
-    _append_messages(journal, "q", N)
-    journal.append(
-        [
-            UpdateDeliveryCount(queue="q", msg_id=N - 7, delivery_count=2),
-            ScheduledDelivery(queue="q", msg_id=N - 9, at_ms=10**15),
-            *(records or []),
-        ],
-        sync=True,
-    )
-    journal.close()
-
-
-class _Restarted:
-    """A broker started from `directory` as the server does: the journal opened with the
-    body budget, recovery with the same limit, then the page files."""
-
-    def __init__(self, directory: Path, budget: int = BUDGET) -> None:
-        self.journal = _journal(directory / "journal", body_budget=budget)
-        self.h = Harness({"#": AddressSettings.of()}, global_max_size=budget)
-        self.persistence = Persistence(self.journal)
-        self.h.broker.enable_persistence(self.persistence)
-        state = self.journal.state()
-        self.recovered = recover(
-            self.h.broker, state, message_of, read=self.journal.read_message, budget=budget
-        )
-        self.files = PageFiles(
-            directory / "paging", message_of=message_of, page_size_bytes=lambda a: 8192
-        )
-        durable = {q.name: q.address for q in self.h.broker.queues.values() if q.store is not None}
-        self.h.broker.enable_paging(
-            self.files,
-            paged=tuple(
-                self.files.recover(
-                    durable, state.page_cursors, state.page_skips, state.page_commits
-                )
-            ),
-        )
-        self.persistence.before_flush = self.files.flush
-
-    def close(self) -> None:
-        self.persistence.flush()
-        self.journal.flush()
-        self.files.close()
-        self.journal.close()
-
-    def drain(self, limit: int = 10**9) -> list[tuple[str, int]]:
-        """Accept up to `limit` messages: (body prefix, delivery count) of each."""
-        h = self.h
-        consumer = h.consumer("q", "queue", credit=0)
-        got: list[tuple[str, int]] = []
-        while len(got) < limit:
-            h.broker.set_credit(consumer, min(20, limit - len(got)))
-            batch = h.take(consumer)
-            if not batch:
-                break
-            for d in batch:
-                decoded = ProtonMessage()
-                decoded.decode(d.message.data)
-                got.append((str(decoded.body)[:13], d.wire_count))
-                h.settle(consumer, d, Accepted())
-            self.persistence.flush()
-        h.broker.detach_consumer(consumer, closed=True)
-        return got
-
-
-def _expected(ids: range) -> list[tuple[str, int]]:
-    return [(f"message-{i:05d}", 2 if i == N - 7 else 0) for i in ids if i != N - 9]
 
 
 def test_only_the_budget_is_in_memory_and_the_rest_drains_in_order(tmp_path: Path) -> None:
-    _write(tmp_path / "journal")
-    r = _Restarted(tmp_path)
+    write(tmp_path / "journal")
+    r = Restarted(tmp_path)
     queue = r.h.queue("q")
     assert isinstance(queue.pages, JournalBacklog)
     assert queue.size_bytes <= BUDGET + 2 * 1024  # the budget, and the message past it
@@ -150,75 +45,75 @@ def test_only_the_budget_is_in_memory_and_the_rest_drains_in_order(tmp_path: Pat
     assert r.recovered.refs == N
     got = r.drain()
     # in order, each once, with its persisted count (B-095); 9 still waits (B-065)
-    assert got == _expected(range(1, N + 1))
+    assert got == expected(range(1, N + 1))
     assert queue.message_count == 1
     r.close()
-    again = _Restarted(tmp_path)
+    again = Restarted(tmp_path)
     assert again.h.queue("q").message_count == 1  # the acks are in the journal
     again.close()
 
 
 def test_a_restart_halfway_through_draining_loses_and_duplicates_nothing(tmp_path: Path) -> None:
-    _write(tmp_path / "journal")
-    r = _Restarted(tmp_path)
+    write(tmp_path / "journal")
+    r = Restarted(tmp_path)
     first = r.drain(limit=150)  # past the in-memory part, into the journal's
     r.close()
-    again = _Restarted(tmp_path)
+    again = Restarted(tmp_path)
     rest = again.drain()
     again.close()
-    assert first + rest == _expected(range(1, N + 1))
+    assert first + rest == expected(range(1, N + 1))
 
 
 def test_a_purge_and_a_removal_by_id_are_journaled(tmp_path: Path) -> None:
-    _write(tmp_path / "journal")
-    r = _Restarted(tmp_path)
+    write(tmp_path / "journal")
+    r = Restarted(tmp_path)
     assert ops.purge(r.h.broker, "q", ids=[200, 3]) == 2  # one in the journal's part
     assert r.h.queue("q").message_count == N - 2
     r.close()
-    again = _Restarted(tmp_path)
+    again = Restarted(tmp_path)
     assert again.drain() == [
-        e for e in _expected(range(1, N + 1)) if e[0] not in ("message-00200", "message-00003")
+        e for e in expected(range(1, N + 1)) if e[0] not in ("message-00200", "message-00003")
     ]
     again.close()
-    third = _Restarted(tmp_path)
+    third = Restarted(tmp_path)
     assert third.h.queue("q").message_count == 1
     ops.purge(third.h.broker, "q")
     assert third.h.queue("q").message_count == 0
     third.close()
-    fourth = _Restarted(tmp_path)
+    fourth = Restarted(tmp_path)
     assert fourth.h.queue("q").message_count == 0
     fourth.close()
 
 
 def test_a_purge_before_any_read_back_is_journaled(tmp_path: Path) -> None:
-    _write(tmp_path / "journal")
-    r = _Restarted(tmp_path)
+    write(tmp_path / "journal")
+    r = Restarted(tmp_path)
     assert ops.purge(r.h.broker, "q") == N
     r.close()
-    again = _Restarted(tmp_path)
+    again = Restarted(tmp_path)
     assert again.h.queue("q").message_count == 0
     again.close()
 
 
 def test_without_a_budget_everything_is_in_memory_as_before(tmp_path: Path) -> None:
-    _write(tmp_path / "journal")
-    r = _Restarted(tmp_path, budget=-1)
+    write(tmp_path / "journal")
+    r = Restarted(tmp_path, budget=-1)
     assert r.h.queue("q").pages is None
     assert r.h.queue("q").message_count == N
-    assert r.drain() == _expected(range(1, N + 1))
+    assert r.drain() == expected(range(1, N + 1))
     r.close()
 
 
 def test_a_returned_message_read_back_from_the_journal_keeps_counting(tmp_path: Path) -> None:
-    _write(tmp_path / "journal")
-    r = _Restarted(tmp_path)
+    write(tmp_path / "journal")
+    r = Restarted(tmp_path)
     r.drain(limit=100)
     h = r.h
     consumer = h.consumer("q", "queue", credit=1)
     [d] = h.take(consumer)
     h.settle(consumer, d, Modified(delivery_failed=True))
     r.close()
-    again = _Restarted(tmp_path)
+    again = Restarted(tmp_path)
     got = again.drain()
     again.close()
     assert got[0] == ("message-00101", 1)  # B-095: the count of the return is kept
@@ -234,11 +129,11 @@ def test_a_queue_of_another_kind_comes_back_whole_with_the_bodies_the_open_left(
     ring = AddQueue(
         name="r", address="r", routing_type=RoutingType.ANYCAST, extra={"ring_size": 1000}
     )
-    journal = _journal(tmp_path / "journal")
+    journal = open_journal(tmp_path / "journal")
     journal.append([ring], sync=True)
-    _append_messages(journal, "r", 100)
+    append_messages(journal, "r", 100)
     journal.close()
-    r = _Restarted(tmp_path)
+    r = Restarted(tmp_path)
     queue = r.h.queue("r")
     assert queue.kind is not None
     assert queue.pages is None
@@ -262,8 +157,8 @@ def test_a_sliced_walk_over_the_journal_part_is_journaled_and_keeps_arrivals(
     behind that part) stay, and a restart brings back neither the taken ones nor
     duplicates."""
     monkeypatch.setattr(ops, "SLICE_MESSAGES", 25)
-    _write(tmp_path / "journal")
-    r = _Restarted(tmp_path)
+    write(tmp_path / "journal")
+    r = Restarted(tmp_path)
     h = r.h
     late = h.producer("q", "queue")
     if operation == "move":
@@ -275,14 +170,14 @@ def test_a_sliced_walk_over_the_journal_part_is_journaled_and_keeps_arrivals(
     sent: list[int] = []
     while not walk.step():
         i = next(arrivals)
-        h.send(late, _amqp(i), durable=True)
+        h.send(late, amqp(i), durable=True)
         sent.append(i)
         r.persistence.flush()
     assert walk.result == N
     assert len(sent) >= N // 25 - 1
     assert h.queue("q").message_count == len(sent)
     r.close()
-    again = _Restarted(tmp_path)
+    again = Restarted(tmp_path)
     assert again.h.queue("q").message_count == len(sent)
     assert [body for body, _ in again.drain()] == [f"message-{i:05d}" for i in sent]
     if operation == "move":
@@ -298,8 +193,8 @@ def test_a_move_cut_between_its_copies_sync_and_its_append_leaves_no_duplicate(
     (each copy paged, its original still in `q`). Now the append carries the target's
     `committed` end, and a restart passes the copies after it: every message once."""
     monkeypatch.setattr(ops, "SLICE_MESSAGES", 25)
-    _write(tmp_path / "journal")
-    r = _Restarted(tmp_path)
+    write(tmp_path / "journal")
+    r = Restarted(tmp_path)
     r.h.producer("dest", "queue")
     walk = ops.move_walk(r.h.broker, "q", to_queue="dest")
     for _ in range(4):  # journaled slices
@@ -315,7 +210,7 @@ def test_a_move_cut_between_its_copies_sync_and_its_append_leaves_no_duplicate(
     r.journal.flush()
     r.files.close()
     r.journal.close()
-    again = _Restarted(tmp_path)
+    again = Restarted(tmp_path)
     in_q = again.h.queue("q").message_count
     in_dest = again.h.queue("dest").message_count
     assert in_dest == 4 * 25
@@ -339,8 +234,8 @@ def test_a_purge_on_no_consumers_cut_by_a_crash_leaves_each_message_purged_or_th
         extra={"purge_on_no_consumers": True},
     )
     monkeypatch.setattr(queue_module, "READ_STEP_MESSAGES", 50)  # steps of 50, not 256
-    _write(tmp_path / "journal", [purging])
-    r = _Restarted(tmp_path)
+    write(tmp_path / "journal", [purging])
+    r = Restarted(tmp_path)
     queue = r.h.queue("q")
     assert queue.config.purge_on_no_consumers
     assert isinstance(queue.pages, JournalBacklog)
@@ -355,9 +250,9 @@ def test_a_purge_on_no_consumers_cut_by_a_crash_leaves_each_message_purged_or_th
     assert in_memory < killed < N - 10  # cut in the middle of the paged part
     assert queue.message_count == N - killed
     r.close()  # the crash: the steps' appends are in the journal, nothing more
-    again = _Restarted(tmp_path)
+    again = Restarted(tmp_path)
     assert again.h.queue("q").message_count == N - killed
-    assert again.drain() == _expected(range(killed + 1, N + 1))
+    assert again.drain() == expected(range(killed + 1, N + 1))
     again.close()
 
 
@@ -366,8 +261,8 @@ def test_the_backlog_takes_the_runs_of_recovery_without_a_row(tmp_path: Path) ->
     journal by the open, become the backlog's as the runs of the compact index recovery
     read them in (`ref_parts`, `JournalBacklog.adopt_run`): no row a reference at the
     peak, their ids and sizes the packs'; they drain the same."""
-    _write(tmp_path / "journal")
-    journal = _journal(tmp_path / "journal", body_budget=BUDGET)
+    write(tmp_path / "journal")
+    journal = open_journal(tmp_path / "journal", body_budget=BUDGET)
     h = Harness({"#": AddressSettings.of()}, global_max_size=BUDGET)
     h.broker.enable_persistence(Persistence(journal))
     state = journal.state()
@@ -391,8 +286,8 @@ def test_a_backlog_of_runs_and_rows_reads_back_in_order_with_its_oldest_ts(
     N-9) leave the compact index, so the backlog is runs with rows between them; the
     oldest timestamp of a run's head is read from its file (first_ts = id here), and
     the whole drains in order with the counts (B-095) and without the scheduled one."""
-    _write(tmp_path / "journal")
-    r = _Restarted(tmp_path)
+    write(tmp_path / "journal")
+    r = Restarted(tmp_path)
     backlog = r.h.queue("q").pages
     assert isinstance(backlog, JournalBacklog)
     kinds = ["run" if isinstance(part, Run) else "rows" for part in backlog._parts]
@@ -400,6 +295,6 @@ def test_a_backlog_of_runs_and_rows_reads_back_in_order_with_its_oldest_ts(
     assert "run" in kinds
     assert backlog.oldest_ts() == backlog._id(backlog._next)  # (first_ts = id)
     got = r.drain()
-    assert got == _expected(range(1, N + 1))
+    assert got == expected(range(1, N + 1))
     assert backlog.oldest_ts() is None
     r.close()

@@ -7,58 +7,21 @@ recovers what is on disk. `UNLOAD_MIN` is lowered so that these small segments u
 
 from __future__ import annotations
 
-import importlib.util
 from array import array
 from pathlib import Path
-from typing import Any
 
 import pytest
+from support import journal_backlog, paired
 
-from amqpbroker.core.model import RoutingType
-from amqpbroker.core.records import AckRef, AddMessage, AddQueue, AddRef, Record
+from amqpbroker.core.records import AckRef, AddMessage, AddRef, Record
 from amqpbroker.store import FileJournal, locs
 from amqpbroker.store.api import JournalError
-from amqpbroker.store.journal import JournalState
 from amqpbroker.store.locs import LOADED_MAX, compact_find, pack_view
-
-SEGMENT = 4096  # small segments: a few messages each
 
 
 @pytest.fixture(autouse=True)
 def _unload_small_packs(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(locs, "UNLOAD_MIN", 1)
-
-
-def _open(directory: Path, **kw: Any) -> FileJournal:
-    return FileJournal(directory, fsync=lambda fd: None, auto_compact=False, **kw)
-
-
-def _message(msg_id: int, queue: str = "q") -> list[Record]:
-    return [
-        AddMessage(msg_id=msg_id, address=queue, data=bytes([msg_id % 251]) * 500),
-        AddRef(queue=queue, msg_id=msg_id),
-    ]
-
-
-_QUEUE: list[Record] = [AddQueue(name="q", address="q", routing_type=RoutingType.ANYCAST)]
-
-
-def _write(directory: Path, appends: list[list[Record]]) -> None:
-    with _open(directory, max_segment_bytes=SEGMENT) as journal:
-        for records in appends:
-            journal.append(records, sync=False)
-        journal.flush()
-
-
-def _model(appends: list[list[Record]]) -> JournalState:
-    return JournalState.of(record for records in appends for record in records)
-
-
-def _same(state: JournalState, model: JournalState) -> None:
-    assert state.ref_rows() == model.ref_rows()
-    assert {k: v.data for k, v in state.messages.items()} == {
-        k: v.data for k, v in model.messages.items()
-    }
 
 
 def _packs(journal: FileJournal) -> list[locs._Pack]:
@@ -82,9 +45,9 @@ def _loaded(journal: FileJournal) -> list[locs._Pack]:
 
 
 def test_untouched_packs_are_unloaded_at_the_open_and_found_by_id(tmp_path: Path) -> None:
-    appends = [_QUEUE] + [_message(i) for i in range(1, 61)]
-    _write(tmp_path, appends)
-    with _open(tmp_path) as journal:
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 61)]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path) as journal:
         packs = _packs(journal)
         assert all(p.loaded for p in packs)  # (the bodies it read: until `state()`)
         compact = journal._live.compact
@@ -108,15 +71,15 @@ def test_untouched_packs_are_unloaded_at_the_open_and_found_by_id(tmp_path: Path
             assert len(_loaded(journal)) <= LOADED_MAX
         assert compact_find(compact, 61) < 0
         assert _held(journal) == list(range(1, 61))
-        _same(state, _model(appends))
+        paired.same(state, paired.model(appends))
 
 
 def test_the_state_of_unloaded_packs_is_runs_without_loading_them(tmp_path: Path) -> None:
     """Every message left in the file (a body budget of 0): `state()` reads the runs off
     the packs' summaries; a backlog's reads load one pack at a time."""
-    appends = [_QUEUE] + [_message(i) for i in range(1, 61)]
-    _write(tmp_path, appends)
-    with _open(tmp_path, body_budget=0) as journal:
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 61)]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path, body_budget=0) as journal:
         state = journal.state()
         assert not any(p.loaded for p in _packs(journal))  # nothing loaded for it
         runs = [part for _, parts in state.ref_parts() for part in parts]
@@ -128,9 +91,9 @@ def test_the_state_of_unloaded_packs_is_runs_without_loading_them(tmp_path: Path
 
 
 def test_an_ack_of_an_unloaded_pack_loads_and_pins_it(tmp_path: Path) -> None:
-    appends = [_QUEUE] + [_message(i) for i in range(1, 61)]
-    _write(tmp_path, appends)
-    with _open(tmp_path) as journal:
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 61)]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path) as journal:
         journal.state()
         acks: list[Record] = [AckRef(queue="q", msg_id=m) for m in (3, 30)]
         journal.append(acks, sync=True)
@@ -145,15 +108,15 @@ def test_an_ack_of_an_unloaded_pack_loads_and_pins_it(tmp_path: Path) -> None:
         assert journal.read_message(30) is None
         assert 4 in _held(journal)
         assert 3 not in _held(journal)
-    with _open(tmp_path) as journal:
-        _same(journal.state(), _model(appends))
+    with paired.open_journal(tmp_path) as journal:
+        paired.same(journal.state(), paired.model(appends))
 
 
 def test_compaction_over_unloaded_packs_moves_their_pairs(tmp_path: Path) -> None:
-    appends = [_QUEUE] + [_message(i) for i in range(1, 61)]
-    _write(tmp_path, appends)
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 61)]
+    paired.write(tmp_path, appends)
     keep = {5, 33, 34, 58}
-    with _open(tmp_path, compact_live_ratio=0.5) as journal:
+    with paired.open_journal(tmp_path, compact_live_ratio=0.5) as journal:
         journal.state()
         acks: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(1, 61) if i not in keep]
         journal.append(acks, sync=True)
@@ -165,9 +128,9 @@ def test_compaction_over_unloaded_packs_moves_their_pairs(tmp_path: Path) -> Non
             row = journal.read_message(msg_id)
             assert row is not None
             assert row[3] == bytes([msg_id]) * 500
-    with _open(tmp_path) as journal:
+    with paired.open_journal(tmp_path) as journal:
         state = journal.state()
-    _same(state, _model(appends))
+    paired.same(state, paired.model(appends))
     assert [row[1] for row in state.ref_rows()] == sorted(keep)
 
 
@@ -175,34 +138,39 @@ def test_a_record_in_a_packs_range_that_is_not_a_pair_keeps_it_loaded(tmp_path: 
     """Ids out of order (5 before 3 and 4: those take the dicts) and a message added and
     acked at once between two pairs (short-lived): a rebuild from the file could not tell
     them from pairs, so their packs keep their arrays; the state is the replayed one."""
-    appends: list[list[Record]] = [_QUEUE, _message(1), _message(2), _message(5)]
-    appends += [_message(3), _message(4), _message(6)]
-    appends += [[*_message(7), AckRef(queue="q", msg_id=7)], _message(8)]
-    with _open(tmp_path, max_segment_bytes=1 << 20) as journal:
+    appends: list[list[Record]] = [
+        paired.QUEUE,
+        paired.message(1),
+        paired.message(2),
+        paired.message(5),
+    ]
+    appends += [paired.message(3), paired.message(4), paired.message(6)]
+    appends += [[*paired.message(7), AckRef(queue="q", msg_id=7)], paired.message(8)]
+    with paired.open_journal(tmp_path, max_segment_bytes=1 << 20) as journal:
         for records in appends:
             journal.append(records, sync=False)
         journal.flush()
-    with _open(tmp_path, max_segment_bytes=1 << 20) as journal:
+    with paired.open_journal(tmp_path, max_segment_bytes=1 << 20) as journal:
         packs = _packs(journal)
         assert len(packs) == 1
         assert packs[0].loaded
         assert packs[0].pinned
-        _same(journal.state(), _model(appends))
+        paired.same(journal.state(), paired.model(appends))
 
 
 def test_appends_after_the_open_are_not_read_into_a_rebuilt_pack(tmp_path: Path) -> None:
     """The current segment's pack unloaded, an ack of one of its pairs appended to that
     same segment: the rebuild reads only what the open read, and the ack kills it."""
-    appends = [_QUEUE] + [_message(i) for i in range(1, 6)]
-    with _open(tmp_path, max_segment_bytes=1 << 20) as journal:
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 6)]
+    with paired.open_journal(tmp_path, max_segment_bytes=1 << 20) as journal:
         for records in appends:
             journal.append(records, sync=False)
         journal.flush()
-    with _open(tmp_path, max_segment_bytes=1 << 20, body_budget=0) as journal:
+    with paired.open_journal(tmp_path, max_segment_bytes=1 << 20, body_budget=0) as journal:
         journal.state()  # (every body left in the file: nothing loads the pack)
         (pack,) = _packs(journal)
         assert not pack.loaded
-        more: list[list[Record]] = [_message(6), [AckRef(queue="q", msg_id=2)]]
+        more: list[list[Record]] = [paired.message(6), [AckRef(queue="q", msg_id=2)]]
         for records in more:
             journal.append(records, sync=True)
         journal.flush()
@@ -213,14 +181,14 @@ def test_appends_after_the_open_are_not_read_into_a_rebuilt_pack(tmp_path: Path)
         assert list(pack_view(pack)[0]) == [1, 2, 3, 4, 5]  # not message 6
         assert journal.read_message(2) is None
         assert journal.read_message(6) is not None
-    with _open(tmp_path) as journal:
-        _same(journal.state(), _model(appends))
+    with paired.open_journal(tmp_path) as journal:
+        paired.same(journal.state(), paired.model(appends))
 
 
 def test_a_crash_with_unloaded_packs_recovers_what_is_on_disk(tmp_path: Path) -> None:
-    appends = [_QUEUE] + [_message(i) for i in range(1, 31)]
-    _write(tmp_path, appends)
-    with _open(tmp_path) as journal:
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 31)]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path) as journal:
         journal.state()
         whole: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(1, 11)]
         cut: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(11, 21)]
@@ -231,19 +199,19 @@ def test_a_crash_with_unloaded_packs_recovers_what_is_on_disk(tmp_path: Path) ->
     with last.open("r+b") as f:
         f.truncate(last.stat().st_size - 7)  # into the second append's last AckRef
     appends.append(whole)
-    with _open(tmp_path) as journal:
+    with paired.open_journal(tmp_path) as journal:
         state = journal.state()
         assert any(not p.loaded for p in _packs(journal))
-        _same(state, _model(appends))
+        paired.same(state, paired.model(appends))
         assert _held(journal) == list(range(11, 31))
 
 
 def test_a_rebuild_that_does_not_give_the_packed_pairs_back_fails_loudly(
     tmp_path: Path,
 ) -> None:
-    appends = [_QUEUE] + [_message(i) for i in range(1, 31)]
-    _write(tmp_path, appends)
-    with _open(tmp_path, body_budget=0) as journal:
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 31)]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path, body_budget=0) as journal:
         pack = _packs(journal)[1]
         assert not pack.loaded
         pack.digest += 1  # as if the file no longer held what the open packed
@@ -253,36 +221,24 @@ def test_a_rebuild_that_does_not_give_the_packed_pairs_back_fails_loudly(
             compact_find(compact, pack.first)
 
 
-def _backlog_helpers() -> Any:
-    """`test_recovery_backlog.py`'s restarted broker and its journal of N messages."""
-    path = Path(__file__).with_name("test_recovery_backlog.py")
-    spec = importlib.util.spec_from_file_location("_recovery_backlog_helpers", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_a_journal_backlog_drains_unloaded_packs_in_order(tmp_path: Path) -> None:
     """A restart with most of a queue left in the journal (`store/backlog.py`), over
     several segments whose packs are unloaded: the backlog's runs load one pack at a time
     as it reaches it, and it drains in order, each message once; acked, the packs go."""
-    helpers = _backlog_helpers()
-    budget, n, expected = helpers.BUDGET, helpers.N, helpers._expected
-    helpers._write(tmp_path / "journal")
+    budget, n = journal_backlog.BUDGET, journal_backlog.N
+    journal_backlog.write(tmp_path / "journal")
     # (the segments of a writer with 64 KiB segments: written again, as a broker would)
     small = tmp_path / "small"
-    with _open(tmp_path / "journal") as journal:
+    with paired.open_journal(tmp_path / "journal") as journal:
         records = list(journal.replay())
-    with _open(small / "journal", max_segment_bytes=64 * 1024) as journal:
+    with paired.open_journal(small / "journal", max_segment_bytes=64 * 1024) as journal:
         for k, record in enumerate(records):
             if isinstance(record, AddRef) and isinstance(records[k - 1], AddMessage):
                 continue  # (appended with its message, as a broker does)
             pair = records[k : k + 2] if isinstance(record, AddMessage) else [record]
             journal.append(pair, sync=False)
         journal.flush()
-    r = helpers._Restarted(small, budget)
+    r = journal_backlog.Restarted(small, budget)
     packs = _packs(r.journal)
     assert len(packs) > LOADED_MAX + 1
     unloaded = sum(not p.loaded for p in packs)
@@ -306,7 +262,7 @@ def test_a_journal_backlog_drains_unloaded_packs_in_order(tmp_path: Path) -> Non
         peak = max(peak, len(_loaded(r.journal)))
         if not more:
             break
-    assert got == expected(range(1, n + 1))
+    assert got == journal_backlog.expected(range(1, n + 1))
     assert peak <= LOADED_MAX
     assert len(set(loads)) >= unloaded  # each read back from its file as it was reached
     r.close()

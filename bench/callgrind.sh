@@ -17,6 +17,7 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BENCH=$REPO/../shared/bench/amqp-bench
+[ -x "$BENCH" ] || BENCH=/work/shared/bench/amqp-bench  # from a worktree (/work/wt/NAME)
 CGEN=/tmp/bench-cgen/amqp-cgen
 SCENARIO=${SCENARIO:-queue}
 N=${N:-3000}

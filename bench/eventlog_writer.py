@@ -25,6 +25,11 @@ The compiled build's writer uses `eventlog/_lines.c` (setup.py C_MODULES); a tre
 than the installed one goes first on PYTHONPATH, which the writer process inherits:
 
     PYTHONPATH=/tmp/T MODULE=amqpbroker.eventlog.child_base PYTHON=.venv/bin/python ...
+
+SCENARIO=redelivery gives the frames of the redelivery scenario instead (issue 20): per
+message also a `returned` (reason modified-failed, the shared delay-0 extra the broker's
+`Queue._note_returned` sends) and a second `dispatched` (count 1), both `KNOWN`: six
+lines a message.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ PYTHON = os.environ.get("PYTHON", sys.executable)
 if os.sep in PYTHON:
     PYTHON = os.path.abspath(PYTHON)  # the writer runs in a temp dir
 FRAMES = os.environ.get("FRAMES")
+REDELIVERY = os.environ.get("SCENARIO", "queue") == "redelivery"
+LINES = 6 if REDELIVERY else 4  # a message's events
 COMPRESS = os.environ.get("COMPRESS", "1") != "0"
 MODULE = os.environ.get("MODULE", "amqpbroker.eventlog.child")
 WRAP = os.environ.get("WRAP", "").split()  # e.g. WRAP="valgrind --tool=callgrind"
@@ -80,6 +87,9 @@ def synthetic(n: int) -> bytes:
     enq = ("enqueued", (address, address, "ANYCAST"), None, "route")
     disp = ("dispatched", (address, address, "ANYCAST"), ("amqp-cgen-recv-1-3", "recv"), None)
     acked = ("acked", (address, address, "ANYCAST"), ("amqp-cgen-recv-1-3", "recv"), None)
+    where, by = (address, address, "ANYCAST"), ("amqp-cgen-recv-1-3", "recv")
+    back = ("returned", where, by, "modified-failed")
+    at_once = (None, None, None, None, 0, None, None, None)
     targets = (None, None, (address,), None, None, None, None, None)
     out = bytearray()
     seq = 1
@@ -92,7 +102,11 @@ def synthetic(n: int) -> bytes:
             events.append((sent, ts, part, None, targets))
             events.append((enq, ts, part, None, None))
             events.append((disp, ts, part, 0, None))
-            events.append((acked, ts + 1, (msg_id, False, len(data), ts, KNOWN), None, None))
+            known = (msg_id, False, len(data), ts, KNOWN)
+            if REDELIVERY:
+                events.append((back, ts + 1, known, 1, at_once))
+                events.append((disp, ts + 1, known, 1, None))
+            events.append((acked, ts + 1, known, None, None))
         payload = marshal.dumps((seq, ts, events))
         out += len(payload).to_bytes(4, "little") + payload
         seq += len(events)
@@ -148,9 +162,9 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="eventlog-writer-") as tmp:
             cpu, lines = run_once(frames, Path(tmp))
         if messages is None:
-            messages = lines // 4
-        elif lines != messages * 4:
-            raise SystemExit(f"wrote {lines} lines, expected {messages * 4}")
+            messages = lines // LINES
+        elif lines != messages * LINES:
+            raise SystemExit(f"wrote {lines} lines, expected {messages * LINES}")
         per = cpu / messages * 10000
         results.append(per)
         print(f"rep {rep + 1}: {cpu:.3f} CPU-s, {lines} lines, {per:.3f} CPU-s per 10k messages")

@@ -12,7 +12,8 @@ and of its event-log writer process, which it lets finish what the run gave it (
 pending events at 0) before the second reading: the writer's whole work for the run,
 not only what fell inside it. The load generators' CPU is amqp-bench's (their
 getrusage). While a run goes, the bench queue's depth (ready + scheduled + delivering,
-`/metrics`) is sampled every 0.1 s. One JSON line a run, then the medians in
+`/metrics`) is sampled every 0.1 s, and the loop process's minor page faults a message
+are counted (`loop_faults`). One JSON line a run, then the medians in
 microseconds a message. CPU per message is the point; msg/s follows the machine's load.
 """
 
@@ -47,6 +48,15 @@ def cpu(pid: int) -> float:
         return 0.0
     fields = raw[raw.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def faults(pid: int) -> int:
+    """Minor page faults of the process so far (all its threads; 0 if it is gone)."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(raw[raw.rindex(")") + 2 :].split()[7])
 
 
 def children(pid: int) -> list[int]:
@@ -111,7 +121,7 @@ def main() -> int:
 
         def run(scenario: str, count: int, jsonl: Path) -> dict[str, Any]:
             writers = children(broker.pid)
-            before = (cpu(broker.pid), sum(cpu(w) for w in writers))
+            before = (cpu(broker.pid), sum(cpu(w) for w in writers), faults(broker.pid))
             depth: list[int] = []
             done = threading.Event()
 
@@ -160,6 +170,7 @@ def main() -> int:
                     break
                 time.sleep(0.1)
             loop = cpu(broker.pid) - before[0]
+            loop_faults = faults(broker.pid) - before[2]
             writer = sum(cpu(w) for w in writers) - before[1]
             record = json.loads(jsonl.read_text().splitlines()[-1])
             return {
@@ -171,6 +182,7 @@ def main() -> int:
                 "producer_us": round((record["cpu_s"].get("producer") or 0) / count * 1e6, 1),
                 "consumer_us": round((record["cpu_s"].get("consumers") or 0) / count * 1e6, 1),
                 "max_depth": max(depth, default=0),
+                "loop_faults": round(loop_faults / count, 2),
             }
 
         run("queue", 5000, out / "warmup.jsonl")
@@ -186,7 +198,15 @@ def main() -> int:
         print(f"medians, microseconds a message (N={n}, {rounds} rounds; {out}):")
         for scenario in scenarios:
             mine = [row for row in rows if row["scenario"] == scenario]
-            keys = ("loop_us", "writer_us", "producer_us", "consumer_us", "all_us", "max_depth")
+            keys = (
+                "loop_us",
+                "writer_us",
+                "producer_us",
+                "consumer_us",
+                "all_us",
+                "max_depth",
+                "loop_faults",
+            )
             print(
                 f"  {scenario:20s}",
                 " ".join(f"{k}={statistics.median(row[k] for row in mine):g}" for k in keys),

@@ -13,7 +13,8 @@
    event's steps are done, as `.encode()` of `_format`'s whole text does.
 
    Any event that is not the common shape (an exact 5-tuple whose part is an exact 5-tuple
-   with data not None, and extra None or a `sent`'s 8-tuple with only target_queues) goes
+   with data not None, and extra None, a `sent`'s 8-tuple with only target_queues, or a
+   `returned`'s with only an exact-int delay_ms) goes
    to `fallback(seq, [event])` (`_format` itself), before any of its steps is done here:
    the rare events, and any odd value a bug might send, get `_format`'s text or its
    exception, whatever they are. A value is written as an f-string writes it
@@ -144,6 +145,7 @@ static PyObject *triple(PyObject *value) {
 typedef struct {
     PyObject *shape;   /* owned */
     PyObject *targets; /* owned; NULL: not a `sent` with target queues */
+    PyObject *delay;   /* owned; NULL: not a `returned` with delay_ms */
     PyObject *texts;   /* owned */
 } Slot;
 
@@ -156,30 +158,34 @@ typedef struct {
     int owns_kept; /* `out` is `kept` */
 } Frame;
 
-/* The texts of `shape` (with a `sent`'s `targets`, or NULL), a new reference. */
-static PyObject *shape_texts(Frame *f, PyObject *shape, PyObject *targets) {
+/* The texts of `shape` (with a `sent`'s `targets` or a `returned`'s `delay`, or NULL: at
+   most one of them), a new reference. */
+static PyObject *shape_texts(Frame *f, PyObject *shape, PyObject *targets, PyObject *delay) {
     for (int k = 0; k < f->used; k++) {
         Slot *s = &f->slots[k];
-        if (s->shape == shape && s->targets == targets) {
+        if (s->shape == shape && s->targets == targets && s->delay == delay) {
             Py_INCREF(s->texts);
             return s->texts;
         }
     }
     PyObject *key;
-    if (targets == NULL) {
+    if (targets != NULL) {
+        key = PyTuple_Pack(2, shape, targets);
+    } else if (delay != NULL) {
+        key = PyTuple_Pack(3, shape, Py_None, delay);
+    } else {
         key = shape;
         Py_INCREF(key);
-    } else {
-        key = PyTuple_Pack(2, shape, targets);
-        if (key == NULL)
-            return NULL;
     }
+    if (key == NULL)
+        return NULL;
     PyObject *texts = PyDict_GetItemWithError(f->shapes, key);
     if (texts != NULL) {
         Py_INCREF(texts);
     } else if (!PyErr_Occurred()) {
-        texts = PyObject_CallFunctionObjArgs(
-            f->cache_shape, key, shape, targets == NULL ? Py_None : targets, NULL);
+        texts = PyObject_CallFunctionObjArgs(f->cache_shape, key, shape,
+                                             targets == NULL ? Py_None : targets,
+                                             delay == NULL ? Py_None : delay, NULL);
     }
     Py_DECREF(key);
     texts = triple(texts);
@@ -187,9 +193,11 @@ static PyObject *shape_texts(Frame *f, PyObject *shape, PyObject *targets) {
         Slot *s = &f->slots[f->used++];
         Py_INCREF(shape);
         Py_XINCREF(targets);
+        Py_XINCREF(delay);
         Py_INCREF(texts);
         s->shape = shape;
         s->targets = targets;
+        s->delay = delay;
         s->texts = texts;
     }
     return texts;
@@ -223,7 +231,7 @@ static int slow(Frame *f, long long seq, PyObject *event) {
 
 /* One event's line, or the fallback's text for it. */
 static int one(Frame *f, long long seq, PyObject *event) {
-    PyObject *shape, *ts, *part, *count, *extra, *data, *msg_id, *targets = NULL;
+    PyObject *shape, *ts, *part, *count, *extra, *data, *msg_id, *targets = NULL, *delay = NULL;
     if (!PyTuple_CheckExact(event) || PyTuple_GET_SIZE(event) != 5)
         return slow(f, seq, event);
     shape = PyTuple_GET_ITEM(event, 0);
@@ -239,11 +247,18 @@ static int one(Frame *f, long long seq, PyObject *event) {
     if (extra != Py_None) {
         if (!PyTuple_CheckExact(extra) || PyTuple_GET_SIZE(extra) != 8)
             return slow(f, seq, event);
+        /* a `sent`'s target queues alone, or a `returned`'s int delay alone */
+        Py_ssize_t only = 2;
         targets = PyTuple_GET_ITEM(extra, 2);
-        if (targets == Py_None)
-            return slow(f, seq, event);
+        if (targets == Py_None) {
+            targets = NULL;
+            only = 4;
+            delay = PyTuple_GET_ITEM(extra, 4);
+            if (!PyLong_CheckExact(delay))
+                return slow(f, seq, event);
+        }
         for (Py_ssize_t j = 0; j < 8; j++) {
-            if (j != 2 && PyTuple_GET_ITEM(extra, j) != Py_None)
+            if (j != only && PyTuple_GET_ITEM(extra, j) != Py_None)
                 return slow(f, seq, event);
         }
     }
@@ -260,7 +275,7 @@ static int one(Frame *f, long long seq, PyObject *event) {
             Py_DECREF(r);
         }
     }
-    PyObject *texts = shape_texts(f, shape, targets);
+    PyObject *texts = shape_texts(f, shape, targets, delay);
     if (texts == NULL)
         return -1;
     PyObject *message = PyDict_GetItemWithError(f->messages, msg_id);
@@ -303,6 +318,7 @@ static void release(Frame *f) {
     for (int k = 0; k < f->used; k++) {
         Py_DECREF(f->slots[k].shape);
         Py_XDECREF(f->slots[k].targets);
+        Py_XDECREF(f->slots[k].delay);
         Py_DECREF(f->slots[k].texts);
     }
     f->used = 0;

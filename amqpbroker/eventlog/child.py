@@ -487,10 +487,12 @@ class ChildWriter:
     def _format(self, first_seq: int, events: list[tuple[Any, ...]]) -> str:
         """The lines of a frame's events, numbered from `first_seq`.
 
-        The common case (sent, enqueued, dispatched, acked: ~4 lines a message) is cached
-        texts around ts, seq and the count, inline in this loop: a call per line was a
-        tenth of the writer's CPU. Numbers as `{ts}`, not `{ts:d}`: a format spec costs
-        ~0.5 us a line (issue 20), and they are plain ints (marshal; `frames._plain`).
+        The common case (sent, enqueued, dispatched, acked: ~4 lines a message; and a
+        consumer's `returned`, whose extra is only its delay: a redelivery's fifth line,
+        issue 20) is cached texts around ts, seq and the count, inline in this loop: a
+        call per line was a tenth of the writer's CPU. Numbers as `{ts}`, not `{ts:d}`:
+        a format spec costs ~0.5 us a line (issue 20), and they are plain ints (marshal;
+        `frames._plain`).
         """
         lines: list[str] = []
         append = lines.append
@@ -530,6 +532,20 @@ class ChildWriter:
                 texts = shapes.get(key)
                 if texts is None:
                     texts = self._cache_shape(key, shape, extra[2])
+            elif (  # only an int delay_ms: a consumer's `returned` (a redelivery's return)
+                type(extra[4]) is int
+                and extra[0] is None
+                and extra[1] is None
+                and extra[2] is None
+                and extra[3] is None
+                and extra[5] is None
+                and extra[6] is None
+                and extra[7] is None
+            ):
+                delayed = (shape, None, extra[4])
+                texts = shapes.get(delayed)
+                if texts is None:
+                    texts = self._cache_shape(delayed, shape, None, extra[4])
             else:
                 append(self._line(seq, shape, ts, part, delivery_count, extra))
                 continue
@@ -618,10 +634,15 @@ class ChildWriter:
         return text
 
     def _cache_shape(
-        self, key: Any, shape: tuple[Any, ...], targets: tuple[str, ...] | None
+        self,
+        key: Any,
+        shape: tuple[Any, ...],
+        targets: tuple[str, ...] | None,
+        delay_ms: int | None = None,
     ) -> tuple[str, str, str]:
         """The texts of `_format`'s common line that depend only on the event's shape (and a
-        `sent`'s target queues): a few, repeated for every message."""
+        `sent`'s target queues, or a `returned`'s delay): a few, repeated for every
+        message."""
         j = self._json
         kind, (address, queue, routing_type), by, reason = shape
         connection, link = by or (None, None)
@@ -631,7 +652,7 @@ class ChildWriter:
             f'"address":{j[address]},"queue":{j[queue]},"routing_type":{j[routing_type]},',
             f'"connection":{j[connection]},"link":{j[link]},"txn":null,"reason":{j[reason]},'
             f'"target_address":null,"target_queues":{queues},"copy_msg_id":null,'
-            '"delay_ms":null,',
+            f'"delay_ms":{_n(delay_ms)},',
         )
         if len(self._shapes) >= _JSON_CACHE:
             self._shapes.clear()

@@ -1392,7 +1392,8 @@ def test_the_fast_lines_are_the_generic_lines_byte_for_byte(tmp_path: Path) -> N
     `id(shape)`, `{ts}` without a format spec) must be the bytes `_line`, the one generic
     B-170 template, writes: for shared shape tuples, an equal shape in another tuple, a
     `sent` with target queues (its extra shared, as `Queue.event_routed` is, also with
-    another shape and another extra), two frames reusing a shape, a redelivery count."""
+    another shape and another extra), two frames reusing a shape, a redelivery count, a
+    consumer's `returned` (its extra only a delay: shared at 0, or its own)."""
     from amqpbroker.eventlog.child import ChildWriter
 
     config = {
@@ -1412,6 +1413,8 @@ def test_the_fast_lines_are_the_generic_lines_byte_for_byte(tmp_path: Path) -> N
     enqueued = event("enqueued", queue="q1", routing_type="ANYCAST", reason="route")
     dispatched = event("dispatched", queue="q1", routing_type="ANYCAST", link="l2")
     shape_twin = tuple(list(dispatched[0]))  # equal to dispatched's shape, another tuple
+    returned = event("returned", queue="q1", link="l2", reason="modified-failed", delay_ms=0)
+    later = event("returned", queue="q1", link="l2", reason="released", delay_ms=250)
     frames: list[list[RawEvent]] = [[], []]
     for msg_id in range(1, 7):
         data = encoded(body=b"x" * msg_id, id=f"m{msg_id}")
@@ -1424,6 +1427,8 @@ def test_the_fast_lines_are_the_generic_lines_byte_for_byte(tmp_path: Path) -> N
         frame.append((enqueued[0], 11 + msg_id, part, None, None))
         shape = shape_twin if msg_id == 5 else dispatched[0]
         frame.append((shape, 12 + msg_id, part, msg_id % 3, None))
+        back = returned if msg_id % 2 else later
+        frame.append((back[0], 13 + msg_id, (*part[:4], 0), 1, back[4]))
     seq = 1
     for frame in frames:
         lines = fast._format(seq, frame).encode()

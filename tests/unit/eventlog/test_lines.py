@@ -150,6 +150,17 @@ def queue_frames(seed: int) -> list[tuple[int, list[Any]]]:
         )
         disp = event("dispatched", address=address, queue=queue, connection=container, link=link)
         acked = event("acked", address=address, queue=queue, reason=rng.choice(HOSTILE))
+        # A redelivery's return leg: the consumer's shape, one shared `extra` (delay 0,
+        # `queue._RETURNED_AT_ONCE`) or a delay of its own.
+        returned = event(
+            "returned",
+            address=address,
+            queue=queue,
+            connection=container,
+            link=link,
+            reason=rng.choice(["modified-failed", "released", *HOSTILE]),
+            delay_ms=0,
+        )
         frame: list[Any] = []
         for _ in range(rng.randrange(1, 12)):
             msg_id += 1
@@ -161,6 +172,11 @@ def queue_frames(seed: int) -> list[tuple[int, list[Any]]]:
             frame.append((sent[0], 10 + msg_id, part, None, sent[4]))
             frame.append((enq[0], 11 + msg_id, part, None, None))
             frame.append((disp[0], 12 + msg_id, rng.choice([part, known]), rng.randrange(3), None))
+            if rng.random() < 0.5:
+                delay = rng.choice([0, 0, 5, 1 << 70])
+                extra = returned[4] if delay == 0 else (None,) * 4 + (delay,) + (None,) * 3
+                frame.append((returned[0], 12 + msg_id, known, 1, extra))
+                frame.append((disp[0], 12 + msg_id, known, 2, None))
             frame.append((acked[0], 13 + msg_id, known, None, None))
         frames.append((seq, frame))
         seq += len(frame)
@@ -202,8 +218,48 @@ def test_the_c_lines_hand_every_rare_event_to_format(tmp_path: Path) -> None:
     assert_same(tmp_path, [(1, frame), (7, list(reversed(frame)))], properties=("tenant",))
 
 
+def test_the_c_lines_write_a_redelivery_s_returned_line_themselves(tmp_path: Path) -> None:
+    """Issue 20: a consumer's `returned` (its extra only a delay, shared at 0 as
+    `queue._RETURNED_AT_ONCE` is) is a common line, not `_format`'s: a redelivery's
+    fifth line cost the writer process a Python call and the 24-field template."""
+    returned = event("returned", queue="q", link="l", reason="modified-failed", delay_ms=0)
+    delayed = (*returned[:4], (None, None, None, None, 250, None, None, None))
+    data = encoded(id="m", body=b"b")
+    frame = [
+        (returned[0], 5, (1, False, len(data), 3, data), 1, returned[4]),
+        (returned[0], 6, (1, False, len(data), 3, KNOWN), 2, returned[4]),
+        (delayed[0], 7, (1, False, len(data), 3, KNOWN), 3, delayed[4]),
+    ]
+    w = c_writer(tmp_path)
+    calls: list[Any] = []
+
+    def fallback(first_seq: Any, events: Any) -> str:
+        calls.append(events)
+        return w._format(first_seq, events)
+
+    module = c_lines()
+    got = module.lines(
+        1,
+        frame,
+        w._info,
+        w._messages,
+        w._shapes,
+        w._message_info,
+        w._cache_message,
+        w._cache_shape,
+        fallback,
+    )
+    assert calls == []
+    pure = new_writer(tmp_path / "pure")
+    pure.body_key, pure._pads = w.body_key, w._pads
+    assert got == "".join(pure._line(s, *e) for s, e in enumerate(frame, 1)).encode()
+    assert b'"delay_ms":0,' in got
+    assert b'"delay_ms":250,' in got
+
+
 K = ("k", ("a", "q", "ANYCAST"), None, None)  # a shape
 NOT8 = (None, None, ("q",), None, None, None, None, None, 9)  # a `sent`'s extra of nine
+DELAY = (None, None, None, None)  # a `returned`'s extra up to its delay_ms
 ODD: list[Any] = [
     [("s",), 1, (1, False, 1, 1, b"\0Sw"), None, None],  # a list, not a tuple
     ("only", "four", "items", None),
@@ -218,6 +274,13 @@ ODD: list[Any] = [
     (K, 1, (7, 0, 0, 0, KNOWN), None, [None] * 8),
     (K, 1, (8, 0, 0, 0, KNOWN), None, NOT8),
     (K, 1, (9, 0, 0, 0, KNOWN), None, (None, None, ["unhashable"], *(None,) * 5)),
+    (K, 1, (12, 0, 0, 0, KNOWN), 1, (*DELAY, True, None, None, None)),  # not an exact int
+    (K, 1, (13, 0, 0, 0, KNOWN), 1, (*DELAY, 1.0, None, None, None)),
+    (K, 1, (14, 0, 0, 0, KNOWN), 1, (*DELAY, -(1 << 80), None, None, None)),
+    (K, 1, (15, 0, 0, 0, KNOWN), 1, (*DELAY, 0, None, None, None, None)),  # nine
+    (K, 1, (16, 0, 0, 0, KNOWN), 1, ("tx", None, None, None, 0, None, None, None)),
+    (K, 1, (17, 0, 0, 0, KNOWN), 1, (None, None, ("q",), None, 0, None, None, None)),
+    (K, 1, (18, 0, 0, 0, KNOWN), 1, (*DELAY, 0, None, None, "id")),
     ((["unhashable"], ("a", "q", "ANYCAST"), None, None), 1, (10, 0, 0, 0, KNOWN), None, None),
     (K, 1, ("id", 0, 0, 0, b"not amqp"), None, None),
     (K, 1, (11, 0, 0, 0, 3.5), None, None),

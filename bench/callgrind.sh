@@ -16,8 +16,8 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BENCH=$REPO/../shared/bench/amqp-bench
-[ -x "$BENCH" ] || BENCH=/work/shared/bench/amqp-bench  # from a worktree (/work/wt/NAME)
+# The shared harness beside the repo, or where SHARED_BENCH says (a git worktree elsewhere).
+BENCH=${SHARED_BENCH:-$REPO/../shared/bench}/amqp-bench
 CGEN=/tmp/bench-cgen/amqp-cgen
 SCENARIO=${SCENARIO:-queue}
 N=${N:-3000}

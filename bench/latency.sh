@@ -22,7 +22,7 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-SHARED=$(cd "$REPO/../shared/bench" 2> /dev/null && pwd) || {
+SHARED=$(cd "${SHARED_BENCH:-$REPO/../shared/bench}" 2> /dev/null && pwd) || {
   echo "latency.sh: $REPO/../shared/bench not found (the shared harness sits beside the repo)" >&2
   exit 2
 }

@@ -33,9 +33,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH = REPO.parent / "shared" / "bench" / "amqp-bench"
-if not BENCH.exists():
-    BENCH = Path("/work/shared/bench/amqp-bench")
+# The shared harness beside the repo, or where SHARED_BENCH says (a git worktree elsewhere).
+BENCH = Path(os.environ.get("SHARED_BENCH", REPO.parent / "shared" / "bench")) / "amqp-bench"
 CGEN = "/tmp/bench-cgen/amqp-cgen"
 TICK = os.sysconf("SC_CLK_TCK")
 

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import Any, Final
 
-from amqpbroker.core.model import QueueConfig
+from amqpbroker.core.model import QueueConfig, RoutingType
 from amqpbroker.core.records import (
     RECORD_CLASSES,
     AckRef,
@@ -281,8 +281,8 @@ def _conforms(value: Any, hint: Any) -> bool:
     crc did not see, or a journal written by hand): a name that is bytes, an int that is
     a string. Recovery handed such values on and failed later with a TypeError traceback
     (eighth attack pass); they are a decode error instead (`CodecError`)."""
-    if hint is Any:
-        return True
+    if hint is Any or hint is type:  # `type`: mypyc's runtime annotation of a union
+        return True  # (a compiled class's `str | None`), checked by construction instead
     if isinstance(hint, type):
         if hint is int or hint is float:  # a bool is an int (as the general decoder
             return isinstance(value, int) or type(value) is hint  # always read it)
@@ -312,12 +312,22 @@ _ADD_QUEUE_OWN: Final = frozenset(
 
 
 def _queue_extra_problem(extra: dict[str, Any]) -> str | None:
+    known: dict[str, Any] = {}
     for key, value in extra.items():
         if key in _ADD_QUEUE_OWN:
             return f"extra repeats the field {key!r}"
         hint = _QUEUE_HINTS.get(key)
-        if hint is not None and not _conforms(value, hint):
-            return f"extra {key!r} is a {type(value).__name__}, not {hint}"
+        if hint is not None:
+            if not _conforms(value, hint):
+                return f"extra {key!r} is a {type(value).__name__}, not {hint}"
+            known[key] = value
+    # The compiled build's QueueConfig (core/model.py, a native class) keeps no union
+    # annotations (`_conforms`' `type`) but checks every field's type when built: what
+    # recovery would build (`store/recovery._queue_config`) is built here once.
+    try:
+        QueueConfig(name="", address="", routing_type=RoutingType.ANYCAST, **known)
+    except (TypeError, ValueError) as e:
+        return f"extra does not make a queue's settings: {e}"
     return None
 
 

@@ -97,3 +97,17 @@ def test_an_add_queue_as_the_broker_writes_it_decodes() -> None:
     extra["extra"] = {"x-custom": 1}
     record = AddQueue(name="q", address="a", routing_type=RoutingType.ANYCAST, extra=extra)
     assert codec.decode(record.type_id, codec.encode(record)) == record
+
+
+def test_a_union_hint_the_compiled_build_erased_is_checked_by_building_the_settings() -> None:
+    """B-095, eighth attack pass: mypyc keeps a compiled class's `str | None` as `type` at
+    run time; such a hint accepts the value and the settings are built once instead
+    (the compiled QueueConfig refuses a wrong type there; the pure one has real hints)."""
+    from amqpbroker.store import codec
+
+    assert codec._conforms(None, type)
+    assert codec._conforms("k", type)
+    assert codec._queue_extra_problem({"last_value_key": None, "ring_size": 5}) is None
+    problem = codec._queue_extra_problem({"ring_size": "5"})
+    assert problem is not None
+    assert "ring_size" in problem

@@ -8,6 +8,7 @@ recovers what is on disk. `UNLOAD_MIN` is lowered so that these small segments u
 from __future__ import annotations
 
 import importlib.util
+import os
 from array import array
 from pathlib import Path
 from typing import Any
@@ -251,6 +252,30 @@ def test_a_rebuild_that_does_not_give_the_packed_pairs_back_fails_loudly(
         assert compact is not None
         with pytest.raises(JournalError, match="could not be rebuilt"):
             compact_find(compact, pack.first)
+
+
+@pytest.mark.parametrize("damage", ["remove", "empty", "cut"])
+def test_a_rebuild_from_a_segment_removed_or_cut_after_the_open_is_a_journal_error(
+    tmp_path: Path, damage: str
+) -> None:
+    """Ninth attack pass: whatever happened to the file, the rebuild's one error is
+    JournalError (what `store/backlog.py` passes as lost), not an OSError or mmap's
+    ValueError escaping to the loop."""
+    appends = [_QUEUE] + [_message(i) for i in range(1, 31)]
+    _write(tmp_path, appends)
+    with _open(tmp_path, body_budget=0) as journal:
+        pack = _packs(journal)[1]
+        assert not pack.loaded
+        path = pack.seg.path
+        if damage == "remove":
+            path.unlink()
+        else:
+            os.truncate(path, 0 if damage == "empty" else 100)
+        compact = journal._live.compact
+        assert compact is not None
+        with pytest.raises(JournalError, match="could not be rebuilt"):
+            compact_find(compact, pack.first)
+        assert not pack.loaded
 
 
 def _backlog_helpers() -> Any:

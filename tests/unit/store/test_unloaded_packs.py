@@ -17,7 +17,7 @@ import pytest
 
 from amqpbroker.core.model import RoutingType
 from amqpbroker.core.records import AckRef, AddMessage, AddQueue, AddRef, Record
-from amqpbroker.store import FileJournal, locs
+from amqpbroker.store import FileJournal, file_journal, locs
 from amqpbroker.store.api import JournalError
 from amqpbroker.store.journal import JournalState
 from amqpbroker.store.locs import LOADED_MAX, compact_find, pack_view
@@ -276,6 +276,39 @@ def test_a_rebuild_from_a_segment_removed_or_cut_after_the_open_is_a_journal_err
         with pytest.raises(JournalError, match="could not be rebuilt"):
             compact_find(compact, pack.first)
         assert not pack.loaded
+
+
+def test_an_ack_into_a_pack_that_cannot_be_rebuilt_does_not_fail_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ninth attack pass: an acknowledgement of a message whose unloaded pack's segment
+    was cut after the open. It was written and synced; indexing it raised JournalError in
+    the writer thread, which failed the journal, and as the ack stayed unindexed every
+    later sync that indexed failed again: every other durable append refused, for good.
+    Now the index cannot tell, so the pack's pairs stay live, the ack is kept (a live
+    record, for a restart to apply), it is logged once, and the journal goes on."""
+    monkeypatch.setattr(file_journal, "INDEX_EVERY_SYNCS", 3)
+    appends = [_QUEUE] + [_message(i) for i in range(1, 61)]
+    _write(tmp_path, appends)
+    with _open(tmp_path) as journal:
+        journal.state()
+        pack = _packs(journal)[2]
+        assert not pack.loaded
+        os.truncate(pack.seg.path, 100)
+        steps: list[list[Record]] = [
+            _message(100),
+            [AckRef(queue="q", msg_id=pack.first)],
+            *[_message(101 + k) for k in range(8)],
+        ]
+        for records in steps:
+            journal.append(records, sync=True)
+            journal.flush(timeout=10)  # raises JournalFailed if the journal failed
+        with journal._lock:
+            journal._index_synced()
+        assert journal.failure is None
+        assert not journal._live.unknown
+        for msg_id in (100, 108, 1, 60):  # the new ones, and other packs' alike
+            assert journal.read_message(msg_id) is not None
 
 
 def _backlog_helpers() -> Any:

@@ -311,6 +311,34 @@ def test_an_ack_into_a_pack_that_cannot_be_rebuilt_does_not_fail_the_journal(
             assert journal.read_message(msg_id) is not None
 
 
+def test_compaction_passes_a_run_with_a_segment_cut_after_the_open(tmp_path: Path) -> None:
+    """Ninth attack pass: compaction meets an unloaded pack whose segment was cut: that
+    run is passed (logged once, nothing of it moved) and the others are still compacted;
+    it had raised out of `compact()` (the auto-compaction thread logged it and compacted
+    nothing more, so the journal only grew)."""
+    appends = [_QUEUE] + [_message(i) for i in range(1, 61)]
+    _write(tmp_path, appends)
+    with _open(tmp_path) as journal:
+        journal.state()
+        packs = _packs(journal)
+        victim = packs[2]
+        os.truncate(victim.seg.path, 100)
+        acks: list[Record] = [
+            AckRef(queue="q", msg_id=m)
+            for m in range(1, 61)
+            if not victim.first <= m <= victim.last
+        ]
+        journal.append(acks, sync=True)
+        journal.flush()
+        before = journal.segment_count
+        result = journal.compact()
+        assert result.segments_deleted > 0
+        assert journal.segment_count < before
+        assert victim.seg.path.exists()  # passed, as it is
+        assert journal.failure is None
+        result = journal.compact()  # again: the same run passed, no error
+
+
 def _backlog_helpers() -> Any:
     """`test_recovery_backlog.py`'s restarted broker and its journal of N messages."""
     path = Path(__file__).with_name("test_recovery_backlog.py")

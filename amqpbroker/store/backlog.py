@@ -38,7 +38,7 @@ from amqpbroker.core.model import Message
 from amqpbroker.core.paging import PageStore
 from amqpbroker.store.api import JournalError
 from amqpbroker.store.codec import MessageRow
-from amqpbroker.store.locs import Run, pack_ids, pack_sizes, run_bytes
+from amqpbroker.store.locs import Run, pack_ids, pack_sizes, run_bytes, run_summary_bytes
 
 __all__ = ["JournalBacklog"]
 
@@ -212,9 +212,8 @@ class JournalBacklog:
     def _unreadable_size(run: Run, j: int) -> int:
         """A share of an unreadable run's bytes (its pack's summary's, the last reference
         the remainder), so that the head's bytes still come to 0 as it drains."""
-        try:
-            total = run_bytes(run)
-        except JournalError:  # (a part of a queue run: its sizes are the file's)
+        total = run_summary_bytes(run)  # (never a load: the pack's cannot be rebuilt)
+        if total < 0:  # (a part of a queue run: its sizes are in the file)
             return 0
         share = total // len(run)
         return share if j < run.end - 1 else total - share * (len(run) - 1)

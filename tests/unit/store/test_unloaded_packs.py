@@ -273,9 +273,18 @@ def test_a_rebuild_from_a_segment_removed_or_cut_after_the_open_is_a_journal_err
             os.truncate(path, 0 if damage == "empty" else 100)
         compact = journal._live.compact
         assert compact is not None
+        loader = compact.loader
+        assert loader is not None
+        loads: list[int] = []
+        compact.loader = lambda pack: (loads.append(pack.number), loader(pack))[1]
         with pytest.raises(JournalError, match="could not be rebuilt"):
             compact_find(compact, pack.first)
         assert not pack.loaded
+        # Wanted again (every ack, lookup or backlog step of its ids): the same error at
+        # once, not another walk of the file under the index's lock.
+        with pytest.raises(JournalError, match="could not be rebuilt"):
+            compact_find(compact, pack.last)
+        assert loads == [pack.number]
 
 
 def test_an_ack_into_a_pack_that_cannot_be_rebuilt_does_not_fail_the_journal(

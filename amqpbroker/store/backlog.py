@@ -28,6 +28,7 @@ its index says.
 
 from __future__ import annotations
 
+import logging
 from array import array
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
@@ -35,10 +36,13 @@ from typing import Union
 
 from amqpbroker.core.model import Message
 from amqpbroker.core.paging import PageStore
+from amqpbroker.store.api import JournalError
 from amqpbroker.store.codec import MessageRow
-from amqpbroker.store.locs import Run, pack_ids, pack_sizes, run_bytes
+from amqpbroker.store.locs import Run, pack_ids, pack_sizes, run_bytes, run_summary_bytes
 
 __all__ = ["JournalBacklog"]
+
+log = logging.getLogger(__name__)
 
 Position = tuple[int, int]
 _HEAD = -1  # the page number of a position in the journal's part (never a page file)
@@ -48,6 +52,9 @@ _COUNT, _AT, _SIZE, _FIRST, _EXPIRY = 1, 2, 3, 4, 5
 # reference) from the `lo`-th, or a run of the compact index's.
 Part = Union["tuple[array[int], int]", Run]
 _FIRST_TS = 5  # a `MessageRow`'s first_ts
+# The id of a reference whose run's pack cannot be rebuilt from its segment (`_run_ids`):
+# read back as nothing, counted as lost.
+_UNREADABLE = -1
 
 
 class JournalBacklog:
@@ -86,6 +93,9 @@ class JournalBacklog:
         self.messages = 0
         self.size_bytes = 0
         self.lost = 0
+        self._lost_here = 0  # references of unreadable runs passed (`_run_ids`)
+        # The packs (by number) whose segment could not give their arrays back.
+        self._unreadable: set[int] = set()
         self.epoch = 0
         self.expiring_ms = 0
         self._epoch_base = 0
@@ -161,23 +171,59 @@ class JournalBacklog:
             return part, part.start + i - self._starts[k]
         return part, part[1] + i - self._starts[k]
 
+    def _run_ids(self, run: Run) -> array[int] | None:
+        """The ids of `run`'s pack, None if its segment cannot give them back (changed,
+        cut or removed since the open: `reload_pack`'s JournalError; ninth attack pass).
+        Such a run's references read back as nothing and are counted as lost, as a damaged
+        page file's are (`PageFiles`): the queue goes on with the rest. Their records stay
+        in the journal, and a restart's open checks that segment and says what it holds."""
+        pack = run.pack
+        if pack.number in self._unreadable:
+            return None
+        try:
+            return pack_ids(pack)
+        except JournalError as e:
+            self._unreadable.add(pack.number)
+            log.error(
+                "journal backlog: %s; its %d messages in this queue's backlog are passed "
+                "as lost (their records stay in the journal: keep a copy of the journal "
+                "before the next start, which checks that segment)",
+                e,
+                len(run),
+            )
+            return None
+
     def _id(self, i: int) -> int:
         part, j = self._locate(i)
         if isinstance(part, Run):
-            return pack_ids(part.pack)[j]
+            ids = self._run_ids(part)
+            return _UNREADABLE if ids is None else ids[j]
         return part[0][j * _WIDTH]
 
     def _size(self, i: int) -> int:
         part, j = self._locate(i)
         if isinstance(part, Run):
+            if self._run_ids(part) is None:
+                return self._unreadable_size(part, j)
             return pack_sizes(part.pack)[j]
         return part[0][j * _WIDTH + _SIZE]
+
+    @staticmethod
+    def _unreadable_size(run: Run, j: int) -> int:
+        """A share of an unreadable run's bytes (its pack's summary's, the last reference
+        the remainder), so that the head's bytes still come to 0 as it drains."""
+        total = run_summary_bytes(run)  # (never a load: the pack's cannot be rebuilt)
+        if total < 0:  # (a part of a queue run: its sizes are in the file)
+            return 0
+        share = total // len(run)
+        return share if j < run.end - 1 else total - share * (len(run) - 1)
 
     def _counts(self, i: int) -> tuple[int, int, int]:
         """Id, persisted delivery count and scheduled time of the `i`-th reference."""
         part, j = self._locate(i)
         if isinstance(part, Run):
-            return pack_ids(part.pack)[j], 0, 0
+            ids = self._run_ids(part)
+            return _UNREADABLE if ids is None else ids[j], 0, 0
         refs = part[0]
         at = j * _WIDTH
         return refs[at], refs[at + _COUNT], refs[at + _AT]
@@ -193,7 +239,7 @@ class JournalBacklog:
         head = self._count() - self._next - self._gone_ahead
         self.messages = head + (tail.messages if tail is not None else 0)
         self.size_bytes = self._head_bytes + (tail.size_bytes if tail is not None else 0)
-        self.lost = tail.lost if tail is not None else 0
+        self.lost = self._lost_here + (tail.lost if tail is not None else 0)
         self.epoch = self._epoch_base + (tail.epoch if tail is not None else 0)
         expiring = self._head_expiring if head else 0
         later = tail.expiring_ms if tail is not None else 0
@@ -282,6 +328,8 @@ class JournalBacklog:
             self._head_bytes -= self._size(i)
             i += 1
             if message is None:
+                if msg_id == _UNREADABLE:
+                    self._lost_here += 1
                 continue
             size += message.size
             out.append(message)
@@ -298,6 +346,8 @@ class JournalBacklog:
         return self._message_of(msg_id, at_ms)
 
     def _message_of(self, msg_id: int, at_ms: int) -> Message | None:
+        if msg_id == _UNREADABLE:
+            return None
         row = self._read(msg_id)
         if row is None:  # not live in the journal any more: nothing to bring back
             return None
@@ -333,7 +383,8 @@ class JournalBacklog:
             # A run's is in its file, and a row's whose open kept none (0): read once
             # per head.
             if self._oldest[0] != i:
-                row = self._read(self._id(i))
+                msg_id = self._id(i)
+                row = None if msg_id == _UNREADABLE else self._read(msg_id)
                 first_ts = 0 if row is None else row[_FIRST_TS]
                 assert isinstance(first_ts, int)
                 self._oldest = (i, first_ts)
@@ -382,7 +433,9 @@ class JournalBacklog:
             self._gone[i] = 1
             self._gone_ahead += 1
             self._head_bytes -= self._size(i)
-            acked.append(self._id(i))
+            msg_id = self._id(i)
+            if msg_id != _UNREADABLE:
+                acked.append(msg_id)
         gone = self._gone
         i = self._next
         while i < count and gone and gone[i]:  # the next ones: passed now
@@ -408,9 +461,9 @@ class JournalBacklog:
 
     def clear(self) -> None:
         gone = [
-            self._id(i)
+            msg_id
             for i in range(self._next, self._count())
-            if not (self._gone and self._gone[i])
+            if not (self._gone and self._gone[i]) and (msg_id := self._id(i)) != _UNREADABLE
         ]
         self._reset()
         if gone:

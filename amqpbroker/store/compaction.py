@@ -40,6 +40,7 @@ from pathlib import Path
 from amqpbroker.store.api import (
     CompactionResult,
     JournalCorrupt,
+    JournalError,
     JournalFailed,
 )
 from amqpbroker.store.locs import Item, Packs, compact_drop, pack_entries, pack_move
@@ -86,6 +87,7 @@ class _Compaction:
     _readers: int
     _failure: JournalFailed | None
     _closed: bool
+    _passed_runs: set[str]  # what `compact` said of runs it passed (each said once)
 
     @property
     def size_bytes(self) -> int:
@@ -124,7 +126,20 @@ class _Compaction:
             try:
                 deleted += self._delete_dead()
                 for run in self._plan_runs():
-                    rewritten += self._rewrite(run)
+                    try:
+                        rewritten += self._rewrite(run)
+                    except JournalError as e:
+                        # A segment changed since the open (a damaged record, a pack that
+                        # cannot be rebuilt; ninth attack pass): that run stays as it is,
+                        # nothing of it was moved, and the others are still compacted.
+                        if str(e) not in self._passed_runs:
+                            self._passed_runs.add(str(e))
+                            log.error(
+                                "journal %s: compaction passes segments %s: %s",
+                                self.directory,
+                                ", ".join(seg.path.name for seg in run),
+                                e,
+                            )
                 deleted += self._delete_dead()
             except OSError as e:
                 # Every step leaves a journal that replays to the same state, so stopping

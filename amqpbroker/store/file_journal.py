@@ -237,6 +237,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
         # half it left for the next (see `_index_synced`): skipped there too.
         self._carried_gone: set[int] = set()
         self._compact_lock = threading.Lock()
+        self._passed_runs: set[str] = set()
         self._readers = 0  # replays in progress: compaction waits for them
         self._compact_wanted = threading.Event()
         self._stopping = False

@@ -336,10 +336,17 @@ def reload_pack(pack: _Pack) -> None:
     AddMessage and AddRef of each of its pairs are the frames of the segment, up to what
     the open read (`pack.limit`), with an id in its range (`locs.pack_settle` unloaded it
     only if no other record there has one), found by their headers and ids (`_reload`).
-    Raises `JournalError` if what it finds is not what the open packed (`pack.digest`)."""
+    Raises `JournalError` if what it finds is not what the open packed (`pack.digest`), or
+    if the file cannot be read (a file changed or removed since the open: the ninth attack
+    pass; `store/backlog.py` passes such a pack's references as lost)."""
     path = pack.seg.path
-    with open(path, "rb") as f:
-        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        with open(path, "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError) as e:  # removed, unreadable, or empty (mmap's ValueError)
+        raise JournalError(
+            f"journal segment {path}: its index could not be rebuilt from the file ({e})"
+        ) from e
     try:
         ids, spans, sizes = _reload(data, pack)
     except (IndexError, struct.error):  # (a frame cut short: not what the open read)

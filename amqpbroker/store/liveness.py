@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -35,6 +36,7 @@ from amqpbroker.core.records import (
     TxRollback,
     UpdateDeliveryCount,
 )
+from amqpbroker.store.api import JournalError
 from amqpbroker.store.codec import MessageLayout, RefRow
 from amqpbroker.store.indexing import short_lived
 from amqpbroker.store.locs import (
@@ -42,6 +44,8 @@ from amqpbroker.store.locs import (
     compact_ids,
     compact_take,
 )
+
+log = logging.getLogger(__name__)
 
 # --- liveness ------------------------------------------------------------------------
 
@@ -98,6 +102,11 @@ class _LiveSet(Generic[_Item]):
         # is its place in its queue's order (`JournalState._from_live` merges the dicts'
         # references with the compact index's by place).
         self.first_of: dict[tuple[str, int], _Item] | None = None
+        # Whether the last `_evict` could not tell: the pack that may hold the id could not
+        # be rebuilt from its segment (changed or removed since the open; ninth attack
+        # pass). Its segments' texts already said (`unreadable`), once each.
+        self.unknown = False
+        self.unreadable: set[str] = set()
         # The rule of each record type (`apply`; the file journal's index calls them).
         self.rules: dict[type[Any], Callable[[Any, _Item], bool]] = {
             AddMessage: self._add_message,
@@ -140,9 +149,20 @@ class _LiveSet(Generic[_Item]):
         handles (a message with one reference: no `ref_counts` entry), for a rule to meet
         it there. False: the compact index does not hold it."""
         compact = self.compact
+        self.unknown = False
         if compact is None:
             return False
-        handle, queue = compact_take(compact, msg_id)
+        try:
+            handle, queue = compact_take(compact, msg_id)
+        except JournalError as e:
+            # Not the writer's failure: its pairs stay live (their segment is kept) and
+            # the rules go on, so one damaged segment neither fails every later sync that
+            # indexes (a synced record indexed again and again) nor takes the rest down.
+            self.unknown = True
+            if str(e) not in self.unreadable:
+                self.unreadable.add(str(e))
+                log.error("journal index: %s; its messages are kept as they are", e)
+            return False
         if handle < 0:
             return False
         message: Any = handle
@@ -208,8 +228,11 @@ class _LiveSet(Generic[_Item]):
     def _ack_ref(self, record: AckRef, item: _Item) -> bool:
         queue, msg_id = record.queue, record.msg_id
         refs = self.refs.get(queue)
-        if (refs is None or msg_id not in refs) and self._evict(msg_id):
-            refs = self.refs.get(queue)
+        if refs is None or msg_id not in refs:
+            if self._evict(msg_id):
+                refs = self.refs.get(queue)
+            elif self.unknown:  # (its pack unreadable: the ack is kept, for a restart)
+                return True
         if refs is not None:
             ref = refs.pop(msg_id, None)
             if ref is not None:
@@ -270,7 +293,14 @@ class _LiveSet(Generic[_Item]):
             self._dead(skip[3], False)
         compact = self.compact
         if compact is not None:  # the queue's pairs in the compact index die too
-            for msg_id in compact_ids(compact, record.name):
+            try:
+                ids = compact_ids(compact, record.name)
+            except JournalError as e:  # (as `_evict`: the unreadable pack's pairs stay)
+                if str(e) not in self.unreadable:
+                    self.unreadable.add(str(e))
+                    log.error("journal index: %s; its messages are kept as they are", e)
+                ids = []
+            for msg_id in ids:
                 self._evict(msg_id)
         first = self.first_of
         if first:

@@ -49,6 +49,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
+from amqpbroker.store.api import JournalError
+
 
 class _Segment:
     __slots__ = ("items", "live_bytes", "number", "packs", "path", "size_bytes", "skips")
@@ -135,6 +137,7 @@ class _Pack:
         "seg",
         "sizes",
         "spans",
+        "unreadable",
     )
 
     def __init__(self, number: int, seg: _Segment, index: Compact | None = None) -> None:
@@ -187,6 +190,10 @@ class _Pack:
         # and expiration are in its file).
         self.sizes: array[int] = array("I")
         self.expiring = 0
+        # Why a rebuild from its file failed ("" while none has): the next want of its
+        # arrays fails at once with the same error, not with another walk of the file
+        # (each under the index's lock; ninth attack pass).
+        self.unreadable = ""
 
 
 Packs = list[_Pack | None]  # by number; None: its segment is deleted
@@ -345,7 +352,13 @@ def _load(compact: Compact, pack: _Pack) -> None:
     past `LOADED_MAX`: under the compact index's lock."""
     loader = compact.loader
     assert loader is not None
-    loader(pack)
+    if pack.unreadable:
+        raise JournalError(pack.unreadable)
+    try:
+        loader(pack)
+    except JournalError as e:
+        pack.unreadable = str(e)
+        raise
     pack.loaded = True
     loaded = compact.loaded
     loaded[pack.number] = pack
@@ -460,6 +473,15 @@ def queue_ranges(pack: _Pack, queue: str) -> list[tuple[int, int]]:
 def run_bytes(run: Run) -> int:
     """The body bytes of a run's messages: its pack's summary's if the run is one of its
     queue runs whole, else summed from its sizes."""
+    total: int = run_summary_bytes(run)
+    if total < 0:
+        total = sum(pack_sizes(run.pack)[run.start : run.end])
+    return total
+
+
+def run_summary_bytes(run: Run) -> int:
+    """`run_bytes` from an unloaded pack's summary, never loading it: -1 if the pack is
+    loaded or the run is not one of its queue runs whole."""
     pack = run.pack
     if not pack.loaded:
         runs = pack.queues
@@ -467,8 +489,7 @@ def run_bytes(run: Run) -> int:
             end = runs[k + 1][0] if k + 1 < len(runs) else pack.count
             if runs[k][0] == run.start and end == run.end and k < len(pack.qbytes):
                 return pack.qbytes[k]
-    total: int = sum(pack_sizes(pack)[run.start : run.end])
-    return total
+    return -1
 
 
 def compact_ids(compact: Compact, queue: str) -> list[int]:

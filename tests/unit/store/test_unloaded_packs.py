@@ -7,6 +7,7 @@ recovers what is on disk. `UNLOAD_MIN` is lowered so that these small segments u
 
 from __future__ import annotations
 
+import os
 from array import array
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pytest
 from support import journal_backlog, paired
 
 from amqpbroker.core.records import AckRef, AddMessage, AddRef, Record
-from amqpbroker.store import FileJournal, locs
+from amqpbroker.store import FileJournal, file_journal, locs
 from amqpbroker.store.api import JournalError
 from amqpbroker.store.locs import LOADED_MAX, compact_find, pack_view
 
@@ -219,6 +220,100 @@ def test_a_rebuild_that_does_not_give_the_packed_pairs_back_fails_loudly(
         assert compact is not None
         with pytest.raises(JournalError, match="could not be rebuilt"):
             compact_find(compact, pack.first)
+
+
+@pytest.mark.parametrize("damage", ["remove", "empty", "cut"])
+def test_a_rebuild_from_a_segment_removed_or_cut_after_the_open_is_a_journal_error(
+    tmp_path: Path, damage: str
+) -> None:
+    """Ninth attack pass: whatever happened to the file, the rebuild's one error is
+    JournalError (what `store/backlog.py` passes as lost), not an OSError or mmap's
+    ValueError escaping to the loop."""
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 31)]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path, body_budget=0) as journal:
+        pack = _packs(journal)[1]
+        assert not pack.loaded
+        path = pack.seg.path
+        if damage == "remove":
+            path.unlink()
+        else:
+            os.truncate(path, 0 if damage == "empty" else 100)
+        compact = journal._live.compact
+        assert compact is not None
+        loader = compact.loader
+        assert loader is not None
+        loads: list[int] = []
+        compact.loader = lambda pack: (loads.append(pack.number), loader(pack))[1]
+        with pytest.raises(JournalError, match="could not be rebuilt"):
+            compact_find(compact, pack.first)
+        assert not pack.loaded
+        # Wanted again (every ack, lookup or backlog step of its ids): the same error at
+        # once, not another walk of the file under the index's lock.
+        with pytest.raises(JournalError, match="could not be rebuilt"):
+            compact_find(compact, pack.last)
+        assert loads == [pack.number]
+
+
+def test_an_ack_into_a_pack_that_cannot_be_rebuilt_does_not_fail_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ninth attack pass: an acknowledgement of a message whose unloaded pack's segment
+    was cut after the open. It was written and synced; indexing it raised JournalError in
+    the writer thread, which failed the journal, and as the ack stayed unindexed every
+    later sync that indexed failed again: every other durable append refused, for good.
+    Now the index cannot tell, so the pack's pairs stay live, the ack is kept (a live
+    record, for a restart to apply), it is logged once, and the journal goes on."""
+    monkeypatch.setattr(file_journal, "INDEX_EVERY_SYNCS", 3)
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 61)]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path) as journal:
+        journal.state()
+        pack = _packs(journal)[2]
+        assert not pack.loaded
+        os.truncate(pack.seg.path, 100)
+        steps: list[list[Record]] = [
+            paired.message(100),
+            [AckRef(queue="q", msg_id=pack.first)],
+            *[paired.message(101 + k) for k in range(8)],
+        ]
+        for records in steps:
+            journal.append(records, sync=True)
+            journal.flush(timeout=10)  # raises JournalFailed if the journal failed
+        with journal._lock:
+            journal._index_synced()
+        assert journal.failure is None
+        assert not journal._live.unknown
+        for msg_id in (100, 108, 1, 60):  # the new ones, and other packs' alike
+            assert journal.read_message(msg_id) is not None
+
+
+def test_compaction_passes_a_run_with_a_segment_cut_after_the_open(tmp_path: Path) -> None:
+    """Ninth attack pass: compaction meets an unloaded pack whose segment was cut: that
+    run is passed (logged once, nothing of it moved) and the others are still compacted;
+    it had raised out of `compact()` (the auto-compaction thread logged it and compacted
+    nothing more, so the journal only grew)."""
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 61)]
+    paired.write(tmp_path, appends)
+    with paired.open_journal(tmp_path) as journal:
+        journal.state()
+        packs = _packs(journal)
+        victim = packs[2]
+        os.truncate(victim.seg.path, 100)
+        acks: list[Record] = [
+            AckRef(queue="q", msg_id=m)
+            for m in range(1, 61)
+            if not victim.first <= m <= victim.last
+        ]
+        journal.append(acks, sync=True)
+        journal.flush()
+        before = journal.segment_count
+        result = journal.compact()
+        assert result.segments_deleted > 0
+        assert journal.segment_count < before
+        assert victim.seg.path.exists()  # passed, as it is
+        assert journal.failure is None
+        result = journal.compact()  # again: the same run passed, no error
 
 
 def test_a_journal_backlog_drains_unloaded_packs_in_order(tmp_path: Path) -> None:

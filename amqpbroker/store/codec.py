@@ -312,22 +312,22 @@ _ADD_QUEUE_OWN: Final = frozenset(
 
 
 def _queue_extra_problem(extra: dict[str, Any]) -> str | None:
-    known: dict[str, Any] = {}
     for key, value in extra.items():
         if key in _ADD_QUEUE_OWN:
             return f"extra repeats the field {key!r}"
         hint = _QUEUE_HINTS.get(key)
-        if hint is not None:
-            if not _conforms(value, hint):
-                return f"extra {key!r} is a {type(value).__name__}, not {hint}"
-            known[key] = value
-    # The compiled build's QueueConfig (core/model.py, a native class) keeps no union
-    # annotations (`_conforms`' `type`) but checks every field's type when built: what
-    # recovery would build (`store/recovery._queue_config`) is built here once.
-    try:
-        QueueConfig(name="", address="", routing_type=RoutingType.ANYCAST, **known)
-    except (TypeError, ValueError) as e:
-        return f"extra does not make a queue's settings: {e}"
+        if hint is None:
+            continue
+        if not _conforms(value, hint):
+            return f"extra {key!r} is a {type(value).__name__}, not {hint}"
+        if hint is type:
+            # The compiled build's QueueConfig (core/model.py, a native class) keeps no
+            # union annotation (`_conforms`' `type`) but checks each field's type when
+            # built, as recovery builds it (`store/recovery._queue_config`).
+            try:
+                QueueConfig(name="", address="", routing_type=RoutingType.ANYCAST, **{key: value})
+            except (TypeError, ValueError) as e:
+                return f"extra {key!r} is a {type(value).__name__}: {e}"
     return None
 
 

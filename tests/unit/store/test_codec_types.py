@@ -7,6 +7,7 @@ name that was bytes: a TypeError traceback at start)."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 
 import pytest
@@ -14,6 +15,8 @@ import pytest
 from amqpbroker.core.model import QueueConfig, RoutingType
 from amqpbroker.core.records import RECORD_CLASSES, AddQueue, Record
 from amqpbroker.store import codec
+
+AMQPBROKER_COMPILED = os.environ.get("AMQPBROKER_COMPILED") == "1"
 
 SAMPLES: dict[type[typing.Any], Record] = {
     cls: cls(**kwargs)  # type: ignore[misc]
@@ -99,7 +102,9 @@ def test_an_add_queue_as_the_broker_writes_it_decodes() -> None:
     assert codec.decode(record.type_id, codec.encode(record)) == record
 
 
-def test_a_union_hint_the_compiled_build_erased_is_checked_by_building_the_settings() -> None:
+def test_a_union_hint_the_compiled_build_erased_is_checked_by_building_the_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """B-095, eighth attack pass: mypyc keeps a compiled class's `str | None` as `type` at
     run time; such a hint accepts the value and the settings are built once instead
     (the compiled QueueConfig refuses a wrong type there; the pure one has real hints)."""
@@ -111,3 +116,11 @@ def test_a_union_hint_the_compiled_build_erased_is_checked_by_building_the_setti
     problem = codec._queue_extra_problem({"ring_size": "5"})
     assert problem is not None
     assert "ring_size" in problem
+    hints = dict(codec._QUEUE_HINTS)
+    hints["last_value_key"] = type  # as the compiled build's annotations read
+    monkeypatch.setattr(codec, "_QUEUE_HINTS", hints)
+    assert codec._queue_extra_problem({"last_value_key": None}) is None
+    if AMQPBROKER_COMPILED:  # only the native class checks a field's type when built
+        problem = codec._queue_extra_problem({"last_value_key": b"k"})
+        assert problem is not None
+        assert problem.startswith("extra 'last_value_key' is a bytes")

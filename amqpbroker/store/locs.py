@@ -31,8 +31,13 @@ segment the open read, a check sum) once the open has read its segment
 (`pack_settle`), and its arrays are rebuilt from that segment when wanted
 (`Compact.loader`, `frames.reload_pack`: the open's frame loop over one segment). So a
 message left in the journal costs nothing per message at rest; what stays is per segment.
-A pack is unloaded only if a rebuild gives back exactly its pairs: no other record of its
-segment has an id in its range (`note_foreign`), no bytes of it were skipped. Whoever
+A pack is unloaded only if a rebuild gives back exactly its pairs: no bytes of it were
+skipped, and if another record of its segment has an id in its range (`note_foreign`: a
+*mixed* pack, another queue's short-lived messages between its pairs), the rebuild passes
+over the pairs its segment acks and the open checked once that this gives them back
+(`Compact.checker`; twelfth pass). A rule's change to a settled pack (a pair taken, a
+record dying) goes into its summary (`_summarized`: `taken`, `dead`, at most
+`_CHANGES_MAX`), which a rebuild applies, rather than pinning it. Whoever
 reads a pack's arrays gets them through `pack_view` (loaded first, under the compact
 index's lock; at most `LOADED_MAX` packs no rule touched are loaded at a time, the oldest
 unloaded first); a rule that changes a pack (an eviction, a record dying or moved by

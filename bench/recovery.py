@@ -9,6 +9,8 @@ messages into a `Broker`.
     BUDGET=67108864 N=1000000 .venv/bin/python bench/recovery.py  # 64 MiB global-max-size
     DRAIN=1 BUDGET=67108864 N=1000000 .venv/bin/python bench/recovery.py  # and then read
                                     # the journal backlog back, its acks journaled
+    MIXED=1 BUDGET=67108864 N=1000000 .venv/bin/python bench/recovery.py  # and a short-
+                                    # lived message of queue r after each of q's
     PROFILE=1 N=200000 .venv/bin/python bench/recovery.py
     DIR=/tmp/j WRITE_ONLY=1 N=200000 .venv/bin/python bench/recovery.py   # write once,
     DIR=/tmp/j N=200000 perf stat -e instructions:u .venv/bin/python bench/recovery.py
@@ -54,6 +56,12 @@ BUDGET = int(os.environ.get("BUDGET", "-1"))
 # a consumer's credit would, each read's acks appended to the journal and indexed, and
 # compaction run every 100 reads (issue 23: the drain of a recovered backlog).
 DRAIN = bool(os.environ.get("DRAIN"))
+# Mixed traffic (issue 23, twelfth pass): MIXED messages of a second queue, r, after each
+# of q's, acknowledged in the append after theirs (a consumer of r keeping up while q's
+# backlog builds), with MIXED_BODY-byte bodies: short-lived messages whose ids interleave
+# with the backlog's in every segment.
+MIXED = int(os.environ.get("MIXED", "0"))
+MIXED_BODY = int(os.environ.get("MIXED_BODY", "128"))
 
 
 def write(directory: Path) -> None:
@@ -61,17 +69,36 @@ def write(directory: Path) -> None:
     data = bytes(message.encode())  # (proton may hand a bytearray)
     scanned = sections.scan(data)  # as the broker does once, when the message arrives
     seen = {"header_end": scanned.header_end, "head_end": scanned.head_end()}
+    other = bytes(ProtonMessage(body=b"y" * MIXED_BODY, durable=True).encode())
+    scanned = sections.scan(other)
+    other_seen = {"header_end": scanned.header_end, "head_end": scanned.head_end()}
     journal = FileJournal(directory, fsync=lambda fd: None, auto_compact=False)
-    journal.append([AddQueue(name="q", address="q", routing_type=RoutingType.ANYCAST)], sync=True)
+    queues = [AddQueue(name="q", address="q", routing_type=RoutingType.ANYCAST)]
+    if MIXED:
+        queues.append(AddQueue(name="r", address="r", routing_type=RoutingType.ANYCAST))
+    journal.append(queues, sync=True)
+    next_id = 1
     for start in range(1, N + 1, BATCH):
         records: list[Record] = []
-        for msg_id in range(start, min(start + BATCH, N + 1)):
-            records.append(AddMessage(msg_id=msg_id, address="q", data=data, first_ts=1, **seen))
-            records.append(AddRef(queue="q", msg_id=msg_id))
+        backlog: list[int] = []
+        others: list[int] = []
+        for _ in range(start, min(start + BATCH, N + 1)):
+            records.append(AddMessage(msg_id=next_id, address="q", data=data, first_ts=1, **seen))
+            records.append(AddRef(queue="q", msg_id=next_id))
+            backlog.append(next_id)
+            next_id += 1
+            for _ in range(MIXED):  # queue r's, acked in the next append
+                records.append(
+                    AddMessage(msg_id=next_id, address="r", data=other, first_ts=1, **other_seen)
+                )
+                records.append(AddRef(queue="r", msg_id=next_id))
+                others.append(next_id)
+                next_id += 1
         journal.append(records, sync=False)
-        acked = int((min(start + BATCH, N + 1) - start) * ACKED)
-        if acked:
-            journal.append([AckRef(queue="q", msg_id=start + i) for i in range(acked)], sync=False)
+        acks = [AckRef(queue="q", msg_id=m) for m in backlog[: int(len(backlog) * ACKED)]]
+        acks += [AckRef(queue="r", msg_id=m) for m in others]
+        if acks:
+            journal.append(acks, sync=False)
     journal.flush()
     journal.close()
 

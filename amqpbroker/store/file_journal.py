@@ -83,7 +83,7 @@ from amqpbroker.store.api import (
 )
 from amqpbroker.store.compaction import _Compaction
 from amqpbroker.store.failure import RETRY_FIRST_SECONDS, _Failure
-from amqpbroker.store.frames import Entry, Kept, reload_pack
+from amqpbroker.store.frames import Entry, Kept, rebuilds, reload_pack
 from amqpbroker.store.framing import frame_records
 from amqpbroker.store.indexing import short_lived, survivors
 from amqpbroker.store.liveness import _LiveSet
@@ -210,6 +210,7 @@ class FileJournal(_Opening, _Failure, _Compaction):
         # (an untouched pack's arrays are rebuilt from its file when wanted: issue 23,
         # eleventh pass)
         self._live.compact.loader = reload_pack
+        self._live.compact.checker = rebuilds  # (a mixed pack's: issue 23, twelfth pass)
         self._live.first_of = {}
         self._segments: list[_Segment] = []
         self._targeted_by: dict[_Segment, set[_Loc]] = {}

@@ -18,6 +18,7 @@ import mmap
 import struct
 import zlib
 from array import array
+from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -334,35 +335,55 @@ _RELOAD_STEP: Final = 4 << 20
 def reload_pack(pack: _Pack) -> None:
     """Rebuild an unloaded pack's arrays from its segment (`locs.Compact.loader`): the
     AddMessage and AddRef of each of its pairs are the frames of the segment, up to what
-    the open read (`pack.limit`), with an id in its range (`locs.pack_settle` unloaded it
-    only if no other record there has one), found by their headers and ids (`_reload`).
-    Raises `JournalError` if what it finds is not what the open packed (`pack.digest`), or
-    if the file cannot be read (a file changed or removed since the open: the ninth attack
-    pass; `store/backlog.py` passes such a pack's references as lost)."""
+    the open read (`pack.limit`), with an id in its range, but those of a mixed pack's
+    messages its segment acks after them (`_reload`; `locs.pack_settle` unloaded it only
+    if that gives back exactly its pairs). Raises `JournalError` if what it finds is not
+    what the open packed (`pack.digest`), or if the file cannot be read (a file changed
+    or removed since the open: the ninth attack pass; `store/backlog.py` passes such a
+    pack's references as lost)."""
     path = pack.seg.path
     try:
-        with open(path, "rb") as f:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        ids, spans, sizes = _rebuilt(pack)
     except (OSError, ValueError) as e:  # removed, unreadable, or empty (mmap's ValueError)
         raise JournalError(
             f"journal segment {path}: its index could not be rebuilt from the file ({e})"
         ) from e
-    try:
-        ids, spans, sizes = _reload(data, pack)
-    except (IndexError, struct.error):  # (a frame cut short: not what the open read)
-        ids, spans, sizes = array("q"), array("q"), array("I")
-    finally:
-        with contextlib.suppress(BufferError):  # (a view left by an error: unmapped later)
-            data.close()
     if len(ids) != pack.count or pack_digest(ids, spans) != pack.digest:
         raise JournalError(
             f"journal segment {path}: its index could not be rebuilt from the file "
             f"({len(ids)} of {pack.count} messages found)"
         )
+    out = bytearray(len(ids))
+    for i in pack.taken:  # (the rules' changes since the open: `locs._summarized`)
+        out[i] = 1
+    for slot in pack.dead:
+        spans[slot] = ~spans[slot]
     pack.ids = ids
     pack.spans = spans
     pack.sizes = sizes
-    pack.out = bytearray(len(ids))
+    pack.out = out
+
+
+def rebuilds(pack: _Pack) -> bool:
+    """Whether a rebuild of the mixed pack `pack` (its summary set, its arrays still
+    loaded) gives back its arrays (`locs.Compact.checker`): the open asks once, before
+    unloading it, so that a later rebuild cannot fail for a record of its segment the
+    walk mistakes for a pair (issue 23, twelfth pass)."""
+    ids, spans, _ = _rebuilt(pack)
+    return ids == pack.ids and spans == pack.spans
+
+
+def _rebuilt(pack: _Pack) -> tuple[array[int], array[int], array[int]]:
+    """The arrays `_reload` finds in the pack's segment (empty: it found no pairs)."""
+    with open(pack.seg.path, "rb") as f:
+        data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        return _reload(data, pack)
+    except (IndexError, struct.error):  # (a frame cut short: not what the open read)
+        return array("q"), array("q"), array("I")
+    finally:
+        with contextlib.suppress(BufferError):  # (a view left by an error: unmapped later)
+            data.close()
 
 
 def _reload(data: mmap.mmap, pack: _Pack) -> tuple[array[int], array[int], array[int]]:
@@ -370,13 +391,16 @@ def _reload(data: mmap.mmap, pack: _Pack) -> tuple[array[int], array[int], array
     and of an AddMessage or AddRef its id (and an AddMessage's body size), without the
     crc or the layout the open checked (a rebuild trusts the open; `pack.digest` checks
     what it finds). Any other record is passed over: none has an id in the pack's range
-    (`locs.pack_settle`)."""
+    (`locs.pack_settle`), but in a mixed pack an AckRef, whose pair of the segment is
+    dropped (a message added and acked in the segment: the open indexed none of it)."""
     limit = min(pack.limit, len(data))
     ids: array[int] = array("q")
     spans: array[int] = array("q")
     sizes: array[int] = array("I")
     lo: int = pack.first
     hi: int = pack.last
+    mixed = pack.mixed
+    drop = bytearray()  # per pair of a mixed pack: 1 if acked after it
     unpack = _UNPACK
     head = codec._UNPACK_HEAD
     u32 = codec._UNPACK_U32
@@ -408,11 +432,21 @@ def _reload(data: mmap.mmap, pack: _Pack) -> tuple[array[int], array[int], array
             start = pos + _HEAD
             msg_id = tag_int(data, start + 6 + u32(data, start + 2)[0])[1]
             if lo <= msg_id <= hi:
-                if msg_id != want:
+                if msg_id != want or (mixed and ids and msg_id <= ids[-1]):
                     return array("q"), array("q"), array("I")
                 ids.append(msg_id)
                 pending += _PAIR(want_span, pos << _SPAN_SHIFT | (end - pos))
                 want = -1
+        elif mixed and type_id == _ACK_REF:
+            # (its payload as the AddRef's: a queue name, then the id; ids increasing)
+            start = pos + _HEAD
+            msg_id = tag_int(data, start + 6 + u32(data, start + 2)[0])[1]
+            if lo <= msg_id <= hi:
+                i = bisect_left(ids, msg_id)
+                if i < len(ids) and ids[i] == msg_id:
+                    if len(drop) <= i:
+                        drop.extend(bytes(len(ids) - len(drop)))
+                    drop[i] = 1
         pos = end
         if pos - given >= _RELOAD_STEP:
             spans.frombytes(pending)
@@ -423,4 +457,28 @@ def _reload(data: mmap.mmap, pack: _Pack) -> tuple[array[int], array[int], array
     spans.frombytes(pending)
     if want != -1:
         return array("q"), array("q"), array("I")
+    if drop:
+        return _kept_pairs(ids, spans, sizes, drop)
     return ids, spans, sizes
+
+
+def _kept_pairs(
+    ids: array[int], spans: array[int], sizes: array[int], drop: bytearray
+) -> tuple[array[int], array[int], array[int]]:
+    """The pairs of `ids` (and their spans and sizes) whose `drop` byte is not 1, by
+    stretches (the dropped ones are few between long stretches of the backlog's)."""
+    kept_ids: array[int] = array("q")
+    kept_spans: array[int] = array("q")
+    kept_sizes: array[int] = array("I")
+    count = len(ids)
+    drop.extend(bytes(count - len(drop)))
+    i = 0
+    while i < count:
+        j = drop.find(1, i)
+        if j < 0:
+            j = count
+        kept_ids.extend(ids[i:j])
+        kept_spans.extend(spans[2 * i : 2 * j])
+        kept_sizes.extend(sizes[i:j])
+        i = j + 1
+    return kept_ids, kept_spans, kept_sizes

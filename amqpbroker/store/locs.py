@@ -31,8 +31,13 @@ segment the open read, a check sum) once the open has read its segment
 (`pack_settle`), and its arrays are rebuilt from that segment when wanted
 (`Compact.loader`, `frames.reload_pack`: the open's frame loop over one segment). So a
 message left in the journal costs nothing per message at rest; what stays is per segment.
-A pack is unloaded only if a rebuild gives back exactly its pairs: no other record of its
-segment has an id in its range (`note_foreign`), no bytes of it were skipped. Whoever
+A pack is unloaded only if a rebuild gives back exactly its pairs: no bytes of it were
+skipped, and if another record of its segment has an id in its range (`note_foreign`: a
+*mixed* pack, another queue's short-lived messages between its pairs), the rebuild passes
+over the pairs its segment acks and the open checked once that this gives them back
+(`Compact.checker`; twelfth pass). A rule's change to a settled pack (a pair taken, a
+record dying) goes into its summary (`_summarized`: `taken`, `dead`, at most
+`_CHANGES_MAX`), which a rebuild applies, rather than pinning it. Whoever
 reads a pack's arrays gets them through `pack_view` (loaded first, under the compact
 index's lock; at most `LOADED_MAX` packs no rule touched are loaded at a time, the oldest
 unloaded first); a rule that changes a pack (an eviction, a record dying or moved by
@@ -117,8 +122,8 @@ class _Pack:
     compaction copies them (`pack_move`)."""
 
     __slots__ = (
-        "clean",
         "count",
+        "dead",
         "digest",
         "expiring",
         "first",
@@ -129,6 +134,7 @@ class _Pack:
         "last",
         "limit",
         "loaded",
+        "mixed",
         "number",
         "out",
         "pinned",
@@ -137,6 +143,7 @@ class _Pack:
         "seg",
         "sizes",
         "spans",
+        "taken",
         "unreadable",
     )
 
@@ -150,11 +157,13 @@ class _Pack:
         self.index = index
         self.loaded = True
         self.pinned = False
-        # While the open builds it: no record of its segment outside its pairs has an id
-        # in its range (`note_foreign`: a rebuild from the file would take it for one of
-        # them), and the ids of such records above every id packed when met (resolved
-        # when the pack is settled; a few at most, else not clean).
-        self.clean = True
+        # While the open builds it: whether a record of its segment outside its pairs has
+        # an id in its range (`note_foreign`: a rebuild from the file must tell it from
+        # them, `frames._reload`, which `pack_settle` checks by one rebuild), and the ids
+        # of such records above every id packed when met (resolved when the pack is
+        # settled; a few at most, else mixed). Kept in the summary: a rebuild of a mixed
+        # pack passes over the pairs its segment acks after them (issue 23, twelfth pass).
+        self.mixed = False
         self.foreign: list[int] = []
         # The summary an unloaded pack keeps: its pairs, the bytes of its segment the open
         # read (a rebuild reads no further: what the broker appends later is not the
@@ -166,6 +175,11 @@ class _Pack:
         self.limit = 0
         self.digest = 0
         self.qbytes: list[int] = []
+        # What the rules changed in it since (issue 23, twelfth pass), which a rebuild
+        # applies: the pairs they took out of the compact index (`out` 1), the slots that
+        # died (span negated); at most `_CHANGES_MAX` in all, then it is pinned.
+        self.taken: list[int] = []
+        self.dead: list[int] = []
         # Per slot: `_Loc.span`, or `~span` once dead (negative: the place stays known,
         # `position`).
         self.spans: array[int] = array("q")
@@ -202,7 +216,7 @@ Packs = list[_Pack | None]  # by number; None: its segment is deleted
 class Compact:
     """The compact index's packs in id order (module docstring), for `compact_find`."""
 
-    __slots__ = ("all", "firsts", "loaded", "loader", "lock", "packs", "top")
+    __slots__ = ("all", "checker", "firsts", "loaded", "loader", "lock", "packs", "top")
 
     def __init__(self, packs: Packs) -> None:
         self.all = packs  # the journal's packs by number (`Packs`)
@@ -217,6 +231,9 @@ class Compact:
         self.loaded: dict[int, _Pack] = {}
         self.lock: Any = threading.Lock()
         self.loader: Callable[[_Pack], None] | None = None
+        # Whether a rebuild of a mixed pack gives back its arrays (`frames.rebuilds`):
+        # `pack_settle` asks it once before unloading one (issue 23, twelfth pass).
+        self.checker: Callable[[_Pack], bool] | None = None
 
 
 # Unloaded packs: at most this many packs no rule touched keep their arrays at a time (a
@@ -228,6 +245,8 @@ UNLOAD_MIN = 256
 # Queue runs an unloadable pack may have (its summary keeps them).
 _RUNS_MAX: Final = 16
 _FOREIGN_MAX: Final = 64
+# Changes by the rules an unloaded pack's summary keeps (`_Pack.taken`, `_Pack.dead`).
+_CHANGES_MAX: Final = 64
 
 
 class Run:
@@ -267,25 +286,26 @@ def compact_add(compact: Compact, pack: _Pack, msg_id: int, queue: str) -> None:
 def note_foreign(pack: _Pack, top: int, msg_id: int) -> None:
     """The open met a record of `pack`'s segment with id `msg_id` that is not one of its
     pairs (the rules took it, or it was short-lived): if the id is or may come to be in
-    the pack's range, a rebuild from the file could not tell it from a pair, so the pack
-    is not unloaded (`pack_settle`). `top`: the compact index's largest id (the pack's
-    last, if it has a pair: it is the newest)."""
-    if not pack.clean:
+    the pack's range, the pack is mixed: a rebuild from the file must tell it from a
+    pair, which `pack_settle` checks before it unloads the pack. `top`: the compact
+    index's largest id (the pack's last, if it has a pair: it is the newest)."""
+    if pack.mixed:
         return
     if msg_id <= top:
         if pack.ids and msg_id >= pack.ids[0]:
-            pack.clean = False
+            pack.mixed = True
         return
     if len(pack.foreign) >= _FOREIGN_MAX:
-        pack.clean = False
+        pack.mixed = True
     else:
         pack.foreign.append(msg_id)
 
 
 def pack_settle(compact: Compact, pack: _Pack) -> bool:
     """The open read `pack`'s segment to its end: unload its arrays if a rebuild from the
-    file can give them back (no rule touched it, no foreign record in its range, no
-    skipped bytes), else pin it (module docstring, "Unloaded packs"). A pack the open
+    file can give them back (no rule touched it, no skipped bytes, and if a foreign record
+    is in its range, one rebuild gave them back: `Compact.checker`), else pin it (module
+    docstring, "Unloaded packs"). A pack the open
     kept records of for `state()` (bodies it read, counts: `kept`) stays loaded until
     `state()` has read them (True: unload it then, `pack_unload`), so that `state()` does
     not rebuild it; those are the body budget's, a bounded few."""
@@ -297,8 +317,6 @@ def pack_settle(compact: Compact, pack: _Pack) -> bool:
     if (
         compact.loader is None
         or count < UNLOAD_MIN
-        or not pack.clean
-        or any(first <= f <= last for f in pack.foreign)
         or pack.seg.skips
         or len(pack.queues) > _RUNS_MAX
         # (an evicted pair or a dead record pinned it already: `compact_take`, `pack_kill`)
@@ -306,11 +324,16 @@ def pack_settle(compact: Compact, pack: _Pack) -> bool:
         pack.pinned = True
         pack.foreign = []
         return False
+    if any(first <= f <= last for f in pack.foreign):
+        pack.mixed = True
     pack.foreign = []
     pack.first = first
     pack.last = last
     pack.limit = pack.seg.size_bytes
     pack.digest = pack_digest(ids, pack.spans)
+    if pack.mixed and (compact.checker is None or not compact.checker(pack)):
+        pack.pinned = True
+        return False
     sizes = pack.sizes
     runs = pack.queues
     pack.qbytes = [
@@ -442,11 +465,37 @@ def compact_take(compact: Compact, msg_id: int) -> tuple[int, str]:
     pack, i = _find(compact, msg_id)
     if pack is None:
         return -1, ""
+    if _summarized(pack):
+        with compact.lock:
+            if _summarized(pack):  # (its summary keeps the change: not pinned)
+                if not pack.loaded:
+                    _load(compact, pack)
+                if pack.out[i]:
+                    return -1, ""
+                pack.out[i] = 1
+                pack.taken.append(i)
+                return pack.number << PACK_SHIFT | i << 1, pair_queue(pack, i)
     pack_pin(pack)
     if pack.out[i]:  # (taken meanwhile: the rules run on one thread at a time)
         return -1, ""
     pack.out[i] = 1
     return pack.number << PACK_SHIFT | i << 1, pair_queue(pack, i)
+
+
+def _summarized(pack: _Pack) -> bool:
+    """Whether a rule's change to `pack` goes into its summary (`_Pack.taken`, `dead`),
+    which a rebuild applies, rather than pin it (issue 23, twelfth pass): it is settled
+    (`limit`: the open read its segment; a pack the open is building stays its own
+    arrays) and unpinned, and its summary has room. A pair of a settled segment taken or
+    dying is typically a message acked in the next segment (another queue's short-lived
+    message at the segment's end), or the first acks of a drain. Read again under the
+    lock before the change."""
+    return (
+        not pack.pinned
+        and pack.limit > 0
+        and pack.index is not None
+        and len(pack.taken) + len(pack.dead) < _CHANGES_MAX
+    )
 
 
 def pair_queue(pack: _Pack, pair: int) -> str:
@@ -529,12 +578,30 @@ def pack_kill(packs: Packs, handle: int) -> _Segment | None:
     pack = packs[handle >> PACK_SHIFT]
     if pack is None:
         return None
-    pack_pin(pack)
     slot = handle & _SLOT_MASK
-    span: int = pack.spans[slot]
+    span: int
+    compact = pack.index
+    if compact is not None and _summarized(pack):
+        with compact.lock:
+            if _summarized(pack):  # (its summary keeps the change: not pinned)
+                if not pack.loaded:
+                    _load(compact, pack)
+                span = pack.spans[slot]
+                if span < 0:
+                    return None
+                pack.spans[slot] = ~span
+                pack.dead.append(slot)
+                return _killed(pack, slot, span)
+    pack_pin(pack)
+    span = pack.spans[slot]
     if span < 0:
         return None
     pack.spans[slot] = ~span
+    return _killed(pack, slot, span)
+
+
+def _killed(pack: _Pack, slot: int, span: int) -> _Segment:
+    """`pack_kill`'s bookkeeping of the dead `slot` (of span `span`): its segment."""
     kept = pack.kept
     if kept is not None:
         kept.pop(slot, None)

@@ -179,17 +179,29 @@ class _Opening:
         if top > self._opened_max_id:
             self._opened_max_id = top
 
-    def _index_read(self, seg: _Segment, done: list[tuple[list[Entry], int]], acks: int) -> None:
+    def _index_read(
+        self,
+        seg: _Segment,
+        done: list[tuple[list[Entry], int]],
+        acks: int,
+        held: int = 0,
+        before: set[int] | None = None,
+    ) -> set[int] | None:
         """Index appends `read_batches` read, in order, but the records of the messages
         added and acknowledged among them (`_short_lived`, as the writer's index does):
         a message consumed soon after it was stored costs the open no index entry and no
-        body (issue 23 item 4). Only when there are acks to look for."""
+        body (issue 23 item 4). Only when there are acks to look for. The last `held`
+        appends are only looked at (the next step indexes them: `_CARRY`), and the
+        records of `before` (the messages the step before found so) are left out too.
+        The messages found short-lived, for the next step if `held`."""
         gone = (
             _short_lived([r for entries, _ in done for r, _, _ in entries], self._live)
             if acks
             else None
         )
-        for entries, top in done:
+        if before:
+            gone = before | gone if gone else before
+        for entries, top in done[: len(done) - held] if held else done:
             if gone:
                 entries = [e for e in entries if _msg_id(e[0]) not in gone]
             self._index_opened(seg, entries, top)
@@ -198,6 +210,7 @@ class _Opening:
             pack = seg.packs[-1]
             for msg_id in gone:
                 note_foreign(pack, compact.top, msg_id)
+        return gone if held else None
 
     def _read_unread(self, seg: _Segment | None, data: codec.Data) -> None:
         """Decode the AddMessages of the segment just read (`seg`, `data`) that are still
@@ -270,6 +283,8 @@ class _Opening:
         top = 0  # the batch's largest message id
         size = len(data)
         done: list[tuple[list[Entry], int]] = []
+        acked = 0  # AckRefs in `done` (none: no message there can be short-lived)
+        gone: set[int] | None = None  # short-lived in the appends held for the next step
         mapped = data if isinstance(data, mmap.mmap) else None
         given = 0  # of a mapped segment, the pages before this went back (`_give_back`)
         while pos < size:
@@ -278,16 +293,35 @@ class _Opening:
             # ninth pass); the frame it stops at gets the full checks here.
             start, limit = pos, pos + _STEP
             pos, batch, top, acks = read_batches(data, pos, batch, top, done, limit)
+            acked += acks
+            stepped = (
+                pos < size
+                and pos > start
+                and size - pos >= FRAME_BYTES
+                and _frame_end(data, pos) > limit
+            )
             if done:
-                self._index_read(seg, done, acks)
-                done.clear()
-                batch_start = batch[0][1] if batch else pos
+                # At a step's end, its last appends (from `_CARRY` bytes before it) are
+                # indexed with the next step's, and looked at with this step's: a message
+                # acked soon after it was stored, across the step's end, is short-lived
+                # all the same (issue 23, twelfth pass).
+                held = _carried(done, limit - _CARRY) if stepped else 0
+                if held < len(done):
+                    gone = self._index_read(seg, done, acked, held, gone)
+                    del done[: len(done) - held]
+                    if not held:
+                        acked = 0
+                batch_start = done[0][0][0][1] if done else batch[0][1] if batch else pos
             if mapped is not None and batch_start - given >= _STEP:
                 given = _give_back(mapped, given, batch_start)
             if pos >= size:
                 break
-            if pos > start and size - pos >= FRAME_BYTES and _frame_end(data, pos) > limit:
+            if stepped:
                 continue  # stopped at the step's end: the next step reads on from there
+            if done:  # (the slow frame below is indexed after them)
+                gone = self._index_read(seg, done, acked, 0, gone)
+                done.clear()
+                acked = 0
             checked = _check_frame(data, pos)
             record = checked if isinstance(checked, _Bad) else _decode_at(data, pos, *checked[:2])
             if isinstance(record, _Bad):
@@ -390,6 +424,20 @@ class _Opening:
 
 # Bytes of a segment read in one step of the open (`_scan_data`).
 _STEP = 4 << 20
+# The appends a step leaves to the next, by the bytes before its end they start at
+# (`_scan_data`): bounded, so a step's entries stay a step's and a little.
+_CARRY = 1 << 20
+
+
+def _carried(done: list[tuple[list[Entry], int]], edge: int) -> int:
+    """How many of the last appends of `done` start at or after `edge`."""
+    held = 0
+    for k in range(len(done) - 1, -1, -1):
+        entries = done[k][0]
+        if not entries or entries[0][1] < edge:
+            break
+        held += 1
+    return held
 
 
 def _frame_end(data: codec.Data, pos: int) -> int:

@@ -592,10 +592,10 @@ def _queue_parts(
 
 
 def _whole(pack: _Pack, kept: Any) -> bool:
-    """Whether `pack` is unloaded with every pair in the compact index, bodiless and
-    counted 0 (no entry in `kept`): what `_from_live` needs of it is in its summary
-    (issue 23, eleventh pass)."""
-    return not pack.loaded and not kept
+    """Whether `pack` is unloaded with every pair in the compact index (none taken since:
+    `_Pack.taken`), bodiless and counted 0 (no entry in `kept`): what `_from_live` needs
+    of it is in its summary (issue 23, eleventh and twelfth passes)."""
+    return not pack.loaded and not kept and not pack.taken
 
 
 def _rows_of(buf: bytearray) -> array[int]:

@@ -91,7 +91,9 @@ def test_the_state_of_unloaded_packs_is_runs_without_loading_them(tmp_path: Path
         assert len(_loaded(journal)) <= LOADED_MAX
 
 
-def test_an_ack_of_an_unloaded_pack_loads_and_pins_it(tmp_path: Path) -> None:
+def test_an_ack_of_an_unloaded_pack_is_kept_in_its_summary(tmp_path: Path) -> None:
+    """Twelfth pass: the ack loads the pack and its summary keeps the change (the pair
+    taken, its records dead), which a rebuild applies: the pack is not pinned."""
     appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 61)]
     paired.write(tmp_path, appends)
     with paired.open_journal(tmp_path) as journal:
@@ -102,15 +104,55 @@ def test_an_ack_of_an_unloaded_pack_loads_and_pins_it(tmp_path: Path) -> None:
         with journal._lock:
             journal._index_synced()
         appends.append(acks)
-        touched = [p for p in _packs(journal) if p.pinned]
-        assert len(touched) == 2  # the two packs the acks met, loaded for good
-        assert all(p.loaded for p in touched)
+        touched = [p for p in _packs(journal) if p.taken]
+        assert len(touched) == 2  # the two packs the acks met
+        assert all(len(p.dead) == 2 and not p.pinned for p in touched)
+        for pack in _packs(journal):  # every pack unloaded, then rebuilt: changes kept
+            _drop(journal, pack)
+        assert not any(p.loaded for p in _packs(journal))
         assert journal.read_message(3) is None
         assert journal.read_message(30) is None
+        assert journal.read_message(4) is not None
         assert 4 in _held(journal)
         assert 3 not in _held(journal)
+        assert len(_loaded(journal)) <= LOADED_MAX
     with paired.open_journal(tmp_path) as journal:
         paired.same(journal.state(), paired.model(appends))
+
+
+def test_a_pack_changed_past_its_summarys_room_is_pinned(tmp_path: Path) -> None:
+    """More changes than `_CHANGES_MAX` (a drain's front): the pack keeps its arrays until
+    its segment goes, as before the twelfth pass."""
+    n = locs._CHANGES_MAX
+    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, n + 2)]
+    with paired.open_journal(tmp_path, max_segment_bytes=1 << 20) as journal:
+        for records in appends:
+            journal.append(records, sync=False)
+        journal.flush()
+    with paired.open_journal(tmp_path, max_segment_bytes=1 << 20, body_budget=0) as journal:
+        journal.state()
+        (pack,) = _packs(journal)
+        acks: list[Record] = [AckRef(queue="q", msg_id=m) for m in range(1, n + 1)]
+        journal.append(acks, sync=True)
+        journal.flush()
+        with journal._lock:
+            journal._index_synced()
+        appends.append(acks)
+        assert pack.pinned
+        assert pack.loaded
+        assert journal.read_message(n + 1) is not None
+    with paired.open_journal(tmp_path) as journal:
+        paired.same(journal.state(), paired.model(appends))
+
+
+def _drop(journal: FileJournal, pack: locs._Pack) -> None:
+    """Unload `pack` if it is loaded and not pinned (as `LOADED_MAX` would)."""
+    compact = journal._live.compact
+    assert compact is not None
+    with compact.lock:
+        if pack.loaded and not pack.pinned:
+            compact.loaded.pop(pack.number, None)
+            locs._unload(pack)
 
 
 def test_compaction_over_unloaded_packs_moves_their_pairs(tmp_path: Path) -> None:
@@ -178,7 +220,9 @@ def test_appends_after_the_open_are_not_read_into_a_rebuilt_pack(tmp_path: Path)
         with journal._lock:
             journal._index_synced()
         appends += more
-        assert pack.pinned
+        assert pack.taken == [1]
+        assert not pack.pinned
+        _drop(journal, pack)
         assert list(pack_view(pack)[0]) == [1, 2, 3, 4, 5]  # not message 6
         assert journal.read_message(2) is None
         assert journal.read_message(6) is not None

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from amqpbroker.core.model import RoutingType
-from amqpbroker.core.records import AddMessage, AddQueue, AddRef, Record
+from amqpbroker.core.records import AckRef, AddMessage, AddQueue, AddRef, Record
 from amqpbroker.store import FileJournal
 from amqpbroker.store.journal import JournalState
 
@@ -49,3 +49,23 @@ def same(state: JournalState, expected: JournalState) -> None:
         k: v.data for k, v in expected.messages.items()
     }
     assert state.max_msg_id >= max(expected.messages, default=0)
+
+
+def acks_torn_by_a_crash(directory: Path) -> list[list[Record]]:
+    """Messages 1-30, then after an open (their packs settled) acks of 1-10 in one append
+    and of 11-20 in another cut short by a crash (a torn tail in its last AckRef): what
+    the journal holds, as `appends` for `model`."""
+    appends = [QUEUE] + [message(i) for i in range(1, 31)]
+    write(directory, appends)
+    with open_journal(directory) as journal:
+        journal.state()
+        whole: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(1, 11)]
+        cut: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(11, 21)]
+        journal.append(whole, sync=True)
+        journal.append(cut, sync=True)
+        journal.flush()
+    last = sorted(directory.glob("journal-*.seg"))[-1]
+    with last.open("r+b") as f:
+        f.truncate(last.stat().st_size - 7)  # into the second append's last AckRef
+    appends.append(whole)
+    return appends

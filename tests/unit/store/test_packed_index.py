@@ -298,19 +298,7 @@ def test_a_crash_after_a_partial_ack_of_compact_pairs_recovers_what_is_on_disk(
     """Acks of compact pairs, the last append of them cut short by a crash (a torn
     tail): the open keeps the acks that are whole, and the pairs whose acks were cut
     are live again, in their places; acking those then, the next open has none."""
-    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 31)]
-    paired.write(tmp_path, appends)
-    with paired.open_journal(tmp_path) as journal:
-        journal.state()
-        whole: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(1, 11)]
-        cut: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(11, 21)]
-        journal.append(whole, sync=True)
-        journal.append(cut, sync=True)
-        journal.flush()
-    last = sorted(tmp_path.glob("journal-*.seg"))[-1]
-    with last.open("r+b") as f:
-        f.truncate(last.stat().st_size - 7)  # into the second append's last AckRef
-    appends.append(whole)
+    appends = paired.acks_torn_by_a_crash(tmp_path)
     with paired.open_journal(tmp_path) as journal:
         state = journal.state()
         paired.same(state, paired.model(appends))

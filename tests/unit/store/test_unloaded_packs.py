@@ -231,19 +231,7 @@ def test_appends_after_the_open_are_not_read_into_a_rebuilt_pack(tmp_path: Path)
 
 
 def test_a_crash_with_unloaded_packs_recovers_what_is_on_disk(tmp_path: Path) -> None:
-    appends = [paired.QUEUE] + [paired.message(i) for i in range(1, 31)]
-    paired.write(tmp_path, appends)
-    with paired.open_journal(tmp_path) as journal:
-        journal.state()
-        whole: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(1, 11)]
-        cut: list[Record] = [AckRef(queue="q", msg_id=i) for i in range(11, 21)]
-        journal.append(whole, sync=True)
-        journal.append(cut, sync=True)
-        journal.flush()
-    last = sorted(tmp_path.glob("journal-*.seg"))[-1]
-    with last.open("r+b") as f:
-        f.truncate(last.stat().st_size - 7)  # into the second append's last AckRef
-    appends.append(whole)
+    appends = paired.acks_torn_by_a_crash(tmp_path)
     with paired.open_journal(tmp_path) as journal:
         state = journal.state()
         assert any(not p.loaded for p in _packs(journal))
